@@ -1,0 +1,144 @@
+//! Subcommands: serve (default), tools, call, doctor, --version, --help.
+
+use std::io::Read;
+
+use serde_json::{Map, Value};
+
+use crate::mcp::schema::check_arguments;
+use crate::mcp::tool::{Args, ToolCtx};
+use crate::tools;
+
+const HELP: &str = "mcqemu - an MCP server that lets LLM agents run QEMU virtual machines
+
+USAGE:
+    mcqemu [serve]                      serve MCP on stdin/stdout (what MCP clients run)
+    mcqemu tools [--json]               list the tools (one line each, or full definitions)
+    mcqemu call TOOL ['{json}' | -]     run one tool and print its structured result
+                   [--out FILE]         save image content (screenshots) to FILE
+    mcqemu doctor                       check the host: QEMU, qemu-img, KVM, firmware, folders
+    mcqemu --version | --help
+
+EXIT STATUS (call): 0 success, 1 tool error, 2 usage error.
+
+ENVIRONMENT:
+    MCQEMU_STATE_DIR, MCQEMU_RUNTIME_DIR   where the registry/logs and sockets live
+    MCQEMU_ACCEL                           default accelerator (auto, kvm, tcg)
+    MCQEMU_QEMU_IMG                        qemu-img binary to use
+";
+
+/// Runs the CLI with the arguments after the program name; returns the exit code.
+pub fn main(args: Vec<String>) -> i32 {
+    let first = args.first().map(String::as_str);
+    match first {
+        None | Some("serve") => crate::mcp::server::serve_stdio(tools::ALL),
+        Some("--version") | Some("-V") | Some("version") => {
+            println!("mcqemu {}", env!("CARGO_PKG_VERSION"));
+            0
+        }
+        Some("--help") | Some("-h") | Some("help") => {
+            print!("{HELP}");
+            0
+        }
+        Some("tools") => list_tools(&args[1..]),
+        Some("call") => call(&args[1..]),
+        Some("doctor") => crate::doctor::run_doctor(),
+        Some(other) => usage(&format!("unknown command {other:?}")),
+    }
+}
+
+fn usage(msg: &str) -> i32 {
+    eprintln!("mcqemu: {msg}\n\n{HELP}");
+    2
+}
+
+fn list_tools(rest: &[String]) -> i32 {
+    match rest.first().map(String::as_str) {
+        Some("--json") => {
+            let all: Vec<Value> = tools::ALL.iter().map(|t| t.to_json()).collect();
+            println!("{}", serde_json::to_string_pretty(&all).unwrap_or_default());
+            0
+        }
+        None => {
+            let width = tools::ALL.iter().map(|t| t.name.len()).max().unwrap_or(0);
+            for t in tools::ALL {
+                println!("{:<width$}  {}", t.name, t.title);
+            }
+            0
+        }
+        Some(other) => usage(&format!("unknown option {other:?} for 'tools'")),
+    }
+}
+
+fn call(rest: &[String]) -> i32 {
+    let mut positional = Vec::new();
+    let mut out_file = None;
+    let mut it = rest.iter();
+    while let Some(a) = it.next() {
+        if a == "--out" {
+            match it.next() {
+                Some(f) => out_file = Some(f.clone()),
+                None => return usage("--out needs a file name"),
+            }
+        } else {
+            positional.push(a.clone());
+        }
+    }
+    let (name, json_arg) = match positional.as_slice() {
+        [name] => (name.clone(), "{}".to_string()),
+        [name, json] => (name.clone(), json.clone()),
+        _ => return usage("call takes TOOL and optionally one JSON argument"),
+    };
+    let tool = match tools::find(&name) {
+        Some(t) => t,
+        None => return usage(&format!("unknown tool {name:?}; 'mcqemu tools' lists them")),
+    };
+    let text = if json_arg == "-" {
+        let mut s = String::new();
+        if let Err(e) = std::io::stdin().take(64 << 20).read_to_string(&mut s) {
+            return usage(&format!("cannot read arguments from stdin: {e}"));
+        }
+        s
+    } else {
+        json_arg
+    };
+    let args: Map<String, Value> = match serde_json::from_str::<Value>(&text) {
+        Ok(Value::Object(m)) => m,
+        Ok(_) => return usage("the arguments must be a JSON object"),
+        Err(e) => return usage(&format!("the arguments are not valid JSON: {e}")),
+    };
+    if let Err(msg) = check_arguments(&(tool.input_schema)(), &args) {
+        return usage(&format!("{name}: {msg}"));
+    }
+    match (tool.handler)(&ToolCtx::detached(), &Args(args)) {
+        Ok(out) => {
+            if let Some(file) = out_file {
+                if let Err(e) = save_images(&out.extra, &file) {
+                    eprintln!("mcqemu: {e}");
+                    return 1;
+                }
+            }
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&out.structured).unwrap_or_default()
+            );
+            0
+        }
+        Err(e) => {
+            eprintln!("{name}: {e}");
+            1
+        }
+    }
+}
+
+fn save_images(extra: &[Value], file: &str) -> Result<(), String> {
+    let image = extra
+        .iter()
+        .find(|c| c.get("type").and_then(Value::as_str) == Some("image"))
+        .ok_or("the result has no image content to save")?;
+    let data = image
+        .get("data")
+        .and_then(Value::as_str)
+        .ok_or("image content without data")?;
+    let bytes = crate::b64::decode(data)?;
+    std::fs::write(file, bytes).map_err(|e| format!("cannot write {file}: {e}"))
+}

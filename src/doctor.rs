@@ -1,0 +1,202 @@
+//! `mcqemu doctor`: checks the host for what mcqemu needs, as a readable table.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use crate::qemu::{accel, firmware, img, run};
+use crate::state::paths;
+
+/// One row of the report.
+pub struct Check {
+    /// What was checked.
+    pub name: String,
+    /// ok, warn or FAIL.
+    pub status: &'static str,
+    /// What was found, or what to do.
+    pub detail: String,
+    /// A FAIL here makes doctor exit non-zero.
+    pub essential: bool,
+}
+
+/// Architectures whose qemu-system binaries doctor looks for.
+pub const ARCHES: &[&str] = &[
+    "x86_64", "aarch64", "riscv64", "i386", "arm", "ppc64", "s390x",
+];
+
+fn first_line(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes)
+        .lines()
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_string()
+}
+
+fn writable(dir: &Path) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let probe = dir.join(format!(".doctor-{}", std::process::id()));
+    std::fs::write(&probe, b"ok").map_err(|e| format!("cannot write in {}: {e}", dir.display()))?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
+}
+
+/// Runs every check.
+pub fn checks() -> Vec<Check> {
+    let mut out = Vec::new();
+    let mut any_system = false;
+    for arch in ARCHES {
+        let bin = format!("qemu-system-{arch}");
+        match run::run(
+            Command::new(&bin).arg("--version"),
+            Duration::from_secs(10),
+            &|| false,
+        ) {
+            Ok(o) if o.status.success() => {
+                any_system = true;
+                out.push(Check {
+                    name: bin,
+                    status: "ok",
+                    detail: first_line(&o.stdout),
+                    essential: false,
+                });
+            }
+            Ok(o) => out.push(Check {
+                name: bin,
+                status: "warn",
+                detail: format!("--version failed: {}", first_line(&o.stderr)),
+                essential: false,
+            }),
+            Err(run::RunError::NotFound(_)) => {
+                if *arch == "x86_64" {
+                    out.push(Check {
+                        name: bin,
+                        status: "warn",
+                        detail: "not installed (Debian: apt-get install qemu-system-x86)".into(),
+                        essential: false,
+                    });
+                }
+            }
+            Err(e) => out.push(Check {
+                name: bin,
+                status: "warn",
+                detail: e.to_string(),
+                essential: false,
+            }),
+        }
+    }
+    if !any_system {
+        out.push(Check { name: "qemu-system-*".into(), status: "FAIL", detail: "no QEMU system emulator found; VMs cannot be launched (Debian: apt-get install qemu-system-x86)".into(), essential: true });
+    }
+    match img::version() {
+        Ok(v) => out.push(Check {
+            name: "qemu-img".into(),
+            status: "ok",
+            detail: v,
+            essential: true,
+        }),
+        Err(e) => out.push(Check {
+            name: "qemu-img".into(),
+            status: "FAIL",
+            detail: e.to_string(),
+            essential: true,
+        }),
+    }
+    match accel::kvm_usable() {
+        Ok(()) => out.push(Check {
+            name: "kvm".into(),
+            status: "ok",
+            detail: "usable for real guests (hardware virtualization present)".into(),
+            essential: false,
+        }),
+        Err(why) => out.push(Check {
+            name: "kvm".into(),
+            status: "warn",
+            detail: format!("{why}; guests run under TCG (slower)"),
+            essential: false,
+        }),
+    }
+    match firmware::find_uefi("x86_64") {
+        Ok(fw) => out.push(Check {
+            name: "uefi firmware".into(),
+            status: "ok",
+            detail: fw.code.display().to_string(),
+            essential: false,
+        }),
+        Err(e) => out.push(Check {
+            name: "uefi firmware".into(),
+            status: "warn",
+            detail: e,
+            essential: false,
+        }),
+    }
+    for (name, dir) in [
+        ("state dir", paths::state_dir()),
+        ("runtime dir", paths::runtime_dir()),
+    ] {
+        match writable(&dir) {
+            Ok(()) => out.push(Check {
+                name: name.into(),
+                status: "ok",
+                detail: format!("{} (writable)", dir.display()),
+                essential: true,
+            }),
+            Err(e) => out.push(Check {
+                name: name.into(),
+                status: "FAIL",
+                detail: e,
+                essential: true,
+            }),
+        }
+    }
+    let reg = paths::registry_file();
+    let (status, detail) = registry_health(&reg);
+    out.push(Check {
+        name: "registry".into(),
+        status,
+        detail,
+        essential: false,
+    });
+    out
+}
+
+fn registry_health(reg: &Path) -> (&'static str, String) {
+    match std::fs::read(reg) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            ("ok", format!("{} (not created yet)", reg.display()))
+        }
+        Err(e) => ("warn", format!("{} unreadable: {e}", reg.display())),
+        Ok(bytes) => match serde_json::from_slice::<serde_json::Value>(&bytes) {
+            Ok(v) => {
+                let vms = v.get("vms").unwrap_or(&v);
+                let n = vms.as_object().map(|m| m.len()).unwrap_or(0);
+                ("ok", format!("{} ({n} VMs recorded)", reg.display()))
+            }
+            Err(e) => (
+                "warn",
+                format!(
+                    "{} does not parse ({e}); the server will quarantine it and start empty",
+                    reg.display()
+                ),
+            ),
+        },
+    }
+}
+
+/// Prints the table; returns the exit code (1 when an essential check failed).
+pub fn run_doctor() -> i32 {
+    let rows = checks();
+    let width = rows.iter().map(|r| r.name.len()).max().unwrap_or(10).max(5);
+    println!("{:<width$}  {:<6}  DETAIL", "CHECK", "STATUS");
+    let mut failed = false;
+    for r in &rows {
+        println!("{:<width$}  {:<6}  {}", r.name, r.status, r.detail);
+        failed |= r.essential && r.status == "FAIL";
+    }
+    if failed {
+        println!("\nSomething essential is missing: see the FAIL rows above.");
+        1
+    } else {
+        0
+    }
+}

@@ -1,0 +1,8 @@
+//! The MCP protocol over stdio: framing, lifecycle, dispatch, progress and cancellation.
+//! Nothing here knows about QEMU; tools plug in through [`tool::ToolDef`].
+
+pub mod protocol;
+pub mod schema;
+pub mod server;
+pub mod tool;
+pub mod transport;

@@ -1,0 +1,493 @@
+//! Dispatch: one reader thread turns lines into requests; instant requests are answered inline,
+//! each `tools/call` runs on a worker thread (bounded count) with its own cancel flag and
+//! progress reporter.
+
+use std::collections::HashMap;
+use std::io::BufRead;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Map, Value};
+
+use super::protocol::*;
+use super::schema::check_arguments;
+use super::tool::{error_result, Args, Logger, Progress, ToolCtx, ToolDef, ToolError};
+use super::transport::{Line, LineReader, Output, MAX_LINE_BYTES};
+
+/// Most tool calls running at once; more get a tool error asking to retry.
+pub const MAX_WORKERS: usize = 16;
+
+/// How long in-flight calls may run on after stdin closes before they are cancelled.
+const EOF_GRACE: Duration = Duration::from_secs(2);
+/// How long cancelled calls get to wind down before the server exits anyway.
+const CANCEL_GRACE: Duration = Duration::from_secs(3);
+
+/// Tools per `tools/list` page unless `MCQEMU_TOOLS_PAGE_SIZE` says otherwise.
+const DEFAULT_PAGE_SIZE: usize = 50;
+
+/// The server state shared by the reader, the workers and the signal thread.
+pub struct Server {
+    out: Arc<Output>,
+    tools: &'static [ToolDef],
+    inflight: Mutex<HashMap<String, Arc<AtomicBool>>>,
+    active: AtomicUsize,
+    log_level: Arc<AtomicUsize>,
+    page_size: usize,
+}
+
+fn tool_json(tools: &'static [ToolDef]) -> &'static Vec<Value> {
+    static CACHE: OnceLock<Vec<Value>> = OnceLock::new();
+    CACHE.get_or_init(|| tools.iter().map(ToolDef::to_json).collect())
+}
+
+impl Server {
+    /// A server writing to `out` and serving `tools`.
+    pub fn new(out: Arc<Output>, tools: &'static [ToolDef]) -> Arc<Self> {
+        let page_size = std::env::var("MCQEMU_TOOLS_PAGE_SIZE")
+            .ok()
+            .and_then(|s| s.parse::<usize>().ok())
+            .filter(|n| *n > 0)
+            .unwrap_or(DEFAULT_PAGE_SIZE);
+        Arc::new(Server {
+            out,
+            tools,
+            inflight: Mutex::new(HashMap::new()),
+            active: AtomicUsize::new(0),
+            log_level: Arc::new(AtomicUsize::new(log_level_rank("info").unwrap_or(1))),
+            page_size,
+        })
+    }
+
+    /// Reads requests until EOF, then lets in-flight calls finish (bounded) and returns.
+    pub fn run<R: BufRead>(self: &Arc<Self>, input: R) {
+        let mut reader = LineReader::new(input, MAX_LINE_BYTES);
+        loop {
+            match reader.next_line() {
+                Line::Eof => break,
+                Line::TooLong(n) => {
+                    self.send(&error_response(
+                        &Value::Null,
+                        parse_error(format!(
+                            "line of {n} bytes exceeds the {MAX_LINE_BYTES}-byte limit; send smaller messages"
+                        )),
+                    ));
+                }
+                Line::Data(bytes) => self.handle_bytes(&bytes),
+            }
+        }
+        self.shutdown(EOF_GRACE);
+    }
+
+    /// Ends in-flight work: waits up to `grace` for calls to finish, then cancels them and
+    /// waits a bounded time more.
+    pub fn shutdown(&self, grace: Duration) {
+        if !self.wait_idle(grace) {
+            self.cancel_all();
+            self.wait_idle(CANCEL_GRACE);
+        }
+    }
+
+    fn wait_idle(&self, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        while self.active.load(Ordering::SeqCst) > 0 {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        true
+    }
+
+    fn cancel_all(&self) {
+        if let Ok(map) = self.inflight.lock() {
+            for flag in map.values() {
+                flag.store(true, Ordering::SeqCst);
+            }
+        }
+    }
+
+    fn send(&self, msg: &Value) {
+        self.out.send(msg);
+    }
+
+    fn logger(&self) -> Logger {
+        Logger::new(Some(self.out.clone()), self.log_level.clone())
+    }
+
+    /// Handles one raw input line (already split and size-capped).
+    pub fn handle_bytes(self: &Arc<Self>, bytes: &[u8]) {
+        let text = match std::str::from_utf8(bytes) {
+            Ok(t) => t,
+            Err(e) => {
+                return self.send(&error_response(
+                    &Value::Null,
+                    parse_error(format!("input is not valid UTF-8: {e}")),
+                ))
+            }
+        };
+        if text.trim().is_empty() {
+            return;
+        }
+        let msg: Value = match serde_json::from_str(text) {
+            Ok(v) => v,
+            Err(e) => {
+                return self.send(&error_response(
+                    &Value::Null,
+                    parse_error(format!("invalid JSON: {e}")),
+                ))
+            }
+        };
+        self.handle_message(msg);
+    }
+
+    fn handle_message(self: &Arc<Self>, msg: Value) {
+        let obj = match msg {
+            Value::Object(o) => o,
+            Value::Array(_) => {
+                return self.send(&error_response(
+                    &Value::Null,
+                    invalid_request(
+                        "JSON-RPC batches are not supported by MCP; send one message per line",
+                    ),
+                ))
+            }
+            _ => {
+                return self.send(&error_response(
+                    &Value::Null,
+                    invalid_request("a JSON-RPC message must be an object"),
+                ))
+            }
+        };
+        let id = obj.get("id").cloned();
+        let id_ok = matches!(
+            id,
+            None | Some(Value::String(_)) | Some(Value::Number(_)) | Some(Value::Null)
+        );
+        let reply_id = if id_ok {
+            id.clone().unwrap_or(Value::Null)
+        } else {
+            Value::Null
+        };
+        if obj.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+            return self.send(&error_response(
+                &reply_id,
+                invalid_request("missing or wrong \"jsonrpc\": must be \"2.0\""),
+            ));
+        }
+        if !id_ok {
+            return self.send(&error_response(
+                &Value::Null,
+                invalid_request("\"id\" must be a string or a number"),
+            ));
+        }
+        let method = match obj.get("method") {
+            Some(Value::String(m)) => m.clone(),
+            Some(_) => {
+                return self.send(&error_response(
+                    &reply_id,
+                    invalid_request("\"method\" must be a string"),
+                ))
+            }
+            None => {
+                if obj.contains_key("result") || obj.contains_key("error") {
+                    return; // a client's response; we send no requests, so nothing waits on it
+                }
+                return self.send(&error_response(
+                    &reply_id,
+                    invalid_request("missing \"method\""),
+                ));
+            }
+        };
+        let params = match obj.get("params") {
+            None | Some(Value::Null) => Map::new(),
+            Some(Value::Object(p)) => p.clone(),
+            Some(_) => {
+                if id.is_none() {
+                    return;
+                }
+                return self.send(&error_response(
+                    &reply_id,
+                    invalid_params("\"params\" must be an object"),
+                ));
+            }
+        };
+        match id {
+            None => self.handle_notification(&method, &params),
+            Some(id) => self.handle_request(id, &method, params),
+        }
+    }
+
+    fn handle_notification(&self, method: &str, params: &Map<String, Value>) {
+        if method == "notifications/cancelled" {
+            if let Some(req) = params.get("requestId") {
+                let key = req.to_string();
+                if let Ok(map) = self.inflight.lock() {
+                    if let Some(flag) = map.get(&key) {
+                        flag.store(true, Ordering::SeqCst);
+                        crate::log::stderr("info", &format!("request {key} cancelled by client"));
+                    }
+                }
+            }
+        }
+        // Every other notification (initialized, roots changes, unknown ones) needs nothing from us.
+    }
+
+    fn handle_request(self: &Arc<Self>, id: Value, method: &str, params: Map<String, Value>) {
+        let stateless = match self.check_meta_version(&params) {
+            Ok(s) => s,
+            Err(e) => return self.send(&error_response(&id, e)),
+        };
+        let result = match method {
+            "initialize" => self.initialize(&params),
+            "server/discover" => Ok(json!({
+                "supportedVersions": all_versions(),
+                "capabilities": capabilities(),
+                "serverInfo": server_info(),
+                "instructions": INSTRUCTIONS,
+            })),
+            "ping" => Ok(json!({})),
+            "tools/list" => self.list_tools(&params),
+            "logging/setLevel" => self.set_level(&params),
+            "tools/call" => return self.call_tool(id, params, stateless),
+            _ => Err(method_not_found(method)),
+        };
+        match result {
+            Ok(mut r) => {
+                if stateless {
+                    r["resultType"] = json!("complete");
+                }
+                self.send(&response(&id, r))
+            }
+            Err(e) => self.send(&error_response(&id, e)),
+        }
+    }
+
+    /// Checks a stateless-style `_meta` protocol version. Ok(true) when the request uses the
+    /// stateless revision, Ok(false) for classic requests.
+    fn check_meta_version(&self, params: &Map<String, Value>) -> Result<bool, jsonrpc_core::Error> {
+        let requested = match params.get("_meta").and_then(|m| m.get(META_VERSION)) {
+            None => return Ok(false),
+            Some(v) => v,
+        };
+        let supported = all_versions();
+        match requested.as_str() {
+            Some(v) if supported.contains(&v) => Ok(v == STATELESS_VERSION),
+            _ => Err(rpc_error(
+                UNSUPPORTED_VERSION,
+                format!(
+                    "unsupported protocol version {requested}; this server speaks {}",
+                    supported.join(", ")
+                ),
+                Some(json!({ "supported": supported, "requested": requested })),
+            )),
+        }
+    }
+
+    fn initialize(&self, params: &Map<String, Value>) -> Result<Value, jsonrpc_core::Error> {
+        let requested = params
+            .get("protocolVersion")
+            .and_then(Value::as_str)
+            .ok_or_else(|| invalid_params("initialize needs \"protocolVersion\" (a string)"))?;
+        Ok(json!({
+            "protocolVersion": negotiate(requested),
+            "capabilities": capabilities(),
+            "serverInfo": server_info(),
+            "instructions": INSTRUCTIONS,
+        }))
+    }
+
+    fn set_level(&self, params: &Map<String, Value>) -> Result<Value, jsonrpc_core::Error> {
+        let level = params.get("level").and_then(Value::as_str).unwrap_or("");
+        let rank = log_level_rank(level).ok_or_else(|| {
+            invalid_params(format!(
+                "unknown log level {level:?}; use one of {}",
+                LOG_LEVELS.join(", ")
+            ))
+        })?;
+        self.log_level.store(rank, Ordering::Relaxed);
+        Ok(json!({}))
+    }
+
+    fn list_tools(&self, params: &Map<String, Value>) -> Result<Value, jsonrpc_core::Error> {
+        let all = tool_json(self.tools);
+        let start = match params.get("cursor") {
+            None | Some(Value::Null) => 0,
+            Some(c) => c
+                .as_str()
+                .and_then(decode_cursor)
+                .filter(|n| *n > 0 && *n < all.len())
+                .ok_or_else(|| {
+                    invalid_params("invalid cursor: pass back a nextCursor exactly as received")
+                })?,
+        };
+        let end = (start + self.page_size).min(all.len());
+        let mut result = json!({ "tools": &all[start..end] });
+        if end < all.len() {
+            result["nextCursor"] = json!(encode_cursor(end));
+        }
+        Ok(result)
+    }
+
+    fn call_tool(self: &Arc<Self>, id: Value, params: Map<String, Value>, stateless: bool) {
+        let name = match params.get("name").and_then(Value::as_str) {
+            Some(n) => n.to_string(),
+            None => {
+                return self.send(&error_response(
+                    &id,
+                    invalid_params("tools/call needs \"name\" (a string)"),
+                ))
+            }
+        };
+        let tool = match self.tools.iter().find(|t| t.name == name) {
+            Some(t) => t,
+            None => {
+                return self.send(&error_response(
+                    &id,
+                    invalid_params(format!(
+                        "unknown tool {name:?}; tools/list shows the available tools"
+                    )),
+                ))
+            }
+        };
+        let args = match params.get("arguments") {
+            None | Some(Value::Null) => Map::new(),
+            Some(Value::Object(a)) => a.clone(),
+            Some(_) => {
+                return self.send(&error_response(
+                    &id,
+                    invalid_params("\"arguments\" must be an object"),
+                ))
+            }
+        };
+        let reply_id = id.clone();
+        let finish = move |r: Value| {
+            let mut r = r;
+            if stateless {
+                r["resultType"] = json!("complete");
+            }
+            response(&reply_id, r)
+        };
+        if let Err(msg) = check_arguments(&(tool.input_schema)(), &args) {
+            return self.send(&finish(error_result(&ToolError::new(format!(
+                "{name}: {msg}"
+            )))));
+        }
+        let key = id.to_string();
+        let cancel = Arc::new(AtomicBool::new(false));
+        {
+            let mut map = match self.inflight.lock() {
+                Ok(m) => m,
+                Err(p) => p.into_inner(),
+            };
+            if map.contains_key(&key) {
+                drop(map);
+                return self.send(&error_response(
+                    &id,
+                    invalid_request(format!(
+                        "request id {key} is already in flight; use a fresh id"
+                    )),
+                ));
+            }
+            if self.active.load(Ordering::SeqCst) >= MAX_WORKERS {
+                drop(map);
+                return self.send(&finish(error_result(&ToolError::new(format!(
+                    "{name}: {MAX_WORKERS} tool calls are already running; wait for one to finish and retry"
+                )))));
+            }
+            map.insert(key.clone(), cancel.clone());
+            self.active.fetch_add(1, Ordering::SeqCst);
+        }
+        let progress = params
+            .get("_meta")
+            .and_then(|m| m.get("progressToken"))
+            .filter(|t| t.is_string() || t.is_number())
+            .map(|t| Progress::new(t.clone(), self.out.clone()));
+        let ctx = ToolCtx::new(cancel.clone(), progress, self.logger());
+        let server = Arc::clone(self);
+        let handler = tool.handler;
+        let spawned = std::thread::Builder::new()
+            .name(format!("tool-{name}"))
+            .spawn(move || {
+                let result = match handler(&ctx, &Args(args)) {
+                    Ok(out) => out.to_result(),
+                    Err(e) => error_result(&ToolError::new(format!("{name}: {}", e.0))),
+                };
+                if let Ok(mut map) = server.inflight.lock() {
+                    map.remove(&key);
+                }
+                if !cancel.load(Ordering::SeqCst) {
+                    server.send(&finish(result));
+                }
+                server.active.fetch_sub(1, Ordering::SeqCst);
+            });
+        if let Err(e) = spawned {
+            if let Ok(mut map) = self.inflight.lock() {
+                map.remove(&id.to_string());
+            }
+            self.active.fetch_sub(1, Ordering::SeqCst);
+            self.send(&response(
+                &id,
+                error_result(&ToolError::new(format!(
+                    "could not start a worker thread ({e}); retry shortly"
+                ))),
+            ));
+        }
+    }
+}
+
+fn encode_cursor(offset: usize) -> String {
+    format!("mcq-{:x}", offset ^ 0x5a5a)
+}
+
+fn decode_cursor(c: &str) -> Option<usize> {
+    let hex = c.strip_prefix("mcq-")?;
+    usize::from_str_radix(hex, 16).ok().map(|n| n ^ 0x5a5a)
+}
+
+/// Serves MCP on stdin/stdout until EOF or SIGTERM/SIGINT. Returns the process exit code.
+pub fn serve_stdio(tools: &'static [ToolDef]) -> i32 {
+    let out = Arc::new(Output::new(Box::new(std::io::stdout())));
+    let server = Server::new(out, tools);
+    install_signal_handler(Arc::clone(&server));
+    crate::log::stderr(
+        "info",
+        &format!("mcqemu {} serving MCP on stdio", env!("CARGO_PKG_VERSION")),
+    );
+    let stdin = std::io::stdin();
+    server.run(stdin.lock());
+    0
+}
+
+fn install_signal_handler(server: Arc<Server>) {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals = match signal_hook::iterator::Signals::new([SIGTERM, SIGINT]) {
+        Ok(s) => s,
+        Err(e) => {
+            crate::log::stderr("warn", &format!("cannot install signal handlers: {e}"));
+            return;
+        }
+    };
+    let _ = std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            if let Some(sig) = signals.forever().next() {
+                crate::log::stderr("info", &format!("signal {sig}: shutting down"));
+                server.cancel_all();
+                server.wait_idle(CANCEL_GRACE);
+                std::process::exit(0);
+            }
+        });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursor_round_trips_and_rejects_garbage() {
+        assert_eq!(decode_cursor(&encode_cursor(17)), Some(17));
+        assert_eq!(decode_cursor("17"), None);
+        assert_eq!(decode_cursor("mcq-zz"), None);
+    }
+}

@@ -1,0 +1,3 @@
+//! The network: HTTP(S) downloads for `image_download`.
+
+pub mod download;

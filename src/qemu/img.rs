@@ -1,0 +1,274 @@
+//! qemu-img: every run bounded, JSON output where qemu-img offers it, stderr as the error text.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::run::{run, RunError};
+
+/// Bound for quick qemu-img operations (info, create, snapshot, resize).
+pub const QUICK: Duration = Duration::from_secs(120);
+/// Bound for conversions, which copy whole images.
+pub const LONG: Duration = Duration::from_secs(3600);
+
+/// Image formats we create and convert to.
+pub const FORMATS: &[&str] = &["qcow2", "raw", "vmdk", "vdi", "vhdx", "vpc", "qed"];
+
+/// Why a qemu-img operation failed.
+#[derive(Debug)]
+pub enum ImgError {
+    /// Could not run qemu-img at all (missing, timed out, cancelled).
+    Run(RunError),
+    /// QEMU holds the image's lock: a running VM uses it.
+    Locked(String),
+    /// qemu-img ran and refused; its stderr.
+    Failed(String),
+    /// qemu-img's output was not what we expected.
+    BadOutput(String),
+}
+
+impl std::fmt::Display for ImgError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ImgError::Run(e) => write!(f, "{e}"),
+            ImgError::Locked(msg) => write!(
+                f,
+                "the image is in use by a running VM (QEMU holds its write lock): stop the VM with stop_vm first, then retry. qemu-img said: {msg}"
+            ),
+            ImgError::Failed(msg) => write!(f, "qemu-img failed: {msg}"),
+            ImgError::BadOutput(msg) => write!(f, "qemu-img gave unexpected output: {msg}"),
+        }
+    }
+}
+
+/// The qemu-img binary: `$MCQEMU_QEMU_IMG` or `qemu-img` on PATH.
+pub fn binary() -> String {
+    std::env::var("MCQEMU_QEMU_IMG")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "qemu-img".to_string())
+}
+
+fn exec(
+    args: &[&std::ffi::OsStr],
+    timeout: Duration,
+    cancelled: &dyn Fn() -> bool,
+) -> Result<Vec<u8>, ImgError> {
+    let mut cmd = Command::new(binary());
+    cmd.args(args);
+    let out = run(&mut cmd, timeout, cancelled).map_err(ImgError::Run)?;
+    if out.status.success() {
+        return Ok(out.stdout);
+    }
+    let text = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    let text = if text.is_empty() {
+        format!("exit status {}", out.status)
+    } else {
+        text
+    };
+    if text.contains("lock") && (text.contains("Failed to get") || text.contains("is locked")) {
+        Err(ImgError::Locked(text))
+    } else {
+        Err(ImgError::Failed(text))
+    }
+}
+
+fn os(s: &str) -> &std::ffi::OsStr {
+    std::ffi::OsStr::new(s)
+}
+
+/// `qemu-img info --output=json` (with `-U`, so an image a VM holds can still be inspected).
+/// With `chain`, returns the array of the whole backing chain.
+pub fn info(path: &Path, chain: bool) -> Result<Value, ImgError> {
+    let mut args = vec![os("info"), os("--output=json"), os("-U")];
+    if chain {
+        args.push(os("--backing-chain"));
+    }
+    args.push(path.as_os_str());
+    let out = exec(&args, QUICK, &|| false)?;
+    serde_json::from_slice(&out).map_err(|e| ImgError::BadOutput(format!("not JSON: {e}")))
+}
+
+/// The probed format of an image.
+pub fn probe_format(path: &Path) -> Result<String, ImgError> {
+    let v = info(path, false)?;
+    v.get("format")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .ok_or_else(|| ImgError::BadOutput("no \"format\" in qemu-img info".into()))
+}
+
+/// Creates an image of `size` bytes; with a backing file, its format is passed explicitly.
+pub fn create(
+    path: &Path,
+    format: &str,
+    size: Option<u64>,
+    backing: Option<(&Path, &str)>,
+) -> Result<(), ImgError> {
+    let size_s = size.map(|s| s.to_string());
+    let mut args = vec![os("create"), os("-q"), os("-f"), os(format)];
+    if let Some((b, bf)) = backing {
+        args.extend([os("-b"), b.as_os_str(), os("-F"), os(bf)]);
+    }
+    args.push(path.as_os_str());
+    if let Some(s) = &size_s {
+        args.push(os(s));
+    }
+    exec(&args, QUICK, &|| false).map(|_| ())
+}
+
+/// Converts `src` (of `src_format`) into `dest` as `format`.
+pub fn convert(
+    src: &Path,
+    src_format: &str,
+    dest: &Path,
+    format: &str,
+    compress: bool,
+    cancelled: &dyn Fn() -> bool,
+) -> Result<(), ImgError> {
+    let mut args = vec![
+        os("convert"),
+        os("-f"),
+        os(src_format),
+        os("-O"),
+        os(format),
+    ];
+    if compress {
+        args.push(os("-c"));
+    }
+    args.extend([src.as_os_str(), dest.as_os_str()]);
+    exec(&args, LONG, cancelled).map(|_| ())
+}
+
+/// Resizes to an absolute size in bytes.
+pub fn resize(path: &Path, format: &str, bytes: u64, shrink: bool) -> Result<(), ImgError> {
+    let size = bytes.to_string();
+    let mut args = vec![os("resize"), os("-q"), os("-f"), os(format)];
+    if shrink {
+        args.push(os("--shrink"));
+    }
+    args.extend([path.as_os_str(), os(&size)]);
+    exec(&args, QUICK, &|| false).map(|_| ())
+}
+
+/// Internal snapshot operations on an image at rest.
+#[derive(Clone, Copy, Debug)]
+pub enum SnapshotOp {
+    /// `-c`: create.
+    Create,
+    /// `-a`: apply (revert to).
+    Apply,
+    /// `-d`: delete.
+    Delete,
+}
+
+/// Runs `qemu-img snapshot` with the given operation and tag.
+pub fn snapshot(path: &Path, op: SnapshotOp, tag: &str) -> Result<(), ImgError> {
+    let flag = match op {
+        SnapshotOp::Create => "-c",
+        SnapshotOp::Apply => "-a",
+        SnapshotOp::Delete => "-d",
+    };
+    exec(
+        &[os("snapshot"), os(flag), os(tag), path.as_os_str()],
+        QUICK,
+        &|| false,
+    )
+    .map(|_| ())
+}
+
+/// The first line of `qemu-img --version`.
+pub fn version() -> Result<String, ImgError> {
+    let out = exec(&[os("--version")], Duration::from_secs(10), &|| false)?;
+    Ok(String::from_utf8_lossy(&out)
+        .lines()
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_string())
+}
+
+/// Parses a size such as `10G`, `512M`, `1.5T`, `4096` or `64KiB` into bytes (binary units,
+/// as qemu-img reads them). Rejects zero, negatives and overflow.
+pub fn parse_size(input: &str) -> Result<u64, String> {
+    let s = input.trim();
+    let bad = || {
+        format!(
+            "invalid size {input:?}: use bytes or a number with K, M, G, T or P (binary units), e.g. \"10G\" or \"512M\""
+        )
+    };
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    if num.is_empty() || num.starts_with('.') || num.ends_with('.') || num.matches('.').count() > 1
+    {
+        return Err(bad());
+    }
+    let unit = unit.trim();
+    let unit_l = unit.to_ascii_lowercase();
+    let unit_l = unit_l
+        .strip_suffix("ib")
+        .or_else(|| unit_l.strip_suffix('b'))
+        .unwrap_or(&unit_l);
+    let shift = match unit_l {
+        "" => 0,
+        "k" => 10,
+        "m" => 20,
+        "g" => 30,
+        "t" => 40,
+        "p" => 50,
+        "e" => 60,
+        _ => return Err(bad()),
+    };
+    if unit.eq_ignore_ascii_case("b") && num.contains('.') {
+        return Err(bad());
+    }
+    let bytes = if let Some((whole, frac)) = num.split_once('.') {
+        let whole: u128 = whole.parse().map_err(|_| bad())?;
+        let digits = frac.len().min(18) as u32;
+        let frac_v: u128 = frac[..digits as usize].parse().map_err(|_| bad())?;
+        let unit_bytes: u128 = 1u128 << shift;
+        whole * unit_bytes + frac_v * unit_bytes / 10u128.pow(digits)
+    } else {
+        let whole: u128 = num.parse().map_err(|_| bad())?;
+        whole << shift
+    };
+    if bytes == 0 {
+        return Err(format!("invalid size {input:?}: must be greater than zero"));
+    }
+    if bytes > i64::MAX as u128 {
+        return Err(format!("invalid size {input:?}: too large"));
+    }
+    Ok(bytes as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_sizes() {
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("10G").unwrap(), 10 << 30);
+        assert_eq!(parse_size("512M").unwrap(), 512 << 20);
+        assert_eq!(parse_size("64KiB").unwrap(), 64 << 10);
+        assert_eq!(parse_size("1.5G").unwrap(), 3 << 29);
+        assert_eq!(parse_size("2 g").unwrap(), 2 << 30);
+        for bad in [
+            "",
+            "G",
+            "-1G",
+            "0",
+            "1.G",
+            "10X",
+            "1..5G",
+            "99999999E",
+            "+5G",
+        ] {
+            assert!(parse_size(bad).is_err(), "{bad} accepted");
+        }
+    }
+}

@@ -1,0 +1,6 @@
+//! Talking to QEMU and its tooling.
+
+pub mod accel;
+pub mod firmware;
+pub mod img;
+pub mod run;

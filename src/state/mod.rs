@@ -1,0 +1,3 @@
+//! Where things live on disk: user paths, the state and runtime folders.
+
+pub mod paths;

@@ -1,0 +1,105 @@
+//! Path handling: `~` expansion, absolute resolution, and the state/runtime folders of the spec.
+
+use std::path::{Component, Path, PathBuf};
+
+fn home() -> Option<PathBuf> {
+    std::env::var_os("HOME")
+        .filter(|h| !h.is_empty())
+        .map(PathBuf::from)
+}
+
+/// Resolves a user-supplied path: expands a leading `~`, makes it absolute against the current
+/// directory, and removes `.` and `..` lexically (the file need not exist yet).
+pub fn resolve(input: &str) -> Result<PathBuf, String> {
+    if input.is_empty() {
+        return Err("path is empty".into());
+    }
+    if input.contains('\0') {
+        return Err("path contains a NUL byte".into());
+    }
+    let expanded = if input == "~" || input.starts_with("~/") {
+        let h = home().ok_or("cannot expand '~': HOME is not set; give an absolute path")?;
+        h.join(input.trim_start_matches('~').trim_start_matches('/'))
+    } else {
+        PathBuf::from(input)
+    };
+    let absolute = if expanded.is_absolute() {
+        expanded
+    } else {
+        std::env::current_dir()
+            .map_err(|e| {
+                format!("cannot resolve relative path {input:?}: {e}; give an absolute path")
+            })?
+            .join(expanded)
+    };
+    Ok(normalize(&absolute))
+}
+
+fn normalize(p: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for c in p.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                out.pop();
+            }
+            other => out.push(other.as_os_str()),
+        }
+    }
+    out
+}
+
+/// The state folder: `$MCQEMU_STATE_DIR`, else `$XDG_DATA_HOME/mcqemu`, else `~/.local/share/mcqemu`.
+pub fn state_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("MCQEMU_STATE_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d);
+    }
+    if let Some(d) = std::env::var_os("XDG_DATA_HOME").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d).join("mcqemu");
+    }
+    home()
+        .unwrap_or_else(|| PathBuf::from("/tmp"))
+        .join(".local/share/mcqemu")
+}
+
+/// The runtime folder for sockets and pidfiles: `$MCQEMU_RUNTIME_DIR`, else
+/// `$XDG_RUNTIME_DIR/mcqemu`, else `/tmp/mcqemu-UID`.
+pub fn runtime_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("MCQEMU_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d);
+    }
+    if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d).join("mcqemu");
+    }
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::getuid() };
+    PathBuf::from(format!("/tmp/mcqemu-{uid}"))
+}
+
+/// The registry file inside the state folder.
+pub fn registry_file() -> PathBuf {
+    state_dir().join("vms.json")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resolves_relative_and_dots() {
+        let cwd = std::env::current_dir().unwrap();
+        assert_eq!(resolve("a/./b/../c").unwrap(), cwd.join("a/c"));
+        assert_eq!(resolve("/x/y,z w").unwrap(), PathBuf::from("/x/y,z w"));
+        assert!(resolve("").is_err());
+    }
+
+    #[test]
+    fn expands_tilde() {
+        if let Some(h) = home() {
+            assert_eq!(
+                resolve("~/vm.qcow2").unwrap(),
+                normalize(&h.join("vm.qcow2"))
+            );
+        }
+    }
+}

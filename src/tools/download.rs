@@ -1,0 +1,88 @@
+//! `image_download`: fetch a disk image over http(s), verified, never leaving a partial file.
+
+use serde_json::json;
+
+use super::path_arg;
+use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use crate::net::download::{self, Request, Watcher};
+
+struct CtxWatch<'a>(&'a ToolCtx);
+
+impl Watcher for CtxWatch<'_> {
+    fn progress(&self, done: u64, total: Option<u64>) {
+        let msg = match total {
+            Some(t) => format!("{done} of {t} bytes"),
+            None => format!("{done} bytes"),
+        };
+        self.0.progress(done as f64, total.map(|t| t as f64), &msg);
+    }
+    fn cancelled(&self) -> bool {
+        self.0.cancelled()
+    }
+}
+
+/// `image_download`.
+pub const DOWNLOAD: ToolDef = ToolDef {
+    name: "image_download",
+    title: "Download a disk image",
+    description: "Download a file (typically a cloud or installer image) over http or https to path. Streams to a temporary file beside path, verifies sha256 when given, and renames into place only when complete and correct, so a failure never leaves a partial or wrong file at path. Sends progress notifications. max_bytes caps the size.",
+    input_schema: || {
+        json!({
+            "type": "object",
+            "properties": {
+                "url": {"type": "string", "minLength": 1, "description": "http:// or https:// URL."},
+                "path": {"type": "string", "minLength": 1, "description": "Where to save the file (~ is expanded)."},
+                "sha256": {"type": ["string", "null"], "default": null, "description": "Expected SHA-256 (64 hex characters)."},
+                "overwrite": {"type": "boolean", "default": false, "description": "Replace an existing file at path."},
+                "max_bytes": {"type": ["integer", "null"], "minimum": 1, "default": null, "description": "Refuse downloads larger than this."}
+            },
+            "required": ["url", "path"],
+            "additionalProperties": false
+        })
+    },
+    output_schema: || {
+        json!({
+            "type": "object",
+            "properties": {
+                "path": {"type": "string"},
+                "url": {"type": "string"},
+                "final_url": {"type": "string"},
+                "bytes": {"type": "integer"},
+                "sha256": {"type": "string"},
+                "verified": {"type": "boolean"}
+            },
+            "required": ["path", "bytes", "sha256", "verified"]
+        })
+    },
+    annotations: Annotations { read_only: false, destructive: true, idempotent: false, open_world: true },
+    handler: run,
+};
+
+fn run(ctx: &ToolCtx, args: &Args) -> ToolResult {
+    let url = args.str("url")?;
+    download::check_url(url).map_err(ToolError::new)?;
+    let path = path_arg(args, "path")?;
+    let sha256 = match args.opt_str("sha256")? {
+        Some(s) => Some(download::check_sha256(s).map_err(ToolError::new)?),
+        None => None,
+    };
+    let max_bytes = args.opt_i64("max_bytes")?.map(|n| n.max(0) as u64);
+    let req = Request {
+        url,
+        dest: &path,
+        sha256: sha256.clone(),
+        overwrite: args.bool_or("overwrite", false)?,
+        max_bytes,
+    };
+    let done = download::download(&req, &CtxWatch(ctx)).map_err(ToolError::new)?;
+    ctx.progress_now(done.bytes as f64, Some(done.bytes as f64), "done");
+    Ok(ToolOutput::json(json!({
+        "path": path.display().to_string(),
+        "url": url,
+        "final_url": done.final_url,
+        "bytes": done.bytes,
+        "sha256": done.sha256,
+        "verified": sha256.is_some(),
+        "http_status": done.status,
+    })))
+}

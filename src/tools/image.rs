@@ -1,0 +1,537 @@
+//! Disk-image tools over qemu-img: create, info, convert, resize, and internal snapshots of
+//! images at rest.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Value};
+
+use super::{check_tag, path_arg};
+use crate::clock;
+use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use crate::qemu::img::{self, ImgError, SnapshotOp, FORMATS};
+
+impl From<ImgError> for ToolError {
+    fn from(e: ImgError) -> Self {
+        ToolError(e.to_string())
+    }
+}
+
+fn formats_schema(desc: &str) -> Value {
+    json!({"type": "string", "enum": FORMATS, "default": "qcow2", "description": desc})
+}
+
+fn path_schema(desc: &str) -> Value {
+    json!({"type": "string", "minLength": 1, "description": desc})
+}
+
+fn tag_schema() -> Value {
+    json!({"type": "string", "minLength": 1, "maxLength": 64,
+           "description": "Snapshot tag: 1-64 of A-Z a-z 0-9 _ . -, starting with a letter or digit."})
+}
+
+fn object(props: Value, required: &[&str]) -> Value {
+    json!({"type": "object", "properties": props, "required": required, "additionalProperties": false})
+}
+
+fn out_object(props: Value, required: &[&str]) -> Value {
+    json!({"type": "object", "properties": props, "required": required})
+}
+
+fn snapshot_item_schema() -> Value {
+    out_object(
+        json!({
+            "id": {"type": "string"},
+            "tag": {"type": "string"},
+            "vm_state_size": {"type": "integer"},
+            "date": {"type": "string"},
+            "vm_clock": {"type": "string"}
+        }),
+        &["tag"],
+    )
+}
+
+fn must_exist(path: &Path, what: &str) -> Result<(), ToolError> {
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_file() => Ok(()),
+        Ok(_) => Err(ToolError::new(format!("{what} {} is not a regular file", path.display()))),
+        Err(e) => Err(ToolError::new(format!(
+            "{what} {} cannot be read: {e}; check the path (image_info works on any existing image)",
+            path.display()
+        ))),
+    }
+}
+
+fn refuse_existing(path: &Path, overwrite: bool) -> Result<(), ToolError> {
+    if !overwrite && std::fs::symlink_metadata(path).is_ok() {
+        return Err(ToolError::new(format!(
+            "{} already exists; pass overwrite=true to replace it, or choose another path",
+            path.display()
+        )));
+    }
+    if let Some(parent) = path.parent() {
+        if !parent.is_dir() {
+            return Err(ToolError::new(format!(
+                "folder {} does not exist; create it first or choose another path",
+                parent.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A temporary sibling of `path` for write-then-rename, unique per process and call.
+fn temp_sibling(path: &Path) -> PathBuf {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    path.with_file_name(format!(".{name}.mcqemu-tmp-{}-{n}", std::process::id()))
+}
+
+/// Snapshots of an image, structured, from qemu-img's JSON.
+fn snapshots_of(info: &Value) -> Vec<Value> {
+    info.get("snapshots")
+        .and_then(Value::as_array)
+        .map(|list| {
+            list.iter()
+                .map(|s| {
+                    let date = s.get("date-sec").and_then(Value::as_i64).map(clock::iso8601);
+                    let vm_clock = s.get("vm-clock-sec").and_then(Value::as_u64).map(|sec| {
+                        let nsec = s.get("vm-clock-nsec").and_then(Value::as_u64).unwrap_or(0);
+                        clock::vm_clock(sec * 1_000_000_000 + nsec)
+                    });
+                    json!({
+                        "id": s.get("id").and_then(Value::as_str).unwrap_or(""),
+                        "tag": s.get("name").and_then(Value::as_str).unwrap_or(""),
+                        "vm_state_size": s.get("vm-state-size").and_then(Value::as_u64).unwrap_or(0),
+                        "date": date.unwrap_or_default(),
+                        "vm_clock": vm_clock.unwrap_or_default(),
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn summary(path: &Path, info: &Value) -> Value {
+    json!({
+        "path": path.display().to_string(),
+        "format": info.get("format").cloned().unwrap_or(Value::Null),
+        "virtual_size": info.get("virtual-size").cloned().unwrap_or(Value::Null),
+        "actual_size": info.get("actual-size").cloned().unwrap_or(Value::Null),
+        "backing_file": info.get("full-backing-filename").or_else(|| info.get("backing-filename")).cloned().unwrap_or(Value::Null),
+        "backing_format": info.get("backing-filename-format").cloned().unwrap_or(Value::Null),
+    })
+}
+
+fn image_out_props() -> Value {
+    json!({
+        "path": {"type": "string"},
+        "format": {"type": ["string", "null"]},
+        "virtual_size": {"type": ["integer", "null"]},
+        "actual_size": {"type": ["integer", "null"]},
+        "backing_file": {"type": ["string", "null"]},
+        "backing_format": {"type": ["string", "null"]}
+    })
+}
+
+// ---- image_create ----
+
+/// `image_create`.
+pub const CREATE: ToolDef = ToolDef {
+    name: "image_create",
+    title: "Create a disk image",
+    description: "Create a disk image with qemu-img. size is bytes or a number with K/M/G/T (binary units), e.g. \"20G\". With backing_file, creates a copy-on-write overlay whose backing format is probed and recorded explicitly. Refuses to replace an existing file unless overwrite=true.",
+    input_schema: || {
+        object(
+            json!({
+                "path": path_schema("Where to create the image (~ is expanded)."),
+                "size": {"type": "string", "minLength": 1, "description": "Virtual size, e.g. \"20G\", \"512M\" or bytes."},
+                "format": formats_schema("Image format."),
+                "backing_file": {"type": ["string", "null"], "default": null, "description": "Base image for a copy-on-write overlay; left untouched."},
+                "overwrite": {"type": "boolean", "default": false, "description": "Replace an existing file at path."}
+            }),
+            &["path", "size"],
+        )
+    },
+    output_schema: || out_object(image_out_props(), &["path", "format", "virtual_size"]),
+    annotations: Annotations { read_only: false, destructive: true, idempotent: false, open_world: false },
+    handler: create,
+};
+
+fn create(_ctx: &ToolCtx, args: &Args) -> ToolResult {
+    let path = path_arg(args, "path")?;
+    let size = img::parse_size(args.str("size")?).map_err(ToolError::new)?;
+    let format = args.str_or("format", "qcow2")?;
+    let overwrite = args.bool_or("overwrite", false)?;
+    refuse_existing(&path, overwrite)?;
+    let backing = match args.opt_str("backing_file")? {
+        None => None,
+        Some(b) => {
+            let b = crate::state::paths::resolve(b)
+                .map_err(|e| ToolError::new(format!("parameter 'backing_file': {e}")))?;
+            if b == path {
+                return Err(ToolError::new(
+                    "backing_file and path are the same file; an image cannot back itself",
+                ));
+            }
+            must_exist(&b, "backing file")?;
+            let fmt = img::probe_format(&b)?;
+            Some((b, fmt))
+        }
+    };
+    let exists = path.exists();
+    let target = if exists {
+        temp_sibling(&path)
+    } else {
+        path.clone()
+    };
+    let backing_ref = backing.as_ref().map(|(b, f)| (b.as_path(), f.as_str()));
+    if let Err(e) = img::create(&target, format, Some(size), backing_ref) {
+        if exists {
+            let _ = std::fs::remove_file(&target);
+        }
+        return Err(e.into());
+    }
+    if exists {
+        std::fs::rename(&target, &path).map_err(|e| {
+            let _ = std::fs::remove_file(&target);
+            ToolError::new(format!("could not replace {}: {e}", path.display()))
+        })?;
+    }
+    let info = img::info(&path, false)?;
+    Ok(ToolOutput::json(summary(&path, &info)))
+}
+
+// ---- image_info ----
+
+/// `image_info`.
+pub const INFO: ToolDef = ToolDef {
+    name: "image_info",
+    title: "Inspect a disk image",
+    description: "Show a disk image's format, virtual and on-disk size, backing file and snapshots (qemu-img info, structured). Works on images a running VM holds. backing_chain=true adds every image in the backing chain.",
+    input_schema: || {
+        object(
+            json!({
+                "path": path_schema("The image to inspect."),
+                "backing_chain": {"type": "boolean", "default": false, "description": "Also describe every backing image."}
+            }),
+            &["path"],
+        )
+    },
+    output_schema: || {
+        let mut props = image_out_props();
+        props["snapshots"] = json!({"type": "array", "items": snapshot_item_schema()});
+        props["info"] = json!({"type": "object", "description": "qemu-img info's JSON as is."});
+        props["chain"] = json!({"type": "array", "items": {"type": "object"}, "description": "With backing_chain: one qemu-img info object per image, top first."});
+        out_object(props, &["path", "format", "info"])
+    },
+    annotations: Annotations { read_only: true, destructive: false, idempotent: true, open_world: false },
+    handler: info,
+};
+
+fn info(_ctx: &ToolCtx, args: &Args) -> ToolResult {
+    let path = path_arg(args, "path")?;
+    must_exist(&path, "image")?;
+    let chain = args.bool_or("backing_chain", false)?;
+    let (top, chain_v) = if chain {
+        let all = img::info(&path, true)?;
+        let top = all
+            .as_array()
+            .and_then(|a| a.first())
+            .cloned()
+            .ok_or_else(|| ImgError::BadOutput("empty backing chain".into()))?;
+        (top, Some(all))
+    } else {
+        (img::info(&path, false)?, None)
+    };
+    let mut out = summary(&path, &top);
+    out["snapshots"] = json!(snapshots_of(&top));
+    out["info"] = top;
+    if let Some(c) = chain_v {
+        out["chain"] = c;
+    }
+    Ok(ToolOutput::json(out))
+}
+
+// ---- image_convert ----
+
+/// `image_convert`.
+pub const CONVERT: ToolDef = ToolDef {
+    name: "image_convert",
+    title: "Convert a disk image",
+    description: "Convert an image to another format (or flatten an overlay) with qemu-img convert. The source format is probed, never assumed. Writes to a temporary file beside dest and renames it into place only on success; refuses to replace an existing dest unless overwrite=true.",
+    input_schema: || {
+        object(
+            json!({
+                "source": path_schema("The image to read."),
+                "dest": path_schema("Where to write the converted image."),
+                "format": formats_schema("Output format."),
+                "compress": {"type": "boolean", "default": false, "description": "Compress (qcow2 only)."},
+                "overwrite": {"type": "boolean", "default": false, "description": "Replace an existing file at dest."}
+            }),
+            &["source", "dest"],
+        )
+    },
+    output_schema: || {
+        let mut props = image_out_props();
+        props["source"] = json!({"type": "string"});
+        props["source_format"] = json!({"type": "string"});
+        props["compressed"] = json!({"type": "boolean"});
+        out_object(props, &["path", "source", "format"])
+    },
+    annotations: Annotations { read_only: false, destructive: true, idempotent: false, open_world: false },
+    handler: convert,
+};
+
+fn convert(ctx: &ToolCtx, args: &Args) -> ToolResult {
+    let source = path_arg(args, "source")?;
+    let dest = path_arg(args, "dest")?;
+    let format = args.str_or("format", "qcow2")?;
+    let compress = args.bool_or("compress", false)?;
+    let overwrite = args.bool_or("overwrite", false)?;
+    must_exist(&source, "source image")?;
+    if source == dest {
+        return Err(ToolError::new(
+            "source and dest are the same file; choose another dest",
+        ));
+    }
+    if compress && format != "qcow2" {
+        return Err(ToolError::new(format!(
+            "compress=true needs format \"qcow2\", not {format:?}"
+        )));
+    }
+    refuse_existing(&dest, overwrite)?;
+    let src_format = img::probe_format(&source)?;
+    let tmp = temp_sibling(&dest);
+    ctx.progress_now(0.0, Some(1.0), "converting");
+    let result = img::convert(&source, &src_format, &tmp, format, compress, &|| {
+        ctx.cancelled()
+    });
+    if let Err(e) = result {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e.into());
+    }
+    let placed = if overwrite {
+        std::fs::rename(&tmp, &dest)
+    } else {
+        std::fs::hard_link(&tmp, &dest).and_then(|_| std::fs::remove_file(&tmp))
+    };
+    if let Err(e) = placed {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(ToolError::new(format!(
+            "could not move the result into {}: {e}",
+            dest.display()
+        )));
+    }
+    ctx.progress_now(1.0, Some(1.0), "done");
+    let info = img::info(&dest, false)?;
+    let mut out = summary(&dest, &info);
+    out["source"] = json!(source.display().to_string());
+    out["source_format"] = json!(src_format);
+    out["compressed"] = json!(compress);
+    Ok(ToolOutput::json(out))
+}
+
+// ---- image_resize ----
+
+/// `image_resize`.
+pub const RESIZE: ToolDef = ToolDef {
+    name: "image_resize",
+    title: "Resize a disk image",
+    description: "Grow (or, with shrink=true, shrink) an image's virtual size. size is absolute (\"20G\") or relative (\"+5G\", \"-1G\"). Shrinking cuts data at the end of the disk, so it is refused unless shrink=true. Refused while a running VM uses the image. The guest's partitions and filesystems are not resized.",
+    input_schema: || {
+        object(
+            json!({
+                "path": path_schema("The image to resize."),
+                "size": {"type": "string", "minLength": 1, "description": "New size (\"20G\") or a change (\"+5G\", \"-1G\")."},
+                "shrink": {"type": "boolean", "default": false, "description": "Allow making the image smaller."}
+            }),
+            &["path", "size"],
+        )
+    },
+    output_schema: || {
+        let mut props = image_out_props();
+        props["old_size"] = json!({"type": "integer"});
+        props["new_size"] = json!({"type": "integer"});
+        out_object(props, &["path", "old_size", "new_size"])
+    },
+    annotations: Annotations { read_only: false, destructive: true, idempotent: false, open_world: false },
+    handler: resize,
+};
+
+fn resize(_ctx: &ToolCtx, args: &Args) -> ToolResult {
+    let path = path_arg(args, "path")?;
+    let size_s = args.str("size")?.trim();
+    let shrink = args.bool_or("shrink", false)?;
+    must_exist(&path, "image")?;
+    let info = img::info(&path, false)?;
+    let format = info
+        .get("format")
+        .and_then(Value::as_str)
+        .unwrap_or("raw")
+        .to_string();
+    let old = info
+        .get("virtual-size")
+        .and_then(Value::as_u64)
+        .ok_or_else(|| ImgError::BadOutput("no virtual-size".into()))?;
+    let new = if let Some(rest) = size_s.strip_prefix('+') {
+        old.checked_add(img::parse_size(rest).map_err(ToolError::new)?)
+            .ok_or_else(|| ToolError::new("size overflows"))?
+    } else if let Some(rest) = size_s.strip_prefix('-') {
+        let d = img::parse_size(rest).map_err(ToolError::new)?;
+        old.checked_sub(d).filter(|n| *n > 0).ok_or_else(|| {
+            ToolError::new(format!(
+                "cannot shrink by {rest}: the image is only {old} bytes"
+            ))
+        })?
+    } else {
+        img::parse_size(size_s).map_err(ToolError::new)?
+    };
+    if new < old && !shrink {
+        return Err(ToolError::new(format!(
+            "refusing to shrink {} from {old} to {new} bytes: data past the new end is lost. Shrink the guest's filesystems and partitions first, then pass shrink=true",
+            path.display()
+        )));
+    }
+    if new != old {
+        img::resize(&path, &format, new, new < old)?;
+    }
+    let after = img::info(&path, false)?;
+    let mut out = summary(&path, &after);
+    out["old_size"] = json!(old);
+    out["new_size"] = after.get("virtual-size").cloned().unwrap_or(json!(new));
+    Ok(ToolOutput::json(out))
+}
+
+// ---- image snapshots ----
+
+fn snapshot_list_out() -> Value {
+    out_object(
+        json!({
+            "path": {"type": "string"},
+            "snapshots": {"type": "array", "items": snapshot_item_schema()}
+        }),
+        &["path", "snapshots"],
+    )
+}
+
+fn snapshot_op_out() -> Value {
+    out_object(
+        json!({
+            "path": {"type": "string"},
+            "tag": {"type": "string"},
+            "action": {"type": "string"},
+            "snapshots": {"type": "array", "items": snapshot_item_schema()}
+        }),
+        &["path", "tag", "action", "snapshots"],
+    )
+}
+
+fn snapshot_in_schema() -> Value {
+    object(
+        json!({"path": path_schema("A qcow2 image not in use by a running VM."), "tag": tag_schema()}),
+        &["path", "tag"],
+    )
+}
+
+/// `image_snapshot_list`.
+pub const SNAPSHOT_LIST: ToolDef = ToolDef {
+    name: "image_snapshot_list",
+    title: "List an image's internal snapshots",
+    description: "List the internal snapshots stored in a qcow2 image: tag, id, saved VM state size, date and guest clock.",
+    input_schema: || object(json!({"path": path_schema("The image.")}), &["path"]),
+    output_schema: snapshot_list_out,
+    annotations: Annotations { read_only: true, destructive: false, idempotent: true, open_world: false },
+    handler: snapshot_list,
+};
+
+fn snapshot_list(_ctx: &ToolCtx, args: &Args) -> ToolResult {
+    let path = path_arg(args, "path")?;
+    must_exist(&path, "image")?;
+    let info = img::info(&path, false)?;
+    Ok(ToolOutput::json(
+        json!({"path": path.display().to_string(), "snapshots": snapshots_of(&info)}),
+    ))
+}
+
+/// `image_snapshot_create`.
+pub const SNAPSHOT_CREATE: ToolDef = ToolDef {
+    name: "image_snapshot_create",
+    title: "Snapshot an image at rest",
+    description: "Store an internal snapshot of a qcow2 image that no VM is using (for a running VM use vm_snapshot_create). Refuses a tag that already exists.",
+    input_schema: snapshot_in_schema,
+    output_schema: snapshot_op_out,
+    annotations: Annotations { read_only: false, destructive: false, idempotent: false, open_world: false },
+    handler: |ctx, args| snapshot_op(ctx, args, SnapshotOp::Create),
+};
+
+/// `image_snapshot_apply`.
+pub const SNAPSHOT_APPLY: ToolDef = ToolDef {
+    name: "image_snapshot_apply",
+    title: "Revert an image to a snapshot",
+    description: "Revert a qcow2 image that no VM is using to one of its internal snapshots; changes made since are lost.",
+    input_schema: snapshot_in_schema,
+    output_schema: snapshot_op_out,
+    annotations: Annotations { read_only: false, destructive: true, idempotent: true, open_world: false },
+    handler: |ctx, args| snapshot_op(ctx, args, SnapshotOp::Apply),
+};
+
+/// `image_snapshot_delete`.
+pub const SNAPSHOT_DELETE: ToolDef = ToolDef {
+    name: "image_snapshot_delete",
+    title: "Delete an image snapshot",
+    description: "Delete an internal snapshot from a qcow2 image that no VM is using.",
+    input_schema: snapshot_in_schema,
+    output_schema: snapshot_op_out,
+    annotations: Annotations {
+        read_only: false,
+        destructive: true,
+        idempotent: false,
+        open_world: false,
+    },
+    handler: |ctx, args| snapshot_op(ctx, args, SnapshotOp::Delete),
+};
+
+fn snapshot_op(_ctx: &ToolCtx, args: &Args, op: SnapshotOp) -> ToolResult {
+    let path = path_arg(args, "path")?;
+    let tag = args.str("tag")?;
+    check_tag(tag)?;
+    must_exist(&path, "image")?;
+    let info = img::info(&path, false)?;
+    let existing = snapshots_of(&info);
+    let has = existing.iter().any(|s| s["tag"] == tag);
+    let tags: Vec<&str> = existing.iter().filter_map(|s| s["tag"].as_str()).collect();
+    match op {
+        SnapshotOp::Create if has => {
+            return Err(ToolError::new(format!(
+                "snapshot {tag:?} already exists in {}; delete it first or choose another tag",
+                path.display()
+            )))
+        }
+        SnapshotOp::Apply | SnapshotOp::Delete if !has => {
+            return Err(ToolError::new(format!(
+                "no snapshot {tag:?} in {}; existing tags: [{}]",
+                path.display(),
+                tags.join(", ")
+            )))
+        }
+        _ => {}
+    }
+    img::snapshot(&path, op, tag)?;
+    let after = img::info(&path, false)?;
+    let action = match op {
+        SnapshotOp::Create => "created",
+        SnapshotOp::Apply => "applied",
+        SnapshotOp::Delete => "deleted",
+    };
+    Ok(ToolOutput::json(json!({
+        "path": path.display().to_string(),
+        "tag": tag,
+        "action": action,
+        "snapshots": snapshots_of(&after),
+    })))
+}

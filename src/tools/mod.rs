@@ -1,0 +1,48 @@
+//! The MCP tools, one module per group, each saying what its tools mean in terms of `qemu/`
+//! and `state/`. [`ALL`] is the fixed order `tools/list` shows.
+
+use std::path::PathBuf;
+
+use crate::mcp::tool::{Args, ToolDef, ToolError};
+
+pub mod download;
+pub mod image;
+
+/// Every tool, in the order `tools/list` shows them.
+pub static ALL: &[ToolDef] = &[
+    image::CREATE,
+    image::INFO,
+    image::CONVERT,
+    image::RESIZE,
+    image::SNAPSHOT_LIST,
+    image::SNAPSHOT_CREATE,
+    image::SNAPSHOT_APPLY,
+    image::SNAPSHOT_DELETE,
+    download::DOWNLOAD,
+];
+
+/// Finds a tool by name.
+pub fn find(name: &str) -> Option<&'static ToolDef> {
+    ALL.iter().find(|t| t.name == name)
+}
+
+/// A path parameter, `~`-expanded and made absolute.
+pub fn path_arg(args: &Args, name: &str) -> Result<PathBuf, ToolError> {
+    let raw = args.str(name)?;
+    crate::state::paths::resolve(raw)
+        .map_err(|e| ToolError::new(format!("parameter '{name}': {e}")))
+}
+
+/// Checks a snapshot tag against `^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`.
+pub fn check_tag(tag: &str) -> Result<(), ToolError> {
+    let mut chars = tag.chars();
+    let first_ok = chars.next().is_some_and(|c| c.is_ascii_alphanumeric());
+    let rest_ok = chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
+    if first_ok && rest_ok && tag.len() <= 64 {
+        Ok(())
+    } else {
+        Err(ToolError::new(format!(
+            "invalid snapshot tag {tag:?}: use 1-64 characters from A-Z a-z 0-9 _ . -, starting with a letter or digit"
+        )))
+    }
+}
