@@ -1,3 +1,4 @@
-//! Where things live on disk: user paths, the state and runtime folders.
+//! Where things live on disk: user paths, the state and runtime folders, the VM registry.
 
 pub mod paths;
+pub mod registry;
