@@ -47,7 +47,10 @@ const DENIED: &[(&str, &str)] = &[
     ("pidfile", "mcqemu owns the pidfile"),
     ("daemonize", "mcqemu daemonizes QEMU itself"),
     ("serial", "mcqemu owns the serial console"),
-    ("readconfig", "a config file can carry any option past this policy"),
+    (
+        "readconfig",
+        "a config file can carry any option past this policy",
+    ),
     ("plugin", "loads host code into QEMU"),
     ("hda", "host block devices"),
     ("hdb", "host block devices"),
@@ -65,7 +68,21 @@ const DENIED: &[(&str, &str)] = &[
 const DRIVE_OPTS: &[&str] = &["drive", "blockdev"];
 
 /// Options taking no value (the rest take one).
-const FLAG_OPTS: &[&str] = &["daemonize", "S", "snapshot", "no-reboot", "no-shutdown", "nographic", "enable-kvm", "no-user-config", "nodefaults", "full-screen", "no-hpet", "no-acpi", "s"];
+const FLAG_OPTS: &[&str] = &[
+    "daemonize",
+    "S",
+    "snapshot",
+    "no-reboot",
+    "no-shutdown",
+    "nographic",
+    "enable-kvm",
+    "no-user-config",
+    "nodefaults",
+    "full-screen",
+    "no-hpet",
+    "no-acpi",
+    "s",
+];
 
 fn denied(reason: &str, opt: &str) -> String {
     format!("extra_args: -{opt} is not allowed ({reason}); extra_args is for operators adding devices or tuning, and cannot reach host files, devices or processes")
@@ -114,7 +131,8 @@ pub fn check_extra_args(args: &[String]) -> Result<(), String> {
 fn check_option_value(opt: &str, value: &str) -> Result<(), String> {
     let lower = value.to_ascii_lowercase();
     if DRIVE_OPTS.contains(&opt) {
-        if lower.contains("/dev/") || lower.contains("host_device") || lower.contains("host_cdrom") {
+        if lower.contains("/dev/") || lower.contains("host_device") || lower.contains("host_cdrom")
+        {
             return Err(denied("host block devices", opt));
         }
         if lower.contains("json:") {
@@ -123,7 +141,10 @@ fn check_option_value(opt: &str, value: &str) -> Result<(), String> {
     }
     match opt {
         "chardev" => {
-            let backend = split_opts(value).first().map(|b| b.trim().to_ascii_lowercase()).unwrap_or_default();
+            let backend = split_opts(value)
+                .first()
+                .map(|b| b.trim().to_ascii_lowercase())
+                .unwrap_or_default();
             if matches!(backend.as_str(), "pipe" | "spawn" | "exec") {
                 return Err(denied("chardevs that run or talk to host programs", opt));
             }
@@ -144,11 +165,22 @@ fn check_option_value(opt: &str, value: &str) -> Result<(), String> {
                 return Err(denied("the mcq- netdev ids belong to mcqemu", opt));
             }
         }
-        "incoming" if lower.starts_with("exec:") => return Err(denied("exec: migration runs a host command", opt)),
+        "incoming" if lower.starts_with("exec:") => {
+            return Err(denied("exec: migration runs a host command", opt))
+        }
         "device" => {
-            let driver = split_opts(value).first().map(|d| d.trim().to_ascii_lowercase()).unwrap_or_default();
-            let driver = driver.strip_prefix("driver=").unwrap_or(&driver).to_string();
-            if driver.contains("9p") || driver.contains("vhost-user") || driver.contains("virtio-fs") {
+            let driver = split_opts(value)
+                .first()
+                .map(|d| d.trim().to_ascii_lowercase())
+                .unwrap_or_default();
+            let driver = driver
+                .strip_prefix("driver=")
+                .unwrap_or(&driver)
+                .to_string();
+            if driver.contains("9p")
+                || driver.contains("vhost-user")
+                || driver.contains("virtio-fs")
+            {
                 return Err(denied("host filesystem passthrough", opt));
             }
             if has_key_value(value, "chardev", |v| v.starts_with("mcq-")) {
@@ -206,14 +238,25 @@ pub fn parse_forward(spec: &str) -> Result<PortSpec, String> {
         }
         _ => return Err(format!("port forward {spec:?}: use \"HOST:GUEST\", \"auto:GUEST\", \"GUEST\" or \"ADDR:HOST:GUEST\"")),
     };
-    let host = if host.trim().eq_ignore_ascii_case("auto") { None } else { Some(port(host, spec)?) };
-    Ok(PortSpec { addr, host, guest: port(guest, spec)? })
+    let host = if host.trim().eq_ignore_ascii_case("auto") {
+        None
+    } else {
+        Some(port(host, spec)?)
+    };
+    Ok(PortSpec {
+        addr,
+        host,
+        guest: port(guest, spec)?,
+    })
 }
 
 /// Resolves forwards: duplicate host ports are an error, auto ports are picked free on the
 /// host and never collide with each other or with explicit ones.
 pub fn resolve_forwards(specs: &[String]) -> Result<Vec<Forward>, String> {
-    let parsed: Vec<PortSpec> = specs.iter().map(|s| parse_forward(s)).collect::<Result<_, _>>()?;
+    let parsed: Vec<PortSpec> = specs
+        .iter()
+        .map(|s| parse_forward(s))
+        .collect::<Result<_, _>>()?;
     let mut taken: HashSet<u16> = HashSet::new();
     for p in &parsed {
         if let Some(h) = p.host {
@@ -229,14 +272,20 @@ pub fn resolve_forwards(specs: &[String]) -> Result<Vec<Forward>, String> {
             None => (free_port(p.addr, &taken)?, true),
         };
         taken.insert(host);
-        out.push(Forward { addr: p.addr, host, guest: p.guest, auto });
+        out.push(Forward {
+            addr: p.addr,
+            host,
+            guest: p.guest,
+            auto,
+        });
     }
     Ok(out)
 }
 
 fn free_port(addr: Ipv4Addr, taken: &HashSet<u16>) -> Result<u16, String> {
     for _ in 0..64 {
-        let l = TcpListener::bind((addr, 0)).map_err(|e| format!("cannot find a free port on {addr}: {e}"))?;
+        let l = TcpListener::bind((addr, 0))
+            .map_err(|e| format!("cannot find a free port on {addr}: {e}"))?;
         let p = l.local_addr().map_err(|e| e.to_string())?.port();
         if !taken.contains(&p) {
             return Ok(p);
@@ -302,7 +351,10 @@ fn p(path: &std::path::Path) -> String {
 pub fn build_argv(s: &LaunchSpec) -> Vec<String> {
     let mut a: Vec<String> = Vec::new();
     let mut push = |parts: &[&str]| a.extend(parts.iter().map(|x| x.to_string()));
-    push(&["-name", &format!("guest={},process=mcqemu-{}", qopt(&s.name), qopt(&s.name))]);
+    push(&[
+        "-name",
+        &format!("guest={},process=mcqemu-{}", qopt(&s.name), qopt(&s.name)),
+    ]);
     push(&["-machine", &qopt(&s.machine)]);
     push(&["-accel", &s.accel]);
     if s.accel == "kvm" {
@@ -311,27 +363,67 @@ pub fn build_argv(s: &LaunchSpec) -> Vec<String> {
         push(&["-cpu", "max"]);
     }
     push(&["-m", &s.memory_mb.to_string(), "-smp", &s.cpus.to_string()]);
-    push(&["-display", "none", "-daemonize", "-pidfile", &s.pidfile.to_string_lossy()]);
-    push(&["-qmp", &format!("unix:{},server=on,wait=off", p(&s.qmp_socket))]);
-    push(&["-chardev", &format!("socket,id=mcq-qga,path={},server=on,wait=off", p(&s.qga_socket))]);
+    push(&[
+        "-display",
+        "none",
+        "-daemonize",
+        "-pidfile",
+        &s.pidfile.to_string_lossy(),
+    ]);
+    push(&[
+        "-qmp",
+        &format!("unix:{},server=on,wait=off", p(&s.qmp_socket)),
+    ]);
+    push(&[
+        "-chardev",
+        &format!(
+            "socket,id=mcq-qga,path={},server=on,wait=off",
+            p(&s.qga_socket)
+        ),
+    ]);
     push(&["-device", "virtio-serial-pci,id=mcq-vser"]);
-    push(&["-device", "virtserialport,bus=mcq-vser.0,chardev=mcq-qga,name=org.qemu.guest_agent.0"]);
-    push(&["-chardev", &format!(
-        "socket,id=mcq-serial,path={},server=on,wait=off,logfile={},logappend=on",
-        p(&s.serial_socket),
-        p(&s.serial_log)
-    )]);
+    push(&[
+        "-device",
+        "virtserialport,bus=mcq-vser.0,chardev=mcq-qga,name=org.qemu.guest_agent.0",
+    ]);
+    push(&[
+        "-chardev",
+        &format!(
+            "socket,id=mcq-serial,path={},server=on,wait=off,logfile={},logappend=on",
+            p(&s.serial_socket),
+            p(&s.serial_log)
+        ),
+    ]);
     push(&["-serial", "chardev:mcq-serial"]);
     push(&["-device", "virtio-tablet-pci,id=mcq-tablet"]);
     if let Some((code, vars)) = &s.uefi {
-        push(&["-drive", &format!("if=pflash,format=raw,unit=0,readonly=on,file={}", p(code))]);
-        push(&["-drive", &format!("if=pflash,format=raw,unit=1,file={}", p(vars))]);
+        push(&[
+            "-drive",
+            &format!("if=pflash,format=raw,unit=0,readonly=on,file={}", p(code)),
+        ]);
+        push(&[
+            "-drive",
+            &format!("if=pflash,format=raw,unit=1,file={}", p(vars)),
+        ]);
     }
     for (i, (disk, fmt)) in s.disks.iter().enumerate() {
-        push(&["-drive", &format!("file={},format={},if=virtio,id=mcq-disk{i}", p(disk), qopt(fmt))]);
+        push(&[
+            "-drive",
+            &format!(
+                "file={},format={},if=virtio,id=mcq-disk{i}",
+                p(disk),
+                qopt(fmt)
+            ),
+        ]);
     }
     if let Some(iso) = &s.iso {
-        push(&["-drive", &format!("file={},format=raw,media=cdrom,readonly=on,id=mcq-cdrom", p(iso))]);
+        push(&[
+            "-drive",
+            &format!(
+                "file={},format=raw,media=cdrom,readonly=on,id=mcq-cdrom",
+                p(iso)
+            ),
+        ]);
         push(&["-boot", "order=dc"]);
     }
     if !s.no_net {
@@ -342,7 +434,12 @@ pub fn build_argv(s: &LaunchSpec) -> Vec<String> {
         for f in &s.forwards {
             netdev.push_str(&format!(",hostfwd=tcp:{}:{}-:{}", f.addr, f.host, f.guest));
         }
-        push(&["-netdev", &netdev, "-device", "virtio-net-pci,netdev=mcq-net0"]);
+        push(&[
+            "-netdev",
+            &netdev,
+            "-device",
+            "virtio-net-pci,netdev=mcq-net0",
+        ]);
     } else {
         push(&["-nic", "none"]);
     }
@@ -386,12 +483,18 @@ mod tests {
             v(&["-device", "vhost-user-fs-pci,chardev=c"]),
             v(&["-drive", "file=/dev/sda"]),
             v(&["--drive=file=/dev/sda,format=raw"]),
-            v(&["-blockdev", "driver=host_device,filename=/dev/sda,node-name=x"]),
+            v(&[
+                "-blockdev",
+                "driver=host_device,filename=/dev/sda,node-name=x",
+            ]),
             v(&["-hda", "x.img"]),
             v(&["-cdrom", "/dev/sr0"]),
             v(&["-pflash", "x"]),
             v(&["-chardev", "pipe,id=p,path=/tmp/p"]),
-            v(&["-netdev", "user,id=n,guestfwd=tcp:10.0.2.100:80-cmd:nc x 80"]),
+            v(&[
+                "-netdev",
+                "user,id=n,guestfwd=tcp:10.0.2.100:80-cmd:nc x 80",
+            ]),
             v(&["-netdev", "tap,id=t,script=/bin/evil"]),
             v(&["-incoming", "exec:cat /etc/shadow"]),
             v(&["-runas", "nobody"]),
@@ -413,20 +516,42 @@ mod tests {
 
     #[test]
     fn allows_harmless_options() {
-        let ok = v(&["-device", "e1000,netdev=n2", "-netdev", "user,id=n2", "-S", "-rtc", "base=utc", "-drive", "file=/tmp/disk.img,if=none,id=d"]);
+        let ok = v(&[
+            "-device",
+            "e1000,netdev=n2",
+            "-netdev",
+            "user,id=n2",
+            "-S",
+            "-rtc",
+            "base=utc",
+            "-drive",
+            "file=/tmp/disk.img,if=none,id=d",
+        ]);
         assert!(check_extra_args(&ok).is_ok());
     }
 
     #[test]
     fn forwards_parse_and_resolve() {
-        assert_eq!(parse_forward("2222:22").unwrap(), PortSpec { addr: Ipv4Addr::LOCALHOST, host: Some(2222), guest: 22 });
+        assert_eq!(
+            parse_forward("2222:22").unwrap(),
+            PortSpec {
+                addr: Ipv4Addr::LOCALHOST,
+                host: Some(2222),
+                guest: 22
+            }
+        );
         assert_eq!(parse_forward("22").unwrap().host, None);
         assert_eq!(parse_forward("auto:22").unwrap().host, None);
-        assert_eq!(parse_forward("0.0.0.0:8080:80").unwrap().addr, Ipv4Addr::UNSPECIFIED);
+        assert_eq!(
+            parse_forward("0.0.0.0:8080:80").unwrap().addr,
+            Ipv4Addr::UNSPECIFIED
+        );
         for bad in ["", "a:b", "0:22", "70000:22", "1:2:3:4", "host:1:2"] {
             assert!(parse_forward(bad).is_err(), "{bad}");
         }
-        assert!(resolve_forwards(&v(&["2222:22", "2222:80"])).unwrap_err().contains("twice"));
+        assert!(resolve_forwards(&v(&["2222:22", "2222:80"]))
+            .unwrap_err()
+            .contains("twice"));
         let r = resolve_forwards(&v(&["auto:22", "auto:80", "22"])).unwrap();
         let hosts: HashSet<u16> = r.iter().map(|f| f.host).collect();
         assert_eq!(hosts.len(), 3);

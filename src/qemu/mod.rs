@@ -4,4 +4,8 @@ pub mod accel;
 pub mod cmdline;
 pub mod firmware;
 pub mod img;
+pub mod process;
+pub mod qmp;
 pub mod run;
+pub mod sock;
+pub mod vm;

@@ -2,6 +2,7 @@
 
 use std::io::Read;
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// Most stdout bytes kept from one run (qemu-img JSON of a long backing chain fits easily).
@@ -63,19 +64,15 @@ fn reader<R: Read + Send + 'static>(mut r: R, cap: usize) -> std::thread::JoinHa
     })
 }
 
-fn kill(child: &mut Child) {
-    let _ = child.kill();
-    let _ = child.wait();
-}
-
-/// Runs `cmd` to completion within `timeout`, polling `cancelled` between short sleeps.
+/// Runs `cmd` to completion within `timeout`, checking `cancelled` every 50 ms. A waiter
+/// thread blocks in wait(2), so completion is noticed at once rather than at the next poll.
 pub fn run(
     cmd: &mut Command,
     timeout: Duration,
     cancelled: &dyn Fn() -> bool,
 ) -> Result<RunOutput, RunError> {
     let program = cmd.get_program().to_string_lossy().into_owned();
-    let mut child = cmd
+    let mut child: Child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -89,27 +86,39 @@ pub fn run(
         })?;
     let out = child.stdout.take().map(|s| reader(s, STDOUT_CAP));
     let err = child.stderr.take().map(|s| reader(s, STDERR_CAP));
-    let start = Instant::now();
-    let mut nap = Duration::from_micros(200);
+    let pid = child.id() as i32;
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait());
+    });
+    let deadline = Instant::now() + timeout;
+    let kill = |rx: &mpsc::Receiver<std::io::Result<ExitStatus>>| {
+        // SAFETY: kill(2) on our own child's PID, which the waiter has not reaped yet
+        // (it reaps only after the process exits, and then the send below completes).
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        let _ = rx.recv_timeout(Duration::from_secs(5));
+    };
     let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) => {}
-            Err(e) => {
-                kill(&mut child);
-                return Err(RunError::Spawn(program, e));
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left.min(Duration::from_millis(50))) {
+            Ok(Ok(status)) => break status,
+            Ok(Err(e)) => return Err(RunError::Spawn(program, e)),
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(RunError::Spawn(
+                    program,
+                    std::io::Error::other("waiter thread ended"),
+                ))
             }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
         }
-        if start.elapsed() >= timeout {
-            kill(&mut child);
+        if Instant::now() >= deadline {
+            kill(&rx);
             return Err(RunError::Timeout(program, timeout));
         }
         if cancelled() {
-            kill(&mut child);
+            kill(&rx);
             return Err(RunError::Cancelled(program));
         }
-        std::thread::sleep(nap);
-        nap = (nap * 2).min(Duration::from_millis(20));
     };
     let stdout = out.and_then(|h| h.join().ok()).unwrap_or_default();
     let stderr = err.and_then(|h| h.join().ok()).unwrap_or_default();

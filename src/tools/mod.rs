@@ -3,13 +3,25 @@
 
 use std::path::PathBuf;
 
+use serde_json::{json, Value};
+
 use crate::mcp::tool::{Args, ToolDef, ToolError};
 
 pub mod download;
 pub mod image;
+pub mod inspect;
+pub mod lifecycle;
 
 /// Every tool, in the order `tools/list` shows them.
 pub static ALL: &[ToolDef] = &[
+    lifecycle::LAUNCH,
+    lifecycle::STOP,
+    lifecycle::PAUSE,
+    lifecycle::RESUME,
+    lifecycle::ATTACH,
+    lifecycle::FORGET,
+    inspect::LIST,
+    inspect::INFO,
     image::CREATE,
     image::INFO,
     image::CONVERT,
@@ -43,6 +55,23 @@ pub fn check_tag(tag: &str) -> Result<(), ToolError> {
     } else {
         Err(ToolError::new(format!(
             "invalid snapshot tag {tag:?}: use 1-64 characters from A-Z a-z 0-9 _ . -, starting with a letter or digit"
+        )))
+    }
+}
+
+/// An input schema: an object with these properties, these required, nothing else.
+pub fn object(props: Value, required: &[&str]) -> Value {
+    json!({"type": "object", "properties": props, "required": required, "additionalProperties": false})
+}
+
+/// The `name` parameter, checked against `^[A-Za-z0-9][A-Za-z0-9_.-]{0,47}$`.
+pub fn vm_name_arg(args: &Args) -> Result<String, ToolError> {
+    let name = args.str("name")?;
+    if crate::state::registry::valid_name(name) {
+        Ok(name.to_string())
+    } else {
+        Err(ToolError::new(format!(
+            "invalid VM name {name:?}: use 1-48 characters from A-Z a-z 0-9 _ . -, starting with a letter or digit"
         )))
     }
 }

@@ -1,0 +1,217 @@
+//! QEMU processes: spawn daemonized with a pidfile, liveness (a zombie is not alive), identity
+//! from /proc/PID/cmdline, and verified kill escalation.
+
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long QEMU may take to daemonize (parse options, open images, bind sockets).
+pub const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long to wait for the pidfile after QEMU daemonized.
+const PIDFILE_WAIT: Duration = Duration::from_secs(5);
+
+/// What starting QEMU produced.
+#[derive(Debug)]
+pub struct Started {
+    /// The daemon's PID, when the pidfile could be read.
+    pub pid: Option<i32>,
+    /// A warning to pass on (e.g. unreadable pidfile).
+    pub warning: Option<String>,
+}
+
+/// Starts `binary argv...` (which must include `-daemonize -pidfile FILE`), in its own
+/// session, with stdin/stdout on /dev/null and start-up stderr captured into the error.
+pub fn spawn_daemon(binary: &str, argv: &[String], pidfile: &Path) -> Result<Started, String> {
+    let _ = std::fs::remove_file(pidfile);
+    let mut cmd = Command::new(binary);
+    cmd.args(argv)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    // SAFETY: setsid is async-signal-safe and touches no memory of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            format!("{binary} is not installed or not on PATH (Debian: apt-get install qemu-system-x86 for x86_64)")
+        } else {
+            format!("cannot start {binary}: {e}")
+        }
+    })?;
+    let stderr = child.stderr.take();
+    let (tx, rx) = std::sync::mpsc::channel();
+    if let Some(mut s) = stderr {
+        std::thread::spawn(move || {
+            let mut kept = Vec::new();
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = s.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                if kept.len() < 64 * 1024 {
+                    kept.extend_from_slice(&buf[..n]);
+                }
+                let _ = tx.send(Some(kept.clone()));
+            }
+            let _ = tx.send(None);
+        });
+    }
+    let start = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(s)) => break s,
+            Ok(None) if start.elapsed() > START_TIMEOUT => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "QEMU did not finish starting within {} s and was killed",
+                    START_TIMEOUT.as_secs()
+                ));
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(2)),
+            Err(e) => return Err(format!("cannot wait for QEMU: {e}")),
+        }
+    };
+    // The daemon closes its inherited stderr right after the parent exits; wait a little for EOF.
+    let mut err_text = Vec::new();
+    let until = Instant::now() + Duration::from_millis(if status.success() { 50 } else { 2000 });
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(Some(t)) => err_text = t,
+            Ok(None) | Err(_) => break,
+        }
+    }
+    let err_text = String::from_utf8_lossy(&err_text).trim().to_string();
+    if !status.success() {
+        let msg = if err_text.is_empty() {
+            format!("exit status {status}")
+        } else {
+            err_text
+        };
+        return Err(format!("QEMU failed to start: {msg}"));
+    }
+    let deadline = Instant::now() + PIDFILE_WAIT;
+    loop {
+        if let Some(pid) = std::fs::read_to_string(pidfile)
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok())
+            .filter(|p| *p > 0)
+        {
+            return Ok(Started {
+                pid: Some(pid),
+                warning: None,
+            });
+        }
+        if Instant::now() >= deadline {
+            return Ok(Started {
+                pid: None,
+                warning: Some(format!("QEMU started but its pidfile {} could not be read; liveness is judged by the QMP socket", pidfile.display())),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The process state letter from /proc/PID/stat (R, S, D, Z, T, ...), or None if gone.
+pub fn state(pid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = stat.rfind(')').map(|i| &stat[i + 1..])?;
+    after.trim_start().chars().next()
+}
+
+/// Alive: the PID exists and is neither a zombie nor dead.
+pub fn alive(pid: i32) -> bool {
+    pid > 0 && matches!(state(pid), Some(c) if c != 'Z' && c != 'X' && c != 'x')
+}
+
+/// The arguments of a live process.
+pub fn cmdline(pid: i32) -> Option<Vec<String>> {
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    Some(
+        raw.split(|b| *b == 0)
+            .filter(|s| !s.is_empty())
+            .map(|s| String::from_utf8_lossy(s).into_owned())
+            .collect(),
+    )
+}
+
+/// True when `pid`'s command line proves it is the VM with this QMP socket: a PID reused by
+/// another program, or by another VM, does not pass.
+pub fn is_our_vm(pid: i32, qmp_socket: &Path) -> bool {
+    let Some(args) = cmdline(pid) else {
+        return false;
+    };
+    let sock = super::cmdline::qopt(&qmp_socket.to_string_lossy());
+    let want = format!("unix:{sock},");
+    args.iter().any(|a| a.starts_with(&want))
+}
+
+/// Sends `sig` to `pid`; false when it no longer exists.
+pub fn signal(pid: i32, sig: i32) -> bool {
+    // SAFETY: kill(2) with a positive pid has no memory-safety preconditions.
+    pid > 0 && unsafe { libc::kill(pid, sig) } == 0
+}
+
+/// Waits until `pid` is no longer alive, up to `limit`. True when it died.
+pub fn wait_dead(pid: i32, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if !alive(pid) {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// SIGTERM, then SIGKILL, each verified. Returns the steps taken, or an error when even
+/// SIGKILL did not end it.
+pub fn terminate(pid: i32) -> Result<Vec<&'static str>, String> {
+    let mut steps = Vec::new();
+    if !alive(pid) {
+        return Ok(steps);
+    }
+    signal(pid, libc::SIGTERM);
+    steps.push("SIGTERM");
+    if wait_dead(pid, Duration::from_secs(3)) {
+        return Ok(steps);
+    }
+    signal(pid, libc::SIGKILL);
+    steps.push("SIGKILL");
+    if wait_dead(pid, Duration::from_secs(5)) {
+        return Ok(steps);
+    }
+    Err(format!("process {pid} survived SIGKILL for 5 s (state {:?}); it may be stuck in the kernel (D state)", state(pid)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_process_is_alive_and_dead_pid_is_not() {
+        assert!(alive(std::process::id() as i32));
+        assert!(!alive(i32::MAX - 1));
+        assert!(!alive(0));
+    }
+
+    #[test]
+    fn zombie_is_not_alive_and_terminate_verifies() {
+        let mut child = Command::new("sleep").arg("30").spawn().unwrap();
+        let pid = child.id() as i32;
+        assert!(alive(pid));
+        let steps = terminate(pid).unwrap();
+        assert_eq!(steps, vec!["SIGTERM"]);
+        assert!(!alive(pid), "a zombie must read as dead");
+        let _ = child.wait();
+    }
+}

@@ -1,0 +1,282 @@
+//! A blocking QMP client over a unix socket: greeting, capabilities negotiation, commands with
+//! ids and time bounds, events collected between replies, replies capped in size. Sessions to
+//! one socket are serialized in-process, since QEMU's monitor serves one client at a time.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+/// Default bound for one command.
+pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long to wait for the greeting after connecting.
+pub const GREETING_TIMEOUT: Duration = Duration::from_secs(5);
+/// Largest single message accepted from QEMU.
+pub const MAX_MESSAGE: usize = 16 * 1024 * 1024;
+/// Most events kept per session.
+const MAX_EVENTS: usize = 1000;
+
+/// What went wrong talking to QMP.
+#[derive(Debug)]
+pub enum QmpError {
+    /// The socket could not be reached (missing, refused).
+    Connect(String),
+    /// Connected, but QEMU never greeted: another client holds the monitor, or QEMU is stuck.
+    NoGreeting,
+    /// A command got no reply in time.
+    Timeout(String),
+    /// QEMU closed the connection.
+    Closed,
+    /// QEMU sent something that is not QMP.
+    Garbage(String),
+    /// A message exceeded the size cap.
+    TooLarge,
+    /// QEMU answered with an error.
+    Command {
+        /// QMP error class.
+        class: String,
+        /// QEMU's description.
+        desc: String,
+    },
+}
+
+impl std::fmt::Display for QmpError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            QmpError::Connect(m) => write!(f, "cannot connect to the QMP socket: {m}"),
+            QmpError::NoGreeting => write!(f, "QEMU did not send its QMP greeting within {} s (another client may hold the monitor)", GREETING_TIMEOUT.as_secs()),
+            QmpError::Timeout(c) => write!(f, "QEMU did not answer {c} in time"),
+            QmpError::Closed => write!(f, "QEMU closed the QMP connection"),
+            QmpError::Garbage(m) => write!(f, "QEMU sent something that is not QMP: {m}"),
+            QmpError::TooLarge => write!(f, "a QMP message exceeded {MAX_MESSAGE} bytes"),
+            QmpError::Command { class, desc } => write!(f, "QEMU refused: {desc} ({class})"),
+        }
+    }
+}
+
+fn session_lock(path: &Path) -> Arc<Mutex<()>> {
+    static LOCKS: OnceLock<Mutex<HashMap<PathBuf, Arc<Mutex<()>>>>> = OnceLock::new();
+    let map = LOCKS.get_or_init(|| Mutex::new(HashMap::new()));
+    let mut map = map.lock().unwrap_or_else(|p| p.into_inner());
+    map.entry(path.to_path_buf()).or_default().clone()
+}
+
+/// Runs `f` with an open QMP session on `path`, serialized against other sessions to the same
+/// socket in this process.
+pub fn with_session<T>(
+    path: &Path,
+    f: impl FnOnce(&mut Qmp) -> Result<T, QmpError>,
+) -> Result<T, QmpError> {
+    let lock = session_lock(path);
+    let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
+    let mut qmp = Qmp::connect(path, GREETING_TIMEOUT)?;
+    f(&mut qmp)
+}
+
+/// One QMP session.
+pub struct Qmp {
+    stream: UnixStream,
+    buf: Vec<u8>,
+    /// QEMU's version from the greeting, e.g. "7.2.22".
+    pub version: String,
+    /// Events received so far, oldest first.
+    pub events: Vec<Value>,
+    next_id: u64,
+}
+
+impl Qmp {
+    /// Connects, reads the greeting and negotiates capabilities, all within bounds.
+    pub fn connect(path: &Path, greeting_timeout: Duration) -> Result<Qmp, QmpError> {
+        let stream = super::sock::connect(path, greeting_timeout).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::TimedOut {
+                QmpError::NoGreeting
+            } else {
+                QmpError::Connect(format!("{}: {e}", path.display()))
+            }
+        })?;
+        Self::from_stream(stream, greeting_timeout)
+    }
+
+    /// Runs the handshake on an already connected stream.
+    pub fn from_stream(stream: UnixStream, greeting_timeout: Duration) -> Result<Qmp, QmpError> {
+        let _ = stream.set_write_timeout(Some(Duration::from_secs(5)));
+        let mut qmp = Qmp {
+            stream,
+            buf: Vec::new(),
+            version: String::new(),
+            events: Vec::new(),
+            next_id: 1,
+        };
+        let greeting = match qmp.read_message(Instant::now() + greeting_timeout) {
+            Ok(g) => g,
+            Err(QmpError::Timeout(_)) => return Err(QmpError::NoGreeting),
+            Err(e) => return Err(e),
+        };
+        let q = greeting.get("QMP").ok_or_else(|| {
+            QmpError::Garbage(format!("expected a greeting, got {}", brief(&greeting)))
+        })?;
+        let v = &q["version"]["qemu"];
+        qmp.version = format!("{}.{}.{}", v["major"], v["minor"], v["micro"]);
+        qmp.execute_within("qmp_capabilities", None, Duration::from_secs(5))?;
+        Ok(qmp)
+    }
+
+    /// Reads one JSON message (a line) before `deadline`.
+    fn read_message(&mut self, deadline: Instant) -> Result<Value, QmpError> {
+        loop {
+            if let Some(pos) = self.buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=pos).collect();
+                let text = String::from_utf8_lossy(&line);
+                let text = text.trim();
+                if text.is_empty() {
+                    continue;
+                }
+                return serde_json::from_str(text).map_err(|_| QmpError::Garbage(truncate(text)));
+            }
+            if self.buf.len() > MAX_MESSAGE {
+                return Err(QmpError::TooLarge);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(QmpError::Timeout("a message".into()));
+            }
+            let _ = self
+                .stream
+                .set_read_timeout(Some((deadline - now).max(Duration::from_millis(1))));
+            let mut chunk = [0u8; 64 * 1024];
+            match self.stream.read(&mut chunk) {
+                Ok(0) => return Err(QmpError::Closed),
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return Err(QmpError::Timeout("a message".into()))
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                    return Err(QmpError::Closed)
+                }
+                Err(e) => return Err(QmpError::Garbage(format!("read failed: {e}"))),
+            }
+        }
+    }
+
+    fn keep_event(&mut self, ev: Value) {
+        if self.events.len() >= MAX_EVENTS {
+            self.events.remove(0);
+        }
+        self.events.push(ev);
+    }
+
+    /// Runs a command with the default bound.
+    pub fn execute(&mut self, cmd: &str, args: Option<Value>) -> Result<Value, QmpError> {
+        self.execute_within(cmd, args, COMMAND_TIMEOUT)
+    }
+
+    /// Runs a command; events arriving before the reply are kept in [`Qmp::events`].
+    pub fn execute_within(
+        &mut self,
+        cmd: &str,
+        args: Option<Value>,
+        timeout: Duration,
+    ) -> Result<Value, QmpError> {
+        let id = format!("mcq-{}", self.next_id);
+        self.next_id += 1;
+        let mut msg = json!({"execute": cmd, "id": id});
+        if let Some(a) = args {
+            msg["arguments"] = a;
+        }
+        let mut line = serde_json::to_vec(&msg).map_err(|e| QmpError::Garbage(e.to_string()))?;
+        line.push(b'\n');
+        self.stream.write_all(&line).map_err(|e| match e.kind() {
+            std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset => {
+                QmpError::Closed
+            }
+            _ => QmpError::Timeout(format!("{cmd} (write: {e})")),
+        })?;
+        let deadline = Instant::now() + timeout;
+        loop {
+            let m = match self.read_message(deadline) {
+                Err(QmpError::Timeout(_)) => return Err(QmpError::Timeout(cmd.to_string())),
+                other => other?,
+            };
+            if m.get("event").is_some() {
+                self.keep_event(m);
+                continue;
+            }
+            if m.get("id").and_then(Value::as_str) != Some(id.as_str()) {
+                if m.get("return").is_some() || m.get("error").is_some() {
+                    continue; // a stale reply to an earlier, timed-out command
+                }
+                return Err(QmpError::Garbage(format!(
+                    "unexpected message {}",
+                    brief(&m)
+                )));
+            }
+            if let Some(r) = m.get("return") {
+                return Ok(r.clone());
+            }
+            if let Some(e) = m.get("error") {
+                return Err(QmpError::Command {
+                    class: e["class"].as_str().unwrap_or("GenericError").to_string(),
+                    desc: e["desc"].as_str().unwrap_or("unknown error").to_string(),
+                });
+            }
+            return Err(QmpError::Garbage(format!(
+                "reply without return or error: {}",
+                brief(&m)
+            )));
+        }
+    }
+
+    /// Waits up to `slice` for the next event; Ok(None) when none came. Closed means QEMU went away.
+    pub fn next_event(&mut self, slice: Duration) -> Result<Option<Value>, QmpError> {
+        match self.read_message(Instant::now() + slice) {
+            Ok(m) if m.get("event").is_some() => {
+                self.keep_event(m.clone());
+                Ok(Some(m))
+            }
+            Ok(_) => Ok(None),
+            Err(QmpError::Timeout(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Runs an HMP command through QMP and returns its text output.
+    pub fn hmp(&mut self, command: &str, timeout: Duration) -> Result<String, QmpError> {
+        let r = self.execute_within(
+            "human-monitor-command",
+            Some(json!({"command-line": command})),
+            timeout,
+        )?;
+        Ok(r.as_str().unwrap_or("").to_string())
+    }
+
+    /// Names of the events seen so far.
+    pub fn event_names(&self) -> Vec<String> {
+        self.events
+            .iter()
+            .filter_map(|e| e["event"].as_str().map(str::to_string))
+            .collect()
+    }
+}
+
+fn truncate(s: &str) -> String {
+    let cut: String = s.chars().take(200).collect();
+    if cut.len() < s.len() {
+        format!("{cut}...")
+    } else {
+        cut
+    }
+}
+
+fn brief(v: &Value) -> String {
+    truncate(&v.to_string())
+}

@@ -1,0 +1,89 @@
+//! Unix-socket connect with a time bound. `UnixStream::connect` can block forever when the
+//! listener's backlog is full (QEMU serves one monitor client at a time), so connect
+//! non-blocking and retry in short slices until the deadline.
+
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::io::FromRawFd;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// Longest path a `sockaddr_un` holds (including the terminating NUL).
+pub const MAX_SOCKET_PATH: usize = 107;
+
+/// Connects to the unix socket at `path`, giving up after `timeout`. A full backlog
+/// (EAGAIN) is retried; a missing socket or refused connection fails at once.
+pub fn connect(path: &Path, timeout: Duration) -> io::Result<UnixStream> {
+    let bytes = path.as_os_str().as_bytes();
+    if bytes.len() > MAX_SOCKET_PATH || bytes.contains(&0) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "socket path too long or contains NUL",
+        ));
+    }
+    let deadline = Instant::now() + timeout;
+    loop {
+        // SAFETY: plain socket(2) call; the fd is owned by UnixStream below or closed on error.
+        let fd = unsafe {
+            libc::socket(
+                libc::AF_UNIX,
+                libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                0,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: UnixStream takes ownership of a freshly created, valid socket fd.
+        let stream = unsafe { UnixStream::from_raw_fd(fd) };
+        // SAFETY: sockaddr_un is plain old data; zeroed is a valid initial value.
+        let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+        addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+        for (dst, src) in addr.sun_path.iter_mut().zip(bytes) {
+            *dst = *src as libc::c_char;
+        }
+        let len = (std::mem::size_of::<libc::sa_family_t>() + bytes.len() + 1) as libc::socklen_t;
+        // SAFETY: addr is a valid sockaddr_un and len covers the path and its NUL.
+        let rc = unsafe {
+            libc::connect(
+                fd,
+                &addr as *const libc::sockaddr_un as *const libc::sockaddr,
+                len,
+            )
+        };
+        if rc == 0 {
+            stream.set_nonblocking(false)?;
+            return Ok(stream);
+        }
+        let err = io::Error::last_os_error();
+        match err.raw_os_error() {
+            Some(libc::EAGAIN) | Some(libc::EINTR) => {
+                if Instant::now() >= deadline {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the socket's backlog stayed full: another client holds it",
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            _ => return Err(err),
+        }
+    }
+}
+
+/// True when something is accepting connections at `path` right now.
+pub fn is_listening(path: &Path) -> bool {
+    match connect(path, Duration::from_millis(200)) {
+        Ok(_) => true,
+        Err(e) => e.kind() == io::ErrorKind::TimedOut,
+    }
+}
+
+/// True when `path` is a unix socket (not a regular file or a missing path).
+pub fn is_socket(path: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::metadata(path)
+        .map(|m| m.file_type().is_socket())
+        .unwrap_or(false)
+}

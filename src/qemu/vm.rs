@@ -1,0 +1,215 @@
+//! A registered VM as the tools see it: its record's fields, its folders, and its measured
+//! status (process and QMP, never remembered).
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use super::process;
+use super::qmp::{self, QmpError};
+use crate::state::paths;
+use crate::state::registry::{Record, Registry};
+
+/// The registry of this process's state folder.
+pub fn registry() -> &'static Registry {
+    static REG: OnceLock<Registry> = OnceLock::new();
+    REG.get_or_init(|| Registry::new(paths::registry_file()))
+}
+
+/// Per-VM runtime folder (sockets, pidfile).
+pub fn runtime_dir(name: &str) -> PathBuf {
+    paths::runtime_dir().join(name)
+}
+
+/// Per-VM state folder (logs, overlays, firmware variables).
+pub fn state_dir(name: &str) -> PathBuf {
+    paths::state_dir().join("vms").join(name)
+}
+
+/// A string field of a record.
+pub fn field<'a>(rec: &'a Record, key: &str) -> Option<&'a str> {
+    rec.get(key)
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+}
+
+/// The record's PID, if any.
+pub fn pid(rec: &Record) -> Option<i32> {
+    rec.get("pid")
+        .and_then(Value::as_i64)
+        .map(|p| p as i32)
+        .filter(|p| *p > 0)
+}
+
+/// The record's QMP socket.
+pub fn qmp_socket(rec: &Record) -> PathBuf {
+    PathBuf::from(field(rec, "qmp_socket").unwrap_or(""))
+}
+
+/// True for VMs this server family spawned (as opposed to attached).
+pub fn spawned(rec: &Record) -> bool {
+    field(rec, "source") != Some("attached")
+}
+
+/// A measured status.
+#[derive(Debug, Clone)]
+pub struct Measured {
+    /// running, paused, stopped, starting, busy, unreachable, or another QEMU run state.
+    pub status: String,
+    /// Why, when it is not plain.
+    pub detail: Option<String>,
+}
+
+impl Measured {
+    fn new(status: &str, detail: Option<String>) -> Self {
+        Measured {
+            status: status.into(),
+            detail,
+        }
+    }
+
+    /// True when a QEMU process for this VM is still there in any state.
+    pub fn alive(&self) -> bool {
+        self.status != "stopped"
+    }
+}
+
+/// Maps a QMP error for a VM to words for the agent, checking the process instead of guessing.
+pub fn explain_qmp(name: &str, rec: &Record, e: &QmpError) -> String {
+    let proc_alive = pid(rec).map(process::alive);
+    match e {
+        QmpError::NoGreeting if proc_alive != Some(false) => format!(
+            "another operation holds the monitor of VM {name:?} (QEMU serves one QMP client at a time); retry shortly"
+        ),
+        QmpError::Connect(_) | QmpError::Closed | QmpError::NoGreeting if proc_alive != Some(true) => {
+            format!("VM {name:?} is not running (its QEMU process has exited); launch it again with launch_vm")
+        }
+        QmpError::Timeout(cmd) => format!("VM {name:?}: QEMU did not answer {cmd} in time; it may be overloaded. Retry, or stop_vm with force=true"),
+        other => format!("VM {name:?}: {other}"),
+    }
+}
+
+/// Measures a VM: process liveness and identity for spawned VMs, a QMP query for the run state.
+pub fn measure(rec: &Record) -> Measured {
+    if let Some(l) = rec.get("launching") {
+        let owner = l.get("owner_pid").and_then(Value::as_i64).unwrap_or(0) as i32;
+        let since = l.get("since").and_then(Value::as_i64).unwrap_or(0);
+        let fresh = crate::clock::now_secs() - since < process::START_TIMEOUT.as_secs() as i64 + 30;
+        if process::alive(owner) && fresh {
+            return Measured::new("starting", Some("being launched".into()));
+        }
+        return Measured::new("stopped", Some("an interrupted launch".into()));
+    }
+    let sock = qmp_socket(rec);
+    let pid = pid(rec);
+    if spawned(rec) {
+        if let Some(p) = pid {
+            if !process::alive(p) {
+                return Measured::new("stopped", None);
+            }
+            if !process::is_our_vm(p, &sock) {
+                return Measured::new(
+                    "stopped",
+                    Some(format!("PID {p} now belongs to another program")),
+                );
+            }
+        }
+    } else if let Some(p) = pid {
+        if !process::alive(p) {
+            return Measured::new("stopped", None);
+        }
+    }
+    match qmp::with_session(&sock, |q| {
+        q.execute_within("query-status", None, Duration::from_secs(5))
+    }) {
+        Ok(st) => {
+            let s = st
+                .get("status")
+                .and_then(Value::as_str)
+                .unwrap_or("unknown");
+            Measured::new(if s == "running" { "running" } else { s }, None)
+        }
+        Err(QmpError::NoGreeting) => {
+            Measured::new("busy", Some("another operation holds the monitor".into()))
+        }
+        Err(e) => {
+            if pid.is_some() {
+                Measured::new(
+                    "unreachable",
+                    Some(format!("the process is alive but QMP failed: {e}")),
+                )
+            } else {
+                Measured::new("stopped", Some(format!("QMP socket does not answer: {e}")))
+            }
+        }
+    }
+}
+
+/// Resolved paths of images that live VMs use (their disks, and sandbox bases), with the VM name.
+pub fn images_in_use() -> Vec<(String, PathBuf)> {
+    let mut out = Vec::new();
+    for (name, rec) in registry().load() {
+        let mut paths: Vec<PathBuf> = rec
+            .get("disks")
+            .and_then(Value::as_array)
+            .map(|d| {
+                d.iter()
+                    .filter_map(Value::as_str)
+                    .map(PathBuf::from)
+                    .collect()
+            })
+            .unwrap_or_default();
+        if let Some(b) = rec
+            .get("sandbox")
+            .and_then(|s| s.get("base_image"))
+            .and_then(Value::as_str)
+        {
+            paths.push(PathBuf::from(b));
+        }
+        if paths.is_empty() || !measure(&rec).alive() {
+            continue;
+        }
+        out.extend(paths.into_iter().map(|p| (name.clone(), p)));
+    }
+    out
+}
+
+/// The live VM using `image`, if any (compared after resolving symlinks).
+pub fn user_of(image: &Path) -> Option<String> {
+    let canon = std::fs::canonicalize(image).unwrap_or_else(|_| image.to_path_buf());
+    images_in_use().into_iter().find_map(|(name, p)| {
+        let pc = std::fs::canonicalize(&p).unwrap_or(p);
+        (pc == canon).then_some(name)
+    })
+}
+
+/// Removes a VM's runtime files, but never a QMP socket that still accepts connections.
+pub fn cleanup_runtime(rec: &Record) -> Vec<String> {
+    let mut errors = Vec::new();
+    let sock = qmp_socket(rec);
+    if super::sock::is_listening(&sock) {
+        return errors;
+    }
+    for key in ["qmp_socket", "qga_socket", "serial_socket", "pidfile"] {
+        if let Some(p) = field(rec, key) {
+            if field(rec, "source") == Some("attached") {
+                continue;
+            }
+            match std::fs::remove_file(p) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => errors.push(format!("cannot remove {p}: {e}")),
+            }
+        }
+    }
+    errors
+}
+
+/// The port forwards of a record as stored.
+pub fn forwards(rec: &Record) -> Value {
+    rec.get("port_forwards")
+        .cloned()
+        .unwrap_or_else(|| json!([]))
+}
