@@ -409,9 +409,17 @@ impl Server {
         let spawned = std::thread::Builder::new()
             .name(format!("tool-{name}"))
             .spawn(move || {
-                let result = match handler(&ctx, &Args(args)) {
-                    Ok(out) => out.to_result(),
-                    Err(e) => error_result(&ToolError::new(format!("{name}: {}", e.0))),
+                // A panicking handler must still answer and release its slot; otherwise the
+                // client waits forever and the server's shutdown waits for a call that is gone.
+                let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    handler(&ctx, &Args(args))
+                }));
+                let result = match run {
+                    Ok(Ok(out)) => out.to_result(),
+                    Ok(Err(e)) => error_result(&ToolError::new(format!("{name}: {}", e.0))),
+                    Err(_) => error_result(&ToolError::new(format!(
+                        "{name}: internal error (the tool panicked); this is a bug in mcqemu, please report it"
+                    ))),
                 };
                 if let Ok(mut map) = server.inflight.lock() {
                     map.remove(&key);

@@ -4,6 +4,7 @@
 use std::fs::File;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::mpsc;
 use std::time::Duration;
 
 /// What the caller asked for.
@@ -94,6 +95,43 @@ fn describe(url: &str, e: ureq::Error) -> String {
     }
 }
 
+/// Most redirects followed for one download.
+const MAX_REDIRECTS: usize = 8;
+
+/// Resolves a redirect's Location against the URL that answered with it (RFC 3986 reference
+/// forms: absolute, `//host/...`, `/path`, `?query`, relative path). Dot segments are left for
+/// the URL parser to normalize.
+fn join_location(base: &str, location: &str) -> String {
+    let loc = location.trim();
+    let has_scheme = loc.split_once(':').is_some_and(|(scheme, _)| {
+        scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+            && scheme
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+    });
+    if has_scheme {
+        return loc.to_string();
+    }
+    let (scheme, rest) = base.split_once("://").unwrap_or(("http", base));
+    if let Some(r) = loc.strip_prefix("//") {
+        return format!("{scheme}://{r}");
+    }
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let origin = format!("{scheme}://{}", &rest[..authority_end]);
+    let tail = &rest[authority_end..];
+    let path = &tail[..tail.find(['?', '#']).unwrap_or(tail.len())];
+    if loc.starts_with('/') {
+        return format!("{origin}{loc}");
+    }
+    if loc.starts_with('?') || loc.is_empty() {
+        let path = if path.is_empty() { "/" } else { path };
+        return format!("{origin}{path}{loc}");
+    }
+    let dir = &path[..path.rfind('/').map(|i| i + 1).unwrap_or(0)];
+    let dir = if dir.is_empty() { "/" } else { dir };
+    format!("{origin}{dir}{loc}")
+}
+
 fn temp_for(dest: &Path) -> PathBuf {
     let name = dest
         .file_name()
@@ -122,16 +160,34 @@ pub fn download(req: &Request, watch: &dyn Watcher) -> Result<Done, String> {
         )
     })?;
     let _ = parent;
+    // Redirects are followed here, not by ureq: ureq panics on a Location without a host
+    // (e.g. file:///etc/passwd), and every hop must pass the same http(s) check as the URL.
     let agent = ureq::AgentBuilder::new()
         .timeout_connect(Duration::from_secs(20))
         .timeout_read(Duration::from_secs(60))
-        .redirects(8)
+        .redirects(0)
         .user_agent(concat!("mcqemu/", env!("CARGO_PKG_VERSION")))
         .build();
-    let resp = agent
-        .get(req.url)
-        .call()
-        .map_err(|e| describe(req.url, e))?;
+    let mut url = req.url.to_string();
+    let mut hops = 0;
+    let resp = loop {
+        let resp = agent.get(&url).call().map_err(|e| describe(&url, e))?;
+        let status = resp.status();
+        if !(300..400).contains(&status) {
+            break resp;
+        }
+        let location = resp.header("Location").ok_or_else(|| {
+            format!("the server answered HTTP {status} for {url} without a Location to follow")
+        })?;
+        if hops >= MAX_REDIRECTS {
+            return Err(format!("too many redirects from {}", req.url));
+        }
+        let next = join_location(&url, location);
+        check_url(&next)
+            .map_err(|e| format!("{url} redirects to {next:?}, which is refused: {e}"))?;
+        url = next;
+        hops += 1;
+    };
     let status = resp.status();
     let final_url = resp.get_url().to_string();
     let total: Option<u64> = resp
@@ -180,8 +236,37 @@ pub fn download(req: &Request, watch: &dyn Watcher) -> Result<Done, String> {
     })
 }
 
-fn stream(
+/// Reads `body` on its own thread and hands chunks over a small channel, so the download loop
+/// can check for cancellation while a read is blocked on a silent server (ureq's read timeout
+/// is 60 s). After a cancel the reader is abandoned: it ends at its next read or timeout.
+fn spawn_reader(
     mut body: Box<dyn Read + Send + Sync>,
+) -> Result<mpsc::Receiver<std::io::Result<Vec<u8>>>, String> {
+    let (tx, rx) = mpsc::sync_channel(4);
+    std::thread::Builder::new()
+        .name("download-read".into())
+        .spawn(move || loop {
+            let mut buf = vec![0u8; 256 * 1024];
+            match body.read(&mut buf) {
+                Ok(n) => {
+                    buf.truncate(n);
+                    if tx.send(Ok(buf)).is_err() || n == 0 {
+                        return;
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                    return;
+                }
+            }
+        })
+        .map_err(|e| format!("could not start the download ({e}); retry shortly"))?;
+    Ok(rx)
+}
+
+fn stream(
+    body: Box<dyn Read + Send + Sync>,
     tmp: &Path,
     total: Option<u64>,
     req: &Request,
@@ -193,23 +278,31 @@ fn stream(
         .open(tmp)
         .map_err(|e| format!("cannot create {}: {e}", tmp.display()))?;
     let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
-    let mut buf = vec![0u8; 256 * 1024];
+    let chunks = spawn_reader(body)?;
     let mut done: u64 = 0;
     watch.progress(0, total);
     loop {
         if watch.cancelled() {
             return Err("cancelled by the client; the partial file was removed".into());
         }
-        let n = match body.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => {
+        let buf = match chunks.recv_timeout(Duration::from_millis(100)) {
+            Ok(Ok(buf)) => buf,
+            Err(mpsc::RecvTimeoutError::Timeout) => continue,
+            Ok(Err(e)) => {
                 return Err(format!(
                     "the connection failed after {done} bytes: {e}; the partial file was removed, retry the download"
                 ))
             }
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(format!(
+                    "the download stopped after {done} bytes; the partial file was removed, retry the download"
+                ))
+            }
         };
+        if buf.is_empty() {
+            break;
+        }
+        let n = buf.len();
         done += n as u64;
         if let Some(max) = req.max_bytes {
             if done > max {
@@ -247,6 +340,29 @@ mod tests {
         assert!(check_url("ftp://x/y").is_err());
         assert!(check_url("https://").is_err());
         assert!(check_url("HTTPS://example.org/a.img").is_ok());
+    }
+
+    #[test]
+    fn joins_redirect_locations() {
+        let base = "http://h:8080/a/b/img.qcow2?x=1";
+        assert_eq!(join_location(base, "https://o/x"), "https://o/x");
+        assert_eq!(
+            join_location(base, "file:///etc/passwd"),
+            "file:///etc/passwd"
+        );
+        assert_eq!(join_location(base, "//cdn/y"), "http://cdn/y");
+        assert_eq!(join_location(base, "/z"), "http://h:8080/z");
+        assert_eq!(join_location(base, "c.img"), "http://h:8080/a/b/c.img");
+        assert_eq!(
+            join_location(base, "../c.img"),
+            "http://h:8080/a/b/../c.img"
+        );
+        assert_eq!(
+            join_location(base, "?y=2"),
+            "http://h:8080/a/b/img.qcow2?y=2"
+        );
+        assert_eq!(join_location("http://h", "c.img"), "http://h/c.img");
+        assert_eq!(join_location("http://h?q", "c.img"), "http://h/c.img");
     }
 
     #[test]

@@ -5,6 +5,7 @@ pub mod cmdline;
 pub mod firmware;
 pub mod img;
 pub mod process;
+pub mod qga;
 pub mod qmp;
 pub mod run;
 pub mod sock;

@@ -2,11 +2,9 @@
 //! ids and time bounds, events collected between replies, replies capped in size. Sessions to
 //! one socket are serialized in-process, since QEMU's monitor serves one client at a time.
 
-use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -58,20 +56,13 @@ impl std::fmt::Display for QmpError {
     }
 }
 
-fn session_lock(path: &Path) -> Arc<Mutex<()>> {
-    static LOCKS: OnceLock<Mutex<HashMap<PathBuf, Arc<Mutex<()>>>>> = OnceLock::new();
-    let map = LOCKS.get_or_init(|| Mutex::new(HashMap::new()));
-    let mut map = map.lock().unwrap_or_else(|p| p.into_inner());
-    map.entry(path.to_path_buf()).or_default().clone()
-}
-
 /// Runs `f` with an open QMP session on `path`, serialized against other sessions to the same
 /// socket in this process.
 pub fn with_session<T>(
     path: &Path,
     f: impl FnOnce(&mut Qmp) -> Result<T, QmpError>,
 ) -> Result<T, QmpError> {
-    let lock = session_lock(path);
+    let lock = super::sock::session_lock(path);
     let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
     let mut qmp = Qmp::connect(path, GREETING_TIMEOUT)?;
     f(&mut qmp)

@@ -2,11 +2,13 @@
 //! listener's backlog is full (QEMU serves one monitor client at a time), so connect
 //! non-blocking and retry in short slices until the deadline.
 
+use std::collections::HashMap;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::io::FromRawFd;
 use std::os::unix::net::UnixStream;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Longest path a `sockaddr_un` holds (including the terminating NUL).
@@ -86,4 +88,13 @@ pub fn is_socket(path: &Path) -> bool {
     std::fs::metadata(path)
         .map(|m| m.file_type().is_socket())
         .unwrap_or(false)
+}
+
+/// The in-process lock for sessions on one socket: QEMU's monitor and the guest-agent channel
+/// each serve one client at a time, so sessions to the same path take turns.
+pub fn session_lock(path: &Path) -> Arc<Mutex<()>> {
+    static LOCKS: OnceLock<Mutex<HashMap<PathBuf, Arc<Mutex<()>>>>> = OnceLock::new();
+    let map = LOCKS.get_or_init(|| Mutex::new(HashMap::new()));
+    let mut map = map.lock().unwrap_or_else(|p| p.into_inner());
+    map.entry(path.to_path_buf()).or_default().clone()
 }

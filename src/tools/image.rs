@@ -183,24 +183,31 @@ fn create(_ctx: &ToolCtx, args: &Args) -> ToolResult {
             Some((b, fmt))
         }
     };
-    let exists = path.exists();
-    let target = if exists {
-        temp_sibling(&path)
-    } else {
-        path.clone()
-    };
+    // Always create beside the target and place it only on success: qemu-img leaves an empty
+    // file behind when it refuses (e.g. a size too large for the format), which would then
+    // block a retry with "already exists".
+    let target = temp_sibling(&path);
     let backing_ref = backing.as_ref().map(|(b, f)| (b.as_path(), f.as_str()));
     if let Err(e) = img::create(&target, format, Some(size), backing_ref) {
-        if exists {
-            let _ = std::fs::remove_file(&target);
-        }
-        return Err(e.into());
+        let _ = std::fs::remove_file(&target);
+        // Name the file the caller asked for, not the temporary one.
+        let msg = e
+            .to_string()
+            .replace(&target.display().to_string(), &path.display().to_string());
+        return Err(ToolError::new(msg));
     }
-    if exists {
-        std::fs::rename(&target, &path).map_err(|e| {
-            let _ = std::fs::remove_file(&target);
-            ToolError::new(format!("could not replace {}: {e}", path.display()))
-        })?;
+    // hard_link refuses an existing path, so overwrite=false never clobbers even in a race.
+    let placed = if overwrite {
+        std::fs::rename(&target, &path)
+    } else {
+        std::fs::hard_link(&target, &path)
+    };
+    let _ = std::fs::remove_file(&target);
+    if let Err(e) = placed {
+        return Err(ToolError::new(format!(
+            "could not place the new image at {}: {e}",
+            path.display()
+        )));
     }
     let info = img::info(&path, false)?;
     Ok(ToolOutput::json(summary(&path, &info)))

@@ -8,9 +8,12 @@ use serde_json::{json, Value};
 use crate::mcp::tool::{Args, ToolDef, ToolError};
 
 pub mod download;
+pub mod guest;
 pub mod image;
 pub mod inspect;
 pub mod lifecycle;
+pub mod sandbox;
+pub mod snapshot;
 
 /// Every tool, in the order `tools/list` shows them.
 pub static ALL: &[ToolDef] = &[
@@ -22,6 +25,10 @@ pub static ALL: &[ToolDef] = &[
     lifecycle::FORGET,
     inspect::LIST,
     inspect::INFO,
+    snapshot::CREATE,
+    snapshot::RESTORE,
+    snapshot::DELETE,
+    snapshot::LIST,
     image::CREATE,
     image::INFO,
     image::CONVERT,
@@ -31,6 +38,13 @@ pub static ALL: &[ToolDef] = &[
     image::SNAPSHOT_APPLY,
     image::SNAPSHOT_DELETE,
     download::DOWNLOAD,
+    sandbox::SANDBOX,
+    sandbox::DESTROY,
+    guest::PING,
+    guest::INFO,
+    guest::EXEC,
+    guest::FILE_READ,
+    guest::FILE_WRITE,
 ];
 
 /// Finds a tool by name.

@@ -1,0 +1,249 @@
+//! A blocking client for qemu-guest-agent over its virtio-serial chardev socket. Every
+//! connection resyncs (0xFF, then `guest-sync-delimited` with a random id, discarding
+//! everything until that id comes back), every call is bounded, replies are capped, and
+//! sessions to one VM are serialized in-process.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+/// Bound for the connect + resync handshake.
+pub const SYNC_TIMEOUT: Duration = Duration::from_secs(3);
+/// Default bound for one agent command.
+pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
+/// Largest reply accepted (a 48 KiB file chunk in base64 is far below this).
+pub const MAX_REPLY: usize = 16 * 1024 * 1024;
+
+/// What went wrong talking to the agent.
+#[derive(Debug)]
+pub enum QgaError {
+    /// The VM's agent socket cannot be reached (QEMU gone, or no agent channel).
+    Connect(String),
+    /// Connected, but no agent answered the sync in time.
+    NoAgent,
+    /// A command got no reply in time.
+    Timeout(String),
+    /// The channel closed.
+    Closed,
+    /// Not the agent protocol.
+    Garbage(String),
+    /// A reply exceeded the cap.
+    TooLarge,
+    /// The agent refused or the command failed in the guest.
+    Command {
+        /// Error class.
+        class: String,
+        /// Description.
+        desc: String,
+    },
+}
+
+impl QgaError {
+    /// True when the guest has disabled the command (qemu-ga --block-rpcs / --allow-rpcs).
+    pub fn is_disabled(&self) -> bool {
+        matches!(self, QgaError::Command { desc, .. } if desc.contains("disabled"))
+    }
+}
+
+impl std::fmt::Display for QgaError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            QgaError::Connect(m) => write!(f, "cannot connect to the guest-agent socket: {m}"),
+            QgaError::NoAgent => write!(
+                f,
+                "no guest agent answered within {} s",
+                SYNC_TIMEOUT.as_secs()
+            ),
+            QgaError::Timeout(c) => write!(f, "the guest agent did not answer {c} in time"),
+            QgaError::Closed => write!(f, "the guest-agent channel closed"),
+            QgaError::Garbage(m) => write!(f, "the guest agent sent something unexpected: {m}"),
+            QgaError::TooLarge => write!(f, "a guest-agent reply exceeded {MAX_REPLY} bytes"),
+            QgaError::Command { class, desc } => write!(f, "{desc} ({class})"),
+        }
+    }
+}
+
+fn random_id() -> u64 {
+    let mut b = [0u8; 8];
+    if std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .is_err()
+    {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        b = (t as u64 ^ u64::from(std::process::id())).to_le_bytes();
+    }
+    u64::from_le_bytes(b) >> 12 // stay well inside JSON's exact integer range
+}
+
+/// Runs `f` with a synced agent session on `path`, serialized per socket in-process.
+/// `sync_timeout` bounds the connect and the handshake together.
+pub fn with_agent<T>(
+    path: &Path,
+    sync_timeout: Duration,
+    f: impl FnOnce(&mut Qga) -> Result<T, QgaError>,
+) -> Result<T, QgaError> {
+    let lock = super::sock::session_lock(path);
+    let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
+    let mut qga = Qga::connect(path, sync_timeout)?;
+    f(&mut qga)
+}
+
+/// One agent session.
+pub struct Qga {
+    stream: UnixStream,
+    buf: Vec<u8>,
+}
+
+impl Qga {
+    /// Connects and resyncs within `timeout`.
+    pub fn connect(path: &Path, timeout: Duration) -> Result<Qga, QgaError> {
+        let deadline = Instant::now() + timeout;
+        let stream = super::sock::connect(path, timeout)
+            .map_err(|e| QgaError::Connect(format!("{}: {e}", path.display())))?;
+        let _ = stream.set_write_timeout(Some(Duration::from_secs(5)));
+        let mut q = Qga {
+            stream,
+            buf: Vec::new(),
+        };
+        q.sync(deadline)?;
+        Ok(q)
+    }
+
+    /// Wraps an already connected stream and resyncs (used by tests with a fake agent).
+    pub fn from_stream(stream: UnixStream, timeout: Duration) -> Result<Qga, QgaError> {
+        let _ = stream.set_write_timeout(Some(Duration::from_secs(5)));
+        let mut q = Qga {
+            stream,
+            buf: Vec::new(),
+        };
+        q.sync(Instant::now() + timeout)?;
+        Ok(q)
+    }
+
+    fn write(&mut self, bytes: &[u8]) -> Result<(), QgaError> {
+        self.stream.write_all(bytes).map_err(|e| match e.kind() {
+            std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset => {
+                QgaError::Closed
+            }
+            _ => QgaError::Timeout(format!("a write ({e})")),
+        })
+    }
+
+    /// Sends 0xFF and guest-sync-delimited, then discards everything until our id returns.
+    fn sync(&mut self, deadline: Instant) -> Result<(), QgaError> {
+        let id = random_id();
+        let mut msg = vec![0xFFu8];
+        msg.extend_from_slice(
+            json!({"execute": "guest-sync-delimited", "arguments": {"id": id}})
+                .to_string()
+                .as_bytes(),
+        );
+        msg.push(b'\n');
+        self.write(&msg)?;
+        loop {
+            match self.read_line(deadline) {
+                Ok(line) => {
+                    if let Ok(v) = serde_json::from_slice::<Value>(&line) {
+                        if v.get("return").and_then(Value::as_u64) == Some(id) {
+                            return Ok(());
+                        }
+                    }
+                }
+                Err(QgaError::Timeout(_)) => return Err(QgaError::NoAgent),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Reads one line, dropping 0xFF delimiter bytes.
+    fn read_line(&mut self, deadline: Instant) -> Result<Vec<u8>, QgaError> {
+        loop {
+            self.buf.retain(|b| *b != 0xFF);
+            if let Some(pos) = self.buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=pos).collect();
+                let trimmed: Vec<u8> = line
+                    .into_iter()
+                    .filter(|b| !b.is_ascii_whitespace() || *b == b' ')
+                    .collect();
+                if trimmed.iter().all(|b| *b == b' ') {
+                    continue;
+                }
+                return Ok(trimmed);
+            }
+            if self.buf.len() > MAX_REPLY {
+                return Err(QgaError::TooLarge);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(QgaError::Timeout("a reply".into()));
+            }
+            let _ = self
+                .stream
+                .set_read_timeout(Some((deadline - now).max(Duration::from_millis(1))));
+            let mut chunk = [0u8; 64 * 1024];
+            match self.stream.read(&mut chunk) {
+                Ok(0) => return Err(QgaError::Closed),
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return Err(QgaError::Timeout("a reply".into()))
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => return Err(QgaError::Closed),
+            }
+        }
+    }
+
+    /// Runs one command with the default bound.
+    pub fn execute(&mut self, cmd: &str, args: Option<Value>) -> Result<Value, QgaError> {
+        self.execute_within(cmd, args, COMMAND_TIMEOUT)
+    }
+
+    /// Runs one command within `timeout`. After a timeout the session must not be reused:
+    /// a late reply would be taken for the next command's (the next connection resyncs).
+    pub fn execute_within(
+        &mut self,
+        cmd: &str,
+        args: Option<Value>,
+        timeout: Duration,
+    ) -> Result<Value, QgaError> {
+        let mut msg = json!({"execute": cmd});
+        if let Some(a) = args {
+            msg["arguments"] = a;
+        }
+        let mut line = msg.to_string().into_bytes();
+        line.push(b'\n');
+        self.write(&line)?;
+        let deadline = Instant::now() + timeout;
+        let reply = match self.read_line(deadline) {
+            Err(QgaError::Timeout(_)) => return Err(QgaError::Timeout(cmd.to_string())),
+            other => other?,
+        };
+        let v: Value = serde_json::from_slice(&reply).map_err(|_| {
+            QgaError::Garbage(String::from_utf8_lossy(&reply).chars().take(200).collect())
+        })?;
+        if let Some(r) = v.get("return") {
+            return Ok(r.clone());
+        }
+        if let Some(e) = v.get("error") {
+            return Err(QgaError::Command {
+                class: e["class"].as_str().unwrap_or("GenericError").to_string(),
+                desc: e["desc"].as_str().unwrap_or("unknown error").to_string(),
+            });
+        }
+        Err(QgaError::Garbage(format!(
+            "reply without return or error: {}",
+            v.to_string().chars().take(200).collect::<String>()
+        )))
+    }
+}

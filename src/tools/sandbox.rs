@@ -1,0 +1,379 @@
+//! Sandboxes: a qcow2 overlay on an untouched base image, launched and waited on until the
+//! guest agent answers; destroyed with a verified kill and a careful delete.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Map, Value};
+
+use super::lifecycle::{self, lookup};
+use super::{object, path_arg};
+use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use crate::qemu::qga;
+use crate::qemu::qmp;
+use crate::qemu::vm::{self, measure};
+use crate::qemu::{img, process};
+use crate::state::registry::{valid_name, RegistryError};
+
+/// Longest one agent probe may take while waiting; the wait never overshoots by more.
+const POLL_SLICE: Duration = Duration::from_millis(500);
+
+/// `sandbox_vm`.
+pub const SANDBOX: ToolDef = ToolDef {
+    name: "sandbox_vm",
+    title: "Start a disposable sandbox VM",
+    description: "Create a qcow2 overlay on base_image (the base is never modified), launch a VM on it, and wait up to wait_agent_s seconds for qemu-guest-agent to answer, with progress. Then use guest_exec / guest_file_* and finally sandbox_destroy. Guest-initiated network traffic is blocked unless allow_network=true (port forwards still work; default forwards one auto host port to guest port 22). The agent can answer before the guest has finished booting. kernel/initrd/append boot a kernel directly (the base image then serves as a data disk).",
+    input_schema: || object(json!({
+        "base_image": {"type": "string", "minLength": 1, "description": "Base disk image; left untouched."},
+        "name": {"type": ["string", "null"], "default": null, "description": "VM name; default the first free of sandbox, sandbox-2, ..."},
+        "memory_mb": {"type": "integer", "minimum": 16, "maximum": 1048576, "default": 2048},
+        "cpus": {"type": "integer", "minimum": 1, "maximum": 256, "default": 2},
+        "port_forwards": {"type": ["array", "null"], "items": {"type": "string"}, "default": null, "description": "null means [\"auto:22\"]; [] means none."},
+        "allow_network": {"type": "boolean", "default": false},
+        "wait_agent_s": {"type": "number", "minimum": 0, "maximum": 3600, "default": 90},
+        "kernel": {"type": ["string", "null"], "default": null},
+        "initrd": {"type": ["string", "null"], "default": null},
+        "append": {"type": ["string", "null"], "default": null}
+    }), &["base_image"]),
+    output_schema: || json!({"type": "object", "properties": {
+        "name": {"type": "string"}, "status": {"type": "string"}, "pid": {"type": ["integer", "null"]},
+        "accel": {"type": "string"}, "agent_ready": {"type": "boolean"}, "agent_wait_ms": {"type": "integer"},
+        "overlay": {"type": "string"}, "base_image": {"type": "string"},
+        "port_forwards": {"type": "array", "items": {"type": "object"}},
+        "warnings": {"type": "array", "items": {"type": "string"}}
+    }, "required": ["name", "status", "agent_ready", "overlay", "base_image"]}),
+    annotations: Annotations { read_only: false, destructive: false, idempotent: false, open_world: false },
+    handler: sandbox_vm,
+};
+
+fn first_free_name() -> String {
+    let vms = vm::registry().load();
+    (1..1000)
+        .map(|i| {
+            if i == 1 {
+                "sandbox".to_string()
+            } else {
+                format!("sandbox-{i}")
+            }
+        })
+        .find(|n| !vms.contains_key(n))
+        .unwrap_or_else(|| format!("sandbox-{}", std::process::id()))
+}
+
+fn sandbox_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
+    let base = path_arg(args, "base_image")?;
+    if !base.is_file() {
+        return Err(ToolError::new(format!(
+            "base_image {} does not exist or is not a file",
+            base.display()
+        )));
+    }
+    let base = std::fs::canonicalize(&base)
+        .map_err(|e| ToolError::new(format!("base_image {}: {e}", base.display())))?;
+    let base_fmt = img::probe_format(&base)?;
+    let name = match args.opt_str("name")? {
+        Some(n) if valid_name(n) => n.to_string(),
+        Some(n) => return Err(ToolError::new(format!("invalid VM name {n:?}: use 1-48 characters from A-Z a-z 0-9 _ . -, starting with a letter or digit"))),
+        None => first_free_name(),
+    };
+    let sd = vm::state_dir(&name);
+    std::fs::create_dir_all(&sd)
+        .map_err(|e| ToolError::new(format!("cannot create {}: {e}", sd.display())))?;
+    let overlay = sd.join(format!(
+        "overlay-{}-{}.qcow2",
+        crate::clock::now_secs(),
+        std::process::id()
+    ));
+    img::create(&overlay, "qcow2", None, Some((&base, &base_fmt)))?;
+    let mut launch_args = args.0.clone();
+    let forwards = match args.opt_str_list("port_forwards")? {
+        Some(f) => f,
+        None => vec!["auto:22".to_string()],
+    };
+    launch_args.insert("port_forwards".into(), json!(forwards));
+    for k in ["base_image", "name", "allow_network", "wait_agent_s"] {
+        launch_args.remove(k);
+    }
+    let launch_args = crate::mcp::tool::Args(launch_args);
+    let mut req = match lifecycle::request_from_args(
+        &launch_args,
+        &name,
+        vec![(overlay.clone(), "qcow2".into())],
+    ) {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = std::fs::remove_file(&overlay);
+            return Err(e);
+        }
+    };
+    req.spec.restrict_net = !args.bool_or("allow_network", false)?;
+    let mut sb = Map::new();
+    sb.insert("base_image".into(), json!(base.display().to_string()));
+    sb.insert("base_format".into(), json!(base_fmt));
+    sb.insert("overlay".into(), json!(overlay.display().to_string()));
+    sb.insert("allow_network".into(), json!(!req.spec.restrict_net));
+    req.extra_record.insert("sandbox".into(), Value::Object(sb));
+    let launched = match lifecycle::launch(ctx, req) {
+        Ok(o) => o,
+        Err(e) => {
+            let _ = std::fs::remove_file(&overlay);
+            return Err(e);
+        }
+    };
+    let mut out = launched.structured;
+    let wait = Duration::from_secs_f64(
+        args.opt_f64("wait_agent_s")?
+            .unwrap_or(90.0)
+            .clamp(0.0, 3600.0),
+    );
+    let rec = lookup(&name)?;
+    let started = Instant::now();
+    let ready = wait_for_agent(ctx, &name, &rec, wait)?;
+    out["agent_ready"] = json!(ready);
+    out["agent_wait_ms"] = json!(started.elapsed().as_millis() as u64);
+    out["overlay"] = json!(overlay.display().to_string());
+    out["base_image"] = json!(base.display().to_string());
+    if !ready && wait > Duration::ZERO {
+        if let Some(w) = out["warnings"].as_array_mut() {
+            w.push(json!(format!(
+                "the guest agent did not answer within {} s; the VM is running. Retry guest_ping later, or check vm_serial_read; sandbox_destroy removes it",
+                wait.as_secs_f64()
+            )));
+        }
+    }
+    Ok(ToolOutput::json(out))
+}
+
+/// Polls the agent in short slices until it answers, QEMU dies, or `wait` runs out.
+fn wait_for_agent(
+    ctx: &ToolCtx,
+    name: &str,
+    rec: &crate::state::registry::Record,
+    wait: Duration,
+) -> Result<bool, ToolError> {
+    let Some(sock_path) = vm::field(rec, "qga_socket").map(PathBuf::from) else {
+        return Ok(false);
+    };
+    let deadline = Instant::now() + wait;
+    let start = Instant::now();
+    loop {
+        let now = Instant::now();
+        if now >= deadline {
+            return Ok(false);
+        }
+        ctx.check_cancel()?;
+        if let Some(pid) = vm::pid(rec) {
+            if !process::alive(pid) {
+                let log = vm::field(rec, "serial_log")
+                    .map(|p| tail(Path::new(p), 5))
+                    .unwrap_or_default();
+                return Err(ToolError::new(format!("QEMU for sandbox {name:?} exited while waiting for the guest agent. Last serial output: {log}")));
+            }
+        }
+        let slice = POLL_SLICE.min(deadline - now);
+        let probe = qga::with_agent(&sock_path, slice, |q| {
+            q.execute_within("guest-ping", None, slice.max(Duration::from_millis(50)))
+        });
+        if probe.is_ok() {
+            return Ok(true);
+        }
+        ctx.progress(
+            start.elapsed().as_secs_f64(),
+            Some(wait.as_secs_f64()),
+            "waiting for the guest agent",
+        );
+        let left = deadline.saturating_duration_since(Instant::now());
+        std::thread::sleep(Duration::from_millis(100).min(left));
+    }
+}
+
+fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read(path).map(|b| {
+        let start = b.len().saturating_sub(4096);
+        String::from_utf8_lossy(&b[start..]).into_owned()
+    });
+    match text {
+        Ok(t) => t
+            .lines()
+            .rev()
+            .take(lines)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect::<Vec<_>>()
+            .join(" | "),
+        Err(_) => "(no serial log)".into(),
+    }
+}
+
+/// `sandbox_destroy`.
+pub const DESTROY: ToolDef = ToolDef {
+    name: "sandbox_destroy",
+    title: "Destroy a sandbox",
+    description: "Stop a sandbox VM (verified, with SIGKILL if needed), delete its overlay and its own state folder, and drop its record. Only for VMs made by sandbox_vm; the base image is never touched. Refuses to delete an overlay that any process still holds open. destroyed says what really happened; errors lists every cleanup problem.",
+    input_schema: || object(json!({"name": {"type": "string", "minLength": 1}}), &["name"]),
+    output_schema: || json!({"type": "object", "properties": {
+        "name": {"type": "string"}, "destroyed": {"type": "boolean"}, "stopped": {"type": "string"},
+        "deleted": {"type": "array", "items": {"type": "string"}}, "errors": {"type": "array", "items": {"type": "string"}}
+    }, "required": ["name", "destroyed", "deleted", "errors"]}),
+    annotations: Annotations { read_only: false, destructive: true, idempotent: false, open_world: false },
+    handler: destroy,
+};
+
+/// PIDs that hold `path` open, from /proc/*/fd.
+pub fn holders(path: &Path) -> Vec<i32> {
+    let mut out = Vec::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for p in procs.flatten() {
+        let Some(pid) = p.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else {
+            continue;
+        };
+        if fds
+            .flatten()
+            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t == path))
+        {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+fn destroy(ctx: &ToolCtx, args: &Args) -> ToolResult {
+    let name = args.str("name")?.to_string();
+    let rec = lookup(&name)?;
+    let sb = rec
+        .get("sandbox")
+        .and_then(Value::as_object)
+        .cloned()
+        .ok_or_else(|| {
+            ToolError::new(format!(
+                "VM {name:?} is not a sandbox; use stop_vm and forget_vm for ordinary VMs"
+            ))
+        })?;
+    ctx.log.log("notice", &format!("sandbox_destroy {name}"));
+    let mut errors: Vec<String> = Vec::new();
+    let mut deleted: Vec<String> = Vec::new();
+    // 1. Stop, verified.
+    let mut stopped = "already stopped".to_string();
+    if measure(&rec).alive() {
+        let sock_path = vm::qmp_socket(&rec);
+        let _ = qmp::with_session(&sock_path, |q| {
+            q.execute_within("quit", None, Duration::from_secs(2))
+        });
+        stopped = "quit".into();
+        if let Some(pid) = vm::pid(&rec) {
+            if !process::wait_dead(pid, Duration::from_secs(2)) {
+                if process::is_our_vm(pid, &sock_path) {
+                    match process::terminate(pid) {
+                        Ok(steps) => stopped = steps.last().copied().unwrap_or("quit").to_string(),
+                        Err(e) => errors.push(e),
+                    }
+                } else {
+                    errors.push(format!(
+                        "PID {pid} no longer looks like this sandbox's QEMU; not signalled"
+                    ));
+                }
+            }
+        }
+        if measure(&rec).alive() {
+            errors.push(format!(
+                "the QEMU of sandbox {name:?} is still alive; nothing was deleted"
+            ));
+            return Ok(ToolOutput::json(
+                json!({"name": name, "destroyed": false, "stopped": stopped, "deleted": deleted, "errors": errors}),
+            ));
+        }
+    }
+    errors.extend(vm::cleanup_runtime(&rec));
+    let rt = vm::runtime_dir(&name);
+    if std::fs::remove_dir(&rt).is_ok() {
+        deleted.push(rt.display().to_string());
+    }
+    // 2. Delete only inside the VM's own state folder, checked twice.
+    let own = vm::state_dir(&name);
+    let own_c = std::fs::canonicalize(&own).unwrap_or(own.clone());
+    let base = sb
+        .get("base_image")
+        .and_then(Value::as_str)
+        .map(PathBuf::from);
+    let overlay = sb.get("overlay").and_then(Value::as_str).map(PathBuf::from);
+    let mut folder_ok = own_c.starts_with(
+        std::fs::canonicalize(crate::state::paths::state_dir())
+            .unwrap_or_default()
+            .join("vms"),
+    ) && own_c.file_name().is_some_and(|f| f == name.as_str());
+    if let Some(b) = &base {
+        let bc = std::fs::canonicalize(b).unwrap_or(b.clone());
+        if bc.starts_with(&own_c) {
+            errors.push(format!(
+                "the base image {} lies inside the sandbox folder; refusing to delete the folder",
+                bc.display()
+            ));
+            folder_ok = false;
+        }
+    }
+    if let Some(ov) = &overlay {
+        let oc = std::fs::canonicalize(ov).unwrap_or(ov.clone());
+        if !oc.starts_with(&own_c) {
+            errors.push(format!(
+                "the overlay {} is outside {}; not deleting it",
+                oc.display(),
+                own_c.display()
+            ));
+            folder_ok = false;
+        } else if oc.exists() {
+            let held = holders(&oc);
+            if !held.is_empty() {
+                errors.push(format!(
+                    "the overlay {} is still open in process(es) {held:?}; not deleting it",
+                    oc.display()
+                ));
+                folder_ok = false;
+            }
+        }
+    }
+    if folder_ok && own_c.exists() {
+        // Remove the folder's files one by one, so every failure is reported.
+        match std::fs::read_dir(&own_c) {
+            Ok(entries) => {
+                for e in entries.flatten() {
+                    let p = e.path();
+                    let r = if p.is_dir() && !p.is_symlink() {
+                        std::fs::remove_dir_all(&p)
+                    } else {
+                        std::fs::remove_file(&p)
+                    };
+                    match r {
+                        Ok(()) => deleted.push(p.display().to_string()),
+                        Err(err) => errors.push(format!("cannot delete {}: {err}", p.display())),
+                    }
+                }
+                match std::fs::remove_dir(&own_c) {
+                    Ok(()) => deleted.push(own_c.display().to_string()),
+                    Err(err) => errors.push(format!("cannot delete {}: {err}", own_c.display())),
+                }
+            }
+            Err(err) => errors.push(format!("cannot list {}: {err}", own_c.display())),
+        }
+    }
+    // 3. Drop the record only when the files are gone.
+    let files_gone = !overlay.as_ref().is_some_and(|o| o.exists());
+    if files_gone {
+        let n = name.clone();
+        if let Err(e) = vm::registry().update(move |vms| {
+            vms.remove(&n);
+            Ok::<_, RegistryError>(())
+        }) {
+            errors.push(e.to_string());
+        }
+    }
+    let destroyed = files_gone && errors.is_empty();
+    Ok(ToolOutput::json(
+        json!({"name": name, "destroyed": destroyed, "stopped": stopped, "deleted": deleted, "errors": errors}),
+    ))
+}

@@ -1,0 +1,277 @@
+//! Live snapshots of a running VM (RAM + disks) through QEMU's snapshot-save/-load/-delete
+//! jobs, watched to their end so QEMU's refusals surface as errors.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::lifecycle::lookup;
+use super::{check_tag, object};
+use crate::clock;
+use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use crate::qemu::qmp::{self, Qmp, QmpError};
+use crate::qemu::vm::{self, explain_qmp, measure};
+use crate::state::registry::Record;
+
+/// Bound for one snapshot job.
+pub const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(15 * 60);
+
+/// The writable block nodes that can hold internal snapshots, and QEMU's snapshot list.
+fn snapshot_nodes(q: &mut Qmp) -> Result<(Vec<String>, Vec<Value>), QmpError> {
+    let block = q.execute("query-block", None)?;
+    let mut nodes = Vec::new();
+    let mut snaps = Vec::new();
+    for d in block.as_array().into_iter().flatten() {
+        let Some(ins) = d.get("inserted") else {
+            continue;
+        };
+        if ins.get("ro").and_then(Value::as_bool) == Some(true)
+            || ins.get("drv").and_then(Value::as_str) != Some("qcow2")
+        {
+            continue;
+        }
+        if let Some(n) = ins.get("node-name").and_then(Value::as_str) {
+            if nodes.is_empty() {
+                snaps = ins
+                    .get("image")
+                    .and_then(|i| i.get("snapshots"))
+                    .and_then(Value::as_array)
+                    .cloned()
+                    .unwrap_or_default();
+            }
+            nodes.push(n.to_string());
+        }
+    }
+    Ok((nodes, snaps))
+}
+
+fn structured(snaps: &[Value]) -> Vec<Value> {
+    snaps
+        .iter()
+        .map(|s| {
+            let clock_ns = s.get("vm-clock-sec").and_then(Value::as_u64).unwrap_or(0) * 1_000_000_000
+                + s.get("vm-clock-nsec").and_then(Value::as_u64).unwrap_or(0);
+            json!({
+                "id": s.get("id").cloned().unwrap_or(Value::Null),
+                "tag": s.get("name").cloned().unwrap_or(Value::Null),
+                "vm_state_size": s.get("vm-state-size").and_then(Value::as_u64).unwrap_or(0),
+                "date": s.get("date-sec").and_then(Value::as_i64).map(clock::iso8601).unwrap_or_default(),
+                "vm_clock": clock::vm_clock(clock_ns),
+            })
+        })
+        .collect()
+}
+
+/// Starts a snapshot job and watches it to its end, sending progress. Returns the job's error.
+fn run_job(
+    ctx: &ToolCtx,
+    q: &mut Qmp,
+    cmd: &str,
+    mut args: Value,
+) -> Result<Result<(), String>, QmpError> {
+    let job_id = format!("mcq-{cmd}-{}-{}", std::process::id(), clock::now_secs());
+    args["job-id"] = json!(job_id);
+    q.execute(cmd, Some(args))?;
+    let start = Instant::now();
+    loop {
+        let jobs = q.execute("query-jobs", None)?;
+        let job = jobs
+            .as_array()
+            .and_then(|a| a.iter().find(|j| j["id"] == job_id.as_str()))
+            .cloned();
+        let Some(job) = job else {
+            return Ok(Err(format!(
+                "the {cmd} job disappeared before it concluded"
+            )));
+        };
+        let status = job["status"].as_str().unwrap_or("");
+        if status == "concluded" || status == "null" {
+            let err = job.get("error").and_then(Value::as_str).map(str::to_string);
+            let _ = q.execute("job-dismiss", Some(json!({"id": job_id})));
+            return Ok(match err {
+                Some(e) => Err(e),
+                None => Ok(()),
+            });
+        }
+        ctx.progress(
+            start.elapsed().as_secs_f64(),
+            None,
+            &format!("{cmd}: {status}"),
+        );
+        if start.elapsed() > SNAPSHOT_TIMEOUT {
+            let _ = q.execute("job-cancel", Some(json!({"id": job_id})));
+            return Ok(Err(format!(
+                "the {cmd} job did not finish within {} minutes and was cancelled",
+                SNAPSHOT_TIMEOUT.as_secs() / 60
+            )));
+        }
+        if ctx.cancelled() {
+            let _ = q.execute("job-cancel", Some(json!({"id": job_id})));
+            return Ok(Err("cancelled by the client".into()));
+        }
+        let _ = q.next_event(Duration::from_millis(100))?;
+    }
+}
+
+fn live(name: &str) -> Result<Record, ToolError> {
+    let rec = lookup(name)?;
+    if !measure(&rec).alive() {
+        return Err(ToolError::new(format!("VM {name:?} is not running; live snapshots need a running VM (for an image at rest use image_snapshot_*)")));
+    }
+    Ok(rec)
+}
+
+fn no_disk(name: &str) -> ToolError {
+    ToolError::new(format!("VM {name:?} has no writable qcow2 disk: live snapshots are stored inside a qcow2 image. Launch it with a qcow2 disk (image_create, format qcow2)"))
+}
+
+fn tag_in() -> Value {
+    object(
+        json!({
+            "name": {"type": "string", "minLength": 1},
+            "tag": {"type": "string", "minLength": 1, "maxLength": 64, "description": "1-64 of A-Z a-z 0-9 _ . -, starting with a letter or digit."}
+        }),
+        &["name", "tag"],
+    )
+}
+
+fn op_out() -> Value {
+    json!({"type": "object", "properties": {
+        "name": {"type": "string"}, "tag": {"type": "string"}, "action": {"type": "string"},
+        "status": {"type": "string"}, "duration_ms": {"type": "integer"}
+    }, "required": ["name", "tag", "action"]})
+}
+
+#[derive(Clone, Copy)]
+enum Op {
+    Save,
+    Load,
+    Delete,
+}
+
+/// `vm_snapshot_create`.
+pub const CREATE: ToolDef = ToolDef {
+    name: "vm_snapshot_create",
+    title: "Snapshot a running VM",
+    description: "Save a live snapshot of the whole running VM (RAM, device state and disks) inside its qcow2 disk, under tag. The VM pauses briefly while saving. Refuses an existing tag.",
+    input_schema: tag_in,
+    output_schema: op_out,
+    annotations: Annotations { read_only: false, destructive: false, idempotent: false, open_world: false },
+    handler: |ctx, args| snapshot_op(ctx, args, Op::Save),
+};
+
+/// `vm_snapshot_restore`.
+pub const RESTORE: ToolDef = ToolDef {
+    name: "vm_snapshot_restore",
+    title: "Restore a VM snapshot",
+    description: "Roll the running VM back to a live snapshot: RAM, devices and disks return to that moment; changes since are lost. The guest agent's next call resyncs automatically.",
+    input_schema: tag_in,
+    output_schema: op_out,
+    annotations: Annotations { read_only: false, destructive: true, idempotent: true, open_world: false },
+    handler: |ctx, args| snapshot_op(ctx, args, Op::Load),
+};
+
+/// `vm_snapshot_delete`.
+pub const DELETE: ToolDef = ToolDef {
+    name: "vm_snapshot_delete",
+    title: "Delete a VM snapshot",
+    description: "Delete a live snapshot from the running VM's disks.",
+    input_schema: tag_in,
+    output_schema: op_out,
+    annotations: Annotations {
+        read_only: false,
+        destructive: true,
+        idempotent: false,
+        open_world: false,
+    },
+    handler: |ctx, args| snapshot_op(ctx, args, Op::Delete),
+};
+
+fn snapshot_op(ctx: &ToolCtx, args: &Args, op: Op) -> ToolResult {
+    let name = args.str("name")?.to_string();
+    let tag = args.str("tag")?.to_string();
+    check_tag(&tag)?;
+    let rec = live(&name)?;
+    let started = Instant::now();
+    ctx.log.log(
+        "notice",
+        &format!(
+            "snapshot {} of {name}: {tag}",
+            match op {
+                Op::Save => "save",
+                Op::Load => "load",
+                Op::Delete => "delete",
+            }
+        ),
+    );
+    let outcome = qmp::with_session(&vm::qmp_socket(&rec), |q| {
+        let (nodes, snaps) = snapshot_nodes(q)?;
+        if nodes.is_empty() {
+            return Ok(Err(no_disk(&name)));
+        }
+        let exists = snaps.iter().any(|s| s["name"] == tag.as_str());
+        let tags: Vec<&str> = snaps.iter().filter_map(|s| s["name"].as_str()).collect();
+        let (cmd, args) = match op {
+            Op::Save if exists => return Ok(Err(ToolError::new(format!("snapshot {tag:?} already exists in VM {name:?}; delete it first or choose another tag")))),
+            Op::Load | Op::Delete if !exists => {
+                return Ok(Err(ToolError::new(format!("VM {name:?} has no snapshot {tag:?}; existing tags: [{}]", tags.join(", ")))))
+            }
+            Op::Save => ("snapshot-save", json!({"tag": tag, "vmstate": nodes[0], "devices": nodes})),
+            Op::Load => ("snapshot-load", json!({"tag": tag, "vmstate": nodes[0], "devices": nodes})),
+            Op::Delete => ("snapshot-delete", json!({"tag": tag, "devices": nodes})),
+        };
+        let job = run_job(ctx, q, cmd, args)?;
+        let status = q.execute("query-status", None)?.get("status").and_then(Value::as_str).unwrap_or("unknown").to_string();
+        Ok(match job {
+            Ok(()) => Ok(status),
+            Err(e) => {
+                let hint = if matches!(op, Op::Load) && status != "running" {
+                    format!(" The VM is now {status}: restore another snapshot, or resume_vm it as it is")
+                } else {
+                    String::new()
+                };
+                Err(ToolError::new(format!("QEMU refused {cmd} of {tag:?}: {e}.{hint}")))
+            }
+        })
+    })
+    .map_err(|e| ToolError::new(explain_qmp(&name, &rec, &e)))?;
+    let status = outcome?;
+    let action = match op {
+        Op::Save => "created",
+        Op::Load => "restored",
+        Op::Delete => "deleted",
+    };
+    Ok(ToolOutput::json(
+        json!({"name": name, "tag": tag, "action": action, "status": status, "duration_ms": started.elapsed().as_millis() as u64}),
+    ))
+}
+
+/// `vm_snapshot_list`.
+pub const LIST: ToolDef = ToolDef {
+    name: "vm_snapshot_list",
+    title: "List a VM's live snapshots",
+    description: "List the live snapshots of a running VM: tag, id, saved VM state size, date and guest clock.",
+    input_schema: || object(json!({"name": {"type": "string", "minLength": 1}}), &["name"]),
+    output_schema: || json!({"type": "object", "properties": {
+        "name": {"type": "string"},
+        "snapshots": {"type": "array", "items": {"type": "object", "properties": {
+            "id": {"type": ["string", "null"]}, "tag": {"type": ["string", "null"]}, "vm_state_size": {"type": "integer"},
+            "date": {"type": "string"}, "vm_clock": {"type": "string"}
+        }}}
+    }, "required": ["name", "snapshots"]}),
+    annotations: Annotations { read_only: true, destructive: false, idempotent: true, open_world: false },
+    handler: list,
+};
+
+fn list(_ctx: &ToolCtx, args: &Args) -> ToolResult {
+    let name = args.str("name")?.to_string();
+    let rec = live(&name)?;
+    let (nodes, snaps) = qmp::with_session(&vm::qmp_socket(&rec), snapshot_nodes)
+        .map_err(|e| ToolError::new(explain_qmp(&name, &rec, &e)))?;
+    if nodes.is_empty() {
+        return Err(no_disk(&name));
+    }
+    Ok(ToolOutput::json(
+        json!({"name": name, "snapshots": structured(&snaps)}),
+    ))
+}
