@@ -329,7 +329,7 @@ fn fmt_dur(d: Duration) -> String {
 
 /// A target: whole milliseconds without decimals.
 fn fmt_target(d: Duration) -> String {
-    if d.as_micros() % 1000 == 0 {
+    if d.as_micros().is_multiple_of(1000) {
         format!("{} ms", d.as_millis())
     } else {
         fmt_dur(d)

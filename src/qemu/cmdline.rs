@@ -118,8 +118,13 @@ pub fn check_extra_args(args: &[String]) -> Result<(), String> {
             Some(v) => v,
             None if FLAG_OPTS.contains(&opt) => continue,
             None => {
+                // QEMU takes the next argument as the value only if the option has one, and
+                // FLAG_OPTS cannot list every option without one (`-usb -hda x` opens x). So
+                // a next argument that looks like an option is also checked as an option.
                 let v = args.get(i).cloned().unwrap_or_default();
-                i += 1;
+                if !v.starts_with('-') {
+                    i += 1;
+                }
                 v
             }
         };
@@ -509,6 +514,19 @@ mod tests {
             v(&["-chardev", "socket,id=mcq-qga,path=/tmp/x"]),
             v(&["-plugin", "/tmp/evil.so"]),
             v(&["-readconfig", "/tmp/x.cfg"]),
+        ] {
+            assert!(check_extra_args(&bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn an_option_is_not_hidden_as_the_value_of_one_that_takes_none() {
+        // -usb takes no value in QEMU, so this opens the host device as hda; found by the
+        // extra_args fuzz target.
+        for bad in [
+            v(&["-usb", "-hda", "/dev/sda"]),
+            v(&["-preconfig", "--drive", "file=/dev/sda"]),
+            v(&["-drive", "--daemonize"]),
         ] {
             assert!(check_extra_args(&bad).is_err(), "{bad:?} accepted");
         }

@@ -8,11 +8,13 @@ use serde_json::{json, Value};
 use crate::mcp::tool::{Args, ToolDef, ToolError};
 
 pub mod download;
+pub mod drive;
 pub mod guest;
 pub mod image;
 pub mod inspect;
 pub mod lifecycle;
 pub mod sandbox;
+pub mod serial;
 pub mod snapshot;
 
 /// Every tool, in the order `tools/list` shows them.
@@ -29,6 +31,14 @@ pub static ALL: &[ToolDef] = &[
     snapshot::RESTORE,
     snapshot::DELETE,
     snapshot::LIST,
+    drive::SCREENSHOT,
+    drive::SEND_KEYS,
+    drive::TYPE_TEXT,
+    drive::CLICK,
+    drive::MOUSE_MOVE,
+    serial::READ,
+    serial::WRITE,
+    serial::WAIT,
     image::CREATE,
     image::INFO,
     image::CONVERT,

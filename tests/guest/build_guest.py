@@ -26,9 +26,9 @@ LIB_PACKAGES = [
 MODULES = [
     "virtio_ring", "virtio_pci_modern_dev", "virtio_pci_legacy_dev", "virtio", "virtio_pci",
     "virtio_mmio", "virtio_console", "failover", "net_failover", "virtio_net", "virtio_blk",
-    "virtio_input", "evdev", "button",
+    "virtio_input", "evdev", "button", "psmouse",
 ]
-APPEND = "console=ttyS0 cryptomgr.notests rodata=off panic=-1 loglevel=4"
+APPEND = "console=tty0 console=ttyS0 cryptomgr.notests rodata=off panic=-1 loglevel=4"
 
 INIT = r"""#!/bin/busybox sh
 /bin/busybox mkdir -p /bin /sbin /usr/bin /usr/sbin
@@ -69,7 +69,16 @@ if [ -n "$agent" ]; then
   (while :; do qemu-ga -m virtio-serial -p "$agent" -t /run; sleep 0.2; done) &
 fi
 echo "mcqemu-test-guest: ready (agent on ${agent:-none})" > /dev/ttyS0
-(while :; do setsid sh -c 'exec sh </dev/ttyS0 >/dev/ttyS0 2>&1'; sleep 0.2; done) &
+# With mcqemu.serial_shell=1 on the kernel command line, offer a shell on the serial port
+# the way busybox init's askfirst does: it starts once Enter is pressed.
+case " $(cat /proc/cmdline) " in
+  *" mcqemu.serial_shell=1 "*)
+    (while :; do
+      setsid sh -c 'exec </dev/ttyS0 >/dev/ttyS0 2>&1; echo; echo "Please press Enter to activate this console."; read x; exec sh -i'
+      sleep 0.2
+    done) &
+    ;;
+esac
 while :; do sleep 3600; done
 """ % {"modules": " ".join(MODULES)}
 
@@ -239,14 +248,29 @@ def build(out_dir):
                 sys.exit("build_guest: kernel module %s not found" % m)
             cpio.file("lib/modules/%s.ko" % m, open(found[m], "rb").read(), 0o644)
 
-        os.makedirs(dest, exist_ok=True)
-        with open(result["kernel"], "wb") as f:
+        # Everything is written into a private folder first and renamed into place in one
+        # step, so a concurrent build (another test binary) never sees or clobbers a half-written
+        # guest: whoever renames first wins, and the loser uses the winner's files.
+        staged = os.path.join(work, "out")
+        os.makedirs(staged)
+        with open(os.path.join(staged, "vmlinux"), "wb") as f:
             f.write(vmlinux)
-        with open(result["initrd"], "wb") as f:
+        with open(os.path.join(staged, "initrd.cpio"), "wb") as f:
             f.write(cpio.finish())
-        with open(os.path.join(dest, "packages.txt"), "w") as f:
+        with open(os.path.join(staged, "packages.txt"), "w") as f:
             f.write("\n".join(versions) + "\n")
-        open(os.path.join(dest, "done"), "w").close()
+        open(os.path.join(staged, "done"), "w").close()
+        if os.path.isdir(dest) and not os.path.exists(os.path.join(dest, "done")):
+            # A leftover of an interrupted non-atomic build: move it aside, then drop it.
+            try:
+                os.rename(dest, os.path.join(work, "stale"))
+            except OSError:
+                pass
+        try:
+            os.rename(staged, dest)
+        except OSError:
+            if not os.path.exists(os.path.join(dest, "done")):
+                raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return result

@@ -1,0 +1,479 @@
+//! See and drive: screenshots, keyboard and mouse through QMP.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use super::lifecycle::lookup;
+use super::object;
+use crate::b64;
+use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use crate::qemu::keys::{self, KeyEvent};
+use crate::qemu::qmp::{self, Qmp, QmpError};
+use crate::qemu::screen::{self, Png, TempCapture};
+use crate::qemu::vm::{self, explain_qmp, measure};
+use crate::state::registry::Record;
+
+/// Longest text vm_type_text accepts.
+pub const MAX_TEXT: usize = 4096;
+/// Largest |dx| or |dy| for vm_mouse_move.
+pub const MAX_DELTA: i64 = 20000;
+/// Key events per input-send-event command: the PS/2 keyboard queue holds 16; more are lost.
+const EVENTS_PER_COMMAND: usize = 16;
+
+fn live(name: &str) -> Result<Record, ToolError> {
+    let rec = lookup(name)?;
+    if !measure(&rec).alive() {
+        return Err(ToolError::new(format!(
+            "VM {name:?} is not running; launch it first"
+        )));
+    }
+    Ok(rec)
+}
+
+fn with_vm<T>(
+    name: &str,
+    rec: &Record,
+    f: impl FnOnce(&mut Qmp) -> Result<T, QmpError>,
+) -> Result<T, ToolError> {
+    qmp::with_session(&vm::qmp_socket(rec), f)
+        .map_err(|e| ToolError::new(explain_qmp(name, rec, &e)))
+}
+
+/// Captures the screen as PNG within an open session: PNG straight from QEMU where it can,
+/// else PPM converted here. The temporary file is removed on every path.
+fn capture(q: &mut Qmp, name: &str) -> Result<Result<Png, String>, QmpError> {
+    let dir = vm::state_dir(name);
+    if let Err(e) = std::fs::create_dir_all(&dir) {
+        return Ok(Err(format!("cannot create {}: {e}", dir.display())));
+    }
+    let png_file = TempCapture::new(&dir, "png");
+    let png_try = q.execute(
+        "screendump",
+        Some(json!({"filename": png_file.0.display().to_string(), "format": "png"})),
+    );
+    match png_try {
+        Ok(_) => {
+            let data = match std::fs::read(&png_file.0) {
+                Ok(d) => d,
+                Err(e) => return Ok(Err(format!("QEMU wrote no screenshot: {e}"))),
+            };
+            Ok(screen::png_size(&data).map(|(width, height)| Png {
+                data,
+                width,
+                height,
+            }))
+        }
+        Err(QmpError::Command { desc, .. })
+            if desc.contains("format") || desc.contains("png") || desc.contains("Parameter") =>
+        {
+            let ppm_file = TempCapture::new(&dir, "ppm");
+            q.execute(
+                "screendump",
+                Some(json!({"filename": ppm_file.0.display().to_string()})),
+            )?;
+            let data = match std::fs::read(&ppm_file.0) {
+                Ok(d) => d,
+                Err(e) => return Ok(Err(format!("QEMU wrote no screenshot: {e}"))),
+            };
+            Ok(screen::ppm_to_png(&data))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+fn screen_size(q: &mut Qmp, name: &str) -> Result<Result<(u32, u32), String>, QmpError> {
+    Ok(capture(q, name)?.map(|p| (p.width, p.height)))
+}
+
+/// `vm_screenshot`.
+pub const SCREENSHOT: ToolDef = ToolDef {
+    name: "vm_screenshot",
+    title: "Screenshot a VM",
+    description: "Capture the VM's screen as PNG, returned as MCP image content with its width and height. With path, the PNG is saved to that file instead (useful for large screens). Works on paused VMs.",
+    input_schema: || object(json!({
+        "name": {"type": "string", "minLength": 1},
+        "path": {"type": ["string", "null"], "default": null, "description": "Save the PNG here instead of returning it inline."}
+    }), &["name"]),
+    output_schema: || json!({"type": "object", "properties": {
+        "name": {"type": "string"}, "width": {"type": "integer"}, "height": {"type": "integer"},
+        "bytes": {"type": "integer"}, "format": {"type": "string"}, "path": {"type": ["string", "null"]}
+    }, "required": ["name", "width", "height", "bytes"]}),
+    annotations: Annotations { read_only: true, destructive: false, idempotent: true, open_world: false },
+    handler: screenshot,
+};
+
+fn screenshot(_ctx: &ToolCtx, args: &Args) -> ToolResult {
+    let name = args.str("name")?.to_string();
+    let save_to: Option<PathBuf> = match args.opt_str("path")? {
+        Some(_) => Some(super::path_arg(args, "path")?),
+        None => None,
+    };
+    let rec = live(&name)?;
+    let png = with_vm(&name, &rec, |q| capture(q, &name))?
+        .map_err(|e| ToolError::new(format!("screenshot of {name:?} failed: {e}")))?;
+    let mut out = json!({"name": name, "width": png.width, "height": png.height, "bytes": png.data.len(), "format": "png", "path": null});
+    if let Some(p) = save_to {
+        let tmp = p.with_file_name(format!(
+            ".{}.tmp-{}",
+            p.file_name()
+                .map(|f| f.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            std::process::id()
+        ));
+        std::fs::write(&tmp, &png.data)
+            .and_then(|_| std::fs::rename(&tmp, &p))
+            .map_err(|e| {
+                let _ = std::fs::remove_file(&tmp);
+                ToolError::new(format!(
+                    "cannot save the screenshot to {}: {e}",
+                    p.display()
+                ))
+            })?;
+        out["path"] = json!(p.display().to_string());
+        return Ok(ToolOutput::json(out));
+    }
+    Ok(ToolOutput {
+        structured: out,
+        extra: vec![
+            json!({"type": "image", "data": b64::encode(&png.data), "mimeType": "image/png"}),
+        ],
+    })
+}
+
+fn key_event(q: &str, down: bool) -> Value {
+    json!({"type": "key", "data": {"down": down, "key": {"type": "qcode", "data": q}}})
+}
+
+/// `vm_send_keys`.
+pub const SEND_KEYS: ToolDef = ToolDef {
+    name: "vm_send_keys",
+    title: "Press keys in a VM",
+    description: "Press keys or chords in order, e.g. [\"ctrl-alt-del\"], [\"esc\"], [\"alt-f4\", \"enter\"]. Names are QEMU qcodes (a, 1, ret, f1, ctrl, shift_r, ...) or aliases (enter, esc, space, tab, backspace, win/super, pgup/pgdn, up/down/left/right, del, ins). Unknown names are rejected before anything is sent. For text use vm_type_text.",
+    input_schema: || object(json!({
+        "name": {"type": "string", "minLength": 1},
+        "keys": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 256},
+        "hold_ms": {"type": "integer", "minimum": 1, "maximum": 10000, "default": 100},
+        "delay_ms": {"type": "integer", "minimum": 0, "maximum": 10000, "default": 50}
+    }), &["name", "keys"]),
+    output_schema: || json!({"type": "object", "properties": {"name": {"type": "string"}, "sent": {"type": "integer"}, "chords": {"type": "array", "items": {"type": "array", "items": {"type": "string"}}}}, "required": ["name", "sent"]}),
+    annotations: Annotations { read_only: false, destructive: true, idempotent: false, open_world: false },
+    handler: send_keys,
+};
+
+fn send_keys(ctx: &ToolCtx, args: &Args) -> ToolResult {
+    let name = args.str("name")?.to_string();
+    let specs = args.str_list("keys")?;
+    if specs.is_empty() {
+        return Err(ToolError::new(
+            "keys is empty; give at least one key or chord",
+        ));
+    }
+    let chords: Vec<Vec<&'static str>> = specs
+        .iter()
+        .map(|s| keys::chord(s))
+        .collect::<Result<_, _>>()
+        .map_err(ToolError::new)?;
+    let hold = args.i64_or("hold_ms", 100)?.clamp(1, 10_000) as u64;
+    let delay = args.i64_or("delay_ms", 50)?.clamp(0, 10_000) as u64;
+    let rec = live(&name)?;
+    with_vm(&name, &rec, |q| {
+        for (i, c) in chords.iter().enumerate() {
+            let keys: Vec<Value> = c
+                .iter()
+                .map(|k| json!({"type": "qcode", "data": k}))
+                .collect();
+            q.execute("send-key", Some(json!({"keys": keys, "hold-time": hold})))?;
+            // send-key returns at once; QEMU releases the keys after hold-time. Wait for that,
+            // so chords never overlap and QEMU's key queue never overflows.
+            std::thread::sleep(Duration::from_millis(hold + delay));
+            if ctx.cancelled() {
+                return Err(QmpError::Command {
+                    class: "Cancelled".into(),
+                    desc: format!("cancelled after {i} chords"),
+                });
+            }
+        }
+        Ok(())
+    })?;
+    Ok(ToolOutput::json(
+        json!({"name": name, "sent": chords.len(), "chords": chords}),
+    ))
+}
+
+/// `vm_type_text`.
+pub const TYPE_TEXT: ToolDef = ToolDef {
+    name: "vm_type_text",
+    title: "Type text into a VM",
+    description: "Type text on a US keyboard layout (shifted characters as chords; newline and tab allowed; at most 4096 characters). Keys are sent in batches the emulated keyboard cannot drop, so the guest receives exactly the text. enter=true presses Enter afterwards. delay_ms pauses between batches of keys.",
+    input_schema: || object(json!({
+        "name": {"type": "string", "minLength": 1},
+        "text": {"type": "string", "maxLength": MAX_TEXT},
+        "enter": {"type": "boolean", "default": false},
+        "delay_ms": {"type": "integer", "minimum": 0, "maximum": 1000, "default": 30}
+    }), &["name", "text"]),
+    output_schema: || json!({"type": "object", "properties": {"name": {"type": "string"}, "characters": {"type": "integer"}, "commands": {"type": "integer"}}, "required": ["name", "characters"]}),
+    annotations: Annotations { read_only: false, destructive: true, idempotent: false, open_world: false },
+    handler: type_text,
+};
+
+/// Groups per-character events into commands of at most 16 events, never splitting a character.
+pub fn batches(chars: &[Vec<KeyEvent>]) -> Vec<Vec<KeyEvent>> {
+    let mut out: Vec<Vec<KeyEvent>> = Vec::new();
+    for c in chars {
+        match out.last_mut() {
+            Some(last) if last.len() + c.len() <= EVENTS_PER_COMMAND => {
+                last.extend(c.iter().copied())
+            }
+            _ => out.push(c.clone()),
+        }
+    }
+    out
+}
+
+fn type_text(ctx: &ToolCtx, args: &Args) -> ToolResult {
+    let name = args.str("name")?.to_string();
+    let mut text = args.str("text")?.to_string();
+    if text.chars().count() > MAX_TEXT {
+        return Err(ToolError::new(format!(
+            "text is longer than {MAX_TEXT} characters; split it into several calls"
+        )));
+    }
+    if args.bool_or("enter", false)? {
+        text.push('\n');
+    }
+    let delay = Duration::from_millis(args.i64_or("delay_ms", 30)?.clamp(0, 1000) as u64);
+    let events = keys::type_events(&text).map_err(ToolError::new)?;
+    let plan = batches(&events);
+    let rec = live(&name)?;
+    let commands = plan.len();
+    with_vm(&name, &rec, |q| {
+        for (i, batch) in plan.iter().enumerate() {
+            let evs: Vec<Value> = batch.iter().map(|(k, d)| key_event(k, *d)).collect();
+            q.execute("input-send-event", Some(json!({"events": evs})))?;
+            if ctx.cancelled() {
+                return Err(QmpError::Command {
+                    class: "Cancelled".into(),
+                    desc: format!("cancelled after {i} of {commands} key batches"),
+                });
+            }
+            if i + 1 < commands && !delay.is_zero() {
+                std::thread::sleep(delay);
+            }
+        }
+        Ok(())
+    })?;
+    Ok(ToolOutput::json(
+        json!({"name": name, "characters": events.len(), "commands": commands}),
+    ))
+}
+
+fn button_event(button: &str, down: bool) -> Value {
+    json!({"type": "btn", "data": {"down": down, "button": button}})
+}
+
+fn click_cmds(q: &mut Qmp, button: &str, double: bool) -> Result<(), QmpError> {
+    for _ in 0..if double { 2 } else { 1 } {
+        // Down and up in separate commands: in one command both are lost on PS/2 and USB tablets.
+        q.execute(
+            "input-send-event",
+            Some(json!({"events": [button_event(button, true)]})),
+        )?;
+        q.execute(
+            "input-send-event",
+            Some(json!({"events": [button_event(button, false)]})),
+        )?;
+    }
+    Ok(())
+}
+
+/// `vm_click`.
+pub const CLICK: ToolDef = ToolDef {
+    name: "vm_click",
+    title: "Click in a VM",
+    description: "Move the pointer to screen pixel (x, y) through the absolute tablet and click. Coordinates are checked against the current screen size (take a vm_screenshot to see it). For guests without a tablet driver use vm_mouse_move.",
+    input_schema: || object(json!({
+        "name": {"type": "string", "minLength": 1},
+        "x": {"type": "integer", "minimum": 0},
+        "y": {"type": "integer", "minimum": 0},
+        "button": {"type": "string", "enum": ["left", "right", "middle"], "default": "left"},
+        "double": {"type": "boolean", "default": false}
+    }), &["name", "x", "y"]),
+    output_schema: || json!({"type": "object", "properties": {
+        "name": {"type": "string"}, "x": {"type": "integer"}, "y": {"type": "integer"}, "button": {"type": "string"},
+        "screen_width": {"type": "integer"}, "screen_height": {"type": "integer"}
+    }, "required": ["name", "x", "y", "button"]}),
+    annotations: Annotations { read_only: false, destructive: true, idempotent: false, open_world: false },
+    handler: click,
+};
+
+/// Scales a pixel coordinate to QEMU's absolute axis range 0..=32767.
+pub fn scale(pos: u32, size: u32) -> i64 {
+    if size <= 1 {
+        return 0;
+    }
+    (i64::from(pos) * 32767) / i64::from(size - 1)
+}
+
+fn click(_ctx: &ToolCtx, args: &Args) -> ToolResult {
+    let name = args.str("name")?.to_string();
+    let x = args.opt_i64("x")?.unwrap_or(-1);
+    let y = args.opt_i64("y")?.unwrap_or(-1);
+    let button = args.str_or("button", "left")?.to_string();
+    let double = args.bool_or("double", false)?;
+    let rec = live(&name)?;
+    let (w, h) = with_vm(&name, &rec, |q| {
+        let size = screen_size(q, &name)?;
+        let Ok((w, h)) = size else { return Ok(size) };
+        if x < 0 || y < 0 || x >= i64::from(w) || y >= i64::from(h) {
+            return Ok(Ok((w, h)));
+        }
+        q.execute(
+            "input-send-event",
+            Some(json!({"events": [
+                {"type": "abs", "data": {"axis": "x", "value": scale(x as u32, w)}},
+                {"type": "abs", "data": {"axis": "y", "value": scale(y as u32, h)}}
+            ]})),
+        )?;
+        click_cmds(q, &button, double)?;
+        Ok(Ok((w, h)))
+    })?
+    .map_err(|e| ToolError::new(format!("cannot read the screen size of {name:?}: {e}")))?;
+    if x < 0 || y < 0 || x >= i64::from(w) || y >= i64::from(h) {
+        return Err(ToolError::new(format!(
+            "({x}, {y}) is outside the {w}x{h} screen; nothing was sent"
+        )));
+    }
+    Ok(ToolOutput::json(
+        json!({"name": name, "x": x, "y": y, "button": button, "screen_width": w, "screen_height": h}),
+    ))
+}
+
+/// `vm_mouse_move`.
+pub const MOUSE_MOVE: ToolDef = ToolDef {
+    name: "vm_mouse_move",
+    title: "Move the mouse relatively",
+    description: "Relative (PS/2-style) mouse motion for guests without a tablet driver: optionally home to a corner first, then move by (dx, dy) in chunks of step pixels (|dx|, |dy| <= 20000), then optionally click. The guest's pointer acceleration may scale the distance.",
+    input_schema: || object(json!({
+        "name": {"type": "string", "minLength": 1},
+        "dx": {"type": "integer", "minimum": -MAX_DELTA, "maximum": MAX_DELTA, "default": 0},
+        "dy": {"type": "integer", "minimum": -MAX_DELTA, "maximum": MAX_DELTA, "default": 0},
+        "home": {"type": ["string", "null"], "enum": ["top-left", "top-right", "bottom-left", "bottom-right", null], "default": null},
+        "click": {"type": ["string", "null"], "enum": ["left", "right", "middle", null], "default": null},
+        "double": {"type": "boolean", "default": false},
+        "step": {"type": "integer", "minimum": 1, "maximum": 120, "default": 32}
+    }), &["name"]),
+    output_schema: || json!({"type": "object", "properties": {
+        "name": {"type": "string"}, "dx": {"type": "integer"}, "dy": {"type": "integer"}, "commands": {"type": "integer"},
+        "home": {"type": ["string", "null"]}, "click": {"type": ["string", "null"]}
+    }, "required": ["name", "dx", "dy", "commands"]}),
+    annotations: Annotations { read_only: false, destructive: true, idempotent: false, open_world: false },
+    handler: mouse_move,
+};
+
+/// Splits a relative move into per-command steps of at most `step` on each axis.
+pub fn rel_steps(dx: i64, dy: i64, step: i64) -> Vec<(i64, i64)> {
+    let step = step.clamp(1, 127);
+    let n = ((dx.abs().max(dy.abs()) + step - 1) / step).max(0);
+    let mut out = Vec::with_capacity(n as usize);
+    let (mut sx, mut sy) = (0i64, 0i64);
+    for i in 1..=n {
+        let tx = dx * i / n;
+        let ty = dy * i / n;
+        out.push((tx - sx, ty - sy));
+        sx = tx;
+        sy = ty;
+    }
+    out
+}
+
+fn mouse_move(ctx: &ToolCtx, args: &Args) -> ToolResult {
+    let name = args.str("name")?.to_string();
+    let dx = args.i64_or("dx", 0)?;
+    let dy = args.i64_or("dy", 0)?;
+    if dx.abs() > MAX_DELTA || dy.abs() > MAX_DELTA {
+        return Err(ToolError::new(format!(
+            "|dx| and |dy| must be at most {MAX_DELTA}; nothing was sent"
+        )));
+    }
+    let step = args.i64_or("step", 32)?.clamp(1, 120);
+    let home = args.opt_str("home")?.map(str::to_string);
+    let click_btn = args.opt_str("click")?.map(str::to_string);
+    let double = args.bool_or("double", false)?;
+    let rec = live(&name)?;
+    let mut plan = Vec::new();
+    if let Some(h) = &home {
+        let far = 4000;
+        let (hx, hy) = match h.as_str() {
+            "top-left" => (-far, -far),
+            "top-right" => (far, -far),
+            "bottom-left" => (-far, far),
+            _ => (far, far),
+        };
+        plan.extend(rel_steps(hx, hy, step));
+    }
+    plan.extend(rel_steps(dx, dy, step));
+    let commands = plan.len();
+    with_vm(&name, &rec, |q| {
+        for (i, (sx, sy)) in plan.iter().enumerate() {
+            q.execute(
+                "input-send-event",
+                Some(json!({"events": [
+                    {"type": "rel", "data": {"axis": "x", "value": sx}},
+                    {"type": "rel", "data": {"axis": "y", "value": sy}}
+                ]})),
+            )?;
+            if i % 64 == 63 && ctx.cancelled() {
+                return Err(QmpError::Command {
+                    class: "Cancelled".into(),
+                    desc: "cancelled".into(),
+                });
+            }
+        }
+        if let Some(b) = &click_btn {
+            click_cmds(q, b, double)?;
+        }
+        Ok(())
+    })?;
+    Ok(ToolOutput::json(
+        json!({"name": name, "dx": dx, "dy": dy, "commands": commands, "home": home, "click": click_btn}),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batches_never_exceed_sixteen_events_or_split_a_character() {
+        let ev = keys::type_events("Hello, World! \"quoted\" \\ back").unwrap();
+        let b = batches(&ev);
+        assert!(b.iter().all(|c| c.len() <= 16));
+        let flat: Vec<KeyEvent> = b.into_iter().flatten().collect();
+        let orig: Vec<KeyEvent> = ev.into_iter().flatten().collect();
+        assert_eq!(flat, orig);
+    }
+
+    #[test]
+    fn relative_steps_sum_and_stay_small() {
+        for (dx, dy, step) in [
+            (1000, -333, 32),
+            (-5, 7, 120),
+            (0, 0, 10),
+            (20000, 20000, 1),
+        ] {
+            let s = rel_steps(dx, dy, step);
+            assert_eq!(s.iter().map(|p| p.0).sum::<i64>(), dx);
+            assert_eq!(s.iter().map(|p| p.1).sum::<i64>(), dy);
+            assert!(s.iter().all(|p| p.0.abs() <= step && p.1.abs() <= step));
+        }
+    }
+
+    #[test]
+    fn scales_to_qemu_range() {
+        assert_eq!(scale(0, 1024), 0);
+        assert_eq!(scale(1023, 1024), 32767);
+        assert_eq!(scale(512, 1025), 16383);
+    }
+}

@@ -1,0 +1,249 @@
+//! The serial console: read the tail of its log, type into it, wait for text to appear.
+
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use super::lifecycle::lookup;
+use super::object;
+use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use crate::qemu::sock;
+use crate::qemu::vm::{self, measure};
+use crate::state::registry::Record;
+
+/// The most of the log ever read by one call.
+pub const WINDOW: u64 = 256 * 1024;
+/// Longest text vm_serial_write accepts.
+pub const MAX_TEXT: usize = 4096;
+
+fn log_path(name: &str, rec: &Record) -> Result<PathBuf, ToolError> {
+    vm::field(rec, "serial_log").map(PathBuf::from).ok_or_else(|| {
+        ToolError::new(format!("VM {name:?} has no serial log (VMs adopted with attach_vm have none); use vm_screenshot instead"))
+    })
+}
+
+/// Reads `[from, to)` of the file, at most WINDOW bytes from its end.
+fn read_range(path: &Path, from: u64, to: u64) -> std::io::Result<Vec<u8>> {
+    let start = from.max(to.saturating_sub(WINDOW));
+    let mut f = File::open(path)?;
+    f.seek(SeekFrom::Start(start))?;
+    let mut buf = Vec::with_capacity((to - start) as usize);
+    f.take(to - start).read_to_end(&mut buf)?;
+    Ok(buf)
+}
+
+fn file_len(path: &Path) -> u64 {
+    std::fs::metadata(path).map(|m| m.len()).unwrap_or(0)
+}
+
+fn clean(line: &str) -> String {
+    line.trim_end_matches('\r').to_string()
+}
+
+/// `vm_serial_read`.
+pub const READ: ToolDef = ToolDef {
+    name: "vm_serial_read",
+    title: "Read the serial console",
+    description: "The last tail_lines lines of the VM's serial console log (kernel messages, login prompts, a shell on ttyS0). Reads at most the last 256 KiB of the log however large it grows. offset in the result can be passed to vm_serial_wait.",
+    input_schema: || object(json!({
+        "name": {"type": "string", "minLength": 1},
+        "tail_lines": {"type": "integer", "minimum": 1, "maximum": 100000, "default": 50}
+    }), &["name"]),
+    output_schema: || json!({"type": "object", "properties": {
+        "name": {"type": "string"}, "lines": {"type": "array", "items": {"type": "string"}},
+        "text": {"type": "string"}, "log_size": {"type": "integer"}, "offset": {"type": "integer"}
+    }, "required": ["name", "lines", "text", "log_size", "offset"]}),
+    annotations: Annotations { read_only: true, destructive: false, idempotent: true, open_world: false },
+    handler: read,
+};
+
+fn read(_ctx: &ToolCtx, args: &Args) -> ToolResult {
+    let name = args.str("name")?.to_string();
+    let tail = args.i64_or("tail_lines", 50)?;
+    if tail < 1 {
+        return Err(ToolError::new("tail_lines must be at least 1"));
+    }
+    let rec = lookup(&name)?;
+    let path = log_path(&name, &rec)?;
+    let size = file_len(&path);
+    let bytes = read_range(&path, 0, size)
+        .map_err(|e| ToolError::new(format!("cannot read {}: {e}", path.display())))?;
+    let text = String::from_utf8_lossy(&bytes);
+    let all: Vec<&str> = text.split('\n').collect();
+    let all = if all.last() == Some(&"") {
+        &all[..all.len() - 1]
+    } else {
+        &all[..]
+    };
+    let lines: Vec<String> = all[all.len().saturating_sub(tail as usize)..]
+        .iter()
+        .map(|l| clean(l))
+        .collect();
+    Ok(ToolOutput::json(
+        json!({"name": name, "text": lines.join("\n"), "lines": lines, "log_size": size, "offset": size}),
+    ))
+}
+
+/// `vm_serial_write`.
+pub const WRITE: ToolDef = ToolDef {
+    name: "vm_serial_write",
+    title: "Type into the serial console",
+    description: "Send text to the VM's serial console (ttyS0), e.g. a shell command on a headless guest. enter=true sends a carriage return afterwards. At most 4096 characters. Pair with vm_serial_wait to see the answer.",
+    input_schema: || object(json!({
+        "name": {"type": "string", "minLength": 1},
+        "text": {"type": "string", "maxLength": MAX_TEXT},
+        "enter": {"type": "boolean", "default": false}
+    }), &["name", "text"]),
+    output_schema: || json!({"type": "object", "properties": {"name": {"type": "string"}, "bytes": {"type": "integer"}, "offset": {"type": "integer"}}, "required": ["name", "bytes"]}),
+    annotations: Annotations { read_only: false, destructive: true, idempotent: false, open_world: false },
+    handler: write,
+};
+
+fn write(_ctx: &ToolCtx, args: &Args) -> ToolResult {
+    let name = args.str("name")?.to_string();
+    let mut text = args.str("text")?.to_string();
+    if text.chars().count() > MAX_TEXT {
+        return Err(ToolError::new(format!(
+            "text is longer than {MAX_TEXT} characters; split it"
+        )));
+    }
+    if args.bool_or("enter", false)? {
+        text.push('\r');
+    }
+    let rec = lookup(&name)?;
+    if !measure(&rec).alive() {
+        return Err(ToolError::new(format!("VM {name:?} is not running")));
+    }
+    let sock_path = vm::field(&rec, "serial_socket").map(PathBuf::from).ok_or_else(|| {
+        ToolError::new(format!("VM {name:?} has no serial console socket (VMs adopted with attach_vm, or launched by an older mcqemu, have none)"))
+    })?;
+    let offset = vm::field(&rec, "serial_log").map(|p| file_len(Path::new(p)));
+    let lock = sock::session_lock(&sock_path);
+    let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
+    let mut s = sock::connect(&sock_path, Duration::from_secs(5)).map_err(|e| {
+        ToolError::new(format!(
+            "cannot connect to the serial console of {name:?} ({e}); another client may hold it"
+        ))
+    })?;
+    let _ = s.set_write_timeout(Some(Duration::from_secs(10)));
+    // Paced in small pieces: the UART takes 16 bytes at a time and QEMU pulls as the guest reads.
+    for chunk in text.as_bytes().chunks(64) {
+        s.write_all(chunk).map_err(|e| {
+            ToolError::new(format!(
+                "writing to the serial console of {name:?} failed: {e}"
+            ))
+        })?;
+    }
+    let _ = s.flush();
+    // Give QEMU a moment to drain the socket before we close it.
+    std::thread::sleep(Duration::from_millis(20));
+    Ok(ToolOutput::json(
+        json!({"name": name, "bytes": text.len(), "offset": offset}),
+    ))
+}
+
+/// `vm_serial_wait`.
+pub const WAIT: ToolDef = ToolDef {
+    name: "vm_serial_wait",
+    title: "Wait for serial output",
+    description: "Wait until pattern (a plain substring) appears in serial console output written after this call began, or after offset (from an earlier vm_serial_read/_write/_wait). Sends progress while waiting; returns the matching line and the log offset just after it.",
+    input_schema: || object(json!({
+        "name": {"type": "string", "minLength": 1},
+        "pattern": {"type": "string", "minLength": 1, "maxLength": 4096},
+        "timeout": {"type": "number", "minimum": 0, "maximum": 3600, "default": 30},
+        "offset": {"type": ["integer", "null"], "minimum": 0, "default": null}
+    }), &["name", "pattern"]),
+    output_schema: || json!({"type": "object", "properties": {
+        "name": {"type": "string"}, "line": {"type": "string"}, "offset": {"type": "integer"}, "elapsed_ms": {"type": "integer"}
+    }, "required": ["name", "line", "offset"]}),
+    annotations: Annotations { read_only: true, destructive: false, idempotent: false, open_world: false },
+    handler: wait,
+};
+
+/// Finds `pattern` in `buf`; returns the whole line around it and the index just past that line.
+pub fn find_line(buf: &[u8], pattern: &[u8]) -> Option<(String, usize)> {
+    let pos = buf.windows(pattern.len()).position(|w| w == pattern)?;
+    let start = buf[..pos]
+        .iter()
+        .rposition(|b| *b == b'\n')
+        .map(|i| i + 1)
+        .unwrap_or(0);
+    let end = buf[pos..]
+        .iter()
+        .position(|b| *b == b'\n')
+        .map(|i| pos + i + 1)
+        .unwrap_or(buf.len());
+    Some((
+        clean(String::from_utf8_lossy(&buf[start..end]).trim_end_matches('\n')),
+        end,
+    ))
+}
+
+fn wait(ctx: &ToolCtx, args: &Args) -> ToolResult {
+    let name = args.str("name")?.to_string();
+    let pattern = args.str("pattern")?.as_bytes().to_vec();
+    let timeout =
+        Duration::from_secs_f64(args.opt_f64("timeout")?.unwrap_or(30.0).clamp(0.0, 3600.0));
+    let rec = lookup(&name)?;
+    let path = log_path(&name, &rec)?;
+    let started = Instant::now();
+    let deadline = started + timeout;
+    let mut from = match args.opt_i64("offset")? {
+        Some(o) => o.max(0) as u64,
+        None => file_len(&path),
+    };
+    let keep = pattern.len() as u64 + 4096;
+    loop {
+        let size = file_len(&path);
+        if size < from {
+            from = 0; // the log was truncated or replaced
+        }
+        if size > from {
+            let base = from.max(size.saturating_sub(WINDOW));
+            let buf = read_range(&path, from, size)
+                .map_err(|e| ToolError::new(format!("cannot read {}: {e}", path.display())))?;
+            if let Some((line, end)) = find_line(&buf, &pattern) {
+                return Ok(ToolOutput::json(json!({
+                    "name": name, "line": line, "offset": base + end as u64,
+                    "elapsed_ms": started.elapsed().as_millis() as u64,
+                })));
+            }
+            // Keep a tail so a pattern split across two reads is still found.
+            from = size.saturating_sub(keep).max(from);
+        }
+        ctx.check_cancel()?;
+        let now = Instant::now();
+        if now >= deadline {
+            let tail = read_range(&path, size.saturating_sub(300), size).unwrap_or_default();
+            return Err(ToolError::new(format!(
+                "{:?} did not appear on the serial console of {name:?} within {} s; the last output was: {:?}",
+                String::from_utf8_lossy(&pattern),
+                timeout.as_secs_f64(),
+                String::from_utf8_lossy(&tail)
+            )));
+        }
+        ctx.progress(
+            started.elapsed().as_secs_f64(),
+            Some(timeout.as_secs_f64()),
+            "waiting for serial output",
+        );
+        std::thread::sleep(Duration::from_millis(50).min(deadline - now));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_the_whole_line() {
+        let buf = b"first\r\nsecond has MARK here\r\nthird";
+        let (line, end) = find_line(buf, b"MARK").unwrap();
+        assert_eq!(line, "second has MARK here");
+        assert_eq!(&buf[end..], b"third");
+        assert!(find_line(buf, b"nope").is_none());
+    }
+}
