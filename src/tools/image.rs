@@ -61,6 +61,18 @@ fn must_exist(path: &Path, what: &str) -> Result<(), ToolError> {
     }
 }
 
+/// Refuses an image that a registered, running VM uses (a disk, or a live sandbox's base):
+/// changing it under QEMU corrupts the guest's view of the disk.
+fn refuse_in_use(path: &Path) -> Result<(), ToolError> {
+    match crate::qemu::vm::user_of(path) {
+        Some(vm) => Err(ToolError::new(format!(
+            "{} is in use by running VM {vm:?} (as a disk or as a sandbox's base image); stop it (stop_vm or sandbox_destroy) first",
+            path.display()
+        ))),
+        None => Ok(()),
+    }
+}
+
 fn refuse_existing(path: &Path, overwrite: bool) -> Result<(), ToolError> {
     if !overwrite && std::fs::symlink_metadata(path).is_ok() {
         return Err(ToolError::new(format!(
@@ -375,6 +387,7 @@ fn resize(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     let size_s = args.str("size")?.trim();
     let shrink = args.bool_or("shrink", false)?;
     must_exist(&path, "image")?;
+    refuse_in_use(&path)?;
     let info = img::info(&path, false)?;
     let format = info
         .get("format")
@@ -508,6 +521,7 @@ fn snapshot_op(_ctx: &ToolCtx, args: &Args, op: SnapshotOp) -> ToolResult {
     let tag = args.str("tag")?;
     check_tag(tag)?;
     must_exist(&path, "image")?;
+    refuse_in_use(&path)?;
     let info = img::info(&path, false)?;
     let existing = snapshots_of(&info);
     let has = existing.iter().any(|s| s["tag"] == tag);
