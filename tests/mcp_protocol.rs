@@ -564,6 +564,10 @@ fn malformed_requests_are_rejected() {
     let m = s.recv(RESPONSE_TIMEOUT).expect("reply");
     assert_eq!(m["error"]["code"], -32600, "{m}");
     assert!(m["id"].is_null());
+    // a null id: JSON-RPC allows it, MCP does not.
+    s.send(&json!({"jsonrpc": "2.0", "id": null, "method": "ping"}));
+    let m = s.recv(RESPONSE_TIMEOUT).expect("reply");
+    assert_eq!(m["error"]["code"], -32600, "{m}");
     // method not a string
     s.send(&json!({"jsonrpc": "2.0", "id": 7, "method": 12}));
     let (resp, _) = s.read_until_id(&json!(7), RESPONSE_TIMEOUT);

@@ -175,10 +175,10 @@ impl Server {
                 invalid_request("missing or wrong \"jsonrpc\": must be \"2.0\""),
             ));
         }
-        if !id_ok {
+        if !id_ok || id == Some(Value::Null) {
             return self.send(&error_response(
                 &Value::Null,
-                invalid_request("\"id\" must be a string or a number"),
+                invalid_request("\"id\" must be a string or a number (MCP forbids null ids)"),
             ));
         }
         let method = match obj.get("method") {

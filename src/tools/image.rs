@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
-use super::{check_tag, path_arg};
+use super::{check_tag, object, path_arg};
 use crate::clock;
 use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::qemu::img::{self, ImgError, SnapshotOp, FORMATS};
@@ -27,10 +27,6 @@ fn path_schema(desc: &str) -> Value {
 fn tag_schema() -> Value {
     json!({"type": "string", "minLength": 1, "maxLength": 64,
            "description": "Snapshot tag: 1-64 of A-Z a-z 0-9 _ . -, starting with a letter or digit."})
-}
-
-fn object(props: Value, required: &[&str]) -> Value {
-    json!({"type": "object", "properties": props, "required": required, "additionalProperties": false})
 }
 
 fn out_object(props: Value, required: &[&str]) -> Value {
