@@ -14,8 +14,9 @@ use serde_json::{json, Value};
 pub const SYNC_TIMEOUT: Duration = Duration::from_secs(3);
 /// Default bound for one agent command.
 pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
-/// Largest reply accepted (a 48 KiB file chunk in base64 is far below this).
-pub const MAX_REPLY: usize = 16 * 1024 * 1024;
+/// Largest reply accepted. The biggest legitimate one is a guest-exec-status carrying the
+/// agent's full capture: up to 16 MiB of stdout and 16 MiB of stderr, both in base64 (~44 MiB).
+pub const MAX_REPLY: usize = 48 * 1024 * 1024;
 
 /// What went wrong talking to the agent.
 #[derive(Debug)]
@@ -98,6 +99,8 @@ pub fn with_agent<T>(
 pub struct Qga {
     stream: UnixStream,
     buf: Vec<u8>,
+    /// How much of `buf` is known to hold no newline (so a long reply is scanned once).
+    scanned: usize,
 }
 
 impl Qga {
@@ -110,6 +113,7 @@ impl Qga {
         let mut q = Qga {
             stream,
             buf: Vec::new(),
+            scanned: 0,
         };
         q.sync(deadline)?;
         Ok(q)
@@ -121,6 +125,7 @@ impl Qga {
         let mut q = Qga {
             stream,
             buf: Vec::new(),
+            scanned: 0,
         };
         q.sync(Instant::now() + timeout)?;
         Ok(q)
@@ -164,9 +169,17 @@ impl Qga {
     /// Reads one line, dropping 0xFF delimiter bytes.
     fn read_line(&mut self, deadline: Instant) -> Result<Vec<u8>, QgaError> {
         loop {
-            self.buf.retain(|b| *b != 0xFF);
-            if let Some(pos) = self.buf.iter().position(|b| *b == b'\n') {
-                let line: Vec<u8> = self.buf.drain(..=pos).collect();
+            // Only the bytes not looked at yet are scanned: a reply of many megabytes arrives
+            // in many reads, and rescanning it all each time would be quadratic.
+            let found = self.buf[self.scanned..]
+                .iter()
+                .position(|b| *b == b'\n')
+                .map(|p| self.scanned + p);
+            self.scanned = found.unwrap_or(self.buf.len());
+            if let Some(pos) = found {
+                let mut line: Vec<u8> = self.buf.drain(..=pos).collect();
+                self.scanned = 0;
+                line.retain(|b| *b != 0xFF);
                 let trimmed: Vec<u8> = line
                     .into_iter()
                     .filter(|b| !b.is_ascii_whitespace() || *b == b' ')

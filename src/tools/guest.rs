@@ -16,6 +16,8 @@ use crate::state::registry::Record;
 
 /// Bytes per guest-file-read / guest-file-write call.
 const FILE_CHUNK: usize = 48 * 1024;
+/// How long guest_exec holds one agent session while polling before letting others in.
+const EXEC_POLL_WINDOW: Duration = Duration::from_secs(5);
 /// Cap on guest_file_read's max_bytes.
 pub const MAX_READ: i64 = 8 * 1024 * 1024;
 
@@ -161,7 +163,7 @@ fn info(_ctx: &ToolCtx, args: &Args) -> ToolResult {
 pub const EXEC: ToolDef = ToolDef {
     name: "guest_exec",
     title: "Run a program in the guest",
-    description: "Run a program inside the guest through the agent (not a shell: for pipes or globs run e.g. command=\"sh\", args=[\"-c\", \"...\"]). Waits up to timeout seconds, sending progress, and returns exitcode (or signal), stdout, stderr and truncation flags. On timeout the program is still running in the guest; the error gives its guest PID.",
+    description: "Run a program inside the guest through the agent (not a shell: for pipes or globs run e.g. command=\"sh\", args=[\"-c\", \"...\"]). Waits up to timeout seconds, sending progress, and returns exitcode (or signal), stdout, stderr (each capped at 1 MiB) and truncation flags. On timeout the program is still running in the guest; the error gives its guest PID.",
     input_schema: || object(json!({
         "name": {"type": "string", "minLength": 1},
         "command": {"type": "string", "minLength": 1, "description": "Program path or name (searched in the guest's PATH)."},
@@ -178,12 +180,23 @@ pub const EXEC: ToolDef = ToolDef {
     handler: exec,
 };
 
-fn decode_text(v: &Value, key: &str) -> String {
-    v.get(key)
+/// Most bytes of stdout or stderr that guest_exec returns; the rest is cut and flagged.
+/// The agent itself keeps 16 MiB, far more than an agent can read in a tool result.
+pub const MAX_OUTPUT: usize = 1024 * 1024;
+
+/// Decodes one captured stream, capped at [`MAX_OUTPUT`]; true when it was cut here or by the agent.
+fn decode_stream(v: &Value, data: &str, flag: &str) -> (String, bool) {
+    let mut bytes = v
+        .get(data)
         .and_then(Value::as_str)
         .and_then(|s| b64::decode(s).ok())
-        .map(|b| String::from_utf8_lossy(&b).into_owned())
-        .unwrap_or_default()
+        .unwrap_or_default();
+    let mut cut = v.get(flag).and_then(Value::as_bool).unwrap_or(false);
+    if bytes.len() > MAX_OUTPUT {
+        bytes.truncate(MAX_OUTPUT);
+        cut = true;
+    }
+    (String::from_utf8_lossy(&bytes).into_owned(), cut)
 }
 
 fn exec(ctx: &ToolCtx, args: &Args) -> ToolResult {
@@ -210,46 +223,65 @@ fn exec(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let deadline = started + timeout;
     let mut slice = Duration::from_millis(20);
     loop {
-        let status = with_guest(&name, "guest-exec-status", |q| {
-            q.execute_within(
+        // Poll over one session held for a window, sleeping while connected: while no host
+        // client is connected, qemu-ga throttles its main loop (it sleeps on every wake-up of
+        // the disconnected virtio port), and drains the program's output pipes so slowly that
+        // 1 MB of stdout takes ~10 s instead of ~0.4 s and a chatty program stalls on a full
+        // pipe. Releasing the session between windows lets other callers take turns.
+        let window_end = Instant::now() + EXEC_POLL_WINDOW;
+        let step = with_guest(&name, "guest-exec-status", |q| loop {
+            // The final status carries the whole capture (up to 16 MiB of stdout and of
+            // stderr, in base64): under TCG that reply alone can take several seconds.
+            let status = q.execute_within(
                 "guest-exec-status",
                 Some(json!({"pid": pid})),
-                Duration::from_secs(10),
-            )
+                qga::COMMAND_TIMEOUT,
+            )?;
+            if status.get("exited").and_then(Value::as_bool) == Some(true) {
+                return Ok(Some(status));
+            }
+            ctx.progress(
+                started.elapsed().as_secs_f64(),
+                Some(timeout.as_secs_f64()),
+                &format!("{command} running in the guest (pid {pid})"),
+            );
+            let now = Instant::now();
+            if ctx.cancelled() || now >= deadline || now >= window_end {
+                return Ok(None);
+            }
+            std::thread::sleep(slice.min(deadline - now));
+            slice = (slice * 2).min(Duration::from_millis(250));
         })?;
-        if status.get("exited").and_then(Value::as_bool) == Some(true) {
+        if let Some(status) = step {
+            let stdout = decode_stream(&status, "out-data", "out-truncated");
+            let stderr = decode_stream(&status, "err-data", "err-truncated");
             return Ok(ToolOutput::json(json!({
                 "name": name,
                 "pid": pid,
                 "exitcode": status.get("exitcode").and_then(Value::as_i64),
                 "signal": status.get("signal").and_then(Value::as_i64),
-                "stdout": decode_text(&status, "out-data"),
-                "stderr": decode_text(&status, "err-data"),
-                "stdout_truncated": status.get("out-truncated").and_then(Value::as_bool).unwrap_or(false),
-                "stderr_truncated": status.get("err-truncated").and_then(Value::as_bool).unwrap_or(false),
+                "stdout": stdout.0,
+                "stderr": stderr.0,
+                "stdout_truncated": stdout.1,
+                "stderr_truncated": stderr.1,
                 "duration_ms": started.elapsed().as_millis() as u64,
             })));
         }
-        let elapsed = started.elapsed();
-        ctx.progress(
-            elapsed.as_secs_f64(),
-            Some(timeout.as_secs_f64()),
-            &format!("{command} running in the guest (pid {pid})"),
-        );
         if ctx.cancelled() {
             return Err(ToolError::new(format!(
                 "cancelled; {command} is still running in the guest as pid {pid}"
             )));
         }
-        let now = Instant::now();
-        if now >= deadline {
+        if Instant::now() >= deadline {
             return Err(ToolError::new(format!(
                 "{command} did not finish within {} s; it is still running in the guest as pid {pid} (stop it with guest_exec command=\"kill\" args=[\"{pid}\"])",
                 timeout.as_secs_f64()
             )));
         }
-        std::thread::sleep(slice.min(deadline - now));
-        slice = (slice * 2).min(Duration::from_millis(250));
+        // Between windows, give other agent callers a moment to take the session.
+        std::thread::sleep(
+            Duration::from_millis(20).min(deadline.saturating_duration_since(Instant::now())),
+        );
     }
 }
 

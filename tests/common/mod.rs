@@ -947,3 +947,373 @@ pub fn sha256_hex(data: &[u8]) -> String {
     }
     h.iter().map(|x| format!("{x:08x}")).collect()
 }
+
+// =============================================================================================
+// Real guests: the test guest, a per-binary limit on concurrent QEMUs, and a kill-on-drop guard
+// (added for tests/guest_agent.rs; other test files may use it too)
+
+/// The tiny Linux test guest built by `tests/guest/build_guest.py` (direct kernel boot).
+#[derive(Clone, Debug)]
+pub struct Guest {
+    /// Uncompressed kernel (PVH-bootable vmlinux).
+    pub kernel: String,
+    /// The initramfs.
+    pub initrd: String,
+    /// The kernel command line to boot it with.
+    pub append: String,
+}
+
+/// Builds the test guest once per test process into `<workspace>/target/test-guest` (cached
+/// there by package versions across runs). A file lock keeps two test binaries from building
+/// it at the same time; the builder also renames its finished folder into place atomically.
+pub fn test_guest() -> Guest {
+    static GUEST: std::sync::OnceLock<Guest> = std::sync::OnceLock::new();
+    GUEST
+        .get_or_init(|| {
+            let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+            let out = root.join("target").join("test-guest");
+            std::fs::create_dir_all(&out).expect("create target/test-guest");
+            let lock = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(out.join(".build.lock"))
+                .expect("open the guest build lock");
+            {
+                use std::os::unix::io::AsRawFd;
+                // Blocks until another binary's build is done; released when `lock` closes.
+                // SAFETY: flock on a file descriptor we own; no memory is involved.
+                let rc = unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) };
+                assert_eq!(rc, 0, "flock {}", out.display());
+            }
+            let script = root.join("tests").join("guest").join("build_guest.py");
+            let output = Command::new("python3")
+                .arg(&script)
+                .arg(&out)
+                .stdin(Stdio::null())
+                .output()
+                .expect("run python3 tests/guest/build_guest.py");
+            drop(lock);
+            assert!(
+                output.status.success(),
+                "build_guest.py failed ({}): {}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr)
+            );
+            let v: Value = serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+                panic!(
+                    "build_guest.py printed no JSON ({e}): {}",
+                    String::from_utf8_lossy(&output.stdout)
+                )
+            });
+            let s = |k: &str| {
+                v[k].as_str()
+                    .unwrap_or_else(|| panic!("build_guest.py output lacks {k}: {v}"))
+                    .to_string()
+            };
+            Guest {
+                kernel: s("kernel"),
+                initrd: s("initrd"),
+                append: s("append"),
+            }
+        })
+        .clone()
+}
+
+/// How many QEMU guests one test binary runs at once (CI has 2 cores and no KVM).
+pub const QEMU_SLOTS: usize = 2;
+
+/// A held slot for one QEMU guest; released on drop.
+pub struct QemuSlot(());
+
+fn qemu_slot_state() -> &'static (Mutex<usize>, std::sync::Condvar) {
+    static STATE: std::sync::OnceLock<(Mutex<usize>, std::sync::Condvar)> =
+        std::sync::OnceLock::new();
+    STATE.get_or_init(|| (Mutex::new(0), std::sync::Condvar::new()))
+}
+
+/// Waits for one of the [`QEMU_SLOTS`] guest slots of this test binary. Hold it for the whole
+/// life of one guest, and never ask for a second slot while holding one (that can deadlock):
+/// a test needing two guests at once runs them one after the other instead.
+pub fn qemu_slot() -> QemuSlot {
+    let (m, cv) = qemu_slot_state();
+    let mut used = m.lock().unwrap_or_else(|p| p.into_inner());
+    while *used >= QEMU_SLOTS {
+        used = cv.wait(used).unwrap_or_else(|p| p.into_inner());
+    }
+    *used += 1;
+    QemuSlot(())
+}
+
+impl Drop for QemuSlot {
+    fn drop(&mut self) {
+        let (m, cv) = qemu_slot_state();
+        let mut used = m.lock().unwrap_or_else(|p| p.into_inner());
+        *used = used.saturating_sub(1);
+        cv.notify_all();
+    }
+}
+
+/// A short, fresh folder directly under /tmp for `MCQEMU_RUNTIME_DIR` (unix socket paths must
+/// stay within 107 bytes whatever TMPDIR is); removed on drop.
+pub fn short_runtime_dir(label: &str) -> TempDir {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let path = PathBuf::from(format!(
+        "/tmp/mcq-{label}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&path);
+    std::fs::create_dir_all(&path).expect("create short runtime dir");
+    TempDir { path }
+}
+
+/// True when `pid` is a live QEMU system emulator (checked before signalling it).
+fn is_qemu_process(pid: i32) -> bool {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|c| {
+            let argv0 = c.split(|b| *b == 0).next().unwrap_or(&[]);
+            String::from_utf8_lossy(argv0).contains("qemu-system")
+        })
+        .unwrap_or(false)
+}
+
+/// Kills the QEMUs of a test on drop (even when the test panics): every PID it was told
+/// about, and every `qemu.pid` under the runtime folder it watches. Only processes that are
+/// still QEMU system emulators are signalled (SIGKILL), then reaped by waiting for them to go.
+pub struct VmKiller {
+    runtime: PathBuf,
+    pids: Mutex<Vec<i32>>,
+}
+
+impl VmKiller {
+    /// Watches the VMs whose sockets and pidfiles live under `runtime` (MCQEMU_RUNTIME_DIR).
+    pub fn new(runtime: &Path) -> VmKiller {
+        VmKiller {
+            runtime: runtime.to_path_buf(),
+            pids: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Remembers the `pid` of a launch_vm / sandbox_vm result.
+    pub fn track(&self, launched: &Value) {
+        if let Some(p) = launched["pid"].as_i64() {
+            self.pids.lock().unwrap().push(p as i32);
+        }
+    }
+
+    /// Kills every tracked QEMU now.
+    pub fn kill_all(&self) {
+        let mut pids = self.pids.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Ok(dirs) = std::fs::read_dir(&self.runtime) {
+            for d in dirs.flatten() {
+                if let Ok(s) = std::fs::read_to_string(d.path().join("qemu.pid")) {
+                    if let Ok(p) = s.trim().parse::<i32>() {
+                        pids.push(p);
+                    }
+                }
+            }
+        }
+        pids.sort_unstable();
+        pids.dedup();
+        for &pid in &pids {
+            if pid > 1 && is_qemu_process(pid) {
+                // SAFETY: plain kill(2) on a PID just checked to be a QEMU process.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while pids.iter().any(|&p| is_qemu_process(p)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for VmKiller {
+    fn drop(&mut self) {
+        self.kill_all();
+    }
+}
+
+impl Server {
+    /// Calls a tool with a custom bound on the wait for its response (for slow tools such as
+    /// sandbox_vm or snapshots under TCG); returns the `CallToolResult`.
+    pub fn call_tool_within(&mut self, name: &str, args: Value, timeout: Duration) -> Value {
+        let id = json!(self.fresh_id());
+        self.send_request(&id, "tools/call", json!({"name": name, "arguments": args}));
+        let (resp, _) = self.read_until_id(&id, timeout);
+        match resp.get("result") {
+            Some(r) => r.clone(),
+            None => panic!("tools/call {name} gave a protocol error: {resp}"),
+        }
+    }
+
+    /// [`Server::call_ok`] with a custom bound.
+    pub fn call_ok_within(&mut self, name: &str, args: Value, timeout: Duration) -> Value {
+        let r = self.call_tool_within(name, args.clone(), timeout);
+        tool_ok(&r, &format!("{name} {args}"))
+    }
+
+    /// [`Server::call_err`] with a custom bound.
+    pub fn call_err_within(&mut self, name: &str, args: Value, timeout: Duration) -> String {
+        let r = self.call_tool_within(name, args.clone(), timeout);
+        tool_err(&r, &format!("{name} {args}"))
+    }
+}
+
+// =============================================================================================
+// Lifecycle and QMP-fault helpers (added for tests/lifecycle.rs and tests/qmp_faults.rs)
+
+/// Waits until `n` guest slots are free and takes them all at once (never one by one, so two
+/// tests each wanting two cannot deadlock). For a test that needs `n` QEMUs running together;
+/// `n` must not exceed [`QEMU_SLOTS`].
+pub fn qemu_slots(n: usize) -> Vec<QemuSlot> {
+    assert!(n <= QEMU_SLOTS, "asked for {n} of {QEMU_SLOTS} QEMU slots");
+    let (m, cv) = qemu_slot_state();
+    let mut used = m.lock().unwrap_or_else(|p| p.into_inner());
+    while *used + n > QEMU_SLOTS {
+        // Bounded so that a wakeup lost to another waiter only delays, never hangs.
+        used = cv
+            .wait_timeout(used, Duration::from_millis(200))
+            .unwrap_or_else(|p| p.into_inner())
+            .0;
+    }
+    *used += n;
+    (0..n).map(|_| QemuSlot(())).collect()
+}
+
+impl Server {
+    /// Starts `mcqemu` on the given state and runtime folders (several servers may share them).
+    pub fn start_in(state: &Path, runtime: &Path) -> Server {
+        let state = state.to_str().expect("utf-8 state dir").to_string();
+        let runtime = runtime.to_str().expect("utf-8 runtime dir").to_string();
+        Server::start_with_env(&[
+            ("MCQEMU_STATE_DIR", state.as_str()),
+            ("MCQEMU_RUNTIME_DIR", runtime.as_str()),
+        ])
+    }
+
+    /// [`Server::start_in`] plus the `initialize` handshake.
+    pub fn ready_in(state: &Path, runtime: &Path) -> Server {
+        let mut s = Server::start_in(state, runtime);
+        s.initialize(NEWEST);
+        s
+    }
+}
+
+/// The state letter of /proc/PID/stat (R, S, D, Z, ...), or None when the PID is gone.
+pub fn pid_state(pid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.trim_start().chars().next()
+}
+
+/// True when `pid` exists and is not a zombie. A zombie thread-group leader whose other
+/// threads are still exiting (they still hold its sockets open) counts as alive.
+pub fn pid_alive(pid: i32) -> bool {
+    let live = |c: char| c != 'Z' && c != 'X';
+    match pid_state(pid) {
+        None => false,
+        Some('Z') => std::fs::read_dir(format!("/proc/{pid}/task"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|t| {
+                std::fs::read_to_string(t.path().join("stat"))
+                    .ok()
+                    .and_then(|st| {
+                        let after = &st[st.rfind(')')? + 1..];
+                        after.trim_start().chars().next()
+                    })
+                    .is_some_and(live)
+            }),
+        Some(c) => live(c),
+    }
+}
+
+/// Waits (bounded) until `pid` is gone or a zombie; true when it is.
+pub fn wait_pid_dead(pid: i32, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    while pid_alive(pid) {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    true
+}
+
+/// Live QEMU system emulators whose command line mentions `dir` (e.g. a test's runtime folder).
+pub fn qemu_pids_mentioning(dir: &Path) -> Vec<i32> {
+    let needle = dir.to_string_lossy().into_owned();
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        if !is_qemu_process(pid) || !pid_alive(pid) {
+            continue;
+        }
+        let Ok(raw) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        if String::from_utf8_lossy(&raw).contains(&needle) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// Reads a pidfile written by `qemu -daemonize -pidfile`, waiting (bounded) for it.
+pub fn read_pidfile(path: &Path, limit: Duration) -> i32 {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(p) = std::fs::read_to_string(path)
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok())
+        {
+            return p;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "pidfile {} did not appear",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+// =============================================================================================
+// Overlapping tool calls (added for tests/see_and_drive.rs): start a call, make others while
+// it runs, then collect its response. The server runs each tools/call on its own worker.
+
+impl Server {
+    /// Sends a `tools/call` without waiting; returns its id for [`Server::finish_call`].
+    pub fn start_call(&mut self, name: &str, args: Value) -> Value {
+        let id = json!(self.fresh_id());
+        self.send_request(&id, "tools/call", json!({"name": name, "arguments": args}));
+        id
+    }
+
+    /// Waits (bounded) for the response to a call made with [`Server::start_call`] and returns
+    /// its `CallToolResult`. Responses to other ids seen meanwhile are kept for later reads
+    /// (notifications are dropped), so overlapping calls never lose each other's answers.
+    pub fn finish_call(&mut self, id: &Value, timeout: Duration) -> Value {
+        let (resp, others) = self.read_until_id(id, timeout);
+        let responses: Vec<Value> = others
+            .into_iter()
+            .filter(|m| m.get("method").is_none())
+            .collect();
+        self.unread(responses);
+        match resp.get("result") {
+            Some(r) => r.clone(),
+            None => panic!("tools/call {id} gave a protocol error: {resp}"),
+        }
+    }
+
+    /// A tool call that keeps other calls' responses (see [`Server::finish_call`]).
+    pub fn call_keeping(&mut self, name: &str, args: Value, timeout: Duration) -> Value {
+        let id = self.start_call(name, args);
+        self.finish_call(&id, timeout)
+    }
+}

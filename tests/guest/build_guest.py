@@ -100,15 +100,25 @@ def run(cmd, **kw):
     return subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True, **kw).stdout
 
 
-def candidate(pkg):
-    out = run(["apt-cache", "policy", pkg])
-    for line in out.splitlines():
-        line = line.strip()
-        if line.startswith("Candidate:"):
+def candidates(pkgs):
+    """The candidate version of every package, from one apt-cache call (each call costs ~0.6 s,
+    and the cache check runs at the start of every test binary)."""
+    out = run(["apt-cache", "policy"] + pkgs)
+    found = {}
+    current = None
+    for raw in out.splitlines():
+        if raw and not raw[0].isspace() and raw.rstrip().endswith(":"):
+            current = raw.rstrip()[:-1]
+            continue
+        line = raw.strip()
+        if current and line.startswith("Candidate:"):
             v = line.split(":", 1)[1].strip()
             if v and v != "(none)":
-                return v
-    sys.exit("build_guest: no candidate for %s; run 'apt-get update' first" % pkg)
+                found[current] = v
+    for pkg in pkgs:
+        if pkg not in found:
+            sys.exit("build_guest: no candidate for %s; run 'apt-get update' first" % pkg)
+    return [found[p] for p in pkgs]
 
 
 def kernel_package():
@@ -197,7 +207,7 @@ def add_tree_libs(cpio, root):
 def build(out_dir):
     kpkg = kernel_package()
     pkgs = [kpkg] + LIB_PACKAGES
-    versions = ["%s=%s" % (p, candidate(p)) for p in pkgs]
+    versions = ["%s=%s" % (p, v) for p, v in zip(pkgs, candidates(pkgs))]
     key = hashlib.sha256(("\n".join(versions) + INIT + SHUTDOWN + APPEND).encode()).hexdigest()[:16]
     dest = os.path.join(out_dir, key)
     result = {"kernel": os.path.join(dest, "vmlinux"), "initrd": os.path.join(dest, "initrd.cpio"),
