@@ -113,6 +113,30 @@ fn run_job(
     }
 }
 
+/// Runs savevm/loadvm/delvm through HMP. HMP reports failure as text inside a successful
+/// reply ("Error: ..."), so the text is the verdict; `delvm` of a missing tag prints nothing,
+/// which is why callers check the tag exists first.
+fn hmp_snapshot(q: &mut Qmp, op: Op, tag: &str) -> Result<Result<(), String>, QmpError> {
+    let verb = match op {
+        Op::Save => "savevm",
+        Op::Load => "loadvm",
+        Op::Delete => "delvm",
+    };
+    let out = q.hmp(&format!("{verb} {tag}"), SNAPSHOT_TIMEOUT)?;
+    Ok(hmp_verdict(&out))
+}
+
+/// Reads an HMP reply: any line starting with "Error" (or mentioning "error:") is a failure.
+pub fn hmp_verdict(out: &str) -> Result<(), String> {
+    let failed = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("Error") || l.to_ascii_lowercase().contains("error:"));
+    match failed {
+        Some(line) => Err(line.trim().to_string()),
+        None => Ok(()),
+    }
+}
+
 fn live(name: &str) -> Result<Record, ToolError> {
     let rec = lookup(name)?;
     if !measure(&rec).alive() {
@@ -220,7 +244,11 @@ fn snapshot_op(ctx: &ToolCtx, args: &Args, op: Op) -> ToolResult {
             Op::Load => ("snapshot-load", json!({"tag": tag, "vmstate": nodes[0], "devices": nodes})),
             Op::Delete => ("snapshot-delete", json!({"tag": tag, "devices": nodes})),
         };
-        let job = run_job(ctx, q, cmd, args)?;
+        let job = match run_job(ctx, q, cmd, args) {
+            // QEMU before 6.0 has no snapshot jobs: fall back to HMP and read its text.
+            Err(QmpError::Command { class, .. }) if class == "CommandNotFound" => hmp_snapshot(q, op, &tag)?,
+            other => other?,
+        };
         let status = q.execute("query-status", None)?.get("status").and_then(Value::as_str).unwrap_or("unknown").to_string();
         Ok(match job {
             Ok(()) => Ok(status),
@@ -274,4 +302,19 @@ fn list(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     Ok(ToolOutput::json(
         json!({"name": name, "snapshots": structured(&snaps)}),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hmp_errors_inside_successful_replies_are_failures() {
+        assert!(hmp_verdict("").is_ok());
+        assert!(hmp_verdict(
+            "Error: Device 'ide0-hd0' is writable but does not support snapshots\r\n"
+        )
+        .is_err());
+        assert!(hmp_verdict("loadvm: error: Snapshot 'x' does not exist\n").is_err());
+    }
 }
