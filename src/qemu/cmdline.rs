@@ -51,6 +51,10 @@ const DENIED: &[(&str, &str)] = &[
         "readconfig",
         "a config file can carry any option past this policy",
     ),
+    (
+        "set",
+        "rewrites options after this policy checked them, mcqemu's own channels included",
+    ),
     ("plugin", "loads host code into QEMU"),
     ("hda", "host block devices"),
     ("hdb", "host block devices"),
@@ -67,7 +71,8 @@ const DENIED: &[(&str, &str)] = &[
 /// Options whose value names a drive; refused when it reaches a host device.
 const DRIVE_OPTS: &[&str] = &["drive", "blockdev"];
 
-/// Options taking no value (the rest take one).
+/// Options taking no value (the rest take one): every such option of QEMU 7.2's system
+/// emulators (`qemu-system-* -help`), so that what follows one is read as QEMU reads it.
 const FLAG_OPTS: &[&str] = &[
     "daemonize",
     "S",
@@ -82,7 +87,28 @@ const FLAG_OPTS: &[&str] = &[
     "no-hpet",
     "no-acpi",
     "s",
+    "h",
+    "help",
+    "version",
+    "audio-help",
+    "mem-prealloc",
+    "usb",
+    "portrait",
+    "win2k-hack",
+    "no-fd-bootchk",
+    "singlestep",
+    "xen-attach",
+    "xen-domid-restrict",
+    "only-migratable",
+    "enable-sync-profile",
+    "async-teardown",
+    "preconfig",
+    "semihosting",
+    "old-param",
 ];
+
+/// Options whose value is a character-device spec, where `pipe:` talks to host FIFOs.
+const CHARDEV_SPEC_OPTS: &[&str] = &["parallel", "debugcon", "gdb"];
 
 fn denied(reason: &str, opt: &str) -> String {
     format!("extra_args: -{opt} is not allowed ({reason}); extra_args is for operators adding devices or tuning, and cannot reach host files, devices or processes")
@@ -102,28 +128,32 @@ pub fn check_extra_args(args: &[String]) -> Result<(), String> {
     while i < args.len() {
         let arg = &args[i];
         i += 1;
-        let Some(stripped) = arg.strip_prefix('-') else {
-            continue;
-        };
-        let stripped = stripped.strip_prefix('-').unwrap_or(stripped);
-        let (opt, inline) = match stripped.split_once('=') {
-            Some((o, v)) => (o, Some(v.to_string())),
-            None => (stripped, None),
+        let Some((opt, inline)) = as_option(arg) else {
+            // QEMU opens a bare argument as its first hard disk, like -hda.
+            return Err(format!("extra_args: the bare argument {arg:?} is not allowed (QEMU opens a bare argument as a hard disk image, like -hda); attach disks with the disks parameter"));
         };
         let opt_l = opt.to_ascii_lowercase();
         if let Some((_, reason)) = DENIED.iter().find(|(d, _)| *d == opt_l) {
             return Err(denied(reason, opt));
         }
         let value = match inline {
-            Some(v) => v,
+            Some(v) => v.to_string(),
             None if FLAG_OPTS.contains(&opt) => continue,
             None => {
-                // QEMU takes the next argument as the value only if the option has one, and
-                // FLAG_OPTS cannot list every option without one (`-usb -hda x` opens x). So
-                // a next argument that looks like an option is also checked as an option.
+                // QEMU takes the next argument as the value, whatever it looks like (so what
+                // follows it is read afresh, and a bare word there is refused above). In case
+                // `opt` takes no value after all (FLAG_OPTS missed it: `-usb -hda x` opens x),
+                // a value that looks like an option is also checked as one, with the argument
+                // after it as its value.
                 let v = args.get(i).cloned().unwrap_or_default();
-                if !v.starts_with('-') {
-                    i += 1;
+                i += 1;
+                if let Some((vopt, vinline)) = as_option(&v) {
+                    let vopt_l = vopt.to_ascii_lowercase();
+                    if let Some((_, reason)) = DENIED.iter().find(|(d, _)| *d == vopt_l) {
+                        return Err(denied(reason, vopt));
+                    }
+                    let vvalue = vinline.or(args.get(i).map(String::as_str)).unwrap_or("");
+                    check_option_value(&vopt_l, vvalue)?;
                 }
                 v
             }
@@ -133,7 +163,59 @@ pub fn check_extra_args(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
+/// Reads an argument as QEMU's option parser does: `-opt`, `--opt`, `-opt=value`. None for a
+/// bare argument.
+fn as_option(arg: &str) -> Option<(&str, Option<&str>)> {
+    let stripped = arg.strip_prefix('-')?;
+    let stripped = stripped.strip_prefix('-').unwrap_or(stripped);
+    Some(match stripped.split_once('=') {
+        Some((o, v)) => (o, Some(v)),
+        None => (stripped, None),
+    })
+}
+
+/// Rewrites a JSON option value (`-device {"driver":...}`, accepted by QEMU for several
+/// options) as `key=value,...`, so the key checks below see its keys; other values unchanged.
+fn flatten_json(value: &str) -> String {
+    if !value.trim_start().starts_with('{') {
+        return value.to_string();
+    }
+    match serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(value) {
+        Ok(m) => m
+            .iter()
+            .map(|(k, v)| {
+                let v = match v {
+                    serde_json::Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                format!("{}={}", qopt(k), qopt(&v))
+            })
+            .collect::<Vec<_>>()
+            .join(","),
+        Err(_) => value.to_string(),
+    }
+}
+
+/// The values of an option's implied first key (`-chardev BACKEND,...`, `-device DRIVER,...`),
+/// whether given bare first or by name anywhere (`backend=pipe` in any position), lowercased.
+fn implied(value: &str, key: &str) -> Vec<String> {
+    let parts = split_opts(value);
+    let mut out = Vec::new();
+    if let Some(first) = parts.first().filter(|f| !f.contains('=')) {
+        out.push(first.trim().to_ascii_lowercase());
+    }
+    for part in &parts {
+        if let Some((k, v)) = part.split_once('=') {
+            if k.trim().eq_ignore_ascii_case(key) {
+                out.push(v.trim().to_ascii_lowercase());
+            }
+        }
+    }
+    out
+}
+
 fn check_option_value(opt: &str, value: &str) -> Result<(), String> {
+    let value = &flatten_json(value);
     let lower = value.to_ascii_lowercase();
     if DRIVE_OPTS.contains(&opt) {
         if lower.contains("/dev/") || lower.contains("host_device") || lower.contains("host_cdrom")
@@ -146,11 +228,10 @@ fn check_option_value(opt: &str, value: &str) -> Result<(), String> {
     }
     match opt {
         "chardev" => {
-            let backend = split_opts(value)
-                .first()
-                .map(|b| b.trim().to_ascii_lowercase())
-                .unwrap_or_default();
-            if matches!(backend.as_str(), "pipe" | "spawn" | "exec") {
+            if implied(value, "backend")
+                .iter()
+                .any(|b| matches!(b.as_str(), "pipe" | "spawn" | "exec"))
+            {
                 return Err(denied("chardevs that run or talk to host programs", opt));
             }
             if has_key_value(value, "id", |v| v.starts_with("mcq-")) {
@@ -173,19 +254,15 @@ fn check_option_value(opt: &str, value: &str) -> Result<(), String> {
         "incoming" if lower.starts_with("exec:") => {
             return Err(denied("exec: migration runs a host command", opt))
         }
+        o if CHARDEV_SPEC_OPTS.contains(&o) && lower.trim_start().starts_with("pipe:") => {
+            return Err(denied("chardevs that run or talk to host programs", opt));
+        }
         "device" => {
-            let driver = split_opts(value)
-                .first()
-                .map(|d| d.trim().to_ascii_lowercase())
-                .unwrap_or_default();
-            let driver = driver
-                .strip_prefix("driver=")
-                .unwrap_or(&driver)
-                .to_string();
-            if driver.contains("9p")
-                || driver.contains("vhost-user")
-                || driver.contains("virtio-fs")
-            {
+            if implied(value, "driver").iter().any(|driver| {
+                driver.contains("9p")
+                    || driver.contains("vhost-user")
+                    || driver.contains("virtio-fs")
+            }) {
                 return Err(denied("host filesystem passthrough", opt));
             }
             if has_key_value(value, "chardev", |v| v.starts_with("mcq-")) {
@@ -530,6 +607,35 @@ mod tests {
         ] {
             assert!(check_extra_args(&bad).is_err(), "{bad:?} accepted");
         }
+    }
+
+    #[test]
+    fn bare_words_named_keys_and_json_do_not_slip_through() {
+        for bad in [
+            v(&["/dev/sda"]),
+            v(&["-name", "-x", "/dev/sda"]),
+            v(&["-no-fd-bootchk", "-virtfs", "local,path=/"]),
+            v(&["-win2k-hack", "-hda", "/dev/sda"]),
+            v(&["-chardev", "backend=pipe,id=p,path=/tmp/p"]),
+            v(&["-chardev", "id=p,backend=pipe,path=/tmp/p"]),
+            v(&["-device", "id=f,driver=virtio-9p-pci,fsdev=f"]),
+            v(&["-device", r#"{"id":"f","driver":"virtio-9p-pci"}"#]),
+            v(&["-netdev", r#"{"type":"tap","id":"t","script":"/bin/evil"}"#]),
+            v(&["-parallel", "pipe:/tmp/p"]),
+            v(&["-gdb", "pipe:/tmp/p"]),
+            v(&["-set", "chardev.mcq-serial.logfile=/etc/passwd"]),
+            v(&["-set", "drive.d.file=/dev/sda"]),
+        ] {
+            assert!(check_extra_args(&bad).is_err(), "{bad:?} accepted");
+        }
+        let ok = v(&[
+            "-usb",
+            "-rtc",
+            "base=utc",
+            "-netdev",
+            r#"{"type":"user","id":"n"}"#,
+        ]);
+        assert!(check_extra_args(&ok).is_ok());
     }
 
     #[test]

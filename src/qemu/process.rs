@@ -126,9 +126,32 @@ pub fn state(pid: i32) -> Option<char> {
     after.trim_start().chars().next()
 }
 
-/// Alive: the PID exists and is neither a zombie nor dead.
+/// Alive: the PID exists and is neither a zombie nor dead. A thread-group leader that exited
+/// before its other threads already reads as a zombie while they still run (and still hold
+/// its sockets open, as QEMU's do for a few milliseconds after SIGKILL), so a zombie leader
+/// with a live thread counts as alive.
 pub fn alive(pid: i32) -> bool {
-    pid > 0 && matches!(state(pid), Some(c) if c != 'Z' && c != 'X' && c != 'x')
+    pid > 0
+        && match state(pid) {
+            None | Some('X') | Some('x') => false,
+            Some('Z') => live_thread(pid),
+            Some(_) => true,
+        }
+}
+
+fn live_thread(pid: i32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().any(|t| {
+        std::fs::read_to_string(t.path().join("stat"))
+            .ok()
+            .and_then(|stat| {
+                let after = &stat[stat.rfind(')')? + 1..];
+                after.trim_start().chars().next()
+            })
+            .is_some_and(|c| !matches!(c, 'Z' | 'X' | 'x'))
+    })
 }
 
 /// The arguments of a live process.

@@ -72,6 +72,8 @@ pub fn with_session<T>(
 pub struct Qmp {
     stream: UnixStream,
     buf: Vec<u8>,
+    /// How much of `buf` is known to hold no newline (so each read scans only new bytes).
+    scanned: usize,
     /// QEMU's version from the greeting, e.g. "7.2.22".
     pub version: String,
     /// Events received so far, oldest first.
@@ -98,6 +100,7 @@ impl Qmp {
         let mut qmp = Qmp {
             stream,
             buf: Vec::new(),
+            scanned: 0,
             version: String::new(),
             events: Vec::new(),
             next_id: 1,
@@ -119,8 +122,9 @@ impl Qmp {
     /// Reads one JSON message (a line) before `deadline`.
     fn read_message(&mut self, deadline: Instant) -> Result<Value, QmpError> {
         loop {
-            if let Some(pos) = self.buf.iter().position(|b| *b == b'\n') {
-                let line: Vec<u8> = self.buf.drain(..=pos).collect();
+            if let Some(pos) = self.buf[self.scanned..].iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=self.scanned + pos).collect();
+                self.scanned = 0;
                 let text = String::from_utf8_lossy(&line);
                 let text = text.trim();
                 if text.is_empty() {
@@ -128,6 +132,7 @@ impl Qmp {
                 }
                 return serde_json::from_str(text).map_err(|_| QmpError::Garbage(truncate(text)));
             }
+            self.scanned = self.buf.len();
             if self.buf.len() > MAX_MESSAGE {
                 return Err(QmpError::TooLarge);
             }

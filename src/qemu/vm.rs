@@ -134,11 +134,18 @@ pub fn measure(rec: &Record) -> Measured {
         Err(QmpError::NoGreeting) => {
             Measured::new("busy", Some("another operation holds the monitor".into()))
         }
+        // Without a PID only a socket nobody serves means stopped: one that answers with
+        // garbage, too much, or too late has a live QEMU (or something) behind it.
         Err(e) => {
             if pid.is_some() {
                 Measured::new(
                     "unreachable",
                     Some(format!("the process is alive but QMP failed: {e}")),
+                )
+            } else if !matches!(e, QmpError::Connect(_) | QmpError::Closed) {
+                Measured::new(
+                    "unreachable",
+                    Some(format!("the QMP socket answers but QMP failed: {e}")),
                 )
             } else {
                 Measured::new("stopped", Some(format!("QMP socket does not answer: {e}")))

@@ -471,7 +471,11 @@ fn stop_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
         Duration::from_secs_f64(args.opt_f64("timeout")?.unwrap_or(30.0).clamp(0.0, 3600.0));
     let rec = lookup(&name)?;
     let started = Instant::now();
-    if !measure(&rec).alive() {
+    let m = measure(&rec);
+    if m.status == "starting" {
+        return Err(being_launched(&name));
+    }
+    if !m.alive() {
         let cleanup = vm::cleanup_runtime(&rec);
         return Ok(ToolOutput::json(
             json!({"name": name, "status": "stopped", "method": "already stopped", "events": [], "elapsed_ms": 0, "cleanup_errors": cleanup}),
@@ -624,10 +628,22 @@ pub const RESUME: ToolDef = ToolDef {
     handler: |_ctx, args| run_state_change(args, "cont"),
 };
 
+/// The error for a VM whose launch (by this or another server) has not finished: its record
+/// has no PID or final sockets yet, so stopping or pausing it now would act on nothing.
+fn being_launched(name: &str) -> ToolError {
+    ToolError::new(format!(
+        "VM {name:?} is still being launched; wait for launch_vm to return (list_vms shows it running), then retry"
+    ))
+}
+
 fn run_state_change(args: &Args, cmd: &str) -> ToolResult {
     let name = args.str("name")?.to_string();
     let rec = lookup(&name)?;
-    if !measure(&rec).alive() {
+    let m = measure(&rec);
+    if m.status == "starting" {
+        return Err(being_launched(&name));
+    }
+    if !m.alive() {
         return Err(ToolError::new(format!(
             "VM {name:?} is not running; launch it with launch_vm"
         )));
