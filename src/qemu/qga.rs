@@ -3,12 +3,14 @@
 //! everything until that id comes back), every call is bounded, replies are capped, and
 //! sessions to one VM are serialized in-process.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+
+use super::sock::{LineError, LineStream};
 
 /// Bound for the connect + resync handshake.
 pub const SYNC_TIMEOUT: Duration = Duration::from_secs(3);
@@ -97,10 +99,7 @@ pub fn with_agent<T>(
 
 /// One agent session.
 pub struct Qga {
-    stream: UnixStream,
-    buf: Vec<u8>,
-    /// How much of `buf` is known to hold no newline (so a long reply is scanned once).
-    scanned: usize,
+    conn: LineStream,
 }
 
 impl Qga {
@@ -109,11 +108,8 @@ impl Qga {
         let deadline = Instant::now() + timeout;
         let stream = super::sock::connect(path, timeout)
             .map_err(|e| QgaError::Connect(format!("{}: {e}", path.display())))?;
-        let _ = stream.set_write_timeout(Some(Duration::from_secs(5)));
         let mut q = Qga {
-            stream,
-            buf: Vec::new(),
-            scanned: 0,
+            conn: LineStream::new(stream, MAX_REPLY),
         };
         q.sync(deadline)?;
         Ok(q)
@@ -121,18 +117,15 @@ impl Qga {
 
     /// Wraps an already connected stream and resyncs (used by tests with a fake agent).
     pub fn from_stream(stream: UnixStream, timeout: Duration) -> Result<Qga, QgaError> {
-        let _ = stream.set_write_timeout(Some(Duration::from_secs(5)));
         let mut q = Qga {
-            stream,
-            buf: Vec::new(),
-            scanned: 0,
+            conn: LineStream::new(stream, MAX_REPLY),
         };
         q.sync(Instant::now() + timeout)?;
         Ok(q)
     }
 
     fn write(&mut self, bytes: &[u8]) -> Result<(), QgaError> {
-        self.stream.write_all(bytes).map_err(|e| match e.kind() {
+        self.conn.write_all(bytes).map_err(|e| match e.kind() {
             std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset => {
                 QgaError::Closed
             }
@@ -166,53 +159,18 @@ impl Qga {
         }
     }
 
-    /// Reads one line, dropping 0xFF delimiter bytes.
+    /// Reads one line, dropping the 0xFF delimiter bytes of the sync protocol.
     fn read_line(&mut self, deadline: Instant) -> Result<Vec<u8>, QgaError> {
         loop {
-            // Only the bytes not looked at yet are scanned: a reply of many megabytes arrives
-            // in many reads, and rescanning it all each time would be quadratic.
-            let found = self.buf[self.scanned..]
-                .iter()
-                .position(|b| *b == b'\n')
-                .map(|p| self.scanned + p);
-            self.scanned = found.unwrap_or(self.buf.len());
-            if let Some(pos) = found {
-                let mut line: Vec<u8> = self.buf.drain(..=pos).collect();
-                self.scanned = 0;
-                line.retain(|b| *b != 0xFF);
-                let trimmed: Vec<u8> = line
-                    .into_iter()
-                    .filter(|b| !b.is_ascii_whitespace() || *b == b' ')
-                    .collect();
-                if trimmed.iter().all(|b| *b == b' ') {
-                    continue;
-                }
-                return Ok(trimmed);
-            }
-            if self.buf.len() > MAX_REPLY {
-                return Err(QgaError::TooLarge);
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(QgaError::Timeout("a reply".into()));
-            }
-            let _ = self
-                .stream
-                .set_read_timeout(Some((deadline - now).max(Duration::from_millis(1))));
-            let mut chunk = [0u8; 64 * 1024];
-            match self.stream.read(&mut chunk) {
-                Ok(0) => return Err(QgaError::Closed),
-                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                    ) =>
-                {
-                    return Err(QgaError::Timeout("a reply".into()))
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(_) => return Err(QgaError::Closed),
+            let mut line = self.conn.read_line(deadline).map_err(|e| match e {
+                LineError::Timeout => QgaError::Timeout("a reply".into()),
+                LineError::Closed => QgaError::Closed,
+                LineError::TooLarge => QgaError::TooLarge,
+            })?;
+            line.retain(|b| *b != 0xFF);
+            let text = line.trim_ascii();
+            if !text.is_empty() {
+                return Ok(text.to_vec());
             }
         }
     }

@@ -2,12 +2,13 @@
 //! ids and time bounds, events collected between replies, replies capped in size. Sessions to
 //! one socket are serialized in-process, since QEMU's monitor serves one client at a time.
 
-use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+
+use super::sock::{LineError, LineStream};
 
 /// Default bound for one command.
 pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
@@ -70,10 +71,7 @@ pub fn with_session<T>(
 
 /// One QMP session.
 pub struct Qmp {
-    stream: UnixStream,
-    buf: Vec<u8>,
-    /// How much of `buf` is known to hold no newline (so each read scans only new bytes).
-    scanned: usize,
+    conn: LineStream,
     /// QEMU's version from the greeting, e.g. "7.2.22".
     pub version: String,
     /// Events received so far, oldest first.
@@ -96,11 +94,8 @@ impl Qmp {
 
     /// Runs the handshake on an already connected stream.
     pub fn from_stream(stream: UnixStream, greeting_timeout: Duration) -> Result<Qmp, QmpError> {
-        let _ = stream.set_write_timeout(Some(Duration::from_secs(5)));
         let mut qmp = Qmp {
-            stream,
-            buf: Vec::new(),
-            scanned: 0,
+            conn: LineStream::new(stream, MAX_MESSAGE),
             version: String::new(),
             events: Vec::new(),
             next_id: 1,
@@ -122,45 +117,17 @@ impl Qmp {
     /// Reads one JSON message (a line) before `deadline`.
     fn read_message(&mut self, deadline: Instant) -> Result<Value, QmpError> {
         loop {
-            if let Some(pos) = self.buf[self.scanned..].iter().position(|b| *b == b'\n') {
-                let line: Vec<u8> = self.buf.drain(..=self.scanned + pos).collect();
-                self.scanned = 0;
-                let text = String::from_utf8_lossy(&line);
-                let text = text.trim();
-                if text.is_empty() {
-                    continue;
-                }
-                return serde_json::from_str(text).map_err(|_| QmpError::Garbage(truncate(text)));
+            let line = self.conn.read_line(deadline).map_err(|e| match e {
+                LineError::Timeout => QmpError::Timeout("a message".into()),
+                LineError::Closed => QmpError::Closed,
+                LineError::TooLarge => QmpError::TooLarge,
+            })?;
+            let text = String::from_utf8_lossy(&line);
+            let text = text.trim();
+            if text.is_empty() {
+                continue;
             }
-            self.scanned = self.buf.len();
-            if self.buf.len() > MAX_MESSAGE {
-                return Err(QmpError::TooLarge);
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(QmpError::Timeout("a message".into()));
-            }
-            let _ = self
-                .stream
-                .set_read_timeout(Some((deadline - now).max(Duration::from_millis(1))));
-            let mut chunk = [0u8; 64 * 1024];
-            match self.stream.read(&mut chunk) {
-                Ok(0) => return Err(QmpError::Closed),
-                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                    ) =>
-                {
-                    return Err(QmpError::Timeout("a message".into()))
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
-                    return Err(QmpError::Closed)
-                }
-                Err(e) => return Err(QmpError::Garbage(format!("read failed: {e}"))),
-            }
+            return serde_json::from_str(text).map_err(|_| QmpError::Garbage(truncate(text)));
         }
     }
 
@@ -191,7 +158,7 @@ impl Qmp {
         }
         let mut line = serde_json::to_vec(&msg).map_err(|e| QmpError::Garbage(e.to_string()))?;
         line.push(b'\n');
-        self.stream.write_all(&line).map_err(|e| match e.kind() {
+        self.conn.write_all(&line).map_err(|e| match e.kind() {
             std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset => {
                 QmpError::Closed
             }

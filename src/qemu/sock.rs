@@ -98,3 +98,82 @@ pub fn session_lock(path: &Path) -> Arc<Mutex<()>> {
     let mut map = map.lock().unwrap_or_else(|p| p.into_inner());
     map.entry(path.to_path_buf()).or_default().clone()
 }
+
+/// Why [`LineStream::read_line`] returned no line.
+#[derive(Debug, PartialEq, Eq)]
+pub enum LineError {
+    /// The deadline passed first.
+    Timeout,
+    /// The peer closed the connection (or reset it).
+    Closed,
+    /// A line grew past the cap without a newline.
+    TooLarge,
+}
+
+/// Newline-delimited messages over a unix socket, as QMP and the guest agent speak them:
+/// every read is bounded by a deadline, every line by a size cap, and the buffer is scanned
+/// for newlines only where new bytes arrived (a long line costs linear time, not quadratic).
+pub struct LineStream {
+    stream: std::os::unix::net::UnixStream,
+    buf: Vec<u8>,
+    scanned: usize,
+    cap: usize,
+}
+
+impl LineStream {
+    /// Wraps a connected stream; writes are bounded at 5 s.
+    pub fn new(stream: std::os::unix::net::UnixStream, cap: usize) -> Self {
+        let _ = stream.set_write_timeout(Some(Duration::from_secs(5)));
+        LineStream {
+            stream,
+            buf: Vec::new(),
+            scanned: 0,
+            cap,
+        }
+    }
+
+    /// Writes all of `bytes` (bounded by the write timeout).
+    pub fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
+        use std::io::Write;
+        self.stream.write_all(bytes)
+    }
+
+    /// Reads the next line before `deadline`, without its newline.
+    pub fn read_line(&mut self, deadline: Instant) -> Result<Vec<u8>, LineError> {
+        use std::io::Read;
+        loop {
+            if let Some(p) = self.buf[self.scanned..].iter().position(|b| *b == b'\n') {
+                let mut line: Vec<u8> = self.buf.drain(..=self.scanned + p).collect();
+                self.scanned = 0;
+                line.pop();
+                return Ok(line);
+            }
+            self.scanned = self.buf.len();
+            if self.buf.len() > self.cap {
+                return Err(LineError::TooLarge);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(LineError::Timeout);
+            }
+            let _ = self
+                .stream
+                .set_read_timeout(Some((deadline - now).max(Duration::from_millis(1))));
+            let mut chunk = [0u8; 64 * 1024];
+            match self.stream.read(&mut chunk) {
+                Ok(0) => return Err(LineError::Closed),
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return Err(LineError::Timeout)
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return Err(LineError::Closed),
+            }
+        }
+    }
+}
