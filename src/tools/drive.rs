@@ -21,6 +21,9 @@ pub const MAX_TEXT: usize = 4096;
 pub const MAX_DELTA: i64 = 20000;
 /// Key events per input-send-event command: the PS/2 keyboard queue holds 16; more are lost.
 const EVENTS_PER_COMMAND: usize = 16;
+/// The shortest pause after a batch of key events: the guest must drain the keyboard queue
+/// before the next batch arrives, or keys are lost (measured: 0 ms loses keys under TCG).
+const MIN_BATCH_GAP: Duration = Duration::from_millis(10);
 
 fn live(name: &str) -> Result<Record, ToolError> {
     let rec = lookup(name)?;
@@ -115,17 +118,13 @@ fn screenshot(_ctx: &ToolCtx, args: &Args) -> ToolResult {
         .map_err(|e| ToolError::new(format!("screenshot of {name:?} failed: {e}")))?;
     let mut out = json!({"name": name, "width": png.width, "height": png.height, "bytes": png.data.len(), "format": "png", "path": null});
     if let Some(p) = save_to {
-        let tmp = p.with_file_name(format!(
-            ".{}.tmp-{}",
-            p.file_name()
-                .map(|f| f.to_string_lossy().into_owned())
-                .unwrap_or_default(),
-            std::process::id()
-        ));
-        std::fs::write(&tmp, &png.data)
-            .and_then(|_| std::fs::rename(&tmp, &p))
+        // A unique temporary file beside the target, renamed into place: concurrent saves to
+        // one path never collide, and a failed write leaves nothing behind (the guard removes it).
+        let dir = p.parent().unwrap_or(std::path::Path::new("/"));
+        let tmp = TempCapture::new(dir, "png.tmp");
+        std::fs::write(&tmp.0, &png.data)
+            .and_then(|_| std::fs::rename(&tmp.0, &p))
             .map_err(|e| {
-                let _ = std::fs::remove_file(&tmp);
                 ToolError::new(format!(
                     "cannot save the screenshot to {}: {e}",
                     p.display()
@@ -206,7 +205,7 @@ fn send_keys(ctx: &ToolCtx, args: &Args) -> ToolResult {
 pub const TYPE_TEXT: ToolDef = ToolDef {
     name: "vm_type_text",
     title: "Type text into a VM",
-    description: "Type text on a US keyboard layout (shifted characters as chords; newline and tab allowed; at most 4096 characters). Keys are sent in batches the emulated keyboard cannot drop, so the guest receives exactly the text. enter=true presses Enter afterwards. delay_ms pauses between batches of keys.",
+    description: "Type text on a US keyboard layout (shifted characters as chords; newline and tab allowed; at most 4096 characters). Keys are sent in batches the emulated keyboard cannot drop, so the guest receives exactly the text. enter=true presses Enter afterwards. delay_ms pauses after each batch of keys (at least 10 ms).",
     input_schema: || object(json!({
         "name": {"type": "string", "minLength": 1},
         "text": {"type": "string", "maxLength": MAX_TEXT},
@@ -243,7 +242,8 @@ fn type_text(ctx: &ToolCtx, args: &Args) -> ToolResult {
     if args.bool_or("enter", false)? {
         text.push('\n');
     }
-    let delay = Duration::from_millis(args.i64_or("delay_ms", 30)?.clamp(0, 1000) as u64);
+    let delay = Duration::from_millis(args.i64_or("delay_ms", 30)?.clamp(0, 1000) as u64)
+        .max(MIN_BATCH_GAP);
     let events = keys::type_events(&text).map_err(ToolError::new)?;
     let plan = batches(&events);
     let rec = live(&name)?;
@@ -258,9 +258,8 @@ fn type_text(ctx: &ToolCtx, args: &Args) -> ToolResult {
                     desc: format!("cancelled after {i} of {commands} key batches"),
                 });
             }
-            if i + 1 < commands && !delay.is_zero() {
-                std::thread::sleep(delay);
-            }
+            // Also after the last batch, so a following call cannot overflow the queue.
+            std::thread::sleep(delay);
         }
         Ok(())
     })?;
@@ -273,13 +272,22 @@ fn button_event(button: &str, down: bool) -> Value {
     json!({"type": "btn", "data": {"down": down, "button": button}})
 }
 
+/// Pause between mouse commands the guest must see separately. QEMU's PS/2 mouse queue holds
+/// four packets; a button change that finds it full (say, behind relative motion) is merged
+/// into the next one, so a down and an up sent back to back can vanish as a whole click.
+const MOUSE_PACE: Duration = Duration::from_millis(20);
+
 fn click_cmds(q: &mut Qmp, button: &str, double: bool) -> Result<(), QmpError> {
-    for _ in 0..if double { 2 } else { 1 } {
+    for i in 0..if double { 2 } else { 1 } {
+        if i > 0 {
+            std::thread::sleep(MOUSE_PACE);
+        }
         // Down and up in separate commands: in one command both are lost on PS/2 and USB tablets.
         q.execute(
             "input-send-event",
             Some(json!({"events": [button_event(button, true)]})),
         )?;
+        std::thread::sleep(MOUSE_PACE);
         q.execute(
             "input-send-event",
             Some(json!({"events": [button_event(button, false)]})),
@@ -430,6 +438,22 @@ fn mouse_move(ctx: &ToolCtx, args: &Args) -> ToolResult {
                     desc: "cancelled".into(),
                 });
             }
+        }
+        if !plan.is_empty() {
+            // QEMU holds back motion while the PS/2 queue is full and sends it with the next
+            // event: give the guest time to drain, then flush with empty motion, so all of it
+            // arrives (and before any click, not merged into it).
+            for _ in 0..2 {
+                std::thread::sleep(MOUSE_PACE);
+                q.execute(
+                    "input-send-event",
+                    Some(json!({"events": [
+                        {"type": "rel", "data": {"axis": "x", "value": 0}},
+                        {"type": "rel", "data": {"axis": "y", "value": 0}}
+                    ]})),
+                )?;
+            }
+            std::thread::sleep(MOUSE_PACE);
         }
         if let Some(b) = &click_btn {
             click_cmds(q, b, double)?;

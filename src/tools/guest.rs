@@ -16,8 +16,10 @@ use crate::state::registry::Record;
 
 /// Bytes per guest-file-read / guest-file-write call.
 const FILE_CHUNK: usize = 48 * 1024;
-/// How long guest_exec holds one agent session while polling before letting others in.
-const EXEC_POLL_WINDOW: Duration = Duration::from_secs(5);
+/// How long guest_exec holds one agent session while polling before letting others in. While
+/// no host is connected qemu-ga drains the program's output slowly, so stay connected most of
+/// the time, but never keep other agent calls to this VM waiting for more than about a second.
+const EXEC_POLL_WINDOW: Duration = Duration::from_secs(1);
 /// Cap on guest_file_read's max_bytes.
 pub const MAX_READ: i64 = 8 * 1024 * 1024;
 
