@@ -23,42 +23,52 @@ pub fn encode(data: &[u8]) -> String {
     out
 }
 
-fn value(c: u8) -> Option<u32> {
-    match c {
-        b'A'..=b'Z' => Some(u32::from(c - b'A')),
-        b'a'..=b'z' => Some(u32::from(c - b'a') + 26),
-        b'0'..=b'9' => Some(u32::from(c - b'0') + 52),
-        b'+' => Some(62),
-        b'/' => Some(63),
-        _ => None,
+/// Decoding table: the 6-bit value of each base64 character, 0xFF for anything else.
+const DECODE: [u8; 256] = {
+    let mut t = [0xFFu8; 256];
+    let mut i = 0;
+    while i < 64 {
+        t[ALPHABET[i] as usize] = i as u8;
+        i += 1;
     }
-}
+    t
+};
 
 /// Decodes standard base64; whitespace is ignored, padding optional.
 pub fn decode(text: &str) -> Result<Vec<u8>, String> {
-    let clean: Vec<u8> = text.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
-    let body = clean
-        .strip_suffix(b"==")
-        .or_else(|| clean.strip_suffix(b"="))
-        .unwrap_or(&clean);
-    if body.len() % 4 == 1 {
-        return Err("invalid base64: wrong length".into());
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len() / 4 * 3 + 3);
+    let mut acc: u32 = 0;
+    let mut n = 0u32;
+    let mut padding = 0;
+    for &c in bytes {
+        let v = DECODE[c as usize];
+        if v == 0xFF {
+            match c {
+                b'=' => {
+                    padding += 1;
+                    continue;
+                }
+                b' ' | b'\n' | b'\r' | b'\t' => continue,
+                _ => return Err(format!("invalid base64 character {:?}", c as char)),
+            }
+        }
+        if padding > 0 {
+            return Err("invalid base64: data after padding".into());
+        }
+        acc = (acc << 6) | u32::from(v);
+        n += 1;
+        if n == 4 {
+            out.extend_from_slice(&[(acc >> 16) as u8, (acc >> 8) as u8, acc as u8]);
+            acc = 0;
+            n = 0;
+        }
     }
-    let mut out = Vec::with_capacity(body.len() * 3 / 4);
-    for chunk in body.chunks(4) {
-        let mut n = 0u32;
-        for (i, c) in chunk.iter().enumerate() {
-            let v =
-                value(*c).ok_or_else(|| format!("invalid base64 character {:?}", *c as char))?;
-            n |= v << (18 - 6 * i);
-        }
-        out.push((n >> 16) as u8);
-        if chunk.len() > 2 {
-            out.push((n >> 8) as u8);
-        }
-        if chunk.len() > 3 {
-            out.push(n as u8);
-        }
+    match n {
+        0 => {}
+        2 => out.push((acc >> 4) as u8),
+        3 => out.extend_from_slice(&[(acc >> 10) as u8, (acc >> 2) as u8]),
+        _ => return Err("invalid base64: wrong length".into()),
     }
     Ok(out)
 }
@@ -84,5 +94,8 @@ mod tests {
         assert_eq!(encode(b"foobar"), "Zm9vYmFy");
         assert_eq!(encode(b"fo"), "Zm8=");
         assert!(decode("Zm9v!").is_err());
+        assert!(decode("Zg=x").is_err());
+        assert_eq!(decode("Zm9v\nYmFy").unwrap(), b"foobar");
+        assert_eq!(decode("Zm8").unwrap(), b"fo");
     }
 }

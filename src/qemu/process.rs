@@ -62,20 +62,24 @@ pub fn spawn_daemon(binary: &str, argv: &[String], pidfile: &Path) -> Result<Sta
             let _ = tx.send(None);
         });
     }
-    let start = Instant::now();
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(s)) => break s,
-            Ok(None) if start.elapsed() > START_TIMEOUT => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!(
-                    "QEMU did not finish starting within {} s and was killed",
-                    START_TIMEOUT.as_secs()
-                ));
-            }
-            Ok(None) => std::thread::sleep(Duration::from_millis(2)),
-            Err(e) => return Err(format!("cannot wait for QEMU: {e}")),
+    // A waiter thread blocks in wait(2), so the parent's exit (QEMU has daemonized) is seen at
+    // once rather than at the next poll.
+    let child_pid = child.id() as i32;
+    let (wtx, wrx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = wtx.send(child.wait());
+    });
+    let status = match wrx.recv_timeout(START_TIMEOUT) {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => return Err(format!("cannot wait for QEMU: {e}")),
+        Err(_) => {
+            // SAFETY: kill(2) on our own unreaped child (the waiter has not returned).
+            unsafe { libc::kill(child_pid, libc::SIGKILL) };
+            let _ = wrx.recv_timeout(Duration::from_secs(5));
+            return Err(format!(
+                "QEMU did not finish starting within {} s and was killed",
+                START_TIMEOUT.as_secs()
+            ));
         }
     };
     // The daemon closes its inherited stderr right after the parent exits; wait a little for EOF.

@@ -1,5 +1,5 @@
-//! Screen captures: QEMU writes PNG itself (QEMU >= 7.1 with libpng) or PPM, which is
-//! converted here with a strict header parser and a dimension cap.
+//! Screen captures: QEMU writes PPM, converted here to PNG with a strict header parser and a
+//! dimension cap (faster than QEMU's own PNG encoder, see `tools::drive`).
 
 use std::path::{Path, PathBuf};
 
@@ -14,16 +14,6 @@ pub struct Png {
     pub width: u32,
     /// Height in pixels.
     pub height: u32,
-}
-
-/// Reads width and height from a PNG's IHDR chunk.
-pub fn png_size(data: &[u8]) -> Result<(u32, u32), String> {
-    if data.len() < 24 || &data[..8] != b"\x89PNG\r\n\x1a\n" || &data[12..16] != b"IHDR" {
-        return Err("not a PNG file".into());
-    }
-    let w = u32::from_be_bytes([data[16], data[17], data[18], data[19]]);
-    let h = u32::from_be_bytes([data[20], data[21], data[22], data[23]]);
-    Ok((w, h))
 }
 
 fn ppm_token(data: &[u8], pos: &mut usize) -> Result<u32, String> {
@@ -52,8 +42,8 @@ fn ppm_token(data: &[u8], pos: &mut usize) -> Result<u32, String> {
         .ok_or_else(|| "bad number in PPM header".into())
 }
 
-/// Converts a binary PPM (P6, maxval 255) into PNG.
-pub fn ppm_to_png(data: &[u8]) -> Result<Png, String> {
+/// Parses a binary PPM header (P6, maxval 255): width, height and where the pixels start.
+pub fn ppm_header(data: &[u8]) -> Result<(u32, u32, usize), String> {
     if data.len() < 2 || &data[..2] != b"P6" {
         return Err("not a binary PPM (P6)".into());
     }
@@ -70,7 +60,12 @@ pub fn ppm_to_png(data: &[u8]) -> Result<Png, String> {
     if !data.get(pos).is_some_and(u8::is_ascii_whitespace) {
         return Err("bad PPM header".into());
     }
-    pos += 1;
+    Ok((width, height, pos + 1))
+}
+
+/// Converts a binary PPM (P6, maxval 255) into PNG.
+pub fn ppm_to_png(data: &[u8]) -> Result<Png, String> {
+    let (width, height, pos) = ppm_header(data)?;
     let need = width as usize * height as usize * 3;
     let pixels = data
         .get(pos..pos + need)
@@ -115,12 +110,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn converts_ppm_and_reads_png_size() {
+    fn converts_ppm_to_a_png_of_the_same_size() {
         let mut ppm = b"P6\n# c\n2 3\n255\n".to_vec();
         ppm.extend(std::iter::repeat_n(7u8, 2 * 3 * 3));
         let png = ppm_to_png(&ppm).unwrap();
         assert_eq!((png.width, png.height), (2, 3));
-        assert_eq!(png_size(&png.data).unwrap(), (2, 3));
+        let info = png::Decoder::new(&png.data[..])
+            .read_info()
+            .unwrap()
+            .info()
+            .clone();
+        assert_eq!((info.width, info.height), (2, 3));
     }
 
     #[test]

@@ -91,36 +91,43 @@ pub fn explain_qmp(name: &str, rec: &Record, e: &QmpError) -> String {
     }
 }
 
-/// Measures a VM: process liveness and identity for spawned VMs, a QMP query for the run state.
-pub fn measure(rec: &Record) -> Measured {
+/// The part of [`measure`] that needs no QMP session: Some when the record or the process
+/// already settles the status (being launched, exited, PID reused), None when a QEMU looks
+/// alive (or, for attached VMs without a PID, only its socket can tell). Tools that open a
+/// session anyway use this and let the session's errors speak, saving a round trip.
+pub fn measure_process(rec: &Record) -> Option<Measured> {
     if let Some(l) = rec.get("launching") {
         let owner = l.get("owner_pid").and_then(Value::as_i64).unwrap_or(0) as i32;
         let since = l.get("since").and_then(Value::as_i64).unwrap_or(0);
         let fresh = crate::clock::now_secs() - since < process::START_TIMEOUT.as_secs() as i64 + 30;
         if process::alive(owner) && fresh {
-            return Measured::new("starting", Some("being launched".into()));
+            return Some(Measured::new("starting", Some("being launched".into())));
         }
-        return Measured::new("stopped", Some("an interrupted launch".into()));
+        return Some(Measured::new(
+            "stopped",
+            Some("an interrupted launch".into()),
+        ));
+    }
+    let p = pid(rec)?;
+    if !process::alive(p) {
+        return Some(Measured::new("stopped", None));
+    }
+    if spawned(rec) && !process::is_our_vm(p, &qmp_socket(rec)) {
+        return Some(Measured::new(
+            "stopped",
+            Some(format!("PID {p} now belongs to another program")),
+        ));
+    }
+    None
+}
+
+/// Measures a VM: process liveness and identity for spawned VMs, a QMP query for the run state.
+pub fn measure(rec: &Record) -> Measured {
+    if let Some(m) = measure_process(rec) {
+        return m;
     }
     let sock = qmp_socket(rec);
     let pid = pid(rec);
-    if spawned(rec) {
-        if let Some(p) = pid {
-            if !process::alive(p) {
-                return Measured::new("stopped", None);
-            }
-            if !process::is_our_vm(p, &sock) {
-                return Measured::new(
-                    "stopped",
-                    Some(format!("PID {p} now belongs to another program")),
-                );
-            }
-        }
-    } else if let Some(p) = pid {
-        if !process::alive(p) {
-            return Measured::new("stopped", None);
-        }
-    }
     match qmp::with_session(&sock, |q| {
         q.execute_within("query-status", None, Duration::from_secs(5))
     }) {

@@ -14,8 +14,10 @@ use crate::qemu::qmp;
 use crate::qemu::vm::{self, measure};
 use crate::state::registry::Record;
 
-/// Bytes per guest-file-read / guest-file-write call.
-const FILE_CHUNK: usize = 48 * 1024;
+/// Bytes per guest-file-read / guest-file-write call: large, since every call is a round trip
+/// into a TCG guest (qemu-ga allows reads of up to 48 MB), and a multiple of 3 so base64
+/// chunks join without padding.
+const FILE_CHUNK: usize = 1024 * 1024 - 1;
 /// How long guest_exec holds one agent session while polling before letting others in. While
 /// no host is connected qemu-ga drains the program's output slowly, so stay connected most of
 /// the time, but never keep other agent calls to this VM waiting for more than about a second.
@@ -212,48 +214,65 @@ fn exec(ctx: &ToolCtx, args: &Args) -> ToolResult {
         req["input-data"] = json!(b64::encode(input.as_bytes()));
     }
     let started = Instant::now();
-    let pid = with_guest(&name, "guest-exec", |q| {
-        q.execute_within("guest-exec", Some(req), Duration::from_secs(30))
-    })?
-    .get("pid")
-    .and_then(Value::as_i64)
-    .ok_or_else(|| ToolError::new("guest-exec returned no pid"))?;
-    ctx.log.log(
-        "info",
-        &format!("guest_exec in {name}: {command} (guest pid {pid})"),
-    );
     let deadline = started + timeout;
-    let mut slice = Duration::from_millis(20);
+    let mut slice = Duration::from_millis(5);
+    let mut pid: Option<i64> = None;
     loop {
         // Poll over one session held for a window, sleeping while connected: while no host
         // client is connected, qemu-ga throttles its main loop (it sleeps on every wake-up of
         // the disconnected virtio port), and drains the program's output pipes so slowly that
         // 1 MB of stdout takes ~10 s instead of ~0.4 s and a chatty program stalls on a full
-        // pipe. Releasing the session between windows lets other callers take turns.
+        // pipe. The first window also starts the program, so a quick command needs one
+        // session (a reconnect right after a hang-up costs ~100 ms). Releasing the session
+        // between windows lets other callers take turns.
+        let label = if pid.is_none() {
+            "guest-exec"
+        } else {
+            "guest-exec-status"
+        };
         let window_end = Instant::now() + EXEC_POLL_WINDOW;
-        let step = with_guest(&name, "guest-exec-status", |q| loop {
-            // The final status carries the whole capture (up to 16 MiB of stdout and of
-            // stderr, in base64): under TCG that reply alone can take several seconds.
-            let status = q.execute_within(
-                "guest-exec-status",
-                Some(json!({"pid": pid})),
-                qga::COMMAND_TIMEOUT,
-            )?;
-            if status.get("exited").and_then(Value::as_bool) == Some(true) {
-                return Ok(Some(status));
+        let step = with_guest(&name, label, |q| {
+            let pid = match pid {
+                Some(p) => p,
+                None => {
+                    let r =
+                        q.execute_within("guest-exec", Some(req.clone()), Duration::from_secs(30))?;
+                    let p = r.get("pid").and_then(Value::as_i64).ok_or_else(|| {
+                        QgaError::Garbage(format!("guest-exec returned no pid: {r}"))
+                    })?;
+                    ctx.log.log(
+                        "info",
+                        &format!("guest_exec in {name}: {command} (guest pid {p})"),
+                    );
+                    pid = Some(p);
+                    p
+                }
+            };
+            loop {
+                // The final status carries the whole capture (up to 16 MiB of stdout and of
+                // stderr, in base64): under TCG that reply alone can take several seconds.
+                let status = q.execute_within(
+                    "guest-exec-status",
+                    Some(json!({"pid": pid})),
+                    qga::COMMAND_TIMEOUT,
+                )?;
+                if status.get("exited").and_then(Value::as_bool) == Some(true) {
+                    return Ok(Some(status));
+                }
+                ctx.progress(
+                    started.elapsed().as_secs_f64(),
+                    Some(timeout.as_secs_f64()),
+                    &format!("{command} running in the guest (pid {pid})"),
+                );
+                let now = Instant::now();
+                if ctx.cancelled() || now >= deadline || now >= window_end {
+                    return Ok(None);
+                }
+                std::thread::sleep(slice.min(deadline - now));
+                slice = (slice * 2).min(Duration::from_millis(250));
             }
-            ctx.progress(
-                started.elapsed().as_secs_f64(),
-                Some(timeout.as_secs_f64()),
-                &format!("{command} running in the guest (pid {pid})"),
-            );
-            let now = Instant::now();
-            if ctx.cancelled() || now >= deadline || now >= window_end {
-                return Ok(None);
-            }
-            std::thread::sleep(slice.min(deadline - now));
-            slice = (slice * 2).min(Duration::from_millis(250));
         })?;
+        let pid = pid.unwrap_or(0);
         if let Some(status) = step {
             let stdout = decode_stream(&status, "out-data", "out-truncated");
             let stderr = decode_stream(&status, "err-data", "err-truncated");

@@ -86,10 +86,12 @@ pub const INFO: ToolDef = ToolDef {
 fn vm_info(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     let name = args.str("name")?.to_string();
     let rec = lookup(&name)?;
-    let m = measure(&rec);
+    // One QMP session answers everything; only when the process already settles the status
+    // (or the session fails) is the status measured separately.
+    let settled = vm::measure_process(&rec);
     let mut out = json!({
         "name": name,
-        "status": m.status,
+        "status": settled.as_ref().map(|m| m.status.clone()).unwrap_or_else(|| "running".into()),
         "record": rec,
         "port_forwards": vm::forwards(&rec),
         "block_devices": [],
@@ -97,10 +99,10 @@ fn vm_info(_ctx: &ToolCtx, args: &Args) -> ToolResult {
         "accel": rec.get("accel").cloned().unwrap_or(Value::Null),
         "qemu_version": rec.get("qemu_version").cloned().unwrap_or(Value::Null),
     });
-    if let Some(d) = &m.detail {
-        out["detail"] = json!(d);
-    }
-    if !m.alive() || m.status == "busy" || m.status == "starting" {
+    if let Some(m) = settled {
+        if let Some(d) = &m.detail {
+            out["detail"] = json!(d);
+        }
         return Ok(ToolOutput::json(out));
     }
     let live = qmp::with_session(&vm::qmp_socket(&rec), |q| {
@@ -152,7 +154,10 @@ fn vm_info(_ctx: &ToolCtx, args: &Args) -> ToolResult {
             out["block_devices"] = json!(devs);
         }
         Err(e) => {
-            out["detail"] = json!(explain_qmp(&name, &rec, &e));
+            // The session failed: measure properly (busy monitor, exited, unreachable).
+            let m = measure(&rec);
+            out["status"] = json!(m.status);
+            out["detail"] = json!(m.detail.unwrap_or_else(|| explain_qmp(&name, &rec, &e)));
         }
     }
     Ok(ToolOutput::json(out))

@@ -35,6 +35,20 @@ pub fn lookup(name: &str) -> Result<Record, ToolError> {
     })
 }
 
+/// Looks up a VM that must be running, judged without a QMP round trip (the caller's own
+/// session will report a monitor that does not answer): a stopped VM or one still being
+/// launched gets a clear error.
+pub fn lookup_live(name: &str, what_next: &str) -> Result<Record, ToolError> {
+    let rec = lookup(name)?;
+    match vm::measure_process(&rec) {
+        Some(m) if m.status == "starting" => Err(being_launched(name)),
+        Some(m) if !m.alive() => Err(ToolError::new(format!(
+            "VM {name:?} is not running; {what_next}"
+        ))),
+        _ => Ok(rec),
+    }
+}
+
 fn forwards_json(fw: &[Forward]) -> Value {
     json!(fw.iter().map(|f| json!({"addr": f.addr.to_string(), "host": f.host, "guest": f.guest, "auto": f.auto})).collect::<Vec<_>>())
 }
@@ -638,16 +652,7 @@ fn being_launched(name: &str) -> ToolError {
 
 fn run_state_change(args: &Args, cmd: &str) -> ToolResult {
     let name = args.str("name")?.to_string();
-    let rec = lookup(&name)?;
-    let m = measure(&rec);
-    if m.status == "starting" {
-        return Err(being_launched(&name));
-    }
-    if !m.alive() {
-        return Err(ToolError::new(format!(
-            "VM {name:?} is not running; launch it with launch_vm"
-        )));
-    }
+    let rec = lookup_live(&name, "launch it with launch_vm")?;
     let st = qmp::with_session(&vm::qmp_socket(&rec), |q| {
         q.execute(cmd, None)?;
         q.execute("query-status", None)

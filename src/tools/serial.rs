@@ -11,7 +11,7 @@ use super::lifecycle::lookup;
 use super::object;
 use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::qemu::sock;
-use crate::qemu::vm::{self, measure};
+use crate::qemu::vm;
 use crate::state::registry::Record;
 
 /// The most of the log ever read by one call.
@@ -113,10 +113,7 @@ fn write(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     if args.bool_or("enter", false)? {
         text.push('\r');
     }
-    let rec = lookup(&name)?;
-    if !measure(&rec).alive() {
-        return Err(ToolError::new(format!("VM {name:?} is not running")));
-    }
+    let rec = super::lifecycle::lookup_live(&name, "launch it first")?;
     let sock_path = vm::field(&rec, "serial_socket").map(PathBuf::from).ok_or_else(|| {
         ToolError::new(format!("VM {name:?} has no serial console socket (VMs adopted with attach_vm, or launched by an older mcqemu, have none)"))
     })?;

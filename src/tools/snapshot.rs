@@ -5,12 +5,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::lifecycle::lookup;
 use super::{check_tag, object};
 use crate::clock;
 use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::qemu::qmp::{self, Qmp, QmpError};
-use crate::qemu::vm::{self, explain_qmp, measure};
+use crate::qemu::vm::{self, explain_qmp};
 use crate::state::registry::Record;
 
 /// Bound for one snapshot job.
@@ -138,11 +137,10 @@ pub fn hmp_verdict(out: &str) -> Result<(), String> {
 }
 
 fn live(name: &str) -> Result<Record, ToolError> {
-    let rec = lookup(name)?;
-    if !measure(&rec).alive() {
-        return Err(ToolError::new(format!("VM {name:?} is not running; live snapshots need a running VM (for an image at rest use image_snapshot_*)")));
-    }
-    Ok(rec)
+    super::lifecycle::lookup_live(
+        name,
+        "live snapshots need a running VM (for an image at rest use image_snapshot_*)",
+    )
 }
 
 fn no_disk(name: &str) -> ToolError {
