@@ -3,9 +3,11 @@
 //! everything until that id comes back), every call is bounded, replies are capped, and
 //! sessions to one VM are serialized in-process.
 
+use std::collections::HashMap;
 use std::io::Read;
 use std::os::unix::net::UnixStream;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -84,8 +86,38 @@ fn random_id() -> u64 {
     u64::from_le_bytes(b) >> 12 // stay well inside JSON's exact integer range
 }
 
+/// How long an agent connection is kept open after a call. qemu-ga sleeps ~100 ms after the
+/// host hangs up, so a call following another within that time would wait for it; keeping the
+/// connection briefly makes back-to-back calls cost one resync instead. It is short because
+/// the agent channel serves one client at a time: other programs wait while we hold it.
+pub const IDLE_KEEP: Duration = Duration::from_secs(2);
+
+struct Idle {
+    qga: Qga,
+    since: Instant,
+}
+
+fn idle_pool() -> &'static Mutex<HashMap<PathBuf, Idle>> {
+    static POOL: OnceLock<Mutex<HashMap<PathBuf, Idle>>> = OnceLock::new();
+    POOL.get_or_init(|| {
+        // One reaper closes connections idle for longer than IDLE_KEEP.
+        let _ = std::thread::Builder::new()
+            .name("qga-idle".into())
+            .spawn(|| loop {
+                std::thread::sleep(IDLE_KEEP / 4);
+                if let Some(pool) = POOL.get() {
+                    let mut p = pool.lock().unwrap_or_else(|e| e.into_inner());
+                    p.retain(|_, idle| idle.since.elapsed() < IDLE_KEEP);
+                }
+            });
+        Mutex::new(HashMap::new())
+    })
+}
+
 /// Runs `f` with a synced agent session on `path`, serialized per socket in-process.
-/// `sync_timeout` bounds the connect and the handshake together.
+/// `sync_timeout` bounds the connect and the handshake together. A connection kept from a
+/// recent call is reused after a fresh resync; one whose call failed other than by the
+/// agent's own refusal is closed, so a late reply can never be read as the next answer.
 pub fn with_agent<T>(
     path: &Path,
     sync_timeout: Duration,
@@ -93,8 +125,32 @@ pub fn with_agent<T>(
 ) -> Result<T, QgaError> {
     let lock = super::sock::session_lock(path);
     let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
-    let mut qga = Qga::connect(path, sync_timeout)?;
-    f(&mut qga)
+    let kept = idle_pool()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(path);
+    let reused = kept.and_then(|mut idle| {
+        let deadline = Instant::now() + sync_timeout.min(Duration::from_secs(1));
+        idle.qga.sync(deadline).ok().map(|_| idle.qga)
+    });
+    let mut qga = match reused {
+        Some(q) => q,
+        None => Qga::connect(path, sync_timeout)?,
+    };
+    let result = f(&mut qga);
+    if matches!(result, Ok(_) | Err(QgaError::Command { .. })) {
+        idle_pool()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(
+                path.to_path_buf(),
+                Idle {
+                    qga,
+                    since: Instant::now(),
+                },
+            );
+    }
+    result
 }
 
 /// One agent session.
