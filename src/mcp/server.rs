@@ -36,9 +36,15 @@ pub struct Server {
     page_size: usize,
 }
 
-fn tool_json(tools: &'static [ToolDef]) -> &'static Vec<Value> {
-    static CACHE: OnceLock<Vec<Value>> = OnceLock::new();
-    CACHE.get_or_init(|| tools.iter().map(ToolDef::to_json).collect())
+/// Each tool's definition, serialized once: tools/list only joins them.
+fn tool_json(tools: &'static [ToolDef]) -> &'static Vec<String> {
+    static CACHE: OnceLock<Vec<String>> = OnceLock::new();
+    CACHE.get_or_init(|| {
+        tools
+            .iter()
+            .map(|t| serde_json::to_string(&t.to_json()).unwrap_or_default())
+            .collect()
+    })
 }
 
 impl Server {
@@ -247,7 +253,7 @@ impl Server {
                 "instructions": INSTRUCTIONS,
             })),
             "ping" => Ok(json!({})),
-            "tools/list" => self.list_tools(&params),
+            "tools/list" => return self.list_tools(&id, &params, stateless),
             "logging/setLevel" => self.set_level(&params),
             "tools/call" => return self.call_tool(id, params, stateless),
             _ => Err(method_not_found(method)),
@@ -309,24 +315,44 @@ impl Server {
         Ok(json!({}))
     }
 
-    fn list_tools(&self, params: &Map<String, Value>) -> Result<Value, jsonrpc_core::Error> {
+    /// Answers tools/list from the pre-serialized definitions, building the line by hand
+    /// (the definitions are ~40 KB of JSON that never change).
+    fn list_tools(&self, id: &Value, params: &Map<String, Value>, stateless: bool) {
         let all = tool_json(self.tools);
         let start = match params.get("cursor") {
             None | Some(Value::Null) => 0,
-            Some(c) => c
+            Some(c) => match c
                 .as_str()
                 .and_then(decode_cursor)
                 .filter(|n| *n > 0 && *n < all.len())
-                .ok_or_else(|| {
-                    invalid_params("invalid cursor: pass back a nextCursor exactly as received")
-                })?,
+            {
+                Some(n) => n,
+                None => {
+                    return self.send(&error_response(
+                        id,
+                        invalid_params(
+                            "invalid cursor: pass back a nextCursor exactly as received",
+                        ),
+                    ))
+                }
+            },
         };
         let end = (start + self.page_size).min(all.len());
-        let mut result = json!({ "tools": &all[start..end] });
+        let mut line = String::with_capacity(64 * 1024);
+        line.push_str("{\"jsonrpc\":\"2.0\",\"id\":");
+        line.push_str(&serde_json::to_string(id).unwrap_or_else(|_| "null".into()));
+        line.push_str(",\"result\":{\"tools\":[");
+        line.push_str(&all[start..end].join(","));
+        line.push(']');
         if end < all.len() {
-            result["nextCursor"] = json!(encode_cursor(end));
+            line.push_str(",\"nextCursor\":");
+            line.push_str(&serde_json::to_string(&encode_cursor(end)).unwrap_or_default());
         }
-        Ok(result)
+        if stateless {
+            line.push_str(",\"resultType\":\"complete\"");
+        }
+        line.push_str("}}");
+        self.out.send_line(line.into_bytes());
     }
 
     fn call_tool(self: &Arc<Self>, id: Value, params: Map<String, Value>, stateless: bool) {

@@ -96,13 +96,17 @@ impl Output {
 
     /// Sends one JSON message as one line. Returns false when the peer is gone.
     pub fn send(&self, msg: &Value) -> bool {
+        match serde_json::to_vec(msg) {
+            Ok(line) => self.send_line(line),
+            Err(_) => true,
+        }
+    }
+
+    /// Sends one already serialized JSON message (without its newline) as one line.
+    pub fn send_line(&self, mut line: Vec<u8>) -> bool {
         if self.closed.load(Ordering::Relaxed) {
             return false;
         }
-        let mut line = match serde_json::to_vec(msg) {
-            Ok(l) => l,
-            Err(_) => return true,
-        };
         line.push(b'\n');
         let mut sink = match self.sink.lock() {
             Ok(s) => s,
