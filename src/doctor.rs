@@ -166,12 +166,29 @@ fn registry_health(reg: &Path) -> (&'static str, String) {
             ("ok", format!("{} (not created yet)", reg.display()))
         }
         Err(e) => ("warn", format!("{} unreadable: {e}", reg.display())),
-        Ok(bytes) => match serde_json::from_slice::<serde_json::Value>(&bytes) {
-            Ok(v) => {
-                let vms = v.get("vms").unwrap_or(&v);
-                let n = vms.as_object().map(|m| m.len()).unwrap_or(0);
-                ("ok", format!("{} ({n} VMs recorded)", reg.display()))
-            }
+        // The server's own parser, so doctor judges the file exactly as the server will.
+        Ok(bytes) => match crate::state::registry::parse(&bytes) {
+            Ok(p) if p.version > crate::state::registry::SCHEMA_VERSION => (
+                "warn",
+                format!(
+                    "{} was written by a newer mcqemu (schema {}); this version will not change it",
+                    reg.display(),
+                    p.version
+                ),
+            ),
+            Ok(p) if !p.warnings.is_empty() => (
+                "warn",
+                format!(
+                    "{} ({} VMs recorded; skipped: {})",
+                    reg.display(),
+                    p.vms.len(),
+                    p.warnings.join("; ")
+                ),
+            ),
+            Ok(p) => (
+                "ok",
+                format!("{} ({} VMs recorded)", reg.display(), p.vms.len()),
+            ),
             Err(e) => (
                 "warn",
                 format!(
