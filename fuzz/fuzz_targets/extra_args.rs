@@ -66,33 +66,9 @@ fn reference_denies(args: &[String]) -> Option<String> {
     None
 }
 
-/// Option names for the structured generator: the denied ones, drives, options that take a
+/// Option names the structured generator draws from besides [`DENIED`]: drives, options that take a
 /// value, options that take none (some of them missing from the policy's own flag list).
-const OPTIONS: &[&str] = &[
-    "virtfs",
-    "fsdev",
-    "runas",
-    "run-with",
-    "chroot",
-    "monitor",
-    "qmp",
-    "qmp-pretty",
-    "mon",
-    "pidfile",
-    "daemonize",
-    "serial",
-    "readconfig",
-    "plugin",
-    "hda",
-    "hdb",
-    "hdc",
-    "hdd",
-    "cdrom",
-    "fda",
-    "fdb",
-    "pflash",
-    "mtdblock",
-    "sd",
+const EXTRA_OPTIONS: &[&str] = &[
     "drive",
     "blockdev",
     "device",
@@ -156,7 +132,15 @@ fn structured(u: &mut Unstructured) -> Result<Vec<String>> {
             continue;
         }
         let mut name = if u.ratio(7, 8)? {
-            (*u.choose(OPTIONS)?).to_string()
+            {
+                let i = u.choose_index(DENIED.len() + EXTRA_OPTIONS.len())?;
+                DENIED
+                    .get(i)
+                    .or_else(|| EXTRA_OPTIONS.get(i - DENIED.len()))
+                    .copied()
+                    .unwrap_or("")
+                    .to_string()
+            }
         } else {
             u.arbitrary::<&str>()?.to_string()
         };
