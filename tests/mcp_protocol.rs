@@ -53,10 +53,35 @@ fn initialize_without_protocol_version_is_invalid_params() {
     s.assert_alive();
 }
 
+/// The 2026-07-28 envelope every modern request carries.
+fn envelope() -> Value {
+    json!({ META_VERSION: STATELESS, META_CAPS: {} })
+}
+
+/// Asserts what 2026-07-28 asks of every result, and of cacheable ones.
+fn assert_modern_result(r: &Value, cacheable: bool) {
+    assert_eq!(r["resultType"], "complete", "{r}");
+    assert_eq!(r["_meta"][META_SERVER_INFO]["name"], "mcqemu", "{r}");
+    assert_eq!(
+        r["_meta"][META_SERVER_INFO]["version"],
+        env!("CARGO_PKG_VERSION"),
+        "{r}"
+    );
+    if cacheable {
+        assert_eq!(r["cacheScope"], "public", "{r}");
+        assert!(r["ttlMs"].as_u64().is_some_and(|t| t > 0), "{r}");
+    } else {
+        assert!(
+            r.get("ttlMs").is_none() && r.get("cacheScope").is_none(),
+            "{r}"
+        );
+    }
+}
+
 #[test]
 fn server_discover_lists_all_versions() {
     let mut s = Server::start();
-    let r = s.result("server/discover", json!({}));
+    let r = s.result("server/discover", json!({"_meta": envelope()}));
     let versions: Vec<&str> = r["supportedVersions"]
         .as_array()
         .expect("supportedVersions")
@@ -66,17 +91,22 @@ fn server_discover_lists_all_versions() {
     for v in INIT_VERSIONS.iter().chain([&STATELESS]) {
         assert!(versions.contains(v), "{v} missing from {versions:?}");
     }
-    assert_eq!(r["serverInfo"]["name"], "mcqemu");
+    assert_modern_result(&r, true);
+    assert!(
+        r.get("serverInfo").is_none(),
+        "serverInfo belongs in _meta: {r}"
+    );
     assert!(r["capabilities"]["tools"].is_object());
+    assert!(r["instructions"].as_str().is_some_and(|i| !i.is_empty()));
 }
 
 #[test]
 fn stateless_request_works_without_initialize() {
     let mut s = Server::start();
-    let meta = json!({ META_VERSION: STATELESS });
+    let meta = envelope();
     let r = s.result("tools/list", json!({"_meta": meta}));
     assert!(r["tools"].as_array().is_some_and(|t| !t.is_empty()), "{r}");
-    assert_eq!(r["resultType"], "complete");
+    assert_modern_result(&r, true);
     // Tool calls in the stateless style too: a tool error still carries resultType.
     let r = s.result(
         "tools/call",
@@ -84,28 +114,114 @@ fn stateless_request_works_without_initialize() {
                "arguments": {"path": s.tmp.file("missing.qcow2")}}),
     );
     assert_eq!(r["isError"], true, "{r}");
-    assert_eq!(r["resultType"], "complete");
-    let r = s.result("ping", json!({"_meta": meta}));
-    assert_eq!(r["resultType"], "complete");
+    assert_modern_result(&r, false);
+    let r = s.result(
+        "tools/call",
+        json!({"_meta": meta, "name": "list_vms", "arguments": {}}),
+    );
+    assert_eq!(r["isError"], false, "{r}");
+    assert_modern_result(&r, false);
+    // ping and logging/setLevel were removed in 2026-07-28.
+    for method in ["ping", "logging/setLevel"] {
+        let resp = s.request(method, json!({"_meta": meta, "level": "debug"}));
+        assert_eq!(error_code(&resp), -32601, "{method}: {resp}");
+    }
+    s.assert_alive();
 }
 
 #[test]
 fn stateless_version_mismatch_is_32022_with_data() {
     let mut s = Server::start();
-    let resp = s.request(
+    for requested in ["2030-01-01", "2025-11-25"] {
+        let resp = s.request(
+            "tools/list",
+            json!({"_meta": { META_VERSION: requested, META_CAPS: {} }}),
+        );
+        assert_eq!(error_code(&resp), -32022, "{resp}");
+        let data = &resp["error"]["data"];
+        assert_eq!(data["requested"], requested, "{resp}");
+        let supported = data["supported"].as_array().expect("data.supported");
+        assert!(supported.contains(&json!(STATELESS)), "{resp}");
+        assert!(supported.contains(&json!(NEWEST)), "{resp}");
+    }
+    s.assert_alive();
+}
+
+#[test]
+fn malformed_envelope_is_invalid_params() {
+    let mut s = Server::start();
+    // A version that is not a string, or a missing clientCapabilities, is malformed: -32602.
+    for meta in [
+        json!({ META_VERSION: 7, META_CAPS: {} }),
+        json!({ META_VERSION: STATELESS }),
+        json!({ META_VERSION: STATELESS, META_CAPS: {}, "io.modelcontextprotocol/logLevel": "loud" }),
+    ] {
+        let resp = s.request("tools/list", json!({"_meta": meta}));
+        assert_eq!(error_code(&resp), -32602, "{meta}: {resp}");
+    }
+    s.assert_alive();
+}
+
+#[test]
+fn requests_without_a_version_before_initialize_are_refused() {
+    let mut s = Server::start();
+    for method in [
         "tools/list",
-        json!({"_meta": { META_VERSION: "2030-01-01" }}),
+        "tools/call",
+        "server/discover",
+        "logging/setLevel",
+    ] {
+        let resp = s.request(method, json!({"name": "list_vms", "level": "info"}));
+        assert_eq!(error_code(&resp), -32602, "{method}: {resp}");
+        let msg = resp["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            msg.contains("initialize") && msg.contains(META_VERSION),
+            "{msg}"
+        );
+    }
+    // ping is allowed before initialize in the handshake era; unknown methods stay -32601.
+    assert_eq!(s.result("ping", json!({})), json!({}));
+    let resp = s.request("resources/list", json!({}));
+    assert_eq!(error_code(&resp), -32601, "{resp}");
+    // initialize opens the handshake era even when a client stamps the envelope on it.
+    let r = s.result(
+        "initialize",
+        json!({"protocolVersion": NEWEST, "capabilities": {}, "_meta": envelope(),
+               "clientInfo": {"name": "t", "version": "0"}}),
     );
-    assert_eq!(error_code(&resp), -32022, "{resp}");
-    let data = &resp["error"]["data"];
-    assert_eq!(data["requested"], "2030-01-01", "{resp}");
-    let supported = data["supported"].as_array().expect("data.supported");
-    assert!(supported.contains(&json!(STATELESS)), "{resp}");
-    assert!(supported.contains(&json!(NEWEST)), "{resp}");
-    // A non-string version is also a mismatch, echoed as sent.
-    let resp = s.request("ping", json!({"_meta": { META_VERSION: 7 }}));
-    assert_eq!(error_code(&resp), -32022, "{resp}");
-    assert_eq!(resp["error"]["data"]["requested"], 7);
+    assert_eq!(r["protocolVersion"], NEWEST);
+    assert!(r.get("resultType").is_none(), "{r}");
+    let r = s.result("tools/list", json!({}));
+    assert!(
+        r.get("resultType").is_none() && r.get("ttlMs").is_none(),
+        "{r}"
+    );
+}
+
+#[test]
+fn modern_log_notifications_only_for_requests_that_opt_in() {
+    let mut s = Server::start();
+    let state = s.tmp.join("state");
+    let record = json!({"version": 1, "vms": {
+        "ghost1": {"qmp_socket": "/nonexistent/q1.sock", "pid": null},
+        "ghost2": {"qmp_socket": "/nonexistent/q2.sock", "pid": null}}});
+    std::fs::write(state.join("vms.json"), record.to_string()).expect("write registry");
+    let forget = |s: &mut Server, name: &str, meta: Value| {
+        let (resp, others) = s.request_full(
+            "tools/call",
+            json!({"_meta": meta, "name": "forget_vm", "arguments": {"name": name}}),
+        );
+        assert_eq!(resp["result"]["isError"], false, "{resp}");
+        others
+            .into_iter()
+            .filter(|m| m["method"] == "notifications/message")
+            .count()
+    };
+    // forget_vm logs at "notice": nothing without a level, a message with one.
+    assert_eq!(forget(&mut s, "ghost1", envelope()), 0);
+    let mut opted = envelope();
+    opted["io.modelcontextprotocol/logLevel"] = json!("info");
+    assert_eq!(forget(&mut s, "ghost2", opted), 1);
     s.assert_alive();
 }
 

@@ -1,6 +1,7 @@
 //! The MCP protocol over stdio: framing, lifecycle, dispatch, progress and cancellation.
 //! Nothing here knows about QEMU; tools plug in through [`tool::ToolDef`].
 
+pub mod era;
 pub mod protocol;
 pub mod schema;
 pub mod server;

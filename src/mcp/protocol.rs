@@ -9,6 +9,9 @@ pub const INIT_VERSIONS: &[&str] = &["2024-11-05", "2025-03-26", "2025-06-18", "
 /// The stateless revision: no `initialize`, the version travels in every request's `_meta`.
 pub const STATELESS_VERSION: &str = "2026-07-28";
 
+/// Versions answered per request (the version in each request's `_meta`), oldest first.
+pub const MODERN_VERSIONS: &[&str] = &[STATELESS_VERSION];
+
 /// `_meta` key carrying the protocol version in the stateless revision.
 pub const META_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
 
@@ -18,7 +21,7 @@ pub const UNSUPPORTED_VERSION: i64 = -32022;
 /// Every version this server speaks, in any style.
 pub fn all_versions() -> Vec<&'static str> {
     let mut v = INIT_VERSIONS.to_vec();
-    v.push(STATELESS_VERSION);
+    v.extend_from_slice(MODERN_VERSIONS);
     v
 }
 

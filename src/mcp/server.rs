@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 
+use super::era::{no_version, Era};
 use super::protocol::*;
 use super::schema::check_arguments;
 use super::tool::{error_result, Args, Logger, Progress, ToolCtx, ToolDef, ToolError};
@@ -33,6 +34,8 @@ pub struct Server {
     inflight: Mutex<HashMap<String, Arc<AtomicBool>>>,
     active: AtomicUsize,
     log_level: Arc<AtomicUsize>,
+    /// Set once a handshake-era client sent `initialize`.
+    initialized: AtomicBool,
     page_size: usize,
 }
 
@@ -61,6 +64,7 @@ impl Server {
             inflight: Mutex::new(HashMap::new()),
             active: AtomicUsize::new(0),
             log_level: Arc::new(AtomicUsize::new(log_level_rank("info").unwrap_or(1))),
+            initialized: AtomicBool::new(false),
             page_size,
         })
     }
@@ -117,8 +121,16 @@ impl Server {
         self.out.send(msg);
     }
 
-    fn logger(&self) -> Logger {
-        Logger::new(Some(self.out.clone()), self.log_level.clone())
+    /// The log sink for one call: the level `logging/setLevel` chose in the handshake era; in
+    /// 2026-07-28 only the level the request itself opted in to (none: stderr only).
+    fn logger(&self, era: Era) -> Logger {
+        match era {
+            Era::Handshake => Logger::new(Some(self.out.clone()), self.log_level.clone()),
+            Era::Modern { log_rank } => Logger::new(
+                Some(self.out.clone()),
+                Arc::new(AtomicUsize::new(log_rank.unwrap_or(usize::MAX))),
+            ),
+        }
     }
 
     /// Handles one raw input line (already split and size-capped).
@@ -240,53 +252,61 @@ impl Server {
     }
 
     fn handle_request(self: &Arc<Self>, id: Value, method: &str, params: Map<String, Value>) {
-        let stateless = match self.check_meta_version(&params) {
-            Ok(s) => s,
+        let era = match Era::of_request(method, &params) {
+            Ok(era) => era,
             Err(e) => return self.send(&error_response(&id, e)),
         };
-        let result = match method {
-            "initialize" => self.initialize(&params),
-            "server/discover" => Ok(json!({
-                "supportedVersions": all_versions(),
-                "capabilities": capabilities(),
-                "serverInfo": server_info(),
-                "instructions": INSTRUCTIONS,
-            })),
-            "ping" => Ok(json!({})),
-            "tools/list" => return self.list_tools(&id, &params, stateless),
-            "logging/setLevel" => self.set_level(&params),
-            "tools/call" => return self.call_tool(id, params, stateless),
-            _ => Err(method_not_found(method)),
+        let result = if era.is_modern() {
+            match method {
+                "server/discover" => Ok(json!({
+                    "supportedVersions": all_versions(),
+                    "capabilities": capabilities(),
+                    "instructions": INSTRUCTIONS,
+                })),
+                "tools/list" => return self.list_tools(&id, &params, era),
+                "tools/call" => return self.call_tool(id, params, era),
+                // ping and logging/setLevel are gone from 2026-07-28 (the log level travels
+                // in each request's _meta), so they are unknown methods there.
+                _ => Err(method_not_found(method)),
+            }
+        } else {
+            let known = matches!(
+                method,
+                "initialize"
+                    | "ping"
+                    | "server/discover"
+                    | "tools/list"
+                    | "tools/call"
+                    | "logging/setLevel"
+            );
+            if !known {
+                Err(method_not_found(method))
+            } else if !matches!(method, "initialize" | "ping")
+                && !self.initialized.load(Ordering::SeqCst)
+            {
+                Err(no_version(method))
+            } else {
+                match method {
+                    "initialize" => self.initialize(&params),
+                    "server/discover" => Ok(json!({
+                        "supportedVersions": all_versions(),
+                        "capabilities": capabilities(),
+                        "serverInfo": server_info(),
+                        "instructions": INSTRUCTIONS,
+                    })),
+                    "tools/list" => return self.list_tools(&id, &params, era),
+                    "logging/setLevel" => self.set_level(&params),
+                    "tools/call" => return self.call_tool(id, params, era),
+                    _ => Ok(json!({})),
+                }
+            }
         };
         match result {
             Ok(mut r) => {
-                if stateless {
-                    r["resultType"] = json!("complete");
-                }
+                era.stamp(&mut r, method == "server/discover");
                 self.send(&response(&id, r))
             }
             Err(e) => self.send(&error_response(&id, e)),
-        }
-    }
-
-    /// Checks a stateless-style `_meta` protocol version. Ok(true) when the request uses the
-    /// stateless revision, Ok(false) for classic requests.
-    fn check_meta_version(&self, params: &Map<String, Value>) -> Result<bool, jsonrpc_core::Error> {
-        let requested = match params.get("_meta").and_then(|m| m.get(META_VERSION)) {
-            None => return Ok(false),
-            Some(v) => v,
-        };
-        let supported = all_versions();
-        match requested.as_str() {
-            Some(v) if supported.contains(&v) => Ok(v == STATELESS_VERSION),
-            _ => Err(rpc_error(
-                UNSUPPORTED_VERSION,
-                format!(
-                    "unsupported protocol version {requested}; this server speaks {}",
-                    supported.join(", ")
-                ),
-                Some(json!({ "supported": supported, "requested": requested })),
-            )),
         }
     }
 
@@ -295,6 +315,7 @@ impl Server {
             .get("protocolVersion")
             .and_then(Value::as_str)
             .ok_or_else(|| invalid_params("initialize needs \"protocolVersion\" (a string)"))?;
+        self.initialized.store(true, Ordering::SeqCst);
         Ok(json!({
             "protocolVersion": negotiate(requested),
             "capabilities": capabilities(),
@@ -317,7 +338,7 @@ impl Server {
 
     /// Answers tools/list from the pre-serialized definitions, building the line by hand
     /// (the definitions are ~40 KB of JSON that never change).
-    fn list_tools(&self, id: &Value, params: &Map<String, Value>, stateless: bool) {
+    fn list_tools(&self, id: &Value, params: &Map<String, Value>, era: Era) {
         let all = tool_json(self.tools);
         let start = match params.get("cursor") {
             None | Some(Value::Null) => 0,
@@ -348,14 +369,12 @@ impl Server {
             line.push_str(",\"nextCursor\":");
             line.push_str(&serde_json::to_string(&encode_cursor(end)).unwrap_or_default());
         }
-        if stateless {
-            line.push_str(",\"resultType\":\"complete\"");
-        }
+        line.push_str(&era.stamp_fields(true));
         line.push_str("}}");
         self.out.send_line(line.into_bytes());
     }
 
-    fn call_tool(self: &Arc<Self>, id: Value, params: Map<String, Value>, stateless: bool) {
+    fn call_tool(self: &Arc<Self>, id: Value, params: Map<String, Value>, era: Era) {
         let name = match params.get("name").and_then(Value::as_str) {
             Some(n) => n.to_string(),
             None => {
@@ -389,9 +408,7 @@ impl Server {
         let reply_id = id.clone();
         let finish = move |r: Value| {
             let mut r = r;
-            if stateless {
-                r["resultType"] = json!("complete");
-            }
+            era.stamp(&mut r, false);
             response(&reply_id, r)
         };
         if let Err(msg) = check_arguments(&(tool.input_schema)(), &args) {
@@ -429,7 +446,7 @@ impl Server {
             .and_then(|m| m.get("progressToken"))
             .filter(|t| t.is_string() || t.is_number())
             .map(|t| Progress::new(t.clone(), self.out.clone()));
-        let ctx = ToolCtx::new(cancel.clone(), progress, self.logger());
+        let ctx = ToolCtx::new(cancel.clone(), progress, self.logger(era));
         let server = Arc::clone(self);
         let handler = tool.handler;
         let spawned = std::thread::Builder::new()

@@ -31,6 +31,12 @@ pub const STATELESS: &str = "2026-07-28";
 /// The `_meta` key carrying the protocol version in the stateless revision.
 pub const META_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
 
+/// The `_meta` key carrying client capabilities (required on every 2026-07-28 request).
+pub const META_CAPS: &str = "io.modelcontextprotocol/clientCapabilities";
+
+/// The `_meta` key identifying the server on every 2026-07-28 result.
+pub const META_SERVER_INFO: &str = "io.modelcontextprotocol/serverInfo";
+
 // ---------------------------------------------------------------------------------------------
 // Temporary folders
 
