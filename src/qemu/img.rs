@@ -43,6 +43,21 @@ impl std::fmt::Display for ImgError {
     }
 }
 
+impl std::error::Error for ImgError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ImgError::Run(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<RunError> for ImgError {
+    fn from(e: RunError) -> Self {
+        ImgError::Run(e)
+    }
+}
+
 /// The qemu-img binary: `$MCQEMU_QEMU_IMG` or `qemu-img` on PATH.
 pub fn binary() -> String {
     std::env::var("MCQEMU_QEMU_IMG")

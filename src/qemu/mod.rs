@@ -12,3 +12,4 @@ pub mod run;
 pub mod screen;
 pub mod sock;
 pub mod vm;
+pub mod wire;

@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::sock::{LineError, LineStream};
+use super::sock::LineStream;
+use super::wire::{self, brief, Reply, WireError};
 
 /// Bound for the connect + resync handshake.
 pub const SYNC_TIMEOUT: Duration = Duration::from_secs(3);
@@ -71,6 +72,19 @@ impl std::fmt::Display for QgaError {
     }
 }
 
+impl std::error::Error for QgaError {}
+
+impl From<WireError> for QgaError {
+    fn from(e: WireError) -> Self {
+        match e {
+            WireError::Timeout => QgaError::Timeout("a reply".into()),
+            WireError::Closed => QgaError::Closed,
+            WireError::TooLarge => QgaError::TooLarge,
+            WireError::Garbage(g) => QgaError::Garbage(g),
+        }
+    }
+}
+
 fn random_id() -> u64 {
     let mut b = [0u8; 8];
     if std::fs::File::open("/dev/urandom")
@@ -114,15 +128,30 @@ fn idle_pool() -> &'static Mutex<HashMap<PathBuf, Idle>> {
     })
 }
 
+/// An error a session can end with: says whether the connection is still in step with the
+/// agent and may serve the next call (after a resync), or must be closed.
+pub trait SessionFault: From<QgaError> {
+    /// True when the connection may be kept.
+    fn keeps_connection(&self) -> bool;
+}
+
+impl SessionFault for QgaError {
+    /// Only the agent's own refusal leaves the conversation in step: after a timeout or garbage a
+    /// late reply could be read as the next call's answer.
+    fn keeps_connection(&self) -> bool {
+        matches!(self, QgaError::Command { .. })
+    }
+}
+
 /// Runs `f` with a synced agent session on `path`, serialized per socket in-process.
 /// `sync_timeout` bounds the connect and the handshake together. A connection kept from a
 /// recent call is reused after a fresh resync; one whose call failed other than by the
 /// agent's own refusal is closed, so a late reply can never be read as the next answer.
-pub fn with_agent<T>(
+pub fn with_agent<T, E: SessionFault>(
     path: &Path,
     sync_timeout: Duration,
-    f: impl FnOnce(&mut Qga) -> Result<T, QgaError>,
-) -> Result<T, QgaError> {
+    f: impl FnOnce(&mut Qga) -> Result<T, E>,
+) -> Result<T, E> {
     let lock = super::sock::session_lock(path);
     let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
     let kept = idle_pool()
@@ -138,7 +167,10 @@ pub fn with_agent<T>(
         None => Qga::connect(path, sync_timeout)?,
     };
     let result = f(&mut qga);
-    if matches!(result, Ok(_) | Err(QgaError::Command { .. })) {
+    if result
+        .as_ref()
+        .map_or_else(SessionFault::keeps_connection, |_| true)
+    {
         idle_pool()
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -201,34 +233,19 @@ impl Qga {
         msg.push(b'\n');
         self.write(&msg)?;
         loop {
-            match self.read_line(deadline) {
-                Ok(line) => {
-                    if let Ok(v) = serde_json::from_slice::<Value>(&line) {
-                        if v.get("return").and_then(Value::as_u64) == Some(id) {
-                            return Ok(());
-                        }
-                    }
-                }
+            match self.read_message(deadline) {
+                Ok(v) if v.get("return").and_then(Value::as_u64) == Some(id) => return Ok(()),
+                // Anything else before our id (stale replies, noise) is what a resync discards.
+                Ok(_) | Err(QgaError::Garbage(_)) => {}
                 Err(QgaError::Timeout(_)) => return Err(QgaError::NoAgent),
                 Err(e) => return Err(e),
             }
         }
     }
 
-    /// Reads one line, dropping the 0xFF delimiter bytes of the sync protocol.
-    fn read_line(&mut self, deadline: Instant) -> Result<Vec<u8>, QgaError> {
-        loop {
-            let mut line = self.conn.read_line(deadline).map_err(|e| match e {
-                LineError::Timeout => QgaError::Timeout("a reply".into()),
-                LineError::Closed => QgaError::Closed,
-                LineError::TooLarge => QgaError::TooLarge,
-            })?;
-            line.retain(|b| *b != 0xFF);
-            let text = line.trim_ascii();
-            if !text.is_empty() {
-                return Ok(text.to_vec());
-            }
-        }
+    /// Reads one message, dropping the 0xFF delimiter bytes of the sync protocol.
+    fn read_message(&mut self, deadline: Instant) -> Result<Value, QgaError> {
+        Ok(wire::read_message(&mut self.conn, deadline, Some(0xFF))?)
     }
 
     /// Runs one command with the default bound.
@@ -252,25 +269,17 @@ impl Qga {
         line.push(b'\n');
         self.write(&line)?;
         let deadline = Instant::now() + timeout;
-        let reply = match self.read_line(deadline) {
+        let reply = match self.read_message(deadline) {
             Err(QgaError::Timeout(_)) => return Err(QgaError::Timeout(cmd.to_string())),
             other => other?,
         };
-        let v: Value = serde_json::from_slice(&reply).map_err(|_| {
-            QgaError::Garbage(String::from_utf8_lossy(&reply).chars().take(200).collect())
-        })?;
-        if let Some(r) = v.get("return") {
-            return Ok(r.clone());
+        match wire::decode_reply(&reply) {
+            Some(Reply::Return(r)) => Ok(r),
+            Some(Reply::Error { class, desc }) => Err(QgaError::Command { class, desc }),
+            None => Err(QgaError::Garbage(format!(
+                "reply without return or error: {}",
+                brief(&reply)
+            ))),
         }
-        if let Some(e) = v.get("error") {
-            return Err(QgaError::Command {
-                class: e["class"].as_str().unwrap_or("GenericError").to_string(),
-                desc: e["desc"].as_str().unwrap_or("unknown error").to_string(),
-            });
-        }
-        Err(QgaError::Garbage(format!(
-            "reply without return or error: {}",
-            v.to_string().chars().take(200).collect::<String>()
-        )))
     }
 }

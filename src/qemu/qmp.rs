@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::sock::{LineError, LineStream};
+use super::sock::LineStream;
+use super::wire::{self, brief, Reply, WireError};
 
 /// Default bound for one command.
 pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
@@ -57,12 +58,25 @@ impl std::fmt::Display for QmpError {
     }
 }
 
+impl std::error::Error for QmpError {}
+
+impl From<WireError> for QmpError {
+    fn from(e: WireError) -> Self {
+        match e {
+            WireError::Timeout => QmpError::Timeout("a message".into()),
+            WireError::Closed => QmpError::Closed,
+            WireError::TooLarge => QmpError::TooLarge,
+            WireError::Garbage(g) => QmpError::Garbage(g),
+        }
+    }
+}
+
 /// Runs `f` with an open QMP session on `path`, serialized against other sessions to the same
 /// socket in this process.
-pub fn with_session<T>(
+pub fn with_session<T, E: From<QmpError>>(
     path: &Path,
-    f: impl FnOnce(&mut Qmp) -> Result<T, QmpError>,
-) -> Result<T, QmpError> {
+    f: impl FnOnce(&mut Qmp) -> Result<T, E>,
+) -> Result<T, E> {
     let lock = super::sock::session_lock(path);
     let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
     let mut qmp = Qmp::connect(path, GREETING_TIMEOUT)?;
@@ -116,19 +130,7 @@ impl Qmp {
 
     /// Reads one JSON message (a line) before `deadline`.
     fn read_message(&mut self, deadline: Instant) -> Result<Value, QmpError> {
-        loop {
-            let line = self.conn.read_line(deadline).map_err(|e| match e {
-                LineError::Timeout => QmpError::Timeout("a message".into()),
-                LineError::Closed => QmpError::Closed,
-                LineError::TooLarge => QmpError::TooLarge,
-            })?;
-            let text = String::from_utf8_lossy(&line);
-            let text = text.trim();
-            if text.is_empty() {
-                continue;
-            }
-            return serde_json::from_str(text).map_err(|_| QmpError::Garbage(truncate(text)));
-        }
+        Ok(wire::read_message(&mut self.conn, deadline, None)?)
     }
 
     fn keep_event(&mut self, ev: Value) {
@@ -174,28 +176,23 @@ impl Qmp {
                 self.keep_event(m);
                 continue;
             }
-            if m.get("id").and_then(Value::as_str) != Some(id.as_str()) {
-                if m.get("return").is_some() || m.get("error").is_some() {
-                    continue; // a stale reply to an earlier, timed-out command
-                }
-                return Err(QmpError::Garbage(format!(
+            let ours = m.get("id").and_then(Value::as_str) == Some(id.as_str());
+            return match (ours, wire::decode_reply(&m)) {
+                // A stale reply to an earlier, timed-out command.
+                (false, Some(_)) => continue,
+                (false, None) => Err(QmpError::Garbage(format!(
                     "unexpected message {}",
                     brief(&m)
-                )));
-            }
-            if let Some(r) = m.get("return") {
-                return Ok(r.clone());
-            }
-            if let Some(e) = m.get("error") {
-                return Err(QmpError::Command {
-                    class: e["class"].as_str().unwrap_or("GenericError").to_string(),
-                    desc: e["desc"].as_str().unwrap_or("unknown error").to_string(),
-                });
-            }
-            return Err(QmpError::Garbage(format!(
-                "reply without return or error: {}",
-                brief(&m)
-            )));
+                ))),
+                (true, Some(Reply::Return(r))) => Ok(r),
+                (true, Some(Reply::Error { class, desc })) => {
+                    Err(QmpError::Command { class, desc })
+                }
+                (true, None) => Err(QmpError::Garbage(format!(
+                    "reply without return or error: {}",
+                    brief(&m)
+                ))),
+            };
         }
     }
 
@@ -229,17 +226,4 @@ impl Qmp {
             .filter_map(|e| e["event"].as_str().map(str::to_string))
             .collect()
     }
-}
-
-fn truncate(s: &str) -> String {
-    let cut: String = s.chars().take(200).collect();
-    if cut.len() < s.len() {
-        format!("{cut}...")
-    } else {
-        cut
-    }
-}
-
-fn brief(v: &Value) -> String {
-    truncate(&v.to_string())
 }

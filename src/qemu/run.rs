@@ -45,6 +45,15 @@ impl std::fmt::Display for RunError {
     }
 }
 
+impl std::error::Error for RunError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            RunError::Spawn(_, e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
 fn reader<R: Read + Send + 'static>(mut r: R, cap: usize) -> std::thread::JoinHandle<Vec<u8>> {
     std::thread::spawn(move || {
         let mut kept = Vec::new();

@@ -53,41 +53,78 @@ pub fn spawned(rec: &Record) -> bool {
     field(rec, "source") != Some("attached")
 }
 
+/// What a VM is doing, measured (never remembered).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Status {
+    /// QEMU runs the guest.
+    Running,
+    /// QEMU is there, the guest is stopped (pause_vm, or a snapshot in progress).
+    Paused,
+    /// No QEMU process for this VM.
+    Stopped,
+    /// Being launched by a live mcqemu.
+    Starting,
+    /// Another client holds the monitor.
+    Busy,
+    /// A process is there but QMP failed.
+    Unreachable,
+    /// Another QEMU run state (inmigrate, prelaunch, shutdown, guest-panicked, ...).
+    RunState(String),
+}
+
+impl Status {
+    /// The status for a QEMU run state as `query-status` reports it.
+    pub fn from_run_state(s: &str) -> Status {
+        match s {
+            "running" => Status::Running,
+            "paused" => Status::Paused,
+            other => Status::RunState(other.to_string()),
+        }
+    }
+
+    /// The word agents see.
+    pub fn as_str(&self) -> &str {
+        match self {
+            Status::Running => "running",
+            Status::Paused => "paused",
+            Status::Stopped => "stopped",
+            Status::Starting => "starting",
+            Status::Busy => "busy",
+            Status::Unreachable => "unreachable",
+            Status::RunState(s) => s,
+        }
+    }
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl serde::Serialize for Status {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
 /// A measured status.
 #[derive(Debug, Clone)]
 pub struct Measured {
-    /// running, paused, stopped, starting, busy, unreachable, or another QEMU run state.
-    pub status: String,
+    /// What the VM is doing.
+    pub status: Status,
     /// Why, when it is not plain.
     pub detail: Option<String>,
 }
 
 impl Measured {
-    fn new(status: &str, detail: Option<String>) -> Self {
-        Measured {
-            status: status.into(),
-            detail,
-        }
+    fn new(status: Status, detail: Option<String>) -> Self {
+        Measured { status, detail }
     }
 
     /// True when a QEMU process for this VM is still there in any state.
     pub fn alive(&self) -> bool {
-        self.status != "stopped"
-    }
-}
-
-/// Maps a QMP error for a VM to words for the agent, checking the process instead of guessing.
-pub fn explain_qmp(name: &str, rec: &Record, e: &QmpError) -> String {
-    let proc_alive = pid(rec).map(process::alive);
-    match e {
-        QmpError::NoGreeting if proc_alive != Some(false) => format!(
-            "another operation holds the monitor of VM {name:?} (QEMU serves one QMP client at a time); retry shortly"
-        ),
-        QmpError::Connect(_) | QmpError::Closed | QmpError::NoGreeting if proc_alive != Some(true) => {
-            format!("VM {name:?} is not running (its QEMU process has exited); launch it again with launch_vm")
-        }
-        QmpError::Timeout(cmd) => format!("VM {name:?}: QEMU did not answer {cmd} in time; it may be overloaded. Retry, or stop_vm with force=true"),
-        other => format!("VM {name:?}: {other}"),
+        self.status != Status::Stopped
     }
 }
 
@@ -101,20 +138,23 @@ pub fn measure_process(rec: &Record) -> Option<Measured> {
         let since = l.get("since").and_then(Value::as_i64).unwrap_or(0);
         let fresh = crate::clock::now_secs() - since < process::START_TIMEOUT.as_secs() as i64 + 30;
         if process::alive(owner) && fresh {
-            return Some(Measured::new("starting", Some("being launched".into())));
+            return Some(Measured::new(
+                Status::Starting,
+                Some("being launched".into()),
+            ));
         }
         return Some(Measured::new(
-            "stopped",
+            Status::Stopped,
             Some("an interrupted launch".into()),
         ));
     }
     let p = pid(rec)?;
     if !process::alive(p) {
-        return Some(Measured::new("stopped", None));
+        return Some(Measured::new(Status::Stopped, None));
     }
     if spawned(rec) && !process::is_our_vm(p, &qmp_socket(rec)) {
         return Some(Measured::new(
-            "stopped",
+            Status::Stopped,
             Some(format!("PID {p} now belongs to another program")),
         ));
     }
@@ -136,26 +176,30 @@ pub fn measure(rec: &Record) -> Measured {
                 .get("status")
                 .and_then(Value::as_str)
                 .unwrap_or("unknown");
-            Measured::new(if s == "running" { "running" } else { s }, None)
+            Measured::new(Status::from_run_state(s), None)
         }
-        Err(QmpError::NoGreeting) => {
-            Measured::new("busy", Some("another operation holds the monitor".into()))
-        }
+        Err(QmpError::NoGreeting) => Measured::new(
+            Status::Busy,
+            Some("another operation holds the monitor".into()),
+        ),
         // Without a PID only a socket nobody serves means stopped: one that answers with
         // garbage, too much, or too late has a live QEMU (or something) behind it.
         Err(e) => {
             if pid.is_some() {
                 Measured::new(
-                    "unreachable",
+                    Status::Unreachable,
                     Some(format!("the process is alive but QMP failed: {e}")),
                 )
             } else if !matches!(e, QmpError::Connect(_) | QmpError::Closed) {
                 Measured::new(
-                    "unreachable",
+                    Status::Unreachable,
                     Some(format!("the QMP socket answers but QMP failed: {e}")),
                 )
             } else {
-                Measured::new("stopped", Some(format!("QMP socket does not answer: {e}")))
+                Measured::new(
+                    Status::Stopped,
+                    Some(format!("QMP socket does not answer: {e}")),
+                )
             }
         }
     }

@@ -25,8 +25,18 @@ pub const MAX_FILE_BYTES: usize = 64 * 1024 * 1024;
 /// How long to wait for another instance to release the lock.
 const LOCK_WAIT: Duration = Duration::from_secs(10);
 
-/// One VM's record: a JSON object.
+/// One VM's record: a JSON object. Kept as a map, not a struct, so that fields written by
+/// other versions of mcqemu (or the Python server) survive a read-modify-write untouched.
 pub type Record = Map<String, Value>;
+
+/// A record from a serializable struct: tools describe what they store as a typed struct and
+/// convert it here (a struct that does not serialize to an object gives an empty record).
+pub fn to_record<T: serde::Serialize>(value: &T) -> Record {
+    match serde_json::to_value(value) {
+        Ok(Value::Object(m)) => m,
+        _ => Map::new(),
+    }
+}
 
 /// All records by name.
 pub type Vms = BTreeMap<String, Record>;
@@ -51,6 +61,8 @@ impl std::fmt::Display for RegistryError {
         }
     }
 }
+
+impl std::error::Error for RegistryError {}
 
 /// What parsing a registry file produced.
 #[derive(Debug, Default, PartialEq)]

@@ -6,12 +6,13 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::object;
+use super::session::{self, SessionError};
 use crate::b64;
 use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::qemu::keys::{self, KeyEvent};
-use crate::qemu::qmp::{self, Qmp, QmpError};
+use crate::qemu::qmp::{Qmp, QmpError};
 use crate::qemu::screen::{self, Png, TempCapture};
-use crate::qemu::vm::{self, explain_qmp};
+use crate::qemu::vm;
 use crate::state::registry::Record;
 
 /// Longest text vm_type_text accepts.
@@ -28,39 +29,41 @@ fn live(name: &str) -> Result<Record, ToolError> {
     super::lifecycle::lookup_live(name, "launch it first")
 }
 
-fn with_vm<T>(
-    name: &str,
-    rec: &Record,
-    f: impl FnOnce(&mut Qmp) -> Result<T, QmpError>,
-) -> Result<T, ToolError> {
-    qmp::with_session(&vm::qmp_socket(rec), f)
-        .map_err(|e| ToolError::new(explain_qmp(name, rec, &e)))
-}
+/// The monitor session of a screen/keyboard/mouse tool: failures explained for VM `name`.
+type Session<T> = Result<T, SessionError<QmpError>>;
 
 /// Dumps the screen as PPM into a unique temporary file (removed on every path) and reads it.
 /// PPM rather than QEMU's own PNG: measured on QEMU 7.2, a PNG screendump of a 720x400 screen
 /// takes 8.7 ms, a PPM dump 2.9 ms, and encoding it here 0.1 ms.
-fn dump_ppm(q: &mut Qmp, name: &str) -> Result<Result<Vec<u8>, String>, QmpError> {
+fn dump_ppm(q: &mut Qmp, name: &str) -> Session<Vec<u8>> {
     let dir = vm::state_dir(name);
-    if let Err(e) = std::fs::create_dir_all(&dir) {
-        return Ok(Err(format!("cannot create {}: {e}", dir.display())));
-    }
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| ToolError::new(format!("cannot create {}: {e}", dir.display())))?;
     let file = TempCapture::new(&dir, "ppm");
     q.execute(
         "screendump",
         Some(json!({"filename": file.0.display().to_string()})),
     )?;
-    Ok(std::fs::read(&file.0).map_err(|e| format!("QEMU wrote no screenshot: {e}")))
+    Ok(std::fs::read(&file.0).map_err(|e| {
+        ToolError::new(format!(
+            "screenshot of {name:?} failed: QEMU wrote no screenshot: {e}"
+        ))
+    })?)
 }
 
 /// Captures the screen as PNG within an open session.
-fn capture(q: &mut Qmp, name: &str) -> Result<Result<Png, String>, QmpError> {
-    Ok(dump_ppm(q, name)?.and_then(|data| screen::ppm_to_png(&data)))
+fn capture(q: &mut Qmp, name: &str) -> Session<Png> {
+    let data = dump_ppm(q, name)?;
+    Ok(screen::ppm_to_png(&data)
+        .map_err(|e| ToolError::new(format!("screenshot of {name:?} failed: {e}")))?)
 }
 
 /// The current screen size, from a capture's header only.
-fn screen_size(q: &mut Qmp, name: &str) -> Result<Result<(u32, u32), String>, QmpError> {
-    Ok(dump_ppm(q, name)?.and_then(|data| screen::ppm_header(&data).map(|(w, h, _)| (w, h))))
+fn screen_size(q: &mut Qmp, name: &str) -> Session<(u32, u32)> {
+    let data = dump_ppm(q, name)?;
+    Ok(screen::ppm_header(&data)
+        .map(|(w, h, _)| (w, h))
+        .map_err(|e| ToolError::new(format!("cannot read the screen size of {name:?}: {e}")))?)
 }
 
 /// `vm_screenshot`.
@@ -87,8 +90,7 @@ fn screenshot(_ctx: &ToolCtx, args: &Args) -> ToolResult {
         None => None,
     };
     let rec = live(&name)?;
-    let png = with_vm(&name, &rec, |q| capture(q, &name))?
-        .map_err(|e| ToolError::new(format!("screenshot of {name:?} failed: {e}")))?;
+    let png = session::monitor(&name, &rec, |q| capture(q, &name))?;
     let mut out = json!({"name": name, "width": png.width, "height": png.height, "bytes": png.data.len(), "format": "png", "path": null});
     if let Some(p) = save_to {
         // A unique temporary file beside the target, renamed into place: concurrent saves to
@@ -150,7 +152,7 @@ fn send_keys(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let hold = args.i64_or("hold_ms", 100)?.clamp(1, 10_000) as u64;
     let delay = args.i64_or("delay_ms", 50)?.clamp(0, 10_000) as u64;
     let rec = live(&name)?;
-    with_vm(&name, &rec, |q| {
+    session::monitor(&name, &rec, |q| {
         for (i, c) in chords.iter().enumerate() {
             let keys: Vec<Value> = c
                 .iter()
@@ -161,10 +163,7 @@ fn send_keys(ctx: &ToolCtx, args: &Args) -> ToolResult {
             // so chords never overlap and QEMU's key queue never overflows.
             std::thread::sleep(Duration::from_millis(hold + delay));
             if ctx.cancelled() {
-                return Err(QmpError::Command {
-                    class: "Cancelled".into(),
-                    desc: format!("cancelled after {i} chords"),
-                });
+                return Err(ToolError::new(format!("cancelled after {i} chords")).into());
             }
         }
         Ok(())
@@ -221,15 +220,15 @@ fn type_text(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let plan = batches(&events);
     let rec = live(&name)?;
     let commands = plan.len();
-    with_vm(&name, &rec, |q| {
+    session::monitor(&name, &rec, |q| {
         for (i, batch) in plan.iter().enumerate() {
             let evs: Vec<Value> = batch.iter().map(|(k, d)| key_event(k, *d)).collect();
             q.execute("input-send-event", Some(json!({"events": evs})))?;
             if ctx.cancelled() {
-                return Err(QmpError::Command {
-                    class: "Cancelled".into(),
-                    desc: format!("cancelled after {i} of {commands} key batches"),
-                });
+                return Err(ToolError::new(format!(
+                    "cancelled after {i} of {commands} key batches"
+                ))
+                .into());
             }
             // Also after the last batch, so a following call cannot overflow the queue.
             std::thread::sleep(delay);
@@ -304,11 +303,10 @@ fn click(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     let button = args.str_or("button", "left")?.to_string();
     let double = args.bool_or("double", false)?;
     let rec = live(&name)?;
-    let (w, h) = with_vm(&name, &rec, |q| {
-        let size = screen_size(q, &name)?;
-        let Ok((w, h)) = size else { return Ok(size) };
+    let (w, h) = session::monitor(&name, &rec, |q| {
+        let (w, h) = screen_size(q, &name)?;
         if x < 0 || y < 0 || x >= i64::from(w) || y >= i64::from(h) {
-            return Ok(Ok((w, h)));
+            return Ok((w, h));
         }
         q.execute(
             "input-send-event",
@@ -318,9 +316,8 @@ fn click(_ctx: &ToolCtx, args: &Args) -> ToolResult {
             ]})),
         )?;
         click_cmds(q, &button, double)?;
-        Ok(Ok((w, h)))
-    })?
-    .map_err(|e| ToolError::new(format!("cannot read the screen size of {name:?}: {e}")))?;
+        Ok((w, h))
+    })?;
     if x < 0 || y < 0 || x >= i64::from(w) || y >= i64::from(h) {
         return Err(ToolError::new(format!(
             "({x}, {y}) is outside the {w}x{h} screen; nothing was sent"
@@ -396,7 +393,7 @@ fn mouse_move(ctx: &ToolCtx, args: &Args) -> ToolResult {
     }
     plan.extend(rel_steps(dx, dy, step));
     let commands = plan.len();
-    with_vm(&name, &rec, |q| {
+    session::monitor(&name, &rec, |q| {
         for (i, (sx, sy)) in plan.iter().enumerate() {
             q.execute(
                 "input-send-event",
@@ -406,10 +403,7 @@ fn mouse_move(ctx: &ToolCtx, args: &Args) -> ToolResult {
                 ]})),
             )?;
             if i % 64 == 63 && ctx.cancelled() {
-                return Err(QmpError::Command {
-                    class: "Cancelled".into(),
-                    desc: "cancelled".into(),
-                });
+                return Err(ToolError::new("cancelled").into());
             }
         }
         if !plan.is_empty() {

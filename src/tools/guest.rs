@@ -1,18 +1,15 @@
 //! Guest-agent tools: ping, info, exec, and file read/write through qemu-guest-agent.
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
 use super::lifecycle::lookup;
 use super::object;
+use super::session;
 use crate::b64;
 use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
-use crate::qemu::qga::{self, Qga, QgaError};
-use crate::qemu::qmp;
-use crate::qemu::vm::{self, measure};
-use crate::state::registry::Record;
+use crate::qemu::qga::{Qga, QgaError};
 
 /// Bytes per guest-file-read / guest-file-write call: large, since every call is a round trip
 /// into a TCG guest (qemu-ga allows reads of up to 48 MB), and a multiple of 3 so base64
@@ -25,53 +22,14 @@ const EXEC_POLL_WINDOW: Duration = Duration::from_secs(1);
 /// Cap on guest_file_read's max_bytes.
 pub const MAX_READ: i64 = 8 * 1024 * 1024;
 
-fn agent_socket(name: &str, rec: &Record) -> Result<PathBuf, ToolError> {
-    vm::field(rec, "qga_socket").map(PathBuf::from).ok_or_else(|| {
-        ToolError::new(format!("VM {name:?} has no guest-agent socket (attached without qga_socket); attach it again with qga_socket"))
-    })
-}
-
-/// Turns an agent error into words for the agent, checking the VM's run state first.
-pub fn explain(name: &str, rec: &Record, cmd: &str, e: &QgaError) -> ToolError {
-    match e {
-        QgaError::NoAgent | QgaError::Connect(_) | QgaError::Closed => {
-            let m = measure(rec);
-            let state = if m.alive() {
-                qmp::with_session(&vm::qmp_socket(rec), |q| q.execute_within("query-status", None, Duration::from_secs(3)))
-                    .ok()
-                    .and_then(|s| s.get("status").and_then(Value::as_str).map(str::to_string))
-                    .unwrap_or_else(|| m.status.clone())
-            } else {
-                "stopped".into()
-            };
-            let msg = match state.as_str() {
-                "stopped" => format!("VM {name:?} is not running; launch it (or sandbox_vm) first"),
-                "paused" => format!("no guest agent answers because VM {name:?} is paused; resume_vm it first"),
-                "running" => format!(
-                    "no guest agent answers in VM {name:?} ({e}): qemu-guest-agent is not installed or not started yet (the guest may still be booting). Wait and retry guest_ping, or check the guest with vm_serial_read / vm_screenshot"
-                ),
-                other => format!("no guest agent answers in VM {name:?}: the VM is {other}"),
-            };
-            ToolError::new(msg)
-        }
-        e if e.is_disabled() => ToolError::new(format!(
-            "the guest has disabled {cmd} in its agent configuration (qemu-ga --block-rpcs/--allow-rpcs); guest_info lists the enabled commands. Agent said: {e}"
-        )),
-        QgaError::Command { .. } => ToolError::new(format!("{cmd} failed inside guest {name:?}: {e}")),
-        QgaError::Timeout(_) => ToolError::new(format!("the guest agent in VM {name:?} did not answer {cmd} in time; the guest may be overloaded. Retry")),
-        other => ToolError::new(format!("guest agent of VM {name:?}: {other}")),
-    }
-}
-
-/// Runs `f` on a synced agent session of VM `name`.
+/// Runs `f` on a synced agent session of VM `name`; failures are explained for that VM.
 pub fn with_guest<T>(
     name: &str,
     cmd: &str,
     f: impl FnOnce(&mut Qga) -> Result<T, QgaError>,
 ) -> Result<T, ToolError> {
     let rec = lookup(name)?;
-    let sock = agent_socket(name, &rec)?;
-    qga::with_agent(&sock, qga::SYNC_TIMEOUT, f).map_err(|e| explain(name, &rec, cmd, &e))
+    session::agent(name, &rec, cmd, |q| Ok(f(q)?))
 }
 
 fn name_schema() -> Value {
@@ -254,7 +212,7 @@ fn exec(ctx: &ToolCtx, args: &Args) -> ToolResult {
                 let status = q.execute_within(
                     "guest-exec-status",
                     Some(json!({"pid": pid})),
-                    qga::COMMAND_TIMEOUT,
+                    crate::qemu::qga::COMMAND_TIMEOUT,
                 )?;
                 if status.get("exited").and_then(Value::as_bool) == Some(true) {
                     return Ok(Some(status));

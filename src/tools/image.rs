@@ -10,12 +10,6 @@ use crate::clock;
 use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::qemu::img::{self, ImgError, SnapshotOp, FORMATS};
 
-impl From<ImgError> for ToolError {
-    fn from(e: ImgError) -> Self {
-        ToolError(e.to_string())
-    }
-}
-
 fn formats_schema(desc: &str) -> Value {
     json!({"type": "string", "enum": FORMATS, "default": "qcow2", "description": desc})
 }

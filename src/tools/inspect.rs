@@ -5,9 +5,10 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::lifecycle::lookup;
-use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
-use crate::qemu::qmp;
-use crate::qemu::vm::{self, explain_qmp, measure};
+use super::session::explain_qmp;
+use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolOutput, ToolResult};
+use crate::qemu::qmp::{self, QmpError};
+use crate::qemu::vm::{self, measure, Status};
 
 const SUMMARY_FIELDS: &[&str] = &[
     "source",
@@ -91,7 +92,7 @@ fn vm_info(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     let settled = vm::measure_process(&rec);
     let mut out = json!({
         "name": name,
-        "status": settled.as_ref().map(|m| m.status.clone()).unwrap_or_else(|| "running".into()),
+        "status": settled.as_ref().map_or(Status::Running, |m| m.status.clone()),
         "record": rec,
         "port_forwards": vm::forwards(&rec),
         "block_devices": [],
@@ -105,7 +106,7 @@ fn vm_info(_ctx: &ToolCtx, args: &Args) -> ToolResult {
         }
         return Ok(ToolOutput::json(out));
     }
-    let live = qmp::with_session(&vm::qmp_socket(&rec), |q| {
+    let live = qmp::with_session(&vm::qmp_socket(&rec), |q| -> Result<_, QmpError> {
         let t = Duration::from_secs(5);
         let status = q.execute_within("query-status", None, t)?;
         let cpus = q.execute_within("query-cpus-fast", None, t)?;
@@ -161,10 +162,4 @@ fn vm_info(_ctx: &ToolCtx, args: &Args) -> ToolResult {
         }
     }
     Ok(ToolOutput::json(out))
-}
-
-impl From<crate::qemu::qmp::QmpError> for ToolError {
-    fn from(e: crate::qemu::qmp::QmpError) -> Self {
-        ToolError(e.to_string())
-    }
 }

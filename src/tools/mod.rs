@@ -12,15 +12,18 @@ pub mod drive;
 pub mod guest;
 pub mod image;
 pub mod inspect;
+pub mod launch;
 pub mod lifecycle;
 pub mod sandbox;
 pub mod serial;
+pub mod session;
 pub mod snapshot;
+pub mod stop;
 
 /// Every tool, in the order `tools/list` shows them.
 pub static ALL: &[ToolDef] = &[
-    lifecycle::LAUNCH,
-    lifecycle::STOP,
+    launch::LAUNCH,
+    stop::STOP,
     lifecycle::PAUSE,
     lifecycle::RESUME,
     lifecycle::ATTACH,

@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 
-use super::lifecycle::{self, lookup};
+use super::launch;
+use super::lifecycle::lookup;
 use super::{object, path_arg};
 use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::qemu::qga;
@@ -26,8 +27,8 @@ pub const SANDBOX: ToolDef = ToolDef {
     input_schema: || object(json!({
         "base_image": {"type": "string", "minLength": 1, "description": "Base disk image; left untouched."},
         "name": {"type": ["string", "null"], "default": null, "description": "VM name; default the first free of sandbox, sandbox-2, ..."},
-        "memory_mb": {"type": "integer", "minimum": 16, "maximum": 1048576, "default": 2048},
-        "cpus": {"type": "integer", "minimum": 1, "maximum": 256, "default": 2},
+        "memory_mb": launch::memory_schema(),
+        "cpus": launch::cpus_schema(),
         "port_forwards": {"type": ["array", "null"], "items": {"type": "string"}, "default": null, "description": "null means [\"auto:22\"]; [] means none."},
         "allow_network": {"type": "boolean", "default": false},
         "wait_agent_s": {"type": "number", "minimum": 0, "maximum": 3600, "default": 90},
@@ -95,7 +96,7 @@ fn sandbox_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
         launch_args.remove(k);
     }
     let launch_args = crate::mcp::tool::Args(launch_args);
-    let mut req = match lifecycle::request_from_args(
+    let mut req = match launch::request_from_args(
         &launch_args,
         &name,
         vec![(overlay.clone(), "qcow2".into())],
@@ -113,7 +114,7 @@ fn sandbox_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
     sb.insert("overlay".into(), json!(overlay.display().to_string()));
     sb.insert("allow_network".into(), json!(!req.spec.restrict_net));
     req.extra_record.insert("sandbox".into(), Value::Object(sb));
-    let launched = match lifecycle::launch(ctx, req) {
+    let launched = match launch::launch(ctx, req) {
         Ok(o) => o,
         Err(e) => {
             let _ = std::fs::remove_file(&overlay);

@@ -5,11 +5,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use super::session;
 use super::{check_tag, object};
 use crate::clock;
 use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
-use crate::qemu::qmp::{self, Qmp, QmpError};
-use crate::qemu::vm::{self, explain_qmp};
+use crate::qemu::qmp::{Qmp, QmpError};
 use crate::state::registry::Record;
 
 /// Bound for one snapshot job.
@@ -61,13 +61,17 @@ fn structured(snaps: &[Value]) -> Vec<Value> {
         .collect()
 }
 
-/// Starts a snapshot job and watches it to its end, sending progress. Returns the job's error.
-fn run_job(
-    ctx: &ToolCtx,
-    q: &mut Qmp,
-    cmd: &str,
-    mut args: Value,
-) -> Result<Result<(), String>, QmpError> {
+/// How a snapshot operation ended in a healthy monitor session.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// It did what was asked.
+    Done,
+    /// QEMU refused or the job failed; its words.
+    Refused(String),
+}
+
+/// Starts a snapshot job and watches it to its end, sending progress.
+fn run_job(ctx: &ToolCtx, q: &mut Qmp, cmd: &str, mut args: Value) -> Result<Verdict, QmpError> {
     let job_id = format!("mcq-{cmd}-{}-{}", std::process::id(), clock::now_secs());
     args["job-id"] = json!(job_id);
     q.execute(cmd, Some(args))?;
@@ -79,7 +83,7 @@ fn run_job(
             .and_then(|a| a.iter().find(|j| j["id"] == job_id.as_str()))
             .cloned();
         let Some(job) = job else {
-            return Ok(Err(format!(
+            return Ok(Verdict::Refused(format!(
                 "the {cmd} job disappeared before it concluded"
             )));
         };
@@ -88,8 +92,8 @@ fn run_job(
             let err = job.get("error").and_then(Value::as_str).map(str::to_string);
             let _ = q.execute("job-dismiss", Some(json!({"id": job_id})));
             return Ok(match err {
-                Some(e) => Err(e),
-                None => Ok(()),
+                Some(e) => Verdict::Refused(e),
+                None => Verdict::Done,
             });
         }
         ctx.progress(
@@ -99,14 +103,14 @@ fn run_job(
         );
         if start.elapsed() > SNAPSHOT_TIMEOUT {
             let _ = q.execute("job-cancel", Some(json!({"id": job_id})));
-            return Ok(Err(format!(
+            return Ok(Verdict::Refused(format!(
                 "the {cmd} job did not finish within {} minutes and was cancelled",
                 SNAPSHOT_TIMEOUT.as_secs() / 60
             )));
         }
         if ctx.cancelled() {
             let _ = q.execute("job-cancel", Some(json!({"id": job_id})));
-            return Ok(Err("cancelled by the client".into()));
+            return Ok(Verdict::Refused("cancelled by the client".into()));
         }
         let _ = q.next_event(Duration::from_millis(100))?;
     }
@@ -115,7 +119,7 @@ fn run_job(
 /// Runs savevm/loadvm/delvm through HMP. HMP reports failure as text inside a successful
 /// reply ("Error: ..."), so the text is the verdict; `delvm` of a missing tag prints nothing,
 /// which is why callers check the tag exists first.
-fn hmp_snapshot(q: &mut Qmp, op: Op, tag: &str) -> Result<Result<(), String>, QmpError> {
+fn hmp_snapshot(q: &mut Qmp, op: Op, tag: &str) -> Result<Verdict, QmpError> {
     let verb = match op {
         Op::Save => "savevm",
         Op::Load => "loadvm",
@@ -126,13 +130,13 @@ fn hmp_snapshot(q: &mut Qmp, op: Op, tag: &str) -> Result<Result<(), String>, Qm
 }
 
 /// Reads an HMP reply: any line starting with "Error" (or mentioning "error:") is a failure.
-pub fn hmp_verdict(out: &str) -> Result<(), String> {
+pub fn hmp_verdict(out: &str) -> Verdict {
     let failed = out
         .lines()
         .find(|l| l.trim_start().starts_with("Error") || l.to_ascii_lowercase().contains("error:"));
     match failed {
-        Some(line) => Err(line.trim().to_string()),
-        None => Ok(()),
+        Some(line) => Verdict::Refused(line.trim().to_string()),
+        None => Verdict::Done,
     }
 }
 
@@ -226,42 +230,47 @@ fn snapshot_op(ctx: &ToolCtx, args: &Args, op: Op) -> ToolResult {
             }
         ),
     );
-    let outcome = qmp::with_session(&vm::qmp_socket(&rec), |q| {
+    let status = session::monitor(&name, &rec, |q| {
         let (nodes, snaps) = snapshot_nodes(q)?;
         if nodes.is_empty() {
-            return Ok(Err(no_disk(&name)));
+            return Err(no_disk(&name).into());
         }
         let exists = snaps.iter().any(|s| s["name"] == tag.as_str());
         let tags: Vec<&str> = snaps.iter().filter_map(|s| s["name"].as_str()).collect();
         let (cmd, args) = match op {
-            Op::Save if exists => return Ok(Err(ToolError::new(format!("snapshot {tag:?} already exists in VM {name:?}; delete it first or choose another tag")))),
+            Op::Save if exists => return Err(ToolError::new(format!("snapshot {tag:?} already exists in VM {name:?}; delete it first or choose another tag")).into()),
             Op::Load | Op::Delete if !exists => {
-                return Ok(Err(ToolError::new(format!("VM {name:?} has no snapshot {tag:?}; existing tags: [{}]", tags.join(", ")))))
+                return Err(ToolError::new(format!("VM {name:?} has no snapshot {tag:?}; existing tags: [{}]", tags.join(", "))).into())
             }
             Op::Save => ("snapshot-save", json!({"tag": tag, "vmstate": nodes[0], "devices": nodes})),
             Op::Load => ("snapshot-load", json!({"tag": tag, "vmstate": nodes[0], "devices": nodes})),
             Op::Delete => ("snapshot-delete", json!({"tag": tag, "devices": nodes})),
         };
-        let job = match run_job(ctx, q, cmd, args) {
+        let verdict = match run_job(ctx, q, cmd, args) {
             // QEMU before 6.0 has no snapshot jobs: fall back to HMP and read its text.
-            Err(QmpError::Command { class, .. }) if class == "CommandNotFound" => hmp_snapshot(q, op, &tag)?,
+            Err(QmpError::Command { class, .. }) if class == "CommandNotFound" => {
+                hmp_snapshot(q, op, &tag)?
+            }
             other => other?,
         };
-        let status = q.execute("query-status", None)?.get("status").and_then(Value::as_str).unwrap_or("unknown").to_string();
-        Ok(match job {
-            Ok(()) => Ok(status),
-            Err(e) => {
+        let status = q
+            .execute("query-status", None)?
+            .get("status")
+            .and_then(Value::as_str)
+            .unwrap_or("unknown")
+            .to_string();
+        match verdict {
+            Verdict::Done => Ok(status),
+            Verdict::Refused(e) => {
                 let hint = if matches!(op, Op::Load) && status != "running" {
                     format!(" The VM is now {status}: restore another snapshot, or resume_vm it as it is")
                 } else {
                     String::new()
                 };
-                Err(ToolError::new(format!("QEMU refused {cmd} of {tag:?}: {e}.{hint}")))
+                Err(ToolError::new(format!("QEMU refused {cmd} of {tag:?}: {e}.{hint}")).into())
             }
-        })
-    })
-    .map_err(|e| ToolError::new(explain_qmp(&name, &rec, &e)))?;
-    let status = outcome?;
+        }
+    })?;
     let action = match op {
         Op::Save => "created",
         Op::Load => "restored",
@@ -292,8 +301,7 @@ pub const LIST: ToolDef = ToolDef {
 fn list(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     let name = args.str("name")?.to_string();
     let rec = live(&name)?;
-    let (nodes, snaps) = qmp::with_session(&vm::qmp_socket(&rec), snapshot_nodes)
-        .map_err(|e| ToolError::new(explain_qmp(&name, &rec, &e)))?;
+    let (nodes, snaps) = session::monitor(&name, &rec, |q| Ok(snapshot_nodes(q)?))?;
     if nodes.is_empty() {
         return Err(no_disk(&name));
     }
@@ -308,11 +316,14 @@ mod tests {
 
     #[test]
     fn hmp_errors_inside_successful_replies_are_failures() {
-        assert!(hmp_verdict("").is_ok());
-        assert!(hmp_verdict(
-            "Error: Device 'ide0-hd0' is writable but does not support snapshots\r\n"
-        )
-        .is_err());
-        assert!(hmp_verdict("loadvm: error: Snapshot 'x' does not exist\n").is_err());
+        assert_eq!(hmp_verdict(""), Verdict::Done);
+        assert!(matches!(
+            hmp_verdict("Error: Device 'ide0-hd0' is writable but does not support snapshots\r\n"),
+            Verdict::Refused(_)
+        ));
+        assert!(matches!(
+            hmp_verdict("loadvm: error: Snapshot 'x' does not exist\n"),
+            Verdict::Refused(_)
+        ));
     }
 }

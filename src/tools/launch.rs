@@ -1,0 +1,469 @@
+//! launch_vm, and the launch that sandbox_vm shares: the request built from arguments, the
+//! name reserved in the registry, QEMU started, and the record written.
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use serde_json::{json, Map, Value};
+
+use super::{object, path_arg, vm_name_arg};
+use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use crate::qemu::cmdline::{self, Forward, LaunchSpec};
+use crate::qemu::qmp::{self, QmpError};
+use crate::qemu::vm::{self, measure};
+use crate::qemu::{accel, firmware, img, process, sock};
+use crate::state::paths;
+use crate::state::registry::{to_record, RegistryError};
+
+/// Default `arch` of launch_vm and sandbox_vm.
+pub const DEFAULT_ARCH: &str = "x86_64";
+/// Default `memory_mb`.
+pub const DEFAULT_MEMORY_MB: i64 = 2048;
+/// Default `cpus`.
+pub const DEFAULT_CPUS: i64 = 2;
+/// Default `firmware`.
+pub const DEFAULT_FIRMWARE: &str = "bios";
+
+/// Architectures launch_vm accepts, with their default machine type.
+const ARCHES: &[(&str, &str)] = &[
+    ("x86_64", "q35"),
+    ("i386", "q35"),
+    ("aarch64", "virt"),
+    ("riscv64", "virt"),
+];
+
+fn forwards_json(fw: &[Forward]) -> Value {
+    json!(fw.iter().map(|f| json!({"addr": f.addr.to_string(), "host": f.host, "guest": f.guest, "auto": f.auto})).collect::<Vec<_>>())
+}
+
+fn resolve_existing(args: &Args, key: &str, what: &str) -> Result<Option<PathBuf>, ToolError> {
+    match args.opt_str(key)? {
+        None => Ok(None),
+        Some(_) => {
+            let p = path_arg(args, key)?;
+            if !p.is_file() {
+                return Err(ToolError::new(format!(
+                    "{what} {} does not exist or is not a file",
+                    p.display()
+                )));
+            }
+            Ok(Some(p))
+        }
+    }
+}
+
+/// Picks the accelerator: `auto` takes KVM only where it can really run guests.
+pub fn choose_accel(requested: &str) -> Result<(String, Option<String>), ToolError> {
+    match requested {
+        "tcg" => Ok(("tcg".into(), None)),
+        "kvm" => accel::kvm_usable()
+            .map(|_| ("kvm".into(), None))
+            .map_err(|why| {
+                ToolError::new(format!(
+                    "accel=\"kvm\" is not usable here: {why}. Use accel=\"auto\" or \"tcg\""
+                ))
+            }),
+        "auto" => match accel::kvm_usable() {
+            Ok(()) => Ok(("kvm".into(), None)),
+            Err(why) => Ok(("tcg".into(), Some(format!("fell back to TCG: {why}")))),
+        },
+        other => Err(ToolError::new(format!(
+            "unknown accel {other:?}; use auto, kvm or tcg"
+        ))),
+    }
+}
+
+/// The record of a name reserved while its QEMU starts: other servers see it as starting.
+#[derive(Serialize)]
+struct Reservation<'a> {
+    name: &'a str,
+    qmp_socket: String,
+    launching: Launching,
+}
+
+/// Who is launching, and since when (a reservation whose owner died is an interrupted launch).
+#[derive(Serialize)]
+struct Launching {
+    owner_pid: u32,
+    since: i64,
+}
+
+/// The record of a VM launch_vm started (sandbox_vm adds its `sandbox` field).
+#[derive(Serialize)]
+struct LaunchedRecord<'a> {
+    name: &'a str,
+    source: &'static str,
+    pid: Option<i32>,
+    arch: &'a str,
+    machine: &'a str,
+    accel: &'a str,
+    memory_mb: u64,
+    cpus: u64,
+    disks: Vec<String>,
+    iso: Option<String>,
+    firmware: &'a str,
+    kernel: Option<String>,
+    initrd: Option<String>,
+    append: Option<&'a str>,
+    no_net: bool,
+    restrict_net: bool,
+    port_forwards: Value,
+    qmp_socket: String,
+    qga_socket: String,
+    serial_socket: String,
+    serial_log: String,
+    pidfile: String,
+    extra_args: &'a [String],
+    qemu_version: &'a str,
+    created_at: String,
+}
+
+/// Everything a launch needs beyond the spec, shared by launch_vm and sandbox_vm.
+pub struct LaunchRequest {
+    /// The spec (sockets and pidfile are filled in by [`launch`]).
+    pub spec: LaunchSpec,
+    /// Extra fields for the record (e.g. sandbox details).
+    pub extra_record: Map<String, Value>,
+    /// Why TCG was chosen, if auto fell back.
+    pub accel_note: Option<String>,
+    /// Firmware name for the record.
+    pub firmware: String,
+}
+
+/// Reserves the name, starts QEMU, and records the VM. On failure the reservation is dropped.
+pub fn launch(ctx: &ToolCtx, mut req: LaunchRequest) -> ToolResult {
+    let name = req.spec.name.clone();
+    let rt = vm::runtime_dir(&name);
+    let sd = vm::state_dir(&name);
+    let qmp_sock = rt.join("qmp.sock");
+    req.spec.qmp_socket = qmp_sock.clone();
+    req.spec.qga_socket = rt.join("qga.sock");
+    req.spec.serial_socket = rt.join("serial.sock");
+    req.spec.pidfile = rt.join("qemu.pid");
+    req.spec.serial_log = sd.join("serial.log");
+    for s in [
+        &req.spec.qmp_socket,
+        &req.spec.qga_socket,
+        &req.spec.serial_socket,
+    ] {
+        if s.as_os_str().len() > sock::MAX_SOCKET_PATH {
+            return Err(ToolError::new(format!(
+                "socket path {} is longer than the {} bytes a unix socket allows; set MCQEMU_RUNTIME_DIR to a shorter folder",
+                s.display(),
+                sock::MAX_SOCKET_PATH
+            )));
+        }
+    }
+    // Reserve the name first, across threads and processes (the registry lock).
+    vm::registry().update(|vms| {
+        if let Some(old) = vms.get(&name) {
+            let m = measure(old);
+            if m.alive() {
+                return Err(ToolError::new(format!(
+                    "a VM named {name:?} is already {} ; stop_vm it first or choose another name",
+                    m.status
+                )));
+            }
+        }
+        let rec = to_record(&Reservation {
+            name: &name,
+            qmp_socket: qmp_sock.display().to_string(),
+            launching: Launching {
+                owner_pid: std::process::id(),
+                since: crate::clock::now_secs(),
+            },
+        });
+        vms.insert(name.clone(), rec);
+        Ok(())
+    })?;
+    let result = start_reserved(ctx, &req, &rt, &sd);
+    if result.is_err() {
+        let _ = vm::registry().update(|vms| {
+            if vms.get(&name).is_some_and(|r| r.contains_key("launching")) {
+                vms.remove(&name);
+            }
+            Ok::<_, RegistryError>(())
+        });
+    }
+    result
+}
+
+fn start_reserved(ctx: &ToolCtx, req: &LaunchRequest, rt: &Path, sd: &Path) -> ToolResult {
+    let s = &req.spec;
+    let name = &s.name;
+    for dir in [rt, sd] {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| ToolError::new(format!("cannot create {}: {e}", dir.display())))?;
+    }
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(rt, std::fs::Permissions::from_mode(0o700));
+    }
+    if s.qmp_socket.exists() {
+        if sock::is_listening(&s.qmp_socket) {
+            return Err(ToolError::new(format!(
+                "a QEMU is still listening on {}: VM {name:?} seems to be running outside the registry. Adopt it with attach_vm, or stop that QEMU first",
+                s.qmp_socket.display()
+            )));
+        }
+        for stale in [&s.qmp_socket, &s.qga_socket, &s.serial_socket] {
+            let _ = std::fs::remove_file(stale);
+        }
+    }
+    ctx.check_cancel()?;
+    let argv = cmdline::build_argv(s);
+    crate::log::stderr(
+        "info",
+        &format!("launching VM {name}: {} {}", s.binary, argv.join(" ")),
+    );
+    let started = process::spawn_daemon(&s.binary, &argv, &s.pidfile).map_err(ToolError::new)?;
+    let mut warnings: Vec<String> = started.warning.into_iter().collect();
+    let (actual_accel, status, version) =
+        match qmp::with_session(&s.qmp_socket, |q| -> Result<_, QmpError> {
+            let kvm = q.execute("query-kvm", None)?;
+            let st = q.execute("query-status", None)?;
+            Ok((kvm, st, q.version.clone()))
+        }) {
+            Ok((kvm, st, v)) => {
+                let a = if kvm.get("enabled").and_then(Value::as_bool) == Some(true) {
+                    "kvm"
+                } else {
+                    "tcg"
+                };
+                (
+                    a.to_string(),
+                    st.get("status")
+                        .and_then(Value::as_str)
+                        .unwrap_or("unknown")
+                        .to_string(),
+                    v,
+                )
+            }
+            Err(e) => {
+                warnings.push(format!("QMP did not answer right after start: {e}"));
+                (s.accel.clone(), "unknown".into(), String::new())
+            }
+        };
+    if let Some(n) = &req.accel_note {
+        warnings.push(n.clone());
+    }
+    let display = |p: &Path| p.display().to_string();
+    let mut rec = to_record(&LaunchedRecord {
+        name,
+        source: "spawned",
+        pid: started.pid,
+        arch: &s.arch,
+        machine: &s.machine,
+        accel: &actual_accel,
+        memory_mb: s.memory_mb,
+        cpus: s.cpus,
+        disks: s.disks.iter().map(|(p, _)| display(p)).collect(),
+        iso: s.iso.as_deref().map(display),
+        firmware: &req.firmware,
+        kernel: s.kernel.as_deref().map(display),
+        initrd: s.initrd.as_deref().map(display),
+        append: s.append.as_deref(),
+        no_net: s.no_net,
+        restrict_net: s.restrict_net,
+        port_forwards: forwards_json(&s.forwards),
+        qmp_socket: display(&s.qmp_socket),
+        qga_socket: display(&s.qga_socket),
+        serial_socket: display(&s.serial_socket),
+        serial_log: display(&s.serial_log),
+        pidfile: display(&s.pidfile),
+        extra_args: &s.extra_args,
+        qemu_version: &version,
+        created_at: crate::clock::iso8601(crate::clock::now_secs()),
+    });
+    for (k, v) in &req.extra_record {
+        rec.insert(k.clone(), v.clone());
+    }
+    let name_c = name.clone();
+    let rec_c = rec.clone();
+    vm::registry().update(move |vms| {
+        vms.insert(name_c, rec_c);
+        Ok::<_, RegistryError>(())
+    })?;
+    let mut out = json!({
+        "name": name,
+        "status": if status == "running" { "running".to_string() } else { status },
+        "pid": started.pid,
+        "accel": actual_accel,
+        "arch": s.arch,
+        "machine": s.machine,
+        "qemu_version": version,
+        "port_forwards": forwards_json(&s.forwards),
+        "qmp_socket": s.qmp_socket.display().to_string(),
+        "qga_socket": s.qga_socket.display().to_string(),
+        "serial_log": s.serial_log.display().to_string(),
+        "warnings": warnings,
+    });
+    if let Some(sb) = req.extra_record.get("sandbox") {
+        out["sandbox"] = sb.clone();
+    }
+    Ok(ToolOutput::json(out))
+}
+
+/// The `memory_mb` parameter of launch_vm and sandbox_vm.
+pub fn memory_schema() -> Value {
+    json!({"type": "integer", "minimum": 16, "maximum": 1048576, "default": DEFAULT_MEMORY_MB})
+}
+
+/// The `cpus` parameter of launch_vm and sandbox_vm.
+pub fn cpus_schema() -> Value {
+    json!({"type": "integer", "minimum": 1, "maximum": 256, "default": DEFAULT_CPUS})
+}
+
+fn launch_props() -> Value {
+    json!({
+        "name": {"type": "string", "minLength": 1, "maxLength": 48, "description": "VM name: ^[A-Za-z0-9][A-Za-z0-9_.-]{0,47}$."},
+        "arch": {"type": "string", "enum": ARCHES.iter().map(|a| a.0).collect::<Vec<_>>(), "default": DEFAULT_ARCH},
+        "disks": {"type": "array", "items": {"type": "string"}, "default": [], "description": "Disk image paths; formats are probed."},
+        "iso": {"type": ["string", "null"], "default": null, "description": "Installer ISO attached as a CD-ROM (boots first)."},
+        "memory_mb": memory_schema(),
+        "cpus": cpus_schema(),
+        "machine": {"type": ["string", "null"], "default": null, "description": "Machine type; default q35 on x86, virt on aarch64/riscv64."},
+        "firmware": {"type": "string", "enum": ["bios", "uefi"], "default": DEFAULT_FIRMWARE},
+        "port_forwards": {"type": "array", "items": {"type": "string"}, "default": [], "description": "TCP forwards: \"HOST:GUEST\", \"auto:GUEST\", \"GUEST\", or \"ADDR:HOST:GUEST\". Host ports listen on 127.0.0.1 unless ADDR says otherwise."},
+        "no_net": {"type": "boolean", "default": false, "description": "No network card at all."},
+        "restrict_net": {"type": "boolean", "default": false, "description": "Block guest-initiated traffic (port forwards still work)."},
+        "extra_args": {"type": "array", "items": {"type": "string"}, "default": [], "description": "OPERATOR-ONLY: extra QEMU arguments. Options reaching host files, devices or processes, or mcqemu's own control channels, are refused."},
+        "accel": {"type": "string", "enum": ["auto", "kvm", "tcg"], "default": "auto", "description": "auto picks KVM only where it can really run guests; default from MCQEMU_ACCEL."},
+        "kernel": {"type": ["string", "null"], "default": null, "description": "Direct kernel boot: kernel image."},
+        "initrd": {"type": ["string", "null"], "default": null, "description": "Direct kernel boot: initial ramdisk."},
+        "append": {"type": ["string", "null"], "default": null, "description": "Direct kernel boot: kernel command line."}
+    })
+}
+
+fn launch_out() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string"},
+            "status": {"type": "string"},
+            "pid": {"type": ["integer", "null"]},
+            "accel": {"type": "string"},
+            "arch": {"type": "string"},
+            "machine": {"type": "string"},
+            "qemu_version": {"type": "string"},
+            "port_forwards": {"type": "array", "items": {"type": "object"}},
+            "qmp_socket": {"type": "string"},
+            "qga_socket": {"type": "string"},
+            "serial_log": {"type": "string"},
+            "warnings": {"type": "array", "items": {"type": "string"}},
+            "sandbox": {"type": "object"}
+        },
+        "required": ["name", "status", "accel", "qmp_socket"]
+    })
+}
+
+/// Builds a launch request from launch_vm-style arguments (also used by sandbox_vm).
+pub fn request_from_args(
+    args: &Args,
+    name: &str,
+    disks: Vec<(PathBuf, String)>,
+) -> Result<LaunchRequest, ToolError> {
+    let arch = args.str_or("arch", DEFAULT_ARCH)?.to_string();
+    let default_machine = ARCHES
+        .iter()
+        .find(|a| a.0 == arch)
+        .map(|a| a.1)
+        .ok_or_else(|| ToolError::new(format!("unsupported arch {arch:?}")))?;
+    let machine = args
+        .opt_str("machine")?
+        .unwrap_or(default_machine)
+        .to_string();
+    let env_accel = std::env::var("MCQEMU_ACCEL").ok().filter(|s| !s.is_empty());
+    let requested = match args.opt_str("accel")? {
+        Some(a) => a.to_string(),
+        None => env_accel.unwrap_or_else(|| "auto".into()),
+    };
+    let (accel, accel_note) = choose_accel(&requested)?;
+    let extra_args = args.str_list("extra_args")?;
+    cmdline::check_extra_args(&extra_args).map_err(ToolError::new)?;
+    let no_net = args.bool_or("no_net", false)?;
+    let fw_specs = args.str_list("port_forwards")?;
+    if no_net && !fw_specs.is_empty() {
+        return Err(ToolError::new(
+            "port_forwards need a network; drop no_net=true or the forwards",
+        ));
+    }
+    let forwards = cmdline::resolve_forwards(&fw_specs).map_err(ToolError::new)?;
+    let firmware = args.str_or("firmware", DEFAULT_FIRMWARE)?.to_string();
+    let uefi = if firmware == "uefi" {
+        let fw = firmware::find_uefi(&arch).map_err(ToolError::new)?;
+        let sd = vm::state_dir(name);
+        std::fs::create_dir_all(&sd)
+            .map_err(|e| ToolError::new(format!("cannot create {}: {e}", sd.display())))?;
+        let vars = sd.join("uefi-vars.fd");
+        if !vars.exists() {
+            std::fs::copy(&fw.vars, &vars).map_err(|e| {
+                ToolError::new(format!(
+                    "cannot copy the UEFI variable store {}: {e}",
+                    fw.vars.display()
+                ))
+            })?;
+        }
+        Some((fw.code, vars))
+    } else {
+        None
+    };
+    let spec = LaunchSpec {
+        name: name.to_string(),
+        binary: format!("qemu-system-{arch}"),
+        machine,
+        accel,
+        arch,
+        memory_mb: args.i64_or("memory_mb", DEFAULT_MEMORY_MB)?.max(16) as u64,
+        cpus: args.i64_or("cpus", DEFAULT_CPUS)?.max(1) as u64,
+        disks,
+        iso: resolve_existing(args, "iso", "ISO")?,
+        uefi,
+        no_net,
+        restrict_net: args.bool_or("restrict_net", false)?,
+        forwards,
+        kernel: resolve_existing(args, "kernel", "kernel")?,
+        initrd: resolve_existing(args, "initrd", "initrd")?,
+        append: args.opt_str("append")?.map(str::to_string),
+        extra_args,
+        ..LaunchSpec::default()
+    };
+    if spec.initrd.is_some() && spec.kernel.is_none() {
+        return Err(ToolError::new("initrd needs kernel (direct kernel boot)"));
+    }
+    Ok(LaunchRequest {
+        spec,
+        extra_record: Map::new(),
+        accel_note,
+        firmware,
+    })
+}
+
+/// `launch_vm`.
+pub const LAUNCH: ToolDef = ToolDef {
+    name: "launch_vm",
+    title: "Launch a VM",
+    description: "Start a QEMU virtual machine that outlives this server, with a QMP control socket, a guest-agent channel (virtio-serial org.qemu.guest_agent.0) and a serial console log. Disk formats are probed. Returns the PID, the accelerator QEMU really uses, resolved host ports and socket/log paths. Boot an installer with iso; boot a kernel directly with kernel/initrd/append.",
+    input_schema: || object(launch_props(), &["name"]),
+    output_schema: launch_out,
+    annotations: Annotations { read_only: false, destructive: false, idempotent: false, open_world: false },
+    handler: launch_vm,
+};
+
+fn launch_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
+    let name = vm_name_arg(args)?;
+    let mut disks = Vec::new();
+    for (i, d) in args.str_list("disks")?.iter().enumerate() {
+        let p = paths::resolve(d).map_err(|e| ToolError::new(format!("disks[{i}]: {e}")))?;
+        if !p.is_file() {
+            return Err(ToolError::new(format!(
+                "disks[{i}]: {} does not exist or is not a file; create one with image_create",
+                p.display()
+            )));
+        }
+        let fmt = img::probe_format(&p)?;
+        disks.push((p, fmt));
+    }
+    let req = request_from_args(args, &name, disks)?;
+    launch(ctx, req)
+}

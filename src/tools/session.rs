@@ -1,0 +1,150 @@
+//! Where errors from the layers below become tool errors, in one place: the `From`
+//! conversions, and the sessions to a VM's monitor and guest agent that always explain their
+//! failures in terms of that VM (is it running, paused, busy, or gone?) instead of passing
+//! QEMU's bare words through.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::mcp::tool::ToolError;
+use crate::qemu::img::ImgError;
+use crate::qemu::qga::{self, Qga, QgaError, SessionFault};
+use crate::qemu::qmp::{self, Qmp, QmpError};
+use crate::qemu::vm::{self, measure, Status};
+use crate::qemu::{process, run::RunError};
+use crate::state::registry::{Record, RegistryError};
+
+impl From<RegistryError> for ToolError {
+    fn from(e: RegistryError) -> Self {
+        ToolError(e.to_string())
+    }
+}
+
+impl From<ImgError> for ToolError {
+    fn from(e: ImgError) -> Self {
+        ToolError(e.to_string())
+    }
+}
+
+impl From<RunError> for ToolError {
+    fn from(e: RunError) -> Self {
+        ToolError(e.to_string())
+    }
+}
+
+/// What can fail inside a VM session: the channel itself (explained for the VM when the
+/// session ends), or the tool's own work between commands (passed through as it is).
+#[derive(Debug)]
+pub enum SessionError<E> {
+    /// The monitor or agent failed.
+    Channel(E),
+    /// Something else failed; its message is already for the agent.
+    Tool(ToolError),
+}
+
+impl From<QmpError> for SessionError<QmpError> {
+    fn from(e: QmpError) -> Self {
+        SessionError::Channel(e)
+    }
+}
+
+impl From<QgaError> for SessionError<QgaError> {
+    fn from(e: QgaError) -> Self {
+        SessionError::Channel(e)
+    }
+}
+
+impl<E> From<ToolError> for SessionError<E> {
+    fn from(e: ToolError) -> Self {
+        SessionError::Tool(e)
+    }
+}
+
+impl SessionFault for SessionError<QgaError> {
+    fn keeps_connection(&self) -> bool {
+        match self {
+            SessionError::Channel(c) => c.keeps_connection(),
+            SessionError::Tool(_) => true,
+        }
+    }
+}
+
+/// Runs `f` in a QMP session with VM `name` (serialized with other sessions to it); a monitor
+/// failure is always explained by [`explain_qmp`].
+pub fn monitor<T>(
+    name: &str,
+    rec: &Record,
+    f: impl FnOnce(&mut Qmp) -> Result<T, SessionError<QmpError>>,
+) -> Result<T, ToolError> {
+    qmp::with_session(&vm::qmp_socket(rec), f).map_err(|e| match e {
+        SessionError::Channel(c) => ToolError::new(explain_qmp(name, rec, &c)),
+        SessionError::Tool(t) => t,
+    })
+}
+
+/// Runs `f` on a synced guest-agent session of VM `name`; an agent failure is explained by
+/// [`explain_agent`] for the command `cmd`.
+pub fn agent<T>(
+    name: &str,
+    rec: &Record,
+    cmd: &str,
+    f: impl FnOnce(&mut Qga) -> Result<T, SessionError<QgaError>>,
+) -> Result<T, ToolError> {
+    let sock = vm::field(rec, "qga_socket").ok_or_else(|| {
+        ToolError::new(format!("VM {name:?} has no guest-agent socket (attached without qga_socket); attach it again with qga_socket"))
+    })?;
+    qga::with_agent(std::path::Path::new(sock), qga::SYNC_TIMEOUT, f).map_err(|e| match e {
+        SessionError::Channel(c) => explain_agent(name, rec, cmd, &c),
+        SessionError::Tool(t) => t,
+    })
+}
+
+/// Maps a QMP error for a VM to words for the agent, checking the process instead of guessing.
+pub fn explain_qmp(name: &str, rec: &Record, e: &QmpError) -> String {
+    let proc_alive = vm::pid(rec).map(process::alive);
+    match e {
+        QmpError::NoGreeting if proc_alive != Some(false) => format!(
+            "another operation holds the monitor of VM {name:?} (QEMU serves one QMP client at a time); retry shortly"
+        ),
+        QmpError::Connect(_) | QmpError::Closed | QmpError::NoGreeting if proc_alive != Some(true) => {
+            format!("VM {name:?} is not running (its QEMU process has exited); launch it again with launch_vm")
+        }
+        QmpError::Timeout(cmd) => format!("VM {name:?}: QEMU did not answer {cmd} in time; it may be overloaded. Retry, or stop_vm with force=true"),
+        other => format!("VM {name:?}: {other}"),
+    }
+}
+
+/// Turns an agent error into words for the agent, checking the VM's run state first.
+pub fn explain_agent(name: &str, rec: &Record, cmd: &str, e: &QgaError) -> ToolError {
+    match e {
+        QgaError::NoAgent | QgaError::Connect(_) | QgaError::Closed => {
+            let m = measure(rec);
+            let state = if m.alive() {
+                qmp::with_session(&vm::qmp_socket(rec), |q| {
+                    q.execute_within("query-status", None, Duration::from_secs(3))
+                })
+                .ok()
+                .and_then(|s| s.get("status").and_then(Value::as_str).map(Status::from_run_state))
+                .unwrap_or(m.status)
+            } else {
+                Status::Stopped
+            };
+            let msg = match state {
+                Status::Stopped => format!("VM {name:?} is not running; launch it (or sandbox_vm) first"),
+                Status::Paused => format!("no guest agent answers because VM {name:?} is paused; resume_vm it first"),
+                Status::Running => format!(
+                    "no guest agent answers in VM {name:?} ({e}): qemu-guest-agent is not installed or not started yet (the guest may still be booting). Wait and retry guest_ping, or check the guest with vm_serial_read / vm_screenshot"
+                ),
+                other => format!("no guest agent answers in VM {name:?}: the VM is {other}"),
+            };
+            ToolError::new(msg)
+        }
+        e if e.is_disabled() => ToolError::new(format!(
+            "the guest has disabled {cmd} in its agent configuration (qemu-ga --block-rpcs/--allow-rpcs); guest_info lists the enabled commands. Agent said: {e}"
+        )),
+        QgaError::Command { .. } => ToolError::new(format!("{cmd} failed inside guest {name:?}: {e}")),
+        QgaError::Timeout(_) => ToolError::new(format!("the guest agent in VM {name:?} did not answer {cmd} in time; the guest may be overloaded. Retry")),
+        other => ToolError::new(format!("guest agent of VM {name:?}: {other}")),
+    }
+}

@@ -1,0 +1,158 @@
+//! stop_vm: a graceful ACPI power-down watched to its end, or a forced stop (quit, SIGTERM,
+//! SIGKILL), each step verified.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use super::lifecycle::{being_launched, lookup};
+use super::object;
+use super::session::explain_qmp;
+use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use crate::qemu::qmp::{self, QmpError};
+use crate::qemu::vm::{self, measure, Status};
+use crate::qemu::{process, sock};
+use crate::state::registry::Record;
+
+/// `stop_vm`.
+pub const STOP: ToolDef = ToolDef {
+    name: "stop_vm",
+    title: "Stop a VM",
+    description: "Stop a VM. Graceful by default: ACPI power-down, then wait up to timeout seconds for QEMU to exit (a guest without an OS or still booting may ignore it). force=true: QMP quit, then SIGTERM and SIGKILL, each verified. The record stays (list_vms shows it stopped); forget_vm drops it.",
+    input_schema: || object(json!({
+        "name": {"type": "string", "minLength": 1},
+        "force": {"type": "boolean", "default": false},
+        "timeout": {"type": "number", "minimum": 0, "maximum": 3600, "default": 30, "description": "Seconds to wait for a graceful stop."}
+    }), &["name"]),
+    output_schema: || json!({"type": "object", "properties": {
+        "name": {"type": "string"}, "status": {"type": "string"}, "method": {"type": "string"},
+        "events": {"type": "array", "items": {"type": "string"}}, "elapsed_ms": {"type": "integer"},
+        "cleanup_errors": {"type": "array", "items": {"type": "string"}}
+    }, "required": ["name", "status", "method"]}),
+    annotations: Annotations { read_only: false, destructive: true, idempotent: true, open_world: false },
+    handler: stop_vm,
+};
+
+fn stop_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
+    let name = args.str("name")?.to_string();
+    let force = args.bool_or("force", false)?;
+    let timeout =
+        Duration::from_secs_f64(args.opt_f64("timeout")?.unwrap_or(30.0).clamp(0.0, 3600.0));
+    let rec = lookup(&name)?;
+    let started = Instant::now();
+    let m = measure(&rec);
+    if m.status == Status::Starting {
+        return Err(being_launched(&name));
+    }
+    if !m.alive() {
+        let cleanup = vm::cleanup_runtime(&rec);
+        return Ok(ToolOutput::json(
+            json!({"name": name, "status": "stopped", "method": "already stopped", "events": [], "elapsed_ms": 0, "cleanup_errors": cleanup}),
+        ));
+    }
+    ctx.log
+        .log("notice", &format!("stop_vm {name} (force={force})"));
+    let (method, events) = if force {
+        force_stop(&name, &rec)?
+    } else {
+        graceful_stop(ctx, &name, &rec, timeout)?
+    };
+    let cleanup = vm::cleanup_runtime(&rec);
+    Ok(ToolOutput::json(json!({
+        "name": name, "status": "stopped", "method": method, "events": events,
+        "elapsed_ms": started.elapsed().as_millis() as u64, "cleanup_errors": cleanup,
+    })))
+}
+
+fn gone(rec: &Record) -> bool {
+    match vm::pid(rec) {
+        Some(p) => !process::alive(p),
+        None => !sock::is_listening(&vm::qmp_socket(rec)),
+    }
+}
+
+fn graceful_stop(
+    ctx: &ToolCtx,
+    name: &str,
+    rec: &Record,
+    timeout: Duration,
+) -> Result<(String, Vec<String>), ToolError> {
+    let sock_path = vm::qmp_socket(rec);
+    let deadline = Instant::now() + timeout;
+    let outcome = qmp::with_session(&sock_path, |q| {
+        q.execute("system_powerdown", None)?;
+        loop {
+            if gone(rec) {
+                return Ok((true, q.event_names()));
+            }
+            if Instant::now() >= deadline || ctx.cancelled() {
+                return Ok((false, q.event_names()));
+            }
+            match q.next_event(Duration::from_millis(100)) {
+                Ok(_) => {}
+                Err(QmpError::Closed) => {
+                    // QEMU closed the monitor: it is exiting. Wait (bounded) for the process.
+                    let until = Instant::now() + Duration::from_secs(5);
+                    while !gone(rec) && Instant::now() < until {
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                    return Ok((gone(rec), q.event_names()));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    });
+    let (ended, events) = outcome.map_err(|e| ToolError::new(explain_qmp(name, rec, &e)))?;
+    if ended {
+        if events.iter().any(|e| e == "SHUTDOWN") {
+            return Ok(("acpi".into(), events));
+        }
+        return Err(ToolError::new(format!(
+            "VM {name:?} exited without a guest shutdown event (events seen: [{}]): QEMU may have crashed; see its serial log",
+            events.join(", ")
+        )));
+    }
+    ctx.check_cancel()?;
+    Err(ToolError::new(format!(
+        "VM {name:?} did not power off within {} s after ACPI power-down (events seen: [{}]). The guest may ignore ACPI (no OS, still booting, or no acpid). Retry with a longer timeout, or use force=true",
+        timeout.as_secs_f64(),
+        events.join(", ")
+    )))
+}
+
+fn force_stop(name: &str, rec: &Record) -> Result<(String, Vec<String>), ToolError> {
+    let sock_path = vm::qmp_socket(rec);
+    let quit = qmp::with_session(&sock_path, |q| {
+        match q.execute_within("quit", None, Duration::from_secs(2)) {
+            Ok(_) | Err(QmpError::Closed) => Ok(q.event_names()),
+            Err(e) => Err(e),
+        }
+    });
+    let events = quit.as_ref().cloned().unwrap_or_default();
+    match vm::pid(rec) {
+        Some(pid) => {
+            if quit.is_ok() && process::wait_dead(pid, Duration::from_secs(2)) {
+                return Ok(("quit".into(), events));
+            }
+            if !process::is_our_vm(pid, &sock_path) && vm::spawned(rec) && process::alive(pid) {
+                return Err(ToolError::new(format!(
+                    "PID {pid} is no longer VM {name:?}'s QEMU; refusing to signal it"
+                )));
+            }
+            let steps = process::terminate(pid).map_err(ToolError::new)?;
+            Ok((steps.last().copied().unwrap_or("quit").to_string(), events))
+        }
+        None => {
+            let until = Instant::now() + Duration::from_secs(3);
+            while Instant::now() < until {
+                if !sock::is_listening(&sock_path) {
+                    return Ok(("quit".into(), events));
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(ToolError::new(format!(
+                "VM {name:?} still answers on its QMP socket after quit, and no PID is known to signal; stop the QEMU process by hand"
+            )))
+        }
+    }
+}
