@@ -31,23 +31,14 @@ const DEFAULT_PAGE_SIZE: usize = 50;
 pub struct Server {
     out: Arc<Output>,
     tools: &'static [ToolDef],
+    /// Each tool's definition, serialized on the first tools/list: later ones only join them.
+    tool_json: OnceLock<Vec<String>>,
     inflight: Mutex<HashMap<String, Arc<AtomicBool>>>,
     active: AtomicUsize,
     log_level: Arc<AtomicUsize>,
     /// Set once a handshake-era client sent `initialize`.
     initialized: AtomicBool,
     page_size: usize,
-}
-
-/// Each tool's definition, serialized once: tools/list only joins them.
-fn tool_json(tools: &'static [ToolDef]) -> &'static Vec<String> {
-    static CACHE: OnceLock<Vec<String>> = OnceLock::new();
-    CACHE.get_or_init(|| {
-        tools
-            .iter()
-            .map(|t| serde_json::to_string(&t.to_json()).unwrap_or_default())
-            .collect()
-    })
 }
 
 impl Server {
@@ -61,6 +52,7 @@ impl Server {
         Arc::new(Server {
             out,
             tools,
+            tool_json: OnceLock::new(),
             inflight: Mutex::new(HashMap::new()),
             active: AtomicUsize::new(0),
             log_level: Arc::new(AtomicUsize::new(log_level_rank("info").unwrap_or(1))),
@@ -339,7 +331,12 @@ impl Server {
     /// Answers tools/list from the pre-serialized definitions, building the line by hand
     /// (the definitions are ~40 KB of JSON that never change).
     fn list_tools(&self, id: &Value, params: &Map<String, Value>, era: Era) {
-        let all = tool_json(self.tools);
+        let all = self.tool_json.get_or_init(|| {
+            self.tools
+                .iter()
+                .map(|t| serde_json::to_string(&t.to_json()).unwrap_or_default())
+                .collect()
+        });
         let start = match params.get("cursor") {
             None | Some(Value::Null) => 0,
             Some(c) => match c
@@ -534,6 +531,75 @@ fn install_signal_handler(server: Arc<Server>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A sink the tests can read back.
+    #[derive(Clone, Default)]
+    struct Sink(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Sink {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0
+                .lock()
+                .map_err(|_| std::io::ErrorKind::Other)?
+                .extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    const fn stub(name: &'static str) -> ToolDef {
+        ToolDef {
+            name,
+            title: name,
+            description: "a stub",
+            input_schema: || json!({"type": "object"}),
+            output_schema: || json!({"type": "object"}),
+            annotations: super::super::tool::Annotations {
+                read_only: true,
+                destructive: false,
+                idempotent: true,
+                open_world: false,
+            },
+            handler: |_, _| Ok(super::super::tool::ToolOutput::json(json!({}))),
+        }
+    }
+
+    static FIRST: [ToolDef; 1] = [stub("first")];
+    static SECOND: [ToolDef; 1] = [stub("second")];
+
+    fn listed(tools: &'static [ToolDef]) -> Vec<String> {
+        let sink = Sink::default();
+        let server = Server::new(Arc::new(Output::new(Box::new(sink.clone()))), tools);
+        for line in [
+            r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25"}}"#,
+            r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#,
+        ] {
+            server.handle_bytes(line.as_bytes());
+        }
+        let out = sink.0.lock().map(|b| b.clone()).unwrap_or_default();
+        let last = String::from_utf8_lossy(&out)
+            .lines()
+            .last()
+            .unwrap_or("")
+            .to_string();
+        let reply: Value = serde_json::from_str(&last).unwrap_or_default();
+        reply["result"]["tools"]
+            .as_array()
+            .map(|t| {
+                t.iter()
+                    .filter_map(|t| t["name"].as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn each_server_lists_its_own_tools() {
+        assert_eq!(listed(&FIRST), ["first"]);
+        assert_eq!(listed(&SECOND), ["second"]);
+    }
 
     #[test]
     fn cursor_round_trips_and_rejects_garbage() {
