@@ -73,26 +73,39 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 fn describe(url: &str, e: ureq::Error) -> String {
+    let msg = e.to_string();
+    let lower = msg.to_ascii_lowercase();
     match e {
-        ureq::Error::Status(code, resp) => format!(
-            "the server answered HTTP {code} {} for {url}; check the URL",
-            resp.status_text()
-        ),
-        ureq::Error::Transport(t) => {
-            let msg = t.to_string();
-            let lower = msg.to_ascii_lowercase();
-            match t.kind() {
-                ureq::ErrorKind::Dns => format!("cannot resolve the host of {url} (DNS): {msg}; check the host name and the network"),
-                ureq::ErrorKind::ConnectionFailed if lower.contains("tls") || lower.contains("certificate") => {
-                    format!("TLS failed for {url}: {msg}; the server's certificate is not trusted or the handshake failed")
-                }
-                ureq::ErrorKind::ConnectionFailed => format!("cannot connect to {url}: {msg}; is the server up and reachable?"),
-                ureq::ErrorKind::TooManyRedirects => format!("too many redirects from {url}"),
-                _ if lower.contains("tls") || lower.contains("certificate") => format!("TLS failed for {url}: {msg}"),
-                _ => format!("download of {url} failed: {msg}"),
-            }
+        ureq::Error::StatusCode(code) => {
+            format!("the server answered HTTP {code} for {url}; check the URL")
         }
+        ureq::Error::HostNotFound => format!(
+            "cannot resolve the host of {url} (DNS): {msg}; check the host name and the network"
+        ),
+        ureq::Error::Tls(_) | ureq::Error::Rustls(_) => format!(
+            "TLS failed for {url}: {msg}; the server's certificate is not trusted or the handshake failed"
+        ),
+        ureq::Error::ConnectionFailed => {
+            format!("cannot connect to {url}: {msg}; is the server up and reachable?")
+        }
+        ureq::Error::Timeout(t) => {
+            format!("{url} did not answer in time ({t}); is the server up and reachable?")
+        }
+        ureq::Error::TooManyRedirects => format!("too many redirects from {url}"),
+        ureq::Error::BadUri(_) => format!("{url} is not a valid URL: {msg}"),
+        _ if lower.contains("tls") || lower.contains("certificate") => {
+            format!("TLS failed for {url}: {msg}")
+        }
+        _ => format!("download of {url} failed: {msg}"),
     }
+}
+
+/// A response header as text, when present and readable.
+fn header(resp: &ureq::http::Response<ureq::Body>, name: &str) -> Option<String> {
+    resp.headers()
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
 }
 
 /// Most redirects followed for one download.
@@ -162,44 +175,54 @@ pub fn download(req: &Request, watch: &dyn Watcher) -> Result<Done, String> {
     let _ = parent;
     // Redirects are followed here, not by ureq: ureq panics on a Location without a host
     // (e.g. file:///etc/passwd), and every hop must pass the same http(s) check as the URL.
-    let agent = ureq::AgentBuilder::new()
-        .timeout_connect(Duration::from_secs(20))
-        .timeout_read(Duration::from_secs(60))
-        .redirects(0)
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_connect(Some(Duration::from_secs(20)))
+        .timeout_recv_response(Some(Duration::from_secs(60)))
+        .timeout_per_read(Some(Duration::from_secs(60)))
+        .max_redirects(0)
+        .http_status_as_error(false)
         .user_agent(concat!("mcqemu/", env!("CARGO_PKG_VERSION")))
-        .build();
+        .build()
+        .into();
     let mut url = req.url.to_string();
     let mut hops = 0;
     let resp = loop {
         let resp = agent.get(&url).call().map_err(|e| describe(&url, e))?;
-        let status = resp.status();
+        let status = resp.status().as_u16();
+        if (400..600).contains(&status) {
+            return Err(describe(&url, ureq::Error::StatusCode(status)));
+        }
         if !(300..400).contains(&status) {
             break resp;
         }
-        let location = resp.header("Location").ok_or_else(|| {
+        let location = header(&resp, "Location").ok_or_else(|| {
             format!("the server answered HTTP {status} for {url} without a Location to follow")
         })?;
         if hops >= MAX_REDIRECTS {
             return Err(format!("too many redirects from {}", req.url));
         }
-        let next = join_location(&url, location);
+        let next = join_location(&url, &location);
         check_url(&next)
             .map_err(|e| format!("{url} redirects to {next:?}, which is refused: {e}"))?;
         url = next;
         hops += 1;
     };
-    let status = resp.status();
-    let final_url = resp.get_url().to_string();
-    let total: Option<u64> = resp
-        .header("Content-Length")
-        .and_then(|v| v.trim().parse().ok());
+    let status = resp.status().as_u16();
+    let final_url = url;
+    let total: Option<u64> = header(&resp, "Content-Length").and_then(|v| v.trim().parse().ok());
     if let (Some(t), Some(max)) = (total, req.max_bytes) {
         if t > max {
             return Err(format!("the server says the file is {t} bytes, over max_bytes={max}; raise max_bytes to accept it"));
         }
     }
     let tmp = temp_for(req.dest);
-    let result = stream(resp.into_reader(), &tmp, total, req, watch);
+    let result = stream(
+        Box::new(resp.into_body().into_reader()),
+        &tmp,
+        total,
+        req,
+        watch,
+    );
     let done = match result {
         Ok((bytes, digest)) => (bytes, digest),
         Err(e) => {
