@@ -1,5 +1,7 @@
 //! `mcqemu doctor`: checks the host for what mcqemu needs, as a readable table.
 
+#![allow(clippy::print_stdout)] // this subcommand's results are its stdout; `serve` prints nothing
+
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;

@@ -7,6 +7,9 @@
 //! - [`net`]: HTTP downloads for `image_download`.
 //! - [`state`]: where things live on disk.
 
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+#![deny(clippy::print_stdout)]
+
 pub mod b64;
 pub mod cli;
 pub mod clock;

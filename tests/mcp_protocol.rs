@@ -950,10 +950,8 @@ fn sigterm_with_a_call_in_flight_exits_zero_and_cleans_up() {
     start_slow_download(&mut s, &http, &json!(2000), dest.to_str().unwrap());
     let t = Instant::now();
     // SAFETY: kill(2) on our own child's pid.
-    assert_eq!(
-        unsafe { libc::kill(s.pid() as libc::pid_t, libc::SIGTERM) },
-        0
-    );
+    let rc = unsafe { libc::kill(s.pid() as libc::pid_t, libc::SIGTERM) };
+    assert_eq!(rc, 0);
     let st = s
         .wait_exit(Duration::from_secs(10))
         .expect("no exit after SIGTERM");

@@ -116,7 +116,12 @@ fn b64_decode(s: &str) -> Vec<u8> {
 fn decode_png(data: &[u8]) -> (u32, u32, usize, Vec<u8>) {
     let dec = png::Decoder::new(std::io::Cursor::new(data));
     let mut reader = dec.read_info().expect("PNG header decodes");
-    let mut buf = vec![0; reader.output_buffer_size()];
+    let mut buf = vec![
+        0;
+        reader
+            .output_buffer_size()
+            .expect("PNG buffer size fits memory")
+    ];
     let info = reader.next_frame(&mut buf).expect("PNG image data decodes");
     buf.truncate(info.buffer_size());
     let bpp = info.color_type.samples() * usize::from(info.bit_depth as u8).div_ceil(8);

@@ -115,7 +115,7 @@ mod tests {
         ppm.extend(std::iter::repeat_n(7u8, 2 * 3 * 3));
         let png = ppm_to_png(&ppm).unwrap();
         assert_eq!((png.width, png.height), (2, 3));
-        let info = png::Decoder::new(&png.data[..])
+        let info = png::Decoder::new(std::io::Cursor::new(&png.data[..]))
             .read_info()
             .unwrap()
             .info()
