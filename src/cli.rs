@@ -13,7 +13,8 @@ use crate::tools;
 const HELP: &str = "mcqemu - an MCP server that lets LLM agents run QEMU virtual machines
 
 USAGE:
-    mcqemu [serve]                      serve MCP on stdin/stdout (what MCP clients run)
+    mcqemu [serve] [--root DIR]...      serve MCP on stdin/stdout (what MCP clients run);
+                                        --root: a folder the tools may reach (repeatable)
     mcqemu tools [--json]               list the tools (one line each, or full definitions)
     mcqemu call TOOL ['{json}' | -]     run one tool and print its structured result
                    [--out FILE]         save image content (screenshots) to FILE
@@ -26,13 +27,33 @@ ENVIRONMENT:
     MCQEMU_STATE_DIR, MCQEMU_RUNTIME_DIR   where the registry/logs and sockets live
     MCQEMU_ACCEL                           default accelerator (auto, kvm, tcg)
     MCQEMU_QEMU_IMG                        qemu-img binary to use
+    MCQEMU_ROOTS                           folders the tools may reach (DIR:DIR:...), like --root
 ";
+
+/// `serve [--root DIR]...`: sets the roots (flags and `MCQEMU_ROOTS` together), then serves.
+fn serve(args: &[String]) -> i32 {
+    let mut roots = crate::state::roots::env_roots();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match (a.as_str(), it.next()) {
+            ("--root", Some(dir)) => roots.push(dir.into()),
+            ("--root", None) => return usage("--root needs a folder"),
+            (other, _) => return usage(&format!("unknown serve option {other:?}")),
+        }
+    }
+    if let Err(e) = crate::state::roots::set_operator_roots(&roots) {
+        return usage(&e);
+    }
+    let hook: crate::mcp::client_roots::RootsHook = crate::state::roots::set_client_roots;
+    crate::mcp::server::serve_stdio(tools::ALL, Some(hook))
+}
 
 /// Runs the CLI with the arguments after the program name; returns the exit code.
 pub fn main(args: Vec<String>) -> i32 {
     let first = args.first().map(String::as_str);
     match first {
-        None | Some("serve") => crate::mcp::server::serve_stdio(tools::ALL),
+        None => serve(&[]),
+        Some("serve") => serve(&args[1..]),
         Some("--version") | Some("-V") | Some("version") => {
             println!("mcqemu {}", env!("CARGO_PKG_VERSION"));
             0
@@ -72,6 +93,9 @@ fn list_tools(rest: &[String]) -> i32 {
 }
 
 fn call(rest: &[String]) -> i32 {
+    if let Err(e) = crate::state::roots::set_operator_roots(&crate::state::roots::env_roots()) {
+        return usage(&e);
+    }
     let mut positional = Vec::new();
     let mut out_file = None;
     let mut it = rest.iter();

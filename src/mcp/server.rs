@@ -10,14 +10,13 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 
+use super::client_roots::{ClientRoots, RootsHook, ROOTS_WAIT};
 use super::era::{no_version, Era};
 use super::protocol::*;
 use super::schema::check_arguments;
 use super::tool::{error_result, Args, Logger, Progress, ToolCtx, ToolDef, ToolError};
 use super::transport::{Line, LineReader, Output, MAX_LINE_BYTES};
-
-/// Most tool calls running at once; more get a tool error asking to retry.
-pub const MAX_WORKERS: usize = 16;
+use super::workers::{Job, Workers};
 
 /// How long in-flight calls may run on after stdin closes before they are cancelled.
 const EOF_GRACE: Duration = Duration::from_secs(2);
@@ -34,16 +33,28 @@ pub struct Server {
     /// Each tool's definition, serialized on the first tools/list: later ones only join them.
     tool_json: OnceLock<Vec<String>>,
     inflight: Mutex<HashMap<String, Arc<AtomicBool>>>,
-    active: AtomicUsize,
+    workers: Arc<Workers>,
     log_level: Arc<AtomicUsize>,
     /// Set once a handshake-era client sent `initialize`.
     initialized: AtomicBool,
+    /// The client's roots, asked for when it declares them.
+    roots: ClientRoots,
     page_size: usize,
 }
 
 impl Server {
     /// A server writing to `out` and serving `tools`.
     pub fn new(out: Arc<Output>, tools: &'static [ToolDef]) -> Arc<Self> {
+        Self::with_roots_hook(out, tools, None)
+    }
+
+    /// A server that also asks a client declaring the `roots` capability for its roots and
+    /// hands them to `hook`.
+    pub fn with_roots_hook(
+        out: Arc<Output>,
+        tools: &'static [ToolDef],
+        hook: Option<RootsHook>,
+    ) -> Arc<Self> {
         let page_size = std::env::var("MCQEMU_TOOLS_PAGE_SIZE")
             .ok()
             .and_then(|s| s.parse::<usize>().ok())
@@ -54,9 +65,10 @@ impl Server {
             tools,
             tool_json: OnceLock::new(),
             inflight: Mutex::new(HashMap::new()),
-            active: AtomicUsize::new(0),
+            workers: Arc::new(Workers::default()),
             log_level: Arc::new(AtomicUsize::new(log_level_rank("info").unwrap_or(1))),
             initialized: AtomicBool::new(false),
+            roots: ClientRoots::new(hook),
             page_size,
         })
     }
@@ -92,7 +104,7 @@ impl Server {
 
     fn wait_idle(&self, limit: Duration) -> bool {
         let deadline = Instant::now() + limit;
-        while self.active.load(Ordering::SeqCst) > 0 {
+        while self.workers.busy() > 0 {
             if Instant::now() >= deadline {
                 return false;
             }
@@ -201,7 +213,9 @@ impl Server {
             }
             None => {
                 if obj.contains_key("result") || obj.contains_key("error") {
-                    return; // a client's response; we send no requests, so nothing waits on it
+                    // A client's response: only roots/list is ever asked, so nothing else waits.
+                    self.roots.on_response(&obj);
+                    return;
                 }
                 return self.send(&error_response(
                     &reply_id,
@@ -232,15 +246,22 @@ impl Server {
         if method == "notifications/cancelled" {
             if let Some(req) = params.get("requestId") {
                 let key = req.to_string();
-                if let Ok(map) = self.inflight.lock() {
+                if let Ok(mut map) = self.inflight.lock() {
                     if let Some(flag) = map.get(&key) {
                         flag.store(true, Ordering::SeqCst);
                         crate::log::stderr("info", &format!("request {key} cancelled by client"));
+                        // A call still waiting for a worker is dropped: it never runs.
+                        if self.workers.cancel_queued(&key) {
+                            map.remove(&key);
+                        }
                     }
                 }
             }
         }
-        // Every other notification (initialized, roots changes, unknown ones) needs nothing from us.
+        if method == "notifications/initialized" || method == "notifications/roots/list_changed" {
+            self.roots.ask(&self.out);
+        }
+        // Every other notification needs nothing from us.
     }
 
     fn handle_request(self: &Arc<Self>, id: Value, method: &str, params: Map<String, Value>) {
@@ -308,6 +329,7 @@ impl Server {
             .and_then(Value::as_str)
             .ok_or_else(|| invalid_params("initialize needs \"protocolVersion\" (a string)"))?;
         self.initialized.store(true, Ordering::SeqCst);
+        self.roots.on_initialize(params);
         Ok(json!({
             "protocolVersion": negotiate(requested),
             "capabilities": capabilities(),
@@ -429,14 +451,7 @@ impl Server {
                     )),
                 ));
             }
-            if self.active.load(Ordering::SeqCst) >= MAX_WORKERS {
-                drop(map);
-                return self.send(&finish(error_result(&ToolError::new(format!(
-                    "{name}: {MAX_WORKERS} tool calls are already running; wait for one to finish and retry"
-                )))));
-            }
             map.insert(key.clone(), cancel.clone());
-            self.active.fetch_add(1, Ordering::SeqCst);
         }
         let progress = params
             .get("_meta")
@@ -446,40 +461,43 @@ impl Server {
         let ctx = ToolCtx::new(cancel.clone(), progress, self.logger(era));
         let server = Arc::clone(self);
         let handler = tool.handler;
-        let spawned = std::thread::Builder::new()
-            .name(format!("tool-{name}"))
-            .spawn(move || {
-                // A panicking handler must still answer and release its slot; otherwise the
-                // client waits forever and the server's shutdown waits for a call that is gone.
-                let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    handler(&ctx, &Args(args))
-                }));
-                let result = match run {
-                    Ok(Ok(out)) => out.to_result(),
-                    Ok(Err(e)) => error_result(&ToolError::new(format!("{name}: {}", e.0))),
-                    Err(_) => error_result(&ToolError::new(format!(
-                        "{name}: internal error (the tool panicked); this is a bug in mcqemu, please report it"
-                    ))),
-                };
-                if let Ok(mut map) = server.inflight.lock() {
-                    map.remove(&key);
-                }
-                if !cancel.load(Ordering::SeqCst) {
-                    server.send(&finish(result));
-                }
-                server.active.fetch_sub(1, Ordering::SeqCst);
-            });
-        if let Err(e) = spawned {
-            if let Ok(mut map) = self.inflight.lock() {
-                map.remove(&id.to_string());
+        let job_key = key.clone();
+        let tool_name = name.clone();
+        let run = move || {
+            if era == Era::Handshake {
+                server.roots.wait_ready(ROOTS_WAIT);
             }
-            self.active.fetch_sub(1, Ordering::SeqCst);
-            self.send(&response(
-                &id,
-                error_result(&ToolError::new(format!(
-                    "could not start a worker thread ({e}); retry shortly"
+            // A panicking handler must still answer and release its slot; otherwise the
+            // client waits forever and the server's shutdown waits for a call that is gone.
+            let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                handler(&ctx, &Args(args))
+            }));
+            let result = match run {
+                Ok(Ok(out)) => out.to_result(),
+                Ok(Err(e)) => error_result(&ToolError::new(format!("{name}: {}", e.0))),
+                Err(_) => error_result(&ToolError::new(format!(
+                    "{name}: internal error (the tool panicked); this is a bug in mcqemu, please report it"
                 ))),
-            ));
+            };
+            if let Ok(mut map) = server.inflight.lock() {
+                map.remove(&job_key);
+            }
+            if !cancel.load(Ordering::SeqCst) {
+                server.send(&finish(result));
+            }
+        };
+        let job = Job {
+            key: key.clone(),
+            name: tool_name.clone(),
+            run: Box::new(run),
+        };
+        if let Err(e) = self.workers.submit(job) {
+            if let Ok(mut map) = self.inflight.lock() {
+                map.remove(&key);
+            }
+            let mut r = error_result(&ToolError::new(format!("{tool_name}: {e}")));
+            era.stamp(&mut r, false);
+            self.send(&response(&id, r));
         }
     }
 }
@@ -494,9 +512,9 @@ fn decode_cursor(c: &str) -> Option<usize> {
 }
 
 /// Serves MCP on stdin/stdout until EOF or SIGTERM/SIGINT. Returns the process exit code.
-pub fn serve_stdio(tools: &'static [ToolDef]) -> i32 {
+pub fn serve_stdio(tools: &'static [ToolDef], roots_hook: Option<RootsHook>) -> i32 {
     let out = Arc::new(Output::new(Box::new(std::io::stdout())));
-    let server = Server::new(out, tools);
+    let server = Server::with_roots_hook(out, tools, roots_hook);
     install_signal_handler(Arc::clone(&server));
     crate::log::stderr(
         "info",
