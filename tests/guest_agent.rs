@@ -25,49 +25,53 @@ const SLOW: Duration = Duration::from_secs(240);
 const AGENT_WAIT: Duration = Duration::from_secs(90);
 
 // ---------------------------------------------------------------------------------------------
-// One MCP server with its own short runtime folder, a guest slot and a kill-on-drop guard
+// The test guest in a [`Lab`]: one server, one guest slot, and a kill-on-drop guard
 
-/// Field order is drop order: the guests die first, then the server, then the folder, and
-/// only then is the slot given back.
-struct Env {
-    killer: VmKiller,
-    server: Server,
-    guest: Guest,
-    _runtime: TempDir,
-    _slot: QemuSlot,
+/// A lab for these tests. The test guest is built first, never while holding a slot.
+fn guest_lab(label: &str) -> Lab {
+    test_guest();
+    Lab::new(label)
 }
 
-impl Env {
-    fn new(label: &str) -> Env {
-        let guest = test_guest();
-        let slot = qemu_slot();
-        let runtime = short_runtime_dir(label);
-        let rt = runtime.path().to_str().unwrap().to_string();
-        let mut server = Server::start_with_env(&[("MCQEMU_RUNTIME_DIR", &rt)]);
-        server.initialize(NEWEST);
-        Env {
-            killer: VmKiller::new(runtime.path()),
-            server,
-            guest,
-            _runtime: runtime,
-            _slot: slot,
-        }
-    }
-
+/// What these tests do with test guests, through the lab's own server.
+trait GuestLab {
     /// The direct-kernel-boot arguments for a small test guest.
+    fn boot_args(&self) -> serde_json::Map<String, Value>;
+    /// launch_vm of the test guest with `disks`, then waits until its agent answers.
+    /// Returns the launch result and how long the agent took to answer.
+    fn boot(&mut self, name: &str, disks: &[&Path], memory_mb: u64) -> (Value, Duration);
+    /// sandbox_vm of the test guest on `base` with extra arguments; returns its result.
+    fn sandbox(&mut self, base: &Path, extra: Value) -> Value;
+    /// Polls guest_ping until the agent answers; returns the time since `since`.
+    fn wait_agent(&mut self, name: &str, since: Instant) -> Duration;
+    /// guest_exec that must succeed as a tool call.
+    fn exec(&mut self, name: &str, command: &str, args: &[&str]) -> Value;
+    /// `sh -c SCRIPT` in the guest; must exit 0; returns stdout.
+    fn sh(&mut self, name: &str, script: &str) -> String;
+    /// Fills the first sector of the guest's /dev/vda with `ch` and flushes it to the disk.
+    fn fill_vda(&mut self, name: &str, ch: char);
+    /// The first sector of the guest's /dev/vda, read from the device (page cache dropped).
+    fn read_vda(&mut self, name: &str) -> Vec<u8>;
+    fn write_text(&mut self, name: &str, path: &str, text: &str);
+    fn read_text(&mut self, name: &str, path: &str) -> String;
+    /// The status list_vms measures for `name` (None when it has no record).
+    fn listed_status(&mut self, name: &str) -> Option<String>;
+    fn stop(&mut self, name: &str);
+}
+
+impl GuestLab for Lab {
     fn boot_args(&self) -> serde_json::Map<String, Value> {
+        let guest = test_guest();
         let mut m = serde_json::Map::new();
-        m.insert("kernel".into(), json!(self.guest.kernel));
-        m.insert("initrd".into(), json!(self.guest.initrd));
-        m.insert("append".into(), json!(self.guest.append));
+        m.insert("kernel".into(), json!(guest.kernel));
+        m.insert("initrd".into(), json!(guest.initrd));
+        m.insert("append".into(), json!(guest.append));
         m.insert("memory_mb".into(), json!(128));
         m.insert("cpus".into(), json!(1));
         m
     }
 
-    /// launch_vm of the test guest with `disks`, then waits until its agent answers.
-    /// Returns the launch result and how long the agent took to answer.
-    fn launch(&mut self, name: &str, disks: &[&Path], memory_mb: u64) -> (Value, Duration) {
+    fn boot(&mut self, name: &str, disks: &[&Path], memory_mb: u64) -> (Value, Duration) {
         let mut args = self.boot_args();
         args.insert("memory_mb".into(), json!(memory_mb));
         args.insert("name".into(), json!(name));
@@ -79,19 +83,11 @@ impl Env {
                 .collect::<Vec<_>>()),
         );
         let t = Instant::now();
-        let r = self
-            .server
-            .call_tool_within("launch_vm", Value::Object(args), SLOW);
-        if let Some(sc) = r.get("structuredContent") {
-            self.killer.track(sc);
-        }
-        let launched = tool_ok(&r, "launch_vm");
-        assert!(launched["pid"].as_i64().is_some(), "no pid: {launched}");
+        let launched = self.launch(Value::Object(args), SLOW);
         let ready = self.wait_agent(name, t);
         (launched, ready)
     }
 
-    /// sandbox_vm of the test guest on `base` with extra arguments; returns its result.
     fn sandbox(&mut self, base: &Path, extra: Value) -> Value {
         let mut args = self.boot_args();
         args.insert("base_image".into(), json!(base.to_str().unwrap()));
@@ -100,21 +96,18 @@ impl Env {
             args.insert(k.clone(), v.clone());
         }
         let r = self
-            .server
+            .srv()
             .call_tool_within("sandbox_vm", Value::Object(args), SLOW);
-        if let Some(sc) = r.get("structuredContent") {
-            self.killer.track(sc);
-        }
+        self.track(&r);
         let sb = tool_ok(&r, "sandbox_vm");
         assert_eq!(sb["agent_ready"], json!(true), "agent not ready: {sb}");
         sb
     }
 
-    /// Polls guest_ping until the agent answers; returns the time since `since`.
     fn wait_agent(&mut self, name: &str, since: Instant) -> Duration {
         let deadline = Instant::now() + AGENT_WAIT;
         loop {
-            let r = self.server.call_tool("guest_ping", json!({"name": name}));
+            let r = self.srv().call_tool("guest_ping", json!({"name": name}));
             if r["isError"] == json!(false) {
                 return since.elapsed();
             }
@@ -127,23 +120,20 @@ impl Env {
         }
     }
 
-    /// guest_exec that must succeed as a tool call.
     fn exec(&mut self, name: &str, command: &str, args: &[&str]) -> Value {
-        self.server.call_ok_within(
+        self.srv().call_ok_within(
             "guest_exec",
             json!({"name": name, "command": command, "args": args, "timeout": 60}),
             SLOW,
         )
     }
 
-    /// `sh -c SCRIPT` in the guest; must exit 0; returns stdout.
     fn sh(&mut self, name: &str, script: &str) -> String {
         let r = self.exec(name, "sh", &["-c", script]);
         assert_eq!(r["exitcode"], json!(0), "sh -c {script:?} failed: {r}");
         r["stdout"].as_str().unwrap().to_string()
     }
 
-    /// Fills the first sector of the guest's /dev/vda with `ch` and flushes it to the disk.
     fn fill_vda(&mut self, name: &str, ch: char) {
         self.sh(
             name,
@@ -151,10 +141,9 @@ impl Env {
         );
     }
 
-    /// The first sector of the guest's /dev/vda, read from the device (page cache dropped).
     fn read_vda(&mut self, name: &str) -> Vec<u8> {
         self.sh(name, "echo 3 > /proc/sys/vm/drop_caches");
-        let r = self.server.call_ok(
+        let r = self.srv().call_ok(
             "guest_file_read",
             json!({"name": name, "path": "/dev/vda", "max_bytes": 512, "encoding": "base64"}),
         );
@@ -163,7 +152,7 @@ impl Env {
     }
 
     fn write_text(&mut self, name: &str, path: &str, text: &str) {
-        let r = self.server.call_ok(
+        let r = self.srv().call_ok(
             "guest_file_write",
             json!({"name": name, "path": path, "content": text}),
         );
@@ -172,15 +161,14 @@ impl Env {
 
     fn read_text(&mut self, name: &str, path: &str) -> String {
         let r = self
-            .server
+            .srv()
             .call_ok("guest_file_read", json!({"name": name, "path": path}));
         assert_eq!(r["truncated"], json!(false), "{r}");
         r["content"].as_str().unwrap().to_string()
     }
 
-    /// The status list_vms measures for `name` (None when it has no record).
     fn listed_status(&mut self, name: &str) -> Option<String> {
-        let l = self.server.call_ok("list_vms", json!({}));
+        let l = self.srv().call_ok("list_vms", json!({}));
         l["vms"]
             .as_array()
             .unwrap()
@@ -190,7 +178,7 @@ impl Env {
     }
 
     fn stop(&mut self, name: &str) {
-        let r = self.server.call_ok_within(
+        let r = self.srv().call_ok_within(
             "stop_vm",
             json!({"name": name, "force": true}),
             Duration::from_secs(60),
@@ -222,20 +210,20 @@ fn have(program: &str) -> bool {
 
 #[test]
 fn guest_agent_exec_and_files() {
-    let mut e = Env::new("exec");
+    let mut e = guest_lab("exec");
     let vm = "ga";
     // 256 MiB, not 128: the agent holds a 16 MiB capture and its base64 copy in memory for
     // the 20 MB output check, and a 128 MiB guest (78 MiB usable) OOM-kills it.
-    let (_, ready) = e.launch(vm, &[], 256);
+    let (_, ready) = e.boot(vm, &[], 256);
     eprintln!("guest_agent_exec_and_files: agent ready {ready:?} after launch_vm began");
 
     // guest_ping
-    let p = e.server.call_ok("guest_ping", json!({"name": vm}));
+    let p = e.srv().call_ok("guest_ping", json!({"name": vm}));
     assert_eq!(p["ok"], json!(true));
     eprintln!("guest_ping latency {} ms", p["latency_ms"]);
 
     // guest_info
-    let info = e.server.call_ok("guest_info", json!({"name": vm}));
+    let info = e.srv().call_ok("guest_info", json!({"name": vm}));
     assert!(
         !info["version"].as_str().unwrap().is_empty(),
         "no version: {info}"
@@ -260,7 +248,7 @@ fn guest_agent_exec_and_files() {
 
     // stdin is fed to the program.
     let input = "fed through stdin\nsecond line ✓\n";
-    let r = e.server.call_ok(
+    let r = e.srv().call_ok(
         "guest_exec",
         json!({"name": vm, "command": "cat", "stdin": input}),
     );
@@ -279,7 +267,7 @@ fn guest_agent_exec_and_files() {
 
     // A program that outlives its timeout: an error naming its guest PID, on time.
     let t = Instant::now();
-    let msg = e.server.call_err(
+    let msg = e.srv().call_err(
         "guest_exec",
         json!({"name": vm, "command": "sleep", "args": ["30"], "timeout": 2}),
     );
@@ -306,7 +294,7 @@ fn guest_agent_exec_and_files() {
 
     // 20 MB of output: the agent caps what it captures, and says so.
     let t = Instant::now();
-    let r = e.server.call_ok_within(
+    let r = e.srv().call_ok_within(
         "guest_exec",
         json!({"name": vm, "command": "sh", "args": ["-c", "yes aaaaaaaaaaaaaaa | head -c 20000000"], "timeout": 180}),
         SLOW,
@@ -328,7 +316,7 @@ fn guest_agent_exec_and_files() {
     let text = "hello from the host\nline two ✓\n";
     e.write_text(vm, "/tmp/hello.txt", text);
     assert_eq!(e.read_text(vm, "/tmp/hello.txt"), text);
-    let r = e.server.call_ok(
+    let r = e.srv().call_ok(
         "guest_file_write",
         json!({"name": vm, "path": "/tmp/hello.txt", "content": "appended\n", "append": true}),
     );
@@ -341,7 +329,7 @@ fn guest_agent_exec_and_files() {
     // A 3 MiB binary file, byte-exact both ways.
     let data = pseudo_random(3 << 20, 0x5eed_1234);
     let t = Instant::now();
-    let w = e.server.call_ok_within(
+    let w = e.srv().call_ok_within(
         "guest_file_write",
         json!({"name": vm, "path": "/tmp/blob.bin", "content": b64::encode(&data), "encoding": "base64"}),
         SLOW,
@@ -351,7 +339,7 @@ fn guest_agent_exec_and_files() {
     let sum = e.sh(vm, "sha256sum /tmp/blob.bin");
     assert!(sum.starts_with(&sha256_hex(&data)), "{sum}");
     let t = Instant::now();
-    let r = e.server.call_ok_within(
+    let r = e.srv().call_ok_within(
         "guest_file_read",
         json!({"name": vm, "path": "/tmp/blob.bin", "max_bytes": 4 << 20, "encoding": "base64"}),
         SLOW,
@@ -361,7 +349,7 @@ fn guest_agent_exec_and_files() {
     assert_eq!(r["truncated"], json!(false));
     assert!(b64::decode(r["content"].as_str().unwrap()).unwrap() == data);
     // Exactly max_bytes is not truncation.
-    let r = e.server.call_ok_within(
+    let r = e.srv().call_ok_within(
         "guest_file_read",
         json!({"name": vm, "path": "/tmp/blob.bin", "max_bytes": data.len(), "encoding": "base64"}),
         SLOW,
@@ -370,7 +358,7 @@ fn guest_agent_exec_and_files() {
     assert_eq!(r["size"], json!(data.len()));
 
     // max_bytes cuts the read short, and says so.
-    let r = e.server.call_ok(
+    let r = e.srv().call_ok(
         "guest_file_read",
         json!({"name": vm, "path": "/tmp/blob.bin", "max_bytes": 1000, "encoding": "base64"}),
     );
@@ -379,14 +367,14 @@ fn guest_agent_exec_and_files() {
     assert!(b64::decode(r["content"].as_str().unwrap()).unwrap() == data[..1000]);
 
     // Binary content read as UTF-8 is refused with a hint.
-    let msg = e.server.call_err(
+    let msg = e.srv().call_err(
         "guest_file_read",
         json!({"name": vm, "path": "/tmp/blob.bin", "max_bytes": 1000}),
     );
     assert!(msg.contains("base64"), "{msg}");
 
     // A missing file and a directory are clear errors.
-    let msg = e.server.call_err(
+    let msg = e.srv().call_err(
         "guest_file_read",
         json!({"name": vm, "path": "/tmp/no-such-file"}),
     );
@@ -395,19 +383,19 @@ fn guest_agent_exec_and_files() {
         "{msg}"
     );
     let msg = e
-        .server
+        .srv()
         .call_err("guest_file_read", json!({"name": vm, "path": "/tmp"}));
     assert!(msg.to_lowercase().contains("directory"), "{msg}");
 
     // The agent does not answer in a paused VM, and the error says why.
-    let p = e.server.call_ok("pause_vm", json!({"name": vm}));
+    let p = e.srv().call_ok("pause_vm", json!({"name": vm}));
     assert_eq!(p["status"], json!("paused"));
     let t = Instant::now();
-    let msg = e.server.call_err("guest_ping", json!({"name": vm}));
+    let msg = e.srv().call_err("guest_ping", json!({"name": vm}));
     eprintln!("guest_ping of a paused VM failed after {:?}", t.elapsed());
     assert!(t.elapsed() < Duration::from_secs(10));
     assert!(msg.contains("paused"), "{msg}");
-    let p = e.server.call_ok("resume_vm", json!({"name": vm}));
+    let p = e.srv().call_ok("resume_vm", json!({"name": vm}));
     assert_eq!(p["status"], json!("running"));
     let r = e.exec(vm, "echo", &["back"]);
     assert_eq!(r["stdout"], json!("back\n"));
@@ -420,11 +408,11 @@ fn guest_agent_exec_and_files() {
 
 #[test]
 fn live_snapshot_round_trip() {
-    let mut e = Env::new("snap");
+    let mut e = guest_lab("snap");
     let vm = "snap";
-    let disk = e.server.tmp.join("disk.qcow2");
+    let disk = e.srv().tmp.join("disk.qcow2");
     qcow2(&disk, "16M");
-    let (_, ready) = e.launch(vm, &[&disk], 128);
+    let (_, ready) = e.boot(vm, &[&disk], 128);
     eprintln!("live_snapshot_round_trip: agent ready after {ready:?}");
 
     // The state to keep: a tmpfs file and the first sector of the virtio disk.
@@ -434,18 +422,18 @@ fn live_snapshot_round_trip() {
 
     let t = Instant::now();
     let c = e
-        .server
+        .srv()
         .call_ok_within("vm_snapshot_create", json!({"name": vm, "tag": "s1"}), SLOW);
     eprintln!("vm_snapshot_create took {:?}", t.elapsed());
     assert_eq!(c["action"], json!("created"));
     assert_eq!(c["status"], json!("running"));
-    let l = e.server.call_ok("vm_snapshot_list", json!({"name": vm}));
+    let l = e.srv().call_ok("vm_snapshot_list", json!({"name": vm}));
     let snaps = l["snapshots"].as_array().unwrap();
     assert_eq!(snaps.len(), 1, "{l}");
     assert_eq!(snaps[0]["tag"], json!("s1"));
     assert!(snaps[0]["vm_state_size"].as_u64().unwrap() > 0, "{l}");
     let msg = e
-        .server
+        .srv()
         .call_err("vm_snapshot_create", json!({"name": vm, "tag": "s1"}));
     assert!(msg.contains("already exists"), "{msg}");
 
@@ -457,7 +445,7 @@ fn live_snapshot_round_trip() {
 
     // Roll back: both come back.
     let t = Instant::now();
-    let r = e.server.call_ok_within(
+    let r = e.srv().call_ok_within(
         "vm_snapshot_restore",
         json!({"name": vm, "tag": "s1"}),
         SLOW,
@@ -472,27 +460,27 @@ fn live_snapshot_round_trip() {
     assert_eq!(e.read_vda(vm), vec![b'B'; 512]);
 
     // A missing tag is an error, and the VM keeps running.
-    let msg = e.server.call_err_within(
+    let msg = e.srv().call_err_within(
         "vm_snapshot_restore",
         json!({"name": vm, "tag": "nope"}),
         SLOW,
     );
     assert!(msg.contains("nope"), "{msg}");
-    let info = e.server.call_ok("vm_info", json!({"name": vm}));
+    let info = e.srv().call_ok("vm_info", json!({"name": vm}));
     assert_eq!(info["status"], json!("running"), "{info}");
     assert_eq!(e.listed_status(vm).as_deref(), Some("running"));
-    let p = e.server.call_ok("guest_ping", json!({"name": vm}));
+    let p = e.srv().call_ok("guest_ping", json!({"name": vm}));
     assert_eq!(p["ok"], json!(true));
 
     // Delete: the list is empty again.
     let d = e
-        .server
+        .srv()
         .call_ok_within("vm_snapshot_delete", json!({"name": vm, "tag": "s1"}), SLOW);
     assert_eq!(d["action"], json!("deleted"));
-    let l = e.server.call_ok("vm_snapshot_list", json!({"name": vm}));
+    let l = e.srv().call_ok("vm_snapshot_list", json!({"name": vm}));
     assert_eq!(l["snapshots"], json!([]), "{l}");
     let msg = e
-        .server
+        .srv()
         .call_err("vm_snapshot_delete", json!({"name": vm, "tag": "s1"}));
     assert!(msg.contains("s1"), "{msg}");
 
@@ -504,9 +492,9 @@ fn live_snapshot_round_trip() {
 
 #[test]
 fn sandbox_journey() {
-    let mut e = Env::new("sbx");
+    let mut e = guest_lab("sbx");
     let vm = "sbx";
-    let base = e.server.tmp.join("base.qcow2");
+    let base = e.srv().tmp.join("base.qcow2");
     qcow2(&base, "32M");
     let patterned = have("qemu-io");
     if patterned {
@@ -551,7 +539,7 @@ fn sandbox_journey() {
     assert_eq!(e.read_text(vm, "/tmp/sb.txt"), "sandboxed\n");
 
     // Snapshot, change, restore.
-    let c = e.server.call_ok_within(
+    let c = e.srv().call_ok_within(
         "vm_snapshot_create",
         json!({"name": vm, "tag": "clean"}),
         SLOW,
@@ -560,7 +548,7 @@ fn sandbox_journey() {
     e.write_text(vm, "/tmp/sb.txt", "changed\n");
     e.fill_vda(vm, 'X');
     assert_eq!(e.read_vda(vm), vec![b'X'; 512]);
-    let r = e.server.call_ok_within(
+    let r = e.srv().call_ok_within(
         "vm_snapshot_restore",
         json!({"name": vm, "tag": "clean"}),
         SLOW,
@@ -577,14 +565,14 @@ fn sandbox_journey() {
 
     // Destroy: stopped, files gone, record gone.
     let d = e
-        .server
+        .srv()
         .call_ok_within("sandbox_destroy", json!({"name": vm}), SLOW);
     assert_eq!(d["destroyed"], json!(true), "{d}");
     assert_eq!(d["errors"], json!([]), "{d}");
     assert!(!overlay.exists(), "overlay left behind: {d}");
     assert!(!folder.exists(), "sandbox folder left behind: {d}");
     assert_eq!(e.listed_status(vm), None, "the record is still there");
-    let msg = e.server.call_err("vm_info", json!({"name": vm}));
+    let msg = e.srv().call_err("vm_info", json!({"name": vm}));
     assert!(msg.contains("no VM named"), "{msg}");
     if let Some(pid) = sb["pid"].as_i64() {
         assert!(
@@ -620,7 +608,7 @@ const NET_BODY: &str = "mcqemu-net-ok";
 
 #[test]
 fn sandbox_network_isolation_and_forwards() {
-    let mut e = Env::new("net");
+    let mut e = guest_lab("net");
     let http = HttpServer::start(vec![("/", Route::body(NET_BODY.as_bytes().to_vec()))]);
     let port: u16 = http
         .url("/")
@@ -631,7 +619,7 @@ fn sandbox_network_isolation_and_forwards() {
         .parse()
         .unwrap();
     let url = format!("http://10.0.2.2:{port}/");
-    let base = e.server.tmp.join("base.qcow2");
+    let base = e.srv().tmp.join("base.qcow2");
     qcow2(&base, "8M");
     let wget = format!("timeout 5 wget -q -O - {url}");
 
@@ -669,7 +657,7 @@ fn sandbox_network_isolation_and_forwards() {
     };
     assert_eq!(got, "hello\n");
     let d = e
-        .server
+        .srv()
         .call_ok_within("sandbox_destroy", json!({"name": "closed"}), SLOW);
     assert_eq!(d["destroyed"], json!(true), "{d}");
 
@@ -683,7 +671,7 @@ fn sandbox_network_isolation_and_forwards() {
     assert_eq!(r["stdout"], json!(NET_BODY));
     assert_eq!(http.hits(), vec!["/".to_string()]);
     let d = e
-        .server
+        .srv()
         .call_ok_within("sandbox_destroy", json!({"name": "open"}), SLOW);
     assert_eq!(d["destroyed"], json!(true), "{d}");
 }

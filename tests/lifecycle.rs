@@ -3,8 +3,9 @@
 //! registry shared by several servers, registry corruption and compatibility, and the launch
 //! policy (disk paths with commas, extra_args, port forwards).
 //!
-//! At most [`QEMU_SLOTS`] QEMUs run at once per test binary; every test kills its QEMUs on
-//! drop, even when it fails.
+//! Each test runs in a [`Lab`] without a server of its own: it starts its servers (sometimes
+//! several at once, on one registry) on the lab's folders. At most [`QEMU_SLOTS`] QEMUs run at
+//! once per test binary; every test kills its QEMUs on drop, even when it fails.
 
 mod common;
 
@@ -23,61 +24,6 @@ use serde_json::{json, Value};
 const LAUNCH: Duration = Duration::from_secs(120);
 /// Bound for a stop_vm call.
 const STOP: Duration = Duration::from_secs(60);
-
-/// One test's world: a short folder holding `s/` (state) and `r/` (runtime), the guest slots
-/// it holds, and a killer for every QEMU it started. Fields drop in order: QEMUs are killed
-/// first, then the folder goes, then the slots are released.
-struct Env {
-    killer: VmKiller,
-    dir: TempDir,
-    _slots: Vec<QemuSlot>,
-}
-
-impl Env {
-    /// Takes `slots` guest slots (all at once) and makes the folders.
-    fn new(label: &str, slots: usize) -> Env {
-        let slots = qemu_slots(slots);
-        let dir = short_runtime_dir(label);
-        dir.subdir("s");
-        let runtime = dir.subdir("r");
-        Env {
-            killer: VmKiller::new(&runtime),
-            dir,
-            _slots: slots,
-        }
-    }
-
-    fn state(&self) -> PathBuf {
-        self.dir.join("s")
-    }
-
-    fn runtime(&self) -> PathBuf {
-        self.dir.join("r")
-    }
-
-    fn registry(&self) -> PathBuf {
-        self.state().join("vms.json")
-    }
-
-    /// An initialized server on this test's folders.
-    fn server(&self) -> Server {
-        Server::ready_in(&self.state(), &self.runtime())
-    }
-
-    /// launch_vm that must succeed; the QEMU is tracked for killing.
-    fn launch(&self, s: &mut Server, args: Value) -> Value {
-        let r = s.call_tool_within("launch_vm", args.clone(), LAUNCH);
-        if let Some(sc) = r.get("structuredContent") {
-            self.killer.track(sc);
-        }
-        let out = tool_ok(&r, &format!("launch_vm {args}"));
-        assert!(
-            out["pid"].as_i64().is_some(),
-            "launch_vm gave no pid: {out}"
-        );
-        out
-    }
-}
 
 /// launch_vm arguments for a small diskless BIOS VM under TCG, plus `extra` fields.
 fn vm_args(name: &str, extra: Value) -> Value {
@@ -176,10 +122,10 @@ fn sigkill(pid: i32) {
 
 #[test]
 fn bios_vm_lifecycle_over_mcp() {
-    let env = Env::new("life", 1);
-    let mut s = env.server();
+    let lab = Lab::without_server("life", 1);
+    let mut s = lab.spawn_server();
 
-    let l = env.launch(&mut s, vm_args("life", json!({})));
+    let l = lab.launch_on(&mut s, vm_args("life", json!({})), LAUNCH);
     let pid = pid_of(&l);
     assert_eq!(l["name"], "life");
     assert_eq!(l["status"], "running", "{l}");
@@ -187,11 +133,11 @@ fn bios_vm_lifecycle_over_mcp() {
     assert_eq!(l["machine"], "q35");
     assert!(pid_alive(pid), "launched QEMU {pid} is not alive");
     let qmp_sock = PathBuf::from(l["qmp_socket"].as_str().unwrap());
-    assert!(qmp_sock.starts_with(env.runtime()), "{l}");
+    assert!(qmp_sock.starts_with(lab.runtime()), "{l}");
     assert!(l["serial_log"]
         .as_str()
         .unwrap()
-        .starts_with(env.state().to_str().unwrap()));
+        .starts_with(lab.state().to_str().unwrap()));
 
     let listing = list(&mut s);
     let e = entry(&listing, "life").expect("life in list_vms");
@@ -271,8 +217,8 @@ fn bios_vm_lifecycle_over_mcp() {
 
 #[test]
 fn attach_adopts_a_foreign_qemu_and_forget_leaves_it_running() {
-    let env = Env::new("att", 1);
-    let own = env.runtime().join("other");
+    let lab = Lab::without_server("att", 1);
+    let own = lab.runtime().join("other");
     std::fs::create_dir_all(&own).unwrap();
     let sock = own.join("qmp.sock");
     let pidfile = own.join("qemu.pid"); // where the VmKiller looks
@@ -299,10 +245,10 @@ fn attach_adopts_a_foreign_qemu_and_forget_leaves_it_running() {
     );
     assert!(ok, "starting QEMU by hand failed: {out}{err}");
     let pid = read_pidfile(&pidfile, Duration::from_secs(10));
-    env.killer.track(&json!({"pid": pid}));
+    lab.killer.track(&json!({"pid": pid}));
     assert!(pid_alive(pid));
 
-    let mut s = env.server();
+    let mut s = lab.spawn_server();
     let a = s.call_ok(
         "attach_vm",
         json!({"name": "adopted", "qmp_socket": sock.to_str().unwrap(), "pid": pid}),
@@ -338,7 +284,7 @@ fn attach_adopts_a_foreign_qemu_and_forget_leaves_it_running() {
     drop(q);
 
     // A regular file is not a socket.
-    let plain = env.dir.join("plain.sock");
+    let plain = lab.dir.join("plain.sock");
     std::fs::write(&plain, b"not a socket").unwrap();
     let err = s.call_err(
         "attach_vm",
@@ -347,7 +293,7 @@ fn attach_adopts_a_foreign_qemu_and_forget_leaves_it_running() {
     assert!(err.contains("not a unix socket"), "{err}");
 
     // A socket file nobody listens on any more.
-    let dead = env.dir.join("dead.sock");
+    let dead = lab.dir.join("dead.sock");
     drop(UnixListener::bind(&dead).unwrap());
     assert!(dead.exists());
     let t0 = Instant::now();
@@ -361,7 +307,7 @@ fn attach_adopts_a_foreign_qemu_and_forget_leaves_it_running() {
     // A missing path, and a dead PID next to a live socket.
     let err = s.call_err(
         "attach_vm",
-        json!({"name": "missing", "qmp_socket": env.dir.file("nothing.sock")}),
+        json!({"name": "missing", "qmp_socket": lab.dir.file("nothing.sock")}),
     );
     assert!(err.contains("nothing.sock"), "{err}");
     let err = s.call_err(
@@ -381,9 +327,9 @@ fn attach_adopts_a_foreign_qemu_and_forget_leaves_it_running() {
 
 #[test]
 fn live_qmp_socket_blocks_relaunch_until_that_qemu_dies() {
-    let env = Env::new("relaunch", 1);
-    let mut s = env.server();
-    let first = env.launch(&mut s, vm_args("x", json!({"no_net": true})));
+    let lab = Lab::without_server("relaunch", 1);
+    let mut s = lab.spawn_server();
+    let first = lab.launch_on(&mut s, vm_args("x", json!({"no_net": true})), LAUNCH);
     let pid1 = pid_of(&first);
 
     let err = s.call_err("forget_vm", json!({"name": "x"}));
@@ -404,12 +350,12 @@ fn live_qmp_socket_blocks_relaunch_until_that_qemu_dies() {
         pid_alive(pid1),
         "the refused launch touched the running QEMU"
     );
-    assert_eq!(qemu_pids_mentioning(&env.runtime()), vec![pid1]);
+    assert_eq!(qemu_pids_mentioning(&lab.runtime()), vec![pid1]);
 
     sigkill(pid1);
     assert!(wait_pid_dead(pid1, Duration::from_secs(10)));
 
-    let second = env.launch(&mut s, vm_args("x", json!({"no_net": true})));
+    let second = lab.launch_on(&mut s, vm_args("x", json!({"no_net": true})), LAUNCH);
     let pid2 = pid_of(&second);
     assert_ne!(pid1, pid2);
     assert_eq!(second["status"], "running", "{second}");
@@ -422,9 +368,9 @@ fn live_qmp_socket_blocks_relaunch_until_that_qemu_dies() {
 
 #[test]
 fn two_servers_share_one_registry() {
-    let env = Env::new("two", 2);
-    let mut a = env.server();
-    let mut b = env.server();
+    let lab = Lab::without_server("two", 2);
+    let mut a = lab.spawn_server();
+    let mut b = lab.spawn_server();
 
     // Different names at the same time: both land in the registry.
     let barrier = Barrier::new(2);
@@ -441,7 +387,7 @@ fn two_servers_share_one_registry() {
     });
     for r in [&ra, &rb] {
         if let Some(sc) = r.get("structuredContent") {
-            env.killer.track(sc);
+            lab.killer.track(sc);
         }
     }
     let la = tool_ok(&ra, "launch_vm va");
@@ -453,7 +399,7 @@ fn two_servers_share_one_registry() {
             assert_eq!(entry(&l, n).unwrap()["status"], "running", "{l}");
         }
     }
-    let file: Value = serde_json::from_slice(&std::fs::read(env.registry()).unwrap()).unwrap();
+    let file: Value = serde_json::from_slice(&std::fs::read(lab.registry()).unwrap()).unwrap();
     assert_eq!(file["version"], 1);
     assert!(file["vms"]["va"].is_object() && file["vms"]["vb"].is_object());
     // Either server drives either VM.
@@ -483,7 +429,7 @@ fn two_servers_share_one_registry() {
     });
     for r in [&ra, &rb] {
         if let Some(sc) = r.get("structuredContent") {
-            env.killer.track(sc);
+            lab.killer.track(sc);
         }
     }
     let oks: Vec<&Value> = [&ra, &rb]
@@ -496,7 +442,7 @@ fn two_servers_share_one_registry() {
     assert!(text.contains("\"same\""), "{text}");
     assert!(text.contains("already"), "{text}");
     let winner = tool_ok(oks[0], "the winning launch_vm same");
-    assert_eq!(qemu_pids_mentioning(&env.runtime()), vec![pid_of(&winner)]);
+    assert_eq!(qemu_pids_mentioning(&lab.runtime()), vec![pid_of(&winner)]);
     for srv in [&mut a, &mut b] {
         let l = list(srv);
         assert_eq!(names(&l), vec!["same", "va", "vb"], "{l}");
@@ -510,10 +456,10 @@ fn two_servers_share_one_registry() {
 
 #[test]
 fn corrupt_registry_is_quarantined_and_reported_once() {
-    let env = Env::new("corrupt", 1);
+    let lab = Lab::without_server("corrupt", 1);
     let garbage = b"{\"version\": 1, \"vms\": {\"a\": {\x00\xff garbage";
-    std::fs::write(env.registry(), garbage).unwrap();
-    let mut s = env.server();
+    std::fs::write(lab.registry(), garbage).unwrap();
+    let mut s = lab.spawn_server();
 
     let l1 = list(&mut s);
     assert_eq!(l1["vms"], json!([]), "{l1}");
@@ -525,23 +471,23 @@ fn corrupt_registry_is_quarantined_and_reported_once() {
     let l2 = list(&mut s);
     assert_eq!(l2["registry_warnings"], json!([]), "warning repeated: {l2}");
 
-    let aside: Vec<String> = list_dir(&env.state())
+    let aside: Vec<String> = list_dir(&lab.state())
         .into_iter()
         .filter(|n| n.starts_with("vms.json.corrupt-"))
         .collect();
-    assert_eq!(aside.len(), 1, "{:?}", list_dir(&env.state()));
+    assert_eq!(aside.len(), 1, "{:?}", list_dir(&lab.state()));
     assert_eq!(
-        std::fs::read(env.state().join(&aside[0])).unwrap(),
+        std::fs::read(lab.state().join(&aside[0])).unwrap(),
         garbage.to_vec(),
         "the quarantined file must keep the original bytes"
     );
 
-    let l = env.launch(&mut s, vm_args("fresh", json!({"no_net": true})));
+    let l = lab.launch_on(&mut s, vm_args("fresh", json!({"no_net": true})), LAUNCH);
     let l3 = list(&mut s);
     assert_eq!(names(&l3), vec!["fresh"]);
     assert_eq!(entry(&l3, "fresh").unwrap()["status"], "running");
     assert_eq!(l3["registry_warnings"], json!([]));
-    let file: Value = serde_json::from_slice(&std::fs::read(env.registry()).unwrap()).unwrap();
+    let file: Value = serde_json::from_slice(&std::fs::read(lab.registry()).unwrap()).unwrap();
     assert_eq!(file["version"], 1);
     assert!(file["vms"]["fresh"].is_object(), "{file}");
     force_stop(&mut s, "fresh", pid_of(&l));
@@ -655,20 +601,21 @@ fn stop_and_pause_refuse_a_vm_that_is_still_being_launched() {
 
 #[test]
 fn disk_path_with_a_comma_is_one_writable_file() {
-    let env = Env::new("comma", 1);
-    let disk = env.dir.join("data,readonly=on.qcow2");
+    let lab = Lab::without_server("comma", 1);
+    let disk = lab.dir.join("data,readonly=on.qcow2");
     let (ok, _, err) = run_tool(
         "qemu-img",
         &["create", "-q", "-f", "qcow2", disk.to_str().unwrap(), "16M"],
     );
     assert!(ok, "qemu-img create failed: {err}");
-    let mut s = env.server();
-    let l = env.launch(
+    let mut s = lab.spawn_server();
+    let l = lab.launch_on(
         &mut s,
         vm_args(
             "comma",
             json!({"disks": [disk.to_str().unwrap()], "no_net": true}),
         ),
+        LAUNCH,
     );
     let info = s.call_ok("vm_info", json!({"name": "comma"}));
     let devs = info["block_devices"].as_array().unwrap();
@@ -688,7 +635,7 @@ fn disk_path_with_a_comma_is_one_writable_file() {
     assert_eq!(info["record"]["disks"], json!([disk.to_str().unwrap()]));
     // Nothing else named after a piece of the path was created beside it.
     assert_eq!(
-        list_dir(env.dir.path()),
+        list_dir(lab.dir.path()),
         vec!["data,readonly=on.qcow2", "r", "s"]
     );
     force_stop(&mut s, "comma", pid_of(&l));
@@ -696,8 +643,8 @@ fn disk_path_with_a_comma_is_one_writable_file() {
 
 #[test]
 fn denied_extra_args_are_refused_before_qemu_starts() {
-    let env = Env::new("deny", 1);
-    let mut s = env.server();
+    let lab = Lab::without_server("deny", 1);
+    let mut s = lab.spawn_server();
     let cases: &[&[&str]] = &[
         &["-virtfs", "local,path=/,mount_tag=host,security_model=none"],
         &[
@@ -754,11 +701,11 @@ fn denied_extra_args_are_refused_before_qemu_starts() {
             "{extra:?}: {err}"
         );
         assert!(
-            !env.runtime().join(&name).exists(),
+            !lab.runtime().join(&name).exists(),
             "{extra:?}: a runtime folder was made"
         );
         assert!(
-            qemu_pids_mentioning(&env.runtime()).is_empty(),
+            qemu_pids_mentioning(&lab.runtime()).is_empty(),
             "{extra:?}: a QEMU was started"
         );
     }
@@ -769,8 +716,8 @@ fn denied_extra_args_are_refused_before_qemu_starts() {
 #[test]
 fn extra_args_cannot_smuggle_a_denied_option_past_the_parser() {
     // Each of these reaches a host device or program in QEMU 7.2 if it is accepted.
-    let env = Env::new("smuggle", 1);
-    let mut s = env.server();
+    let lab = Lab::without_server("smuggle", 1);
+    let mut s = lab.spawn_server();
     let cases: &[&[&str]] = &[
         // A bare argument is QEMU's first hard disk image (like -hda).
         &["/dev/sda"],
@@ -799,13 +746,13 @@ fn extra_args_cannot_smuggle_a_denied_option_past_the_parser() {
             LAUNCH,
         );
         if let Some(sc) = r.get("structuredContent") {
-            env.killer.track(sc);
-            env.killer.kill_all();
+            lab.killer.track(sc);
+            lab.killer.kill_all();
         }
         let err = tool_err(&r, &format!("launch_vm with extra_args {extra:?}"));
         assert!(err.contains("extra_args"), "{extra:?}: {err}");
         assert!(
-            qemu_pids_mentioning(&env.runtime()).is_empty(),
+            qemu_pids_mentioning(&lab.runtime()).is_empty(),
             "{extra:?}: a QEMU was started"
         );
     }
@@ -813,8 +760,8 @@ fn extra_args_cannot_smuggle_a_denied_option_past_the_parser() {
 
 #[test]
 fn duplicate_host_ports_are_refused() {
-    let env = Env::new("dup", 1);
-    let mut s = env.server();
+    let lab = Lab::without_server("dup", 1);
+    let mut s = lab.spawn_server();
     let err = s.call_err_within(
         "launch_vm",
         vm_args("dup", json!({"port_forwards": ["2222:22", "2222:80"]})),
@@ -827,7 +774,7 @@ fn duplicate_host_ports_are_refused() {
         LAUNCH,
     );
     assert!(err.contains("no_net"), "{err}");
-    assert!(qemu_pids_mentioning(&env.runtime()).is_empty());
+    assert!(qemu_pids_mentioning(&lab.runtime()).is_empty());
     assert_eq!(list(&mut s)["vms"], json!([]));
 }
 
@@ -843,11 +790,12 @@ fn non_loopback_ipv4() -> Option<Ipv4Addr> {
 
 #[test]
 fn auto_port_forward_is_bound_on_loopback_only() {
-    let env = Env::new("port", 1);
-    let mut s = env.server();
-    let l = env.launch(
+    let lab = Lab::without_server("port", 1);
+    let mut s = lab.spawn_server();
+    let l = lab.launch_on(
         &mut s,
         vm_args("port", json!({"port_forwards": ["auto:22"]})),
+        LAUNCH,
     );
     let fw = l["port_forwards"].as_array().unwrap();
     assert_eq!(fw.len(), 1, "{l}");

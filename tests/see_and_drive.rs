@@ -14,7 +14,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -24,57 +24,21 @@ const LONG: Duration = Duration::from_secs(150);
 const STEP: Duration = Duration::from_secs(60);
 
 // ---------------------------------------------------------------------------------------------
-// Fixtures
+// Fixtures: each test runs in a [`Lab`] (one server on short folders, one QEMU slot, and a
+// guard that kills every QEMU of the test when dropped)
 
-/// One server on short state/runtime folders, one QEMU slot, and a guard that kills every QEMU
-/// of the test when dropped.
-struct Lab {
-    srv: Server,
-    killer: VmKiller,
-    _runtime: TempDir,
-    _slot: QemuSlot,
-}
-
-impl Lab {
-    fn new(label: &str) -> Lab {
-        let slot = qemu_slot();
-        let runtime = short_runtime_dir(label);
-        let rt = runtime.path().to_str().expect("utf-8 runtime").to_string();
-        let mut srv = Server::start_with_env(&[("MCQEMU_RUNTIME_DIR", rt.as_str())]);
-        srv.initialize(NEWEST);
-        let killer = VmKiller::new(runtime.path());
-        Lab {
-            srv,
-            killer,
-            _runtime: runtime,
-            _slot: slot,
-        }
-    }
-
-    /// MCQEMU_STATE_DIR/vms/NAME.
-    fn vm_dir(&self, name: &str) -> PathBuf {
-        self.srv.tmp.join("state").join("vms").join(name)
-    }
-
-    /// Fails when a temporary capture file is left in the VM's state folder.
-    fn assert_no_capture_left(&self, name: &str, when: &str) {
-        let dir = self.vm_dir(name);
-        let left: Vec<String> = list_dir(&dir)
-            .into_iter()
-            .filter(|n| n.starts_with(".screenshot-"))
-            .collect();
-        assert!(
-            left.is_empty(),
-            "{when}: capture files left in {}: {left:?}",
-            dir.display()
-        );
-    }
-}
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        self.killer.kill_all();
-    }
+/// Fails when a temporary capture file is left in the VM's state folder.
+fn assert_no_capture_left(lab: &Lab, name: &str, when: &str) {
+    let dir = lab.vm_dir(name);
+    let left: Vec<String> = list_dir(&dir)
+        .into_iter()
+        .filter(|n| n.starts_with(".screenshot-"))
+        .collect();
+    assert!(
+        left.is_empty(),
+        "{when}: capture files left in {}: {left:?}",
+        dir.display()
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -186,7 +150,7 @@ fn has_image(result: &Value) -> bool {
 fn bios_vm_screenshots_and_bounded_serial_read() {
     let mut lab = Lab::new("bios");
     let name = "bios";
-    let launched = lab.srv.call_ok_within(
+    let launched = lab.srv().call_ok_within(
         "launch_vm",
         json!({"name": name, "memory_mb": 64, "cpus": 1, "no_net": true}),
         STEP,
@@ -200,18 +164,18 @@ fn bios_vm_screenshots_and_bounded_serial_read() {
     // Inline: image content whose PNG decodes to exactly the reported size.
     let t = Instant::now();
     let r = lab
-        .srv
+        .srv()
         .call_tool_within("vm_screenshot", json!({"name": name}), STEP);
     let inline_ms = t.elapsed().as_millis();
     let (w, h, _) = check_inline_screenshot(&r, "vm_screenshot inline");
     assert!(w >= 320 && h >= 200, "BIOS screen {w}x{h}");
-    lab.assert_no_capture_left(name, "after an inline screenshot");
+    assert_no_capture_left(&lab, name, "after an inline screenshot");
 
     // To a file: written there, no image content.
     let out = TempDir::new("shot");
     let dest = out.file("screen.png");
     let t = Instant::now();
-    let r = lab.srv.call_tool_within(
+    let r = lab.srv().call_tool_within(
         "vm_screenshot",
         json!({"name": name, "path": dest.as_str()}),
         STEP,
@@ -234,20 +198,20 @@ fn bios_vm_screenshots_and_bounded_serial_read() {
         vec!["screen.png".to_string()],
         "only the PNG in the destination folder"
     );
-    lab.assert_no_capture_left(name, "after a screenshot to a file");
+    assert_no_capture_left(&lab, name, "after a screenshot to a file");
 
     // Paused: still works, still no leftovers.
-    lab.srv.call_ok("pause_vm", json!({"name": name}));
+    lab.srv().call_ok("pause_vm", json!({"name": name}));
     let r = lab
-        .srv
+        .srv()
         .call_tool_within("vm_screenshot", json!({"name": name}), STEP);
     check_inline_screenshot(&r, "vm_screenshot while paused");
-    lab.assert_no_capture_left(name, "after a screenshot of the paused VM");
-    lab.srv.call_ok("resume_vm", json!({"name": name}));
+    assert_no_capture_left(&lab, name, "after a screenshot of the paused VM");
+    lab.srv().call_ok("resume_vm", json!({"name": name}));
 
     // Failing: a path in a missing folder is an error, and nothing is left behind.
     let missing = out.file("no/such/folder/screen.png");
-    let err = lab.srv.call_err_within(
+    let err = lab.srv().call_err_within(
         "vm_screenshot",
         json!({"name": name, "path": missing.as_str()}),
         STEP,
@@ -255,11 +219,11 @@ fn bios_vm_screenshots_and_bounded_serial_read() {
     assert!(!err.is_empty());
     assert!(!Path::new(&missing).exists());
     assert!(!out.join("no").exists(), "no folder created: {err}");
-    lab.assert_no_capture_left(name, "after a failed screenshot");
+    assert_no_capture_left(&lab, name, "after a failed screenshot");
     eprintln!("screenshot latency (BIOS VM, TCG): inline {inline_ms} ms, to a file {file_ms} ms");
 
     // A 10 MB serial log of a stopped VM: the tail comes back quickly through a bounded read.
-    lab.srv.call_ok_within(
+    lab.srv().call_ok_within(
         "stop_vm",
         json!({"name": name, "force": true, "timeout": 10}),
         STEP,
@@ -276,7 +240,7 @@ fn bios_vm_screenshots_and_bounded_serial_read() {
     std::fs::write(&serial_log, &big).expect("write the big serial log");
     let t = Instant::now();
     let sc = lab
-        .srv
+        .srv()
         .call_ok("vm_serial_read", json!({"name": name, "tail_lines": 5}));
     let read_ms = t.elapsed().as_millis();
     let want: Vec<String> = (n - 4..=n)
@@ -293,7 +257,7 @@ fn bios_vm_screenshots_and_bounded_serial_read() {
         big.len()
     );
     let err = lab
-        .srv
+        .srv()
         .call_err("vm_serial_read", json!({"name": name, "tail_lines": 0}));
     assert!(err.contains("tail_lines"), "{err}");
 }
@@ -303,7 +267,7 @@ fn bios_vm_screenshots_and_bounded_serial_read() {
 
 /// A guest_exec that must succeed; returns its structured result.
 fn exec(lab: &mut Lab, name: &str, script: &str, timeout: u64) -> Value {
-    let r = lab.srv.call_keeping(
+    let r = lab.srv().call_keeping(
         "guest_exec",
         json!({"name": name, "command": "sh", "args": ["-c", script], "timeout": timeout}),
         Duration::from_secs(timeout + 30),
@@ -321,7 +285,7 @@ fn reader_tag() -> String {
 
 /// The serial log's current size, for waiting on output written from now on.
 fn serial_offset(lab: &mut Lab, name: &str) -> u64 {
-    let r = lab.srv.call_keeping(
+    let r = lab.srv().call_keeping(
         "vm_serial_read",
         json!({"name": name, "tail_lines": 1}),
         STEP,
@@ -334,7 +298,7 @@ fn serial_offset(lab: &mut Lab, name: &str) -> u64 {
 /// Waits until a reader reports on the serial console that it is listening. (The serial
 /// console, not the agent: agent calls queue behind the reader's own guest_exec.)
 fn wait_ready(lab: &mut Lab, name: &str, tag: &str, offset: u64) {
-    let r = lab.srv.call_keeping(
+    let r = lab.srv().call_keeping(
         "vm_serial_wait",
         json!({"name": name, "pattern": format!("READY-{tag}"), "timeout": 60, "offset": offset}),
         Duration::from_secs(90),
@@ -350,7 +314,7 @@ fn start_tty_reader(lab: &mut Lab, name: &str) -> Value {
     let script = format!(
         "exec 3</dev/tty1; echo READY-{tag} > /dev/ttyS0; IFS= read -r line <&3; printf %s \"$line\""
     );
-    let id = lab.srv.start_call(
+    let id = lab.srv().start_call(
         "guest_exec",
         json!({"name": name, "command": "sh", "args": ["-c", script], "timeout": 90}),
     );
@@ -360,7 +324,7 @@ fn start_tty_reader(lab: &mut Lab, name: &str) -> Value {
 
 /// The line the reader started by [`start_tty_reader`] received.
 fn finish_tty_reader(lab: &mut Lab, id: &Value) -> String {
-    let r = lab.srv.finish_call(id, Duration::from_secs(120));
+    let r = lab.srv().finish_call(id, Duration::from_secs(120));
     let sc = tool_ok(&r, "tty reader");
     assert_eq!(sc["exitcode"], 0, "tty reader: {sc}");
     sc["stdout"].as_str().expect("stdout").to_string()
@@ -402,7 +366,7 @@ fn start_event_reader(lab: &mut Lab, name: &str, devices: &[&str]) -> EventReade
         pids.join(" "),
         ks.join(" ")
     ));
-    let id = lab.srv.start_call(
+    let id = lab.srv().start_call(
         "guest_exec",
         json!({"name": name, "command": "sh", "args": ["-c", script], "timeout": 120}),
     );
@@ -418,13 +382,13 @@ fn start_event_reader(lab: &mut Lab, name: &str, devices: &[&str]) -> EventReade
 /// The end is signalled through the serial shell that [`serial_console`] activated: agent
 /// calls would queue behind the reader's own guest_exec.
 fn finish_event_reader(lab: &mut Lab, name: &str, reader: EventReader) -> Vec<Vec<Ev>> {
-    let r = lab.srv.call_keeping(
+    let r = lab.srv().call_keeping(
         "vm_serial_write",
         json!({"name": name, "text": format!(": > {}/done", reader.dir), "enter": true}),
         STEP,
     );
     tool_ok(&r, "vm_serial_write (end of recording)");
-    let res = lab.srv.finish_call(&reader.id, Duration::from_secs(150));
+    let res = lab.srv().finish_call(&reader.id, Duration::from_secs(150));
     let out = tool_ok(&res, "event reader");
     assert_eq!(out["exitcode"], 0, "event reader: {out}");
     let stdout = out["stdout"].as_str().unwrap_or("");
@@ -494,12 +458,12 @@ fn test_guest_journey_keyboard_mouse_serial_screen() {
     let guest = test_guest();
     let mut lab = Lab::new("drv");
     let name = "drive";
-    let base = lab.srv.tmp.join("base.img");
+    let base = lab.srv().tmp.join("base.img");
     std::fs::File::create(&base)
         .and_then(|f| f.set_len(1 << 20))
         .expect("create the base image");
     let t = Instant::now();
-    let r = lab.srv.call_tool_within(
+    let r = lab.srv().call_tool_within(
         "sandbox_vm",
         json!({
             "base_image": base.to_str().unwrap(), "name": name, "memory_mb": 128, "cpus": 1,
@@ -533,7 +497,7 @@ fn test_guest_journey_keyboard_mouse_serial_screen() {
     }
 
     let sc = lab
-        .srv
+        .srv()
         .call_ok_within("sandbox_destroy", json!({"name": name}), STEP);
     assert!(
         sc.get("cleanup_errors")
@@ -549,7 +513,7 @@ fn serial_console(lab: &mut Lab, name: &str) {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let sc = lab
-            .srv
+            .srv()
             .call_ok("vm_serial_read", json!({"name": name, "tail_lines": 500}));
         let text = sc["text"].as_str().unwrap_or("");
         if text.contains("Linux version") || text.contains("mcqemu-test-guest: ready") {
@@ -561,22 +525,22 @@ fn serial_console(lab: &mut Lab, name: &str) {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
-    lab.srv.call_ok_within(
+    lab.srv().call_ok_within(
         "vm_serial_wait",
         json!({"name": name, "pattern": "press Enter to activate", "timeout": 30, "offset": 0}),
         STEP,
     );
-    lab.srv.call_ok(
+    lab.srv().call_ok(
         "vm_serial_write",
         json!({"name": name, "text": "", "enter": true}),
     );
     let t = Instant::now();
-    let w = lab.srv.call_ok(
+    let w = lab.srv().call_ok(
         "vm_serial_write",
         json!({"name": name, "text": "echo SERIAL-$((6*7))", "enter": true}),
     );
     let offset = w["offset"].as_u64().expect("write reports the log offset");
-    let got = lab.srv.call_ok_within(
+    let got = lab.srv().call_ok_within(
         "vm_serial_wait",
         json!({"name": name, "pattern": "SERIAL-42", "timeout": 30, "offset": offset}),
         STEP,
@@ -586,14 +550,14 @@ fn serial_console(lab: &mut Lab, name: &str) {
     eprintln!("serial shell answered in {} ms", t.elapsed().as_millis());
 
     let t = Instant::now();
-    let err = lab.srv.call_err(
+    let err = lab.srv().call_err(
         "vm_serial_wait",
         json!({"name": name, "pattern": "THIS-NEVER-APPEARS", "timeout": 1}),
     );
     let waited = t.elapsed();
     assert!(err.contains("THIS-NEVER-APPEARS"), "{err}");
     // Capped like vm_type_text, before anything is written.
-    let err = lab.srv.call_err(
+    let err = lab.srv().call_err(
         "vm_serial_write",
         json!({"name": name, "text": "x".repeat(4097)}),
     );
@@ -616,7 +580,7 @@ fn typing(lab: &mut Lab, name: &str) {
     assert!(text.len() >= 200);
     let reader = start_tty_reader(lab, name);
     let t = Instant::now();
-    let r = lab.srv.call_keeping(
+    let r = lab.srv().call_keeping(
         "vm_type_text",
         json!({"name": name, "text": text, "enter": true}),
         STEP,
@@ -638,27 +602,27 @@ fn typing(lab: &mut Lab, name: &str) {
 fn keys(lab: &mut Lab, name: &str) {
     let reader = start_tty_reader(lab, name);
     let t = STEP;
-    let r = lab.srv.call_keeping(
+    let r = lab.srv().call_keeping(
         "vm_send_keys",
         json!({"name": name, "keys": ["q", "no-such-key"]}),
         t,
     );
     let err = tool_err(&r, "unknown key");
     assert!(err.contains("no-such-key"), "{err}");
-    let r = lab.srv.call_keeping(
+    let r = lab.srv().call_keeping(
         "vm_send_keys",
         json!({"name": name, "keys": ["ctrl-bogus"]}),
         t,
     );
     tool_err(&r, "unknown chord part");
-    let r = lab.srv.call_keeping(
+    let r = lab.srv().call_keeping(
         "vm_type_text",
         json!({"name": name, "text": "z".repeat(4097)}),
         t,
     );
     let err = tool_err(&r, "4097 characters");
     assert!(err.contains("4096"), "{err}");
-    let r = lab.srv.call_keeping(
+    let r = lab.srv().call_keeping(
         "vm_type_text",
         json!({"name": name, "text": "zz\u{e9}zz"}),
         t,
@@ -667,10 +631,10 @@ fn keys(lab: &mut Lab, name: &str) {
     assert!(err.contains("position 2"), "{err}");
 
     let r = lab
-        .srv
+        .srv()
         .call_keeping("vm_type_text", json!({"name": name, "text": "abc"}), t);
     tool_ok(&r, "type abc");
-    let r = lab.srv.call_keeping(
+    let r = lab.srv().call_keeping(
         "vm_send_keys",
         json!({"name": name, "keys": ["shift-x", "space", "minus", "enter"]}),
         t,
@@ -712,11 +676,11 @@ fn mouse(lab: &mut Lab, name: &str) {
 
     // Refused before anything is sent.
     let r = lab
-        .srv
+        .srv()
         .call_keeping("vm_click", json!({"name": name, "x": 99999, "y": 10}), STEP);
     let err = tool_err(&r, "click outside the screen");
     assert!(err.contains("outside"), "{err}");
-    let r = lab.srv.call_keeping(
+    let r = lab.srv().call_keeping(
         "vm_mouse_move",
         json!({"name": name, "dx": 20001, "dy": 5}),
         STEP,
@@ -726,7 +690,7 @@ fn mouse(lab: &mut Lab, name: &str) {
     // A click at a fresh position (evdev drops an absolute value equal to the last one).
     let (x, y) = (123u32, 77u32);
     let r = lab
-        .srv
+        .srv()
         .call_keeping("vm_click", json!({"name": name, "x": x, "y": y}), STEP);
     let sc = tool_ok(&r, "vm_click");
     let w = sc["screen_width"].as_u64().expect("screen_width") as i64;
@@ -734,11 +698,11 @@ fn mouse(lab: &mut Lab, name: &str) {
     // Just off the edge of the screen it reported: refused too.
     for (ox, oy) in [(w, 5), (5, h)] {
         let r = lab
-            .srv
+            .srv()
             .call_keeping("vm_click", json!({"name": name, "x": ox, "y": oy}), STEP);
         tool_err(&r, "click just off the screen");
     }
-    let r = lab.srv.call_keeping(
+    let r = lab.srv().call_keeping(
         "vm_mouse_move",
         json!({"name": name, "dx": 50, "dy": -30, "step": 10, "click": "left"}),
         STEP,
@@ -801,20 +765,20 @@ fn mouse(lab: &mut Lab, name: &str) {
         !tab.iter().any(|e| e.0 == EV_REL),
         "no relative events on the tablet"
     );
-    lab.assert_no_capture_left(name, "after vm_click");
+    assert_no_capture_left(lab, name, "after vm_click");
 }
 
 /// vm_screenshot of the booted test guest: a real screen with something on it.
 fn sandbox_screenshot(lab: &mut Lab, name: &str) {
     let t = Instant::now();
     let r = lab
-        .srv
+        .srv()
         .call_tool_within("vm_screenshot", json!({"name": name}), STEP);
     let ms = t.elapsed().as_millis();
     let (w, h, distinct) = check_inline_screenshot(&r, "sandbox vm_screenshot");
     assert!(w >= 320 && h >= 200, "screen {w}x{h}");
     assert!(distinct > 1, "the console screen is blank ({w}x{h})");
-    lab.assert_no_capture_left(name, "after the sandbox screenshot");
+    assert_no_capture_left(lab, name, "after the sandbox screenshot");
     eprintln!("sandbox screenshot {w}x{h} in {ms} ms");
 }
 
@@ -828,7 +792,7 @@ fn typing_unpaced(lab: &mut Lab, name: &str) {
     }
     let reader = start_tty_reader(lab, name);
     let t = Instant::now();
-    let r = lab.srv.call_keeping(
+    let r = lab.srv().call_keeping(
         "vm_type_text",
         json!({"name": name, "text": text, "enter": true, "delay_ms": 0}),
         STEP,
@@ -853,7 +817,7 @@ fn ps2_without_tablet(lab: &mut Lab, name: &str) {
     let n = 8;
     for i in 0..n {
         let sign = if i % 2 == 0 { 1 } else { -1 };
-        let r = lab.srv.call_keeping(
+        let r = lab.srv().call_keeping(
             "vm_mouse_move",
             json!({"name": name, "dx": 600 * sign, "dy": -250 * sign, "step": 120,
                    "click": "left", "double": true}),

@@ -1,0 +1,170 @@
+//! Running programs to completion, every run bounded: the `mcqemu` CLI and external tools
+//! (qemu-img, qemu-system-x86_64, the test-guest builder).
+
+use std::ffi::OsStr;
+use std::io::{Read, Write};
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::mpsc::{self, Receiver};
+use std::time::{Duration, Instant};
+
+use super::files::TempDir;
+use super::server::BIN;
+
+/// What a finished program run produced.
+#[derive(Debug)]
+pub struct Finished {
+    /// How it exited.
+    pub status: ExitStatus,
+    /// Everything it wrote to stdout.
+    pub stdout: Vec<u8>,
+    /// Everything it wrote to stderr.
+    pub stderr: Vec<u8>,
+}
+
+/// Runs `cmd` to completion, feeding it `stdin` (None: /dev/null); stdout and stderr are piped
+/// and drained on their own threads, so a chatty stderr cannot block a program whose stdout is
+/// being read. Kills it when it has not finished within `timeout`. An `Err` says the program
+/// could not start or did not finish in time; how it exited is the caller's to judge.
+pub fn try_run_command(
+    cmd: &mut Command,
+    stdin: Option<&[u8]>,
+    timeout: Duration,
+) -> Result<Finished, String> {
+    let what = {
+        let args: Vec<_> = cmd.get_args().map(|a| a.to_string_lossy()).collect();
+        format!("{} {args:?}", cmd.get_program().to_string_lossy())
+    };
+    let deadline = Instant::now() + timeout;
+    let mut child = cmd
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run {what}: {e}"))?;
+    let writer = stdin.map(|bytes| {
+        let bytes = bytes.to_vec();
+        let pipe = child.stdin.take();
+        std::thread::spawn(move || {
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.write_all(&bytes);
+            }
+        })
+    });
+    let out = drain(child.stdout.take());
+    let err = drain(child.stderr.take());
+    let left = || deadline.saturating_duration_since(Instant::now());
+    // Both pipes reach their end when the program exits (or when it closes them).
+    let piped = out
+        .recv_timeout(left())
+        .and_then(|o| err.recv_timeout(left()).map(|e| (o, e)));
+    let status = match piped {
+        Ok(_) => loop {
+            // The pipes close a moment before the exit status is ready.
+            match child.try_wait() {
+                Ok(Some(st)) => break Some(st),
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_micros(100))
+                }
+                Ok(None) => break None,
+                Err(e) => return Err(format!("waiting for {what}: {e}")),
+            }
+        },
+        Err(_) => None,
+    };
+    let Some(status) = status else {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(format!("{what} did not finish within {timeout:?}"));
+    };
+    if let Some(w) = writer {
+        let _ = w.join();
+    }
+    let (stdout, stderr) = piped.unwrap_or_default();
+    Ok(Finished {
+        status,
+        stdout,
+        stderr,
+    })
+}
+
+/// Reads a pipe to its end on a thread; the bytes arrive on the returned channel.
+pub fn drain<R: Read + Send + 'static>(pipe: Option<R>) -> Receiver<Vec<u8>> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        if let Some(mut p) = pipe {
+            let _ = p.read_to_end(&mut buf);
+        }
+        let _ = tx.send(buf);
+    });
+    rx
+}
+
+/// Runs `program args` (bounded by `timeout`) and returns its stdout; an `Err` also when it
+/// exits unsuccessfully (with its stderr in the message).
+pub fn try_run(program: &str, args: &[&OsStr], timeout: Duration) -> Result<Vec<u8>, String> {
+    let done = try_run_command(Command::new(program).args(args), None, timeout)?;
+    if !done.status.success() {
+        return Err(format!(
+            "{program} failed ({}): {}",
+            done.status,
+            String::from_utf8_lossy(&done.stderr).trim()
+        ));
+    }
+    Ok(done.stdout)
+}
+
+/// Runs a program to completion (60 s bound) and returns (success, stdout, stderr).
+pub fn run_tool(program: &str, args: &[&str]) -> (bool, String, String) {
+    let done = try_run_command(
+        Command::new(program).args(args),
+        None,
+        Duration::from_secs(60),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    (
+        done.status.success(),
+        String::from_utf8_lossy(&done.stdout).into_owned(),
+        String::from_utf8_lossy(&done.stderr).into_owned(),
+    )
+}
+
+/// What a CLI run produced.
+#[derive(Debug)]
+pub struct CliOutput {
+    /// Exit code (None when killed by a signal).
+    pub code: Option<i32>,
+    /// Standard output.
+    pub stdout: String,
+    /// Standard error.
+    pub stderr: String,
+}
+
+/// Runs `mcqemu ARGS` with state and runtime folders inside `tmp`, feeding `stdin` (None:
+/// /dev/null), bounded by `timeout`.
+pub fn run_cli_with(
+    tmp: &TempDir,
+    args: &[&str],
+    stdin: Option<&[u8]>,
+    timeout: Duration,
+) -> CliOutput {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args)
+        .env("MCQEMU_STATE_DIR", tmp.join("state"))
+        .env("MCQEMU_RUNTIME_DIR", tmp.join("runtime"));
+    let done = try_run_command(&mut cmd, stdin, timeout).unwrap_or_else(|e| panic!("{e}"));
+    CliOutput {
+        code: done.status.code(),
+        stdout: String::from_utf8_lossy(&done.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&done.stderr).into_owned(),
+    }
+}
+
+/// Runs `mcqemu ARGS` (no stdin) with a 60 s bound.
+pub fn run_cli(tmp: &TempDir, args: &[&str]) -> CliOutput {
+    run_cli_with(tmp, args, None, Duration::from_secs(60))
+}

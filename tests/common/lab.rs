@@ -1,0 +1,119 @@
+//! [`Lab`]: one test's world for real QEMUs.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::files::TempDir;
+use super::qemu::{qemu_slots, short_runtime_dir, QemuSlot, VmKiller};
+use super::server::Server;
+use super::tools::tool_ok;
+
+/// One test's world for real QEMUs: guest slots of this binary (taken all at once), a short
+/// folder under /tmp holding `s/` (MCQEMU_STATE_DIR) and `r/` (MCQEMU_RUNTIME_DIR, short
+/// enough for unix socket paths), usually an initialized server of its own on those folders,
+/// and a killer for every QEMU started there.
+///
+/// Fields drop in order: the QEMUs are killed first, then the lab's server goes, then the
+/// folder, and only then are the slots given back. Build the test guest ([`test_guest`]) before
+/// making a lab, not while holding its slots.
+///
+/// [`test_guest`]: super::guest::test_guest
+pub struct Lab {
+    /// Kills every QEMU of the lab on drop; tell it about each QEMU as soon as it starts.
+    pub killer: VmKiller,
+    server: Option<Server>,
+    /// The lab's folder: `s/`, `r/`, and whatever the test puts beside them.
+    pub dir: TempDir,
+    _slots: Vec<QemuSlot>,
+}
+
+impl Lab {
+    /// One guest slot, the folders, and an initialized server of the lab's own ([`Lab::srv`]).
+    pub fn new(label: &str) -> Lab {
+        let mut lab = Lab::without_server(label, 1);
+        lab.server = Some(lab.spawn_server());
+        lab
+    }
+
+    /// `slots` guest slots and the folders, but no server: for tests that start (and stop)
+    /// their own, possibly several at once on the same registry ([`Lab::spawn_server`]).
+    pub fn without_server(label: &str, slots: usize) -> Lab {
+        let slots = qemu_slots(slots);
+        let dir = short_runtime_dir(label);
+        dir.subdir("s");
+        let runtime = dir.subdir("r");
+        Lab {
+            killer: VmKiller::new(&runtime),
+            server: None,
+            dir,
+            _slots: slots,
+        }
+    }
+
+    /// The lab's own server.
+    pub fn srv(&mut self) -> &mut Server {
+        self.server
+            .as_mut()
+            .expect("this lab has no server of its own (Lab::without_server)")
+    }
+
+    /// A new initialized server on the lab's folders.
+    pub fn spawn_server(&self) -> Server {
+        Server::ready_in(&self.state(), &self.runtime())
+    }
+
+    /// MCQEMU_STATE_DIR.
+    pub fn state(&self) -> PathBuf {
+        self.dir.join("s")
+    }
+
+    /// MCQEMU_RUNTIME_DIR.
+    pub fn runtime(&self) -> PathBuf {
+        self.dir.join("r")
+    }
+
+    /// The VM registry, MCQEMU_STATE_DIR/vms.json.
+    pub fn registry(&self) -> PathBuf {
+        self.state().join("vms.json")
+    }
+
+    /// A VM's state folder, MCQEMU_STATE_DIR/vms/NAME.
+    pub fn vm_dir(&self, name: &str) -> PathBuf {
+        self.state().join("vms").join(name)
+    }
+
+    /// Remembers the QEMU of a launch_vm or sandbox_vm `CallToolResult` (whatever it says)
+    /// for killing.
+    pub fn track(&self, call_result: &Value) {
+        if let Some(sc) = call_result.get("structuredContent") {
+            self.killer.track(sc);
+        }
+    }
+
+    /// launch_vm on `s` that must succeed (bounded by `timeout`); the QEMU is tracked for
+    /// killing before anything is checked. Returns the structured result.
+    pub fn launch_on(&self, s: &mut Server, args: Value, timeout: Duration) -> Value {
+        let r = s.call_tool_within("launch_vm", args.clone(), timeout);
+        self.launched(&r, &args)
+    }
+
+    /// [`Lab::launch_on`] the lab's own server.
+    pub fn launch(&mut self, args: Value, timeout: Duration) -> Value {
+        let r = self
+            .srv()
+            .call_tool_within("launch_vm", args.clone(), timeout);
+        self.launched(&r, &args)
+    }
+
+    fn launched(&self, r: &Value, args: &Value) -> Value {
+        self.track(r);
+        let out = tool_ok(r, &format!("launch_vm {args}"));
+        assert!(
+            out["pid"].as_i64().is_some(),
+            "launch_vm gave no pid: {out}"
+        );
+        out
+    }
+}

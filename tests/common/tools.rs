@@ -1,0 +1,157 @@
+//! `tools/call` over a [`Server`]: plain calls, calls with their own bound for slow tools,
+//! overlapping calls, and the checks of a `CallToolResult`.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use super::server::{Server, RESPONSE_TIMEOUT};
+
+impl Server {
+    /// Calls a tool and returns its `CallToolResult`; fails the test on a JSON-RPC error.
+    pub fn call_tool(&mut self, name: &str, args: Value) -> Value {
+        self.call_tool_within(name, args, RESPONSE_TIMEOUT)
+    }
+
+    /// [`Server::call_tool`], with an error instead of a panic (a tool error, `isError: true`,
+    /// is still an `Ok`: it is a `CallToolResult`).
+    pub fn try_call_tool(&mut self, name: &str, args: Value) -> Result<Value, String> {
+        self.try_call_tool_within(name, args, RESPONSE_TIMEOUT)
+    }
+
+    /// Calls a tool with a custom bound on the wait for its response (for slow tools such as
+    /// sandbox_vm or snapshots under TCG); returns the `CallToolResult`.
+    pub fn call_tool_within(&mut self, name: &str, args: Value, timeout: Duration) -> Value {
+        self.try_call_tool_within(name, args, timeout)
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`Server::call_tool_within`], with an error instead of a panic.
+    pub fn try_call_tool_within(
+        &mut self,
+        name: &str,
+        args: Value,
+        timeout: Duration,
+    ) -> Result<Value, String> {
+        let params = json!({"name": name, "arguments": args});
+        let (resp, _) = self.try_request_within("tools/call", params, timeout)?;
+        match resp.get("result") {
+            Some(r) => Ok(r.clone()),
+            None => Err(format!("tools/call {name} gave a protocol error: {resp}")),
+        }
+    }
+
+    /// Calls a tool and returns the whole response message (result or error).
+    pub fn call_tool_response(&mut self, name: &str, args: Value) -> Value {
+        self.request("tools/call", json!({"name": name, "arguments": args}))
+    }
+
+    /// Calls a tool that must succeed; returns its `structuredContent`.
+    pub fn call_ok(&mut self, name: &str, args: Value) -> Value {
+        self.call_ok_within(name, args, RESPONSE_TIMEOUT)
+    }
+
+    /// Calls a tool that must fail with `isError`; returns its error text.
+    pub fn call_err(&mut self, name: &str, args: Value) -> String {
+        self.call_err_within(name, args, RESPONSE_TIMEOUT)
+    }
+
+    /// [`Server::call_ok`] with a custom bound.
+    pub fn call_ok_within(&mut self, name: &str, args: Value, timeout: Duration) -> Value {
+        self.try_call_ok_within(name, args, timeout)
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`Server::call_ok_within`], with an error instead of a panic.
+    pub fn try_call_ok_within(
+        &mut self,
+        name: &str,
+        args: Value,
+        timeout: Duration,
+    ) -> Result<Value, String> {
+        let r = self.try_call_tool_within(name, args.clone(), timeout)?;
+        try_tool_ok(&r, &format!("{name} {args}"))
+    }
+
+    /// [`Server::call_err`] with a custom bound.
+    pub fn call_err_within(&mut self, name: &str, args: Value, timeout: Duration) -> String {
+        let r = self.call_tool_within(name, args.clone(), timeout);
+        tool_err(&r, &format!("{name} {args}"))
+    }
+
+    // Overlapping tool calls: start a call, make others while it runs, then collect its
+    // response. The server runs each tools/call on its own worker.
+
+    /// Sends a `tools/call` without waiting; returns its id for [`Server::finish_call`].
+    pub fn start_call(&mut self, name: &str, args: Value) -> Value {
+        let id = json!(self.fresh_id());
+        self.send_request(&id, "tools/call", json!({"name": name, "arguments": args}));
+        id
+    }
+
+    /// Waits (bounded) for the response to a call made with [`Server::start_call`] and returns
+    /// its `CallToolResult`. Responses to other ids seen meanwhile are kept for later reads
+    /// (notifications are dropped), so overlapping calls never lose each other's answers.
+    pub fn finish_call(&mut self, id: &Value, timeout: Duration) -> Value {
+        let (resp, others) = self.read_until_id(id, timeout);
+        let responses: Vec<Value> = others
+            .into_iter()
+            .filter(|m| m.get("method").is_none())
+            .collect();
+        self.unread(responses);
+        match resp.get("result") {
+            Some(r) => r.clone(),
+            None => panic!("tools/call {id} gave a protocol error: {resp}"),
+        }
+    }
+
+    /// A tool call that keeps other calls' responses (see [`Server::finish_call`]).
+    pub fn call_keeping(&mut self, name: &str, args: Value, timeout: Duration) -> Value {
+        let id = self.start_call(name, args);
+        self.finish_call(&id, timeout)
+    }
+}
+
+/// Checks a `CallToolResult` is a success whose text block mirrors `structuredContent`;
+/// returns the structured content.
+pub fn tool_ok(result: &Value, what: &str) -> Value {
+    try_tool_ok(result, what).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`tool_ok`], with an error instead of a panic.
+pub fn try_tool_ok(result: &Value, what: &str) -> Result<Value, String> {
+    if result["isError"] != json!(false) {
+        return Err(format!(
+            "{what} failed: {}; isError is {}",
+            result["content"], result["isError"]
+        ));
+    }
+    let structured = result
+        .get("structuredContent")
+        .ok_or_else(|| format!("{what}: no structuredContent in {result}"))?
+        .clone();
+    let text = result["content"][0]["text"]
+        .as_str()
+        .ok_or_else(|| format!("{what}: no text block in {result}"))?;
+    let parsed: Value = serde_json::from_str(text)
+        .map_err(|e| format!("{what}: the text block is not JSON ({e}): {text}"))?;
+    if parsed != structured {
+        return Err(format!(
+            "{what}: text block differs from structuredContent\n text: {parsed}\n structured: {structured}"
+        ));
+    }
+    Ok(structured)
+}
+
+/// Checks a `CallToolResult` is a tool error; returns its text.
+pub fn tool_err(result: &Value, what: &str) -> String {
+    assert_eq!(
+        result["isError"],
+        json!(true),
+        "{what} should have failed: {result}"
+    );
+    result["content"][0]["text"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{what}: error without text: {result}"))
+        .to_string()
+}
