@@ -34,8 +34,31 @@ const DECODE: [u8; 256] = {
     t
 };
 
+/// Why base64 text did not decode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DecodeError {
+    /// A character outside the alphabet, padding and whitespace.
+    InvalidChar(char),
+    /// Alphabet characters after `=` padding.
+    DataAfterPadding,
+    /// A length no encoder produces (one character left over).
+    WrongLength,
+}
+
+impl std::fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DecodeError::InvalidChar(c) => write!(f, "invalid base64 character {c:?}"),
+            DecodeError::DataAfterPadding => f.write_str("invalid base64: data after padding"),
+            DecodeError::WrongLength => f.write_str("invalid base64: wrong length"),
+        }
+    }
+}
+
+impl std::error::Error for DecodeError {}
+
 /// Decodes standard base64; whitespace is ignored, padding optional.
-pub fn decode(text: &str) -> Result<Vec<u8>, String> {
+pub fn decode(text: &str) -> Result<Vec<u8>, DecodeError> {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len() / 4 * 3 + 3);
     let mut acc: u32 = 0;
@@ -50,11 +73,11 @@ pub fn decode(text: &str) -> Result<Vec<u8>, String> {
                     continue;
                 }
                 b' ' | b'\n' | b'\r' | b'\t' => continue,
-                _ => return Err(format!("invalid base64 character {:?}", c as char)),
+                _ => return Err(DecodeError::InvalidChar(c as char)),
             }
         }
         if padding > 0 {
-            return Err("invalid base64: data after padding".into());
+            return Err(DecodeError::DataAfterPadding);
         }
         acc = (acc << 6) | u32::from(v);
         n += 1;
@@ -68,7 +91,7 @@ pub fn decode(text: &str) -> Result<Vec<u8>, String> {
         0 => {}
         2 => out.push((acc >> 4) as u8),
         3 => out.extend_from_slice(&[(acc >> 10) as u8, (acc >> 2) as u8]),
-        _ => return Err("invalid base64: wrong length".into()),
+        _ => return Err(DecodeError::WrongLength),
     }
     Ok(out)
 }

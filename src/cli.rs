@@ -165,6 +165,6 @@ fn save_images(extra: &[Value], file: &str) -> Result<(), String> {
         .get("data")
         .and_then(Value::as_str)
         .ok_or("image content without data")?;
-    let bytes = crate::b64::decode(data)?;
+    let bytes = crate::b64::decode(data).map_err(|e| e.to_string())?;
     std::fs::write(file, bytes).map_err(|e| format!("cannot write {file}: {e}"))
 }

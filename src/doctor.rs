@@ -88,7 +88,14 @@ pub fn checks() -> Vec<Check> {
         }
     }
     if !any_system {
-        out.push(Check { name: "qemu-system-*".into(), status: "FAIL", detail: "no QEMU system emulator found; VMs cannot be launched (Debian: apt-get install qemu-system-x86)".into(), essential: true });
+        out.push(Check {
+            name: "qemu-system-*".into(),
+            status: "FAIL",
+            detail: "no QEMU system emulator found; VMs cannot be launched (Debian: apt-get \
+                     install qemu-system-x86)"
+                .into(),
+            essential: true,
+        });
     }
     match img::version() {
         Ok(v) => out.push(Check {
@@ -128,7 +135,7 @@ pub fn checks() -> Vec<Check> {
         Err(e) => out.push(Check {
             name: "uefi firmware".into(),
             status: "warn",
-            detail: e,
+            detail: e.to_string(),
             essential: false,
         }),
     }

@@ -42,29 +42,204 @@ pub trait Watcher {
     fn cancelled(&self) -> bool;
 }
 
+/// Why a download was refused or failed. Every failure after the checks has already removed
+/// the temporary file.
+#[derive(Debug)]
+pub enum DownloadError {
+    /// A URL whose scheme is not http or https.
+    Scheme(String),
+    /// A URL with nothing after `//`.
+    NoHost,
+    /// A sha256 parameter that is not 64 hex digits.
+    BadSha256,
+    /// The target exists and overwrite was not asked for.
+    Exists(PathBuf),
+    /// The target's folder does not exist.
+    NoFolder(PathBuf),
+    /// The request failed (DNS, TLS, connection, HTTP status...); says how, for the URL.
+    Request(String),
+    /// A redirect without a Location header.
+    NoLocation {
+        /// The HTTP status.
+        status: u16,
+        /// The URL that answered.
+        url: String,
+    },
+    /// More than the redirects followed for one download.
+    TooManyRedirects(String),
+    /// A redirect to a URL that [`check_url`] refuses.
+    RedirectRefused {
+        /// The URL that redirected.
+        from: String,
+        /// Where it pointed.
+        to: String,
+        /// Why that is refused.
+        why: Box<DownloadError>,
+    },
+    /// The announced size is over `max_bytes`.
+    TooBig {
+        /// Content-Length.
+        size: u64,
+        /// The limit.
+        max: u64,
+    },
+    /// The reader thread could not be started.
+    Thread(std::io::Error),
+    /// The temporary file could not be created, written or flushed.
+    File {
+        /// "create", "write" or "flush".
+        op: &'static str,
+        /// The temporary file.
+        path: PathBuf,
+        /// What went wrong.
+        error: std::io::Error,
+    },
+    /// The client cancelled.
+    Cancelled,
+    /// Reading the body failed.
+    Connection {
+        /// Bytes received before.
+        done: u64,
+        /// The read error.
+        error: std::io::Error,
+    },
+    /// The reader ended without a result.
+    Stopped(u64),
+    /// The body passed `max_bytes`.
+    PassedMax(u64),
+    /// The body ended before its Content-Length.
+    Short {
+        /// Bytes received.
+        done: u64,
+        /// Content-Length.
+        total: u64,
+    },
+    /// The SHA-256 of the body is not the one expected.
+    Checksum {
+        /// Expected.
+        want: String,
+        /// Received.
+        got: String,
+    },
+    /// The finished file could not be moved into place.
+    Place {
+        /// The target.
+        dest: PathBuf,
+        /// Why.
+        error: std::io::Error,
+    },
+}
+
+impl std::fmt::Display for DownloadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DownloadError::Scheme(scheme) => write!(
+                f,
+                "only http and https URLs can be downloaded, not {scheme:?}; for a local file use \
+                 image_convert"
+            ),
+            DownloadError::NoHost => f.write_str("the URL has no host"),
+            DownloadError::BadSha256 => f.write_str("sha256 must be 64 hexadecimal characters"),
+            DownloadError::Exists(dest) => write!(
+                f,
+                "{} already exists; pass overwrite=true to replace it, or choose another path",
+                dest.display()
+            ),
+            DownloadError::NoFolder(dest) => write!(
+                f,
+                "the folder of {} does not exist; create it first",
+                dest.display()
+            ),
+            DownloadError::Request(msg) => f.write_str(msg),
+            DownloadError::NoLocation { status, url } => write!(
+                f,
+                "the server answered HTTP {status} for {url} without a Location to follow"
+            ),
+            DownloadError::TooManyRedirects(url) => write!(f, "too many redirects from {url}"),
+            DownloadError::RedirectRefused { from, to, why } => {
+                write!(f, "{from} redirects to {to:?}, which is refused: {why}")
+            }
+            DownloadError::TooBig { size, max } => write!(
+                f,
+                "the server says the file is {size} bytes, over max_bytes={max}; raise max_bytes \
+                 to accept it"
+            ),
+            DownloadError::Thread(e) => {
+                write!(f, "could not start the download ({e}); retry shortly")
+            }
+            DownloadError::File { op, path, error } => {
+                write!(f, "cannot {op} {}: {error}", path.display())
+            }
+            DownloadError::Cancelled => {
+                f.write_str("cancelled by the client; the partial file was removed")
+            }
+            DownloadError::Connection { done, error } => write!(
+                f,
+                "the connection failed after {done} bytes: {error}; the partial file was removed, \
+                 retry the download"
+            ),
+            DownloadError::Stopped(done) => write!(
+                f,
+                "the download stopped after {done} bytes; the partial file was removed, retry the \
+                 download"
+            ),
+            DownloadError::PassedMax(max) => write!(
+                f,
+                "the download passed max_bytes={max}; the partial file was removed"
+            ),
+            DownloadError::Short { done, total } => write!(
+                f,
+                "the connection closed after {done} of {total} bytes; the partial file was \
+                 removed, retry the download"
+            ),
+            DownloadError::Checksum { want, got } => write!(
+                f,
+                "checksum mismatch: expected sha256 {want}, got {got}; the file was discarded. \
+                 Check the URL and the checksum"
+            ),
+            DownloadError::Place { dest, error } => write!(
+                f,
+                "could not move the download into {}: {error}",
+                dest.display()
+            ),
+        }
+    }
+}
+
+impl std::error::Error for DownloadError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            DownloadError::RedirectRefused { why, .. } => Some(why.as_ref()),
+            DownloadError::Thread(error)
+            | DownloadError::File { error, .. }
+            | DownloadError::Connection { error, .. }
+            | DownloadError::Place { error, .. } => Some(error),
+            _ => None,
+        }
+    }
+}
+
 /// Checks the URL's scheme before any connection is made.
-pub fn check_url(url: &str) -> Result<(), String> {
+pub fn check_url(url: &str) -> Result<(), DownloadError> {
     let lower = url.to_ascii_lowercase();
     if !(lower.starts_with("http://") || lower.starts_with("https://")) {
         let scheme = url.split_once(':').map(|(s, _)| s).unwrap_or(url);
-        return Err(format!(
-            "only http and https URLs can be downloaded, not {scheme:?}; for a local file use image_convert"
-        ));
+        return Err(DownloadError::Scheme(scheme.to_string()));
     }
     if url.len() <= lower.find("//").map(|i| i + 2).unwrap_or(0) {
-        return Err("the URL has no host".into());
+        return Err(DownloadError::NoHost);
     }
     Ok(())
 }
 
 /// Checks a SHA-256 parameter and returns it lower-cased.
-pub fn check_sha256(s: &str) -> Result<String, String> {
+pub fn check_sha256(s: &str) -> Result<String, DownloadError> {
     let s = s.trim().to_ascii_lowercase();
     let s = s.strip_prefix("sha256:").unwrap_or(&s).to_string();
     if s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit()) {
         Ok(s)
     } else {
-        Err("sha256 must be 64 hexadecimal characters".into())
+        Err(DownloadError::BadSha256)
     }
 }
 
@@ -72,6 +247,7 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// Says why a request for `url` failed, and what the likely cause is.
 fn describe(url: &str, e: ureq::Error) -> String {
     let msg = e.to_string();
     let lower = msg.to_ascii_lowercase();
@@ -83,7 +259,8 @@ fn describe(url: &str, e: ureq::Error) -> String {
             "cannot resolve the host of {url} (DNS): {msg}; check the host name and the network"
         ),
         ureq::Error::Tls(_) | ureq::Error::Rustls(_) => format!(
-            "TLS failed for {url}: {msg}; the server's certificate is not trusted or the handshake failed"
+            "TLS failed for {url}: {msg}; the server's certificate is not trusted or the \
+             handshake failed"
         ),
         ureq::Error::ConnectionFailed => {
             format!("cannot connect to {url}: {msg}; is the server up and reachable?")
@@ -158,20 +335,16 @@ fn temp_for(dest: &Path) -> PathBuf {
 }
 
 /// Downloads per `req`. On any error the temporary file is removed and `dest` is untouched.
-pub fn download(req: &Request, watch: &dyn Watcher) -> Result<Done, String> {
+pub fn download(req: &Request, watch: &dyn Watcher) -> Result<Done, DownloadError> {
     check_url(req.url)?;
     if !req.overwrite && req.dest.exists() {
-        return Err(format!(
-            "{} already exists; pass overwrite=true to replace it, or choose another path",
-            req.dest.display()
-        ));
+        return Err(DownloadError::Exists(req.dest.to_path_buf()));
     }
-    let parent = req.dest.parent().filter(|p| p.is_dir()).ok_or_else(|| {
-        format!(
-            "the folder of {} does not exist; create it first",
-            req.dest.display()
-        )
-    })?;
+    let parent = req
+        .dest
+        .parent()
+        .filter(|p| p.is_dir())
+        .ok_or_else(|| DownloadError::NoFolder(req.dest.to_path_buf()))?;
     let _ = parent;
     // Redirects are followed here, not by ureq: ureq panics on a Location without a host
     // (e.g. file:///etc/passwd), and every hop must pass the same http(s) check as the URL.
@@ -187,23 +360,33 @@ pub fn download(req: &Request, watch: &dyn Watcher) -> Result<Done, String> {
     let mut url = req.url.to_string();
     let mut hops = 0;
     let resp = loop {
-        let resp = agent.get(&url).call().map_err(|e| describe(&url, e))?;
+        let resp = agent
+            .get(&url)
+            .call()
+            .map_err(|e| DownloadError::Request(describe(&url, e)))?;
         let status = resp.status().as_u16();
         if (400..600).contains(&status) {
-            return Err(describe(&url, ureq::Error::StatusCode(status)));
+            let e = ureq::Error::StatusCode(status);
+            return Err(DownloadError::Request(describe(&url, e)));
         }
         if !(300..400).contains(&status) {
             break resp;
         }
-        let location = header(&resp, "Location").ok_or_else(|| {
-            format!("the server answered HTTP {status} for {url} without a Location to follow")
+        let location = header(&resp, "Location").ok_or_else(|| DownloadError::NoLocation {
+            status,
+            url: url.clone(),
         })?;
         if hops >= MAX_REDIRECTS {
-            return Err(format!("too many redirects from {}", req.url));
+            return Err(DownloadError::TooManyRedirects(req.url.to_string()));
         }
         let next = join_location(&url, &location);
-        check_url(&next)
-            .map_err(|e| format!("{url} redirects to {next:?}, which is refused: {e}"))?;
+        if let Err(why) = check_url(&next) {
+            return Err(DownloadError::RedirectRefused {
+                from: url,
+                to: next,
+                why: Box::new(why),
+            });
+        }
         url = next;
         hops += 1;
     };
@@ -212,7 +395,7 @@ pub fn download(req: &Request, watch: &dyn Watcher) -> Result<Done, String> {
     let total: Option<u64> = header(&resp, "Content-Length").and_then(|v| v.trim().parse().ok());
     if let (Some(t), Some(max)) = (total, req.max_bytes) {
         if t > max {
-            return Err(format!("the server says the file is {t} bytes, over max_bytes={max}; raise max_bytes to accept it"));
+            return Err(DownloadError::TooBig { size: t, max });
         }
     }
     let tmp = temp_for(req.dest);
@@ -234,9 +417,10 @@ pub fn download(req: &Request, watch: &dyn Watcher) -> Result<Done, String> {
     if let Some(want) = &req.sha256 {
         if *want != digest {
             let _ = std::fs::remove_file(&tmp);
-            return Err(format!(
-                "checksum mismatch: expected sha256 {want}, got {digest}; the file was discarded. Check the URL and the checksum"
-            ));
+            return Err(DownloadError::Checksum {
+                want: want.clone(),
+                got: digest,
+            });
         }
     }
     let placed = if req.overwrite {
@@ -244,12 +428,12 @@ pub fn download(req: &Request, watch: &dyn Watcher) -> Result<Done, String> {
     } else {
         std::fs::hard_link(&tmp, req.dest).and_then(|_| std::fs::remove_file(&tmp))
     };
-    if let Err(e) = placed {
+    if let Err(error) = placed {
         let _ = std::fs::remove_file(&tmp);
-        return Err(format!(
-            "could not move the download into {}: {e}",
-            req.dest.display()
-        ));
+        return Err(DownloadError::Place {
+            dest: req.dest.to_path_buf(),
+            error,
+        });
     }
     Ok(Done {
         bytes,
@@ -264,7 +448,7 @@ pub fn download(req: &Request, watch: &dyn Watcher) -> Result<Done, String> {
 /// is 60 s). After a cancel the reader is abandoned: it ends at its next read or timeout.
 fn spawn_reader(
     mut body: Box<dyn Read + Send + Sync>,
-) -> Result<mpsc::Receiver<std::io::Result<Vec<u8>>>, String> {
+) -> Result<mpsc::Receiver<std::io::Result<Vec<u8>>>, DownloadError> {
     let (tx, rx) = mpsc::sync_channel(4);
     std::thread::Builder::new()
         .name("download-read".into())
@@ -284,7 +468,7 @@ fn spawn_reader(
                 }
             }
         })
-        .map_err(|e| format!("could not start the download ({e}); retry shortly"))?;
+        .map_err(DownloadError::Thread)?;
     Ok(rx)
 }
 
@@ -294,33 +478,32 @@ fn stream(
     total: Option<u64>,
     req: &Request,
     watch: &dyn Watcher,
-) -> Result<(u64, String), String> {
+) -> Result<(u64, String), DownloadError> {
+    let file_error = |op: &'static str| {
+        move |error: std::io::Error| DownloadError::File {
+            op,
+            path: tmp.to_path_buf(),
+            error,
+        }
+    };
     let mut file = File::options()
         .write(true)
         .create_new(true)
         .open(tmp)
-        .map_err(|e| format!("cannot create {}: {e}", tmp.display()))?;
+        .map_err(file_error("create"))?;
     let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
     let chunks = spawn_reader(body)?;
     let mut done: u64 = 0;
     watch.progress(0, total);
     loop {
         if watch.cancelled() {
-            return Err("cancelled by the client; the partial file was removed".into());
+            return Err(DownloadError::Cancelled);
         }
         let buf = match chunks.recv_timeout(Duration::from_millis(100)) {
             Ok(Ok(buf)) => buf,
             Err(mpsc::RecvTimeoutError::Timeout) => continue,
-            Ok(Err(e)) => {
-                return Err(format!(
-                    "the connection failed after {done} bytes: {e}; the partial file was removed, retry the download"
-                ))
-            }
-            Err(mpsc::RecvTimeoutError::Disconnected) => {
-                return Err(format!(
-                    "the download stopped after {done} bytes; the partial file was removed, retry the download"
-                ))
-            }
+            Ok(Err(error)) => return Err(DownloadError::Connection { done, error }),
+            Err(mpsc::RecvTimeoutError::Disconnected) => return Err(DownloadError::Stopped(done)),
         };
         if buf.is_empty() {
             break;
@@ -329,25 +512,19 @@ fn stream(
         done += n as u64;
         if let Some(max) = req.max_bytes {
             if done > max {
-                return Err(format!(
-                    "the download passed max_bytes={max}; the partial file was removed"
-                ));
+                return Err(DownloadError::PassedMax(max));
             }
         }
         ctx.update(&buf[..n]);
-        file.write_all(&buf[..n])
-            .map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
+        file.write_all(&buf[..n]).map_err(file_error("write"))?;
         watch.progress(done, total);
     }
     if let Some(t) = total {
         if done != t {
-            return Err(format!(
-                "the connection closed after {done} of {t} bytes; the partial file was removed, retry the download"
-            ));
+            return Err(DownloadError::Short { done, total: t });
         }
     }
-    file.sync_all()
-        .map_err(|e| format!("cannot flush {}: {e}", tmp.display()))?;
+    file.sync_all().map_err(file_error("flush"))?;
     Ok((done, hex(ctx.finish().as_ref())))
 }
 
@@ -359,6 +536,7 @@ mod tests {
     fn refuses_other_schemes() {
         assert!(check_url("file:///etc/passwd")
             .unwrap_err()
+            .to_string()
             .contains("\"file\""));
         assert!(check_url("ftp://x/y").is_err());
         assert!(check_url("https://").is_err());

@@ -2,11 +2,37 @@
 //! expose a software KVM layer without hardware virtualization, where `-cpu host` aborts QEMU
 //! and Linux guests hang.
 
+/// Why KVM cannot run real guests here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvmUnusable {
+    /// There is no /dev/kvm.
+    NoDevice,
+    /// /dev/kvm cannot be opened for reading and writing.
+    NoAccess,
+    /// /dev/kvm exists but the CPU has no vmx/svm flag: a software KVM layer.
+    NoHardwareVirt,
+}
+
+impl std::fmt::Display for KvmUnusable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            KvmUnusable::NoDevice => "/dev/kvm does not exist",
+            KvmUnusable::NoAccess => "/dev/kvm is not readable and writable by this user",
+            KvmUnusable::NoHardwareVirt => {
+                "/dev/kvm exists but the CPU shows no hardware virtualization (no vmx/svm flag): \
+                 a software KVM layer, under which guests hang; TCG is used instead"
+            }
+        })
+    }
+}
+
+impl std::error::Error for KvmUnusable {}
+
 /// Ok when KVM can run real guests; Err says why not.
-pub fn kvm_usable() -> Result<(), String> {
+pub fn kvm_usable() -> Result<(), KvmUnusable> {
     let dev = std::path::Path::new("/dev/kvm");
     if !dev.exists() {
-        return Err("/dev/kvm does not exist".into());
+        return Err(KvmUnusable::NoDevice);
     }
     if std::fs::OpenOptions::new()
         .read(true)
@@ -14,11 +40,11 @@ pub fn kvm_usable() -> Result<(), String> {
         .open(dev)
         .is_err()
     {
-        return Err("/dev/kvm is not readable and writable by this user".into());
+        return Err(KvmUnusable::NoAccess);
     }
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     if !has_hw_virt(&cpuinfo) {
-        return Err("/dev/kvm exists but the CPU shows no hardware virtualization (no vmx/svm flag): a software KVM layer, under which guests hang; TCG is used instead".into());
+        return Err(KvmUnusable::NoHardwareVirt);
     }
     Ok(())
 }

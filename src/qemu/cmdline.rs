@@ -110,8 +110,44 @@ const FLAG_OPTS: &[&str] = &[
 /// Options whose value is a character-device spec, where `pipe:` talks to host FIFOs.
 const CHARDEV_SPEC_OPTS: &[&str] = &["parallel", "debugcon", "gdb"];
 
-fn denied(reason: &str, opt: &str) -> String {
-    format!("extra_args: -{opt} is not allowed ({reason}); extra_args is for operators adding devices or tuning, and cannot reach host files, devices or processes")
+/// Why `extra_args` were refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ArgsError {
+    /// A bare argument, which QEMU opens as a hard disk image.
+    Bare(String),
+    /// An option, or an option value, the isolation policy refuses.
+    Denied {
+        /// The option as spelled, without its dashes.
+        opt: String,
+        /// What it would reach.
+        reason: &'static str,
+    },
+}
+
+impl std::fmt::Display for ArgsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ArgsError::Bare(arg) => write!(
+                f,
+                "extra_args: the bare argument {arg:?} is not allowed (QEMU opens a bare argument \
+                 as a hard disk image, like -hda); attach disks with the disks parameter"
+            ),
+            ArgsError::Denied { opt, reason } => write!(
+                f,
+                "extra_args: -{opt} is not allowed ({reason}); extra_args is for operators adding \
+                 devices or tuning, and cannot reach host files, devices or processes"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ArgsError {}
+
+fn denied(reason: &'static str, opt: &str) -> ArgsError {
+    ArgsError::Denied {
+        opt: opt.to_string(),
+        reason,
+    }
 }
 
 fn has_key_value(value: &str, key: &str, pred: impl Fn(&str) -> bool) -> bool {
@@ -123,14 +159,14 @@ fn has_key_value(value: &str, key: &str, pred: impl Fn(&str) -> bool) -> bool {
 
 /// Checks `extra_args` against the isolation policy, for every spelling QEMU accepts
 /// (`-opt`, `--opt`, `-opt=value`, `-opt value`).
-pub fn check_extra_args(args: &[String]) -> Result<(), String> {
+pub fn check_extra_args(args: &[String]) -> Result<(), ArgsError> {
     let mut i = 0;
     while i < args.len() {
         let arg = &args[i];
         i += 1;
         let Some((opt, inline)) = as_option(arg) else {
             // QEMU opens a bare argument as its first hard disk, like -hda.
-            return Err(format!("extra_args: the bare argument {arg:?} is not allowed (QEMU opens a bare argument as a hard disk image, like -hda); attach disks with the disks parameter"));
+            return Err(ArgsError::Bare(arg.clone()));
         };
         let opt_l = opt.to_ascii_lowercase();
         if let Some((_, reason)) = DENIED.iter().find(|(d, _)| *d == opt_l) {
@@ -214,7 +250,7 @@ fn implied(value: &str, key: &str) -> Vec<String> {
     out
 }
 
-fn check_option_value(opt: &str, value: &str) -> Result<(), String> {
+fn check_option_value(opt: &str, value: &str) -> Result<(), ArgsError> {
     let value = &flatten_json(value);
     let lower = value.to_ascii_lowercase();
     if DRIVE_OPTS.contains(&opt) {
@@ -298,27 +334,99 @@ pub struct Forward {
     pub auto: bool,
 }
 
-fn port(s: &str, spec: &str) -> Result<u16, String> {
+/// Why port forwards could not be set up.
+#[derive(Debug)]
+pub enum ForwardError {
+    /// A spec in none of the accepted forms.
+    Form(String),
+    /// A host or guest port that is not 1-65535.
+    NotAPort {
+        /// The whole spec.
+        spec: String,
+        /// The part that should be a port.
+        value: String,
+    },
+    /// An address that is not IPv4.
+    NotAnAddress {
+        /// The whole spec.
+        spec: String,
+        /// The part that should be an address.
+        value: String,
+    },
+    /// The same host port twice.
+    Duplicate(u16),
+    /// No free port could be bound on the address (with the error, when binding failed).
+    NoFreePort(Ipv4Addr, Option<std::io::Error>),
+    /// A bound port's address could not be read.
+    LocalAddr(std::io::Error),
+}
+
+impl std::fmt::Display for ForwardError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ForwardError::Form(spec) => write!(
+                f,
+                "port forward {spec:?}: use \"HOST:GUEST\", \"auto:GUEST\", \"GUEST\" or \
+                 \"ADDR:HOST:GUEST\""
+            ),
+            ForwardError::NotAPort { spec, value } => write!(
+                f,
+                "port forward {spec:?}: {value:?} is not a port (1-65535)"
+            ),
+            ForwardError::NotAnAddress { spec, value } => {
+                write!(f, "port forward {spec:?}: {value:?} is not an IPv4 address")
+            }
+            ForwardError::Duplicate(h) => write!(
+                f,
+                "host port {h} appears twice in port_forwards; each host port can forward to one \
+                 guest port"
+            ),
+            ForwardError::NoFreePort(addr, Some(e)) => {
+                write!(f, "cannot find a free port on {addr}: {e}")
+            }
+            ForwardError::NoFreePort(addr, None) => write!(f, "cannot find a free port on {addr}"),
+            ForwardError::LocalAddr(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for ForwardError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ForwardError::NoFreePort(_, Some(e)) | ForwardError::LocalAddr(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+fn port(s: &str, spec: &str) -> Result<u16, ForwardError> {
     s.trim()
         .parse::<u16>()
         .ok()
         .filter(|p| *p > 0)
-        .ok_or_else(|| format!("port forward {spec:?}: {s:?} is not a port (1-65535)"))
+        .ok_or_else(|| ForwardError::NotAPort {
+            spec: spec.to_string(),
+            value: s.to_string(),
+        })
 }
 
 /// Parses `"H:G"`, `"auto:G"`, `"G"`, or `"ADDR:H:G"` / `"ADDR:auto:G"`.
-pub fn parse_forward(spec: &str) -> Result<PortSpec, String> {
+pub fn parse_forward(spec: &str) -> Result<PortSpec, ForwardError> {
     let parts: Vec<&str> = spec.split(':').collect();
     let (addr, host, guest) = match parts.as_slice() {
         [g] => (Ipv4Addr::LOCALHOST, "auto", *g),
         [h, g] => (Ipv4Addr::LOCALHOST, *h, *g),
         [a, h, g] => {
-            let addr = a.trim().parse::<Ipv4Addr>().map_err(|_| {
-                format!("port forward {spec:?}: {a:?} is not an IPv4 address")
-            })?;
+            let addr = a
+                .trim()
+                .parse::<Ipv4Addr>()
+                .map_err(|_| ForwardError::NotAnAddress {
+                    spec: spec.to_string(),
+                    value: a.to_string(),
+                })?;
             (addr, *h, *g)
         }
-        _ => return Err(format!("port forward {spec:?}: use \"HOST:GUEST\", \"auto:GUEST\", \"GUEST\" or \"ADDR:HOST:GUEST\"")),
+        _ => return Err(ForwardError::Form(spec.to_string())),
     };
     let host = if host.trim().eq_ignore_ascii_case("auto") {
         None
@@ -334,7 +442,7 @@ pub fn parse_forward(spec: &str) -> Result<PortSpec, String> {
 
 /// Resolves forwards: duplicate host ports are an error, auto ports are picked free on the
 /// host and never collide with each other or with explicit ones.
-pub fn resolve_forwards(specs: &[String]) -> Result<Vec<Forward>, String> {
+pub fn resolve_forwards(specs: &[String]) -> Result<Vec<Forward>, ForwardError> {
     let parsed: Vec<PortSpec> = specs
         .iter()
         .map(|s| parse_forward(s))
@@ -343,7 +451,7 @@ pub fn resolve_forwards(specs: &[String]) -> Result<Vec<Forward>, String> {
     for p in &parsed {
         if let Some(h) = p.host {
             if !taken.insert(h) {
-                return Err(format!("host port {h} appears twice in port_forwards; each host port can forward to one guest port"));
+                return Err(ForwardError::Duplicate(h));
             }
         }
     }
@@ -364,16 +472,16 @@ pub fn resolve_forwards(specs: &[String]) -> Result<Vec<Forward>, String> {
     Ok(out)
 }
 
-fn free_port(addr: Ipv4Addr, taken: &HashSet<u16>) -> Result<u16, String> {
+fn free_port(addr: Ipv4Addr, taken: &HashSet<u16>) -> Result<u16, ForwardError> {
     for _ in 0..64 {
-        let l = TcpListener::bind((addr, 0))
-            .map_err(|e| format!("cannot find a free port on {addr}: {e}"))?;
-        let p = l.local_addr().map_err(|e| e.to_string())?.port();
+        let l =
+            TcpListener::bind((addr, 0)).map_err(|e| ForwardError::NoFreePort(addr, Some(e)))?;
+        let p = l.local_addr().map_err(ForwardError::LocalAddr)?.port();
         if !taken.contains(&p) {
             return Ok(p);
         }
     }
-    Err(format!("cannot find a free port on {addr}"))
+    Err(ForwardError::NoFreePort(addr, None))
 }
 
 /// Everything `launch_vm` decided, ready to become an argv.
@@ -675,6 +783,7 @@ mod tests {
         }
         assert!(resolve_forwards(&v(&["2222:22", "2222:80"]))
             .unwrap_err()
+            .to_string()
             .contains("twice"));
         let r = resolve_forwards(&v(&["auto:22", "auto:80", "22"])).unwrap();
         let hosts: HashSet<u16> = r.iter().map(|f| f.host).collect();

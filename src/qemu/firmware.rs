@@ -88,8 +88,29 @@ fn descriptor_dirs() -> Vec<PathBuf> {
         .collect()
 }
 
+/// No UEFI firmware was found for an architecture; says where it looked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FirmwareError {
+    /// The architecture firmware was looked for.
+    pub arch: String,
+}
+
+impl std::fmt::Display for FirmwareError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let arch = &self.arch;
+        write!(
+            f,
+            "no UEFI firmware for {arch} found (looked in /usr/share/qemu/firmware descriptors \
+             and the Debian, Fedora and Arch paths); install it (Debian: apt-get install ovmf) \
+             or use firmware=\"bios\""
+        )
+    }
+}
+
+impl std::error::Error for FirmwareError {}
+
 /// Finds UEFI firmware for `arch`, or says where it looked.
-pub fn find_uefi(arch: &str) -> Result<Uefi, String> {
+pub fn find_uefi(arch: &str) -> Result<Uefi, FirmwareError> {
     for dir in descriptor_dirs() {
         let mut entries: Vec<PathBuf> = match std::fs::read_dir(&dir) {
             Ok(rd) => rd.filter_map(|e| e.ok().map(|e| e.path())).collect(),
@@ -127,9 +148,9 @@ pub fn find_uefi(arch: &str) -> Result<Uefi, String> {
             });
         }
     }
-    Err(format!(
-        "no UEFI firmware for {arch} found (looked in /usr/share/qemu/firmware descriptors and the Debian, Fedora and Arch paths); install it (Debian: apt-get install ovmf) or use firmware=\"bios\""
-    ))
+    Err(FirmwareError {
+        arch: arch.to_string(),
+    })
 }
 
 #[cfg(test)]

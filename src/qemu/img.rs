@@ -35,7 +35,8 @@ impl std::fmt::Display for ImgError {
             ImgError::Run(e) => write!(f, "{e}"),
             ImgError::Locked(msg) => write!(
                 f,
-                "the image is in use by a running VM (QEMU holds its write lock): stop the VM with stop_vm first, then retry. qemu-img said: {msg}"
+                "the image is in use by a running VM (QEMU holds its write lock): stop the VM \
+                 with stop_vm first, then retry. qemu-img said: {msg}"
             ),
             ImgError::Failed(msg) => write!(f, "qemu-img failed: {msg}"),
             ImgError::BadOutput(msg) => write!(f, "qemu-img gave unexpected output: {msg}"),
@@ -205,15 +206,40 @@ pub fn version() -> Result<String, ImgError> {
         .to_string())
 }
 
+/// A size parameter that is not a valid size; holds the input as given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SizeError {
+    /// Not a number with an optional binary unit.
+    Invalid(String),
+    /// Zero bytes.
+    Zero(String),
+    /// Over `i64::MAX` bytes.
+    TooLarge(String),
+}
+
+impl std::fmt::Display for SizeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SizeError::Invalid(input) => write!(
+                f,
+                "invalid size {input:?}: use bytes or a number with K, M, G, T or P (binary \
+                 units), e.g. \"10G\" or \"512M\""
+            ),
+            SizeError::Zero(input) => {
+                write!(f, "invalid size {input:?}: must be greater than zero")
+            }
+            SizeError::TooLarge(input) => write!(f, "invalid size {input:?}: too large"),
+        }
+    }
+}
+
+impl std::error::Error for SizeError {}
+
 /// Parses a size such as `10G`, `512M`, `1.5T`, `4096` or `64KiB` into bytes (binary units,
 /// as qemu-img reads them). Rejects zero, negatives and overflow.
-pub fn parse_size(input: &str) -> Result<u64, String> {
+pub fn parse_size(input: &str) -> Result<u64, SizeError> {
     let s = input.trim();
-    let bad = || {
-        format!(
-            "invalid size {input:?}: use bytes or a number with K, M, G, T or P (binary units), e.g. \"10G\" or \"512M\""
-        )
-    };
+    let bad = || SizeError::Invalid(input.to_string());
     let split = s
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(s.len());
@@ -252,10 +278,10 @@ pub fn parse_size(input: &str) -> Result<u64, String> {
         whole << shift
     };
     if bytes == 0 {
-        return Err(format!("invalid size {input:?}: must be greater than zero"));
+        return Err(SizeError::Zero(input.to_string()));
     }
     if bytes > i64::MAX as u128 {
-        return Err(format!("invalid size {input:?}: too large"));
+        return Err(SizeError::TooLarge(input.to_string()));
     }
     Ok(bytes as u64)
 }

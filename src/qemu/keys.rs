@@ -190,8 +190,52 @@ pub fn qcode(name: &str) -> Option<&'static str> {
     ALIASES.iter().find(|(a, _)| *a == lower).map(|(_, q)| *q)
 }
 
+/// A key, chord or character that cannot be sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyError {
+    /// The spec has an empty part, e.g. `ctrl-` or `a--b`.
+    NotAChord(String),
+    /// A part names no qcode or alias.
+    UnknownKey {
+        /// The unknown part.
+        key: String,
+        /// The whole spec it was in.
+        spec: String,
+    },
+    /// A character with no key on the US layout.
+    Untypable {
+        /// The character.
+        c: char,
+        /// Its position in the text, in characters.
+        position: usize,
+    },
+}
+
+impl std::fmt::Display for KeyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeyError::NotAChord(spec) => write!(
+                f,
+                "key {spec:?} is not a key or chord; write chords like \"ctrl-alt-del\""
+            ),
+            KeyError::UnknownKey { key, spec } => write!(
+                f,
+                "unknown key {key:?} in {spec:?}; use QEMU qcodes (a, ret, f1, ctrl, ...) or \
+                 aliases (enter, esc, space, win, pgup, ...)"
+            ),
+            KeyError::Untypable { c, position } => write!(
+                f,
+                "character {c:?} at position {position} cannot be typed on a US keyboard \
+                 layout; type ASCII text, and use vm_send_keys for special keys"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for KeyError {}
+
 /// Parses a chord such as `ctrl-alt-del`, `ctrl+c` or `shift-a` into qcodes.
-pub fn chord(spec: &str) -> Result<Vec<&'static str>, String> {
+pub fn chord(spec: &str) -> Result<Vec<&'static str>, KeyError> {
     let s = spec.trim();
     if let Some(q) = qcode(s) {
         return Ok(vec![q]);
@@ -204,13 +248,16 @@ pub fn chord(spec: &str) -> Result<Vec<&'static str>, String> {
         parts.push(if sep == '-' { "minus" } else { "equal" });
     }
     if parts.iter().any(|p| p.is_empty()) {
-        return Err(format!(
-            "key {spec:?} is not a key or chord; write chords like \"ctrl-alt-del\""
-        ));
+        return Err(KeyError::NotAChord(spec.to_string()));
     }
     parts
         .iter()
-        .map(|p| qcode(p).ok_or_else(|| format!("unknown key {p:?} in {spec:?}; use QEMU qcodes (a, ret, f1, ctrl, ...) or aliases (enter, esc, space, win, pgup, ...)")))
+        .map(|p| {
+            qcode(p).ok_or_else(|| KeyError::UnknownKey {
+                key: p.to_string(),
+                spec: spec.to_string(),
+            })
+        })
         .collect()
 }
 
@@ -266,13 +313,11 @@ pub fn us_key(c: char) -> Option<(&'static str, bool)> {
 pub type KeyEvent = (&'static str, bool);
 
 /// The events that type `text` on a US layout, or the first character that cannot be typed.
-pub fn type_events(text: &str) -> Result<Vec<Vec<KeyEvent>>, String> {
+pub fn type_events(text: &str) -> Result<Vec<Vec<KeyEvent>>, KeyError> {
     text.chars()
         .enumerate()
         .map(|(i, c)| {
-            let (q, shift) = us_key(c).ok_or_else(|| {
-                format!("character {c:?} at position {i} cannot be typed on a US keyboard layout; type ASCII text, and use vm_send_keys for special keys")
-            })?;
+            let (q, shift) = us_key(c).ok_or(KeyError::Untypable { c, position: i })?;
             Ok(if shift {
                 vec![("shift", true), (q, true), (q, false), ("shift", false)]
             } else {
@@ -310,6 +355,9 @@ mod tests {
         assert_eq!(us_key('"'), Some(("apostrophe", true)));
         assert_eq!(us_key('\\'), Some(("backslash", false)));
         assert!(us_key('é').is_none());
-        assert!(type_events("héllo").unwrap_err().contains("position 1"));
+        assert!(type_events("héllo")
+            .unwrap_err()
+            .to_string()
+            .contains("position 1"));
     }
 }

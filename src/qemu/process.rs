@@ -21,9 +21,66 @@ pub struct Started {
     pub warning: Option<String>,
 }
 
+/// Why QEMU did not start.
+#[derive(Debug)]
+pub enum SpawnError {
+    /// The binary is not installed or not on PATH.
+    NotInstalled(String),
+    /// The binary could not be executed.
+    Exec {
+        /// The binary.
+        binary: String,
+        /// Why exec failed.
+        error: std::io::Error,
+    },
+    /// Waiting for the starting process failed.
+    Wait(std::io::Error),
+    /// QEMU did not daemonize within [`START_TIMEOUT`] and was killed.
+    Timeout,
+    /// QEMU exited with an error before daemonizing.
+    Failed {
+        /// Its exit status.
+        status: std::process::ExitStatus,
+        /// What it wrote to stderr, trimmed (may be empty).
+        stderr: String,
+    },
+}
+
+impl std::fmt::Display for SpawnError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SpawnError::NotInstalled(binary) => write!(
+                f,
+                "{binary} is not installed or not on PATH (Debian: apt-get install \
+                 qemu-system-x86 for x86_64)"
+            ),
+            SpawnError::Exec { binary, error } => write!(f, "cannot start {binary}: {error}"),
+            SpawnError::Wait(e) => write!(f, "cannot wait for QEMU: {e}"),
+            SpawnError::Timeout => write!(
+                f,
+                "QEMU did not finish starting within {} s and was killed",
+                START_TIMEOUT.as_secs()
+            ),
+            SpawnError::Failed { status, stderr } if stderr.is_empty() => {
+                write!(f, "QEMU failed to start: exit status {status}")
+            }
+            SpawnError::Failed { stderr, .. } => write!(f, "QEMU failed to start: {stderr}"),
+        }
+    }
+}
+
+impl std::error::Error for SpawnError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            SpawnError::Exec { error, .. } | SpawnError::Wait(error) => Some(error),
+            _ => None,
+        }
+    }
+}
+
 /// Starts `binary argv...` (which must include `-daemonize -pidfile FILE`), in its own
 /// session, with stdin/stdout on /dev/null and start-up stderr captured into the error.
-pub fn spawn_daemon(binary: &str, argv: &[String], pidfile: &Path) -> Result<Started, String> {
+pub fn spawn_daemon(binary: &str, argv: &[String], pidfile: &Path) -> Result<Started, SpawnError> {
     let _ = std::fs::remove_file(pidfile);
     let mut cmd = Command::new(binary);
     cmd.args(argv)
@@ -37,11 +94,14 @@ pub fn spawn_daemon(binary: &str, argv: &[String], pidfile: &Path) -> Result<Sta
             Ok(())
         });
     }
-    let mut child = cmd.spawn().map_err(|e| {
-        if e.kind() == std::io::ErrorKind::NotFound {
-            format!("{binary} is not installed or not on PATH (Debian: apt-get install qemu-system-x86 for x86_64)")
+    let mut child = cmd.spawn().map_err(|error| {
+        if error.kind() == std::io::ErrorKind::NotFound {
+            SpawnError::NotInstalled(binary.to_string())
         } else {
-            format!("cannot start {binary}: {e}")
+            SpawnError::Exec {
+                binary: binary.to_string(),
+                error,
+            }
         }
     })?;
     let stderr = child.stderr.take();
@@ -71,15 +131,12 @@ pub fn spawn_daemon(binary: &str, argv: &[String], pidfile: &Path) -> Result<Sta
     });
     let status = match wrx.recv_timeout(START_TIMEOUT) {
         Ok(Ok(s)) => s,
-        Ok(Err(e)) => return Err(format!("cannot wait for QEMU: {e}")),
+        Ok(Err(e)) => return Err(SpawnError::Wait(e)),
         Err(_) => {
             // SAFETY: kill(2) on our own unreaped child (the waiter has not returned).
             unsafe { libc::kill(child_pid, libc::SIGKILL) };
             let _ = wrx.recv_timeout(Duration::from_secs(5));
-            return Err(format!(
-                "QEMU did not finish starting within {} s and was killed",
-                START_TIMEOUT.as_secs()
-            ));
+            return Err(SpawnError::Timeout);
         }
     };
     // The daemon closes its inherited stderr right after the parent exits; wait a little for EOF.
@@ -94,12 +151,10 @@ pub fn spawn_daemon(binary: &str, argv: &[String], pidfile: &Path) -> Result<Sta
     }
     let err_text = String::from_utf8_lossy(&err_text).trim().to_string();
     if !status.success() {
-        let msg = if err_text.is_empty() {
-            format!("exit status {status}")
-        } else {
-            err_text
-        };
-        return Err(format!("QEMU failed to start: {msg}"));
+        return Err(SpawnError::Failed {
+            status,
+            stderr: err_text,
+        });
     }
     let deadline = Instant::now() + PIDFILE_WAIT;
     loop {
@@ -116,7 +171,11 @@ pub fn spawn_daemon(binary: &str, argv: &[String], pidfile: &Path) -> Result<Sta
         if Instant::now() >= deadline {
             return Ok(Started {
                 pid: None,
-                warning: Some(format!("QEMU started but its pidfile {} could not be read; liveness is judged by the QMP socket", pidfile.display())),
+                warning: Some(format!(
+                    "QEMU started but its pidfile {} could not be read; liveness is judged by the \
+                     QMP socket",
+                    pidfile.display()
+                )),
             });
         }
         std::thread::sleep(Duration::from_millis(5));
@@ -200,9 +259,31 @@ pub fn wait_dead(pid: i32, limit: Duration) -> bool {
     }
 }
 
+/// A process that outlived SIGKILL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KillError {
+    /// Its PID.
+    pub pid: i32,
+    /// Its state letter after SIGKILL (D: stuck in the kernel), None when it was unreadable.
+    pub state: Option<char>,
+}
+
+impl std::fmt::Display for KillError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "process {} survived SIGKILL for 5 s (state {:?}); it may be stuck in the kernel (D \
+             state)",
+            self.pid, self.state
+        )
+    }
+}
+
+impl std::error::Error for KillError {}
+
 /// SIGTERM, then SIGKILL, each verified. Returns the steps taken, or an error when even
 /// SIGKILL did not end it.
-pub fn terminate(pid: i32) -> Result<Vec<&'static str>, String> {
+pub fn terminate(pid: i32) -> Result<Vec<&'static str>, KillError> {
     let mut steps = Vec::new();
     if !alive(pid) {
         return Ok(steps);
@@ -217,7 +298,10 @@ pub fn terminate(pid: i32) -> Result<Vec<&'static str>, String> {
     if wait_dead(pid, Duration::from_secs(5)) {
         return Ok(steps);
     }
-    Err(format!("process {pid} survived SIGKILL for 5 s (state {:?}); it may be stuck in the kernel (D state)", state(pid)))
+    Err(KillError {
+        pid,
+        state: state(pid),
+    })
 }
 
 #[cfg(test)]

@@ -48,7 +48,12 @@ impl std::fmt::Display for QmpError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             QmpError::Connect(m) => write!(f, "cannot connect to the QMP socket: {m}"),
-            QmpError::NoGreeting => write!(f, "QEMU did not send its QMP greeting within {} s (another client may hold the monitor)", GREETING_TIMEOUT.as_secs()),
+            QmpError::NoGreeting => write!(
+                f,
+                "QEMU did not send its QMP greeting within {} s (another client may hold the \
+                 monitor)",
+                GREETING_TIMEOUT.as_secs()
+            ),
             QmpError::Timeout(c) => write!(f, "QEMU did not answer {c} in time"),
             QmpError::Closed => write!(f, "QEMU closed the QMP connection"),
             QmpError::Garbage(m) => write!(f, "QEMU sent something that is not QMP: {m}"),
@@ -196,7 +201,8 @@ impl Qmp {
         }
     }
 
-    /// Waits up to `slice` for the next event; Ok(None) when none came. Closed means QEMU went away.
+    /// Waits up to `slice` for the next event; Ok(None) when none came. Closed means QEMU went
+    /// away.
     pub fn next_event(&mut self, slice: Duration) -> Result<Option<Value>, QmpError> {
         match self.read_message(Instant::now() + slice) {
             Ok(m) if m.get("event").is_some() => {

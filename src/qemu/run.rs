@@ -37,9 +37,18 @@ pub enum RunError {
 impl std::fmt::Display for RunError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            RunError::NotFound(p) => write!(f, "{p} is not installed or not on PATH; install it (Debian: apt-get install qemu-utils / qemu-system-x86)"),
+            RunError::NotFound(p) => write!(
+                f,
+                "{p} is not installed or not on PATH; install it (Debian: apt-get install \
+                 qemu-utils / qemu-system-x86)"
+            ),
             RunError::Spawn(p, e) => write!(f, "could not start {p}: {e}"),
-            RunError::Timeout(p, d) => write!(f, "{p} did not finish within {} s and was killed; retry, or check the host for I/O trouble", d.as_secs()),
+            RunError::Timeout(p, d) => write!(
+                f,
+                "{p} did not finish within {} s and was killed; retry, or check the host for I/O \
+                 trouble",
+                d.as_secs()
+            ),
             RunError::Cancelled(p) => write!(f, "{p} was cancelled by the client and killed"),
         }
     }

@@ -16,7 +16,54 @@ pub struct Png {
     pub height: u32,
 }
 
-fn ppm_token(data: &[u8], pos: &mut usize) -> Result<u32, String> {
+/// Why a capture could not be read or converted.
+#[derive(Debug)]
+pub enum ScreenError {
+    /// The data does not start with `P6`.
+    NotP6,
+    /// The header ends before its three numbers.
+    TruncatedHeader,
+    /// A header field is not a number of at most six digits.
+    BadNumber,
+    /// A maximum sample value other than 255.
+    Maxval(u32),
+    /// Zero or over [`MAX_DIM`] pixels wide or high.
+    Dimensions(u32, u32),
+    /// No whitespace between the header and the pixels.
+    BadHeader,
+    /// Fewer pixel bytes than the header promises.
+    TruncatedPixels,
+    /// The PNG encoder failed.
+    Encode(png::EncodingError),
+}
+
+impl std::fmt::Display for ScreenError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ScreenError::NotP6 => f.write_str("not a binary PPM (P6)"),
+            ScreenError::TruncatedHeader => f.write_str("truncated PPM header"),
+            ScreenError::BadNumber => f.write_str("bad number in PPM header"),
+            ScreenError::Maxval(maxval) => write!(f, "unsupported PPM maxval {maxval}"),
+            ScreenError::Dimensions(width, height) => {
+                write!(f, "PPM dimensions {width}x{height} out of range")
+            }
+            ScreenError::BadHeader => f.write_str("bad PPM header"),
+            ScreenError::TruncatedPixels => f.write_str("truncated PPM pixel data"),
+            ScreenError::Encode(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for ScreenError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ScreenError::Encode(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+fn ppm_token(data: &[u8], pos: &mut usize) -> Result<u32, ScreenError> {
     loop {
         match data.get(*pos) {
             Some(b'#') => {
@@ -26,7 +73,7 @@ fn ppm_token(data: &[u8], pos: &mut usize) -> Result<u32, String> {
             }
             Some(b) if b.is_ascii_whitespace() => *pos += 1,
             Some(_) => break,
-            None => return Err("truncated PPM header".into()),
+            None => return Err(ScreenError::TruncatedHeader),
         }
     }
     let start = *pos;
@@ -34,50 +81,50 @@ fn ppm_token(data: &[u8], pos: &mut usize) -> Result<u32, String> {
         *pos += 1;
     }
     if start == *pos || *pos - start > 6 {
-        return Err("bad number in PPM header".into());
+        return Err(ScreenError::BadNumber);
     }
     std::str::from_utf8(&data[start..*pos])
         .ok()
         .and_then(|s| s.parse().ok())
-        .ok_or_else(|| "bad number in PPM header".into())
+        .ok_or(ScreenError::BadNumber)
 }
 
 /// Parses a binary PPM header (P6, maxval 255): width, height and where the pixels start.
-pub fn ppm_header(data: &[u8]) -> Result<(u32, u32, usize), String> {
+pub fn ppm_header(data: &[u8]) -> Result<(u32, u32, usize), ScreenError> {
     if data.len() < 2 || &data[..2] != b"P6" {
-        return Err("not a binary PPM (P6)".into());
+        return Err(ScreenError::NotP6);
     }
     let mut pos = 2;
     let width = ppm_token(data, &mut pos)?;
     let height = ppm_token(data, &mut pos)?;
     let maxval = ppm_token(data, &mut pos)?;
     if maxval != 255 {
-        return Err(format!("unsupported PPM maxval {maxval}"));
+        return Err(ScreenError::Maxval(maxval));
     }
     if width == 0 || height == 0 || width > MAX_DIM || height > MAX_DIM {
-        return Err(format!("PPM dimensions {width}x{height} out of range"));
+        return Err(ScreenError::Dimensions(width, height));
     }
     if !data.get(pos).is_some_and(u8::is_ascii_whitespace) {
-        return Err("bad PPM header".into());
+        return Err(ScreenError::BadHeader);
     }
     Ok((width, height, pos + 1))
 }
 
 /// Converts a binary PPM (P6, maxval 255) into PNG.
-pub fn ppm_to_png(data: &[u8]) -> Result<Png, String> {
+pub fn ppm_to_png(data: &[u8]) -> Result<Png, ScreenError> {
     let (width, height, pos) = ppm_header(data)?;
     let need = width as usize * height as usize * 3;
     let pixels = data
         .get(pos..pos + need)
-        .ok_or("truncated PPM pixel data")?;
+        .ok_or(ScreenError::TruncatedPixels)?;
     let mut out = Vec::new();
     {
         let mut enc = png::Encoder::new(&mut out, width, height);
         enc.set_color(png::ColorType::Rgb);
         enc.set_depth(png::BitDepth::Eight);
         enc.set_compression(png::Compression::Fast);
-        let mut w = enc.write_header().map_err(|e| e.to_string())?;
-        w.write_image_data(pixels).map_err(|e| e.to_string())?;
+        let mut w = enc.write_header().map_err(ScreenError::Encode)?;
+        w.write_image_data(pixels).map_err(ScreenError::Encode)?;
     }
     Ok(Png {
         data: out,

@@ -8,17 +8,60 @@ fn home() -> Option<PathBuf> {
         .map(PathBuf::from)
 }
 
+/// Why a user-supplied path could not be resolved.
+#[derive(Debug)]
+pub enum PathError {
+    /// The path is the empty string.
+    Empty,
+    /// The path contains a NUL byte, which no file name can.
+    Nul,
+    /// It starts with `~` but `HOME` is not set.
+    NoHome,
+    /// It is relative and the current directory cannot be read.
+    NoCurrentDir {
+        /// The path as given.
+        input: String,
+        /// Why the current directory is unknown.
+        error: std::io::Error,
+    },
+}
+
+impl std::fmt::Display for PathError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PathError::Empty => f.write_str("path is empty"),
+            PathError::Nul => f.write_str("path contains a NUL byte"),
+            PathError::NoHome => {
+                f.write_str("cannot expand '~': HOME is not set; give an absolute path")
+            }
+            PathError::NoCurrentDir { input, error } => write!(
+                f,
+                "cannot resolve relative path {input:?}: {error}; give an absolute path"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for PathError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            PathError::NoCurrentDir { error, .. } => Some(error),
+            _ => None,
+        }
+    }
+}
+
 /// Resolves a user-supplied path: expands a leading `~`, makes it absolute against the current
 /// directory, and removes `.` and `..` lexically (the file need not exist yet).
-pub fn resolve(input: &str) -> Result<PathBuf, String> {
+pub fn resolve(input: &str) -> Result<PathBuf, PathError> {
     if input.is_empty() {
-        return Err("path is empty".into());
+        return Err(PathError::Empty);
     }
     if input.contains('\0') {
-        return Err("path contains a NUL byte".into());
+        return Err(PathError::Nul);
     }
     let expanded = if input == "~" || input.starts_with("~/") {
-        let h = home().ok_or("cannot expand '~': HOME is not set; give an absolute path")?;
+        let h = home().ok_or(PathError::NoHome)?;
         h.join(input.trim_start_matches('~').trim_start_matches('/'))
     } else {
         PathBuf::from(input)
@@ -27,8 +70,9 @@ pub fn resolve(input: &str) -> Result<PathBuf, String> {
         expanded
     } else {
         std::env::current_dir()
-            .map_err(|e| {
-                format!("cannot resolve relative path {input:?}: {e}; give an absolute path")
+            .map_err(|error| PathError::NoCurrentDir {
+                input: input.to_string(),
+                error,
             })?
             .join(expanded)
     };
@@ -49,7 +93,8 @@ fn normalize(p: &Path) -> PathBuf {
     out
 }
 
-/// The state folder: `$MCQEMU_STATE_DIR`, else `$XDG_DATA_HOME/mcqemu`, else `~/.local/share/mcqemu`.
+/// The state folder: `$MCQEMU_STATE_DIR`, else `$XDG_DATA_HOME/mcqemu`, else
+/// `~/.local/share/mcqemu`.
 pub fn state_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("MCQEMU_STATE_DIR").filter(|d| !d.is_empty()) {
         return PathBuf::from(d);

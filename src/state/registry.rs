@@ -55,9 +55,20 @@ pub enum RegistryError {
 impl std::fmt::Display for RegistryError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            RegistryError::Io(m) => write!(f, "registry I/O failed: {m}; check that the state folder is writable"),
-            RegistryError::NewerSchema(v) => write!(f, "the registry was written by a newer mcqemu (schema version {v}); this version will not overwrite it. Upgrade mcqemu, or set MCQEMU_STATE_DIR to another folder"),
-            RegistryError::LockTimeout => write!(f, "another mcqemu instance held the registry lock for over {} s; retry", LOCK_WAIT.as_secs()),
+            RegistryError::Io(m) => write!(
+                f,
+                "registry I/O failed: {m}; check that the state folder is writable"
+            ),
+            RegistryError::NewerSchema(v) => write!(
+                f,
+                "the registry was written by a newer mcqemu (schema version {v}); this version \
+                 will not overwrite it. Upgrade mcqemu, or set MCQEMU_STATE_DIR to another folder"
+            ),
+            RegistryError::LockTimeout => write!(
+                f,
+                "another mcqemu instance held the registry lock for over {} s; retry",
+                LOCK_WAIT.as_secs()
+            ),
         }
     }
 }
@@ -85,13 +96,49 @@ pub fn valid_name(name: &str) -> bool {
         && name.len() <= 48
 }
 
+/// Why a registry file as a whole is unusable.
+#[derive(Debug)]
+pub enum ParseError {
+    /// Over [`MAX_FILE_BYTES`]; holds the size.
+    TooBig(usize),
+    /// Not JSON at all.
+    NotJson(serde_json::Error),
+    /// JSON, but not an object.
+    NotObject,
+    /// `version` is not a positive integer.
+    BadVersion,
+    /// `vms` is not an object.
+    VmsNotObject,
+}
+
+impl std::fmt::Display for ParseError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ParseError::TooBig(size) => write!(
+                f,
+                "file is {size} bytes, over the {MAX_FILE_BYTES}-byte limit"
+            ),
+            ParseError::NotJson(e) => write!(f, "not valid JSON: {e}"),
+            ParseError::NotObject => f.write_str("top level is not a JSON object"),
+            ParseError::BadVersion => f.write_str("\"version\" is not a positive integer"),
+            ParseError::VmsNotObject => f.write_str("\"vms\" is not a JSON object"),
+        }
+    }
+}
+
+impl std::error::Error for ParseError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ParseError::NotJson(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
 /// Parses registry bytes. Err means the file as a whole is unusable (not JSON, not an object).
-pub fn parse(bytes: &[u8]) -> Result<Parsed, String> {
+pub fn parse(bytes: &[u8]) -> Result<Parsed, ParseError> {
     if bytes.len() > MAX_FILE_BYTES {
-        return Err(format!(
-            "file is {} bytes, over the {MAX_FILE_BYTES}-byte limit",
-            bytes.len()
-        ));
+        return Err(ParseError::TooBig(bytes.len()));
     }
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(Parsed {
@@ -101,8 +148,8 @@ pub fn parse(bytes: &[u8]) -> Result<Parsed, String> {
     }
     let top = match serde_json::from_slice::<Value>(bytes) {
         Ok(Value::Object(m)) => m,
-        Ok(_) => return Err("top level is not a JSON object".into()),
-        Err(e) => return Err(format!("not valid JSON: {e}")),
+        Ok(_) => return Err(ParseError::NotObject),
+        Err(e) => return Err(ParseError::NotJson(e)),
     };
     let mut parsed = Parsed::default();
     let vms_value = if top.contains_key("vms") || top.contains_key("version") {
@@ -112,7 +159,7 @@ pub fn parse(bytes: &[u8]) -> Result<Parsed, String> {
             Some(v) => v
                 .as_u64()
                 .filter(|v| *v >= 1)
-                .ok_or("\"version\" is not a positive integer")?,
+                .ok_or(ParseError::BadVersion)?,
         };
         let vms = top.remove("vms").unwrap_or_else(|| json!({}));
         parsed.extra = top;
@@ -123,7 +170,7 @@ pub fn parse(bytes: &[u8]) -> Result<Parsed, String> {
     };
     let vms = match vms_value {
         Value::Object(m) => m,
-        _ => return Err("\"vms\" is not a JSON object".into()),
+        _ => return Err(ParseError::VmsNotObject),
     };
     for (name, rec) in vms {
         if !valid_name(&name) {
@@ -272,7 +319,7 @@ impl Registry {
         }
     }
 
-    fn quarantine(&self, why: &str) -> Result<(), RegistryError> {
+    fn quarantine(&self, why: &ParseError) -> Result<(), RegistryError> {
         let aside = self.path.with_file_name(format!(
             "vms.json.corrupt-{}-{}",
             crate::clock::now_secs(),
@@ -282,7 +329,8 @@ impl Registry {
             RegistryError::Io(format!("cannot move the corrupt registry aside: {e}"))
         })?;
         self.warn(format!(
-            "{} was unreadable ({why}); moved aside to {} and started empty. VMs still running can be adopted again with attach_vm",
+            "{} was unreadable ({why}); moved aside to {} and started empty. VMs still running \
+             can be adopted again with attach_vm",
             self.path.display(),
             aside.display()
         ));
@@ -392,7 +440,11 @@ mod tests {
 
     #[test]
     fn parses_both_layouts_and_skips_bad_records() {
-        let p = parse(br#"{"version":1,"vms":{"a":{"qmp_socket":"/s","x":1},"bad name":{"qmp_socket":"/s"},"b":3,"c":{}}}"#).unwrap();
+        let text = concat!(
+            r#"{"version":1,"vms":{"a":{"qmp_socket":"/s","x":1},"#,
+            r#""bad name":{"qmp_socket":"/s"},"b":3,"c":{}}}"#
+        );
+        let p = parse(text.as_bytes()).unwrap();
         assert_eq!(p.vms.len(), 1);
         assert_eq!(p.vms["a"]["x"], 1);
         assert_eq!(p.warnings.len(), 3);

@@ -97,19 +97,23 @@ impl std::fmt::Display for RootsError {
             RootsError::Invalid(m) | RootsError::Unresolvable(m) => f.write_str(m),
             RootsError::Outside { path } => write!(
                 f,
-                "{} is outside the folders this server may reach ({}). An operator can widen them with `mcqemu serve --root DIR` or MCQEMU_ROOTS",
+                "{} is outside the folders this server may reach ({}). An operator can widen them \
+                 with `mcqemu serve --root DIR` or MCQEMU_ROOTS",
                 path.display(),
                 summary()
             ),
             RootsError::Hidden { path, component } => write!(
                 f,
-                "{} is refused: {component:?} is a hidden folder or file, and hidden paths below a root are never reached (roots: {}). An operator can make such a folder a root itself with `mcqemu serve --root DIR`",
+                "{} is refused: {component:?} is a hidden folder or file, and hidden paths below \
+                 a root are never reached (roots: {}). An operator can make such a folder a root \
+                 itself with `mcqemu serve --root DIR`",
                 path.display(),
                 summary()
             ),
             RootsError::ReadOnly { path, root } => write!(
                 f,
-                "{} is inside {}, which may be read but never written; choose a path in a writable root ({})",
+                "{} is inside {}, which may be read but never written; choose a path in a \
+                 writable root ({})",
                 path.display(),
                 root.display(),
                 summary()
@@ -276,7 +280,8 @@ pub fn parse(input: &str) -> Result<PathBuf, RootsError> {
                 .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.' | '_'));
         if looks_like_protocol {
             return Err(RootsError::Invalid(format!(
-                "{input:?} looks like a {scheme}: URL or pseudo-filename; give a plain file path (protocols and json: filenames are refused)"
+                "{input:?} looks like a {scheme}: URL or pseudo-filename; give a plain file path \
+                 (protocols and json: filenames are refused)"
             )));
         }
     }
@@ -348,7 +353,7 @@ pub fn resolve(path: &Path) -> Result<PathBuf, RootsError> {
 }
 
 fn hidden(name: &OsStr) -> bool {
-    name.to_str().map_or(true, |s| s.starts_with('.'))
+    name.to_str().is_none_or(|s| s.starts_with('.'))
 }
 
 /// Judges an already resolved path against `roots` (most specific first).

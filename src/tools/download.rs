@@ -3,7 +3,7 @@
 use serde_json::json;
 
 use super::path_arg;
-use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolOutput, ToolResult};
 use crate::net::download::{self, Request, Watcher};
 
 struct CtxWatch<'a>(&'a ToolCtx);
@@ -21,20 +21,39 @@ impl Watcher for CtxWatch<'_> {
     }
 }
 
+const DOWNLOAD_DESCRIPTION: &str = "Download a file (typically a cloud or installer image) over \
+    http or https to path. Streams to a temporary file beside path, verifies sha256 when given, \
+    and renames into place only when complete and correct, so a failure never leaves a partial or \
+    wrong file at path. Sends progress notifications. max_bytes caps the size.";
+
 /// `image_download`.
 pub const DOWNLOAD: ToolDef = ToolDef {
     name: "image_download",
     title: "Download a disk image",
-    description: "Download a file (typically a cloud or installer image) over http or https to path. Streams to a temporary file beside path, verifies sha256 when given, and renames into place only when complete and correct, so a failure never leaves a partial or wrong file at path. Sends progress notifications. max_bytes caps the size.",
+    description: DOWNLOAD_DESCRIPTION,
     input_schema: || {
         json!({
             "type": "object",
             "properties": {
-                "url": {"type": "string", "minLength": 1, "description": "http:// or https:// URL."},
-                "path": {"type": "string", "minLength": 1, "description": "Where to save the file (~ is expanded)."},
-                "sha256": {"type": ["string", "null"], "default": null, "description": "Expected SHA-256 (64 hex characters)."},
-                "overwrite": {"type": "boolean", "default": false, "description": "Replace an existing file at path."},
-                "max_bytes": {"type": ["integer", "null"], "minimum": 1, "default": null, "description": "Refuse downloads larger than this."}
+                "url": {
+                    "type": "string", "minLength": 1, "description": "http:// or https:// URL."
+                },
+                "path": {
+                    "type": "string", "minLength": 1,
+                    "description": "Where to save the file (~ is expanded)."
+                },
+                "sha256": {
+                    "type": ["string", "null"], "default": null,
+                    "description": "Expected SHA-256 (64 hex characters)."
+                },
+                "overwrite": {
+                    "type": "boolean", "default": false,
+                    "description": "Replace an existing file at path."
+                },
+                "max_bytes": {
+                    "type": ["integer", "null"], "minimum": 1, "default": null,
+                    "description": "Refuse downloads larger than this."
+                }
             },
             "required": ["url", "path"],
             "additionalProperties": false
@@ -54,16 +73,21 @@ pub const DOWNLOAD: ToolDef = ToolDef {
             "required": ["path", "bytes", "sha256", "verified"]
         })
     },
-    annotations: Annotations { read_only: false, destructive: true, idempotent: false, open_world: true },
+    annotations: Annotations {
+        read_only: false,
+        destructive: true,
+        idempotent: false,
+        open_world: true,
+    },
     handler: run,
 };
 
 fn run(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let url = args.str("url")?;
-    download::check_url(url).map_err(ToolError::new)?;
+    download::check_url(url)?;
     let path = path_arg(args, "path")?;
     let sha256 = match args.opt_str("sha256")? {
-        Some(s) => Some(download::check_sha256(s).map_err(ToolError::new)?),
+        Some(s) => Some(download::check_sha256(s)?),
         None => None,
     };
     let max_bytes = args.opt_i64("max_bytes")?.map(|n| n.max(0) as u64);
@@ -74,7 +98,7 @@ fn run(ctx: &ToolCtx, args: &Args) -> ToolResult {
         overwrite: args.bool_or("overwrite", false)?,
         max_bytes,
     };
-    let done = download::download(&req, &CtxWatch(ctx)).map_err(ToolError::new)?;
+    let done = download::download(&req, &CtxWatch(ctx))?;
     ctx.progress_now(done.bytes as f64, Some(done.bytes as f64), "done");
     Ok(ToolOutput::json(json!({
         "path": path.display().to_string(),

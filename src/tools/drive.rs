@@ -66,20 +66,47 @@ fn screen_size(q: &mut Qmp, name: &str) -> Session<(u32, u32)> {
         .map_err(|e| ToolError::new(format!("cannot read the screen size of {name:?}: {e}")))?)
 }
 
+const SCREENSHOT_DESCRIPTION: &str = "Capture the VM's screen as PNG, returned as MCP image \
+    content with its width and height. With path, the PNG is saved to that file instead (useful \
+    for large screens). Works on paused VMs.";
+
 /// `vm_screenshot`.
 pub const SCREENSHOT: ToolDef = ToolDef {
     name: "vm_screenshot",
     title: "Screenshot a VM",
-    description: "Capture the VM's screen as PNG, returned as MCP image content with its width and height. With path, the PNG is saved to that file instead (useful for large screens). Works on paused VMs.",
-    input_schema: || object(json!({
-        "name": {"type": "string", "minLength": 1},
-        "path": {"type": ["string", "null"], "default": null, "description": "Save the PNG here instead of returning it inline."}
-    }), &["name"]),
-    output_schema: || json!({"type": "object", "properties": {
-        "name": {"type": "string"}, "width": {"type": "integer"}, "height": {"type": "integer"},
-        "bytes": {"type": "integer"}, "format": {"type": "string"}, "path": {"type": ["string", "null"]}
-    }, "required": ["name", "width", "height", "bytes"]}),
-    annotations: Annotations { read_only: true, destructive: false, idempotent: true, open_world: false },
+    description: SCREENSHOT_DESCRIPTION,
+    input_schema: || {
+        object(
+            json!({
+                "name": {"type": "string", "minLength": 1},
+                "path": {
+                    "type": ["string", "null"], "default": null,
+                    "description": "Save the PNG here instead of returning it inline."
+                }
+            }),
+            &["name"],
+        )
+    },
+    output_schema: || {
+        json!({
+            "type": "object",
+            "properties": {
+                "name": {"type": "string"},
+                "width": {"type": "integer"},
+                "height": {"type": "integer"},
+                "bytes": {"type": "integer"},
+                "format": {"type": "string"},
+                "path": {"type": ["string", "null"]}
+            },
+            "required": ["name", "width", "height", "bytes"]
+        })
+    },
+    annotations: Annotations {
+        read_only: true,
+        destructive: false,
+        idempotent: true,
+        open_world: false,
+    },
     handler: screenshot,
 };
 
@@ -91,7 +118,10 @@ fn screenshot(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     };
     let rec = live(&name)?;
     let png = session::monitor(&name, &rec, |q| capture(q, &name))?;
-    let mut out = json!({"name": name, "width": png.width, "height": png.height, "bytes": png.data.len(), "format": "png", "path": null});
+    let mut out = json!({
+        "name": name, "width": png.width, "height": png.height, "bytes": png.data.len(),
+        "format": "png", "path": null
+    });
     if let Some(p) = save_to {
         // A unique temporary file beside the target, renamed into place: concurrent saves to
         // one path never collide, and a failed write leaves nothing behind (the guard removes it).
@@ -120,19 +150,49 @@ fn key_event(q: &str, down: bool) -> Value {
     json!({"type": "key", "data": {"down": down, "key": {"type": "qcode", "data": q}}})
 }
 
+const SEND_KEYS_DESCRIPTION: &str = "Press keys or chords in order, e.g. [\"ctrl-alt-del\"], \
+    [\"esc\"], [\"alt-f4\", \"enter\"]. Names are QEMU qcodes (a, 1, ret, f1, ctrl, shift_r, ...) \
+    or aliases (enter, esc, space, tab, backspace, win/super, pgup/pgdn, up/down/left/right, del, \
+    ins). Unknown names are rejected before anything is sent. For text use vm_type_text.";
+
 /// `vm_send_keys`.
 pub const SEND_KEYS: ToolDef = ToolDef {
     name: "vm_send_keys",
     title: "Press keys in a VM",
-    description: "Press keys or chords in order, e.g. [\"ctrl-alt-del\"], [\"esc\"], [\"alt-f4\", \"enter\"]. Names are QEMU qcodes (a, 1, ret, f1, ctrl, shift_r, ...) or aliases (enter, esc, space, tab, backspace, win/super, pgup/pgdn, up/down/left/right, del, ins). Unknown names are rejected before anything is sent. For text use vm_type_text.",
-    input_schema: || object(json!({
-        "name": {"type": "string", "minLength": 1},
-        "keys": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 256},
-        "hold_ms": {"type": "integer", "minimum": 1, "maximum": 10000, "default": 100},
-        "delay_ms": {"type": "integer", "minimum": 0, "maximum": 10000, "default": 50}
-    }), &["name", "keys"]),
-    output_schema: || json!({"type": "object", "properties": {"name": {"type": "string"}, "sent": {"type": "integer"}, "chords": {"type": "array", "items": {"type": "array", "items": {"type": "string"}}}}, "required": ["name", "sent"]}),
-    annotations: Annotations { read_only: false, destructive: true, idempotent: false, open_world: false },
+    description: SEND_KEYS_DESCRIPTION,
+    input_schema: || {
+        object(
+            json!({
+                "name": {"type": "string", "minLength": 1},
+                "keys": {
+                    "type": "array",
+                    "items": {"type": "string"},
+                    "minItems": 1,
+                    "maxItems": 256
+                },
+                "hold_ms": {"type": "integer", "minimum": 1, "maximum": 10000, "default": 100},
+                "delay_ms": {"type": "integer", "minimum": 0, "maximum": 10000, "default": 50}
+            }),
+            &["name", "keys"],
+        )
+    },
+    output_schema: || {
+        json!({
+            "type": "object",
+            "properties": {
+                "name": {"type": "string"},
+                "sent": {"type": "integer"},
+                "chords": {"type": "array", "items": {"type": "array", "items": {"type": "string"}}}
+            },
+            "required": ["name", "sent"]
+        })
+    },
+    annotations: Annotations {
+        read_only: false,
+        destructive: true,
+        idempotent: false,
+        open_world: false,
+    },
     handler: send_keys,
 };
 
@@ -147,8 +207,7 @@ fn send_keys(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let chords: Vec<Vec<&'static str>> = specs
         .iter()
         .map(|s| keys::chord(s))
-        .collect::<Result<_, _>>()
-        .map_err(ToolError::new)?;
+        .collect::<Result<_, _>>()?;
     let hold = args.i64_or("hold_ms", 100)?.clamp(1, 10_000) as u64;
     let delay = args.i64_or("delay_ms", 50)?.clamp(0, 10_000) as u64;
     let rec = live(&name)?;
@@ -173,19 +232,44 @@ fn send_keys(ctx: &ToolCtx, args: &Args) -> ToolResult {
     ))
 }
 
+const TYPE_TEXT_DESCRIPTION: &str = "Type text on a US keyboard layout (shifted characters as \
+    chords; newline and tab allowed; at most 4096 characters). Keys are sent in batches the \
+    emulated keyboard cannot drop, so the guest receives exactly the text. enter=true presses \
+    Enter afterwards. delay_ms pauses after each batch of keys (at least 10 ms).";
+
 /// `vm_type_text`.
 pub const TYPE_TEXT: ToolDef = ToolDef {
     name: "vm_type_text",
     title: "Type text into a VM",
-    description: "Type text on a US keyboard layout (shifted characters as chords; newline and tab allowed; at most 4096 characters). Keys are sent in batches the emulated keyboard cannot drop, so the guest receives exactly the text. enter=true presses Enter afterwards. delay_ms pauses after each batch of keys (at least 10 ms).",
-    input_schema: || object(json!({
-        "name": {"type": "string", "minLength": 1},
-        "text": {"type": "string", "maxLength": MAX_TEXT},
-        "enter": {"type": "boolean", "default": false},
-        "delay_ms": {"type": "integer", "minimum": 0, "maximum": 1000, "default": 30}
-    }), &["name", "text"]),
-    output_schema: || json!({"type": "object", "properties": {"name": {"type": "string"}, "characters": {"type": "integer"}, "commands": {"type": "integer"}}, "required": ["name", "characters"]}),
-    annotations: Annotations { read_only: false, destructive: true, idempotent: false, open_world: false },
+    description: TYPE_TEXT_DESCRIPTION,
+    input_schema: || {
+        object(
+            json!({
+                "name": {"type": "string", "minLength": 1},
+                "text": {"type": "string", "maxLength": MAX_TEXT},
+                "enter": {"type": "boolean", "default": false},
+                "delay_ms": {"type": "integer", "minimum": 0, "maximum": 1000, "default": 30}
+            }),
+            &["name", "text"],
+        )
+    },
+    output_schema: || {
+        json!({
+            "type": "object",
+            "properties": {
+                "name": {"type": "string"},
+                "characters": {"type": "integer"},
+                "commands": {"type": "integer"}
+            },
+            "required": ["name", "characters"]
+        })
+    },
+    annotations: Annotations {
+        read_only: false,
+        destructive: true,
+        idempotent: false,
+        open_world: false,
+    },
     handler: type_text,
 };
 
@@ -216,7 +300,7 @@ fn type_text(ctx: &ToolCtx, args: &Args) -> ToolResult {
     }
     let delay = Duration::from_millis(args.i64_or("delay_ms", 30)?.clamp(0, 1000) as u64)
         .max(MIN_BATCH_GAP);
-    let events = keys::type_events(&text).map_err(ToolError::new)?;
+    let events = keys::type_events(&text)?;
     let plan = batches(&events);
     let rec = live(&name)?;
     let commands = plan.len();
@@ -268,23 +352,49 @@ fn click_cmds(q: &mut Qmp, button: &str, double: bool) -> Result<(), QmpError> {
     Ok(())
 }
 
+const CLICK_DESCRIPTION: &str = "Move the pointer to screen pixel (x, y) through the absolute \
+    tablet and click. Coordinates are checked against the current screen size (take a \
+    vm_screenshot to see it). For guests without a tablet driver use vm_mouse_move.";
+
 /// `vm_click`.
 pub const CLICK: ToolDef = ToolDef {
     name: "vm_click",
     title: "Click in a VM",
-    description: "Move the pointer to screen pixel (x, y) through the absolute tablet and click. Coordinates are checked against the current screen size (take a vm_screenshot to see it). For guests without a tablet driver use vm_mouse_move.",
-    input_schema: || object(json!({
-        "name": {"type": "string", "minLength": 1},
-        "x": {"type": "integer", "minimum": 0},
-        "y": {"type": "integer", "minimum": 0},
-        "button": {"type": "string", "enum": ["left", "right", "middle"], "default": "left"},
-        "double": {"type": "boolean", "default": false}
-    }), &["name", "x", "y"]),
-    output_schema: || json!({"type": "object", "properties": {
-        "name": {"type": "string"}, "x": {"type": "integer"}, "y": {"type": "integer"}, "button": {"type": "string"},
-        "screen_width": {"type": "integer"}, "screen_height": {"type": "integer"}
-    }, "required": ["name", "x", "y", "button"]}),
-    annotations: Annotations { read_only: false, destructive: true, idempotent: false, open_world: false },
+    description: CLICK_DESCRIPTION,
+    input_schema: || {
+        object(
+            json!({
+                "name": {"type": "string", "minLength": 1},
+                "x": {"type": "integer", "minimum": 0},
+                "y": {"type": "integer", "minimum": 0},
+                "button": {
+                    "type": "string", "enum": ["left", "right", "middle"], "default": "left"
+                },
+                "double": {"type": "boolean", "default": false}
+            }),
+            &["name", "x", "y"],
+        )
+    },
+    output_schema: || {
+        json!({
+            "type": "object",
+            "properties": {
+                "name": {"type": "string"},
+                "x": {"type": "integer"},
+                "y": {"type": "integer"},
+                "button": {"type": "string"},
+                "screen_width": {"type": "integer"},
+                "screen_height": {"type": "integer"}
+            },
+            "required": ["name", "x", "y", "button"]
+        })
+    },
+    annotations: Annotations {
+        read_only: false,
+        destructive: true,
+        idempotent: false,
+        open_world: false,
+    },
     handler: click,
 };
 
@@ -323,30 +433,66 @@ fn click(_ctx: &ToolCtx, args: &Args) -> ToolResult {
             "({x}, {y}) is outside the {w}x{h} screen; nothing was sent"
         )));
     }
-    Ok(ToolOutput::json(
-        json!({"name": name, "x": x, "y": y, "button": button, "screen_width": w, "screen_height": h}),
-    ))
+    Ok(ToolOutput::json(json!({
+        "name": name, "x": x, "y": y, "button": button, "screen_width": w, "screen_height": h
+    })))
 }
+
+const MOUSE_MOVE_DESCRIPTION: &str = "Relative (PS/2-style) mouse motion for guests without a \
+    tablet driver: optionally home to a corner first, then move by (dx, dy) in chunks of step \
+    pixels (|dx|, |dy| <= 20000), then optionally click. The guest's pointer acceleration may \
+    scale the distance.";
 
 /// `vm_mouse_move`.
 pub const MOUSE_MOVE: ToolDef = ToolDef {
     name: "vm_mouse_move",
     title: "Move the mouse relatively",
-    description: "Relative (PS/2-style) mouse motion for guests without a tablet driver: optionally home to a corner first, then move by (dx, dy) in chunks of step pixels (|dx|, |dy| <= 20000), then optionally click. The guest's pointer acceleration may scale the distance.",
-    input_schema: || object(json!({
-        "name": {"type": "string", "minLength": 1},
-        "dx": {"type": "integer", "minimum": -MAX_DELTA, "maximum": MAX_DELTA, "default": 0},
-        "dy": {"type": "integer", "minimum": -MAX_DELTA, "maximum": MAX_DELTA, "default": 0},
-        "home": {"type": ["string", "null"], "enum": ["top-left", "top-right", "bottom-left", "bottom-right", null], "default": null},
-        "click": {"type": ["string", "null"], "enum": ["left", "right", "middle", null], "default": null},
-        "double": {"type": "boolean", "default": false},
-        "step": {"type": "integer", "minimum": 1, "maximum": 120, "default": 32}
-    }), &["name"]),
-    output_schema: || json!({"type": "object", "properties": {
-        "name": {"type": "string"}, "dx": {"type": "integer"}, "dy": {"type": "integer"}, "commands": {"type": "integer"},
-        "home": {"type": ["string", "null"]}, "click": {"type": ["string", "null"]}
-    }, "required": ["name", "dx", "dy", "commands"]}),
-    annotations: Annotations { read_only: false, destructive: true, idempotent: false, open_world: false },
+    description: MOUSE_MOVE_DESCRIPTION,
+    input_schema: || {
+        object(
+            json!({
+                "name": {"type": "string", "minLength": 1},
+                "dx": {
+                    "type": "integer", "minimum": -MAX_DELTA, "maximum": MAX_DELTA, "default": 0
+                },
+                "dy": {
+                    "type": "integer", "minimum": -MAX_DELTA, "maximum": MAX_DELTA, "default": 0
+                },
+                "home": {
+                    "type": ["string", "null"],
+                    "enum": ["top-left", "top-right", "bottom-left", "bottom-right", null],
+                    "default": null
+                },
+                "click": {
+                    "type": ["string", "null"], "enum": ["left", "right", "middle", null],
+                    "default": null
+                },
+                "double": {"type": "boolean", "default": false},
+                "step": {"type": "integer", "minimum": 1, "maximum": 120, "default": 32}
+            }),
+            &["name"],
+        )
+    },
+    output_schema: || {
+        json!({
+            "type": "object",
+            "properties": {
+                "name": {"type": "string"},
+                "dx": {"type": "integer"},
+                "dy": {"type": "integer"},
+                "commands": {"type": "integer"},
+                "home": {"type": ["string", "null"]},
+                "click": {"type": ["string", "null"]}
+            },
+            "required": ["name", "dx", "dy", "commands"]
+        })
+    },
+    annotations: Annotations {
+        read_only: false,
+        destructive: true,
+        idempotent: false,
+        open_world: false,
+    },
     handler: mouse_move,
 };
 
@@ -427,9 +573,9 @@ fn mouse_move(ctx: &ToolCtx, args: &Args) -> ToolResult {
         }
         Ok(())
     })?;
-    Ok(ToolOutput::json(
-        json!({"name": name, "dx": dx, "dy": dy, "commands": commands, "home": home, "click": click_btn}),
-    ))
+    Ok(ToolOutput::json(json!({
+        "name": name, "dx": dx, "dy": dy, "commands": commands, "home": home, "click": click_btn
+    })))
 }
 
 #[cfg(test)]

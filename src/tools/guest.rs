@@ -39,14 +39,32 @@ fn name_schema() -> Value {
     )
 }
 
+const PING_DESCRIPTION: &str = "Check that qemu-guest-agent answers inside the VM. The agent can \
+    answer before the guest has finished booting.";
+
 /// `guest_ping`.
 pub const PING: ToolDef = ToolDef {
     name: "guest_ping",
     title: "Ping the guest agent",
-    description: "Check that qemu-guest-agent answers inside the VM. The agent can answer before the guest has finished booting.",
+    description: PING_DESCRIPTION,
     input_schema: name_schema,
-    output_schema: || json!({"type": "object", "properties": {"name": {"type": "string"}, "ok": {"type": "boolean"}, "latency_ms": {"type": "number"}}, "required": ["name", "ok"]}),
-    annotations: Annotations { read_only: true, destructive: false, idempotent: true, open_world: false },
+    output_schema: || {
+        json!({
+            "type": "object",
+            "properties": {
+                "name": {"type": "string"},
+                "ok": {"type": "boolean"},
+                "latency_ms": {"type": "number"}
+            },
+            "required": ["name", "ok"]
+        })
+    },
+    annotations: Annotations {
+        read_only: true,
+        destructive: false,
+        idempotent: true,
+        open_world: false,
+    },
     handler: ping,
 };
 
@@ -61,19 +79,27 @@ fn ping(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     ))
 }
 
+const INFO_DESCRIPTION: &str = "The guest agent's version, the guest OS, and which agent commands \
+    are enabled or disabled.";
+
 /// `guest_info`.
 pub const INFO: ToolDef = ToolDef {
     name: "guest_info",
     title: "Describe the guest agent",
-    description:
-        "The guest agent's version, the guest OS, and which agent commands are enabled or disabled.",
+    description: INFO_DESCRIPTION,
     input_schema: name_schema,
     output_schema: || {
-        json!({"type": "object", "properties": {
-        "name": {"type": "string"}, "version": {"type": "string"}, "os": {"type": ["object", "null"]},
-        "enabled_commands": {"type": "array", "items": {"type": "string"}},
-        "disabled_commands": {"type": "array", "items": {"type": "string"}}
-    }, "required": ["name", "version", "enabled_commands", "disabled_commands"]})
+        json!({
+            "type": "object",
+            "properties": {
+                "name": {"type": "string"},
+                "version": {"type": "string"},
+                "os": {"type": ["object", "null"]},
+                "enabled_commands": {"type": "array", "items": {"type": "string"}},
+                "disabled_commands": {"type": "array", "items": {"type": "string"}}
+            },
+            "required": ["name", "version", "enabled_commands", "disabled_commands"]
+        })
     },
     annotations: Annotations {
         read_only: true,
@@ -121,24 +147,61 @@ fn info(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     })))
 }
 
+const EXEC_DESCRIPTION: &str = "Run a program inside the guest through the agent (not a shell: \
+    for pipes or globs run e.g. command=\"sh\", args=[\"-c\", \"...\"]). Waits up to timeout \
+    seconds, sending progress, and returns exitcode (or signal), stdout, stderr (each capped at 1 \
+    MiB) and truncation flags. On timeout the program is still running in the guest; the error \
+    gives its guest PID.";
+
 /// `guest_exec`.
 pub const EXEC: ToolDef = ToolDef {
     name: "guest_exec",
     title: "Run a program in the guest",
-    description: "Run a program inside the guest through the agent (not a shell: for pipes or globs run e.g. command=\"sh\", args=[\"-c\", \"...\"]). Waits up to timeout seconds, sending progress, and returns exitcode (or signal), stdout, stderr (each capped at 1 MiB) and truncation flags. On timeout the program is still running in the guest; the error gives its guest PID.",
-    input_schema: || object(json!({
-        "name": {"type": "string", "minLength": 1},
-        "command": {"type": "string", "minLength": 1, "description": "Program path or name (searched in the guest's PATH)."},
-        "args": {"type": "array", "items": {"type": "string"}, "default": []},
-        "stdin": {"type": ["string", "null"], "default": null, "description": "Text fed to the program's standard input."},
-        "timeout": {"type": "number", "minimum": 1, "maximum": 3600, "default": 30}
-    }), &["name", "command"]),
-    output_schema: || json!({"type": "object", "properties": {
-        "name": {"type": "string"}, "pid": {"type": "integer"}, "exitcode": {"type": ["integer", "null"]},
-        "signal": {"type": ["integer", "null"]}, "stdout": {"type": "string"}, "stderr": {"type": "string"},
-        "stdout_truncated": {"type": "boolean"}, "stderr_truncated": {"type": "boolean"}, "duration_ms": {"type": "integer"}
-    }, "required": ["name", "pid", "exitcode", "stdout", "stderr", "stdout_truncated", "stderr_truncated"]}),
-    annotations: Annotations { read_only: false, destructive: true, idempotent: false, open_world: false },
+    description: EXEC_DESCRIPTION,
+    input_schema: || {
+        object(
+            json!({
+                "name": {"type": "string", "minLength": 1},
+                "command": {
+                    "type": "string", "minLength": 1,
+                    "description": "Program path or name (searched in the guest's PATH)."
+                },
+                "args": {"type": "array", "items": {"type": "string"}, "default": []},
+                "stdin": {
+                    "type": ["string", "null"], "default": null,
+                    "description": "Text fed to the program's standard input."
+                },
+                "timeout": {"type": "number", "minimum": 1, "maximum": 3600, "default": 30}
+            }),
+            &["name", "command"],
+        )
+    },
+    output_schema: || {
+        json!({
+            "type": "object",
+            "properties": {
+                "name": {"type": "string"},
+                "pid": {"type": "integer"},
+                "exitcode": {"type": ["integer", "null"]},
+                "signal": {"type": ["integer", "null"]},
+                "stdout": {"type": "string"},
+                "stderr": {"type": "string"},
+                "stdout_truncated": {"type": "boolean"},
+                "stderr_truncated": {"type": "boolean"},
+                "duration_ms": {"type": "integer"}
+            },
+            "required": [
+                "name", "pid", "exitcode", "stdout", "stderr", "stdout_truncated",
+                "stderr_truncated"
+            ]
+        })
+    },
+    annotations: Annotations {
+        read_only: false,
+        destructive: true,
+        idempotent: false,
+        open_world: false,
+    },
     handler: exec,
 };
 
@@ -146,7 +209,8 @@ pub const EXEC: ToolDef = ToolDef {
 /// The agent itself keeps 16 MiB, far more than an agent can read in a tool result.
 pub const MAX_OUTPUT: usize = 1024 * 1024;
 
-/// Decodes one captured stream, capped at [`MAX_OUTPUT`]; true when it was cut here or by the agent.
+/// Decodes one captured stream, capped at [`MAX_OUTPUT`]; true when it was cut here or by the
+/// agent.
 fn decode_stream(v: &Value, data: &str, flag: &str) -> (String, bool) {
     let mut bytes = v
         .get(data)
@@ -253,7 +317,8 @@ fn exec(ctx: &ToolCtx, args: &Args) -> ToolResult {
         }
         if Instant::now() >= deadline {
             return Err(ToolError::new(format!(
-                "{command} did not finish within {} s; it is still running in the guest as pid {pid} (stop it with guest_exec command=\"kill\" args=[\"{pid}\"])",
+                "{command} did not finish within {} s; it is still running in the guest as pid \
+                 {pid} (stop it with guest_exec command=\"kill\" args=[\"{pid}\"])",
                 timeout.as_secs_f64()
             )));
         }
@@ -264,22 +329,48 @@ fn exec(ctx: &ToolCtx, args: &Args) -> ToolResult {
     }
 }
 
+const FILE_READ_DESCRIPTION: &str = "Read a file inside the guest through the agent, in chunks, \
+    up to max_bytes (default 1 MiB, at most 8 MiB). encoding=\"base64\" returns binary files \
+    intact; utf-8 (default) refuses content that is not valid UTF-8.";
+
 /// `guest_file_read`.
 pub const FILE_READ: ToolDef = ToolDef {
     name: "guest_file_read",
     title: "Read a file in the guest",
-    description: "Read a file inside the guest through the agent, in chunks, up to max_bytes (default 1 MiB, at most 8 MiB). encoding=\"base64\" returns binary files intact; utf-8 (default) refuses content that is not valid UTF-8.",
-    input_schema: || object(json!({
-        "name": {"type": "string", "minLength": 1},
-        "path": {"type": "string", "minLength": 1},
-        "max_bytes": {"type": "integer", "minimum": 1, "maximum": MAX_READ, "default": 1048576},
-        "encoding": {"type": "string", "enum": ["utf-8", "base64"], "default": "utf-8"}
-    }), &["name", "path"]),
-    output_schema: || json!({"type": "object", "properties": {
-        "name": {"type": "string"}, "path": {"type": "string"}, "content": {"type": "string"},
-        "encoding": {"type": "string"}, "size": {"type": "integer"}, "truncated": {"type": "boolean"}
-    }, "required": ["path", "content", "encoding", "size", "truncated"]}),
-    annotations: Annotations { read_only: true, destructive: false, idempotent: true, open_world: false },
+    description: FILE_READ_DESCRIPTION,
+    input_schema: || {
+        object(
+            json!({
+                "name": {"type": "string", "minLength": 1},
+                "path": {"type": "string", "minLength": 1},
+                "max_bytes": {
+                    "type": "integer", "minimum": 1, "maximum": MAX_READ, "default": 1048576
+                },
+                "encoding": {"type": "string", "enum": ["utf-8", "base64"], "default": "utf-8"}
+            }),
+            &["name", "path"],
+        )
+    },
+    output_schema: || {
+        json!({
+            "type": "object",
+            "properties": {
+                "name": {"type": "string"},
+                "path": {"type": "string"},
+                "content": {"type": "string"},
+                "encoding": {"type": "string"},
+                "size": {"type": "integer"},
+                "truncated": {"type": "boolean"}
+            },
+            "required": ["path", "content", "encoding", "size", "truncated"]
+        })
+    },
+    annotations: Annotations {
+        read_only: true,
+        destructive: false,
+        idempotent: true,
+        open_world: false,
+    },
     handler: file_read,
 };
 
@@ -307,9 +398,10 @@ fn file_read(_ctx: &ToolCtx, args: &Args) -> ToolResult {
             ))
         })?
     };
-    Ok(ToolOutput::json(
-        json!({"name": name, "path": path, "content": content, "encoding": encoding, "size": data.len(), "truncated": truncated}),
-    ))
+    Ok(ToolOutput::json(json!({
+        "name": name, "path": path, "content": content, "encoding": encoding,
+        "size": data.len(), "truncated": truncated
+    })))
 }
 
 fn read_all(q: &mut Qga, handle: &Value, max: usize) -> Result<(Vec<u8>, bool), QgaError> {
@@ -327,7 +419,7 @@ fn read_all(q: &mut Qga, handle: &Value, max: usize) -> Result<(Vec<u8>, bool), 
             .and_then(Value::as_str)
             .map(b64::decode)
             .transpose()
-            .map_err(QgaError::Garbage)?
+            .map_err(|e| QgaError::Garbage(e.to_string()))?
             .unwrap_or_default();
         let eof = r.get("eof").and_then(Value::as_bool).unwrap_or(false);
         if chunk.is_empty() {
@@ -346,22 +438,44 @@ fn read_all(q: &mut Qga, handle: &Value, max: usize) -> Result<(Vec<u8>, bool), 
     }
 }
 
+const FILE_WRITE_DESCRIPTION: &str = "Write (or with append=true, append to) a file inside the \
+    guest through the agent, in chunks. encoding=\"base64\" writes binary content given as base64.";
+
 /// `guest_file_write`.
 pub const FILE_WRITE: ToolDef = ToolDef {
     name: "guest_file_write",
     title: "Write a file in the guest",
-    description: "Write (or with append=true, append to) a file inside the guest through the agent, in chunks. encoding=\"base64\" writes binary content given as base64.",
-    input_schema: || object(json!({
-        "name": {"type": "string", "minLength": 1},
-        "path": {"type": "string", "minLength": 1},
-        "content": {"type": "string"},
-        "append": {"type": "boolean", "default": false},
-        "encoding": {"type": "string", "enum": ["utf-8", "base64"], "default": "utf-8"}
-    }), &["name", "path", "content"]),
-    output_schema: || json!({"type": "object", "properties": {
-        "name": {"type": "string"}, "path": {"type": "string"}, "bytes_written": {"type": "integer"}, "append": {"type": "boolean"}
-    }, "required": ["path", "bytes_written"]}),
-    annotations: Annotations { read_only: false, destructive: true, idempotent: false, open_world: false },
+    description: FILE_WRITE_DESCRIPTION,
+    input_schema: || {
+        object(
+            json!({
+                "name": {"type": "string", "minLength": 1},
+                "path": {"type": "string", "minLength": 1},
+                "content": {"type": "string"},
+                "append": {"type": "boolean", "default": false},
+                "encoding": {"type": "string", "enum": ["utf-8", "base64"], "default": "utf-8"}
+            }),
+            &["name", "path", "content"],
+        )
+    },
+    output_schema: || {
+        json!({
+            "type": "object",
+            "properties": {
+                "name": {"type": "string"},
+                "path": {"type": "string"},
+                "bytes_written": {"type": "integer"},
+                "append": {"type": "boolean"}
+            },
+            "required": ["path", "bytes_written"]
+        })
+    },
+    annotations: Annotations {
+        read_only: false,
+        destructive: true,
+        idempotent: false,
+        open_world: false,
+    },
     handler: file_write,
 };
 

@@ -19,8 +19,10 @@ fn path_schema(desc: &str) -> Value {
 }
 
 fn tag_schema() -> Value {
-    json!({"type": "string", "minLength": 1, "maxLength": 64,
-           "description": "Snapshot tag: 1-64 of A-Z a-z 0-9 _ . -, starting with a letter or digit."})
+    json!({
+        "type": "string", "minLength": 1, "maxLength": 64,
+        "description": "Snapshot tag: 1-64 of A-Z a-z 0-9 _ . -, starting with a letter or digit."
+    })
 }
 
 fn out_object(props: Value, required: &[&str]) -> Value {
@@ -43,9 +45,13 @@ fn snapshot_item_schema() -> Value {
 fn must_exist(path: &Path, what: &str) -> Result<(), ToolError> {
     match std::fs::metadata(path) {
         Ok(m) if m.is_file() => Ok(()),
-        Ok(_) => Err(ToolError::new(format!("{what} {} is not a regular file", path.display()))),
+        Ok(_) => Err(ToolError::new(format!(
+            "{what} {} is not a regular file",
+            path.display()
+        ))),
         Err(e) => Err(ToolError::new(format!(
-            "{what} {} cannot be read: {e}; check the path (image_info works on any existing image)",
+            "{what} {} cannot be read: {e}; check the path (image_info works on any existing \
+             image)",
             path.display()
         ))),
     }
@@ -56,7 +62,8 @@ fn must_exist(path: &Path, what: &str) -> Result<(), ToolError> {
 fn refuse_in_use(path: &Path) -> Result<(), ToolError> {
     match crate::qemu::vm::user_of(path) {
         Some(vm) => Err(ToolError::new(format!(
-            "{} is in use by running VM {vm:?} (as a disk or as a sandbox's base image); stop it (stop_vm or sandbox_destroy) first",
+            "{} is in use by running VM {vm:?} (as a disk or as a sandbox's base image); stop it \
+             (stop_vm or sandbox_destroy) first",
             path.display()
         ))),
         None => Ok(()),
@@ -100,17 +107,20 @@ fn snapshots_of(info: &Value) -> Vec<Value> {
         .map(|list| {
             list.iter()
                 .map(|s| {
-                    let date = s.get("date-sec").and_then(Value::as_i64).map(clock::iso8601);
+                    let date = s
+                        .get("date-sec")
+                        .and_then(Value::as_i64)
+                        .map(clock::iso8601);
                     let vm_clock = s.get("vm-clock-sec").and_then(Value::as_u64).map(|sec| {
                         let nsec = s.get("vm-clock-nsec").and_then(Value::as_u64).unwrap_or(0);
                         clock::vm_clock(sec * 1_000_000_000 + nsec)
                     });
+                    let state_size = s.get("vm-state-size").and_then(Value::as_u64);
                     json!({
                         "id": s.get("id").and_then(Value::as_str).unwrap_or(""),
                         "tag": s.get("name").and_then(Value::as_str).unwrap_or(""),
-                        "vm_state_size": s.get("vm-state-size").and_then(Value::as_u64).unwrap_or(0),
-                        "date": date.unwrap_or_default(),
-                        "vm_clock": vm_clock.unwrap_or_default(),
+                        "vm_state_size": state_size.unwrap_or(0),
+                        "date": date.unwrap_or_default(), "vm_clock": vm_clock.unwrap_or_default()
                     })
                 })
                 .collect()
@@ -119,13 +129,16 @@ fn snapshots_of(info: &Value) -> Vec<Value> {
 }
 
 fn summary(path: &Path, info: &Value) -> Value {
+    let backing = info
+        .get("full-backing-filename")
+        .or_else(|| info.get("backing-filename"));
     json!({
         "path": path.display().to_string(),
         "format": info.get("format").cloned().unwrap_or(Value::Null),
         "virtual_size": info.get("virtual-size").cloned().unwrap_or(Value::Null),
         "actual_size": info.get("actual-size").cloned().unwrap_or(Value::Null),
-        "backing_file": info.get("full-backing-filename").or_else(|| info.get("backing-filename")).cloned().unwrap_or(Value::Null),
-        "backing_format": info.get("backing-filename-format").cloned().unwrap_or(Value::Null),
+        "backing_file": backing.cloned().unwrap_or(Value::Null),
+        "backing_format": info.get("backing-filename-format").cloned().unwrap_or(Value::Null)
     })
 }
 
@@ -142,31 +155,50 @@ fn image_out_props() -> Value {
 
 // ---- image_create ----
 
+const CREATE_DESCRIPTION: &str = "Create a disk image with qemu-img. size is bytes or a number \
+    with K/M/G/T (binary units), e.g. \"20G\". With backing_file, creates a copy-on-write overlay \
+    whose backing format is probed and recorded explicitly. Refuses to replace an existing file \
+    unless overwrite=true.";
+
 /// `image_create`.
 pub const CREATE: ToolDef = ToolDef {
     name: "image_create",
     title: "Create a disk image",
-    description: "Create a disk image with qemu-img. size is bytes or a number with K/M/G/T (binary units), e.g. \"20G\". With backing_file, creates a copy-on-write overlay whose backing format is probed and recorded explicitly. Refuses to replace an existing file unless overwrite=true.",
+    description: CREATE_DESCRIPTION,
     input_schema: || {
         object(
             json!({
                 "path": path_schema("Where to create the image (~ is expanded)."),
-                "size": {"type": "string", "minLength": 1, "description": "Virtual size, e.g. \"20G\", \"512M\" or bytes."},
+                "size": {
+                    "type": "string", "minLength": 1,
+                    "description": "Virtual size, e.g. \"20G\", \"512M\" or bytes."
+                },
                 "format": formats_schema("Image format."),
-                "backing_file": {"type": ["string", "null"], "default": null, "description": "Base image for a copy-on-write overlay; left untouched."},
-                "overwrite": {"type": "boolean", "default": false, "description": "Replace an existing file at path."}
+                "backing_file": {
+                    "type": ["string", "null"], "default": null,
+                    "description": "Base image for a copy-on-write overlay; left untouched."
+                },
+                "overwrite": {
+                    "type": "boolean", "default": false,
+                    "description": "Replace an existing file at path."
+                }
             }),
             &["path", "size"],
         )
     },
     output_schema: || out_object(image_out_props(), &["path", "format", "virtual_size"]),
-    annotations: Annotations { read_only: false, destructive: true, idempotent: false, open_world: false },
+    annotations: Annotations {
+        read_only: false,
+        destructive: true,
+        idempotent: false,
+        open_world: false,
+    },
     handler: create,
 };
 
 fn create(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     let path = path_arg(args, "path")?;
-    let size = img::parse_size(args.str("size")?).map_err(ToolError::new)?;
+    let size = img::parse_size(args.str("size")?)?;
     let format = args.str_or("format", "qcow2")?;
     let overwrite = args.bool_or("overwrite", false)?;
     refuse_existing(&path, overwrite)?;
@@ -217,16 +249,23 @@ fn create(_ctx: &ToolCtx, args: &Args) -> ToolResult {
 
 // ---- image_info ----
 
+const INFO_DESCRIPTION: &str = "Show a disk image's format, virtual and on-disk size, backing \
+    file and snapshots (qemu-img info, structured). Works on images a running VM holds. \
+    backing_chain=true adds every image in the backing chain.";
+
 /// `image_info`.
 pub const INFO: ToolDef = ToolDef {
     name: "image_info",
     title: "Inspect a disk image",
-    description: "Show a disk image's format, virtual and on-disk size, backing file and snapshots (qemu-img info, structured). Works on images a running VM holds. backing_chain=true adds every image in the backing chain.",
+    description: INFO_DESCRIPTION,
     input_schema: || {
         object(
             json!({
                 "path": path_schema("The image to inspect."),
-                "backing_chain": {"type": "boolean", "default": false, "description": "Also describe every backing image."}
+                "backing_chain": {
+                    "type": "boolean", "default": false,
+                    "description": "Also describe every backing image."
+                }
             }),
             &["path"],
         )
@@ -235,10 +274,19 @@ pub const INFO: ToolDef = ToolDef {
         let mut props = image_out_props();
         props["snapshots"] = json!({"type": "array", "items": snapshot_item_schema()});
         props["info"] = json!({"type": "object", "description": "qemu-img info's JSON as is."});
-        props["chain"] = json!({"type": "array", "items": {"type": "object"}, "description": "With backing_chain: one qemu-img info object per image, top first."});
+        props["chain"] = json!({
+            "type": "array",
+            "items": {"type": "object"},
+            "description": "With backing_chain: one qemu-img info object per image, top first."
+        });
         out_object(props, &["path", "format", "info"])
     },
-    annotations: Annotations { read_only: true, destructive: false, idempotent: true, open_world: false },
+    annotations: Annotations {
+        read_only: true,
+        destructive: false,
+        idempotent: true,
+        open_world: false,
+    },
     handler: info,
 };
 
@@ -268,19 +316,29 @@ fn info(_ctx: &ToolCtx, args: &Args) -> ToolResult {
 
 // ---- image_convert ----
 
+const CONVERT_DESCRIPTION: &str = "Convert an image to another format (or flatten an overlay) \
+    with qemu-img convert. The source format is probed, never assumed. Writes to a temporary file \
+    beside dest and renames it into place only on success; refuses to replace an existing dest \
+    unless overwrite=true.";
+
 /// `image_convert`.
 pub const CONVERT: ToolDef = ToolDef {
     name: "image_convert",
     title: "Convert a disk image",
-    description: "Convert an image to another format (or flatten an overlay) with qemu-img convert. The source format is probed, never assumed. Writes to a temporary file beside dest and renames it into place only on success; refuses to replace an existing dest unless overwrite=true.",
+    description: CONVERT_DESCRIPTION,
     input_schema: || {
         object(
             json!({
                 "source": path_schema("The image to read."),
                 "dest": path_schema("Where to write the converted image."),
                 "format": formats_schema("Output format."),
-                "compress": {"type": "boolean", "default": false, "description": "Compress (qcow2 only)."},
-                "overwrite": {"type": "boolean", "default": false, "description": "Replace an existing file at dest."}
+                "compress": {
+                    "type": "boolean", "default": false, "description": "Compress (qcow2 only)."
+                },
+                "overwrite": {
+                    "type": "boolean", "default": false,
+                    "description": "Replace an existing file at dest."
+                }
             }),
             &["source", "dest"],
         )
@@ -292,7 +350,12 @@ pub const CONVERT: ToolDef = ToolDef {
         props["compressed"] = json!({"type": "boolean"});
         out_object(props, &["path", "source", "format"])
     },
-    annotations: Annotations { read_only: false, destructive: true, idempotent: false, open_world: false },
+    annotations: Annotations {
+        read_only: false,
+        destructive: true,
+        idempotent: false,
+        open_world: false,
+    },
     handler: convert,
 };
 
@@ -347,17 +410,28 @@ fn convert(ctx: &ToolCtx, args: &Args) -> ToolResult {
 
 // ---- image_resize ----
 
+const RESIZE_DESCRIPTION: &str = "Grow (or, with shrink=true, shrink) an image's virtual size. \
+    size is absolute (\"20G\") or relative (\"+5G\", \"-1G\"). Shrinking cuts data at the end of \
+    the disk, so it is refused unless shrink=true. Refused while a running VM uses the image. The \
+    guest's partitions and filesystems are not resized.";
+
 /// `image_resize`.
 pub const RESIZE: ToolDef = ToolDef {
     name: "image_resize",
     title: "Resize a disk image",
-    description: "Grow (or, with shrink=true, shrink) an image's virtual size. size is absolute (\"20G\") or relative (\"+5G\", \"-1G\"). Shrinking cuts data at the end of the disk, so it is refused unless shrink=true. Refused while a running VM uses the image. The guest's partitions and filesystems are not resized.",
+    description: RESIZE_DESCRIPTION,
     input_schema: || {
         object(
             json!({
                 "path": path_schema("The image to resize."),
-                "size": {"type": "string", "minLength": 1, "description": "New size (\"20G\") or a change (\"+5G\", \"-1G\")."},
-                "shrink": {"type": "boolean", "default": false, "description": "Allow making the image smaller."}
+                "size": {
+                    "type": "string", "minLength": 1,
+                    "description": "New size (\"20G\") or a change (\"+5G\", \"-1G\")."
+                },
+                "shrink": {
+                    "type": "boolean", "default": false,
+                    "description": "Allow making the image smaller."
+                }
             }),
             &["path", "size"],
         )
@@ -368,7 +442,12 @@ pub const RESIZE: ToolDef = ToolDef {
         props["new_size"] = json!({"type": "integer"});
         out_object(props, &["path", "old_size", "new_size"])
     },
-    annotations: Annotations { read_only: false, destructive: true, idempotent: false, open_world: false },
+    annotations: Annotations {
+        read_only: false,
+        destructive: true,
+        idempotent: false,
+        open_world: false,
+    },
     handler: resize,
 };
 
@@ -389,21 +468,22 @@ fn resize(_ctx: &ToolCtx, args: &Args) -> ToolResult {
         .and_then(Value::as_u64)
         .ok_or_else(|| ImgError::BadOutput("no virtual-size".into()))?;
     let new = if let Some(rest) = size_s.strip_prefix('+') {
-        old.checked_add(img::parse_size(rest).map_err(ToolError::new)?)
+        old.checked_add(img::parse_size(rest)?)
             .ok_or_else(|| ToolError::new("size overflows"))?
     } else if let Some(rest) = size_s.strip_prefix('-') {
-        let d = img::parse_size(rest).map_err(ToolError::new)?;
+        let d = img::parse_size(rest)?;
         old.checked_sub(d).filter(|n| *n > 0).ok_or_else(|| {
             ToolError::new(format!(
                 "cannot shrink by {rest}: the image is only {old} bytes"
             ))
         })?
     } else {
-        img::parse_size(size_s).map_err(ToolError::new)?
+        img::parse_size(size_s)?
     };
     if new < old && !shrink {
         return Err(ToolError::new(format!(
-            "refusing to shrink {} from {old} to {new} bytes: data past the new end is lost. Shrink the guest's filesystems and partitions first, then pass shrink=true",
+            "refusing to shrink {} from {old} to {new} bytes: data past the new end is lost. \
+             Shrink the guest's filesystems and partitions first, then pass shrink=true",
             path.display()
         )));
     }
@@ -443,19 +523,29 @@ fn snapshot_op_out() -> Value {
 
 fn snapshot_in_schema() -> Value {
     object(
-        json!({"path": path_schema("A qcow2 image not in use by a running VM."), "tag": tag_schema()}),
+        json!({
+            "path": path_schema("A qcow2 image not in use by a running VM."), "tag": tag_schema()
+        }),
         &["path", "tag"],
     )
 }
+
+const SNAPSHOT_LIST_DESCRIPTION: &str = "List the internal snapshots stored in a qcow2 image: \
+    tag, id, saved VM state size, date and guest clock.";
 
 /// `image_snapshot_list`.
 pub const SNAPSHOT_LIST: ToolDef = ToolDef {
     name: "image_snapshot_list",
     title: "List an image's internal snapshots",
-    description: "List the internal snapshots stored in a qcow2 image: tag, id, saved VM state size, date and guest clock.",
+    description: SNAPSHOT_LIST_DESCRIPTION,
     input_schema: || object(json!({"path": path_schema("The image.")}), &["path"]),
     output_schema: snapshot_list_out,
-    annotations: Annotations { read_only: true, destructive: false, idempotent: true, open_world: false },
+    annotations: Annotations {
+        read_only: true,
+        destructive: false,
+        idempotent: true,
+        open_world: false,
+    },
     handler: snapshot_list,
 };
 
@@ -468,33 +558,52 @@ fn snapshot_list(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     ))
 }
 
+const SNAPSHOT_CREATE_DESCRIPTION: &str = "Store an internal snapshot of a qcow2 image that no VM \
+    is using (for a running VM use vm_snapshot_create). Refuses a tag that already exists.";
+
 /// `image_snapshot_create`.
 pub const SNAPSHOT_CREATE: ToolDef = ToolDef {
     name: "image_snapshot_create",
     title: "Snapshot an image at rest",
-    description: "Store an internal snapshot of a qcow2 image that no VM is using (for a running VM use vm_snapshot_create). Refuses a tag that already exists.",
+    description: SNAPSHOT_CREATE_DESCRIPTION,
     input_schema: snapshot_in_schema,
     output_schema: snapshot_op_out,
-    annotations: Annotations { read_only: false, destructive: false, idempotent: false, open_world: false },
+    annotations: Annotations {
+        read_only: false,
+        destructive: false,
+        idempotent: false,
+        open_world: false,
+    },
     handler: |ctx, args| snapshot_op(ctx, args, SnapshotOp::Create),
 };
+
+const SNAPSHOT_APPLY_DESCRIPTION: &str = "Revert a qcow2 image that no VM is using to one of its \
+    internal snapshots; changes made since are lost.";
 
 /// `image_snapshot_apply`.
 pub const SNAPSHOT_APPLY: ToolDef = ToolDef {
     name: "image_snapshot_apply",
     title: "Revert an image to a snapshot",
-    description: "Revert a qcow2 image that no VM is using to one of its internal snapshots; changes made since are lost.",
+    description: SNAPSHOT_APPLY_DESCRIPTION,
     input_schema: snapshot_in_schema,
     output_schema: snapshot_op_out,
-    annotations: Annotations { read_only: false, destructive: true, idempotent: true, open_world: false },
+    annotations: Annotations {
+        read_only: false,
+        destructive: true,
+        idempotent: true,
+        open_world: false,
+    },
     handler: |ctx, args| snapshot_op(ctx, args, SnapshotOp::Apply),
 };
+
+const SNAPSHOT_DELETE_DESCRIPTION: &str = "Delete an internal snapshot from a qcow2 image that no \
+    VM is using.";
 
 /// `image_snapshot_delete`.
 pub const SNAPSHOT_DELETE: ToolDef = ToolDef {
     name: "image_snapshot_delete",
     title: "Delete an image snapshot",
-    description: "Delete an internal snapshot from a qcow2 image that no VM is using.",
+    description: SNAPSHOT_DELETE_DESCRIPTION,
     input_schema: snapshot_in_schema,
     output_schema: snapshot_op_out,
     annotations: Annotations {

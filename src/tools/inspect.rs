@@ -24,21 +24,48 @@ const SUMMARY_FIELDS: &[&str] = &[
     "sandbox",
 ];
 
+const LIST_DESCRIPTION: &str = "List every registered VM with its measured status (process and \
+    QMP checked now): running, paused, stopped, starting, busy (another operation holds its \
+    monitor) or another QEMU run state. registry_warnings reports, once, records that were \
+    skipped or a registry file that had to be quarantined.";
+
 /// `list_vms`.
 pub const LIST: ToolDef = ToolDef {
     name: "list_vms",
     title: "List VMs",
-    description: "List every registered VM with its measured status (process and QMP checked now): running, paused, stopped, starting, busy (another operation holds its monitor) or another QEMU run state. registry_warnings reports, once, records that were skipped or a registry file that had to be quarantined.",
+    description: LIST_DESCRIPTION,
     input_schema: || json!({"type": "object", "properties": {}, "additionalProperties": false}),
-    output_schema: || json!({"type": "object", "properties": {
-        "vms": {"type": "array", "items": {"type": "object", "properties": {
-            "name": {"type": "string"}, "status": {"type": "string"}, "source": {"type": ["string", "null"]},
-            "arch": {"type": ["string", "null"]}, "accel": {"type": ["string", "null"]}, "pid": {"type": ["integer", "null"]},
-            "created_at": {"type": ["string", "null"]}
-        }, "required": ["name", "status"]}},
-        "registry_warnings": {"type": "array", "items": {"type": "string"}}
-    }, "required": ["vms", "registry_warnings"]}),
-    annotations: Annotations { read_only: true, destructive: false, idempotent: true, open_world: false },
+    output_schema: || {
+        json!({
+            "type": "object",
+            "properties": {
+                "vms": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "name": {"type": "string"},
+                            "status": {"type": "string"},
+                            "source": {"type": ["string", "null"]},
+                            "arch": {"type": ["string", "null"]},
+                            "accel": {"type": ["string", "null"]},
+                            "pid": {"type": ["integer", "null"]},
+                            "created_at": {"type": ["string", "null"]}
+                        },
+                        "required": ["name", "status"]
+                    }
+                },
+                "registry_warnings": {"type": "array", "items": {"type": "string"}}
+            },
+            "required": ["vms", "registry_warnings"]
+        })
+    },
+    annotations: Annotations {
+        read_only: true,
+        destructive: false,
+        idempotent: true,
+        open_world: false,
+    },
     handler: list_vms,
 };
 
@@ -67,20 +94,45 @@ fn list_vms(_ctx: &ToolCtx, _args: &Args) -> ToolResult {
     ))
 }
 
+const INFO_DESCRIPTION: &str = "A VM's record plus live details from QMP: run state, QEMU \
+    version, accelerator in use, vCPUs, memory, block devices and port forwards.";
+
 /// `vm_info`.
 pub const INFO: ToolDef = ToolDef {
     name: "vm_info",
     title: "Describe a VM",
-    description: "A VM's record plus live details from QMP: run state, QEMU version, accelerator in use, vCPUs, memory, block devices and port forwards.",
-    input_schema: || json!({"type": "object", "properties": {"name": {"type": "string", "minLength": 1}}, "required": ["name"], "additionalProperties": false}),
-    output_schema: || json!({"type": "object", "properties": {
-        "name": {"type": "string"}, "status": {"type": "string"}, "record": {"type": "object"},
-        "vcpus": {"type": ["integer", "null"]}, "memory_mb": {"type": ["integer", "null"]},
-        "block_devices": {"type": "array", "items": {"type": "object"}},
-        "port_forwards": {"type": "array", "items": {"type": "object"}},
-        "accel": {"type": ["string", "null"]}, "qemu_version": {"type": ["string", "null"]}
-    }, "required": ["name", "status", "record"]}),
-    annotations: Annotations { read_only: true, destructive: false, idempotent: true, open_world: false },
+    description: INFO_DESCRIPTION,
+    input_schema: || {
+        json!({
+            "type": "object",
+            "properties": {"name": {"type": "string", "minLength": 1}},
+            "required": ["name"],
+            "additionalProperties": false
+        })
+    },
+    output_schema: || {
+        json!({
+            "type": "object",
+            "properties": {
+                "name": {"type": "string"},
+                "status": {"type": "string"},
+                "record": {"type": "object"},
+                "vcpus": {"type": ["integer", "null"]},
+                "memory_mb": {"type": ["integer", "null"]},
+                "block_devices": {"type": "array", "items": {"type": "object"}},
+                "port_forwards": {"type": "array", "items": {"type": "object"}},
+                "accel": {"type": ["string", "null"]},
+                "qemu_version": {"type": ["string", "null"]}
+            },
+            "required": ["name", "status", "record"]
+        })
+    },
+    annotations: Annotations {
+        read_only: true,
+        destructive: false,
+        idempotent: true,
+        open_world: false,
+    },
     handler: vm_info,
 };
 

@@ -33,7 +33,13 @@ const ARCHES: &[(&str, &str)] = &[
 ];
 
 fn forwards_json(fw: &[Forward]) -> Value {
-    json!(fw.iter().map(|f| json!({"addr": f.addr.to_string(), "host": f.host, "guest": f.guest, "auto": f.auto})).collect::<Vec<_>>())
+    let list: Vec<Value> = fw
+        .iter()
+        .map(|f| {
+            json!({"addr": f.addr.to_string(), "host": f.host, "guest": f.guest, "auto": f.auto})
+        })
+        .collect();
+    json!(list)
 }
 
 fn resolve_existing(args: &Args, key: &str, what: &str) -> Result<Option<PathBuf>, ToolError> {
@@ -148,7 +154,8 @@ pub fn launch(ctx: &ToolCtx, mut req: LaunchRequest) -> ToolResult {
     ] {
         if s.as_os_str().len() > sock::MAX_SOCKET_PATH {
             return Err(ToolError::new(format!(
-                "socket path {} is longer than the {} bytes a unix socket allows; set MCQEMU_RUNTIME_DIR to a shorter folder",
+                "socket path {} is longer than the {} bytes a unix socket allows; set \
+                 MCQEMU_RUNTIME_DIR to a shorter folder",
                 s.display(),
                 sock::MAX_SOCKET_PATH
             )));
@@ -202,7 +209,8 @@ fn start_reserved(ctx: &ToolCtx, req: &LaunchRequest, rt: &Path, sd: &Path) -> T
     if s.qmp_socket.exists() {
         if sock::is_listening(&s.qmp_socket) {
             return Err(ToolError::new(format!(
-                "a QEMU is still listening on {}: VM {name:?} seems to be running outside the registry. Adopt it with attach_vm, or stop that QEMU first",
+                "a QEMU is still listening on {}: VM {name:?} seems to be running outside the \
+                 registry. Adopt it with attach_vm, or stop that QEMU first",
                 s.qmp_socket.display()
             )));
         }
@@ -216,7 +224,7 @@ fn start_reserved(ctx: &ToolCtx, req: &LaunchRequest, rt: &Path, sd: &Path) -> T
         "info",
         &format!("launching VM {name}: {} {}", s.binary, argv.join(" ")),
     );
-    let started = process::spawn_daemon(&s.binary, &argv, &s.pidfile).map_err(ToolError::new)?;
+    let started = process::spawn_daemon(&s.binary, &argv, &s.pidfile)?;
     let mut warnings: Vec<String> = started.warning.into_iter().collect();
     let (actual_accel, status, version) =
         match qmp::with_session(&s.qmp_socket, |q| -> Result<_, QmpError> {
@@ -316,22 +324,68 @@ pub fn cpus_schema() -> Value {
 
 fn launch_props() -> Value {
     json!({
-        "name": {"type": "string", "minLength": 1, "maxLength": 48, "description": "VM name: ^[A-Za-z0-9][A-Za-z0-9_.-]{0,47}$."},
-        "arch": {"type": "string", "enum": ARCHES.iter().map(|a| a.0).collect::<Vec<_>>(), "default": DEFAULT_ARCH},
-        "disks": {"type": "array", "items": {"type": "string"}, "default": [], "description": "Disk image paths; formats are probed."},
-        "iso": {"type": ["string", "null"], "default": null, "description": "Installer ISO attached as a CD-ROM (boots first)."},
+        "name": {
+            "type": "string", "minLength": 1, "maxLength": 48,
+            "description": "VM name: ^[A-Za-z0-9][A-Za-z0-9_.-]{0,47}$."
+        },
+        "arch": {
+            "type": "string", "enum": ARCHES.iter().map(|a| a.0).collect::<Vec<_>>(),
+            "default": DEFAULT_ARCH
+        },
+        "disks": {
+            "type": "array",
+            "items": {"type": "string"},
+            "default": [],
+            "description": "Disk image paths; formats are probed."
+        },
+        "iso": {
+            "type": ["string", "null"], "default": null,
+            "description": "Installer ISO attached as a CD-ROM (boots first)."
+        },
         "memory_mb": memory_schema(),
         "cpus": cpus_schema(),
-        "machine": {"type": ["string", "null"], "default": null, "description": "Machine type; default q35 on x86, virt on aarch64/riscv64."},
+        "machine": {
+            "type": ["string", "null"], "default": null,
+            "description": "Machine type; default q35 on x86, virt on aarch64/riscv64."
+        },
         "firmware": {"type": "string", "enum": ["bios", "uefi"], "default": DEFAULT_FIRMWARE},
-        "port_forwards": {"type": "array", "items": {"type": "string"}, "default": [], "description": "TCP forwards: \"HOST:GUEST\", \"auto:GUEST\", \"GUEST\", or \"ADDR:HOST:GUEST\". Host ports listen on 127.0.0.1 unless ADDR says otherwise."},
+        "port_forwards": {
+            "type": "array",
+            "items": {"type": "string"},
+            "default": [],
+            "description": "TCP forwards: \"HOST:GUEST\", \"auto:GUEST\", \"GUEST\", or \
+                            \"ADDR:HOST:GUEST\". Host ports listen on 127.0.0.1 unless ADDR says \
+                            otherwise."
+        },
         "no_net": {"type": "boolean", "default": false, "description": "No network card at all."},
-        "restrict_net": {"type": "boolean", "default": false, "description": "Block guest-initiated traffic (port forwards still work)."},
-        "extra_args": {"type": "array", "items": {"type": "string"}, "default": [], "description": "OPERATOR-ONLY: extra QEMU arguments. Options reaching host files, devices or processes, or mcqemu's own control channels, are refused."},
-        "accel": {"type": "string", "enum": ["auto", "kvm", "tcg"], "default": "auto", "description": "auto picks KVM only where it can really run guests; default from MCQEMU_ACCEL."},
-        "kernel": {"type": ["string", "null"], "default": null, "description": "Direct kernel boot: kernel image."},
-        "initrd": {"type": ["string", "null"], "default": null, "description": "Direct kernel boot: initial ramdisk."},
-        "append": {"type": ["string", "null"], "default": null, "description": "Direct kernel boot: kernel command line."}
+        "restrict_net": {
+            "type": "boolean", "default": false,
+            "description": "Block guest-initiated traffic (port forwards still work)."
+        },
+        "extra_args": {
+            "type": "array",
+            "items": {"type": "string"},
+            "default": [],
+            "description": "OPERATOR-ONLY: extra QEMU arguments. Options reaching host files, \
+                            devices or processes, or mcqemu's own control channels, are refused."
+        },
+        "accel": {
+            "type": "string", "enum": ["auto", "kvm", "tcg"], "default": "auto",
+            "description": "auto picks KVM only where it can really run guests; default from \
+                            MCQEMU_ACCEL."
+        },
+        "kernel": {
+            "type": ["string", "null"], "default": null,
+            "description": "Direct kernel boot: kernel image."
+        },
+        "initrd": {
+            "type": ["string", "null"], "default": null,
+            "description": "Direct kernel boot: initial ramdisk."
+        },
+        "append": {
+            "type": ["string", "null"], "default": null,
+            "description": "Direct kernel boot: kernel command line."
+        }
     })
 }
 
@@ -380,7 +434,7 @@ pub fn request_from_args(
     };
     let (accel, accel_note) = choose_accel(&requested)?;
     let extra_args = args.str_list("extra_args")?;
-    cmdline::check_extra_args(&extra_args).map_err(ToolError::new)?;
+    cmdline::check_extra_args(&extra_args)?;
     let no_net = args.bool_or("no_net", false)?;
     let fw_specs = args.str_list("port_forwards")?;
     if no_net && !fw_specs.is_empty() {
@@ -388,10 +442,10 @@ pub fn request_from_args(
             "port_forwards need a network; drop no_net=true or the forwards",
         ));
     }
-    let forwards = cmdline::resolve_forwards(&fw_specs).map_err(ToolError::new)?;
+    let forwards = cmdline::resolve_forwards(&fw_specs)?;
     let firmware = args.str_or("firmware", DEFAULT_FIRMWARE)?.to_string();
     let uefi = if firmware == "uefi" {
-        let fw = firmware::find_uefi(&arch).map_err(ToolError::new)?;
+        let fw = firmware::find_uefi(&arch)?;
         let sd = vm::state_dir(name);
         std::fs::create_dir_all(&sd)
             .map_err(|e| ToolError::new(format!("cannot create {}: {e}", sd.display())))?;
@@ -439,14 +493,25 @@ pub fn request_from_args(
     })
 }
 
+const LAUNCH_DESCRIPTION: &str = "Start a QEMU virtual machine that outlives this server, with a \
+    QMP control socket, a guest-agent channel (virtio-serial org.qemu.guest_agent.0) and a serial \
+    console log. Disk formats are probed. Returns the PID, the accelerator QEMU really uses, \
+    resolved host ports and socket/log paths. Boot an installer with iso; boot a kernel directly \
+    with kernel/initrd/append.";
+
 /// `launch_vm`.
 pub const LAUNCH: ToolDef = ToolDef {
     name: "launch_vm",
     title: "Launch a VM",
-    description: "Start a QEMU virtual machine that outlives this server, with a QMP control socket, a guest-agent channel (virtio-serial org.qemu.guest_agent.0) and a serial console log. Disk formats are probed. Returns the PID, the accelerator QEMU really uses, resolved host ports and socket/log paths. Boot an installer with iso; boot a kernel directly with kernel/initrd/append.",
+    description: LAUNCH_DESCRIPTION,
     input_schema: || object(launch_props(), &["name"]),
     output_schema: launch_out,
-    annotations: Annotations { read_only: false, destructive: false, idempotent: false, open_world: false },
+    annotations: Annotations {
+        read_only: false,
+        destructive: false,
+        idempotent: false,
+        open_world: false,
+    },
     handler: launch_vm,
 };
 

@@ -17,7 +17,10 @@ use crate::state::registry::{to_record, Record};
 /// Looks up a VM record or says how to find the right name.
 pub fn lookup(name: &str) -> Result<Record, ToolError> {
     vm::registry().load().remove(name).ok_or_else(|| {
-        ToolError::new(format!("no VM named {name:?}; list_vms shows the known VMs (attach_vm adopts one started elsewhere)"))
+        ToolError::new(format!(
+            "no VM named {name:?}; list_vms shows the known VMs (attach_vm adopts one started \
+             elsewhere)"
+        ))
     })
 }
 
@@ -36,7 +39,11 @@ pub fn lookup_live(name: &str, what_next: &str) -> Result<Record, ToolError> {
 }
 
 fn run_state_out() -> Value {
-    json!({"type": "object", "properties": {"name": {"type": "string"}, "status": {"type": "string"}}, "required": ["name", "status"]})
+    json!({
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "status": {"type": "string"}},
+        "required": ["name", "status"]
+    })
 }
 
 fn name_only() -> Value {
@@ -46,22 +53,32 @@ fn name_only() -> Value {
     )
 }
 
+const PAUSE_DESCRIPTION: &str = "Freeze a running VM's vCPUs (QMP stop); reports the resulting \
+    run state. The guest agent does not answer while paused.";
+
 /// `pause_vm`.
 pub const PAUSE: ToolDef = ToolDef {
     name: "pause_vm",
     title: "Pause a VM",
-    description: "Freeze a running VM's vCPUs (QMP stop); reports the resulting run state. The guest agent does not answer while paused.",
+    description: PAUSE_DESCRIPTION,
     input_schema: name_only,
     output_schema: run_state_out,
-    annotations: Annotations { read_only: false, destructive: false, idempotent: true, open_world: false },
+    annotations: Annotations {
+        read_only: false,
+        destructive: false,
+        idempotent: true,
+        open_world: false,
+    },
     handler: |_ctx, args| run_state_change(args, "stop"),
 };
+
+const RESUME_DESCRIPTION: &str = "Resume a paused VM (QMP cont); reports the resulting run state.";
 
 /// `resume_vm`.
 pub const RESUME: ToolDef = ToolDef {
     name: "resume_vm",
     title: "Resume a VM",
-    description: "Resume a paused VM (QMP cont); reports the resulting run state.",
+    description: RESUME_DESCRIPTION,
     input_schema: name_only,
     output_schema: run_state_out,
     annotations: Annotations {
@@ -77,7 +94,8 @@ pub const RESUME: ToolDef = ToolDef {
 /// has no PID or final sockets yet, so stopping or pausing it now would act on nothing.
 pub fn being_launched(name: &str) -> ToolError {
     ToolError::new(format!(
-        "VM {name:?} is still being launched; wait for launch_vm to return (list_vms shows it running), then retry"
+        "VM {name:?} is still being launched; wait for launch_vm to return (list_vms shows it \
+         running), then retry"
     ))
 }
 
@@ -88,29 +106,54 @@ fn run_state_change(args: &Args, cmd: &str) -> ToolResult {
         q.execute(cmd, None)?;
         Ok(q.execute("query-status", None)?)
     })?;
-    Ok(ToolOutput::json(
-        json!({"name": name, "status": st.get("status").and_then(Value::as_str).unwrap_or("unknown")}),
-    ))
+    Ok(ToolOutput::json(json!({
+        "name": name, "status": st.get("status").and_then(Value::as_str).unwrap_or("unknown")
+    })))
 }
 
 // ---- attach / forget ----
+
+const ATTACH_DESCRIPTION: &str = "Register a QEMU started elsewhere so the other tools can drive \
+    it. qmp_socket must be a unix socket that answers QMP; qga_socket (optional) is its \
+    guest-agent socket; pid (optional) lets stop_vm signal it. Its liveness is judged by \
+    connecting to the socket.";
 
 /// `attach_vm`.
 pub const ATTACH: ToolDef = ToolDef {
     name: "attach_vm",
     title: "Adopt a running QEMU",
-    description: "Register a QEMU started elsewhere so the other tools can drive it. qmp_socket must be a unix socket that answers QMP; qga_socket (optional) is its guest-agent socket; pid (optional) lets stop_vm signal it. Its liveness is judged by connecting to the socket.",
-    input_schema: || object(json!({
-        "name": {"type": "string", "minLength": 1, "maxLength": 48},
-        "qmp_socket": {"type": "string", "minLength": 1},
-        "qga_socket": {"type": ["string", "null"], "default": null},
-        "pid": {"type": ["integer", "null"], "minimum": 1, "default": null}
-    }), &["name", "qmp_socket"]),
-    output_schema: || json!({"type": "object", "properties": {
-        "name": {"type": "string"}, "status": {"type": "string"}, "qmp_socket": {"type": "string"},
-        "qga_socket": {"type": ["string", "null"]}, "pid": {"type": ["integer", "null"]}, "qemu_version": {"type": "string"}
-    }, "required": ["name", "status", "qmp_socket"]}),
-    annotations: Annotations { read_only: false, destructive: false, idempotent: false, open_world: false },
+    description: ATTACH_DESCRIPTION,
+    input_schema: || {
+        object(
+            json!({
+                "name": {"type": "string", "minLength": 1, "maxLength": 48},
+                "qmp_socket": {"type": "string", "minLength": 1},
+                "qga_socket": {"type": ["string", "null"], "default": null},
+                "pid": {"type": ["integer", "null"], "minimum": 1, "default": null}
+            }),
+            &["name", "qmp_socket"],
+        )
+    },
+    output_schema: || {
+        json!({
+            "type": "object",
+            "properties": {
+                "name": {"type": "string"},
+                "status": {"type": "string"},
+                "qmp_socket": {"type": "string"},
+                "qga_socket": {"type": ["string", "null"]},
+                "pid": {"type": ["integer", "null"]},
+                "qemu_version": {"type": "string"}
+            },
+            "required": ["name", "status", "qmp_socket"]
+        })
+    },
+    annotations: Annotations {
+        read_only: false,
+        destructive: false,
+        idempotent: false,
+        open_world: false,
+    },
     handler: attach_vm,
 };
 
@@ -155,11 +198,24 @@ fn attach_vm(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     }
     let (status, version) = qmp::with_session(&qmp_path, |q| -> Result<_, QmpError> {
         let st = q.execute("query-status", None)?;
-        Ok((st.get("status").and_then(Value::as_str).unwrap_or("unknown").to_string(), q.version.clone()))
+        Ok((
+            st.get("status")
+                .and_then(Value::as_str)
+                .unwrap_or("unknown")
+                .to_string(),
+            q.version.clone(),
+        ))
     })
     .map_err(|e| match e {
-        QmpError::NoGreeting => ToolError::new(format!("{} accepts connections but sends no QMP greeting: another client holds that monitor. Free it and retry", qmp_path.display())),
-        other => ToolError::new(format!("{} does not answer QMP: {other}", qmp_path.display())),
+        QmpError::NoGreeting => ToolError::new(format!(
+            "{} accepts connections but sends no QMP greeting: another client holds that monitor. \
+             Free it and retry",
+            qmp_path.display()
+        )),
+        other => ToolError::new(format!(
+            "{} does not answer QMP: {other}",
+            qmp_path.display()
+        )),
     })?;
     let rec = to_record(&AttachedRecord {
         name: &name,
@@ -188,14 +244,41 @@ fn attach_vm(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     })))
 }
 
+const FORGET_DESCRIPTION: &str = "Drop a VM's registry record only; the QEMU process and its \
+    files are left alone. Refuses a live VM that mcqemu spawned unless force=true (it would keep \
+    running unmanaged). Attached VMs can always be forgotten.";
+
 /// `forget_vm`.
 pub const FORGET: ToolDef = ToolDef {
     name: "forget_vm",
     title: "Forget a VM",
-    description: "Drop a VM's registry record only; the QEMU process and its files are left alone. Refuses a live VM that mcqemu spawned unless force=true (it would keep running unmanaged). Attached VMs can always be forgotten.",
-    input_schema: || object(json!({"name": {"type": "string", "minLength": 1}, "force": {"type": "boolean", "default": false}}), &["name"]),
-    output_schema: || json!({"type": "object", "properties": {"name": {"type": "string"}, "forgotten": {"type": "boolean"}, "was_running": {"type": "boolean"}}, "required": ["name", "forgotten"]}),
-    annotations: Annotations { read_only: false, destructive: true, idempotent: false, open_world: false },
+    description: FORGET_DESCRIPTION,
+    input_schema: || {
+        object(
+            json!({
+                "name": {"type": "string", "minLength": 1},
+                "force": {"type": "boolean", "default": false}
+            }),
+            &["name"],
+        )
+    },
+    output_schema: || {
+        json!({
+            "type": "object",
+            "properties": {
+                "name": {"type": "string"},
+                "forgotten": {"type": "boolean"},
+                "was_running": {"type": "boolean"}
+            },
+            "required": ["name", "forgotten"]
+        })
+    },
+    annotations: Annotations {
+        read_only: false,
+        destructive: true,
+        idempotent: false,
+        open_world: false,
+    },
     handler: forget_vm,
 };
 
@@ -204,10 +287,17 @@ fn forget_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let force = args.bool_or("force", false)?;
     let name_c = name.clone();
     let (was_running, rec) = vm::registry().update(move |vms| {
-        let rec = vms.get(&name_c).cloned().ok_or_else(|| ToolError::new(format!("no VM named {name_c:?}; list_vms shows the known VMs")))?;
+        let rec = vms.get(&name_c).cloned().ok_or_else(|| {
+            ToolError::new(format!(
+                "no VM named {name_c:?}; list_vms shows the known VMs"
+            ))
+        })?;
         let alive = measure(&rec).alive();
         if alive && vm::spawned(&rec) && !force {
-            return Err(ToolError::new(format!("VM {name_c:?} is still running; stop_vm it first, or pass force=true to leave it running unmanaged")));
+            return Err(ToolError::new(format!(
+                "VM {name_c:?} is still running; stop_vm it first, or pass force=true to leave it \
+                 running unmanaged"
+            )));
         }
         vms.remove(&name_c);
         Ok((alive, rec))

@@ -81,14 +81,17 @@ pub fn check_tag(tag: &str) -> Result<(), ToolError> {
         Ok(())
     } else {
         Err(ToolError::new(format!(
-            "invalid snapshot tag {tag:?}: use 1-64 characters from A-Z a-z 0-9 _ . -, starting with a letter or digit"
+            "invalid snapshot tag {tag:?}: use 1-64 characters from A-Z a-z 0-9 _ . -, starting \
+             with a letter or digit"
         )))
     }
 }
 
 /// An input schema: an object with these properties, these required, nothing else.
 pub fn object(props: Value, required: &[&str]) -> Value {
-    json!({"type": "object", "properties": props, "required": required, "additionalProperties": false})
+    json!({
+        "type": "object", "properties": props, "required": required, "additionalProperties": false
+    })
 }
 
 /// The `name` parameter, checked against `^[A-Za-z0-9][A-Za-z0-9_.-]{0,47}$`.
@@ -98,7 +101,8 @@ pub fn vm_name_arg(args: &Args) -> Result<String, ToolError> {
         Ok(name.to_string())
     } else {
         Err(ToolError::new(format!(
-            "invalid VM name {name:?}: use 1-48 characters from A-Z a-z 0-9 _ . -, starting with a letter or digit"
+            "invalid VM name {name:?}: use 1-48 characters from A-Z a-z 0-9 _ . -, starting with \
+             a letter or digit"
         )))
     }
 }

@@ -19,31 +19,71 @@ use crate::state::registry::{valid_name, RegistryError};
 /// Longest one agent probe may take while waiting; the wait never overshoots by more.
 const POLL_SLICE: Duration = Duration::from_millis(500);
 
+const SANDBOX_DESCRIPTION: &str = "Create a qcow2 overlay on base_image (the base is never \
+    modified), launch a VM on it, and wait up to wait_agent_s seconds for qemu-guest-agent to \
+    answer, with progress. Then use guest_exec / guest_file_* and finally sandbox_destroy. \
+    Guest-initiated network traffic is blocked unless allow_network=true (port forwards still \
+    work; default forwards one auto host port to guest port 22). The agent can answer before the \
+    guest has finished booting. kernel/initrd/append boot a kernel directly (the base image then \
+    serves as a data disk).";
+
 /// `sandbox_vm`.
 pub const SANDBOX: ToolDef = ToolDef {
     name: "sandbox_vm",
     title: "Start a disposable sandbox VM",
-    description: "Create a qcow2 overlay on base_image (the base is never modified), launch a VM on it, and wait up to wait_agent_s seconds for qemu-guest-agent to answer, with progress. Then use guest_exec / guest_file_* and finally sandbox_destroy. Guest-initiated network traffic is blocked unless allow_network=true (port forwards still work; default forwards one auto host port to guest port 22). The agent can answer before the guest has finished booting. kernel/initrd/append boot a kernel directly (the base image then serves as a data disk).",
-    input_schema: || object(json!({
-        "base_image": {"type": "string", "minLength": 1, "description": "Base disk image; left untouched."},
-        "name": {"type": ["string", "null"], "default": null, "description": "VM name; default the first free of sandbox, sandbox-2, ..."},
-        "memory_mb": launch::memory_schema(),
-        "cpus": launch::cpus_schema(),
-        "port_forwards": {"type": ["array", "null"], "items": {"type": "string"}, "default": null, "description": "null means [\"auto:22\"]; [] means none."},
-        "allow_network": {"type": "boolean", "default": false},
-        "wait_agent_s": {"type": "number", "minimum": 0, "maximum": 3600, "default": 90},
-        "kernel": {"type": ["string", "null"], "default": null},
-        "initrd": {"type": ["string", "null"], "default": null},
-        "append": {"type": ["string", "null"], "default": null}
-    }), &["base_image"]),
-    output_schema: || json!({"type": "object", "properties": {
-        "name": {"type": "string"}, "status": {"type": "string"}, "pid": {"type": ["integer", "null"]},
-        "accel": {"type": "string"}, "agent_ready": {"type": "boolean"}, "agent_wait_ms": {"type": "integer"},
-        "overlay": {"type": "string"}, "base_image": {"type": "string"},
-        "port_forwards": {"type": "array", "items": {"type": "object"}},
-        "warnings": {"type": "array", "items": {"type": "string"}}
-    }, "required": ["name", "status", "agent_ready", "overlay", "base_image"]}),
-    annotations: Annotations { read_only: false, destructive: false, idempotent: false, open_world: false },
+    description: SANDBOX_DESCRIPTION,
+    input_schema: || {
+        object(
+            json!({
+                "base_image": {
+                    "type": "string", "minLength": 1,
+                    "description": "Base disk image; left untouched."
+                },
+                "name": {
+                    "type": ["string", "null"], "default": null,
+                    "description": "VM name; default the first free of sandbox, sandbox-2, ..."
+                },
+                "memory_mb": launch::memory_schema(),
+                "cpus": launch::cpus_schema(),
+                "port_forwards": {
+                    "type": ["array", "null"],
+                    "items": {"type": "string"},
+                    "default": null,
+                    "description": "null means [\"auto:22\"]; [] means none."
+                },
+                "allow_network": {"type": "boolean", "default": false},
+                "wait_agent_s": {"type": "number", "minimum": 0, "maximum": 3600, "default": 90},
+                "kernel": {"type": ["string", "null"], "default": null},
+                "initrd": {"type": ["string", "null"], "default": null},
+                "append": {"type": ["string", "null"], "default": null}
+            }),
+            &["base_image"],
+        )
+    },
+    output_schema: || {
+        json!({
+            "type": "object",
+            "properties": {
+                "name": {"type": "string"},
+                "status": {"type": "string"},
+                "pid": {"type": ["integer", "null"]},
+                "accel": {"type": "string"},
+                "agent_ready": {"type": "boolean"},
+                "agent_wait_ms": {"type": "integer"},
+                "overlay": {"type": "string"},
+                "base_image": {"type": "string"},
+                "port_forwards": {"type": "array", "items": {"type": "object"}},
+                "warnings": {"type": "array", "items": {"type": "string"}}
+            },
+            "required": ["name", "status", "agent_ready", "overlay", "base_image"]
+        })
+    },
+    annotations: Annotations {
+        read_only: false,
+        destructive: false,
+        idempotent: false,
+        open_world: false,
+    },
     handler: sandbox_vm,
 };
 
@@ -74,7 +114,12 @@ fn sandbox_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let base_fmt = img::probe_format(&base)?;
     let name = match args.opt_str("name")? {
         Some(n) if valid_name(n) => n.to_string(),
-        Some(n) => return Err(ToolError::new(format!("invalid VM name {n:?}: use 1-48 characters from A-Z a-z 0-9 _ . -, starting with a letter or digit"))),
+        Some(n) => {
+            return Err(ToolError::new(format!(
+                "invalid VM name {n:?}: use 1-48 characters from A-Z a-z 0-9 _ . -, starting with \
+                 a letter or digit"
+            )))
+        }
         None => first_free_name(),
     };
     let sd = vm::state_dir(&name);
@@ -137,7 +182,8 @@ fn sandbox_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
     if !ready && wait > Duration::ZERO {
         if let Some(w) = out["warnings"].as_array_mut() {
             w.push(json!(format!(
-                "the guest agent did not answer within {} s; the VM is running. Retry guest_ping later, or check vm_serial_read; sandbox_destroy removes it",
+                "the guest agent did not answer within {} s; the VM is running. Retry guest_ping \
+                 later, or check vm_serial_read; sandbox_destroy removes it",
                 wait.as_secs_f64()
             )));
         }
@@ -168,7 +214,10 @@ fn wait_for_agent(
                 let log = vm::field(rec, "serial_log")
                     .map(|p| tail(Path::new(p), 5))
                     .unwrap_or_default();
-                return Err(ToolError::new(format!("QEMU for sandbox {name:?} exited while waiting for the guest agent. Last serial output: {log}")));
+                return Err(ToolError::new(format!(
+                    "QEMU for sandbox {name:?} exited while waiting for the guest agent. Last \
+                     serial output: {log}"
+                )));
             }
         }
         let slice = POLL_SLICE.min(deadline - now);
@@ -207,17 +256,41 @@ fn tail(path: &Path, lines: usize) -> String {
     }
 }
 
+const DESTROY_DESCRIPTION: &str = "Stop a sandbox VM (verified, with SIGKILL if needed), delete \
+    its overlay and its own state folder, and drop its record. Only for VMs made by sandbox_vm; \
+    the base image is never touched. Refuses to delete an overlay that any process still holds \
+    open. destroyed says what really happened; errors lists every cleanup problem.";
+
 /// `sandbox_destroy`.
 pub const DESTROY: ToolDef = ToolDef {
     name: "sandbox_destroy",
     title: "Destroy a sandbox",
-    description: "Stop a sandbox VM (verified, with SIGKILL if needed), delete its overlay and its own state folder, and drop its record. Only for VMs made by sandbox_vm; the base image is never touched. Refuses to delete an overlay that any process still holds open. destroyed says what really happened; errors lists every cleanup problem.",
-    input_schema: || object(json!({"name": {"type": "string", "minLength": 1}}), &["name"]),
-    output_schema: || json!({"type": "object", "properties": {
-        "name": {"type": "string"}, "destroyed": {"type": "boolean"}, "stopped": {"type": "string"},
-        "deleted": {"type": "array", "items": {"type": "string"}}, "errors": {"type": "array", "items": {"type": "string"}}
-    }, "required": ["name", "destroyed", "deleted", "errors"]}),
-    annotations: Annotations { read_only: false, destructive: true, idempotent: false, open_world: false },
+    description: DESTROY_DESCRIPTION,
+    input_schema: || {
+        object(
+            json!({"name": {"type": "string", "minLength": 1}}),
+            &["name"],
+        )
+    },
+    output_schema: || {
+        json!({
+            "type": "object",
+            "properties": {
+                "name": {"type": "string"},
+                "destroyed": {"type": "boolean"},
+                "stopped": {"type": "string"},
+                "deleted": {"type": "array", "items": {"type": "string"}},
+                "errors": {"type": "array", "items": {"type": "string"}}
+            },
+            "required": ["name", "destroyed", "deleted", "errors"]
+        })
+    },
+    annotations: Annotations {
+        read_only: false,
+        destructive: true,
+        idempotent: false,
+        open_world: false,
+    },
     handler: destroy,
 };
 
@@ -272,7 +345,7 @@ fn destroy(ctx: &ToolCtx, args: &Args) -> ToolResult {
                 if process::is_our_vm(pid, &sock_path) {
                     match process::terminate(pid) {
                         Ok(steps) => stopped = steps.last().copied().unwrap_or("quit").to_string(),
-                        Err(e) => errors.push(e),
+                        Err(e) => errors.push(e.to_string()),
                     }
                 } else {
                     errors.push(format!(
@@ -285,9 +358,10 @@ fn destroy(ctx: &ToolCtx, args: &Args) -> ToolResult {
             errors.push(format!(
                 "the QEMU of sandbox {name:?} is still alive; nothing was deleted"
             ));
-            return Ok(ToolOutput::json(
-                json!({"name": name, "destroyed": false, "stopped": stopped, "deleted": deleted, "errors": errors}),
-            ));
+            return Ok(ToolOutput::json(json!({
+                "name": name, "destroyed": false, "stopped": stopped, "deleted": deleted,
+                "errors": errors
+            })));
         }
     }
     errors.extend(vm::cleanup_runtime(&rec));
@@ -374,7 +448,8 @@ fn destroy(ctx: &ToolCtx, args: &Args) -> ToolResult {
         }
     }
     let destroyed = files_gone && errors.is_empty();
-    Ok(ToolOutput::json(
-        json!({"name": name, "destroyed": destroyed, "stopped": stopped, "deleted": deleted, "errors": errors}),
-    ))
+    Ok(ToolOutput::json(json!({
+        "name": name, "destroyed": destroyed, "stopped": stopped, "deleted": deleted,
+        "errors": errors
+    })))
 }

@@ -20,9 +20,14 @@ pub const WINDOW: u64 = 256 * 1024;
 pub const MAX_TEXT: usize = 4096;
 
 fn log_path(name: &str, rec: &Record) -> Result<PathBuf, ToolError> {
-    vm::field(rec, "serial_log").map(PathBuf::from).ok_or_else(|| {
-        ToolError::new(format!("VM {name:?} has no serial log (VMs adopted with attach_vm have none); use vm_screenshot instead"))
-    })
+    vm::field(rec, "serial_log")
+        .map(PathBuf::from)
+        .ok_or_else(|| {
+            ToolError::new(format!(
+                "VM {name:?} has no serial log (VMs adopted with attach_vm have none); use \
+                 vm_screenshot instead"
+            ))
+        })
 }
 
 /// Reads `[from, to)` of the file, at most WINDOW bytes from its end.
@@ -43,20 +48,43 @@ fn clean(line: &str) -> String {
     line.trim_end_matches('\r').to_string()
 }
 
+const READ_DESCRIPTION: &str = "The last tail_lines lines of the VM's serial console log (kernel \
+    messages, login prompts, a shell on ttyS0). Reads at most the last 256 KiB of the log however \
+    large it grows. offset in the result can be passed to vm_serial_wait.";
+
 /// `vm_serial_read`.
 pub const READ: ToolDef = ToolDef {
     name: "vm_serial_read",
     title: "Read the serial console",
-    description: "The last tail_lines lines of the VM's serial console log (kernel messages, login prompts, a shell on ttyS0). Reads at most the last 256 KiB of the log however large it grows. offset in the result can be passed to vm_serial_wait.",
-    input_schema: || object(json!({
-        "name": {"type": "string", "minLength": 1},
-        "tail_lines": {"type": "integer", "minimum": 1, "maximum": 100000, "default": 50}
-    }), &["name"]),
-    output_schema: || json!({"type": "object", "properties": {
-        "name": {"type": "string"}, "lines": {"type": "array", "items": {"type": "string"}},
-        "text": {"type": "string"}, "log_size": {"type": "integer"}, "offset": {"type": "integer"}
-    }, "required": ["name", "lines", "text", "log_size", "offset"]}),
-    annotations: Annotations { read_only: true, destructive: false, idempotent: true, open_world: false },
+    description: READ_DESCRIPTION,
+    input_schema: || {
+        object(
+            json!({
+                "name": {"type": "string", "minLength": 1},
+                "tail_lines": {"type": "integer", "minimum": 1, "maximum": 100000, "default": 50}
+            }),
+            &["name"],
+        )
+    },
+    output_schema: || {
+        json!({
+            "type": "object",
+            "properties": {
+                "name": {"type": "string"},
+                "lines": {"type": "array", "items": {"type": "string"}},
+                "text": {"type": "string"},
+                "log_size": {"type": "integer"},
+                "offset": {"type": "integer"}
+            },
+            "required": ["name", "lines", "text", "log_size", "offset"]
+        })
+    },
+    annotations: Annotations {
+        read_only: true,
+        destructive: false,
+        idempotent: true,
+        open_world: false,
+    },
     handler: read,
 };
 
@@ -82,23 +110,47 @@ fn read(_ctx: &ToolCtx, args: &Args) -> ToolResult {
         .iter()
         .map(|l| clean(l))
         .collect();
-    Ok(ToolOutput::json(
-        json!({"name": name, "text": lines.join("\n"), "lines": lines, "log_size": size, "offset": size}),
-    ))
+    Ok(ToolOutput::json(json!({
+        "name": name, "text": lines.join("\n"), "lines": lines, "log_size": size, "offset": size
+    })))
 }
+
+const WRITE_DESCRIPTION: &str = "Send text to the VM's serial console (ttyS0), e.g. a shell \
+    command on a headless guest. enter=true sends a carriage return afterwards. At most 4096 \
+    characters. Pair with vm_serial_wait to see the answer.";
 
 /// `vm_serial_write`.
 pub const WRITE: ToolDef = ToolDef {
     name: "vm_serial_write",
     title: "Type into the serial console",
-    description: "Send text to the VM's serial console (ttyS0), e.g. a shell command on a headless guest. enter=true sends a carriage return afterwards. At most 4096 characters. Pair with vm_serial_wait to see the answer.",
-    input_schema: || object(json!({
-        "name": {"type": "string", "minLength": 1},
-        "text": {"type": "string", "maxLength": MAX_TEXT},
-        "enter": {"type": "boolean", "default": false}
-    }), &["name", "text"]),
-    output_schema: || json!({"type": "object", "properties": {"name": {"type": "string"}, "bytes": {"type": "integer"}, "offset": {"type": "integer"}}, "required": ["name", "bytes"]}),
-    annotations: Annotations { read_only: false, destructive: true, idempotent: false, open_world: false },
+    description: WRITE_DESCRIPTION,
+    input_schema: || {
+        object(
+            json!({
+                "name": {"type": "string", "minLength": 1},
+                "text": {"type": "string", "maxLength": MAX_TEXT},
+                "enter": {"type": "boolean", "default": false}
+            }),
+            &["name", "text"],
+        )
+    },
+    output_schema: || {
+        json!({
+            "type": "object",
+            "properties": {
+                "name": {"type": "string"},
+                "bytes": {"type": "integer"},
+                "offset": {"type": "integer"}
+            },
+            "required": ["name", "bytes"]
+        })
+    },
+    annotations: Annotations {
+        read_only: false,
+        destructive: true,
+        idempotent: false,
+        open_world: false,
+    },
     handler: write,
 };
 
@@ -114,9 +166,14 @@ fn write(_ctx: &ToolCtx, args: &Args) -> ToolResult {
         text.push('\r');
     }
     let rec = super::lifecycle::lookup_live(&name, "launch it first")?;
-    let sock_path = vm::field(&rec, "serial_socket").map(PathBuf::from).ok_or_else(|| {
-        ToolError::new(format!("VM {name:?} has no serial console socket (VMs adopted with attach_vm, or launched by an older mcqemu, have none)"))
-    })?;
+    let sock_path = vm::field(&rec, "serial_socket")
+        .map(PathBuf::from)
+        .ok_or_else(|| {
+            ToolError::new(format!(
+                "VM {name:?} has no serial console socket (VMs adopted with attach_vm, or \
+                 launched by an older mcqemu, have none)"
+            ))
+        })?;
     let offset = vm::field(&rec, "serial_log").map(|p| file_len(Path::new(p)));
     let lock = sock::session_lock(&sock_path);
     let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
@@ -142,21 +199,45 @@ fn write(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     ))
 }
 
+const WAIT_DESCRIPTION: &str = "Wait until pattern (a plain substring) appears in serial console \
+    output written after this call began, or after offset (from an earlier \
+    vm_serial_read/_write/_wait). Sends progress while waiting; returns the matching line and the \
+    log offset just after it.";
+
 /// `vm_serial_wait`.
 pub const WAIT: ToolDef = ToolDef {
     name: "vm_serial_wait",
     title: "Wait for serial output",
-    description: "Wait until pattern (a plain substring) appears in serial console output written after this call began, or after offset (from an earlier vm_serial_read/_write/_wait). Sends progress while waiting; returns the matching line and the log offset just after it.",
-    input_schema: || object(json!({
-        "name": {"type": "string", "minLength": 1},
-        "pattern": {"type": "string", "minLength": 1, "maxLength": 4096},
-        "timeout": {"type": "number", "minimum": 0, "maximum": 3600, "default": 30},
-        "offset": {"type": ["integer", "null"], "minimum": 0, "default": null}
-    }), &["name", "pattern"]),
-    output_schema: || json!({"type": "object", "properties": {
-        "name": {"type": "string"}, "line": {"type": "string"}, "offset": {"type": "integer"}, "elapsed_ms": {"type": "integer"}
-    }, "required": ["name", "line", "offset"]}),
-    annotations: Annotations { read_only: true, destructive: false, idempotent: false, open_world: false },
+    description: WAIT_DESCRIPTION,
+    input_schema: || {
+        object(
+            json!({
+                "name": {"type": "string", "minLength": 1},
+                "pattern": {"type": "string", "minLength": 1, "maxLength": 4096},
+                "timeout": {"type": "number", "minimum": 0, "maximum": 3600, "default": 30},
+                "offset": {"type": ["integer", "null"], "minimum": 0, "default": null}
+            }),
+            &["name", "pattern"],
+        )
+    },
+    output_schema: || {
+        json!({
+            "type": "object",
+            "properties": {
+                "name": {"type": "string"},
+                "line": {"type": "string"},
+                "offset": {"type": "integer"},
+                "elapsed_ms": {"type": "integer"}
+            },
+            "required": ["name", "line", "offset"]
+        })
+    },
+    annotations: Annotations {
+        read_only: true,
+        destructive: false,
+        idempotent: false,
+        open_world: false,
+    },
     handler: wait,
 };
 
@@ -216,7 +297,8 @@ fn wait(ctx: &ToolCtx, args: &Args) -> ToolResult {
         if now >= deadline {
             let tail = read_range(&path, size.saturating_sub(300), size).unwrap_or_default();
             return Err(ToolError::new(format!(
-                "{:?} did not appear on the serial console of {name:?} within {} s; the last output was: {:?}",
+                "{:?} did not appear on the serial console of {name:?} within {} s; the last \
+                 output was: {:?}",
                 String::from_utf8_lossy(&pattern),
                 timeout.as_secs_f64(),
                 String::from_utf8_lossy(&tail)

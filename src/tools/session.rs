@@ -8,30 +8,42 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::mcp::tool::ToolError;
-use crate::qemu::img::ImgError;
+use crate::net::download::DownloadError;
+use crate::qemu::cmdline::{ArgsError, ForwardError};
+use crate::qemu::firmware::FirmwareError;
+use crate::qemu::img::{ImgError, SizeError};
+use crate::qemu::keys::KeyError;
+use crate::qemu::process::{self, KillError, SpawnError};
 use crate::qemu::qga::{self, Qga, QgaError, SessionFault};
 use crate::qemu::qmp::{self, Qmp, QmpError};
+use crate::qemu::run::RunError;
 use crate::qemu::vm::{self, measure, Status};
-use crate::qemu::{process, run::RunError};
 use crate::state::registry::{Record, RegistryError};
 
-impl From<RegistryError> for ToolError {
-    fn from(e: RegistryError) -> Self {
-        ToolError(e.to_string())
-    }
+/// `From<E> for ToolError` for errors whose messages are already written for the agent.
+macro_rules! tool_error_from {
+    ($($error:ty),* $(,)?) => {$(
+        impl From<$error> for ToolError {
+            fn from(e: $error) -> Self {
+                ToolError(e.to_string())
+            }
+        }
+    )*};
 }
 
-impl From<ImgError> for ToolError {
-    fn from(e: ImgError) -> Self {
-        ToolError(e.to_string())
-    }
-}
-
-impl From<RunError> for ToolError {
-    fn from(e: RunError) -> Self {
-        ToolError(e.to_string())
-    }
-}
+tool_error_from!(
+    RegistryError,
+    ImgError,
+    RunError,
+    SizeError,
+    ArgsError,
+    ForwardError,
+    FirmwareError,
+    SpawnError,
+    KillError,
+    KeyError,
+    DownloadError,
+);
 
 /// What can fail inside a VM session: the channel itself (explained for the VM when the
 /// session ends), or the tool's own work between commands (passed through as it is).
@@ -92,7 +104,10 @@ pub fn agent<T>(
     f: impl FnOnce(&mut Qga) -> Result<T, SessionError<QgaError>>,
 ) -> Result<T, ToolError> {
     let sock = vm::field(rec, "qga_socket").ok_or_else(|| {
-        ToolError::new(format!("VM {name:?} has no guest-agent socket (attached without qga_socket); attach it again with qga_socket"))
+        ToolError::new(format!(
+            "VM {name:?} has no guest-agent socket (attached without qga_socket); attach it again \
+             with qga_socket"
+        ))
     })?;
     qga::with_agent(std::path::Path::new(sock), qga::SYNC_TIMEOUT, f).map_err(|e| match e {
         SessionError::Channel(c) => explain_agent(name, rec, cmd, &c),
@@ -105,12 +120,21 @@ pub fn explain_qmp(name: &str, rec: &Record, e: &QmpError) -> String {
     let proc_alive = vm::pid(rec).map(process::alive);
     match e {
         QmpError::NoGreeting if proc_alive != Some(false) => format!(
-            "another operation holds the monitor of VM {name:?} (QEMU serves one QMP client at a time); retry shortly"
+            "another operation holds the monitor of VM {name:?} (QEMU serves one QMP client at a \
+             time); retry shortly"
         ),
-        QmpError::Connect(_) | QmpError::Closed | QmpError::NoGreeting if proc_alive != Some(true) => {
-            format!("VM {name:?} is not running (its QEMU process has exited); launch it again with launch_vm")
+        QmpError::Connect(_) | QmpError::Closed | QmpError::NoGreeting
+            if proc_alive != Some(true) =>
+        {
+            format!(
+                "VM {name:?} is not running (its QEMU process has exited); launch it again with \
+                 launch_vm"
+            )
         }
-        QmpError::Timeout(cmd) => format!("VM {name:?}: QEMU did not answer {cmd} in time; it may be overloaded. Retry, or stop_vm with force=true"),
+        QmpError::Timeout(cmd) => format!(
+            "VM {name:?}: QEMU did not answer {cmd} in time; it may be overloaded. Retry, or \
+             stop_vm with force=true"
+        ),
         other => format!("VM {name:?}: {other}"),
     }
 }
@@ -125,26 +149,42 @@ pub fn explain_agent(name: &str, rec: &Record, cmd: &str, e: &QgaError) -> ToolE
                     q.execute_within("query-status", None, Duration::from_secs(3))
                 })
                 .ok()
-                .and_then(|s| s.get("status").and_then(Value::as_str).map(Status::from_run_state))
+                .and_then(|s| {
+                    s.get("status")
+                        .and_then(Value::as_str)
+                        .map(Status::from_run_state)
+                })
                 .unwrap_or(m.status)
             } else {
                 Status::Stopped
             };
             let msg = match state {
-                Status::Stopped => format!("VM {name:?} is not running; launch it (or sandbox_vm) first"),
-                Status::Paused => format!("no guest agent answers because VM {name:?} is paused; resume_vm it first"),
+                Status::Stopped => {
+                    format!("VM {name:?} is not running; launch it (or sandbox_vm) first")
+                }
+                Status::Paused => format!(
+                    "no guest agent answers because VM {name:?} is paused; resume_vm it first"
+                ),
                 Status::Running => format!(
-                    "no guest agent answers in VM {name:?} ({e}): qemu-guest-agent is not installed or not started yet (the guest may still be booting). Wait and retry guest_ping, or check the guest with vm_serial_read / vm_screenshot"
+                    "no guest agent answers in VM {name:?} ({e}): qemu-guest-agent is not \
+                     installed or not started yet (the guest may still be booting). Wait and \
+                     retry guest_ping, or check the guest with vm_serial_read / vm_screenshot"
                 ),
                 other => format!("no guest agent answers in VM {name:?}: the VM is {other}"),
             };
             ToolError::new(msg)
         }
         e if e.is_disabled() => ToolError::new(format!(
-            "the guest has disabled {cmd} in its agent configuration (qemu-ga --block-rpcs/--allow-rpcs); guest_info lists the enabled commands. Agent said: {e}"
+            "the guest has disabled {cmd} in its agent configuration (qemu-ga \
+             --block-rpcs/--allow-rpcs); guest_info lists the enabled commands. Agent said: {e}"
         )),
-        QgaError::Command { .. } => ToolError::new(format!("{cmd} failed inside guest {name:?}: {e}")),
-        QgaError::Timeout(_) => ToolError::new(format!("the guest agent in VM {name:?} did not answer {cmd} in time; the guest may be overloaded. Retry")),
+        QgaError::Command { .. } => {
+            ToolError::new(format!("{cmd} failed inside guest {name:?}: {e}"))
+        }
+        QgaError::Timeout(_) => ToolError::new(format!(
+            "the guest agent in VM {name:?} did not answer {cmd} in time; the guest may be \
+             overloaded. Retry"
+        )),
         other => ToolError::new(format!("guest agent of VM {name:?}: {other}")),
     }
 }

@@ -48,14 +48,19 @@ fn structured(snaps: &[Value]) -> Vec<Value> {
     snaps
         .iter()
         .map(|s| {
-            let clock_ns = s.get("vm-clock-sec").and_then(Value::as_u64).unwrap_or(0) * 1_000_000_000
-                + s.get("vm-clock-nsec").and_then(Value::as_u64).unwrap_or(0);
+            let secs = s.get("vm-clock-sec").and_then(Value::as_u64).unwrap_or(0);
+            let nsecs = s.get("vm-clock-nsec").and_then(Value::as_u64).unwrap_or(0);
+            let clock_ns = secs * 1_000_000_000 + nsecs;
+            let date = s
+                .get("date-sec")
+                .and_then(Value::as_i64)
+                .map(clock::iso8601);
             json!({
                 "id": s.get("id").cloned().unwrap_or(Value::Null),
                 "tag": s.get("name").cloned().unwrap_or(Value::Null),
                 "vm_state_size": s.get("vm-state-size").and_then(Value::as_u64).unwrap_or(0),
-                "date": s.get("date-sec").and_then(Value::as_i64).map(clock::iso8601).unwrap_or_default(),
-                "vm_clock": clock::vm_clock(clock_ns),
+                "date": date.unwrap_or_default(),
+                "vm_clock": clock::vm_clock(clock_ns)
             })
         })
         .collect()
@@ -148,14 +153,20 @@ fn live(name: &str) -> Result<Record, ToolError> {
 }
 
 fn no_disk(name: &str) -> ToolError {
-    ToolError::new(format!("VM {name:?} has no writable qcow2 disk: live snapshots are stored inside a qcow2 image. Launch it with a qcow2 disk (image_create, format qcow2)"))
+    ToolError::new(format!(
+        "VM {name:?} has no writable qcow2 disk: live snapshots are stored inside a qcow2 image. \
+         Launch it with a qcow2 disk (image_create, format qcow2)"
+    ))
 }
 
 fn tag_in() -> Value {
     object(
         json!({
             "name": {"type": "string", "minLength": 1},
-            "tag": {"type": "string", "minLength": 1, "maxLength": 64, "description": "1-64 of A-Z a-z 0-9 _ . -, starting with a letter or digit."}
+            "tag": {
+                "type": "string", "minLength": 1, "maxLength": 64,
+                "description": "1-64 of A-Z a-z 0-9 _ . -, starting with a letter or digit."
+            }
         }),
         &["name", "tag"],
     )
@@ -175,33 +186,53 @@ enum Op {
     Delete,
 }
 
+const CREATE_DESCRIPTION: &str = "Save a live snapshot of the whole running VM (RAM, device state \
+    and disks) inside its qcow2 disk, under tag. The VM pauses briefly while saving. Refuses an \
+    existing tag.";
+
 /// `vm_snapshot_create`.
 pub const CREATE: ToolDef = ToolDef {
     name: "vm_snapshot_create",
     title: "Snapshot a running VM",
-    description: "Save a live snapshot of the whole running VM (RAM, device state and disks) inside its qcow2 disk, under tag. The VM pauses briefly while saving. Refuses an existing tag.",
+    description: CREATE_DESCRIPTION,
     input_schema: tag_in,
     output_schema: op_out,
-    annotations: Annotations { read_only: false, destructive: false, idempotent: false, open_world: false },
+    annotations: Annotations {
+        read_only: false,
+        destructive: false,
+        idempotent: false,
+        open_world: false,
+    },
     handler: |ctx, args| snapshot_op(ctx, args, Op::Save),
 };
+
+const RESTORE_DESCRIPTION: &str = "Roll the running VM back to a live snapshot: RAM, devices and \
+    disks return to that moment; changes since are lost. The guest agent's next call resyncs \
+    automatically.";
 
 /// `vm_snapshot_restore`.
 pub const RESTORE: ToolDef = ToolDef {
     name: "vm_snapshot_restore",
     title: "Restore a VM snapshot",
-    description: "Roll the running VM back to a live snapshot: RAM, devices and disks return to that moment; changes since are lost. The guest agent's next call resyncs automatically.",
+    description: RESTORE_DESCRIPTION,
     input_schema: tag_in,
     output_schema: op_out,
-    annotations: Annotations { read_only: false, destructive: true, idempotent: true, open_world: false },
+    annotations: Annotations {
+        read_only: false,
+        destructive: true,
+        idempotent: true,
+        open_world: false,
+    },
     handler: |ctx, args| snapshot_op(ctx, args, Op::Load),
 };
+
+const DELETE_DESCRIPTION: &str = "Delete a live snapshot from the running VM's disks.";
 
 /// `vm_snapshot_delete`.
 pub const DELETE: ToolDef = ToolDef {
     name: "vm_snapshot_delete",
     title: "Delete a VM snapshot",
-    description: "Delete a live snapshot from the running VM's disks.",
+    description: DELETE_DESCRIPTION,
     input_schema: tag_in,
     output_schema: op_out,
     annotations: Annotations {
@@ -238,12 +269,32 @@ fn snapshot_op(ctx: &ToolCtx, args: &Args, op: Op) -> ToolResult {
         let exists = snaps.iter().any(|s| s["name"] == tag.as_str());
         let tags: Vec<&str> = snaps.iter().filter_map(|s| s["name"].as_str()).collect();
         let (cmd, args) = match op {
-            Op::Save if exists => return Err(ToolError::new(format!("snapshot {tag:?} already exists in VM {name:?}; delete it first or choose another tag")).into()),
-            Op::Load | Op::Delete if !exists => {
-                return Err(ToolError::new(format!("VM {name:?} has no snapshot {tag:?}; existing tags: [{}]", tags.join(", "))).into())
+            Op::Save if exists => {
+                return Err(ToolError::new(format!(
+                    "snapshot {tag:?} already exists in VM {name:?}; delete it first or choose \
+                     another tag"
+                ))
+                .into())
             }
-            Op::Save => ("snapshot-save", json!({"tag": tag, "vmstate": nodes[0], "devices": nodes})),
-            Op::Load => ("snapshot-load", json!({"tag": tag, "vmstate": nodes[0], "devices": nodes})),
+            Op::Load | Op::Delete if !exists => {
+                return Err(ToolError::new(format!(
+                    "VM {name:?} has no snapshot {tag:?}; existing tags: [{}]",
+                    tags.join(", ")
+                ))
+                .into())
+            }
+            Op::Save => (
+                "snapshot-save",
+                json!({
+                    "tag": tag, "vmstate": nodes[0], "devices": nodes
+                }),
+            ),
+            Op::Load => (
+                "snapshot-load",
+                json!({
+                    "tag": tag, "vmstate": nodes[0], "devices": nodes
+                }),
+            ),
             Op::Delete => ("snapshot-delete", json!({"tag": tag, "devices": nodes})),
         };
         let verdict = match run_job(ctx, q, cmd, args) {
@@ -263,7 +314,10 @@ fn snapshot_op(ctx: &ToolCtx, args: &Args, op: Op) -> ToolResult {
             Verdict::Done => Ok(status),
             Verdict::Refused(e) => {
                 let hint = if matches!(op, Op::Load) && status != "running" {
-                    format!(" The VM is now {status}: restore another snapshot, or resume_vm it as it is")
+                    format!(
+                        " The VM is now {status}: restore another snapshot, or resume_vm it as it \
+                         is"
+                    )
                 } else {
                     String::new()
                 };
@@ -276,25 +330,54 @@ fn snapshot_op(ctx: &ToolCtx, args: &Args, op: Op) -> ToolResult {
         Op::Load => "restored",
         Op::Delete => "deleted",
     };
-    Ok(ToolOutput::json(
-        json!({"name": name, "tag": tag, "action": action, "status": status, "duration_ms": started.elapsed().as_millis() as u64}),
-    ))
+    Ok(ToolOutput::json(json!({
+        "name": name, "tag": tag, "action": action, "status": status,
+        "duration_ms": started.elapsed().as_millis() as u64
+    })))
 }
+
+const LIST_DESCRIPTION: &str = "List the live snapshots of a running VM: tag, id, saved VM state \
+    size, date and guest clock.";
 
 /// `vm_snapshot_list`.
 pub const LIST: ToolDef = ToolDef {
     name: "vm_snapshot_list",
     title: "List a VM's live snapshots",
-    description: "List the live snapshots of a running VM: tag, id, saved VM state size, date and guest clock.",
-    input_schema: || object(json!({"name": {"type": "string", "minLength": 1}}), &["name"]),
-    output_schema: || json!({"type": "object", "properties": {
-        "name": {"type": "string"},
-        "snapshots": {"type": "array", "items": {"type": "object", "properties": {
-            "id": {"type": ["string", "null"]}, "tag": {"type": ["string", "null"]}, "vm_state_size": {"type": "integer"},
-            "date": {"type": "string"}, "vm_clock": {"type": "string"}
-        }}}
-    }, "required": ["name", "snapshots"]}),
-    annotations: Annotations { read_only: true, destructive: false, idempotent: true, open_world: false },
+    description: LIST_DESCRIPTION,
+    input_schema: || {
+        object(
+            json!({"name": {"type": "string", "minLength": 1}}),
+            &["name"],
+        )
+    },
+    output_schema: || {
+        json!({
+            "type": "object",
+            "properties": {
+                "name": {"type": "string"},
+                "snapshots": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "id": {"type": ["string", "null"]},
+                            "tag": {"type": ["string", "null"]},
+                            "vm_state_size": {"type": "integer"},
+                            "date": {"type": "string"},
+                            "vm_clock": {"type": "string"}
+                        }
+                    }
+                }
+            },
+            "required": ["name", "snapshots"]
+        })
+    },
+    annotations: Annotations {
+        read_only: true,
+        destructive: false,
+        idempotent: true,
+        open_world: false,
+    },
     handler: list,
 };
 

@@ -14,22 +14,49 @@ use crate::qemu::vm::{self, measure, Status};
 use crate::qemu::{process, sock};
 use crate::state::registry::Record;
 
+const STOP_DESCRIPTION: &str = "Stop a VM. Graceful by default: ACPI power-down, then wait up to \
+    timeout seconds for QEMU to exit (a guest without an OS or still booting may ignore it). \
+    force=true: QMP quit, then SIGTERM and SIGKILL, each verified. The record stays (list_vms \
+    shows it stopped); forget_vm drops it.";
+
 /// `stop_vm`.
 pub const STOP: ToolDef = ToolDef {
     name: "stop_vm",
     title: "Stop a VM",
-    description: "Stop a VM. Graceful by default: ACPI power-down, then wait up to timeout seconds for QEMU to exit (a guest without an OS or still booting may ignore it). force=true: QMP quit, then SIGTERM and SIGKILL, each verified. The record stays (list_vms shows it stopped); forget_vm drops it.",
-    input_schema: || object(json!({
-        "name": {"type": "string", "minLength": 1},
-        "force": {"type": "boolean", "default": false},
-        "timeout": {"type": "number", "minimum": 0, "maximum": 3600, "default": 30, "description": "Seconds to wait for a graceful stop."}
-    }), &["name"]),
-    output_schema: || json!({"type": "object", "properties": {
-        "name": {"type": "string"}, "status": {"type": "string"}, "method": {"type": "string"},
-        "events": {"type": "array", "items": {"type": "string"}}, "elapsed_ms": {"type": "integer"},
-        "cleanup_errors": {"type": "array", "items": {"type": "string"}}
-    }, "required": ["name", "status", "method"]}),
-    annotations: Annotations { read_only: false, destructive: true, idempotent: true, open_world: false },
+    description: STOP_DESCRIPTION,
+    input_schema: || {
+        object(
+            json!({
+                "name": {"type": "string", "minLength": 1},
+                "force": {"type": "boolean", "default": false},
+                "timeout": {
+                    "type": "number", "minimum": 0, "maximum": 3600, "default": 30,
+                    "description": "Seconds to wait for a graceful stop."
+                }
+            }),
+            &["name"],
+        )
+    },
+    output_schema: || {
+        json!({
+            "type": "object",
+            "properties": {
+                "name": {"type": "string"},
+                "status": {"type": "string"},
+                "method": {"type": "string"},
+                "events": {"type": "array", "items": {"type": "string"}},
+                "elapsed_ms": {"type": "integer"},
+                "cleanup_errors": {"type": "array", "items": {"type": "string"}}
+            },
+            "required": ["name", "status", "method"]
+        })
+    },
+    annotations: Annotations {
+        read_only: false,
+        destructive: true,
+        idempotent: true,
+        open_world: false,
+    },
     handler: stop_vm,
 };
 
@@ -46,9 +73,10 @@ fn stop_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
     }
     if !m.alive() {
         let cleanup = vm::cleanup_runtime(&rec);
-        return Ok(ToolOutput::json(
-            json!({"name": name, "status": "stopped", "method": "already stopped", "events": [], "elapsed_ms": 0, "cleanup_errors": cleanup}),
-        ));
+        return Ok(ToolOutput::json(json!({
+            "name": name, "status": "stopped", "method": "already stopped", "events": [],
+            "elapsed_ms": 0, "cleanup_errors": cleanup
+        })));
     }
     ctx.log
         .log("notice", &format!("stop_vm {name} (force={force})"));
@@ -108,13 +136,16 @@ fn graceful_stop(
             return Ok(("acpi".into(), events));
         }
         return Err(ToolError::new(format!(
-            "VM {name:?} exited without a guest shutdown event (events seen: [{}]): QEMU may have crashed; see its serial log",
+            "VM {name:?} exited without a guest shutdown event (events seen: [{}]): QEMU may have \
+             crashed; see its serial log",
             events.join(", ")
         )));
     }
     ctx.check_cancel()?;
     Err(ToolError::new(format!(
-        "VM {name:?} did not power off within {} s after ACPI power-down (events seen: [{}]). The guest may ignore ACPI (no OS, still booting, or no acpid). Retry with a longer timeout, or use force=true",
+        "VM {name:?} did not power off within {} s after ACPI power-down (events seen: [{}]). The \
+         guest may ignore ACPI (no OS, still booting, or no acpid). Retry with a longer timeout, \
+         or use force=true",
         timeout.as_secs_f64(),
         events.join(", ")
     )))
@@ -139,7 +170,7 @@ fn force_stop(name: &str, rec: &Record) -> Result<(String, Vec<String>), ToolErr
                     "PID {pid} is no longer VM {name:?}'s QEMU; refusing to signal it"
                 )));
             }
-            let steps = process::terminate(pid).map_err(ToolError::new)?;
+            let steps = process::terminate(pid)?;
             Ok((steps.last().copied().unwrap_or("quit").to_string(), events))
         }
         None => {
@@ -151,7 +182,8 @@ fn force_stop(name: &str, rec: &Record) -> Result<(String, Vec<String>), ToolErr
                 std::thread::sleep(Duration::from_millis(20));
             }
             Err(ToolError::new(format!(
-                "VM {name:?} still answers on its QMP socket after quit, and no PID is known to signal; stop the QEMU process by hand"
+                "VM {name:?} still answers on its QMP socket after quit, and no PID is known to \
+                 signal; stop the QEMU process by hand"
             )))
         }
     }
