@@ -1,8 +1,10 @@
 //! mcqemu: an MCP server that lets LLM agents run QEMU virtual machines.
 //!
 //! Layers, each knowing only the ones below it:
-//! - [`mcp`]: the protocol (framing, lifecycle, dispatch, progress, cancellation). Knows nothing of QEMU.
-//! - [`tools`]: one module per tool group, saying what each MCP tool means in terms of the layers below.
+//! - [`mcp`]: the protocol (framing, lifecycle, dispatch, progress, cancellation). Knows
+//!   nothing of QEMU.
+//! - [`tools`]: one module per tool group, saying what each MCP tool means in terms of the
+//!   layers below.
 //! - [`qemu`]: talking to QEMU and its tooling (qemu-img today).
 //! - [`net`]: HTTP downloads for `image_download`.
 //! - [`state`]: where things live on disk.

@@ -6,7 +6,7 @@
 
 use libfuzzer_sys::arbitrary::{Result, Unstructured};
 use libfuzzer_sys::fuzz_target;
-use mcqemu::qemu::cmdline::check_extra_args;
+use mcqemu::qemu::extra_args::check_extra_args;
 
 /// Options the reference refuses outright.
 const DENIED: &[&str] = &[

@@ -66,7 +66,8 @@ impl Era {
             .is_some_and(Value::is_object)
         {
             return Err(invalid_params(format!(
-                "params._meta is missing the required envelope key {META_CLIENT_CAPABILITIES} (an object; {{}} declares no capabilities)"
+                "params._meta is missing the required envelope key \
+                 {META_CLIENT_CAPABILITIES} (an object; {{}} declares no capabilities)"
             )));
         }
         if !MODERN_VERSIONS.contains(&version) {

@@ -3,6 +3,7 @@
 
 pub mod client_roots;
 pub mod era;
+pub mod listing;
 pub mod protocol;
 pub mod schema;
 pub mod server;

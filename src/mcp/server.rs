@@ -5,13 +5,14 @@
 use std::collections::HashMap;
 use std::io::BufRead;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 
 use super::client_roots::{ClientRoots, RootsHook, ROOTS_WAIT};
 use super::era::{no_version, Era};
+use super::listing::Listing;
 use super::protocol::*;
 use super::schema::check_arguments;
 use super::tool::{error_result, Args, Logger, Progress, ToolCtx, ToolDef, ToolError};
@@ -30,8 +31,8 @@ const DEFAULT_PAGE_SIZE: usize = 50;
 pub struct Server {
     out: Arc<Output>,
     tools: &'static [ToolDef],
-    /// Each tool's definition, serialized on the first tools/list: later ones only join them.
-    tool_json: OnceLock<Vec<String>>,
+    /// tools/list pages, from definitions serialized once.
+    listing: Listing,
     inflight: Mutex<HashMap<String, Arc<AtomicBool>>>,
     workers: Arc<Workers>,
     log_level: Arc<AtomicUsize>,
@@ -39,7 +40,6 @@ pub struct Server {
     initialized: AtomicBool,
     /// The client's roots, asked for when it declares them.
     roots: ClientRoots,
-    page_size: usize,
 }
 
 impl Server {
@@ -63,13 +63,12 @@ impl Server {
         Arc::new(Server {
             out,
             tools,
-            tool_json: OnceLock::new(),
+            listing: Listing::new(page_size),
             inflight: Mutex::new(HashMap::new()),
             workers: Arc::new(Workers::default()),
             log_level: Arc::new(AtomicUsize::new(log_level_rank("info").unwrap_or(1))),
             initialized: AtomicBool::new(false),
             roots: ClientRoots::new(hook),
-            page_size,
         })
     }
 
@@ -83,7 +82,8 @@ impl Server {
                     self.send(&error_response(
                         &Value::Null,
                         parse_error(format!(
-                            "line of {n} bytes exceeds the {MAX_LINE_BYTES}-byte limit; send smaller messages"
+                            "line of {n} bytes exceeds the {MAX_LINE_BYTES}-byte limit; send \
+                             smaller messages"
                         )),
                     ));
                 }
@@ -353,44 +353,12 @@ impl Server {
     /// Answers tools/list from the pre-serialized definitions, building the line by hand
     /// (the definitions are ~40 KB of JSON that never change).
     fn list_tools(&self, id: &Value, params: &Map<String, Value>, era: Era) {
-        let all = self.tool_json.get_or_init(|| {
-            self.tools
-                .iter()
-                .map(|t| serde_json::to_string(&t.to_json()).unwrap_or_default())
-                .collect()
-        });
-        let start = match params.get("cursor") {
-            None | Some(Value::Null) => 0,
-            Some(c) => match c
-                .as_str()
-                .and_then(decode_cursor)
-                .filter(|n| *n > 0 && *n < all.len())
-            {
-                Some(n) => n,
-                None => {
-                    return self.send(&error_response(
-                        id,
-                        invalid_params(
-                            "invalid cursor: pass back a nextCursor exactly as received",
-                        ),
-                    ))
-                }
-            },
-        };
-        let end = (start + self.page_size).min(all.len());
-        let mut line = String::with_capacity(64 * 1024);
-        line.push_str("{\"jsonrpc\":\"2.0\",\"id\":");
-        line.push_str(&serde_json::to_string(id).unwrap_or_else(|_| "null".into()));
-        line.push_str(",\"result\":{\"tools\":[");
-        line.push_str(&all[start..end].join(","));
-        line.push(']');
-        if end < all.len() {
-            line.push_str(",\"nextCursor\":");
-            line.push_str(&serde_json::to_string(&encode_cursor(end)).unwrap_or_default());
+        match self.listing.page(self.tools, id, params.get("cursor"), era) {
+            Ok(line) => {
+                self.out.send_line(line.into_bytes());
+            }
+            Err(e) => self.send(&error_response(id, e)),
         }
-        line.push_str(&era.stamp_fields(true));
-        line.push_str("}}");
-        self.out.send_line(line.into_bytes());
     }
 
     fn call_tool(self: &Arc<Self>, id: Value, params: Map<String, Value>, era: Era) {
@@ -476,7 +444,8 @@ impl Server {
                 Ok(Ok(out)) => out.to_result(),
                 Ok(Err(e)) => error_result(&ToolError::new(format!("{name}: {}", e.0))),
                 Err(_) => error_result(&ToolError::new(format!(
-                    "{name}: internal error (the tool panicked); this is a bug in mcqemu, please report it"
+                    "{name}: internal error (the tool panicked); this is a bug in mcqemu, \
+                     please report it"
                 ))),
             };
             if let Ok(mut map) = server.inflight.lock() {
@@ -500,15 +469,6 @@ impl Server {
             self.send(&response(&id, r));
         }
     }
-}
-
-fn encode_cursor(offset: usize) -> String {
-    format!("mcq-{:x}", offset ^ 0x5a5a)
-}
-
-fn decode_cursor(c: &str) -> Option<usize> {
-    let hex = c.strip_prefix("mcq-")?;
-    usize::from_str_radix(hex, 16).ok().map(|n| n ^ 0x5a5a)
 }
 
 /// Serves MCP on stdin/stdout until EOF or SIGTERM/SIGINT. Returns the process exit code.
@@ -591,7 +551,10 @@ mod tests {
         let sink = Sink::default();
         let server = Server::new(Arc::new(Output::new(Box::new(sink.clone()))), tools);
         for line in [
-            r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25"}}"#,
+            concat!(
+                r#"{"jsonrpc":"2.0","id":1,"method":"initialize","#,
+                r#""params":{"protocolVersion":"2025-11-25"}}"#
+            ),
             r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#,
         ] {
             server.handle_bytes(line.as_bytes());
@@ -617,12 +580,5 @@ mod tests {
     fn each_server_lists_its_own_tools() {
         assert_eq!(listed(&FIRST), ["first"]);
         assert_eq!(listed(&SECOND), ["second"]);
-    }
-
-    #[test]
-    fn cursor_round_trips_and_rejects_garbage() {
-        assert_eq!(decode_cursor(&encode_cursor(17)), Some(17));
-        assert_eq!(decode_cursor("17"), None);
-        assert_eq!(decode_cursor("mcq-zz"), None);
     }
 }

@@ -36,7 +36,8 @@ impl std::fmt::Display for Refused {
         match self {
             Refused::QueueFull => write!(
                 f,
-                "{MAX_WORKERS} tool calls are running and {MAX_QUEUED} more are waiting; wait for some to finish and retry"
+                "{MAX_WORKERS} tool calls are running and {MAX_QUEUED} more are waiting; wait \
+                 for some to finish and retry"
             ),
             Refused::Spawn(e) => write!(f, "could not start a worker thread ({e}); retry shortly"),
         }

@@ -107,6 +107,19 @@ pub fn info(path: &Path, chain: bool) -> Result<Value, ImgError> {
     serde_json::from_slice(&out).map_err(|e| ImgError::BadOutput(format!("not JSON: {e}")))
 }
 
+/// `qemu-img info --output=json -U` of one image (its backing file is not opened), read as
+/// `format` when given: a pinned format is never probed, so a guest that wrote another
+/// format's header into its disk cannot change how the image is read.
+pub fn info_as(path: &Path, format: Option<&str>) -> Result<Value, ImgError> {
+    let mut args = vec![os("info"), os("--output=json"), os("-U")];
+    if let Some(f) = format {
+        args.extend([os("-f"), os(f)]);
+    }
+    args.push(path.as_os_str());
+    let out = exec(&args, QUICK, &|| false)?;
+    serde_json::from_slice(&out).map_err(|e| ImgError::BadOutput(format!("not JSON: {e}")))
+}
+
 /// The probed format of an image.
 pub fn probe_format(path: &Path) -> Result<String, ImgError> {
     let v = info(path, false)?;

@@ -2,7 +2,9 @@
 
 pub mod accel;
 pub mod cmdline;
+pub mod extra_args;
 pub mod firmware;
+pub mod forwards;
 pub mod img;
 pub mod keys;
 pub mod process;
@@ -11,5 +13,6 @@ pub mod qmp;
 pub mod run;
 pub mod screen;
 pub mod sock;
+pub mod untrusted;
 pub mod vm;
 pub mod wire;

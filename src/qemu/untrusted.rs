@@ -90,7 +90,11 @@ pub fn references(info: &Value) -> Vec<(&'static str, String)> {
 
 /// Resolves a reference the way QEMU does (relative to the folder of the image naming it) and
 /// checks it against the roots.
-pub fn check_reference(image: &Path, what: &'static str, target: &str) -> Result<PathBuf, ImageError> {
+pub fn check_reference(
+    image: &Path,
+    what: &'static str,
+    target: &str,
+) -> Result<PathBuf, ImageError> {
     let refused = |why| ImageError::Reaches {
         image: image.to_path_buf(),
         what,

@@ -5,31 +5,35 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
-use super::{check_tag, object, path_arg};
+use super::{object, path_arg};
 use crate::clock;
 use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
-use crate::qemu::img::{self, ImgError, SnapshotOp, FORMATS};
+use crate::qemu::img::{self, ImgError, FORMATS};
 
 fn formats_schema(desc: &str) -> Value {
     json!({"type": "string", "enum": FORMATS, "default": "qcow2", "description": desc})
 }
 
-fn path_schema(desc: &str) -> Value {
+/// Shared with the image snapshot tools.
+pub(super) fn path_schema(desc: &str) -> Value {
     json!({"type": "string", "minLength": 1, "description": desc})
 }
 
-fn tag_schema() -> Value {
+/// Shared with the image snapshot tools.
+pub(super) fn tag_schema() -> Value {
     json!({
         "type": "string", "minLength": 1, "maxLength": 64,
         "description": "Snapshot tag: 1-64 of A-Z a-z 0-9 _ . -, starting with a letter or digit."
     })
 }
 
-fn out_object(props: Value, required: &[&str]) -> Value {
+/// Shared with the image snapshot tools.
+pub(super) fn out_object(props: Value, required: &[&str]) -> Value {
     json!({"type": "object", "properties": props, "required": required})
 }
 
-fn snapshot_item_schema() -> Value {
+/// Shared with the image snapshot tools.
+pub(super) fn snapshot_item_schema() -> Value {
     out_object(
         json!({
             "id": {"type": "string"},
@@ -42,7 +46,8 @@ fn snapshot_item_schema() -> Value {
     )
 }
 
-fn must_exist(path: &Path, what: &str) -> Result<(), ToolError> {
+/// Shared with the image snapshot tools.
+pub(super) fn must_exist(path: &Path, what: &str) -> Result<(), ToolError> {
     match std::fs::metadata(path) {
         Ok(m) if m.is_file() => Ok(()),
         Ok(_) => Err(ToolError::new(format!(
@@ -59,7 +64,8 @@ fn must_exist(path: &Path, what: &str) -> Result<(), ToolError> {
 
 /// Refuses an image that a registered, running VM uses (a disk, or a live sandbox's base):
 /// changing it under QEMU corrupts the guest's view of the disk.
-fn refuse_in_use(path: &Path) -> Result<(), ToolError> {
+/// Shared with the image snapshot tools.
+pub(super) fn refuse_in_use(path: &Path) -> Result<(), ToolError> {
     match crate::qemu::vm::user_of(path) {
         Some(vm) => Err(ToolError::new(format!(
             "{} is in use by running VM {vm:?} (as a disk or as a sandbox's base image); stop it \
@@ -101,7 +107,8 @@ fn temp_sibling(path: &Path) -> PathBuf {
 }
 
 /// Snapshots of an image, structured, from qemu-img's JSON.
-fn snapshots_of(info: &Value) -> Vec<Value> {
+/// Shared with the image snapshot tools.
+pub(super) fn snapshots_of(info: &Value) -> Vec<Value> {
     info.get("snapshots")
         .and_then(Value::as_array)
         .map(|list| {
@@ -495,163 +502,4 @@ fn resize(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     out["old_size"] = json!(old);
     out["new_size"] = after.get("virtual-size").cloned().unwrap_or(json!(new));
     Ok(ToolOutput::json(out))
-}
-
-// ---- image snapshots ----
-
-fn snapshot_list_out() -> Value {
-    out_object(
-        json!({
-            "path": {"type": "string"},
-            "snapshots": {"type": "array", "items": snapshot_item_schema()}
-        }),
-        &["path", "snapshots"],
-    )
-}
-
-fn snapshot_op_out() -> Value {
-    out_object(
-        json!({
-            "path": {"type": "string"},
-            "tag": {"type": "string"},
-            "action": {"type": "string"},
-            "snapshots": {"type": "array", "items": snapshot_item_schema()}
-        }),
-        &["path", "tag", "action", "snapshots"],
-    )
-}
-
-fn snapshot_in_schema() -> Value {
-    object(
-        json!({
-            "path": path_schema("A qcow2 image not in use by a running VM."), "tag": tag_schema()
-        }),
-        &["path", "tag"],
-    )
-}
-
-const SNAPSHOT_LIST_DESCRIPTION: &str = "List the internal snapshots stored in a qcow2 image: \
-    tag, id, saved VM state size, date and guest clock.";
-
-/// `image_snapshot_list`.
-pub const SNAPSHOT_LIST: ToolDef = ToolDef {
-    name: "image_snapshot_list",
-    title: "List an image's internal snapshots",
-    description: SNAPSHOT_LIST_DESCRIPTION,
-    input_schema: || object(json!({"path": path_schema("The image.")}), &["path"]),
-    output_schema: snapshot_list_out,
-    annotations: Annotations {
-        read_only: true,
-        destructive: false,
-        idempotent: true,
-        open_world: false,
-    },
-    handler: snapshot_list,
-};
-
-fn snapshot_list(_ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let path = path_arg(args, "path")?;
-    must_exist(&path, "image")?;
-    let info = img::info(&path, false)?;
-    Ok(ToolOutput::json(
-        json!({"path": path.display().to_string(), "snapshots": snapshots_of(&info)}),
-    ))
-}
-
-const SNAPSHOT_CREATE_DESCRIPTION: &str = "Store an internal snapshot of a qcow2 image that no VM \
-    is using (for a running VM use vm_snapshot_create). Refuses a tag that already exists.";
-
-/// `image_snapshot_create`.
-pub const SNAPSHOT_CREATE: ToolDef = ToolDef {
-    name: "image_snapshot_create",
-    title: "Snapshot an image at rest",
-    description: SNAPSHOT_CREATE_DESCRIPTION,
-    input_schema: snapshot_in_schema,
-    output_schema: snapshot_op_out,
-    annotations: Annotations {
-        read_only: false,
-        destructive: false,
-        idempotent: false,
-        open_world: false,
-    },
-    handler: |ctx, args| snapshot_op(ctx, args, SnapshotOp::Create),
-};
-
-const SNAPSHOT_APPLY_DESCRIPTION: &str = "Revert a qcow2 image that no VM is using to one of its \
-    internal snapshots; changes made since are lost.";
-
-/// `image_snapshot_apply`.
-pub const SNAPSHOT_APPLY: ToolDef = ToolDef {
-    name: "image_snapshot_apply",
-    title: "Revert an image to a snapshot",
-    description: SNAPSHOT_APPLY_DESCRIPTION,
-    input_schema: snapshot_in_schema,
-    output_schema: snapshot_op_out,
-    annotations: Annotations {
-        read_only: false,
-        destructive: true,
-        idempotent: true,
-        open_world: false,
-    },
-    handler: |ctx, args| snapshot_op(ctx, args, SnapshotOp::Apply),
-};
-
-const SNAPSHOT_DELETE_DESCRIPTION: &str = "Delete an internal snapshot from a qcow2 image that no \
-    VM is using.";
-
-/// `image_snapshot_delete`.
-pub const SNAPSHOT_DELETE: ToolDef = ToolDef {
-    name: "image_snapshot_delete",
-    title: "Delete an image snapshot",
-    description: SNAPSHOT_DELETE_DESCRIPTION,
-    input_schema: snapshot_in_schema,
-    output_schema: snapshot_op_out,
-    annotations: Annotations {
-        read_only: false,
-        destructive: true,
-        idempotent: false,
-        open_world: false,
-    },
-    handler: |ctx, args| snapshot_op(ctx, args, SnapshotOp::Delete),
-};
-
-fn snapshot_op(_ctx: &ToolCtx, args: &Args, op: SnapshotOp) -> ToolResult {
-    let path = path_arg(args, "path")?;
-    let tag = args.str("tag")?;
-    check_tag(tag)?;
-    must_exist(&path, "image")?;
-    refuse_in_use(&path)?;
-    let info = img::info(&path, false)?;
-    let existing = snapshots_of(&info);
-    let has = existing.iter().any(|s| s["tag"] == tag);
-    let tags: Vec<&str> = existing.iter().filter_map(|s| s["tag"].as_str()).collect();
-    match op {
-        SnapshotOp::Create if has => {
-            return Err(ToolError::new(format!(
-                "snapshot {tag:?} already exists in {}; delete it first or choose another tag",
-                path.display()
-            )))
-        }
-        SnapshotOp::Apply | SnapshotOp::Delete if !has => {
-            return Err(ToolError::new(format!(
-                "no snapshot {tag:?} in {}; existing tags: [{}]",
-                path.display(),
-                tags.join(", ")
-            )))
-        }
-        _ => {}
-    }
-    img::snapshot(&path, op, tag)?;
-    let after = img::info(&path, false)?;
-    let action = match op {
-        SnapshotOp::Create => "created",
-        SnapshotOp::Apply => "applied",
-        SnapshotOp::Delete => "deleted",
-    };
-    Ok(ToolOutput::json(json!({
-        "path": path.display().to_string(),
-        "tag": tag,
-        "action": action,
-        "snapshots": snapshots_of(&after),
-    })))
 }

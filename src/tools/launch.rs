@@ -8,7 +8,9 @@ use serde_json::{json, Map, Value};
 
 use super::{object, path_arg, vm_name_arg};
 use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
-use crate::qemu::cmdline::{self, Forward, LaunchSpec};
+use crate::qemu::cmdline::{self, LaunchSpec};
+use crate::qemu::extra_args::check_extra_args;
+use crate::qemu::forwards::{resolve_forwards, Forward};
 use crate::qemu::qmp::{self, QmpError};
 use crate::qemu::vm::{self, measure};
 use crate::qemu::{accel, firmware, img, process, sock};
@@ -434,7 +436,7 @@ pub fn request_from_args(
     };
     let (accel, accel_note) = choose_accel(&requested)?;
     let extra_args = args.str_list("extra_args")?;
-    cmdline::check_extra_args(&extra_args)?;
+    check_extra_args(&extra_args)?;
     let no_net = args.bool_or("no_net", false)?;
     let fw_specs = args.str_list("port_forwards")?;
     if no_net && !fw_specs.is_empty() {
@@ -442,7 +444,7 @@ pub fn request_from_args(
             "port_forwards need a network; drop no_net=true or the forwards",
         ));
     }
-    let forwards = cmdline::resolve_forwards(&fw_specs)?;
+    let forwards = resolve_forwards(&fw_specs)?;
     let firmware = args.str_or("firmware", DEFAULT_FIRMWARE)?.to_string();
     let uefi = if firmware == "uefi" {
         let fw = firmware::find_uefi(&arch)?;

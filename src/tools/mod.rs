@@ -11,7 +11,9 @@ pub mod download;
 pub mod drive;
 pub mod guest;
 pub mod image;
+pub mod image_snapshot;
 pub mod inspect;
+pub mod keyboard;
 pub mod launch;
 pub mod lifecycle;
 pub mod sandbox;
@@ -35,8 +37,8 @@ pub static ALL: &[ToolDef] = &[
     snapshot::DELETE,
     snapshot::LIST,
     drive::SCREENSHOT,
-    drive::SEND_KEYS,
-    drive::TYPE_TEXT,
+    keyboard::SEND_KEYS,
+    keyboard::TYPE_TEXT,
     drive::CLICK,
     drive::MOUSE_MOVE,
     serial::READ,
@@ -46,10 +48,10 @@ pub static ALL: &[ToolDef] = &[
     image::INFO,
     image::CONVERT,
     image::RESIZE,
-    image::SNAPSHOT_LIST,
-    image::SNAPSHOT_CREATE,
-    image::SNAPSHOT_APPLY,
-    image::SNAPSHOT_DELETE,
+    image_snapshot::SNAPSHOT_LIST,
+    image_snapshot::SNAPSHOT_CREATE,
+    image_snapshot::SNAPSHOT_APPLY,
+    image_snapshot::SNAPSHOT_DELETE,
     download::DOWNLOAD,
     sandbox::SANDBOX,
     sandbox::DESTROY,

@@ -9,8 +9,9 @@ use serde_json::Value;
 
 use crate::mcp::tool::ToolError;
 use crate::net::download::DownloadError;
-use crate::qemu::cmdline::{ArgsError, ForwardError};
+use crate::qemu::extra_args::ArgsError;
 use crate::qemu::firmware::FirmwareError;
+use crate::qemu::forwards::ForwardError;
 use crate::qemu::img::{ImgError, SizeError};
 use crate::qemu::keys::KeyError;
 use crate::qemu::process::{self, KillError, SpawnError};
