@@ -87,6 +87,11 @@ fn p(path: &std::path::Path) -> String {
     qopt(&path.to_string_lossy())
 }
 
+/// QEMU's own seccomp sandbox, as libvirt sets it by default: a QEMU that a guest exploit takes
+/// over cannot start programs, raise privileges, or change its resource limits.
+pub const SECCOMP_POLICY: &str =
+    "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny";
+
 /// Builds QEMU's argv (without the binary) for a spec.
 pub fn build_argv(s: &LaunchSpec) -> Vec<String> {
     let mut a: Vec<String> = Vec::new();
@@ -95,6 +100,7 @@ pub fn build_argv(s: &LaunchSpec) -> Vec<String> {
         "-name",
         &format!("guest={},process=mcqemu-{}", qopt(&s.name), qopt(&s.name)),
     ]);
+    push(&["-sandbox", SECCOMP_POLICY]);
     push(&["-machine", &qopt(&s.machine)]);
     push(&["-accel", &s.accel]);
     if s.accel == "kvm" {
@@ -103,13 +109,7 @@ pub fn build_argv(s: &LaunchSpec) -> Vec<String> {
         push(&["-cpu", "max"]);
     }
     push(&["-m", &s.memory_mb.to_string(), "-smp", &s.cpus.to_string()]);
-    push(&[
-        "-display",
-        "none",
-        "-daemonize",
-        "-pidfile",
-        &s.pidfile.to_string_lossy(),
-    ]);
+    push(&["-display", "none", "-pidfile", &s.pidfile.to_string_lossy()]);
     push(&[
         "-qmp",
         &format!("unix:{},server=on,wait=off", p(&s.qmp_socket)),

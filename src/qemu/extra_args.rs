@@ -2,6 +2,7 @@
 //! every spelling QEMU accepts.
 
 use super::cmdline::{qopt, split_opts};
+use crate::state::roots::Access;
 
 /// Options that are refused outright in `extra_args`, with the reason.
 const DENIED: &[(&str, &str)] = &[
@@ -26,6 +27,10 @@ const DENIED: &[(&str, &str)] = &[
         "rewrites options after this policy checked them, mcqemu's own channels included",
     ),
     ("plugin", "loads host code into QEMU"),
+    (
+        "sandbox",
+        "mcqemu runs every QEMU in its seccomp sandbox, which extra_args cannot change",
+    ),
     ("hda", "host block devices"),
     ("hdb", "host block devices"),
     ("hdc", "host block devices"),
@@ -77,6 +82,60 @@ const FLAG_OPTS: &[&str] = &[
     "old-param",
 ];
 
+/// Options whose whole value is a host file or folder QEMU reads.
+const READ_FILE_OPTS: &[&str] = &["kernel", "initrd", "dtb", "bios", "option-rom", "L"];
+/// Options whose whole value is a host file QEMU writes (or maps for writing).
+const WRITE_FILE_OPTS: &[&str] = &["D", "mem-path"];
+/// Options whose value is free text for the guest, where a `/` names no host file.
+const TEXT_OPTS: &[&str] = &["append", "name", "k", "boot", "uuid"];
+/// Keys whose value is a host path (`file=`, `path=`, ...): written unless [`reads_only`].
+const FILE_KEYS: &[&str] = &[
+    "file",
+    "filename",
+    "path",
+    "mem-path",
+    "logfile",
+    "romfile",
+    "dtb",
+    "data",
+    "dir",
+    "sock",
+    "addr.path",
+    "x509-dir",
+];
+/// Keys that name guest-side or textual things even when they contain a `/`.
+const TEXT_KEYS: &[&str] = &[
+    "name",
+    "id",
+    "serial",
+    "mount_tag",
+    "vendor",
+    "product",
+    "version",
+];
+
+/// True when `opt`'s `key` names a file QEMU only reads.
+fn reads_only(opt: &str, key: &str, value: &str) -> bool {
+    matches!(key, "romfile" | "dtb" | "data" | "dir" | "x509-dir")
+        || matches!(opt, "fw_cfg" | "acpitable" | "smbios")
+        || (opt == "object" && implied(value, "qom-type").iter().any(|t| t == "secret"))
+        || (opt == "device" && implied(value, "driver").iter().any(|d| d == "loader"))
+        || ((opt == "drive" || opt == "blockdev")
+            && (has_key_value(value, "readonly", |v| matches!(v, "on" | "true" | "yes"))
+                || has_key_value(value, "read-only", |v| matches!(v, "on" | "true" | "yes"))))
+}
+
+/// A host file an `extra_args` option names: the caller checks it against the roots.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostFile {
+    /// The option, without dashes.
+    pub opt: String,
+    /// The path as written (QEMU resolves a relative one against its working folder).
+    pub path: String,
+    /// Whether QEMU reads or writes it.
+    pub access: Access,
+}
+
 /// Options whose value is a character-device spec, where `pipe:` talks to host FIFOs.
 const CHARDEV_SPEC_OPTS: &[&str] = &["parallel", "debugcon", "gdb"];
 
@@ -85,6 +144,13 @@ const CHARDEV_SPEC_OPTS: &[&str] = &["parallel", "debugcon", "gdb"];
 pub enum ArgsError {
     /// A bare argument, which QEMU opens as a hard disk image.
     Bare(String),
+    /// A value with a `/` that the policy cannot read as a host file or as text.
+    UnknownPath {
+        /// The option, without dashes.
+        opt: String,
+        /// The `key=value` (or bare value) in question.
+        part: String,
+    },
     /// An option, or an option value, the isolation policy refuses.
     Denied {
         /// The option as spelled, without its dashes.
@@ -101,6 +167,12 @@ impl std::fmt::Display for ArgsError {
                 f,
                 "extra_args: the bare argument {arg:?} is not allowed (QEMU opens a bare argument \
                  as a hard disk image, like -hda); attach disks with the disks parameter"
+            ),
+            ArgsError::UnknownPath { opt, part } => write!(
+                f,
+                "extra_args: -{opt} {part:?} may name a host file, and this policy cannot tell \
+                 which; name host files with a key it knows (file=, path=, filename=, \
+                 mem-path=, ...) so they can be checked against the roots"
             ),
             ArgsError::Denied { opt, reason } => write!(
                 f,
@@ -129,7 +201,9 @@ fn has_key_value(value: &str, key: &str, pred: impl Fn(&str) -> bool) -> bool {
 
 /// Checks `extra_args` against the isolation policy, for every spelling QEMU accepts
 /// (`-opt`, `--opt`, `-opt=value`, `-opt value`).
-pub fn check_extra_args(args: &[String]) -> Result<(), ArgsError> {
+/// Returns every host file the options name, for the caller to check against the roots.
+pub fn check_extra_args(args: &[String]) -> Result<Vec<HostFile>, ArgsError> {
+    let mut files = Vec::new();
     let mut i = 0;
     while i < args.len() {
         let arg = &args[i];
@@ -159,14 +233,14 @@ pub fn check_extra_args(args: &[String]) -> Result<(), ArgsError> {
                         return Err(denied(reason, vopt));
                     }
                     let vvalue = vinline.or(args.get(i).map(String::as_str)).unwrap_or("");
-                    check_option_value(&vopt_l, vvalue)?;
+                    check_option_value(vopt, vvalue, &mut files)?;
                 }
                 v
             }
         };
-        check_option_value(&opt_l, &value)?;
+        check_option_value(opt, &value, &mut files)?;
     }
-    Ok(())
+    Ok(files)
 }
 
 /// Reads an argument as QEMU's option parser does: `-opt`, `--opt`, `-opt=value`. None for a
@@ -220,7 +294,12 @@ fn implied(value: &str, key: &str) -> Vec<String> {
     out
 }
 
-fn check_option_value(opt: &str, value: &str) -> Result<(), ArgsError> {
+/// Checks one option (`opt` as spelled: QEMU's options are case-sensitive, `-D` is not `-d`)
+/// and collects the host files it names.
+fn check_option_value(opt: &str, value: &str, files: &mut Vec<HostFile>) -> Result<(), ArgsError> {
+    let spelled = opt;
+    let opt_lower = opt.to_ascii_lowercase();
+    let opt = opt_lower.as_str();
     let value = &flatten_json(value);
     let lower = value.to_ascii_lowercase();
     if DRIVE_OPTS.contains(&opt) {
@@ -276,6 +355,59 @@ fn check_option_value(opt: &str, value: &str) -> Result<(), ArgsError> {
             }
         }
         _ => {}
+    }
+    // Last, so an option the policy denies outright says why, not merely that it names a path.
+    collect_files(spelled, value, files)
+}
+
+/// Finds the host files an option's value names; a `/` anywhere this policy cannot read as a
+/// file or as text is refused, since QEMU might open it.
+fn collect_files(opt: &str, value: &str, files: &mut Vec<HostFile>) -> Result<(), ArgsError> {
+    let mut add = |path: &str, access| {
+        files.push(HostFile {
+            opt: opt.to_string(),
+            path: path.to_string(),
+            access,
+        })
+    };
+    if READ_FILE_OPTS.contains(&opt) {
+        add(value, Access::Read);
+        return Ok(());
+    }
+    if WRITE_FILE_OPTS.contains(&opt) {
+        add(value, Access::Write);
+        return Ok(());
+    }
+    if TEXT_OPTS.contains(&opt) {
+        return Ok(());
+    }
+    if opt == "incoming" && value.contains('/') {
+        return Err(denied("migration streams from host files or sockets", opt));
+    }
+    for part in split_opts(value) {
+        let Some((key, v)) = part.split_once('=') else {
+            if part.contains('/') {
+                return Err(ArgsError::UnknownPath {
+                    opt: opt.to_string(),
+                    part: part.clone(),
+                });
+            }
+            continue;
+        };
+        let key = key.trim().to_ascii_lowercase();
+        if FILE_KEYS.contains(&key.as_str()) {
+            let access = if reads_only(opt, &key, value) {
+                Access::Read
+            } else {
+                Access::Write
+            };
+            add(v, access);
+        } else if v.contains('/') && !TEXT_KEYS.contains(&key.as_str()) {
+            return Err(ArgsError::UnknownPath {
+                opt: opt.to_string(),
+                part: part.clone(),
+            });
+        }
     }
     Ok(())
 }

@@ -1,16 +1,13 @@
-//! QEMU processes: spawn daemonized with a pidfile, liveness (a zombie is not alive), identity
+//! QEMU processes: spawned detached with a pidfile, liveness (a zombie is not alive), identity
 //! from /proc/PID/cmdline, and verified kill escalation.
 
-use std::io::Read;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// How long QEMU may take to daemonize (parse options, open images, bind sockets).
+/// How long QEMU may take to start (parse options, open images, bind its QMP socket).
 pub const START_TIMEOUT: Duration = Duration::from_secs(60);
-/// How long to wait for the pidfile after QEMU daemonized.
-const PIDFILE_WAIT: Duration = Duration::from_secs(5);
 
 /// What starting QEMU produced.
 #[derive(Debug)]
@@ -35,9 +32,9 @@ pub enum SpawnError {
     },
     /// Waiting for the starting process failed.
     Wait(std::io::Error),
-    /// QEMU did not daemonize within [`START_TIMEOUT`] and was killed.
+    /// QEMU did not start within [`START_TIMEOUT`] and was killed.
     Timeout,
-    /// QEMU exited with an error before daemonizing.
+    /// QEMU exited with an error while starting.
     Failed {
         /// Its exit status.
         status: std::process::ExitStatus,
@@ -78,15 +75,26 @@ impl std::error::Error for SpawnError {
     }
 }
 
-/// Starts `binary argv...` (which must include `-daemonize -pidfile FILE`), in its own
-/// session, with stdin/stdout on /dev/null and start-up stderr captured into the error.
-pub fn spawn_daemon(binary: &str, argv: &[String], pidfile: &Path) -> Result<Started, SpawnError> {
+/// Starts `binary argv...` detached: in its own session, stdin on /dev/null, stdout and stderr
+/// into `log`, and ready once something listens on `ready_socket` (QEMU's QMP socket). QEMU's
+/// own `-daemonize` cannot be used: it forks after QEMU has entered its seccomp sandbox, which
+/// (with `spawn=deny`) kills it with SIGSYS. A waiter thread reaps QEMU whenever it exits while
+/// this server runs; after the server exits it is reparented like any daemon.
+pub fn spawn_detached(
+    binary: &str,
+    argv: &[String],
+    pidfile: &Path,
+    ready_socket: &Path,
+    log: &Path,
+) -> Result<Started, SpawnError> {
     let _ = std::fs::remove_file(pidfile);
+    let log_file = std::fs::File::create(log).map_err(SpawnError::Wait)?;
+    let log_err = log_file.try_clone().map_err(SpawnError::Wait)?;
     let mut cmd = Command::new(binary);
     cmd.args(argv)
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+        .stdout(Stdio::from(log_file))
+        .stderr(Stdio::from(log_err));
     // SAFETY: setsid is async-signal-safe and touches no memory of the parent.
     unsafe {
         cmd.pre_exec(|| {
@@ -104,64 +112,30 @@ pub fn spawn_daemon(binary: &str, argv: &[String], pidfile: &Path) -> Result<Sta
             }
         }
     })?;
-    let stderr = child.stderr.take();
-    let (tx, rx) = std::sync::mpsc::channel();
-    if let Some(mut s) = stderr {
-        std::thread::spawn(move || {
-            let mut kept = Vec::new();
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = s.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                if kept.len() < 64 * 1024 {
-                    kept.extend_from_slice(&buf[..n]);
-                }
-                let _ = tx.send(Some(kept.clone()));
-            }
-            let _ = tx.send(None);
-        });
-    }
-    // A waiter thread blocks in wait(2), so the parent's exit (QEMU has daemonized) is seen at
-    // once rather than at the next poll.
-    let child_pid = child.id() as i32;
+    let pid = child.id() as i32;
     let (wtx, wrx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = wtx.send(child.wait());
-    });
-    let status = match wrx.recv_timeout(START_TIMEOUT) {
-        Ok(Ok(s)) => s,
-        Ok(Err(e)) => return Err(SpawnError::Wait(e)),
-        Err(_) => {
-            // SAFETY: kill(2) on our own unreaped child (the waiter has not returned).
-            unsafe { libc::kill(child_pid, libc::SIGKILL) };
-            let _ = wrx.recv_timeout(Duration::from_secs(5));
-            return Err(SpawnError::Timeout);
-        }
-    };
-    // The daemon closes its inherited stderr right after the parent exits; wait a little for EOF.
-    let mut err_text = Vec::new();
-    let until = Instant::now() + Duration::from_millis(if status.success() { 50 } else { 2000 });
+    std::thread::Builder::new()
+        .name(format!("qemu-{pid}-reaper"))
+        .spawn(move || {
+            let _ = wtx.send(child.wait());
+        })
+        .map_err(SpawnError::Wait)?;
+    let deadline = Instant::now() + START_TIMEOUT;
     loop {
-        let left = until.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(left) {
-            Ok(Some(t)) => err_text = t,
-            Ok(None) | Err(_) => break,
+        match wrx.try_recv() {
+            Ok(Ok(status)) => {
+                let text = std::fs::read(log).unwrap_or_default();
+                let tail = &text[text.len().saturating_sub(64 * 1024)..];
+                return Err(SpawnError::Failed {
+                    status,
+                    stderr: String::from_utf8_lossy(tail).trim().to_string(),
+                });
+            }
+            Ok(Err(e)) => return Err(SpawnError::Wait(e)),
+            Err(_) => {}
         }
-    }
-    let err_text = String::from_utf8_lossy(&err_text).trim().to_string();
-    if !status.success() {
-        return Err(SpawnError::Failed {
-            status,
-            stderr: err_text,
-        });
-    }
-    let deadline = Instant::now() + PIDFILE_WAIT;
-    loop {
-        if let Some(pid) = std::fs::read_to_string(pidfile)
-            .ok()
-            .and_then(|s| s.trim().parse::<i32>().ok())
-            .filter(|p| *p > 0)
+        if super::sock::is_socket(ready_socket)
+            && super::sock::connect(ready_socket, Duration::from_millis(50)).is_ok()
         {
             return Ok(Started {
                 pid: Some(pid),
@@ -169,16 +143,12 @@ pub fn spawn_daemon(binary: &str, argv: &[String], pidfile: &Path) -> Result<Sta
             });
         }
         if Instant::now() >= deadline {
-            return Ok(Started {
-                pid: None,
-                warning: Some(format!(
-                    "QEMU started but its pidfile {} could not be read; liveness is judged by the \
-                     QMP socket",
-                    pidfile.display()
-                )),
-            });
+            // SAFETY: kill(2) on our own child, which the reaper has not reaped yet.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            let _ = wrx.recv_timeout(Duration::from_secs(5));
+            return Err(SpawnError::Timeout);
         }
-        std::thread::sleep(Duration::from_millis(5));
+        std::thread::sleep(Duration::from_millis(2));
     }
 }
 

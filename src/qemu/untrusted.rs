@@ -42,7 +42,12 @@ impl std::fmt::Display for ImageError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ImageError::Img(e) => write!(f, "{e}"),
-            ImageError::Reaches { image, what, target, why } => write!(
+            ImageError::Reaches {
+                image,
+                what,
+                target,
+                why,
+            } => write!(
                 f,
                 "refusing {}: it names {what} {target:?}, which is refused: {why}",
                 image.display()
@@ -184,7 +189,13 @@ mod tests {
             "backing file",
             "json:{\"driver\":\"nbd\",\"host\":\"10.0.0.1\"}",
         );
-        assert!(matches!(r, Err(ImageError::Reaches { why: RootsError::Invalid(_), .. })));
+        assert!(matches!(
+            r,
+            Err(ImageError::Reaches {
+                why: RootsError::Invalid(_),
+                ..
+            })
+        ));
         let r = check_reference(Path::new("/tmp/x.qcow2"), "backing file", "nbd://h/x");
         assert!(matches!(r, Err(ImageError::Reaches { .. })));
     }

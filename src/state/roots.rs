@@ -338,10 +338,14 @@ pub fn resolve(path: &Path) -> Result<PathBuf, RootsError> {
             };
             let parent = path.parent().unwrap_or(Path::new("/"));
             let dir = std::fs::canonicalize(parent).map_err(|e| {
-                RootsError::Unresolvable(format!(
-                    "the folder of {} cannot be resolved: {e}; create it first",
-                    path.display()
-                ))
+                RootsError::Unresolvable(if e.kind() == std::io::ErrorKind::NotFound {
+                    format!(
+                        "the folder of {} does not exist; create it first",
+                        path.display()
+                    )
+                } else {
+                    format!("the folder of {} cannot be resolved: {e}", path.display())
+                })
             })?;
             Ok(dir.join(leaf))
         }

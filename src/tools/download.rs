@@ -5,6 +5,7 @@ use serde_json::json;
 use super::path_arg;
 use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolOutput, ToolResult};
 use crate::net::download::{self, Request, Watcher};
+use crate::state::roots::Access;
 
 struct CtxWatch<'a>(&'a ToolCtx);
 
@@ -85,7 +86,7 @@ pub const DOWNLOAD: ToolDef = ToolDef {
 fn run(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let url = args.str("url")?;
     download::check_url(url)?;
-    let path = path_arg(args, "path")?;
+    let path = path_arg(args, "path", Access::Write)?;
     let sha256 = match args.opt_str("sha256")? {
         Some(s) => Some(download::check_sha256(s)?),
         None => None,

@@ -14,6 +14,7 @@ use crate::qemu::qmp::{Qmp, QmpError};
 use crate::qemu::screen::{self, Png, TempCapture};
 use crate::qemu::vm;
 use crate::state::registry::Record;
+use crate::state::roots::Access;
 
 /// Largest |dx| or |dy| for vm_mouse_move.
 pub const MAX_DELTA: i64 = 20000;
@@ -107,7 +108,7 @@ pub const SCREENSHOT: ToolDef = ToolDef {
 fn screenshot(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     let name = args.str("name")?.to_string();
     let save_to: Option<PathBuf> = match args.opt_str("path")? {
-        Some(_) => Some(super::path_arg(args, "path")?),
+        Some(_) => Some(super::path_arg(args, "path", Access::Write)?),
         None => None,
     };
     let rec = live(&name)?;

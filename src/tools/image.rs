@@ -5,10 +5,11 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
-use super::{object, path_arg};
+use super::{checked_image, object, path_arg};
 use crate::clock;
 use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::qemu::img::{self, ImgError, FORMATS};
+use crate::state::roots::{self, Access};
 
 fn formats_schema(desc: &str) -> Value {
     json!({"type": "string", "enum": FORMATS, "default": "qcow2", "description": desc})
@@ -204,7 +205,7 @@ pub const CREATE: ToolDef = ToolDef {
 };
 
 fn create(_ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let path = path_arg(args, "path")?;
+    let path = path_arg(args, "path", Access::Write)?;
     let size = img::parse_size(args.str("size")?)?;
     let format = args.str_or("format", "qcow2")?;
     let overwrite = args.bool_or("overwrite", false)?;
@@ -212,15 +213,14 @@ fn create(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     let backing = match args.opt_str("backing_file")? {
         None => None,
         Some(b) => {
-            let b = crate::state::paths::resolve(b)
+            let b = roots::check_str(b, Access::Read)
                 .map_err(|e| ToolError::new(format!("parameter 'backing_file': {e}")))?;
             if b == path {
                 return Err(ToolError::new(
                     "backing_file and path are the same file; an image cannot back itself",
                 ));
             }
-            must_exist(&b, "backing file")?;
-            let fmt = img::probe_format(&b)?;
+            let fmt = checked_image(&b, "backing file", None)?.format;
             Some((b, fmt))
         }
     };
@@ -298,9 +298,13 @@ pub const INFO: ToolDef = ToolDef {
 };
 
 fn info(_ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let path = path_arg(args, "path")?;
+    let path = path_arg(args, "path", Access::Read)?;
     must_exist(&path, "image")?;
     let chain = args.bool_or("backing_chain", false)?;
+    if chain {
+        // The whole chain is opened below: every file in it must be checked first.
+        checked_image(&path, "image", None)?;
+    }
     let (top, chain_v) = if chain {
         let all = img::info(&path, true)?;
         let top = all
@@ -367,8 +371,8 @@ pub const CONVERT: ToolDef = ToolDef {
 };
 
 fn convert(ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let source = path_arg(args, "source")?;
-    let dest = path_arg(args, "dest")?;
+    let source = path_arg(args, "source", Access::Read)?;
+    let dest = path_arg(args, "dest", Access::Write)?;
     let format = args.str_or("format", "qcow2")?;
     let compress = args.bool_or("compress", false)?;
     let overwrite = args.bool_or("overwrite", false)?;
@@ -384,7 +388,7 @@ fn convert(ctx: &ToolCtx, args: &Args) -> ToolResult {
         )));
     }
     refuse_existing(&dest, overwrite)?;
-    let src_format = img::probe_format(&source)?;
+    let src_format = checked_image(&source, "source image", None)?.format;
     let tmp = temp_sibling(&dest);
     ctx.progress_now(0.0, Some(1.0), "converting");
     let result = img::convert(&source, &src_format, &tmp, format, compress, &|| {
@@ -459,10 +463,10 @@ pub const RESIZE: ToolDef = ToolDef {
 };
 
 fn resize(_ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let path = path_arg(args, "path")?;
+    let path = path_arg(args, "path", Access::Write)?;
     let size_s = args.str("size")?.trim();
     let shrink = args.bool_or("shrink", false)?;
-    must_exist(&path, "image")?;
+    checked_image(&path, "image", None)?;
     refuse_in_use(&path)?;
     let info = img::info(&path, false)?;
     let format = info

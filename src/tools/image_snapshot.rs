@@ -4,12 +4,12 @@
 use serde_json::{json, Value};
 
 use super::image::{
-    must_exist, out_object, path_schema, refuse_in_use, snapshot_item_schema, snapshots_of,
-    tag_schema,
+    out_object, path_schema, refuse_in_use, snapshot_item_schema, snapshots_of, tag_schema,
 };
-use super::{check_tag, object, path_arg};
+use super::{check_tag, checked_image, object, path_arg};
 use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::qemu::img::{self, SnapshotOp};
+use crate::state::roots::Access;
 
 fn snapshot_list_out() -> Value {
     out_object(
@@ -62,8 +62,8 @@ pub const SNAPSHOT_LIST: ToolDef = ToolDef {
 };
 
 fn snapshot_list(_ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let path = path_arg(args, "path")?;
-    must_exist(&path, "image")?;
+    let path = path_arg(args, "path", Access::Read)?;
+    checked_image(&path, "image", None)?;
     let info = img::info(&path, false)?;
     Ok(ToolOutput::json(
         json!({"path": path.display().to_string(), "snapshots": snapshots_of(&info)}),
@@ -128,10 +128,10 @@ pub const SNAPSHOT_DELETE: ToolDef = ToolDef {
 };
 
 fn snapshot_op(_ctx: &ToolCtx, args: &Args, op: SnapshotOp) -> ToolResult {
-    let path = path_arg(args, "path")?;
+    let path = path_arg(args, "path", Access::Write)?;
     let tag = args.str("tag")?;
     check_tag(tag)?;
-    must_exist(&path, "image")?;
+    checked_image(&path, "image", None)?;
     refuse_in_use(&path)?;
     let info = img::info(&path, false)?;
     let existing = snapshots_of(&info);

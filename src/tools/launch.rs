@@ -6,16 +6,17 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 use serde_json::{json, Map, Value};
 
-use super::{object, path_arg, vm_name_arg};
+use super::quota;
+use super::{checked_image, object, path_arg, vm_name_arg};
 use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::qemu::cmdline::{self, LaunchSpec};
 use crate::qemu::extra_args::check_extra_args;
 use crate::qemu::forwards::{resolve_forwards, Forward};
 use crate::qemu::qmp::{self, QmpError};
 use crate::qemu::vm::{self, measure};
-use crate::qemu::{accel, firmware, img, process, sock};
-use crate::state::paths;
+use crate::qemu::{accel, firmware, process, sock};
 use crate::state::registry::{to_record, RegistryError};
+use crate::state::roots::{self, Access};
 
 /// Default `arch` of launch_vm and sandbox_vm.
 pub const DEFAULT_ARCH: &str = "x86_64";
@@ -48,7 +49,7 @@ fn resolve_existing(args: &Args, key: &str, what: &str) -> Result<Option<PathBuf
     match args.opt_str(key)? {
         None => Ok(None),
         Some(_) => {
-            let p = path_arg(args, key)?;
+            let p = path_arg(args, key, Access::Read)?;
             if !p.is_file() {
                 return Err(ToolError::new(format!(
                     "{what} {} does not exist or is not a file",
@@ -86,6 +87,7 @@ pub fn choose_accel(requested: &str) -> Result<(String, Option<String>), ToolErr
 struct Reservation<'a> {
     name: &'a str,
     qmp_socket: String,
+    memory_mb: u64,
     launching: Launching,
 }
 
@@ -108,6 +110,8 @@ struct LaunchedRecord<'a> {
     memory_mb: u64,
     cpus: u64,
     disks: Vec<String>,
+    /// Each disk's format, probed once when first seen and pinned from then on.
+    disk_formats: Map<String, Value>,
     iso: Option<String>,
     firmware: &'a str,
     kernel: Option<String>,
@@ -163,8 +167,12 @@ pub fn launch(ctx: &ToolCtx, mut req: LaunchRequest) -> ToolResult {
             )));
         }
     }
-    // Reserve the name first, across threads and processes (the registry lock).
+    // Reserve the name first, across threads and processes (the registry lock), within the
+    // quotas.
+    let limits = quota::Limits::current();
+    let (memory_mb, cpus) = (req.spec.memory_mb, req.spec.cpus);
     vm::registry().update(|vms| {
+        quota::admit(vms, &name, memory_mb, cpus, limits)?;
         if let Some(old) = vms.get(&name) {
             let m = measure(old);
             if m.alive() {
@@ -177,6 +185,7 @@ pub fn launch(ctx: &ToolCtx, mut req: LaunchRequest) -> ToolResult {
         let rec = to_record(&Reservation {
             name: &name,
             qmp_socket: qmp_sock.display().to_string(),
+            memory_mb,
             launching: Launching {
                 owner_pid: std::process::id(),
                 since: crate::clock::now_secs(),
@@ -226,7 +235,8 @@ fn start_reserved(ctx: &ToolCtx, req: &LaunchRequest, rt: &Path, sd: &Path) -> T
         "info",
         &format!("launching VM {name}: {} {}", s.binary, argv.join(" ")),
     );
-    let started = process::spawn_daemon(&s.binary, &argv, &s.pidfile)?;
+    let log = sd.join("qemu.log");
+    let started = process::spawn_detached(&s.binary, &argv, &s.pidfile, &s.qmp_socket, &log)?;
     let mut warnings: Vec<String> = started.warning.into_iter().collect();
     let (actual_accel, status, version) =
         match qmp::with_session(&s.qmp_socket, |q| -> Result<_, QmpError> {
@@ -268,6 +278,11 @@ fn start_reserved(ctx: &ToolCtx, req: &LaunchRequest, rt: &Path, sd: &Path) -> T
         memory_mb: s.memory_mb,
         cpus: s.cpus,
         disks: s.disks.iter().map(|(p, _)| display(p)).collect(),
+        disk_formats: s
+            .disks
+            .iter()
+            .map(|(p, f)| (display(p), json!(f)))
+            .collect(),
         iso: s.iso.as_deref().map(display),
         firmware: &req.firmware,
         kernel: s.kernel.as_deref().map(display),
@@ -436,7 +451,14 @@ pub fn request_from_args(
     };
     let (accel, accel_note) = choose_accel(&requested)?;
     let extra_args = args.str_list("extra_args")?;
-    check_extra_args(&extra_args)?;
+    for file in check_extra_args(&extra_args)? {
+        roots::check_str(&file.path, file.access).map_err(|e| {
+            ToolError::new(format!(
+                "extra_args: -{} names {:?}: {e}",
+                file.opt, file.path
+            ))
+        })?;
+    }
     let no_net = args.bool_or("no_net", false)?;
     let fw_specs = args.str_list("port_forwards")?;
     if no_net && !fw_specs.is_empty() {
@@ -519,16 +541,27 @@ pub const LAUNCH: ToolDef = ToolDef {
 
 fn launch_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let name = vm_name_arg(args)?;
+    // Formats probed at an earlier launch of this VM stay pinned: a guest that wrote another
+    // format's header into its raw disk must not change how the next launch opens it.
+    let pinned: Map<String, Value> = vm::registry()
+        .load()
+        .get(&name)
+        .and_then(|r| r.get("disk_formats"))
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
     let mut disks = Vec::new();
     for (i, d) in args.str_list("disks")?.iter().enumerate() {
-        let p = paths::resolve(d).map_err(|e| ToolError::new(format!("disks[{i}]: {e}")))?;
+        let p = roots::check_str(d, Access::Write)
+            .map_err(|e| ToolError::new(format!("disks[{i}]: {e}")))?;
         if !p.is_file() {
             return Err(ToolError::new(format!(
                 "disks[{i}]: {} does not exist or is not a file; create one with image_create",
                 p.display()
             )));
         }
-        let fmt = img::probe_format(&p)?;
+        let pin = pinned.get(&p.display().to_string()).and_then(Value::as_str);
+        let fmt = checked_image(&p, &format!("disks[{i}]"), pin)?.format;
         disks.push((p, fmt));
     }
     let req = request_from_args(args, &name, disks)?;

@@ -13,6 +13,7 @@ use crate::qemu::qmp::{self, QmpError};
 use crate::qemu::vm::{self, measure, Status};
 use crate::qemu::{process, sock};
 use crate::state::registry::{to_record, Record};
+use crate::state::roots::Access;
 
 /// Looks up a VM record or says how to find the right name.
 pub fn lookup(name: &str) -> Result<Record, ToolError> {
@@ -161,7 +162,7 @@ fn socket_arg(args: &Args, key: &str) -> Result<Option<PathBuf>, ToolError> {
     if args.opt_str(key)?.is_none() {
         return Ok(None);
     }
-    let p = path_arg(args, key)?;
+    let p = path_arg(args, key, Access::Read)?;
     let p = std::fs::canonicalize(&p)
         .map_err(|e| ToolError::new(format!("{key} {}: {e}", p.display())))?;
     if !sock::is_socket(&p) {

@@ -1,11 +1,13 @@
 //! The MCP tools, one module per group, each saying what its tools mean in terms of `qemu/`
 //! and `state/`. [`ALL`] is the fixed order `tools/list` shows.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
 use crate::mcp::tool::{Args, ToolDef, ToolError};
+use crate::qemu::untrusted::{self, Checked};
+use crate::state::roots::{self, Access};
 
 pub mod download;
 pub mod drive;
@@ -16,6 +18,7 @@ pub mod inspect;
 pub mod keyboard;
 pub mod launch;
 pub mod lifecycle;
+pub mod quota;
 pub mod sandbox;
 pub mod serial;
 pub mod session;
@@ -68,10 +71,23 @@ pub fn find(name: &str) -> Option<&'static ToolDef> {
 }
 
 /// A path parameter, `~`-expanded and made absolute.
-pub fn path_arg(args: &Args, name: &str) -> Result<PathBuf, ToolError> {
+/// A path parameter, checked against the roots for `access` and resolved (every symlink and
+/// `..`): the tool must use the returned path from then on, never the text it was given.
+pub fn path_arg(args: &Args, name: &str, access: Access) -> Result<PathBuf, ToolError> {
     let raw = args.str(name)?;
-    crate::state::paths::resolve(raw)
-        .map_err(|e| ToolError::new(format!("parameter '{name}': {e}")))
+    roots::check_str(raw, access).map_err(|e| ToolError::new(format!("parameter '{name}': {e}")))
+}
+
+/// An existing disk image, checked as untrusted data: its backing chain and external data
+/// file must stay inside the roots. `format` pins how it is read (None probes it once).
+pub fn checked_image(path: &Path, what: &str, format: Option<&str>) -> Result<Checked, ToolError> {
+    if !path.is_file() {
+        return Err(ToolError::new(format!(
+            "{what} {} does not exist or is not a file",
+            path.display()
+        )));
+    }
+    Ok(untrusted::check(path, format)?)
 }
 
 /// Checks a snapshot tag against `^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`.

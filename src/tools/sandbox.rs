@@ -8,13 +8,14 @@ use serde_json::{json, Map, Value};
 
 use super::launch;
 use super::lifecycle::lookup;
-use super::{object, path_arg};
+use super::{checked_image, object, path_arg};
 use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::qemu::qga;
 use crate::qemu::qmp;
 use crate::qemu::vm::{self, measure};
 use crate::qemu::{img, process};
 use crate::state::registry::{valid_name, RegistryError};
+use crate::state::roots::Access;
 
 /// Longest one agent probe may take while waiting; the wait never overshoots by more.
 const POLL_SLICE: Duration = Duration::from_millis(500);
@@ -102,16 +103,8 @@ fn first_free_name() -> String {
 }
 
 fn sandbox_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let base = path_arg(args, "base_image")?;
-    if !base.is_file() {
-        return Err(ToolError::new(format!(
-            "base_image {} does not exist or is not a file",
-            base.display()
-        )));
-    }
-    let base = std::fs::canonicalize(&base)
-        .map_err(|e| ToolError::new(format!("base_image {}: {e}", base.display())))?;
-    let base_fmt = img::probe_format(&base)?;
+    let base = path_arg(args, "base_image", Access::Read)?;
+    let base_fmt = checked_image(&base, "base_image", None)?.format;
     let name = match args.opt_str("name")? {
         Some(n) if valid_name(n) => n.to_string(),
         Some(n) => {

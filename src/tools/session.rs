@@ -18,8 +18,10 @@ use crate::qemu::process::{self, KillError, SpawnError};
 use crate::qemu::qga::{self, Qga, QgaError, SessionFault};
 use crate::qemu::qmp::{self, Qmp, QmpError};
 use crate::qemu::run::RunError;
+use crate::qemu::untrusted::ImageError;
 use crate::qemu::vm::{self, measure, Status};
 use crate::state::registry::{Record, RegistryError};
+use crate::state::roots::RootsError;
 
 /// `From<E> for ToolError` for errors whose messages are already written for the agent.
 macro_rules! tool_error_from {
@@ -44,6 +46,8 @@ tool_error_from!(
     KillError,
     KeyError,
     DownloadError,
+    RootsError,
+    ImageError,
 );
 
 /// What can fail inside a VM session: the channel itself (explained for the VM when the

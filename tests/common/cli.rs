@@ -155,7 +155,8 @@ pub fn run_cli_with(
     let mut cmd = Command::new(BIN);
     cmd.args(args)
         .env("MCQEMU_STATE_DIR", tmp.join("state"))
-        .env("MCQEMU_RUNTIME_DIR", tmp.join("runtime"));
+        .env("MCQEMU_RUNTIME_DIR", tmp.join("runtime"))
+        .env("MCQEMU_ROOTS", super::server::test_roots());
     let done = try_run_command(&mut cmd, stdin, timeout).unwrap_or_else(|e| panic!("{e}"));
     CliOutput {
         code: done.status.code(),

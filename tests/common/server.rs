@@ -112,6 +112,7 @@ impl Server {
         let mut cmd = Command::new(BIN);
         cmd.env("MCQEMU_STATE_DIR", state)
             .env("MCQEMU_RUNTIME_DIR", runtime)
+            .env("MCQEMU_ROOTS", test_roots())
             .env_remove("MCQEMU_TOOLS_PAGE_SIZE")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -499,4 +500,14 @@ impl Drop for Server {
             let _ = self.child.wait();
         }
     }
+}
+
+/// The roots a test server gets unless a test sets `MCQEMU_ROOTS` itself: the temporary folder
+/// (where every test keeps its files) and the test-guest cache under `target/`.
+pub fn test_roots() -> String {
+    let guest = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("target")
+        .join("test-guest");
+    let _ = std::fs::create_dir_all(&guest);
+    format!("{}:{}", std::env::temp_dir().display(), guest.display())
 }
