@@ -158,6 +158,27 @@ pub fn checks() -> Vec<Check> {
             }),
         }
     }
+    let (status, detail) = seccomp_support("qemu-system-x86_64");
+    out.push(Check {
+        name: "seccomp".into(),
+        status,
+        detail,
+        essential: status == "FAIL",
+    });
+    match crate::state::roots::set_operator_roots(&crate::state::roots::env_roots()) {
+        Ok(()) => out.push(Check {
+            name: "roots".into(),
+            status: "ok",
+            detail: crate::state::roots::summary(),
+            essential: false,
+        }),
+        Err(e) => out.push(Check {
+            name: "roots".into(),
+            status: "FAIL",
+            detail: format!("MCQEMU_ROOTS: {e}"),
+            essential: true,
+        }),
+    }
     let reg = paths::registry_file();
     let (status, detail) = registry_health(&reg);
     out.push(Check {
@@ -167,6 +188,55 @@ pub fn checks() -> Vec<Check> {
         essential: false,
     });
     out
+}
+
+/// Whether `binary` accepts the seccomp sandbox every VM runs in: a QEMU without seccomp
+/// support exits at once with an error; one with it is still running (paused, no machine)
+/// after half a second, and is killed.
+fn seccomp_support(binary: &str) -> (&'static str, String) {
+    let mut cmd = std::process::Command::new(binary);
+    cmd.args(["-sandbox", crate::qemu::cmdline::SECCOMP_POLICY])
+        .args(["-machine", "none", "-nodefaults", "-display", "none", "-S"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => return ("warn", format!("cannot run {binary}: {e}")),
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(500);
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => {
+                let mut err = String::new();
+                if let Some(mut e) = child.stderr.take() {
+                    use std::io::Read;
+                    let _ = e.read_to_string(&mut err);
+                }
+                return (
+                    "FAIL",
+                    format!(
+                        "{binary} refuses -sandbox ({status}): {}; every VM runs in QEMU's \
+                         seccomp sandbox, so install a QEMU built with seccomp",
+                        err.trim()
+                    ),
+                );
+            }
+            Ok(None) if std::time::Instant::now() >= deadline => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return (
+                    "ok",
+                    format!(
+                        "{binary} runs under -sandbox {}",
+                        crate::qemu::cmdline::SECCOMP_POLICY
+                    ),
+                );
+            }
+            Ok(None) => std::thread::sleep(std::time::Duration::from_millis(10)),
+            Err(e) => return ("warn", format!("cannot wait for {binary}: {e}")),
+        }
+    }
 }
 
 fn registry_health(reg: &Path) -> (&'static str, String) {

@@ -152,6 +152,21 @@ pub fn spawn_detached(
     }
 }
 
+/// The seccomp mode the kernel enforces on a process (`Seccomp:` in /proc/PID/status):
+/// "filter" for QEMU's `-sandbox on`, "strict", or "off"; None when the process is gone.
+pub fn seccomp(pid: i32) -> Option<&'static str> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let mode = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Seccomp:"))?
+        .trim();
+    Some(match mode {
+        "2" => "filter",
+        "1" => "strict",
+        _ => "off",
+    })
+}
+
 /// The process state letter from /proc/PID/stat (R, S, D, Z, T, ...), or None if gone.
 pub fn state(pid: i32) -> Option<char> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -254,14 +269,22 @@ impl std::error::Error for KillError {}
 /// SIGTERM, then SIGKILL, each verified. Returns the steps taken, or an error when even
 /// SIGKILL did not end it.
 pub fn terminate(pid: i32) -> Result<Vec<&'static str>, KillError> {
+    terminate_within(pid, Duration::from_secs(3))
+}
+
+/// [`terminate`], giving SIGTERM `term_wait` (zero: straight to SIGKILL, which also ends a
+/// stopped process).
+pub fn terminate_within(pid: i32, term_wait: Duration) -> Result<Vec<&'static str>, KillError> {
     let mut steps = Vec::new();
     if !alive(pid) {
         return Ok(steps);
     }
-    signal(pid, libc::SIGTERM);
-    steps.push("SIGTERM");
-    if wait_dead(pid, Duration::from_secs(3)) {
-        return Ok(steps);
+    if !term_wait.is_zero() {
+        signal(pid, libc::SIGTERM);
+        steps.push("SIGTERM");
+        if wait_dead(pid, term_wait) {
+            return Ok(steps);
+        }
     }
     signal(pid, libc::SIGKILL);
     steps.push("SIGKILL");

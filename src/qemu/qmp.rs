@@ -35,6 +35,8 @@ pub enum QmpError {
     Garbage(String),
     /// A message exceeded the size cap.
     TooLarge,
+    /// Another operation of this server kept the monitor past the caller's budget.
+    Held,
     /// QEMU answered with an error.
     Command {
         /// QMP error class.
@@ -58,6 +60,10 @@ impl std::fmt::Display for QmpError {
             QmpError::Closed => write!(f, "QEMU closed the QMP connection"),
             QmpError::Garbage(m) => write!(f, "QEMU sent something that is not QMP: {m}"),
             QmpError::TooLarge => write!(f, "a QMP message exceeded {MAX_MESSAGE} bytes"),
+            QmpError::Held => write!(
+                f,
+                "another operation of this server is using the monitor; retry shortly"
+            ),
             QmpError::Command { class, desc } => write!(f, "QEMU refused: {desc} ({class})"),
         }
     }
@@ -74,6 +80,35 @@ impl From<WireError> for QmpError {
             WireError::Garbage(g) => QmpError::Garbage(g),
         }
     }
+}
+
+/// Like [`with_session`], but never waits longer than `budget` for the in-process session lock
+/// and QEMU's greeting together: for callers that must answer in time even when the monitor
+/// is held or QEMU is wedged (list_vms, vm_info, a forced stop).
+pub fn with_session_within<T, E: From<QmpError>>(
+    path: &Path,
+    budget: Duration,
+    f: impl FnOnce(&mut Qmp) -> Result<T, E>,
+) -> Result<T, E> {
+    let deadline = Instant::now() + budget;
+    let lock = super::sock::session_lock(path);
+    let _guard = loop {
+        match lock.try_lock() {
+            Ok(g) => break g,
+            Err(std::sync::TryLockError::Poisoned(p)) => break p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                if Instant::now() >= deadline {
+                    return Err(QmpError::Held.into());
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+    };
+    let left = deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1));
+    let mut qmp = Qmp::connect(path, left)?;
+    f(&mut qmp)
 }
 
 /// Runs `f` with an open QMP session on `path`, serialized against other sessions to the same

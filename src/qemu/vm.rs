@@ -68,6 +68,10 @@ pub enum Status {
     Busy,
     /// A process is there but QMP failed.
     Unreachable,
+    /// QEMU's monitor did not answer in time: QEMU is stuck, or another program holds it.
+    Unresponsive,
+    /// The QEMU process is stopped (SIGSTOP, state T in /proc).
+    Frozen,
     /// Another QEMU run state (inmigrate, prelaunch, shutdown, guest-panicked, ...).
     RunState(String),
 }
@@ -91,6 +95,8 @@ impl Status {
             Status::Starting => "starting",
             Status::Busy => "busy",
             Status::Unreachable => "unreachable",
+            Status::Unresponsive => "unresponsive",
+            Status::Frozen => "frozen",
             Status::RunState(s) => s,
         }
     }
@@ -158,18 +164,37 @@ pub fn measure_process(rec: &Record) -> Option<Measured> {
             Some(format!("PID {p} now belongs to another program")),
         ));
     }
+    if matches!(process::state(p), Some('T') | Some('t')) {
+        return Some(Measured::new(
+            Status::Frozen,
+            Some(format!(
+                "the QEMU process (PID {p}) is stopped (SIGSTOP) and answers nothing; stop_vm \
+                 with force=true ends it, or SIGCONT lets it run again"
+            )),
+        ));
+    }
     None
 }
 
-/// Measures a VM: process liveness and identity for spawned VMs, a QMP query for the run state.
+/// How long [`measure`] may take for one VM.
+pub const MEASURE_BUDGET: Duration = Duration::from_secs(4);
+
+/// Measures a VM: process liveness and identity for spawned VMs, a QMP query for the run state,
+/// within [`MEASURE_BUDGET`].
 pub fn measure(rec: &Record) -> Measured {
+    measure_within(rec, MEASURE_BUDGET)
+}
+
+/// [`measure`] within `budget`: a monitor that has not answered by then is `unresponsive`.
+pub fn measure_within(rec: &Record, budget: Duration) -> Measured {
     if let Some(m) = measure_process(rec) {
         return m;
     }
     let sock = qmp_socket(rec);
-    let pid = pid(rec);
-    match qmp::with_session(&sock, |q| {
-        q.execute_within("query-status", None, Duration::from_secs(5))
+    let deadline = std::time::Instant::now() + budget;
+    match qmp::with_session_within(&sock, budget, |q| {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        q.execute_within("query-status", None, left.max(Duration::from_millis(1)))
     }) {
         Ok(st) => {
             let s = st
@@ -178,13 +203,29 @@ pub fn measure(rec: &Record) -> Measured {
                 .unwrap_or("unknown");
             Measured::new(Status::from_run_state(s), None)
         }
-        Err(QmpError::NoGreeting) => Measured::new(
+        Err(e) => classify(rec, &e, budget),
+    }
+}
+
+/// The status a failed QMP session shows, for a VM whose process (if known) looked alive.
+pub fn classify(rec: &Record, e: &QmpError, budget: Duration) -> Measured {
+    let pid = pid(rec);
+    match e {
+        QmpError::Held => Measured::new(
             Status::Busy,
-            Some("another operation holds the monitor".into()),
+            Some("another operation of this server is using the monitor".into()),
+        ),
+        QmpError::NoGreeting | QmpError::Timeout(_) => Measured::new(
+            Status::Unresponsive,
+            Some(format!(
+                "the monitor did not answer within {:.1} s: QEMU is stuck or another program \
+                 holds its monitor; stop_vm with force=true ends it",
+                budget.as_secs_f64()
+            )),
         ),
         // Without a PID only a socket nobody serves means stopped: one that answers with
         // garbage, too much, or too late has a live QEMU (or something) behind it.
-        Err(e) => {
+        _ => {
             if pid.is_some() {
                 Measured::new(
                     Status::Unreachable,

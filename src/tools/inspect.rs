@@ -1,6 +1,11 @@
 //! Inspect tools: list_vms and vm_info, with status measured, never remembered.
 
-use std::time::Duration;
+use std::collections::BTreeMap;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// How long vm_info may spend on QMP: a wedged QEMU is reported, not waited for.
+const INFO_BUDGET: Duration = Duration::from_millis(4500);
 
 use serde_json::{json, Value};
 
@@ -8,7 +13,8 @@ use super::lifecycle::lookup;
 use super::session::explain_qmp;
 use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolOutput, ToolResult};
 use crate::qemu::qmp::{self, QmpError};
-use crate::qemu::vm::{self, measure, Status};
+use crate::qemu::vm::{self, Measured, Status};
+use crate::state::registry::Vms;
 
 const SUMMARY_FIELDS: &[&str] = &[
     "source",
@@ -69,13 +75,68 @@ pub const LIST: ToolDef = ToolDef {
     handler: list_vms,
 };
 
+/// How long list_vms may spend measuring, for all VMs together.
+const LIST_BUDGET: Duration = Duration::from_millis(900);
+
+/// Measures every VM at once, each within the list's budget: a VM settled by its record or
+/// process costs nothing; the others are asked over QMP in parallel, and one that has not
+/// answered when the budget runs out is reported `unresponsive` instead of holding up the rest.
+fn measure_all(vms: &Vms) -> BTreeMap<String, Measured> {
+    let deadline = Instant::now() + LIST_BUDGET;
+    let mut out = BTreeMap::new();
+    let (tx, rx) = mpsc::channel();
+    let mut asked = 0;
+    for (name, rec) in vms {
+        if let Some(m) = vm::measure_process(rec) {
+            out.insert(name.clone(), m);
+            continue;
+        }
+        let (tx, name, rec) = (tx.clone(), name.clone(), rec.clone());
+        let probe = std::thread::Builder::new()
+            .name("list-probe".into())
+            .spawn(move || {
+                let m =
+                    vm::measure_within(&rec, LIST_BUDGET.saturating_sub(Duration::from_millis(50)));
+                let _ = tx.send((name, m));
+            });
+        if probe.is_ok() {
+            asked += 1;
+        }
+    }
+    drop(tx);
+    for _ in 0..asked {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok((name, m)) => {
+                out.insert(name, m);
+            }
+            Err(_) => break,
+        }
+    }
+    for name in vms.keys() {
+        out.entry(name.clone()).or_insert_with(|| Measured {
+            status: Status::Unresponsive,
+            detail: Some(format!(
+                "did not answer within {} ms; vm_info waits longer, stop_vm with force=true \
+                 ends it",
+                LIST_BUDGET.as_millis()
+            )),
+        });
+    }
+    out
+}
+
 fn list_vms(_ctx: &ToolCtx, _args: &Args) -> ToolResult {
     let reg = vm::registry();
     let vms = reg.load();
+    let mut measured = measure_all(&vms);
     let list: Vec<Value> = vms
         .iter()
         .map(|(name, rec)| {
-            let m = measure(rec);
+            let m = measured.remove(name).unwrap_or(Measured {
+                status: Status::Unresponsive,
+                detail: None,
+            });
             let mut o = json!({"name": name, "status": m.status});
             for f in SUMMARY_FIELDS {
                 o[*f] = rec.get(*f).cloned().unwrap_or(Value::Null);
@@ -95,7 +156,10 @@ fn list_vms(_ctx: &ToolCtx, _args: &Args) -> ToolResult {
 }
 
 const INFO_DESCRIPTION: &str = "A VM's record plus live details from QMP: run state, QEMU \
-    version, accelerator in use, vCPUs, memory, block devices and port forwards.";
+    version, accelerator in use, vCPUs, memory, block devices, port forwards, and the seccomp \
+    sandbox the kernel enforces on its QEMU. Answers within 5 s: a QEMU whose monitor does not \
+    answer is reported unresponsive, a stopped (SIGSTOP) one frozen; stop_vm with force=true \
+    ends either.";
 
 /// `vm_info`.
 pub const INFO: ToolDef = ToolDef {
@@ -122,7 +186,9 @@ pub const INFO: ToolDef = ToolDef {
                 "block_devices": {"type": "array", "items": {"type": "object"}},
                 "port_forwards": {"type": "array", "items": {"type": "object"}},
                 "accel": {"type": ["string", "null"]},
-                "qemu_version": {"type": ["string", "null"]}
+                "qemu_version": {"type": ["string", "null"]},
+                "seccomp": {"type": ["string", "null"]},
+                "detail": {"type": "string"}
             },
             "required": ["name", "status", "record"]
         })
@@ -151,6 +217,7 @@ fn vm_info(_ctx: &ToolCtx, args: &Args) -> ToolResult {
         "vcpus": null, "memory_mb": null,
         "accel": rec.get("accel").cloned().unwrap_or(Value::Null),
         "qemu_version": rec.get("qemu_version").cloned().unwrap_or(Value::Null),
+        "seccomp": vm::pid(&rec).and_then(crate::qemu::process::seccomp),
     });
     if let Some(m) = settled {
         if let Some(d) = &m.detail {
@@ -158,14 +225,21 @@ fn vm_info(_ctx: &ToolCtx, args: &Args) -> ToolResult {
         }
         return Ok(ToolOutput::json(out));
     }
-    let live = qmp::with_session(&vm::qmp_socket(&rec), |q| -> Result<_, QmpError> {
-        let t = Duration::from_secs(5);
-        let status = q.execute_within("query-status", None, t)?;
-        let cpus = q.execute_within("query-cpus-fast", None, t)?;
-        let block = q.execute_within("query-block", None, t)?;
-        let kvm = q.execute_within("query-kvm", None, t)?;
-        let mem = q.execute_within("query-memory-size-summary", None, t).ok();
-        Ok((status, cpus, block, kvm, mem, q.version.clone()))
+    let deadline = Instant::now() + INFO_BUDGET;
+    let left = || {
+        deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1))
+    };
+    let live = qmp::with_session_within(&vm::qmp_socket(&rec), INFO_BUDGET, |q| {
+        let status = q.execute_within("query-status", None, left())?;
+        let cpus = q.execute_within("query-cpus-fast", None, left())?;
+        let block = q.execute_within("query-block", None, left())?;
+        let kvm = q.execute_within("query-kvm", None, left())?;
+        let mem = q
+            .execute_within("query-memory-size-summary", None, left())
+            .ok();
+        Ok::<_, QmpError>((status, cpus, block, kvm, mem, q.version.clone()))
     });
     match live {
         Ok((status, cpus, block, kvm, mem, version)) => {
@@ -207,8 +281,11 @@ fn vm_info(_ctx: &ToolCtx, args: &Args) -> ToolResult {
             out["block_devices"] = json!(devs);
         }
         Err(e) => {
-            // The session failed: measure properly (busy monitor, exited, unreachable).
-            let m = measure(&rec);
+            // The session failed: say why without another wait (busy, unresponsive, exited).
+            let m = match vm::measure_process(&rec) {
+                Some(settled) => settled,
+                None => vm::classify(&rec, &e, INFO_BUDGET),
+            };
             out["status"] = json!(m.status);
             out["detail"] = json!(m.detail.unwrap_or_else(|| explain_qmp(&name, &rec, &e)));
         }

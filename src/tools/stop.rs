@@ -67,7 +67,16 @@ fn stop_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
         Duration::from_secs_f64(args.opt_f64("timeout")?.unwrap_or(30.0).clamp(0.0, 3600.0));
     let rec = lookup(&name)?;
     let started = Instant::now();
-    let m = measure(&rec);
+    // A forced stop never waits on the monitor just to learn the status: the process says
+    // enough (a wedged QEMU must still end within about 2 s).
+    let m = if force {
+        vm::measure_process(&rec).unwrap_or(vm::Measured {
+            status: Status::Running,
+            detail: None,
+        })
+    } else {
+        measure(&rec)
+    };
     if m.status == Status::Starting {
         return Err(being_launched(&name));
     }
@@ -151,10 +160,34 @@ fn graceful_stop(
     )))
 }
 
+/// How long a forced stop gives QMP `quit` (greeting and reply together) before signals.
+const QUIT_BUDGET: Duration = Duration::from_millis(700);
+/// How long a forced stop waits for SIGTERM before SIGKILL.
+const TERM_WAIT: Duration = Duration::from_millis(500);
+
 fn force_stop(name: &str, rec: &Record) -> Result<(String, Vec<String>), ToolError> {
     let sock_path = vm::qmp_socket(rec);
-    let quit = qmp::with_session(&sock_path, |q| {
-        match q.execute_within("quit", None, Duration::from_secs(2)) {
+    if let Some(pid) = vm::pid(rec) {
+        if !process::is_our_vm(pid, &sock_path) && vm::spawned(rec) && process::alive(pid) {
+            return Err(ToolError::new(format!(
+                "PID {pid} is no longer VM {name:?}'s QEMU; refusing to signal it"
+            )));
+        }
+        // A stopped process answers neither QMP nor SIGTERM: SIGKILL ends it all the same.
+        if matches!(process::state(pid), Some('T') | Some('t')) {
+            let steps = process::terminate_within(pid, Duration::ZERO)?;
+            return Ok((
+                steps.last().copied().unwrap_or("SIGKILL").to_string(),
+                Vec::new(),
+            ));
+        }
+    }
+    let deadline = Instant::now() + QUIT_BUDGET;
+    let quit = qmp::with_session_within(&sock_path, QUIT_BUDGET, |q| {
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1));
+        match q.execute_within("quit", None, left) {
             Ok(_) | Err(QmpError::Closed) => Ok(q.event_names()),
             Err(e) => Err(e),
         }
@@ -165,12 +198,7 @@ fn force_stop(name: &str, rec: &Record) -> Result<(String, Vec<String>), ToolErr
             if quit.is_ok() && process::wait_dead(pid, Duration::from_secs(2)) {
                 return Ok(("quit".into(), events));
             }
-            if !process::is_our_vm(pid, &sock_path) && vm::spawned(rec) && process::alive(pid) {
-                return Err(ToolError::new(format!(
-                    "PID {pid} is no longer VM {name:?}'s QEMU; refusing to signal it"
-                )));
-            }
-            let steps = process::terminate(pid)?;
+            let steps = process::terminate_within(pid, TERM_WAIT)?;
             Ok((steps.last().copied().unwrap_or("quit").to_string(), events))
         }
         None => {
