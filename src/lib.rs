@@ -15,6 +15,7 @@
 pub mod b64;
 pub mod cli;
 pub mod clock;
+pub mod cloudinit;
 pub mod doctor;
 pub mod log;
 pub mod mcp;
