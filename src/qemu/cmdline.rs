@@ -81,6 +81,8 @@ pub struct LaunchSpec {
     pub pidfile: PathBuf,
     /// Operator-supplied extra arguments (already checked).
     pub extra_args: Vec<String>,
+    /// A cloud-init NoCloud seed attached read-only as a CD-ROM.
+    pub seed: Option<PathBuf>,
 }
 
 fn p(path: &std::path::Path) -> String {
@@ -165,6 +167,15 @@ pub fn build_argv(s: &LaunchSpec) -> Vec<String> {
             ),
         ]);
         push(&["-boot", "order=dc"]);
+    }
+    if let Some(seed) = &s.seed {
+        push(&[
+            "-drive",
+            &format!(
+                "file={},format=raw,media=cdrom,readonly=on,id=mcq-seed",
+                p(seed)
+            ),
+        ]);
     }
     if !s.no_net {
         let mut netdev = String::from("user,id=mcq-net0");

@@ -8,6 +8,7 @@ use serde_json::{json, Map, Value};
 
 use super::quota;
 use super::{checked_image, object, path_arg, vm_name_arg};
+use crate::cloudinit::CloudInit;
 use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::qemu::cmdline::{self, LaunchSpec};
 use crate::qemu::extra_args::check_extra_args;
@@ -140,6 +141,39 @@ pub struct LaunchRequest {
     pub accel_note: Option<String>,
     /// Firmware name for the record.
     pub firmware: String,
+    /// A cloud-init seed to write for this launch (a fresh instance id each time).
+    pub cloud_init: Option<CloudInit>,
+}
+
+/// Writes the launch's cloud-init seed into the VM's folder (`seed.iso`, replaced at every
+/// launch with a fresh instance id) and attaches it.
+fn write_seed(req: &mut LaunchRequest, sd: &Path) -> Result<(), ToolError> {
+    let Some(ci) = &req.cloud_init else {
+        return Ok(());
+    };
+    std::fs::create_dir_all(sd)
+        .map_err(|e| ToolError::new(format!("cannot create {}: {e}", sd.display())))?;
+    let instance_id = crate::cloudinit::new_instance_id();
+    let image = ci
+        .seed(&instance_id, &req.spec.name, crate::clock::now_secs())
+        .map_err(|e| ToolError::new(format!("cloud_init: {e}")))?;
+    let seed = sd.join("seed.iso");
+    let tmp = sd.join(format!(".seed.iso.tmp-{}", std::process::id()));
+    std::fs::write(&tmp, &image)
+        .and_then(|()| std::fs::rename(&tmp, &seed))
+        .map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            ToolError::new(format!(
+                "cannot write the cloud-init seed {}: {e}",
+                seed.display()
+            ))
+        })?;
+    req.extra_record.insert(
+        "cloud_init".into(),
+        json!({"instance_id": instance_id, "seed": seed.display().to_string()}),
+    );
+    req.spec.seed = Some(seed);
+    Ok(())
 }
 
 /// Reserves the name, starts QEMU, and records the VM. On failure the reservation is dropped.
@@ -194,7 +228,7 @@ pub fn launch(ctx: &ToolCtx, mut req: LaunchRequest) -> ToolResult {
         vms.insert(name.clone(), rec);
         Ok(())
     })?;
-    let result = start_reserved(ctx, &req, &rt, &sd);
+    let result = write_seed(&mut req, &sd).and_then(|()| start_reserved(ctx, &req, &rt, &sd));
     if result.is_err() {
         let _ = vm::registry().update(|vms| {
             if vms.get(&name).is_some_and(|r| r.contains_key("launching")) {
@@ -323,8 +357,10 @@ fn start_reserved(ctx: &ToolCtx, req: &LaunchRequest, rt: &Path, sd: &Path) -> T
         "serial_log": s.serial_log.display().to_string(),
         "warnings": warnings,
     });
-    if let Some(sb) = req.extra_record.get("sandbox") {
-        out["sandbox"] = sb.clone();
+    for key in ["sandbox", "cloud_init"] {
+        if let Some(v) = req.extra_record.get(key) {
+            out[key] = v.clone();
+        }
     }
     Ok(ToolOutput::json(out))
 }
@@ -402,7 +438,22 @@ fn launch_props() -> Value {
         "append": {
             "type": ["string", "null"], "default": null,
             "description": "Direct kernel boot: kernel command line."
-        }
+        },
+        "cloud_init": cloud_init_schema()
+    })
+}
+
+/// The `cloud_init` parameter of launch_vm and sandbox_vm.
+pub fn cloud_init_schema() -> Value {
+    json!({
+        "type": ["object", "null"], "default": null,
+        "description": "cloud-init configuration, written as a NoCloud seed (a CD-ROM labelled \
+            cidata, with a fresh instance-id at every launch). Fields: hostname, users \
+            [{name, ssh_authorized_keys, sudo, shell, groups, lock_passwd}], \
+            ssh_authorized_keys (for the image's default user), packages, runcmd (strings or \
+            argv lists), write_files [{path, content, encoding, permissions, owner}], \
+            network_config; or user_data, a raw string passed verbatim instead of all but \
+            network_config."
     })
 }
 
@@ -422,7 +473,8 @@ fn launch_out() -> Value {
             "qga_socket": {"type": "string"},
             "serial_log": {"type": "string"},
             "warnings": {"type": "array", "items": {"type": "string"}},
-            "sandbox": {"type": "object"}
+            "sandbox": {"type": "object"},
+            "cloud_init": {"type": "object"}
         },
         "required": ["name", "status", "accel", "qmp_socket"]
     })
@@ -509,11 +561,16 @@ pub fn request_from_args(
     if spec.initrd.is_some() && spec.kernel.is_none() {
         return Err(ToolError::new("initrd needs kernel (direct kernel boot)"));
     }
+    let cloud_init = match args.0.get("cloud_init") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(CloudInit::parse(v)?),
+    };
     Ok(LaunchRequest {
         spec,
         extra_record: Map::new(),
         accel_note,
         firmware,
+        cloud_init,
     })
 }
 

@@ -12,6 +12,7 @@ use crate::state::roots::{self, Access};
 pub mod download;
 pub mod drive;
 pub mod guest;
+pub mod guest_run;
 pub mod image;
 pub mod image_snapshot;
 pub mod inspect;

@@ -6,9 +6,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 
-use super::launch;
 use super::lifecycle::lookup;
 use super::{checked_image, object, path_arg};
+use super::{guest_run, launch};
 use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::qemu::qga;
 use crate::qemu::qmp;
@@ -56,7 +56,17 @@ pub const SANDBOX: ToolDef = ToolDef {
                 "wait_agent_s": {"type": "number", "minimum": 0, "maximum": 3600, "default": 90},
                 "kernel": {"type": ["string", "null"], "default": null},
                 "initrd": {"type": ["string", "null"], "default": null},
-                "append": {"type": ["string", "null"], "default": null}
+                "append": {"type": ["string", "null"], "default": null},
+                "cloud_init": launch::cloud_init_schema(),
+                "wait_cloud_init": {
+                    "type": "boolean", "default": false,
+                    "description": "Also wait, through the agent, until cloud-init has finished \
+                        (/var/lib/cloud/instance/boot-finished), and report its status."
+                },
+                "wait_cloud_init_s": {
+                    "type": "number", "minimum": 0, "maximum": 3600, "default": 600,
+                    "description": "How long to wait for cloud-init after the agent answers."
+                }
             }),
             &["base_image"],
         )
@@ -74,7 +84,8 @@ pub const SANDBOX: ToolDef = ToolDef {
                 "overlay": {"type": "string"},
                 "base_image": {"type": "string"},
                 "port_forwards": {"type": "array", "items": {"type": "object"}},
-                "warnings": {"type": "array", "items": {"type": "string"}}
+                "warnings": {"type": "array", "items": {"type": "string"}},
+                "cloud_init": {"type": "object"}
             },
             "required": ["name", "status", "agent_ready", "overlay", "base_image"]
         })
@@ -130,7 +141,14 @@ fn sandbox_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
         None => vec!["auto:22".to_string()],
     };
     launch_args.insert("port_forwards".into(), json!(forwards));
-    for k in ["base_image", "name", "allow_network", "wait_agent_s"] {
+    for k in [
+        "base_image",
+        "name",
+        "allow_network",
+        "wait_agent_s",
+        "wait_cloud_init",
+        "wait_cloud_init_s",
+    ] {
         launch_args.remove(k);
     }
     let launch_args = crate::mcp::tool::Args(launch_args);
@@ -172,6 +190,14 @@ fn sandbox_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
     out["agent_wait_ms"] = json!(started.elapsed().as_millis() as u64);
     out["overlay"] = json!(overlay.display().to_string());
     out["base_image"] = json!(base.display().to_string());
+    if ready && args.bool_or("wait_cloud_init", false)? {
+        let wait_ci = Duration::from_secs_f64(
+            args.opt_f64("wait_cloud_init_s")?
+                .unwrap_or(600.0)
+                .clamp(0.0, 3600.0),
+        );
+        out["cloud_init"] = guest_run::wait_cloud_init(ctx, &name, wait_ci)?;
+    }
     if !ready && wait > Duration::ZERO {
         if let Some(w) = out["warnings"].as_array_mut() {
             w.push(json!(format!(

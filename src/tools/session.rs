@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use crate::cloudinit::ConfigError;
 use crate::mcp::tool::ToolError;
 use crate::net::download::DownloadError;
 use crate::qemu::extra_args::ArgsError;
@@ -48,6 +49,7 @@ tool_error_from!(
     DownloadError,
     RootsError,
     ImageError,
+    ConfigError,
 );
 
 /// What can fail inside a VM session: the channel itself (explained for the VM when the
