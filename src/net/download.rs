@@ -3,9 +3,45 @@
 
 use std::fs::File;
 use std::io::{Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::Duration;
+
+/// A hash algorithm a download is checked with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Algo {
+    /// SHA-256 (64 hex digits).
+    Sha256,
+    /// SHA-512 (128 hex digits).
+    Sha512,
+}
+
+impl Algo {
+    /// The algorithm whose hex digest has `len` digits.
+    pub fn from_hex_len(len: usize) -> Option<Algo> {
+        match len {
+            64 => Some(Algo::Sha256),
+            128 => Some(Algo::Sha512),
+            _ => None,
+        }
+    }
+
+    /// Its usual name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Algo::Sha256 => "sha256",
+            Algo::Sha512 => "sha512",
+        }
+    }
+
+    fn ring(self) -> &'static ring::digest::Algorithm {
+        match self {
+            Algo::Sha256 => &ring::digest::SHA256,
+            Algo::Sha512 => &ring::digest::SHA512,
+        }
+    }
+}
 
 /// What the caller asked for.
 pub struct Request<'a> {
@@ -13,25 +49,32 @@ pub struct Request<'a> {
     pub url: &'a str,
     /// Final path.
     pub dest: &'a Path,
-    /// Expected SHA-256 as lower-case hex.
-    pub sha256: Option<String>,
+    /// The digest computed over the body.
+    pub algo: Algo,
+    /// Expected digest (in `algo`) as lower-case hex.
+    pub expect: Option<String>,
     /// Replace an existing file at `dest`.
     pub overwrite: bool,
     /// Refuse bodies larger than this.
     pub max_bytes: Option<u64>,
+    /// Keep an interrupted download under a fixed temporary name and continue it next time
+    /// with an HTTP Range request (a cancelled or corrupt one is still removed).
+    pub resume: bool,
 }
 
 /// What a finished download produced.
 #[derive(Debug)]
 pub struct Done {
-    /// Bytes written.
+    /// Bytes in the file.
     pub bytes: u64,
-    /// SHA-256 of what was written, lower-case hex.
-    pub sha256: String,
+    /// Digest (in the request's algorithm) of the file, lower-case hex.
+    pub digest: String,
     /// HTTP status of the final response.
     pub status: u16,
     /// URL after redirects.
     pub final_url: String,
+    /// Bytes kept from an earlier, interrupted download (0 when none were).
+    pub resumed_from: u64,
 }
 
 /// Hooks into the caller: progress and cancellation.
@@ -334,21 +377,38 @@ fn temp_for(dest: &Path) -> PathBuf {
     dest.with_file_name(format!(".{name}.part-{}-{nanos}", std::process::id()))
 }
 
-/// Downloads per `req`. On any error the temporary file is removed and `dest` is untouched.
-pub fn download(req: &Request, watch: &dyn Watcher) -> Result<Done, DownloadError> {
-    check_url(req.url)?;
-    if !req.overwrite && req.dest.exists() {
-        return Err(DownloadError::Exists(req.dest.to_path_buf()));
+/// The fixed temporary name an interrupted resumable download is kept under, and the file
+/// beside it that says what it is a part of (the URL and the server's validator).
+fn partial_for(dest: &Path) -> (PathBuf, PathBuf) {
+    let name = dest
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    (
+        dest.with_file_name(format!(".{name}.partial")),
+        dest.with_file_name(format!(".{name}.partial.json")),
+    )
+}
+
+/// What an earlier attempt left to continue: its length and the validator to send with
+/// `If-Range`, or None when there is nothing usable for this URL.
+fn resumable(part: &Path, meta: &Path, url: &str) -> Option<(u64, Option<String>)> {
+    let len = std::fs::metadata(part).ok()?.len();
+    let info: serde_json::Value = serde_json::from_slice(&std::fs::read(meta).ok()?).ok()?;
+    if len == 0 || info.get("url").and_then(serde_json::Value::as_str) != Some(url) {
+        return None;
     }
-    let parent = req
-        .dest
-        .parent()
-        .filter(|p| p.is_dir())
-        .ok_or_else(|| DownloadError::NoFolder(req.dest.to_path_buf()))?;
-    let _ = parent;
+    let validator = info
+        .get("validator")
+        .and_then(serde_json::Value::as_str)
+        .map(str::to_string);
+    Some((len, validator))
+}
+
+fn agent() -> ureq::Agent {
     // Redirects are followed here, not by ureq: ureq panics on a Location without a host
     // (e.g. file:///etc/passwd), and every hop must pass the same http(s) check as the URL.
-    let agent: ureq::Agent = ureq::Agent::config_builder()
+    ureq::Agent::config_builder()
         .timeout_connect(Some(Duration::from_secs(20)))
         .timeout_recv_response(Some(Duration::from_secs(60)))
         .timeout_per_read(Some(Duration::from_secs(60)))
@@ -356,28 +416,46 @@ pub fn download(req: &Request, watch: &dyn Watcher) -> Result<Done, DownloadErro
         .http_status_as_error(false)
         .user_agent(concat!("mcqemu/", env!("CARGO_PKG_VERSION")))
         .build()
-        .into();
-    let mut url = req.url.to_string();
+        .into()
+}
+
+/// GETs `url` (with `range` as `Range`/`If-Range` when continuing), following redirects with
+/// each hop checked. Returns the response and the final URL.
+fn get(
+    url: &str,
+    range: Option<(u64, Option<&str>)>,
+) -> Result<(ureq::http::Response<ureq::Body>, String), DownloadError> {
+    let agent = agent();
+    let mut url = url.to_string();
     let mut hops = 0;
-    let resp = loop {
-        let resp = agent
-            .get(&url)
+    loop {
+        let mut rb = agent.get(&url);
+        if let Some((from, validator)) = range {
+            rb = rb.header("Range", &format!("bytes={from}-"));
+            if let Some(v) = validator {
+                rb = rb.header("If-Range", v);
+            }
+        }
+        let resp = rb
             .call()
             .map_err(|e| DownloadError::Request(describe(&url, e)))?;
         let status = resp.status().as_u16();
+        if status == 416 {
+            return Ok((resp, url));
+        }
         if (400..600).contains(&status) {
             let e = ureq::Error::StatusCode(status);
             return Err(DownloadError::Request(describe(&url, e)));
         }
         if !(300..400).contains(&status) {
-            break resp;
+            return Ok((resp, url));
         }
         let location = header(&resp, "Location").ok_or_else(|| DownloadError::NoLocation {
             status,
             url: url.clone(),
         })?;
         if hops >= MAX_REDIRECTS {
-            return Err(DownloadError::TooManyRedirects(req.url.to_string()));
+            return Err(DownloadError::TooManyRedirects(url));
         }
         let next = join_location(&url, &location);
         if let Err(why) = check_url(&next) {
@@ -389,34 +467,127 @@ pub fn download(req: &Request, watch: &dyn Watcher) -> Result<Done, DownloadErro
         }
         url = next;
         hops += 1;
-    };
+    }
+}
+
+/// Fetches a small document (a checksum file) into memory, at most `max` bytes.
+pub fn fetch_small(url: &str, max: usize) -> Result<Vec<u8>, DownloadError> {
+    check_url(url)?;
+    let (resp, _) = get(url, None)?;
     let status = resp.status().as_u16();
-    let final_url = url;
-    let total: Option<u64> = header(&resp, "Content-Length").and_then(|v| v.trim().parse().ok());
+    if status != 200 {
+        let e = ureq::Error::StatusCode(status);
+        return Err(DownloadError::Request(describe(url, e)));
+    }
+    let mut body = Vec::new();
+    resp.into_body()
+        .into_reader()
+        .take(max as u64 + 1)
+        .read_to_end(&mut body)
+        .map_err(|error| DownloadError::Connection { done: 0, error })?;
+    if body.len() > max {
+        return Err(DownloadError::PassedMax(max as u64));
+    }
+    Ok(body)
+}
+
+/// The start offset of a `Content-Range: bytes START-END/TOTAL` header.
+fn range_start(resp: &ureq::http::Response<ureq::Body>) -> Option<u64> {
+    let v = header(resp, "Content-Range")?;
+    let rest = v.trim().strip_prefix("bytes")?.trim();
+    rest.split('-').next()?.trim().parse().ok()
+}
+
+/// Downloads per `req`. On any error `dest` is untouched; the temporary file is removed, except
+/// that a resumable download interrupted by the network keeps it for the next attempt.
+pub fn download(req: &Request, watch: &dyn Watcher) -> Result<Done, DownloadError> {
+    check_url(req.url)?;
+    if !req.overwrite && req.dest.exists() {
+        return Err(DownloadError::Exists(req.dest.to_path_buf()));
+    }
+    req.dest
+        .parent()
+        .filter(|p| p.is_dir())
+        .ok_or_else(|| DownloadError::NoFolder(req.dest.to_path_buf()))?;
+    let (tmp, meta) = if req.resume {
+        partial_for(req.dest)
+    } else {
+        (temp_for(req.dest), PathBuf::new())
+    };
+    let earlier = if req.resume {
+        resumable(&tmp, &meta, req.url)
+    } else {
+        None
+    };
+    if req.resume && earlier.is_none() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    let range = earlier.as_ref().map(|(n, v)| (*n, v.as_deref()));
+    let (mut resp, mut final_url) = get(req.url, range)?;
+    let mut from = 0;
+    match (resp.status().as_u16(), &earlier) {
+        // The server continues where the last attempt stopped.
+        (206, Some((n, _))) if range_start(&resp) == Some(*n) => from = *n,
+        // Anything else (the file changed, ranges unsupported, a range past the end): start
+        // again from the first byte.
+        (200, _) => {}
+        _ => {
+            drop(resp);
+            let _ = std::fs::remove_file(&tmp);
+            (resp, final_url) = get(req.url, None)?;
+            if resp.status().as_u16() != 200 {
+                let e = ureq::Error::StatusCode(resp.status().as_u16());
+                return Err(DownloadError::Request(describe(req.url, e)));
+            }
+        }
+    }
+    let status = resp.status().as_u16();
+    let total: Option<u64> = header(&resp, "Content-Length")
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(|len| len + from);
     if let (Some(t), Some(max)) = (total, req.max_bytes) {
         if t > max {
+            let _ = std::fs::remove_file(&tmp);
             return Err(DownloadError::TooBig { size: t, max });
         }
     }
-    let tmp = temp_for(req.dest);
+    if req.resume {
+        let validator = header(&resp, "ETag").or_else(|| header(&resp, "Last-Modified"));
+        let info = serde_json::json!({"url": req.url, "validator": validator});
+        let _ = std::fs::write(&meta, info.to_string());
+    }
     let result = stream(
         Box::new(resp.into_body().into_reader()),
         &tmp,
+        from,
         total,
         req,
         watch,
     );
-    let done = match result {
-        Ok((bytes, digest)) => (bytes, digest),
+    let (bytes, digest) = match result {
+        Ok(r) => r,
         Err(e) => {
-            let _ = std::fs::remove_file(&tmp);
+            let keep = req.resume
+                && matches!(
+                    e,
+                    DownloadError::Connection { .. }
+                        | DownloadError::Stopped(_)
+                        | DownloadError::Short { .. }
+                );
+            if !keep {
+                let _ = std::fs::remove_file(&tmp);
+                let _ = std::fs::remove_file(&meta);
+            }
             return Err(e);
         }
     };
-    let (bytes, digest) = done;
-    if let Some(want) = &req.sha256 {
+    let discard = || {
+        let _ = std::fs::remove_file(&tmp);
+        let _ = std::fs::remove_file(&meta);
+    };
+    if let Some(want) = &req.expect {
         if *want != digest {
-            let _ = std::fs::remove_file(&tmp);
+            discard();
             return Err(DownloadError::Checksum {
                 want: want.clone(),
                 got: digest,
@@ -429,17 +600,21 @@ pub fn download(req: &Request, watch: &dyn Watcher) -> Result<Done, DownloadErro
         std::fs::hard_link(&tmp, req.dest).and_then(|_| std::fs::remove_file(&tmp))
     };
     if let Err(error) = placed {
-        let _ = std::fs::remove_file(&tmp);
+        discard();
         return Err(DownloadError::Place {
             dest: req.dest.to_path_buf(),
             error,
         });
     }
+    if req.resume {
+        let _ = std::fs::remove_file(&meta);
+    }
     Ok(Done {
         bytes,
-        sha256: digest,
+        digest,
         status,
         final_url,
+        resumed_from: from,
     })
 }
 
@@ -472,9 +647,12 @@ fn spawn_reader(
     Ok(rx)
 }
 
+/// Writes the body after the first `from` bytes already in `tmp` (0: a new file), hashing the
+/// whole file as it goes.
 fn stream(
     body: Box<dyn Read + Send + Sync>,
     tmp: &Path,
+    from: u64,
     total: Option<u64>,
     req: &Request,
     watch: &dyn Watcher,
@@ -486,15 +664,47 @@ fn stream(
             error,
         }
     };
-    let mut file = File::options()
-        .write(true)
-        .create_new(true)
-        .open(tmp)
-        .map_err(file_error("create"))?;
-    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    let mut ctx = ring::digest::Context::new(req.algo.ring());
+    let mut file = if from > 0 {
+        // The kept part is hashed first, so the digest covers the whole file.
+        let mut kept = File::options()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(tmp)
+            .map_err(file_error("read"))?;
+        let mut buf = vec![0u8; 1024 * 1024];
+        let mut read = 0u64;
+        while read < from {
+            let n = kept.read(&mut buf).map_err(file_error("read"))?;
+            if n == 0 {
+                break;
+            }
+            let n = n.min((from - read) as usize);
+            ctx.update(&buf[..n]);
+            read += n as u64;
+        }
+        let f = File::options()
+            .write(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(tmp)
+            .map_err(file_error("open"))?;
+        f.set_len(from).map_err(file_error("truncate"))?;
+        let mut f = f;
+        std::io::Seek::seek(&mut f, std::io::SeekFrom::Start(from)).map_err(file_error("seek"))?;
+        f
+    } else {
+        // Never through a symlink someone left at the temporary name.
+        File::options()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(tmp)
+            .map_err(file_error("create"))?
+    };
     let chunks = spawn_reader(body)?;
-    let mut done: u64 = 0;
-    watch.progress(0, total);
+    let mut done: u64 = from;
+    watch.progress(done, total);
     loop {
         if watch.cancelled() {
             return Err(DownloadError::Cancelled);

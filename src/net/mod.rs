@@ -1,3 +1,6 @@
-//! The network: HTTP(S) downloads for `image_download`.
+//! The network: HTTP(S) downloads for `image_download` and `image_pull`, the publishers'
+//! checksum files, and the catalog of distribution cloud images.
 
+pub mod catalog;
+pub mod checksums;
 pub mod download;

@@ -7,7 +7,8 @@ use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolOutput, ToolResu
 use crate::net::download::{self, Request, Watcher};
 use crate::state::roots::Access;
 
-struct CtxWatch<'a>(&'a ToolCtx);
+/// Progress and cancellation of a download, from the tool call's context.
+pub struct CtxWatch<'a>(pub &'a ToolCtx);
 
 impl Watcher for CtxWatch<'_> {
     fn progress(&self, done: u64, total: Option<u64>) {
@@ -95,7 +96,9 @@ fn run(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let req = Request {
         url,
         dest: &path,
-        sha256: sha256.clone(),
+        algo: download::Algo::Sha256,
+        expect: sha256.clone(),
+        resume: false,
         overwrite: args.bool_or("overwrite", false)?,
         max_bytes,
     };
@@ -106,7 +109,7 @@ fn run(ctx: &ToolCtx, args: &Args) -> ToolResult {
         "url": url,
         "final_url": done.final_url,
         "bytes": done.bytes,
-        "sha256": done.sha256,
+        "sha256": done.digest,
         "verified": sha256.is_some(),
         "http_status": done.status,
     })))

@@ -19,6 +19,7 @@ pub mod inspect;
 pub mod keyboard;
 pub mod launch;
 pub mod lifecycle;
+pub mod pull;
 pub mod quota;
 pub mod sandbox;
 pub mod serial;
@@ -57,6 +58,8 @@ pub static ALL: &[ToolDef] = &[
     image_snapshot::SNAPSHOT_APPLY,
     image_snapshot::SNAPSHOT_DELETE,
     download::DOWNLOAD,
+    pull::PULL,
+    pull::CATALOG,
     sandbox::SANDBOX,
     sandbox::DESTROY,
     guest::PING,
