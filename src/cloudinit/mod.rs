@@ -199,20 +199,6 @@ impl CloudInit {
         })
     }
 
-    /// Adds to the structured config (image_prepare's own needs); ignored for raw user-data.
-    pub fn extend(&mut self, packages: &[&str], runcmd: &[Value]) {
-        if let UserData::Config(cfg) = &mut self.user_data {
-            let p = cfg.entry("packages").or_insert_with(|| json!([]));
-            if let Some(list) = p.as_array_mut() {
-                list.extend(packages.iter().map(|s| json!(s)));
-            }
-            let r = cfg.entry("runcmd").or_insert_with(|| json!([]));
-            if let Some(list) = r.as_array_mut() {
-                list.extend(runcmd.iter().cloned());
-            }
-        }
-    }
-
     /// The `user-data` file.
     pub fn user_data(&self) -> String {
         match &self.user_data {

@@ -19,6 +19,7 @@ pub mod inspect;
 pub mod keyboard;
 pub mod launch;
 pub mod lifecycle;
+pub mod prepare;
 pub mod pull;
 pub mod quota;
 pub mod sandbox;
@@ -60,6 +61,7 @@ pub static ALL: &[ToolDef] = &[
     download::DOWNLOAD,
     pull::PULL,
     pull::CATALOG,
+    prepare::PREPARE,
     sandbox::SANDBOX,
     sandbox::DESTROY,
     guest::PING,

@@ -57,6 +57,11 @@ pub const SANDBOX: ToolDef = ToolDef {
                 "kernel": {"type": ["string", "null"], "default": null},
                 "initrd": {"type": ["string", "null"], "default": null},
                 "append": {"type": ["string", "null"], "default": null},
+                "firmware": {
+                    "type": "string", "enum": ["bios", "uefi"], "default": launch::DEFAULT_FIRMWARE,
+                    "description": "How the base image boots (cloud images: bios for Debian and \
+                        Ubuntu on x86_64, uefi on aarch64)."
+                },
                 "cloud_init": launch::cloud_init_schema(),
                 "wait_cloud_init": {
                     "type": "boolean", "default": false,
