@@ -102,7 +102,26 @@ const FILE_KEYS: &[&str] = &[
     "sock",
     "addr.path",
     "x509-dir",
+    "tftp",
 ];
+/// Keys whose value makes QEMU start a host program.
+const HOST_PROGRAM_KEYS: &[&str] = &["smb"];
+
+/// True for a value QEMU might open as a host path: with a `/`, or `.`/`..`/`~` forms (a
+/// relative name resolves against QEMU's working folder).
+fn looks_like_path(v: &str) -> bool {
+    let v = v.trim();
+    v.contains('/') || v == "." || v == ".." || v.starts_with('~')
+}
+
+/// True when an option's value names a file through a key this policy knows.
+fn has_file_key(value: &str) -> bool {
+    split_opts(value).iter().any(|p| {
+        p.split_once('=')
+            .is_some_and(|(k, _)| FILE_KEYS.contains(&k.trim().to_ascii_lowercase().as_str()))
+    })
+}
+
 /// Keys that name guest-side or textual things even when they contain a `/`.
 const TEXT_KEYS: &[&str] = &[
     "name",
@@ -116,8 +135,10 @@ const TEXT_KEYS: &[&str] = &[
 
 /// True when `opt`'s `key` names a file QEMU only reads.
 fn reads_only(opt: &str, key: &str, value: &str) -> bool {
-    matches!(key, "romfile" | "dtb" | "data" | "dir" | "x509-dir")
-        || matches!(opt, "fw_cfg" | "acpitable" | "smbios")
+    matches!(
+        key,
+        "romfile" | "dtb" | "data" | "dir" | "x509-dir" | "tftp"
+    ) || matches!(opt, "fw_cfg" | "acpitable" | "smbios")
         || (opt == "object" && implied(value, "qom-type").iter().any(|t| t == "secret"))
         || (opt == "device" && implied(value, "driver").iter().any(|d| d == "loader"))
         || ((opt == "drive" || opt == "blockdev")
@@ -134,6 +155,8 @@ pub struct HostFile {
     pub path: String,
     /// Whether QEMU reads or writes it.
     pub access: Access,
+    /// For a `-drive` image: the format it is opened as (always given: never probed).
+    pub image_format: Option<String>,
 }
 
 /// Options whose value is a character-device spec, where `pipe:` talks to host FIFOs.
@@ -363,20 +386,48 @@ fn check_option_value(opt: &str, value: &str, files: &mut Vec<HostFile>) -> Resu
 /// Finds the host files an option's value names; a `/` anywhere this policy cannot read as a
 /// file or as text is refused, since QEMU might open it.
 fn collect_files(opt: &str, value: &str, files: &mut Vec<HostFile>) -> Result<(), ArgsError> {
+    let drive_format = (opt == "drive").then(|| {
+        split_opts(value).into_iter().find_map(|p| {
+            p.split_once('=')
+                .filter(|(k, _)| k.trim().eq_ignore_ascii_case("format"))
+                .map(|(_, f)| f.trim().to_string())
+        })
+    });
+    if opt == "drive" && has_file_key(value) && drive_format.as_ref().is_some_and(Option::is_none) {
+        return Err(denied(
+            "a -drive image needs an explicit format= (a probed format lets a guest choose \
+             how its own disk is read)",
+            opt,
+        ));
+    }
+    if opt == "blockdev" && has_file_key(value) {
+        return Err(denied(
+            "-blockdev file nodes cannot be checked as images here; attach images with the \
+             disks parameter or -drive file=...,format=...",
+            opt,
+        ));
+    }
     let mut add = |path: &str, access| {
+        if !path.trim().starts_with('/') {
+            return Err(denied(
+                "host paths in extra_args must be absolute (a relative one would resolve \
+                 against the server's working folder)",
+                opt,
+            ));
+        }
         files.push(HostFile {
             opt: opt.to_string(),
             path: path.to_string(),
             access,
-        })
+            image_format: drive_format.clone().flatten(),
+        });
+        Ok(())
     };
     if READ_FILE_OPTS.contains(&opt) {
-        add(value, Access::Read);
-        return Ok(());
+        return add(value, Access::Read);
     }
     if WRITE_FILE_OPTS.contains(&opt) {
-        add(value, Access::Write);
-        return Ok(());
+        return add(value, Access::Write);
     }
     if TEXT_OPTS.contains(&opt) {
         return Ok(());
@@ -401,8 +452,10 @@ fn collect_files(opt: &str, value: &str, files: &mut Vec<HostFile>) -> Result<()
             } else {
                 Access::Write
             };
-            add(v, access);
-        } else if v.contains('/') && !TEXT_KEYS.contains(&key.as_str()) {
+            add(v, access)?;
+        } else if HOST_PROGRAM_KEYS.contains(&key.as_str()) {
+            return Err(denied("runs a host program (smbd)", opt));
+        } else if looks_like_path(v) && !TEXT_KEYS.contains(&key.as_str()) {
             return Err(ArgsError::UnknownPath {
                 opt: opt.to_string(),
                 part: part.clone(),
@@ -515,8 +568,27 @@ mod tests {
             "-rtc",
             "base=utc",
             "-drive",
-            "file=/tmp/disk.img,if=none,id=d",
+            "file=/tmp/disk.img,format=raw,if=none,id=d",
         ]);
         assert!(check_extra_args(&ok).is_ok());
+    }
+
+    #[test]
+    fn drives_need_a_format_and_relative_host_paths_are_refused() {
+        for bad in [
+            v(&["-drive", "file=/tmp/disk.img,if=virtio"]),
+            v(&["-blockdev", "driver=file,filename=/tmp/x,node-name=f"]),
+            v(&["-netdev", "user,id=n9,tftp=."]),
+            v(&["-netdev", "user,id=n9,smb=/tmp"]),
+            v(&["-device", "virtio-net-pci,romfile=..,netdev=n"]),
+            v(&["-object", "secret,id=s,keyid=~"]),
+        ] {
+            assert!(check_extra_args(&bad).is_err(), "{bad:?}");
+        }
+        let files = check_extra_args(&v(&["-drive", "file=/tmp/d.qcow2,format=qcow2,if=virtio"]));
+        let format = files
+            .ok()
+            .and_then(|f| f.first().and_then(|h| h.image_format.clone()));
+        assert_eq!(format.as_deref(), Some("qcow2"));
     }
 }

@@ -192,6 +192,27 @@ impl Qmp {
         args: Option<Value>,
         timeout: Duration,
     ) -> Result<Value, QmpError> {
+        self.run(cmd, args, None, timeout)
+    }
+
+    /// Runs a command that takes a file descriptor (`getfd`, `add-fd`): `fd` travels with it.
+    pub fn execute_with_fd(
+        &mut self,
+        cmd: &str,
+        args: Option<Value>,
+        fd: std::os::unix::io::RawFd,
+        timeout: Duration,
+    ) -> Result<Value, QmpError> {
+        self.run(cmd, args, Some(fd), timeout)
+    }
+
+    fn run(
+        &mut self,
+        cmd: &str,
+        args: Option<Value>,
+        fd: Option<std::os::unix::io::RawFd>,
+        timeout: Duration,
+    ) -> Result<Value, QmpError> {
         let id = format!("mcq-{}", self.next_id);
         self.next_id += 1;
         let mut msg = json!({"execute": cmd, "id": id});
@@ -200,7 +221,11 @@ impl Qmp {
         }
         let mut line = serde_json::to_vec(&msg).map_err(|e| QmpError::Garbage(e.to_string()))?;
         line.push(b'\n');
-        self.conn.write_all(&line).map_err(|e| match e.kind() {
+        let written = match fd {
+            Some(fd) => self.conn.write_with_fd(&line, fd),
+            None => self.conn.write_all(&line),
+        };
+        written.map_err(|e| match e.kind() {
             std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset => {
                 QmpError::Closed
             }

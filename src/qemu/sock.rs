@@ -138,6 +138,50 @@ impl LineStream {
         self.stream.write_all(bytes)
     }
 
+    /// Writes `bytes` with the file descriptor `fd` attached (SCM_RIGHTS), as QMP's `getfd`
+    /// wants it: the descriptor travels with the first byte; the rest follows as usual.
+    pub fn write_with_fd(&mut self, bytes: &[u8], fd: std::os::unix::io::RawFd) -> io::Result<()> {
+        use std::os::unix::io::AsRawFd;
+        if bytes.is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "nothing to send the fd with",
+            ));
+        }
+        let mut iov = libc::iovec {
+            iov_base: bytes.as_ptr() as *mut libc::c_void,
+            iov_len: 1,
+        };
+        // SAFETY: CMSG_SPACE only computes a size from its argument.
+        let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<libc::c_int>() as u32) } as usize;
+        let mut control = vec![0u8; space];
+        // SAFETY: msghdr is plain old data; zeroed is a valid initial value.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
+        msg.msg_controllen = space as _;
+        // SAFETY: msg_control points at `space` bytes, enough for one cmsg with one int, so
+        // CMSG_FIRSTHDR is non-null and CMSG_DATA stays inside `control`.
+        unsafe {
+            let cmsg = libc::CMSG_FIRSTHDR(&msg);
+            (*cmsg).cmsg_level = libc::SOL_SOCKET;
+            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+            (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<libc::c_int>() as u32) as _;
+            std::ptr::write_unaligned(libc::CMSG_DATA(cmsg) as *mut libc::c_int, fd);
+        }
+        // SAFETY: a valid socket fd and a msghdr whose buffers live until the call returns.
+        let sent = unsafe { libc::sendmsg(self.stream.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+        if sent != 1 {
+            return Err(if sent < 0 {
+                io::Error::last_os_error()
+            } else {
+                io::Error::new(io::ErrorKind::WriteZero, "sendmsg sent nothing")
+            });
+        }
+        self.write_all(&bytes[1..])
+    }
+
     /// Reads the next line before `deadline`, without its newline.
     pub fn read_line(&mut self, deadline: Instant) -> Result<Vec<u8>, LineError> {
         use std::io::Read;

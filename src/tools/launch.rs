@@ -504,12 +504,22 @@ pub fn request_from_args(
     let (accel, accel_note) = choose_accel(&requested)?;
     let extra_args = args.str_list("extra_args")?;
     for file in check_extra_args(&extra_args)? {
-        roots::check_str(&file.path, file.access).map_err(|e| {
+        let path = roots::check_str(&file.path, file.access).map_err(|e| {
             ToolError::new(format!(
                 "extra_args: -{} names {:?}: {e}",
                 file.opt, file.path
             ))
         })?;
+        // A drive image is untrusted data like any disk: its chain stays inside the roots.
+        if let Some(format) = &file.image_format {
+            if path.is_file() {
+                checked_image(
+                    &path,
+                    &format!("extra_args -{} image", file.opt),
+                    Some(format),
+                )?;
+            }
+        }
     }
     let no_net = args.bool_or("no_net", false)?;
     let fw_specs = args.str_list("port_forwards")?;
