@@ -45,10 +45,6 @@ impl ClientRoots {
             .and_then(|c| c.get("roots"))
             .is_some_and(Value::is_object);
         self.declared.store(declared, Ordering::SeqCst);
-        if declared && self.hook.is_some() {
-            // Calls made before the answer arrives wait for it (bounded).
-            self.pending.store(true, Ordering::SeqCst);
-        }
     }
 
     /// Asks the client for its roots, when it declared them.

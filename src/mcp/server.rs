@@ -148,7 +148,8 @@ impl Server {
                 ))
             }
         };
-        if text.trim().is_empty() {
+        // JSON's own whitespace only: a line of other Unicode spaces is a parse error.
+        if text.trim_matches([' ', '\t', '\r', '\n']).is_empty() {
             return;
         }
         let msg: Value = match serde_json::from_str(text) {

@@ -83,6 +83,13 @@ pub struct LaunchSpec {
     pub extra_args: Vec<String>,
     /// A cloud-init NoCloud seed attached read-only as a CD-ROM.
     pub seed: Option<PathBuf>,
+    /// Guest RAM in this file (templates and their clones), shared (`share=on`: writes go to
+    /// the file, as a template's do) or private (a clone's copy-on-write view of it).
+    pub memory_file: Option<(PathBuf, bool)>,
+    /// A vmgenid device with this GUID (`auto` for a fresh one per clone).
+    pub vmgenid: Option<String>,
+    /// Start waiting for a migration stream (`-incoming defer`) instead of booting.
+    pub incoming: bool,
 }
 
 fn p(path: &std::path::Path) -> String {
@@ -103,7 +110,24 @@ pub fn build_argv(s: &LaunchSpec) -> Vec<String> {
         &format!("guest={},process=mcqemu-{}", qopt(&s.name), qopt(&s.name)),
     ]);
     push(&["-sandbox", SECCOMP_POLICY]);
-    push(&["-machine", &qopt(&s.machine)]);
+    match &s.memory_file {
+        Some((file, shared)) => {
+            push(&[
+                "-object",
+                &format!(
+                    "memory-backend-file,id=mcq-ram,size={}M,mem-path={},share={}",
+                    s.memory_mb,
+                    p(file),
+                    if *shared { "on" } else { "off" }
+                ),
+            ]);
+            push(&[
+                "-machine",
+                &format!("{},memory-backend=mcq-ram", qopt(&s.machine)),
+            ]);
+        }
+        None => push(&["-machine", &qopt(&s.machine)]),
+    }
     push(&["-accel", &s.accel]);
     if s.accel == "kvm" {
         push(&["-cpu", "host"]);
@@ -202,6 +226,15 @@ pub fn build_argv(s: &LaunchSpec) -> Vec<String> {
     }
     if let Some(ap) = &s.append {
         push(&["-append", ap]);
+    }
+    if let Some(guid) = &s.vmgenid {
+        push(&[
+            "-device",
+            &format!("vmgenid,id=mcq-vmgenid,guid={}", qopt(guid)),
+        ]);
+    }
+    if s.incoming {
+        push(&["-incoming", "defer"]);
     }
     a.extend(s.extra_args.iter().cloned());
     a

@@ -7,6 +7,7 @@ pub mod firmware;
 pub mod forwards;
 pub mod img;
 pub mod keys;
+pub mod migrate;
 pub mod process;
 pub mod qga;
 pub mod qmp;

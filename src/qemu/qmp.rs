@@ -154,7 +154,8 @@ impl Qmp {
             events: Vec::new(),
             next_id: 1,
         };
-        let greeting = match qmp.read_message(Instant::now() + greeting_timeout) {
+        let deadline = Instant::now() + greeting_timeout;
+        let greeting = match qmp.read_message(deadline) {
             Ok(g) => g,
             Err(QmpError::Timeout(_)) => return Err(QmpError::NoGreeting),
             Err(e) => return Err(e),
@@ -164,7 +165,15 @@ impl Qmp {
         })?;
         let v = &q["version"]["qemu"];
         qmp.version = format!("{}.{}.{}", v["major"], v["minor"], v["micro"]);
-        qmp.execute_within("qmp_capabilities", None, Duration::from_secs(5))?;
+        // The negotiation shares the greeting's bound: a QEMU that greets and then stalls
+        // must not hold a caller with a short budget for longer.
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(500));
+        match qmp.execute_within("qmp_capabilities", None, left) {
+            Err(QmpError::Timeout(_)) => return Err(QmpError::NoGreeting),
+            other => other?,
+        };
         Ok(qmp)
     }
 

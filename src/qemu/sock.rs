@@ -187,6 +187,9 @@ impl LineStream {
         use std::io::Read;
         loop {
             if let Some(p) = self.buf[self.scanned..].iter().position(|b| *b == b'\n') {
+                if self.scanned + p > self.cap {
+                    return Err(LineError::TooLarge);
+                }
                 let mut line: Vec<u8> = self.buf.drain(..=self.scanned + p).collect();
                 self.scanned = 0;
                 line.pop();

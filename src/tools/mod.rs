@@ -9,6 +9,7 @@ use crate::mcp::tool::{Args, ToolDef, ToolError};
 use crate::qemu::untrusted::{self, Checked};
 use crate::state::roots::{self, Access};
 
+pub mod clone;
 pub mod download;
 pub mod drive;
 pub mod guest;
@@ -27,6 +28,7 @@ pub mod serial;
 pub mod session;
 pub mod snapshot;
 pub mod stop;
+pub mod template;
 
 /// Every tool, in the order `tools/list` shows them.
 pub static ALL: &[ToolDef] = &[
@@ -64,6 +66,9 @@ pub static ALL: &[ToolDef] = &[
     prepare::PREPARE,
     sandbox::SANDBOX,
     sandbox::DESTROY,
+    template::CREATE,
+    template::LIST,
+    template::DELETE,
     guest::PING,
     guest::INFO,
     guest::EXEC,

@@ -37,8 +37,14 @@ pub const SANDBOX: ToolDef = ToolDef {
         object(
             json!({
                 "base_image": {
-                    "type": "string", "minLength": 1,
-                    "description": "Base disk image; left untouched."
+                    "type": ["string", "null"], "minLength": 1, "default": null,
+                    "description": "Base disk image; left untouched. Give this or template."
+                },
+                "template": {
+                    "type": ["string", "null"], "default": null,
+                    "description": "Start a clone of this template (template_create) instead of \
+                        booting: ready in well under a second. The template fixes memory, \
+                        cpus, kernel and disks."
                 },
                 "name": {
                     "type": ["string", "null"], "default": null,
@@ -73,7 +79,7 @@ pub const SANDBOX: ToolDef = ToolDef {
                     "description": "How long to wait for cloud-init after the agent answers."
                 }
             }),
-            &["base_image"],
+            &[],
         )
     },
     output_schema: || {
@@ -104,7 +110,8 @@ pub const SANDBOX: ToolDef = ToolDef {
     handler: sandbox_vm,
 };
 
-fn first_free_name() -> String {
+/// The first free sandbox name: sandbox, sandbox-2, ...
+pub(super) fn first_free_name() -> String {
     let vms = vm::registry().load();
     (1..1000)
         .map(|i| {
@@ -119,6 +126,15 @@ fn first_free_name() -> String {
 }
 
 fn sandbox_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
+    if let Some(t) = args.opt_str("template")? {
+        return super::clone::start(ctx, args, t);
+    }
+    if args.opt_str("base_image")?.is_none() {
+        return Err(ToolError::new(
+            "give base_image (a disk image to boot on an overlay) or template (from \
+             template_create)",
+        ));
+    }
     let base = path_arg(args, "base_image", Access::Read)?;
     let base_fmt = checked_image(&base, "base_image", None)?.format;
     let name = match args.opt_str("name")? {
@@ -216,7 +232,7 @@ fn sandbox_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
 }
 
 /// Polls the agent in short slices until it answers, QEMU dies, or `wait` runs out.
-fn wait_for_agent(
+pub(super) fn wait_for_agent(
     ctx: &ToolCtx,
     name: &str,
     rec: &crate::state::registry::Record,

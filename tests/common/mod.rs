@@ -17,6 +17,7 @@
 //! - `cli.rs`: bounded runs of the `mcqemu` CLI and of external programs.
 //! - `http.rs`: a local HTTP server with fixed routes.
 //! - `files.rs`: [`TempDir`], folder listings, pseudo-random data, SHA-256.
+//! - `security.rs`: the fixtures of the `security_*` tests: [`Fence`], [`Tripwire`], refusals.
 
 // Each test binary (and the bench) compiles this whole harness but uses only part of it, and
 // an item that one binary never uses is dead code to that binary. No single item is unused by
@@ -29,10 +30,13 @@ mod guest;
 mod http;
 mod lab;
 mod qemu;
+mod security;
 mod server;
 mod tools;
 
 // One item, so that one allow covers it: a binary that uses nothing from a module leaves that
 // part of the re-export unused.
 #[allow(unused_imports)]
-pub use self::{cli::*, files::*, guest::*, http::*, lab::*, qemu::*, server::*, tools::*};
+pub use self::{
+    cli::*, files::*, guest::*, http::*, lab::*, qemu::*, security::*, server::*, tools::*,
+};

@@ -33,6 +33,8 @@ APPEND = "console=tty0 console=ttyS0 cryptomgr.notests rodata=off panic=-1 logle
 INIT = r"""#!/bin/busybox sh
 /bin/busybox mkdir -p /bin /sbin /usr/bin /usr/sbin
 /bin/busybox --install -s /bin
+# qemu-ga's guest-set-time runs /sbin/hwclock, which --install -s put in /bin.
+/bin/busybox ln -sf /bin/busybox /sbin/hwclock
 export PATH=/sbin:/usr/sbin:/bin:/usr/bin
 mkdir -p /proc /sys /dev /tmp /run /var
 mount -t proc proc /proc

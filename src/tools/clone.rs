@@ -1,0 +1,224 @@
+//! Clones: sandbox_vm with `template` starts a QEMU with the template's machine and devices,
+//! its RAM file mapped private (copy-on-write: the template is never written), a fresh vmgenid
+//! (so the guest reseeds its random numbers), and `-incoming defer`; then loads the saved
+//! device state over QMP, lets it run, and sets the guest clock. Ready when the agent answers.
+//! Every guarantee of a sandbox holds: an overlay over an untouched base (the template's disk),
+//! the network restricted unless `allow_network`, destroyed by sandbox_destroy.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Map, Value};
+
+use super::launch::{self, LaunchRequest};
+use super::lifecycle::lookup;
+use super::{guest_run, sandbox, session, template};
+use crate::cloudinit::CloudInit;
+use crate::mcp::tool::{Args, ToolCtx, ToolError, ToolOutput, ToolResult};
+use crate::qemu::cmdline::LaunchSpec;
+use crate::qemu::forwards::resolve_forwards;
+use crate::qemu::{img, migrate, qga, vm};
+use crate::state::registry::Record;
+
+/// How long loading the template state may take.
+const LOAD_BUDGET: Duration = Duration::from_secs(30);
+
+/// sandbox_vm from a template.
+pub fn start(ctx: &ToolCtx, args: &Args, template_name: &str) -> ToolResult {
+    let started = Instant::now();
+    let t = template::load(template_name)?;
+    let tdir = template::dir_of(template_name);
+    for refused in [
+        "base_image",
+        "kernel",
+        "initrd",
+        "append",
+        "memory_mb",
+        "cpus",
+        "extra_args",
+    ] {
+        if args.0.get(refused).is_some_and(|v| !v.is_null()) {
+            return Err(ToolError::new(format!(
+                "{refused} comes from the template and cannot be changed for a clone; drop it, \
+                 or make another template"
+            )));
+        }
+    }
+    let name = match args.opt_str("name")? {
+        Some(n) if crate::state::registry::valid_name(n) => n.to_string(),
+        Some(n) => return Err(ToolError::new(format!("invalid VM name {n:?}"))),
+        None => sandbox::first_free_name(),
+    };
+    let cloud_init = match args.0.get("cloud_init") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(CloudInit::parse(v)?),
+    };
+    if cloud_init.is_some() && !t.seed {
+        return Err(ToolError::new(format!(
+            "template {template_name:?} was made without cloud_init, so its clones have no seed \
+             CD-ROM to carry one; make the template with a cloud_init"
+        )));
+    }
+    let forwards = match args.opt_str_list("port_forwards")? {
+        Some(f) => f,
+        None if t.no_net => Vec::new(),
+        None => vec!["auto:22".to_string()],
+    };
+    let sd = vm::state_dir(&name);
+    std::fs::create_dir_all(&sd)
+        .map_err(|e| ToolError::new(format!("cannot create {}: {e}", sd.display())))?;
+    let overlay = sd.join(format!(
+        "overlay-{}-{}.qcow2",
+        crate::clock::now_secs(),
+        std::process::id()
+    ));
+    let tdisk = template::disk_of(&tdir);
+    img::create(&overlay, "qcow2", None, Some((&tdisk, "qcow2")))?;
+    let spec = LaunchSpec {
+        name: name.clone(),
+        binary: format!("qemu-system-{}", t.arch),
+        machine: t.machine.clone(),
+        accel: "tcg".into(),
+        arch: t.arch.clone(),
+        memory_mb: t.memory_mb,
+        cpus: t.cpus,
+        disks: vec![(overlay.clone(), "qcow2".into())],
+        no_net: t.no_net,
+        restrict_net: !args.bool_or("allow_network", false)?,
+        forwards: resolve_forwards(&forwards)?,
+        kernel: t.kernel.as_ref().map(PathBuf::from),
+        initrd: t.initrd.as_ref().map(PathBuf::from),
+        append: t.append.clone(),
+        extra_args: t.extra_args.clone(),
+        // The template's own seed keeps the device set; a clone's cloud_init replaces it.
+        seed: t.seed.then(|| template::seed_of(&tdir)),
+        memory_file: Some((template::ram_of(&tdir), false)),
+        vmgenid: Some("auto".into()),
+        incoming: true,
+        ..LaunchSpec::default()
+    };
+    let mut sb = Map::new();
+    sb.insert("base_image".into(), json!(tdisk.display().to_string()));
+    sb.insert("base_format".into(), json!("qcow2"));
+    sb.insert("overlay".into(), json!(overlay.display().to_string()));
+    sb.insert("allow_network".into(), json!(!spec.restrict_net));
+    sb.insert("template".into(), json!(template_name));
+    let mut extra = Map::new();
+    extra.insert("sandbox".into(), Value::Object(sb));
+    let req = LaunchRequest {
+        spec,
+        extra_record: extra,
+        accel_note: None,
+        firmware: "bios".into(),
+        cloud_init,
+    };
+    let launched = match launch::launch(ctx, req) {
+        Ok(o) => o,
+        Err(e) => {
+            let _ = std::fs::remove_file(&overlay);
+            return Err(e);
+        }
+    };
+    let rec = lookup(&name)?;
+    let resumed = session::monitor(&name, &rec, |q| {
+        migrate::load(q, &template::state_of(&tdir), Instant::now() + LOAD_BUDGET)?;
+        Ok(())
+    });
+    if let Err(e) = resumed {
+        destroy_quietly(ctx, &name);
+        return Err(ToolError::new(format!(
+            "the clone of template {template_name:?} could not load its saved state: {}; the \
+             clone was removed. If this repeats, template_delete the template and create it again",
+            e.0
+        )));
+    }
+    let wait = Duration::from_secs_f64(
+        args.opt_f64("wait_agent_s")?
+            .unwrap_or(90.0)
+            .clamp(0.0, 3600.0),
+    );
+    let ready = set_clock_when_ready(ctx, &name, &rec, wait);
+    let mut out = launched.structured;
+    out["template"] = json!(template_name);
+    out["agent_ready"] = json!(ready.is_ok());
+    out["ready_ms"] = json!(started.elapsed().as_millis() as u64);
+    out["overlay"] = json!(overlay.display().to_string());
+    out["base_image"] = json!(tdisk.display().to_string());
+    if let Err(why) | Ok(Some(why)) = ready {
+        if let Some(w) = out["warnings"].as_array_mut() {
+            w.push(json!(why));
+        }
+    }
+    Ok(ToolOutput::json(out))
+}
+
+/// Waits for the clone's agent and sets its clock from the host's at once: a clone resumes
+/// with the template's clock, and the argument-less guest-set-time leaves up to 0.7 s of skew.
+/// Returns whether the agent answered, and a warning when the clock could not be set.
+fn set_clock_when_ready(
+    ctx: &ToolCtx,
+    name: &str,
+    rec: &Record,
+    wait: Duration,
+) -> Result<Option<String>, String> {
+    let Some(sock) = vm::field(rec, "qga_socket").map(PathBuf::from) else {
+        return Err("the clone has no guest-agent socket".into());
+    };
+    let deadline = Instant::now() + wait;
+    loop {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        let slice =
+            Duration::from_millis(500).min(deadline.saturating_duration_since(Instant::now()));
+        let r = qga::with_agent(&sock, slice.max(Duration::from_millis(50)), |q| {
+            q.execute_within(
+                "guest-set-time",
+                Some(json!({ "time": now.as_nanos() as u64 })),
+                Duration::from_secs(2),
+            )
+        });
+        match r {
+            Ok(_) => return Ok(None),
+            // The agent answers but cannot set the time its way (no /sbin/hwclock in the
+            // guest, say): set it with date(1), to the second.
+            Err(qga::QgaError::Command { desc, .. }) => {
+                let at = format!(
+                    "@{}",
+                    std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .unwrap_or_default()
+                        .as_secs()
+                );
+                let ran = guest_run::run(
+                    ctx,
+                    name,
+                    "date",
+                    &["-u", "-s", &at],
+                    Duration::from_secs(5),
+                );
+                return Ok(match ran {
+                    Ok(r) if r.exitcode == Some(0) => None,
+                    _ => Some(format!(
+                        "the guest clock was not set (guest-set-time: {desc}; date -s failed \
+                         too): it runs from the template's save time"
+                    )),
+                });
+            }
+            Err(_) if Instant::now() >= deadline => {
+                return Err(format!(
+                    "the clone's guest agent did not answer within {} s; sandbox_destroy {name} \
+                     removes it",
+                    wait.as_secs()
+                ))
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(2)),
+        }
+    }
+}
+
+fn destroy_quietly(ctx: &ToolCtx, name: &str) {
+    let mut d = Map::new();
+    d.insert("name".into(), json!(name));
+    let _ = (sandbox::DESTROY.handler)(ctx, &Args(d));
+}
