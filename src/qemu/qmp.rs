@@ -170,10 +170,7 @@ impl Qmp {
         let left = deadline
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(500));
-        match qmp.execute_within("qmp_capabilities", None, left) {
-            Err(QmpError::Timeout(_)) => return Err(QmpError::NoGreeting),
-            other => other?,
-        };
+        qmp.execute_within("qmp_capabilities", None, left)?;
         Ok(qmp)
     }
 
@@ -268,6 +265,76 @@ impl Qmp {
                 ))),
             };
         }
+    }
+
+    /// Sends several commands at once and collects their replies (a round trip for all of
+    /// them instead of one each). The outer error is the channel's; each command's own
+    /// result is inside.
+    pub fn execute_pipelined(
+        &mut self,
+        cmds: &[(&str, Option<Value>)],
+        timeout: Duration,
+    ) -> Result<Vec<Result<Value, QmpError>>, QmpError> {
+        let mut ids = Vec::with_capacity(cmds.len());
+        let mut buf = Vec::new();
+        for (cmd, args) in cmds {
+            let id = format!("mcq-{}", self.next_id);
+            self.next_id += 1;
+            let mut msg = json!({"execute": cmd, "id": id});
+            if let Some(a) = args {
+                msg["arguments"] = a.clone();
+            }
+            buf.extend(serde_json::to_vec(&msg).map_err(|e| QmpError::Garbage(e.to_string()))?);
+            buf.push(b'\n');
+            ids.push(id);
+        }
+        self.conn.write_all(&buf).map_err(|e| match e.kind() {
+            std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset => {
+                QmpError::Closed
+            }
+            _ => QmpError::Timeout(format!("a pipelined write ({e})")),
+        })?;
+        let deadline = Instant::now() + timeout;
+        let mut results: Vec<Option<Result<Value, QmpError>>> = cmds.iter().map(|_| None).collect();
+        while results.iter().any(Option::is_none) {
+            let m = match self.read_message(deadline) {
+                Err(QmpError::Timeout(_)) => {
+                    let waiting = cmds
+                        .iter()
+                        .zip(&results)
+                        .find(|(_, r)| r.is_none())
+                        .map_or("a reply", |(c, _)| c.0);
+                    return Err(QmpError::Timeout(waiting.to_string()));
+                }
+                other => other?,
+            };
+            if m.get("event").is_some() {
+                self.keep_event(m);
+                continue;
+            }
+            let id = m.get("id").and_then(Value::as_str).unwrap_or_default();
+            let Some(slot) = ids.iter().position(|i| i == id) else {
+                if wire::decode_reply(&m).is_some() {
+                    continue; // a stale reply to an earlier, timed-out command
+                }
+                return Err(QmpError::Garbage(format!(
+                    "unexpected message {}",
+                    brief(&m)
+                )));
+            };
+            results[slot] = Some(match wire::decode_reply(&m) {
+                Some(Reply::Return(r)) => Ok(r),
+                Some(Reply::Error { class, desc }) => Err(QmpError::Command { class, desc }),
+                None => Err(QmpError::Garbage(format!(
+                    "reply without return or error: {}",
+                    brief(&m)
+                ))),
+            });
+        }
+        Ok(results
+            .into_iter()
+            .map(|r| r.unwrap_or(Err(QmpError::Closed)))
+            .collect())
     }
 
     /// Waits up to `slice` for the next event; Ok(None) when none came. Closed means QEMU went

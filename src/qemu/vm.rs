@@ -218,8 +218,8 @@ pub fn classify(rec: &Record, e: &QmpError, budget: Duration) -> Measured {
         QmpError::NoGreeting | QmpError::Timeout(_) => Measured::new(
             Status::Unresponsive,
             Some(format!(
-                "the monitor did not answer within {:.1} s: QEMU is stuck or another program \
-                 holds its monitor; stop_vm with force=true ends it",
+                "the monitor did not answer within {:.1} s: QEMU is stuck, or another \
+                 operation holds the monitor; stop_vm with force=true ends it",
                 budget.as_secs_f64()
             )),
         ),

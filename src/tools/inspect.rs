@@ -1,8 +1,28 @@
 //! Inspect tools: list_vms and vm_info, with status measured, never remembered.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
 use std::sync::mpsc;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+
+/// What a running QEMU cannot change (vCPUs are never hot-plugged by mcqemu).
+#[derive(Clone, Debug)]
+struct StaticFacts {
+    vcpus: Option<usize>,
+    accel: &'static str,
+    memory_mb: Option<u64>,
+    version: String,
+}
+
+/// Static facts per QEMU, keyed by its QMP socket and PID.
+type FactsCache = std::sync::Mutex<HashMap<(PathBuf, Option<i32>), StaticFacts>>;
+
+/// Static facts, asked once per server process.
+fn static_facts() -> &'static FactsCache {
+    static FACTS: OnceLock<FactsCache> = OnceLock::new();
+    FACTS.get_or_init(Default::default)
+}
 
 /// How long vm_info may spend on QMP: a wedged QEMU is reported, not waited for.
 const INFO_BUDGET: Duration = Duration::from_millis(4500);
@@ -231,34 +251,68 @@ fn vm_info(_ctx: &ToolCtx, args: &Args) -> ToolResult {
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(1))
     };
-    let live = qmp::with_session_within(&vm::qmp_socket(&rec), INFO_BUDGET, |q| {
-        let status = q.execute_within("query-status", None, left())?;
-        let cpus = q.execute_within("query-cpus-fast", None, left())?;
-        let block = q.execute_within("query-block", None, left())?;
-        let kvm = q.execute_within("query-kvm", None, left())?;
-        let mem = q
-            .execute_within("query-memory-size-summary", None, left())
-            .ok();
-        Ok::<_, QmpError>((status, cpus, block, kvm, mem, q.version.clone()))
+    let sock = vm::qmp_socket(&rec);
+    let key = (sock.clone(), vm::pid(&rec));
+    let cached = static_facts()
+        .lock()
+        .ok()
+        .and_then(|m| m.get(&key).cloned());
+    let live = qmp::with_session_within(&sock, INFO_BUDGET, |q| {
+        // What cannot change while this QEMU runs is asked once per process; the rest goes
+        // out in one pipelined round trip.
+        let mut cmds: Vec<(&str, Option<Value>)> =
+            vec![("query-status", None), ("query-block", None)];
+        if cached.is_none() {
+            cmds.extend([
+                ("query-cpus-fast", None),
+                ("query-kvm", None),
+                ("query-memory-size-summary", None),
+            ]);
+        }
+        let mut replies = q.execute_pipelined(&cmds, left())?.into_iter();
+        let status = replies.next().unwrap_or(Err(QmpError::Closed))?;
+        let block = replies.next().unwrap_or(Err(QmpError::Closed))?;
+        let facts = match &cached {
+            Some(f) => f.clone(),
+            None => {
+                let cpus = replies.next().unwrap_or(Err(QmpError::Closed))?;
+                let kvm = replies.next().unwrap_or(Err(QmpError::Closed))?;
+                let mem = replies.next().and_then(Result::ok);
+                StaticFacts {
+                    vcpus: cpus.as_array().map(Vec::len),
+                    accel: if kvm.get("enabled").and_then(Value::as_bool) == Some(true) {
+                        "kvm"
+                    } else {
+                        "tcg"
+                    },
+                    memory_mb: mem
+                        .as_ref()
+                        .and_then(|m| m.get("base-memory"))
+                        .and_then(Value::as_u64)
+                        .map(|b| b / (1024 * 1024)),
+                    version: q.version.clone(),
+                }
+            }
+        };
+        Ok::<_, QmpError>((status, block, facts))
     });
     match live {
-        Ok((status, cpus, block, kvm, mem, version)) => {
-            out["status"] = status.get("status").cloned().unwrap_or(json!("unknown"));
-            out["vcpus"] = json!(cpus.as_array().map(|a| a.len()));
-            out["accel"] = json!(
-                if kvm.get("enabled").and_then(Value::as_bool) == Some(true) {
-                    "kvm"
-                } else {
-                    "tcg"
+        Ok((status, block, facts)) => {
+            if cached.is_none() {
+                if let Ok(mut m) = static_facts().lock() {
+                    // Bounded: entries of VMs long gone are dropped when the map grows.
+                    if m.len() > 1024 {
+                        m.clear();
+                    }
+                    m.insert(key, facts.clone());
                 }
-            );
-            out["qemu_version"] = json!(version);
-            if let Some(base) = mem
-                .as_ref()
-                .and_then(|m| m.get("base-memory"))
-                .and_then(Value::as_u64)
-            {
-                out["memory_mb"] = json!(base / (1024 * 1024));
+            }
+            out["status"] = status.get("status").cloned().unwrap_or(json!("unknown"));
+            out["vcpus"] = json!(facts.vcpus);
+            out["accel"] = json!(facts.accel);
+            out["qemu_version"] = json!(facts.version);
+            if let Some(m) = facts.memory_mb {
+                out["memory_mb"] = json!(m);
             }
             let devs: Vec<Value> = block
                 .as_array()
