@@ -201,7 +201,7 @@ fn classify(line: &[u8]) -> Class {
     let Ok(text) = std::str::from_utf8(line) else {
         return Class::BadNullId;
     };
-    if text.trim().is_empty() {
+    if text.trim_matches([' ', '\t', '\r', '\n']).is_empty() {
         return Class::Silent;
     }
     let Ok(Value::Object(obj)) = serde_json::from_str::<Value>(text) else {
