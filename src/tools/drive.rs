@@ -118,18 +118,14 @@ fn screenshot(_ctx: &ToolCtx, args: &Args) -> ToolResult {
         "format": "png", "path": null
     });
     if let Some(p) = save_to {
-        // A unique temporary file beside the target, renamed into place: concurrent saves to
-        // one path never collide, and a failed write leaves nothing behind (the guard removes it).
-        let dir = p.parent().unwrap_or(std::path::Path::new("/"));
-        let tmp = TempCapture::new(dir, "png.tmp");
-        std::fs::write(&tmp.0, &png.data)
-            .and_then(|_| std::fs::rename(&tmp.0, &p))
-            .map_err(|e| {
-                ToolError::new(format!(
-                    "cannot save the screenshot to {}: {e}",
-                    p.display()
-                ))
-            })?;
+        // A temporary file beside the target, renamed into place, all relative to the folder
+        // opened beneath its root: no symlink is followed, and a failed write leaves nothing.
+        crate::state::beneath::write_replace(&p, &png.data).map_err(|e| {
+            ToolError::new(format!(
+                "cannot save the screenshot to {}: {e}",
+                p.display()
+            ))
+        })?;
         out["path"] = json!(p.display().to_string());
         return Ok(ToolOutput::json(out));
     }
