@@ -157,13 +157,24 @@ pub enum DownloadError {
         /// Content-Length.
         total: u64,
     },
-    /// The SHA-256 of the body is not the one expected.
+    /// The digest of the body is not the one expected.
     Checksum {
+        /// The algorithm.
+        algo: Algo,
         /// Expected.
         want: String,
         /// Received.
         got: String,
     },
+    /// A resumable download was interrupted; its part is kept for the next attempt.
+    Kept {
+        /// What interrupted it.
+        error: Box<DownloadError>,
+        /// Where the part is.
+        part: PathBuf,
+    },
+    /// Another resumable download to the same file is running.
+    Busy(PathBuf),
     /// The finished file could not be moved into place.
     Place {
         /// The target.
@@ -235,10 +246,25 @@ impl std::fmt::Display for DownloadError {
                 "the connection closed after {done} of {total} bytes; the partial file was \
                  removed, retry the download"
             ),
-            DownloadError::Checksum { want, got } => write!(
+            DownloadError::Checksum { algo, want, got } => write!(
                 f,
-                "checksum mismatch: expected sha256 {want}, got {got}; the file was discarded. \
-                 Check the URL and the checksum"
+                "checksum mismatch: expected {} {want}, got {got}; the file was discarded. \
+                 Check the URL and the checksum",
+                algo.name()
+            ),
+            DownloadError::Kept { error, part } => write!(
+                f,
+                "{}; the {} bytes received so far are kept in {}: pull again to continue",
+                error
+                    .to_string()
+                    .replace("; the partial file was removed, retry the download", ""),
+                std::fs::metadata(part).map(|m| m.len()).unwrap_or(0),
+                part.display()
+            ),
+            DownloadError::Busy(dest) => write!(
+                f,
+                "another pull to {} is running; wait for it to finish",
+                dest.display()
             ),
             DownloadError::Place { dest, error } => write!(
                 f,
@@ -390,6 +416,47 @@ fn partial_for(dest: &Path) -> (PathBuf, PathBuf) {
     )
 }
 
+/// Takes the lock of a resumable download to `dest` (a lock file beside it, held while the
+/// returned file is open); Busy when another download holds it.
+fn lock_part(dest: &Path) -> Result<PartLock, DownloadError> {
+    let name = dest
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let path = dest.with_file_name(format!(".{name}.partial.lock"));
+    let file = File::options()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&path)
+        .map_err(|error| DownloadError::File {
+            op: "lock",
+            path: path.clone(),
+            error,
+        })?;
+    use std::os::unix::io::AsRawFd;
+    // SAFETY: flock(2) on a descriptor this function owns.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc != 0 {
+        return Err(DownloadError::Busy(dest.to_path_buf()));
+    }
+    Ok(PartLock { _file: file, path })
+}
+
+/// The held lock of a resumable download; its file goes when the download ends.
+struct PartLock {
+    _file: File,
+    path: PathBuf,
+}
+
+impl Drop for PartLock {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
 /// What an earlier attempt left to continue: its length and the validator to send with
 /// `If-Range`, or None when there is nothing usable for this URL.
 fn resumable(part: &Path, meta: &Path, url: &str) -> Option<(u64, Option<String>)> {
@@ -514,6 +581,13 @@ pub fn download(req: &Request, watch: &dyn Watcher) -> Result<Done, DownloadErro
     } else {
         (temp_for(req.dest), PathBuf::new())
     };
+    // One resumable download per file at a time: a second would take the first one's live
+    // part for an interrupted one, and the two would write over each other.
+    let _lock = if req.resume {
+        Some(lock_part(req.dest)?)
+    } else {
+        None
+    };
     let earlier = if req.resume {
         resumable(&tmp, &meta, req.url)
     } else {
@@ -554,7 +628,8 @@ pub fn download(req: &Request, watch: &dyn Watcher) -> Result<Done, DownloadErro
     if req.resume {
         let validator = header(&resp, "ETag").or_else(|| header(&resp, "Last-Modified"));
         let info = serde_json::json!({"url": req.url, "validator": validator});
-        let _ = std::fs::write(&meta, info.to_string());
+        // Never through a symlink left at that name.
+        let _ = crate::state::beneath::write_replace(&meta, info.to_string().as_bytes());
     }
     let result = stream(
         Box::new(resp.into_body().into_reader()),
@@ -577,8 +652,12 @@ pub fn download(req: &Request, watch: &dyn Watcher) -> Result<Done, DownloadErro
             if !keep {
                 let _ = std::fs::remove_file(&tmp);
                 let _ = std::fs::remove_file(&meta);
+                return Err(e);
             }
-            return Err(e);
+            return Err(DownloadError::Kept {
+                error: Box::new(e),
+                part: tmp,
+            });
         }
     };
     let discard = || {
@@ -589,6 +668,7 @@ pub fn download(req: &Request, watch: &dyn Watcher) -> Result<Done, DownloadErro
         if *want != digest {
             discard();
             return Err(DownloadError::Checksum {
+                algo: req.algo,
                 want: want.clone(),
                 got: digest,
             });
@@ -703,6 +783,17 @@ fn stream(
             .map_err(file_error("create"))?
     };
     let chunks = spawn_reader(body)?;
+    // The digest is computed on its own thread while the next chunk is written.
+    let (htx, hrx) = mpsc::sync_channel::<Vec<u8>>(8);
+    let hasher = std::thread::Builder::new()
+        .name("download-hash".into())
+        .spawn(move || {
+            while let Ok(buf) = hrx.recv() {
+                ctx.update(&buf);
+            }
+            hex(ctx.finish().as_ref())
+        })
+        .map_err(DownloadError::Thread)?;
     let mut done: u64 = from;
     watch.progress(done, total);
     loop {
@@ -725,17 +816,21 @@ fn stream(
                 return Err(DownloadError::PassedMax(max));
             }
         }
-        ctx.update(&buf[..n]);
         file.write_all(&buf[..n]).map_err(file_error("write"))?;
+        if htx.send(buf).is_err() {
+            return Err(DownloadError::Stopped(done));
+        }
         watch.progress(done, total);
     }
+    drop(htx);
     if let Some(t) = total {
         if done != t {
             return Err(DownloadError::Short { done, total: t });
         }
     }
     file.sync_all().map_err(file_error("flush"))?;
-    Ok((done, hex(ctx.finish().as_ref())))
+    let digest = hasher.join().map_err(|_| DownloadError::Stopped(done))?;
+    Ok((done, digest))
 }
 
 #[cfg(test)]

@@ -173,7 +173,7 @@ fn pull(ctx: &ToolCtx, args: &Args) -> ToolResult {
         "bytes": done.bytes, "format": checked.format,
         "pulled_at": crate::clock::iso8601(crate::clock::now_secs()),
     });
-    let _ = std::fs::write(sidecar(&dest), record.to_string());
+    let _ = crate::state::beneath::write_replace(&sidecar(&dest), record.to_string().as_bytes());
     Ok(ToolOutput::json(json!({
         "path": dest.display().to_string(),
         "url": url,

@@ -1,4 +1,6 @@
-//! A tiny HTTP/1.1 server on 127.0.0.1 with fixed routes, for the download tests.
+//! A tiny HTTP/1.1 server on 127.0.0.1 with fixed routes, for the download tests. Routes can be
+//! replaced while it runs ([`HttpServer::set_route`]), and every request's head is kept
+//! ([`HttpServer::requests`]).
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -48,6 +50,24 @@ pub enum Route {
         /// How long to stay silent.
         hold: Duration,
     },
+    /// A file served with `Accept-Ranges: bytes` and its validators: `Range: bytes=N-` gets
+    /// 206 from byte N (416 when N is past the end), unless an `If-Range` differs from the
+    /// validator (the ETag, else Last-Modified), which gets the whole file with 200.
+    Ranged {
+        /// The whole file.
+        data: Arc<Vec<u8>>,
+        /// `ETag`, when sent.
+        etag: Option<String>,
+        /// `Last-Modified`, when sent.
+        last_modified: Option<String>,
+        /// Close the connection after this many body bytes (the Content-Length still announces
+        /// them all): an interrupted transfer.
+        cut_after: Option<usize>,
+        /// Bytes per write.
+        chunk: usize,
+        /// Pause after each write.
+        delay: Duration,
+    },
 }
 
 impl Route {
@@ -68,7 +88,41 @@ impl Route {
             delay,
         }
     }
+
+    /// `data` with Range support and this ETag, sent whole at once.
+    pub fn ranged(data: Arc<Vec<u8>>, etag: &str) -> Route {
+        Route::Ranged {
+            data,
+            etag: Some(etag.to_string()),
+            last_modified: None,
+            cut_after: None,
+            chunk: 64 * 1024,
+            delay: Duration::ZERO,
+        }
+    }
 }
+
+/// One request the server received.
+#[derive(Clone, Debug)]
+pub struct Hit {
+    /// The request target (`/path`).
+    pub path: String,
+    /// The header fields, names lower-cased, in order.
+    pub headers: Vec<(String, String)>,
+}
+
+impl Hit {
+    /// The first value of header `name` (any case).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        let name = name.to_ascii_lowercase();
+        self.headers
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+type Routes = Arc<Mutex<Vec<(String, Route)>>>;
 
 /// An HTTP server on an ephemeral loopback port serving fixed routes; unknown paths get 404.
 /// Stops accepting on drop; connection threads end when their body is sent, the peer goes
@@ -76,7 +130,8 @@ impl Route {
 pub struct HttpServer {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
-    hits: Arc<Mutex<Vec<String>>>,
+    hits: Arc<Mutex<Vec<Hit>>>,
+    routes: Routes,
     acceptor: Option<JoinHandle<()>>,
 }
 
@@ -85,16 +140,18 @@ impl HttpServer {
     pub fn start(routes: Vec<(&str, Route)>) -> HttpServer {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1");
         let addr = listener.local_addr().unwrap();
-        let routes: Arc<Vec<(String, Route)>> = Arc::new(
+        let routes: Routes = Arc::new(Mutex::new(
             routes
                 .into_iter()
                 .map(|(p, r)| (p.to_string(), r))
                 .collect(),
-        );
+        ));
         let stop = Arc::new(AtomicBool::new(false));
         let hits = Arc::new(Mutex::new(Vec::new()));
         let (stop2, hits2) = (Arc::clone(&stop), Arc::clone(&hits));
+        let routes2 = Arc::clone(&routes);
         let acceptor = std::thread::spawn(move || {
+            let routes = routes2;
             for conn in listener.incoming() {
                 if stop2.load(Ordering::SeqCst) {
                     return;
@@ -109,6 +166,7 @@ impl HttpServer {
             addr,
             stop,
             hits,
+            routes,
             acceptor: Some(acceptor),
         }
     }
@@ -120,7 +178,25 @@ impl HttpServer {
 
     /// The request paths seen so far.
     pub fn hits(&self) -> Vec<String> {
+        self.hits
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|h| h.path.clone())
+            .collect()
+    }
+
+    /// The requests seen so far, with their headers.
+    pub fn requests(&self) -> Vec<Hit> {
         self.hits.lock().unwrap().clone()
+    }
+
+    /// Serves `path` with `route` from the next request on (replacing its route, if any).
+    /// Connections already being served keep the route they started with.
+    pub fn set_route(&self, path: &str, route: Route) {
+        let mut routes = self.routes.lock().unwrap();
+        routes.retain(|(p, _)| p != path);
+        routes.push((path.to_string(), route));
     }
 }
 
@@ -136,9 +212,9 @@ impl Drop for HttpServer {
 
 fn serve_conn(
     mut conn: TcpStream,
-    routes: &[(String, Route)],
+    routes: &Mutex<Vec<(String, Route)>>,
     stop: &AtomicBool,
-    hits: &Mutex<Vec<String>>,
+    hits: &Mutex<Vec<Hit>>,
 ) {
     let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
     let _ = conn.set_write_timeout(Some(Duration::from_secs(5)));
@@ -161,8 +237,19 @@ fn serve_conn(
         .and_then(|l| l.split_whitespace().nth(1))
         .unwrap_or("/")
         .to_string();
-    hits.lock().unwrap().push(target.clone());
+    let hit = Hit {
+        path: target.clone(),
+        headers: head
+            .lines()
+            .skip(1)
+            .filter_map(|l| l.split_once(':'))
+            .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
+            .collect(),
+    };
+    hits.lock().unwrap().push(hit.clone());
     let route = routes
+        .lock()
+        .unwrap()
         .iter()
         .find(|(p, _)| *p == target || format!("/{}", p.trim_start_matches('/')) == target)
         .map(|(_, r)| r.clone())
@@ -237,15 +324,75 @@ fn serve_conn(
             {
                 return;
             }
-            for piece in data.chunks(chunk.max(1)) {
-                if stop.load(Ordering::SeqCst) || conn.write_all(piece).is_err() {
+            send_body(&mut conn, &data, chunk, delay, stop);
+            let _ = conn.flush();
+        }
+        Route::Ranged {
+            data,
+            etag,
+            last_modified,
+            cut_after,
+            chunk,
+            delay,
+        } => {
+            let len = data.len();
+            let validator = etag.as_deref().or(last_modified.as_deref());
+            let fresh = hit.header("if-range").is_none_or(|v| Some(v) == validator);
+            let start = hit
+                .header("range")
+                .and_then(|r| r.strip_prefix("bytes="))
+                .and_then(|r| r.strip_suffix('-'))
+                .and_then(|n| n.trim().parse::<usize>().ok())
+                .filter(|_| fresh);
+            let mut extra = String::from("Accept-Ranges: bytes\r\n");
+            if let Some(e) = &etag {
+                extra += &format!("ETag: {e}\r\n");
+            }
+            if let Some(m) = &last_modified {
+                extra += &format!("Last-Modified: {m}\r\n");
+            }
+            let (status, body) = match start {
+                Some(n) if n >= len => {
+                    let _ = write!(
+                        conn,
+                        "HTTP/1.1 416 Range Not Satisfiable\r\n{extra}Content-Range: bytes */{len}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                    );
                     return;
                 }
-                if !delay.is_zero() {
-                    std::thread::sleep(delay);
+                Some(n) => {
+                    extra += &format!("Content-Range: bytes {n}-{}/{len}\r\n", len - 1);
+                    ("206 Partial Content", &data[n..])
                 }
+                None => ("200 OK", &data[..]),
+            };
+            if write!(
+                conn,
+                "HTTP/1.1 {status}\r\nContent-Type: application/octet-stream\r\n{extra}Content-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            )
+            .is_err()
+            {
+                return;
             }
+            let sent = cut_after.map_or(body.len(), |c| c.min(body.len()));
+            send_body(&mut conn, &body[..sent], chunk, delay, stop);
             let _ = conn.flush();
+            if cut_after.is_some() {
+                let _ = conn.shutdown(std::net::Shutdown::Both);
+            }
+        }
+    }
+}
+
+/// Writes `data` `chunk` bytes at a time with `delay` after each; stops early when the peer goes
+/// away or the server is dropped.
+fn send_body(conn: &mut TcpStream, data: &[u8], chunk: usize, delay: Duration, stop: &AtomicBool) {
+    for piece in data.chunks(chunk.max(1)) {
+        if stop.load(Ordering::SeqCst) || conn.write_all(piece).is_err() {
+            return;
+        }
+        if !delay.is_zero() {
+            std::thread::sleep(delay);
         }
     }
 }
