@@ -260,6 +260,20 @@ impl ToolCtx {
             p.send(done, total, message, true);
         }
     }
+
+    /// Reports the next phase of a long call now: one more than the last progress value, so a
+    /// phase after a wait that reported seconds is never dropped as not increasing.
+    pub fn progress_phase(&self, message: &str) {
+        if let Some(p) = &self.progress {
+            let next = match p.state.lock() {
+                Ok(st) => st.0,
+                Err(poisoned) => poisoned.into_inner().0,
+            }
+            .max(0.0)
+                + 1.0;
+            p.send(next, None, message, true);
+        }
+    }
 }
 
 /// Typed access to checked arguments. Schema checking has already run, so a wrong type here

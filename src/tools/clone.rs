@@ -139,6 +139,8 @@ pub fn start(ctx: &ToolCtx, args: &Args, template_name: &str) -> ToolResult {
     );
     let ready = set_clock_when_ready(ctx, &name, &rec, wait);
     let mut out = launched.structured;
+    // The launch saw the QEMU waiting for its state; it runs now.
+    out["status"] = json!("running");
     out["template"] = json!(template_name);
     out["agent_ready"] = json!(ready.is_ok());
     out["ready_ms"] = json!(started.elapsed().as_millis() as u64);

@@ -211,7 +211,7 @@ pub fn launch(ctx: &ToolCtx, mut req: LaunchRequest) -> ToolResult {
             let m = measure(old);
             if m.alive() {
                 return Err(ToolError::new(format!(
-                    "a VM named {name:?} is already {} ; stop_vm it first or choose another name",
+                    "a VM named {name:?} is already {}; stop_vm it first or choose another name",
                     m.status
                 )));
             }

@@ -97,26 +97,26 @@ pub fn load(name: &str) -> Result<Template, ToolError> {
             meta_of(&dir).display()
         ))
     })?;
-    let ram_len = std::fs::metadata(ram_of(&dir))
+    let ram_len = std::fs::metadata(ram_of(&dir)).map(|m| m.len()).ok();
+    let state_len = std::fs::metadata(state_of(&dir))
         .map(|m| m.len())
         .unwrap_or(0);
-    let problem = if ram_len != t.memory_mb * 1024 * 1024 {
-        Some(format!(
-            "its RAM file is {ram_len} bytes, not {} MiB",
+    let problem = match ram_len {
+        None => Some("its RAM file is missing".to_string()),
+        Some(len) if len != t.memory_mb * 1024 * 1024 => Some(format!(
+            "its RAM file is {len} bytes, not {} MiB",
             t.memory_mb
-        ))
-    } else if !disk_of(&dir).is_file() {
-        Some("its disk is missing".to_string())
-    } else if std::fs::metadata(state_of(&dir))
-        .map(|m| m.len())
-        .unwrap_or(0)
-        == 0
-    {
-        Some("its saved state is missing or empty".to_string())
-    } else if t.seed && !seed_of(&dir).is_file() {
-        Some("its cloud-init seed is missing".to_string())
-    } else {
-        None
+        )),
+        _ if !disk_of(&dir).is_file() => Some("its disk is missing".to_string()),
+        _ if state_len == 0 => Some("its saved state is missing or empty".to_string()),
+        _ if t.state_bytes > 0 && state_len != t.state_bytes => Some(format!(
+            "its saved state is {state_len} bytes, not the {} saved",
+            t.state_bytes
+        )),
+        _ if t.seed && !seed_of(&dir).is_file() => {
+            Some("its cloud-init seed is missing".to_string())
+        }
+        _ => None,
     };
     match problem {
         Some(p) => Err(ToolError::new(format!(
@@ -254,6 +254,7 @@ fn create(ctx: &ToolCtx, args: &Args) -> ToolResult {
         ));
     }
     let dir = dir_of(&name);
+    end_stale_build(ctx, &name)?;
     if meta_of(&dir).exists() {
         return Err(ToolError::new(format!(
             "a template named {name:?} already exists; template_delete it first or choose \
@@ -294,7 +295,7 @@ fn build(ctx: &ToolCtx, args: &Args, name: &str, dir: &Path) -> Result<Value, To
         Some((b, f)) => img::create(&disk, "qcow2", None, Some((b, f)))?,
         None => img::create(&disk, "qcow2", Some(1 << 30), None)?,
     }
-    ctx.progress_now(0.0, None, "booting the template guest");
+    ctx.progress_phase("booting the template guest");
     // The guest boots like a sandbox, with its RAM in the template's file.
     let mut launch_args = args.0.clone();
     for k in [
@@ -325,6 +326,7 @@ fn build(ctx: &ToolCtx, args: &Args, name: &str, dir: &Path) -> Result<Value, To
     req.spec.vmgenid = Some(new_guid());
     let mut sb = Map::new();
     sb.insert("template_build".into(), json!(name));
+    sb.insert("builder_pid".into(), json!(std::process::id()));
     req.extra_record.insert("sandbox".into(), Value::Object(sb));
     let meta = Template {
         name: name.to_string(),
@@ -352,7 +354,39 @@ fn build(ctx: &ToolCtx, args: &Args, name: &str, dir: &Path) -> Result<Value, To
     s.remove("force");
     let _ = (super::lifecycle::FORGET.handler)(ctx, &Args(s));
     let _ = std::fs::remove_dir_all(vm::state_dir(&vm_name));
+    let _ = std::fs::remove_dir(vm::runtime_dir(&vm_name));
     result
+}
+
+/// A build VM left by a server that died mid-create (its record names the builder's PID):
+/// stopped and forgotten, so the template can be created again. A build that a live server
+/// is still running is refused instead.
+fn end_stale_build(ctx: &ToolCtx, name: &str) -> Result<(), ToolError> {
+    let vm_name = format!("template-{name}");
+    let Some(rec) = vm::registry().load().remove(&vm_name) else {
+        return Ok(());
+    };
+    let builder = rec
+        .get("sandbox")
+        .and_then(|s| s.get("builder_pid"))
+        .and_then(Value::as_i64)
+        .map(|p| p as i32);
+    if let Some(p) = builder {
+        if p as u32 != std::process::id() && crate::qemu::process::alive(p) {
+            return Err(ToolError::new(format!(
+                "template {name:?} is being created by another mcqemu (PID {p}); wait for it"
+            )));
+        }
+    }
+    let mut s = Map::new();
+    s.insert("name".into(), json!(vm_name));
+    s.insert("force".into(), json!(true));
+    (stop::STOP.handler)(ctx, &Args(s.clone()))?;
+    s.remove("force");
+    let _ = (super::lifecycle::FORGET.handler)(ctx, &Args(s));
+    let _ = std::fs::remove_dir_all(vm::state_dir(&vm_name));
+    let _ = std::fs::remove_dir(vm::runtime_dir(&vm_name));
+    Ok(())
 }
 
 fn prepare_and_save(
@@ -396,7 +430,7 @@ fn prepare_and_save(
             .map(|a| a.iter().filter_map(Value::as_str).collect())
             .unwrap_or_default();
         let timeout = step["timeout"].as_f64().unwrap_or(300.0).clamp(1.0, 3600.0);
-        ctx.progress_now(1.0 + i as f64, None, &format!("setup {}: {command}", i + 1));
+        ctx.progress_phase(&format!("setup {}: {command}", i + 1));
         let r = guest_run::run(
             ctx,
             vm_name,
@@ -406,10 +440,12 @@ fn prepare_and_save(
         )?;
         if r.exitcode != Some(0) {
             return Err(ToolError::new(format!(
-                "setup[{i}] ({command} {}) failed with exit code {:?}; nothing was saved. \
-                 stdout: {} stderr: {}",
+                "setup[{i}] ({command} {}) failed ({}); nothing was saved. stdout: {} stderr: {}",
                 argv.join(" "),
-                r.exitcode,
+                r.exitcode
+                    .map_or("killed by a signal".to_string(), |c| format!(
+                        "exit code {c}"
+                    )),
                 r.stdout.trim(),
                 r.stderr.trim()
             )));
@@ -421,7 +457,7 @@ fn prepare_and_save(
         std::fs::copy(&seed, seed_of(dir))
             .map_err(|e| ToolError::new(format!("cannot keep the seed {}: {e}", seed.display())))?;
     }
-    ctx.progress_now(1.0 + steps.len() as f64, None, "saving the running guest");
+    ctx.progress_phase("saving the running guest");
     let save_start = Instant::now();
     let tmp = dir.join("state.tmp");
     let bytes = super::session::monitor(vm_name, &rec, |q| {
@@ -451,8 +487,13 @@ fn prepare_and_save(
 
 /// A random RFC 4122 version-4 GUID for the template's vmgenid.
 fn new_guid() -> String {
-    let id = crate::cloudinit::new_instance_id();
-    let hex: String = id.chars().filter(char::is_ascii_hexdigit).collect();
+    let hex: String = (0..2)
+        .map(|_| {
+            crate::cloudinit::new_instance_id()
+                .trim_start_matches("iid-mcqemu-")
+                .to_string()
+        })
+        .collect();
     let h = format!("{hex:0<32}");
     format!(
         "{}-{}-4{}-a{}-{}",
