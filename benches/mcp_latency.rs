@@ -30,13 +30,23 @@
 //! run. Every VM is stopped at the end (stop_vm force=true / sandbox_destroy, then SIGKILL by
 //! the PIDs in the temp folder's `*.pid` files as a last resort), and every wait on QEMU or the
 //! guest is bounded.
+//!
+//! The templates section (`mcp_latency/templates.rs`) makes a template of the test guest once
+//! and times sandbox_vm clones of it (one after another, and four at once), a clone's Pss, and
+//! cold sandbox_vm boots of the same guest beside them; its own knobs are listed there.
+//! `MCQEMU_BENCH_SECTIONS` (e.g. `templates`, or `vm,templates`) runs only the listed slow
+//! sections; the server rows always run.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
 #[path = "mcp_latency/guest.rs"]
 mod guest;
+#[path = "mcp_latency/pull.rs"]
+mod pull;
 #[path = "mcp_latency/report.rs"]
 mod report;
+#[path = "mcp_latency/templates.rs"]
+mod templates;
 #[path = "mcp_latency/vm.rs"]
 mod vm;
 
@@ -137,8 +147,17 @@ fn run() -> Res<()> {
         warm_rows(&bench, &mut table, server, &qemu_img, &image);
     }
 
+    pull::pull_rows(n, &mut table, &dirs);
+
     // 5. The VM tools, against real QEMUs.
-    vm::vm_rows(n, &mut table, &dirs, &image);
+    if wanted("vm") {
+        vm::vm_rows(n, &mut table, &dirs, &image);
+    }
+
+    // 6. Templates: clones against cold boots.
+    if wanted("templates") {
+        templates::template_rows(&mut table, &dirs, &image);
+    }
 
     table.footer();
     if table.errors > 0 {
@@ -274,6 +293,15 @@ fn peak_rss_kb(server: &Server) -> Res<u64> {
         .find_map(|l| l.strip_prefix("VmHWM:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .ok_or_else(|| format!("no VmHWM line in {file}"))
+}
+
+/// Whether a slow section runs: all do unless `MCQEMU_BENCH_SECTIONS` lists some (comma
+/// separated: `vm`, `templates`).
+fn wanted(section: &str) -> bool {
+    match std::env::var("MCQEMU_BENCH_SECTIONS") {
+        Ok(list) if !list.trim().is_empty() => list.split(',').any(|s| s.trim() == section),
+        _ => true,
+    }
 }
 
 /// A positive count from the environment, or `default`.

@@ -342,11 +342,19 @@ fn diskless_rows(vb: &VmBench, table: &mut Table) -> Res<()> {
     let same_dir = vb.dirs.tmp.join("bare-same");
     std::fs::create_dir_all(&same_dir).map_err(|e| format!("cannot create bare-same/: {e}"))?;
     let same_s = same_dir.display().to_string();
-    let same: Vec<String> = argv
-        .iter()
-        .skip(1)
-        .map(|a| a.replace(&rt, &same_s).replace(&sd, &same_s))
-        .collect();
+    // launch_vm starts QEMU detached itself (QEMU's -daemonize forks after entering its
+    // seccomp sandbox, which spawn=deny forbids): the bare run daemonizes the same argv
+    // without -sandbox, so both are timed to the same point (QMP listening).
+    let mut same: Vec<String> = Vec::new();
+    let mut args = argv.iter().skip(1);
+    while let Some(a) = args.next() {
+        if a == "-sandbox" {
+            args.next();
+            continue;
+        }
+        same.push(a.replace(&rt, &same_s).replace(&sd, &same_s));
+    }
+    same.push("-daemonize".into());
     if same.iter().any(|a| a.contains(&rt) || a.contains(&sd)) {
         return Err(format!(
             "could not move launch_vm's argv to {same_s}: {same:?}"

@@ -14,6 +14,7 @@
 //! - `qemu.rs`: guest slots, short runtime folders, [`VmKiller`], /proc and pidfile helpers,
 //!   `qemu-img info`.
 //! - `guest.rs`: the test guest ([`test_guest`]).
+//! - `cloud.rs`: the test cloud image, Debian with cloud-init ([`test_cloud_image`]).
 //! - `cli.rs`: bounded runs of the `mcqemu` CLI and of external programs.
 //! - `http.rs`: a local HTTP server with fixed routes.
 //! - `files.rs`: [`TempDir`], folder listings, pseudo-random data, SHA-256.
@@ -25,6 +26,7 @@
 #![allow(dead_code)]
 
 mod cli;
+mod cloud;
 mod files;
 mod guest;
 mod http;
@@ -38,5 +40,6 @@ mod tools;
 // part of the re-export unused.
 #[allow(unused_imports)]
 pub use self::{
-    cli::*, files::*, guest::*, http::*, lab::*, qemu::*, security::*, server::*, tools::*,
+    cli::*, cloud::*, files::*, guest::*, http::*, lab::*, qemu::*, security::*, server::*,
+    tools::*,
 };

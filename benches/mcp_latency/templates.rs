@@ -1,0 +1,531 @@
+//! The templates section: template_create of the test guest once, then sandbox_vm clones of it
+//! one after another and four at once, a clone's memory (Pss), and, in the same run, cold
+//! sandbox_vm boots of the same guest to compare with.
+//!
+//! Knobs: `MCQEMU_BENCH_CLONES` (default 20) sequential clones, after one unmeasured warm-up
+//! clone; `MCQEMU_BENCH_CLONE_ROUNDS` (default 5) rounds of four concurrent clones;
+//! `MCQEMU_BENCH_COLD_BOOTS` (default 3) cold sandbox_vm boots.
+
+use std::ffi::OsStr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use mcqemu::qemu::qga::Qga;
+use serde_json::{json, Value};
+
+use crate::common::{try_run, try_test_guest, Guest, Server, VmKiller};
+use crate::report::{Stats, Table};
+use crate::{env_count, ms, structured, Dirs, Res, ToolCalls, QEMU_IMG_TIMEOUT};
+
+/// Targets.
+const CLONE_MEDIAN_TARGET: Duration = Duration::from_millis(100);
+const CLONE_P95_TARGET: Duration = Duration::from_millis(200);
+const FOUR_CLONES_TARGET: Duration = Duration::from_millis(400);
+const CLONE_PSS_TARGET_KB: u64 = 64 * 1024;
+
+/// The template's name and guest memory.
+const TEMPLATE: &str = "bench-tpl";
+const MEMORY_MB: u64 = 256;
+/// What the template's setup leaves in /root/marker.
+const MARKER: &str = "bench-template-marker";
+/// Longest wait for template_create (a boot of the test guest, its setup and the save).
+const CREATE_TIMEOUT: Duration = Duration::from_secs(240);
+/// The agent wait given to sandbox_vm (wait_agent_s), and the bound on its call.
+const AGENT_WAIT_S: u64 = 60;
+const CLONE_TIMEOUT: Duration = Duration::from_secs(AGENT_WAIT_S + 60);
+/// Longest wait for sandbox_destroy, template_delete and guest_exec.
+const STEP_TIMEOUT: Duration = Duration::from_secs(60);
+/// The prefix of every VM this section starts (for the cleanup).
+const PREFIX: &str = "bench-t-";
+
+/// The templates section. Prints SKIPPED when QEMU or the test guest is missing, an ERROR row
+/// when something fails; every clone, cold sandbox and the template are removed at the end.
+pub fn template_rows(table: &mut Table, dirs: &Dirs, base_image: &Path) {
+    table.section("templates: sandbox_vm from a saved template vs a cold boot (TCG)");
+    let name = "templates section";
+    if let Err(e) = try_run(
+        "qemu-system-x86_64",
+        &[OsStr::new("--version")],
+        QEMU_IMG_TIMEOUT,
+    ) {
+        table.skip_row(name, &format!("qemu-system-x86_64 is not usable ({e})"));
+        return;
+    }
+    let guest = match try_test_guest() {
+        Ok(g) => g,
+        Err(e) => {
+            table.skip_row(name, &format!("the test guest could not be built: {e}"));
+            return;
+        }
+    };
+    let killer = VmKiller::new(dirs.tmp.path());
+    let tb = TemplateBench {
+        dirs,
+        killer: &killer,
+        guest: &guest,
+        clones: env_count("MCQEMU_BENCH_CLONES", 20),
+        rounds: env_count("MCQEMU_BENCH_CLONE_ROUNDS", 5),
+        cold: env_count("MCQEMU_BENCH_COLD_BOOTS", 3),
+    };
+    table.note(&format!(
+        "test guest, {MEMORY_MB} MiB, 1 vCPU; {} sequential clones (+1 warm-up), {} rounds of 4 \
+         concurrent clones, {} cold boots",
+        tb.clones, tb.rounds, tb.cold
+    ));
+    let outcome = tb.server().and_then(|mut server| {
+        let r = tb.rows(table, &mut server, base_image);
+        tb.cleanup(table, &mut server);
+        server.try_close()?;
+        r
+    });
+    table.or_error(name, outcome);
+    let killed = killer.kill_all();
+    if !killed.is_empty() {
+        table.note(&format!("cleanup SIGKILLed left-over QEMU PIDs {killed:?}"));
+    }
+}
+
+struct TemplateBench<'a> {
+    dirs: &'a Dirs,
+    killer: &'a VmKiller,
+    guest: &'a Guest,
+    clones: usize,
+    rounds: usize,
+    cold: usize,
+}
+
+/// What one clone's sandbox_vm gave: the server's ready_ms, the client's round trip, its PID.
+struct Cloned {
+    ready: Duration,
+    round_trip: Duration,
+    pid: i32,
+    qga: Option<String>,
+}
+
+impl TemplateBench<'_> {
+    fn server(&self) -> Res<Server> {
+        self.dirs.server()
+    }
+
+    fn rows(&self, table: &mut Table, server: &mut Server, base_image: &Path) -> Res<()> {
+        self.create_rows(table, server)?;
+        let clone_median = self.sequential_rows(table, server)?;
+        self.concurrent_rows(table, server)?;
+        self.pss_row(table, server)?;
+        self.cold_rows(table, server, base_image, clone_median)
+    }
+
+    // ---- template_create ----
+
+    fn create_rows(&self, table: &mut Table, server: &mut Server) -> Res<()> {
+        let g = self.guest;
+        let t0 = Instant::now();
+        let r = server.tool_within(
+            "template_create",
+            json!({
+                "name": TEMPLATE, "kernel": g.kernel, "initrd": g.initrd, "append": g.append,
+                "memory_mb": MEMORY_MB, "cpus": 1, "wait_agent_s": AGENT_WAIT_S,
+                "setup": [{"command": "/bin/sh",
+                           "args": ["-c", format!("echo {MARKER} > /root/marker")]}]
+            }),
+            CREATE_TIMEOUT,
+        )?;
+        let took = t0.elapsed();
+        let s = structured(&r)?;
+        let field = |k: &str| {
+            s[k].as_u64()
+                .ok_or_else(|| format!("template_create gave no {k}: {s}"))
+        };
+        let (duration, save, state) = (
+            field("duration_ms")?,
+            field("save_ms")?,
+            field("state_bytes")?,
+        );
+        let one = |d: Duration| Stats::of(vec![d]);
+        table.time_row("template_create (boot, setup, save)", 1, &one(took), None);
+        table.time_row(
+            "  duration_ms (server)",
+            1,
+            &one(Duration::from_millis(duration)),
+            None,
+        );
+        table.time_row(
+            "  save_ms (server)",
+            1,
+            &one(Duration::from_millis(save)),
+            None,
+        );
+        table.note(&format!(
+            "saved device state: {} KiB; guest RAM stays in the template's {MEMORY_MB} MiB file",
+            state / 1024
+        ));
+        Ok(())
+    }
+
+    // ---- clones one after another ----
+
+    /// sandbox_vm of one clone, which must come up with its agent ready; its QEMU is tracked
+    /// for the last-resort kill.
+    fn clone_vm(&self, server: &mut Server, name: &str) -> Res<Cloned> {
+        let t0 = Instant::now();
+        let r = server.tool_within(
+            "sandbox_vm",
+            json!({"template": TEMPLATE, "name": name, "port_forwards": [],
+                   "wait_agent_s": AGENT_WAIT_S}),
+            CLONE_TIMEOUT,
+        )?;
+        let round_trip = t0.elapsed();
+        let s = structured(&r)?;
+        self.checked_clone(s, round_trip)
+    }
+
+    fn checked_clone(&self, s: &Value, round_trip: Duration) -> Res<Cloned> {
+        self.killer.track(s);
+        if s["agent_ready"] != json!(true) {
+            return Err(format!("a clone's agent was not ready: {s}"));
+        }
+        let ready = s["ready_ms"]
+            .as_u64()
+            .ok_or_else(|| format!("sandbox_vm gave no ready_ms: {s}"))?;
+        let pid = s["pid"]
+            .as_i64()
+            .ok_or_else(|| format!("sandbox_vm gave no pid: {s}"))? as i32;
+        Ok(Cloned {
+            ready: Duration::from_millis(ready),
+            round_trip,
+            pid,
+            qga: s["qga_socket"].as_str().map(str::to_string),
+        })
+    }
+
+    fn destroy(&self, server: &mut Server, name: &str) -> Res<()> {
+        let r = server.tool_within("sandbox_destroy", json!({ "name": name }), STEP_TIMEOUT)?;
+        if structured(&r)?["destroyed"] != json!(true) {
+            return Err(format!("sandbox_destroy {name} did not destroy it: {r}"));
+        }
+        Ok(())
+    }
+
+    /// The marker of the template's setup, read in a clone (untimed check).
+    fn check_marker(&self, server: &mut Server, name: &str) -> Res<()> {
+        let r = server.tool_within(
+            "guest_exec",
+            json!({"name": name, "command": "cat", "args": ["/root/marker"]}),
+            STEP_TIMEOUT,
+        )?;
+        let s = structured(&r)?;
+        if s["stdout"] != json!(format!("{MARKER}\n")) {
+            return Err(format!(
+                "clone {name} does not see the template's marker: {s}"
+            ));
+        }
+        Ok(())
+    }
+
+    /// One warm-up clone, then `clones` measured ones, each destroyed (untimed) before the
+    /// next. Returns the round trips' median.
+    fn sequential_rows(&self, table: &mut Table, server: &mut Server) -> Res<Duration> {
+        let name = format!("{PREFIX}seq");
+        let (mut ready, mut round_trip) = (Vec::new(), Vec::new());
+        for i in 0..=self.clones {
+            let fail = |e: String| format!("sequential clone {i}: {e}");
+            let c = self.clone_vm(server, &name).map_err(fail)?;
+            if i == 1 {
+                self.check_marker(server, &name).map_err(fail)?;
+            }
+            self.destroy(server, &name).map_err(fail)?;
+            if i > 0 {
+                ready.push(c.ready);
+                round_trip.push(c.round_trip);
+            }
+        }
+        let n = self.clones;
+        let rows = |table: &mut Table, label: &str, v: &[Duration]| {
+            let s = Stats::of(v.to_vec());
+            table.time_row(label, n, &s, Some(CLONE_MEDIAN_TARGET));
+            p95_row(table, n, v);
+            s
+        };
+        rows(table, "clone: ready_ms (server)", &ready);
+        let rt = rows(table, "clone: sandbox_vm round trip", &round_trip);
+        let list = |v: &[Duration]| {
+            v.iter()
+                .map(|d| d.as_millis().to_string())
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        table.note(&format!("ready_ms per clone: {}", list(&ready)));
+        Ok(rt.median)
+    }
+
+    // ---- four clones at once ----
+
+    /// `rounds` times: four sandbox_vm calls pipelined on the one server, timed from the first
+    /// request until the last answer; then destroyed (untimed). In the last round, the Pss of
+    /// each of the four is noted before they go.
+    fn concurrent_rows(&self, table: &mut Table, server: &mut Server) -> Res<()> {
+        let mut walls = Vec::new();
+        let mut slowest = Vec::new();
+        for round in 1..=self.rounds {
+            let fail = |e: String| format!("concurrent round {round}: {e}");
+            let names: Vec<String> = (1..=4).map(|i| format!("{PREFIX}conc{i}")).collect();
+            let t0 = Instant::now();
+            let mut ids = Vec::new();
+            for n in &names {
+                let id = json!(server.fresh_id());
+                server
+                    .try_send_request(
+                        &id,
+                        "tools/call",
+                        json!({"name": "sandbox_vm",
+                               "arguments": {"template": TEMPLATE, "name": n,
+                                             "port_forwards": [],
+                                             "wait_agent_s": AGENT_WAIT_S}}),
+                    )
+                    .map_err(fail)?;
+                ids.push(id);
+            }
+            // Every answer is read (and every QEMU tracked) before any is judged.
+            let mut answers = Vec::new();
+            for id in &ids {
+                let (resp, others) = server.try_read_until_id(id, CLONE_TIMEOUT).map_err(fail)?;
+                server.unread(
+                    others
+                        .into_iter()
+                        .filter(|m| m.get("method").is_none())
+                        .collect(),
+                );
+                if let Some(s) = resp.pointer("/result/structuredContent") {
+                    self.killer.track(s);
+                }
+                answers.push(resp);
+            }
+            let wall = t0.elapsed();
+            let mut clones = Vec::new();
+            for (resp, n) in answers.iter().zip(&names) {
+                if resp.pointer("/result/isError") != Some(&json!(false)) {
+                    return Err(fail(format!("sandbox_vm {n} failed: {resp}")));
+                }
+                let s = resp
+                    .pointer("/result/structuredContent")
+                    .ok_or_else(|| fail(format!("no structuredContent: {resp}")))?;
+                clones.push(self.checked_clone(s, wall).map_err(fail)?);
+            }
+            walls.push(wall);
+            slowest.push(clones.iter().map(|c| c.ready).max().unwrap_or_default());
+            if round == self.rounds {
+                let pss: Vec<String> = clones
+                    .iter()
+                    .map(|c| smaps_kb(c.pid, "Pss").map(|kb| format!("{:.1}", kb as f64 / 1024.0)))
+                    .collect::<Res<_>>()
+                    .map_err(fail)?;
+                table.note(&format!(
+                    "Pss of four concurrent clones, MiB: {}",
+                    pss.join(", ")
+                ));
+            }
+            for n in &names {
+                self.destroy(server, n).map_err(fail)?;
+            }
+        }
+        let n = self.rounds;
+        table.time_row(
+            "4 concurrent clones: all ready (wall)",
+            n,
+            &Stats::of(walls),
+            Some(FOUR_CLONES_TARGET),
+        );
+        table.time_row(
+            "  slowest ready_ms of the four (server)",
+            n,
+            &Stats::of(slowest),
+            None,
+        );
+        Ok(())
+    }
+
+    // ---- one clone: its clock setting and its memory ----
+
+    /// On one 256 MiB clone that has run a command: what guest-set-time costs, and the
+    /// clone's proportional set size.
+    fn pss_row(&self, table: &mut Table, server: &mut Server) -> Res<()> {
+        let name = format!("{PREFIX}pss");
+        let c = self.clone_vm(server, &name)?;
+        self.check_marker(server, &name)?;
+        // What setting the clock costs a clone's readiness: guest-set-time straight on its
+        // agent (qemu-ga runs hwclock in the guest for it).
+        let sock = c.qga.ok_or("sandbox_vm gave no qga_socket")?;
+        let mut agent = Qga::connect(Path::new(&sock), STEP_TIMEOUT)
+            .map_err(|e| format!("the clone's agent on {sock}: {e}"))?;
+        let mut set_time = Vec::new();
+        for _ in 0..5 {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default();
+            let t0 = Instant::now();
+            agent
+                .execute_within(
+                    "guest-set-time",
+                    Some(json!({ "time": now.as_nanos() as u64 })),
+                    STEP_TIMEOUT,
+                )
+                .map_err(|e| format!("guest-set-time: {e}"))?;
+            set_time.push(t0.elapsed());
+        }
+        drop(agent);
+        table.time_row(
+            "  ref: guest-set-time on a clone's agent",
+            set_time.len(),
+            &Stats::of(set_time),
+            None,
+        );
+        std::thread::sleep(Duration::from_secs(1));
+        let pss = smaps_kb(c.pid, "Pss")?;
+        let rss = smaps_kb(c.pid, "Rss")?;
+        let anon = smaps_kb(c.pid, "Pss_Anon")?;
+        let file = smaps_kb(c.pid, "Pss_File")?;
+        self.destroy(server, &name)?;
+        table.rss_info_row(&format!("clone Pss ({MEMORY_MB} MiB guest)"), pss);
+        let verdict = if pss <= CLONE_PSS_TARGET_KB {
+            "ok"
+        } else {
+            "MISSED"
+        };
+        let mib = |kb: u64| kb as f64 / 1024.0;
+        table.note(&format!(
+            "target <= {} MiB: {verdict}; of it Pss_Anon {:.1} MiB (the clone's own pages), \
+             Pss_File {:.1} MiB (template RAM pages it maps, shared with other clones at their \
+             share); Rss {:.1} MiB (/proc/PID/smaps_rollup)",
+            CLONE_PSS_TARGET_KB / 1024,
+            mib(anon),
+            mib(file),
+            mib(rss)
+        ));
+        Ok(())
+    }
+
+    // ---- cold boots ----
+
+    /// `cold` sandbox_vm boots of the same guest (256 MiB, on the bench's qcow2), each
+    /// destroyed before the next, next to the clones' numbers.
+    fn cold_rows(
+        &self,
+        table: &mut Table,
+        server: &mut Server,
+        base_image: &Path,
+        clone_median: Duration,
+    ) -> Res<()> {
+        let g = self.guest;
+        let name = format!("{PREFIX}cold");
+        let mut times = Vec::new();
+        let mut pss = 0;
+        for i in 1..=self.cold {
+            let fail = |e: String| format!("cold boot {i}: {e}");
+            let t0 = Instant::now();
+            let r = server
+                .tool_within(
+                    "sandbox_vm",
+                    json!({
+                        "base_image": base_image, "name": name, "memory_mb": MEMORY_MB,
+                        "cpus": 1, "port_forwards": [], "wait_agent_s": AGENT_WAIT_S,
+                        "kernel": g.kernel, "initrd": g.initrd, "append": g.append
+                    }),
+                    CLONE_TIMEOUT,
+                )
+                .map_err(fail)?;
+            let took = t0.elapsed();
+            let s = structured(&r)?;
+            self.killer.track(s);
+            if s["agent_ready"] != json!(true) {
+                return Err(fail(format!("agent not ready: {s}")));
+            }
+            if i == self.cold {
+                if let Some(pid) = s["pid"].as_i64() {
+                    pss = smaps_kb(pid as i32, "Pss").map_err(fail)?;
+                }
+            }
+            self.destroy(server, &name).map_err(fail)?;
+            times.push(took);
+        }
+        let s = Stats::of(times);
+        table.time_row("cold sandbox_vm (boot), round trip", self.cold, &s, None);
+        table.note(&format!(
+            "a clone is ready {:.0}x sooner than a cold boot (round-trip medians {} ms vs {} \
+             ms); a booted {MEMORY_MB} MiB guest's Pss: {:.1} MiB",
+            s.median.as_secs_f64() / clone_median.as_secs_f64().max(1e-6),
+            ms(clone_median),
+            ms(s.median),
+            pss as f64 / 1024.0
+        ));
+        Ok(())
+    }
+
+    // ---- cleanup ----
+
+    /// Destroys whatever sandbox of this section is left and deletes the template.
+    fn cleanup(&self, table: &Table, server: &mut Server) {
+        let mut problems = Vec::new();
+        match server
+            .tool("list_vms", json!({}))
+            .and_then(|r| Ok(structured(&r)?["vms"].clone()))
+        {
+            Err(e) => problems.push(e),
+            Ok(vms) => {
+                for v in vms.as_array().into_iter().flatten() {
+                    let n = v["name"].as_str().unwrap_or("");
+                    if n.starts_with(PREFIX) {
+                        if let Err(e) = self.destroy(server, n) {
+                            problems.push(e);
+                        }
+                    }
+                }
+            }
+        }
+        let listed = server
+            .tool("template_list", json!({}))
+            .and_then(|r| Ok(structured(&r)?["templates"].clone()));
+        let exists = listed
+            .as_ref()
+            .map(|t| {
+                t.as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|t| t["name"] == TEMPLATE)
+            })
+            .unwrap_or(true);
+        if exists {
+            if let Err(e) =
+                server.tool_within("template_delete", json!({ "name": TEMPLATE }), STEP_TIMEOUT)
+            {
+                problems.push(e);
+            }
+        }
+        for p in problems {
+            table.note(&format!("cleanup problem: {p}"));
+        }
+    }
+}
+
+/// A p95 row (nearest rank) under the row of the same samples: the p95 fills the columns, so
+/// that the target is checked against it.
+fn p95_row(table: &mut Table, n: usize, samples: &[Duration]) {
+    let mut v = samples.to_vec();
+    v.sort();
+    let p95 = v[(v.len() * 95).div_ceil(100).max(1) - 1];
+    let s = Stats {
+        median: p95,
+        p90: p95,
+        min: p95,
+    };
+    table.time_row("  p95 (all columns)", n, &s, Some(CLONE_P95_TARGET));
+}
+
+/// A `KEY:` line of /proc/PID/smaps_rollup, in KiB.
+fn smaps_kb(pid: i32, key: &str) -> Res<u64> {
+    let file = format!("/proc/{pid}/smaps_rollup");
+    let text = std::fs::read_to_string(&file).map_err(|e| format!("cannot read {file}: {e}"))?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .ok_or_else(|| format!("no {key} line in {file}"))
+}
