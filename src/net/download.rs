@@ -8,6 +8,9 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::Duration;
 
+pub use super::error::DownloadError;
+use super::resume::{lock_part, partial_for, range_start, resumable};
+
 /// A hash algorithm a download is checked with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Algo {
@@ -85,209 +88,6 @@ pub trait Watcher {
     fn cancelled(&self) -> bool;
 }
 
-/// Why a download was refused or failed. Every failure after the checks has already removed
-/// the temporary file.
-#[derive(Debug)]
-pub enum DownloadError {
-    /// A URL whose scheme is not http or https.
-    Scheme(String),
-    /// A URL with nothing after `//`.
-    NoHost,
-    /// A sha256 parameter that is not 64 hex digits.
-    BadSha256,
-    /// The target exists and overwrite was not asked for.
-    Exists(PathBuf),
-    /// The target's folder does not exist.
-    NoFolder(PathBuf),
-    /// The request failed (DNS, TLS, connection, HTTP status...); says how, for the URL.
-    Request(String),
-    /// A redirect without a Location header.
-    NoLocation {
-        /// The HTTP status.
-        status: u16,
-        /// The URL that answered.
-        url: String,
-    },
-    /// More than the redirects followed for one download.
-    TooManyRedirects(String),
-    /// A redirect to a URL that [`check_url`] refuses.
-    RedirectRefused {
-        /// The URL that redirected.
-        from: String,
-        /// Where it pointed.
-        to: String,
-        /// Why that is refused.
-        why: Box<DownloadError>,
-    },
-    /// The announced size is over `max_bytes`.
-    TooBig {
-        /// Content-Length.
-        size: u64,
-        /// The limit.
-        max: u64,
-    },
-    /// The reader thread could not be started.
-    Thread(std::io::Error),
-    /// The temporary file could not be created, written or flushed.
-    File {
-        /// "create", "write" or "flush".
-        op: &'static str,
-        /// The temporary file.
-        path: PathBuf,
-        /// What went wrong.
-        error: std::io::Error,
-    },
-    /// The client cancelled.
-    Cancelled,
-    /// Reading the body failed.
-    Connection {
-        /// Bytes received before.
-        done: u64,
-        /// The read error.
-        error: std::io::Error,
-    },
-    /// The reader ended without a result.
-    Stopped(u64),
-    /// The body passed `max_bytes`.
-    PassedMax(u64),
-    /// The body ended before its Content-Length.
-    Short {
-        /// Bytes received.
-        done: u64,
-        /// Content-Length.
-        total: u64,
-    },
-    /// The digest of the body is not the one expected.
-    Checksum {
-        /// The algorithm.
-        algo: Algo,
-        /// Expected.
-        want: String,
-        /// Received.
-        got: String,
-    },
-    /// A resumable download was interrupted; its part is kept for the next attempt.
-    Kept {
-        /// What interrupted it.
-        error: Box<DownloadError>,
-        /// Where the part is.
-        part: PathBuf,
-    },
-    /// Another resumable download to the same file is running.
-    Busy(PathBuf),
-    /// The finished file could not be moved into place.
-    Place {
-        /// The target.
-        dest: PathBuf,
-        /// Why.
-        error: std::io::Error,
-    },
-}
-
-impl std::fmt::Display for DownloadError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            DownloadError::Scheme(scheme) => write!(
-                f,
-                "only http and https URLs can be downloaded, not {scheme:?}; for a local file use \
-                 image_convert"
-            ),
-            DownloadError::NoHost => f.write_str("the URL has no host"),
-            DownloadError::BadSha256 => f.write_str("sha256 must be 64 hexadecimal characters"),
-            DownloadError::Exists(dest) => write!(
-                f,
-                "{} already exists; pass overwrite=true to replace it, or choose another path",
-                dest.display()
-            ),
-            DownloadError::NoFolder(dest) => write!(
-                f,
-                "the folder of {} does not exist; create it first",
-                dest.display()
-            ),
-            DownloadError::Request(msg) => f.write_str(msg),
-            DownloadError::NoLocation { status, url } => write!(
-                f,
-                "the server answered HTTP {status} for {url} without a Location to follow"
-            ),
-            DownloadError::TooManyRedirects(url) => write!(f, "too many redirects from {url}"),
-            DownloadError::RedirectRefused { from, to, why } => {
-                write!(f, "{from} redirects to {to:?}, which is refused: {why}")
-            }
-            DownloadError::TooBig { size, max } => write!(
-                f,
-                "the server says the file is {size} bytes, over max_bytes={max}; raise max_bytes \
-                 to accept it"
-            ),
-            DownloadError::Thread(e) => {
-                write!(f, "could not start the download ({e}); retry shortly")
-            }
-            DownloadError::File { op, path, error } => {
-                write!(f, "cannot {op} {}: {error}", path.display())
-            }
-            DownloadError::Cancelled => {
-                f.write_str("cancelled by the client; the partial file was removed")
-            }
-            DownloadError::Connection { done, error } => write!(
-                f,
-                "the connection failed after {done} bytes: {error}; the partial file was removed, \
-                 retry the download"
-            ),
-            DownloadError::Stopped(done) => write!(
-                f,
-                "the download stopped after {done} bytes; the partial file was removed, retry the \
-                 download"
-            ),
-            DownloadError::PassedMax(max) => write!(
-                f,
-                "the download passed max_bytes={max}; the partial file was removed"
-            ),
-            DownloadError::Short { done, total } => write!(
-                f,
-                "the connection closed after {done} of {total} bytes; the partial file was \
-                 removed, retry the download"
-            ),
-            DownloadError::Checksum { algo, want, got } => write!(
-                f,
-                "checksum mismatch: expected {} {want}, got {got}; the file was discarded. \
-                 Check the URL and the checksum",
-                algo.name()
-            ),
-            DownloadError::Kept { error, part } => write!(
-                f,
-                "{}; the {} bytes received so far are kept in {}: pull again to continue",
-                error
-                    .to_string()
-                    .replace("; the partial file was removed, retry the download", ""),
-                std::fs::metadata(part).map(|m| m.len()).unwrap_or(0),
-                part.display()
-            ),
-            DownloadError::Busy(dest) => write!(
-                f,
-                "another pull to {} is running; wait for it to finish",
-                dest.display()
-            ),
-            DownloadError::Place { dest, error } => write!(
-                f,
-                "could not move the download into {}: {error}",
-                dest.display()
-            ),
-        }
-    }
-}
-
-impl std::error::Error for DownloadError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            DownloadError::RedirectRefused { why, .. } => Some(why.as_ref()),
-            DownloadError::Thread(error)
-            | DownloadError::File { error, .. }
-            | DownloadError::Connection { error, .. }
-            | DownloadError::Place { error, .. } => Some(error),
-            _ => None,
-        }
-    }
-}
-
 /// Checks the URL's scheme before any connection is made.
 pub fn check_url(url: &str) -> Result<(), DownloadError> {
     let lower = url.to_ascii_lowercase();
@@ -347,7 +147,7 @@ fn describe(url: &str, e: ureq::Error) -> String {
 }
 
 /// A response header as text, when present and readable.
-fn header(resp: &ureq::http::Response<ureq::Body>, name: &str) -> Option<String> {
+pub(super) fn header(resp: &ureq::http::Response<ureq::Body>, name: &str) -> Option<String> {
     resp.headers()
         .get(name)
         .and_then(|v| v.to_str().ok())
@@ -401,75 +201,6 @@ fn temp_for(dest: &Path) -> PathBuf {
         .map(|d| d.subsec_nanos())
         .unwrap_or(0);
     dest.with_file_name(format!(".{name}.part-{}-{nanos}", std::process::id()))
-}
-
-/// The fixed temporary name an interrupted resumable download is kept under, and the file
-/// beside it that says what it is a part of (the URL and the server's validator).
-fn partial_for(dest: &Path) -> (PathBuf, PathBuf) {
-    let name = dest
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    (
-        dest.with_file_name(format!(".{name}.partial")),
-        dest.with_file_name(format!(".{name}.partial.json")),
-    )
-}
-
-/// Takes the lock of a resumable download to `dest` (a lock file beside it, held while the
-/// returned file is open); Busy when another download holds it.
-fn lock_part(dest: &Path) -> Result<PartLock, DownloadError> {
-    let name = dest
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let path = dest.with_file_name(format!(".{name}.partial.lock"));
-    let file = File::options()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&path)
-        .map_err(|error| DownloadError::File {
-            op: "lock",
-            path: path.clone(),
-            error,
-        })?;
-    use std::os::unix::io::AsRawFd;
-    // SAFETY: flock(2) on a descriptor this function owns.
-    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if rc != 0 {
-        return Err(DownloadError::Busy(dest.to_path_buf()));
-    }
-    Ok(PartLock { _file: file, path })
-}
-
-/// The held lock of a resumable download; its file goes when the download ends.
-struct PartLock {
-    _file: File,
-    path: PathBuf,
-}
-
-impl Drop for PartLock {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
-    }
-}
-
-/// What an earlier attempt left to continue: its length and the validator to send with
-/// `If-Range`, or None when there is nothing usable for this URL.
-fn resumable(part: &Path, meta: &Path, url: &str) -> Option<(u64, Option<String>)> {
-    let len = std::fs::metadata(part).ok()?.len();
-    let info: serde_json::Value = serde_json::from_slice(&std::fs::read(meta).ok()?).ok()?;
-    if len == 0 || info.get("url").and_then(serde_json::Value::as_str) != Some(url) {
-        return None;
-    }
-    let validator = info
-        .get("validator")
-        .and_then(serde_json::Value::as_str)
-        .map(str::to_string);
-    Some((len, validator))
 }
 
 fn agent() -> ureq::Agent {
@@ -556,13 +287,6 @@ pub fn fetch_small(url: &str, max: usize) -> Result<Vec<u8>, DownloadError> {
         return Err(DownloadError::PassedMax(max as u64));
     }
     Ok(body)
-}
-
-/// The start offset of a `Content-Range: bytes START-END/TOTAL` header.
-fn range_start(resp: &ureq::http::Response<ureq::Body>) -> Option<u64> {
-    let v = header(resp, "Content-Range")?;
-    let rest = v.trim().strip_prefix("bytes")?.trim();
-    rest.split('-').next()?.trim().parse().ok()
 }
 
 /// Downloads per `req`. On any error `dest` is untouched; the temporary file is removed, except

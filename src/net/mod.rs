@@ -4,3 +4,5 @@
 pub mod catalog;
 pub mod checksums;
 pub mod download;
+pub mod error;
+pub mod resume;

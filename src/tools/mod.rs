@@ -19,6 +19,7 @@ pub mod image_snapshot;
 pub mod inspect;
 pub mod keyboard;
 pub mod launch;
+pub mod launch_schema;
 pub mod lifecycle;
 pub mod prepare;
 pub mod pull;
@@ -29,6 +30,7 @@ pub mod session;
 pub mod snapshot;
 pub mod stop;
 pub mod template;
+pub mod template_manage;
 
 /// Every tool, in the order `tools/list` shows them.
 pub static ALL: &[ToolDef] = &[
@@ -67,8 +69,8 @@ pub static ALL: &[ToolDef] = &[
     sandbox::SANDBOX,
     sandbox::DESTROY,
     template::CREATE,
-    template::LIST,
-    template::DELETE,
+    template_manage::LIST,
+    template_manage::DELETE,
     guest::PING,
     guest::INFO,
     guest::EXEC,

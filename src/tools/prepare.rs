@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use serde_json::{json, Map, Value};
 
+use super::launch_schema;
 use super::{guest, guest_run, launch, object, path_arg, sandbox, stop};
 use crate::cloudinit::CloudInit;
 use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
@@ -49,15 +50,15 @@ pub const PREPARE: ToolDef = ToolDef {
                 "dest": {"type": "string", "minLength": 1,
                          "description": "Where to write the prepared qcow2."},
                 "overwrite": {"type": "boolean", "default": false},
-                "cloud_init": launch::cloud_init_schema(),
+                "cloud_init": launch_schema::cloud_init_schema(),
                 "allow_network": {"type": "boolean", "default": true,
                                   "description": "Let the guest reach the network (to install \
                                                   the agent and packages)."},
                 "timeout_s": {"type": "number", "minimum": 30, "maximum": 7200, "default": 1200,
                               "description": "Bound for the agent to answer and for \
                                               cloud-init to finish, each."},
-                "memory_mb": launch::memory_schema(),
-                "cpus": launch::cpus_schema(),
+                "memory_mb": launch_schema::memory_schema(),
+                "cpus": launch_schema::cpus_schema(),
                 "firmware": {"type": "string", "enum": ["bios", "uefi"],
                              "default": launch::DEFAULT_FIRMWARE},
                 "kernel": {"type": ["string", "null"], "default": null},

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 
+use super::launch_schema;
 use super::lifecycle::lookup;
 use super::{checked_image, object, path_arg};
 use super::{guest_run, launch};
@@ -50,8 +51,8 @@ pub const SANDBOX: ToolDef = ToolDef {
                     "type": ["string", "null"], "default": null,
                     "description": "VM name; default the first free of sandbox, sandbox-2, ..."
                 },
-                "memory_mb": launch::memory_schema(),
-                "cpus": launch::cpus_schema(),
+                "memory_mb": launch_schema::memory_schema(),
+                "cpus": launch_schema::cpus_schema(),
                 "port_forwards": {
                     "type": ["array", "null"],
                     "items": {"type": "string"},
@@ -68,7 +69,7 @@ pub const SANDBOX: ToolDef = ToolDef {
                     "description": "How the base image boots (cloud images: bios for Debian and \
                         Ubuntu on x86_64, uefi on aarch64)."
                 },
-                "cloud_init": launch::cloud_init_schema(),
+                "cloud_init": launch_schema::cloud_init_schema(),
                 "wait_cloud_init": {
                     "type": "boolean", "default": false,
                     "description": "Also wait, through the agent, until cloud-init has finished \

@@ -1,7 +1,7 @@
 //! Templates: a running guest saved once (RAM in a file, device state in a small stream, its
 //! disk frozen as a backing file), from which sandbox_vm starts clones in well under a second
-//! instead of booting. `template_create`, `template_list`, `template_delete`; the clones
-//! themselves are in [`super::clone`].
+//! instead of booting. `template_create` and the template store are here; `template_list` and
+//! `template_delete` in [`super::template_manage`]; the clones in [`super::clone`].
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -75,7 +75,8 @@ pub fn state_of(dir: &Path) -> PathBuf {
 pub fn seed_of(dir: &Path) -> PathBuf {
     dir.join("seed.iso")
 }
-fn meta_of(dir: &Path) -> PathBuf {
+/// Its record.
+pub(super) fn meta_of(dir: &Path) -> PathBuf {
     dir.join("template.json")
 }
 
@@ -210,7 +211,7 @@ pub const CREATE: ToolDef = ToolDef {
 };
 
 /// Removes a template folder's known files and then the folder, reporting what failed.
-fn remove_dir(dir: &Path) -> Vec<String> {
+pub(super) fn remove_dir(dir: &Path) -> Vec<String> {
     let mut errors = Vec::new();
     if !dir.starts_with(templates_dir()) || dir == templates_dir() {
         return vec![format!(
@@ -503,125 +504,4 @@ fn new_guid() -> String {
         &h[17..20],
         &h[20..32]
     )
-}
-
-const LIST_DESCRIPTION: &str = "List the templates: name, base image, memory, size on disk, \
-    when saved, and the clones alive now.";
-
-/// `template_list`.
-pub const LIST: ToolDef = ToolDef {
-    name: "template_list",
-    title: "List sandbox templates",
-    description: LIST_DESCRIPTION,
-    input_schema: || json!({"type": "object", "properties": {}, "additionalProperties": false}),
-    output_schema: || {
-        json!({
-            "type": "object",
-            "properties": {"templates": {"type": "array", "items": {"type": "object"}}},
-            "required": ["templates"]
-        })
-    },
-    annotations: Annotations {
-        read_only: true,
-        destructive: false,
-        idempotent: true,
-        open_world: false,
-    },
-    handler: list,
-};
-
-fn folder_bytes(dir: &Path) -> u64 {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::read_dir(dir)
-        .map(|entries| {
-            entries
-                .flatten()
-                .filter_map(|e| e.metadata().ok())
-                .map(|m| m.blocks() * 512)
-                .sum()
-        })
-        .unwrap_or(0)
-}
-
-fn list(_ctx: &ToolCtx, _args: &Args) -> ToolResult {
-    let mut out = Vec::new();
-    if let Ok(entries) = std::fs::read_dir(templates_dir()) {
-        let mut names: Vec<String> = entries
-            .flatten()
-            .filter(|e| e.path().is_dir())
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .collect();
-        names.sort();
-        for n in names {
-            let dir = dir_of(&n);
-            match load(&n) {
-                Ok(t) => out.push(json!({
-                    "name": t.name, "usable": true, "base_image": t.base_image,
-                    "memory_mb": t.memory_mb, "cpus": t.cpus, "created_at": t.created_at,
-                    "size_on_disk": folder_bytes(&dir), "clones": clones_of(&n),
-                })),
-                // Half-made (interrupted) or damaged: shown, never offered as usable.
-                Err(e) if meta_of(&dir).exists() => out.push(json!({
-                    "name": n, "usable": false, "problem": e.0,
-                    "size_on_disk": folder_bytes(&dir), "clones": clones_of(&n),
-                })),
-                Err(_) => {}
-            }
-        }
-    }
-    Ok(ToolOutput::json(json!({ "templates": out })))
-}
-
-const DELETE_DESCRIPTION: &str = "Delete a template and every file it has. Refused while any \
-    clone of it is alive (sandbox_destroy them first).";
-
-/// `template_delete`.
-pub const DELETE: ToolDef = ToolDef {
-    name: "template_delete",
-    title: "Delete a sandbox template",
-    description: DELETE_DESCRIPTION,
-    input_schema: || {
-        object(
-            json!({"name": {"type": "string", "minLength": 1}}),
-            &["name"],
-        )
-    },
-    output_schema: || {
-        json!({
-            "type": "object",
-            "properties": {"name": {"type": "string"}, "deleted": {"type": "boolean"},
-                           "errors": {"type": "array", "items": {"type": "string"}}},
-            "required": ["name", "deleted"]
-        })
-    },
-    annotations: Annotations {
-        read_only: false,
-        destructive: true,
-        idempotent: false,
-        open_world: false,
-    },
-    handler: delete,
-};
-
-fn delete(_ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let name = args.str("name")?.to_string();
-    if !valid_name(&name) {
-        return Err(ToolError::new(format!("invalid template name {name:?}")));
-    }
-    let dir = dir_of(&name);
-    if !dir.is_dir() {
-        return Err(ToolError::new(format!(
-            "no template named {name:?}; template_list shows the templates"
-        )));
-    }
-    let clones = clones_of(&name);
-    if !clones.is_empty() {
-        return Err(ToolError::new(format!(
-            "template {name:?} still has live clones {clones:?}; sandbox_destroy them first"
-        )));
-    }
-    let errors = remove_dir(&dir);
-    Ok(ToolOutput::json(json!({
-        "name": name, "deleted": errors.is_empty(), "errors": errors
-    })))
 }
