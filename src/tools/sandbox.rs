@@ -148,6 +148,10 @@ fn sandbox_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
         }
         None => first_free_name(),
     };
+    // cloud_init is checked before anything is made on disk.
+    if let Some(v) = args.0.get("cloud_init").filter(|v| !v.is_null()) {
+        crate::cloudinit::CloudInit::parse(v)?;
+    }
     let sd = vm::state_dir(&name);
     std::fs::create_dir_all(&sd)
         .map_err(|e| ToolError::new(format!("cannot create {}: {e}", sd.display())))?;
@@ -182,6 +186,7 @@ fn sandbox_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
         Ok(r) => r,
         Err(e) => {
             let _ = std::fs::remove_file(&overlay);
+            let _ = std::fs::remove_dir(&sd);
             return Err(e);
         }
     };
@@ -196,6 +201,7 @@ fn sandbox_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
         Ok(o) => o,
         Err(e) => {
             let _ = std::fs::remove_file(&overlay);
+            let _ = std::fs::remove_dir(&sd);
             return Err(e);
         }
     };
@@ -218,7 +224,15 @@ fn sandbox_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
                 .unwrap_or(600.0)
                 .clamp(0.0, 3600.0),
         );
-        out["cloud_init"] = guest_run::wait_cloud_init(ctx, &name, wait_ci)?;
+        // Beside what the launch recorded (instance_id, seed), not instead of it.
+        let waited = guest_run::wait_cloud_init(ctx, &name, wait_ci)?;
+        match (
+            out.get_mut("cloud_init").and_then(Value::as_object_mut),
+            waited,
+        ) {
+            (Some(launched), Value::Object(w)) => launched.extend(w),
+            (_, w) => out["cloud_init"] = w,
+        }
     }
     if !ready && wait > Duration::ZERO {
         if let Some(w) = out["warnings"].as_array_mut() {

@@ -128,8 +128,9 @@ fn graceful_stop(
             match q.next_event(Duration::from_millis(100)) {
                 Ok(_) => {}
                 Err(QmpError::Closed) => {
-                    // QEMU closed the monitor: it is exiting. Wait (bounded) for the process.
-                    let until = Instant::now() + Duration::from_secs(5);
+                    // QEMU closed the monitor: it is exiting. Wait for the process, until the
+                    // caller's deadline (at least a few seconds: a loaded host exits slowly).
+                    let until = deadline.max(Instant::now() + Duration::from_secs(5));
                     while !gone(rec) && Instant::now() < until {
                         std::thread::sleep(Duration::from_millis(10));
                     }

@@ -130,3 +130,15 @@ fn build() -> Result<CloudImage, String> {
     }
     Ok(image)
 }
+
+/// `MCQEMU_ROOTS` for a server that boots the test cloud image: [`test_roots`] plus the cloud
+/// image cache (`target/test-cloud`), where the image's disk, kernel and initramfs live.
+///
+/// [`test_roots`]: super::server::test_roots
+pub fn cloud_roots() -> String {
+    let cloud = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("target")
+        .join("test-cloud");
+    let _ = std::fs::create_dir_all(&cloud);
+    format!("{}:{}", super::server::test_roots(), cloud.display())
+}
