@@ -27,6 +27,7 @@
 
 mod cli;
 mod cloud;
+pub mod cloud_guest;
 mod files;
 mod guest;
 mod http;
