@@ -169,3 +169,68 @@ pub fn run_cli_with(
 pub fn run_cli(tmp: &TempDir, args: &[&str]) -> CliOutput {
     run_cli_with(tmp, args, None, Duration::from_secs(60))
 }
+
+/// Runs a cached artifact builder (`python3 SCRIPT OUT`, which prints JSON) under a file lock in
+/// `OUT`, so two test binaries (or a test and the bench) never build at once; the lock wait and
+/// the build together are bounded by `timeout`. `what` names the artifact in errors.
+pub fn run_locked_builder(
+    what: &str,
+    script: &std::path::Path,
+    out: &std::path::Path,
+    timeout: Duration,
+) -> Result<serde_json::Value, String> {
+    use std::os::unix::io::AsRawFd;
+    std::fs::create_dir_all(out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
+    let lock_path = out.join(".build.lock");
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|e| format!("cannot open the {what} build lock: {e}"))?;
+    let deadline = std::time::Instant::now() + timeout;
+    // Released when `lock` closes.
+    loop {
+        // SAFETY: flock on a file descriptor we own; no memory is involved.
+        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            break;
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(format!(
+                "another build of the {what} held {} for over {timeout:?}",
+                lock_path.display()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let left = deadline.saturating_duration_since(std::time::Instant::now());
+    let built = try_run_command(
+        Command::new("python3").arg(script).arg(out),
+        None,
+        left.max(Duration::from_secs(1)),
+    );
+    drop(lock);
+    let name = script
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let built = built.map_err(|e| {
+        format!(
+            "{}: {e} (python3 is needed; run .ci/setup-host)",
+            script.display()
+        )
+    })?;
+    if !built.status.success() {
+        return Err(format!(
+            "{name} failed ({}): {}",
+            built.status,
+            String::from_utf8_lossy(&built.stderr).trim()
+        ));
+    }
+    serde_json::from_slice(&built.stdout).map_err(|e| {
+        format!(
+            "{name} printed no JSON ({e}): {}",
+            String::from_utf8_lossy(&built.stdout)
+        )
+    })
+}

@@ -10,13 +10,8 @@
 //! login).
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
-
-use serde_json::Value;
-
-use super::cli::try_run_command;
+use std::time::Duration;
 
 /// Longest wait for the cloud-image build, its lock included (about 1-3 minutes when nothing is
 /// cached: mmdebstrap downloads and installs ~190 packages; another test binary may be building
@@ -59,56 +54,10 @@ pub fn try_test_cloud_image() -> Result<CloudImage, String> {
 }
 
 fn build() -> Result<CloudImage, String> {
-    use std::os::unix::io::AsRawFd;
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let out = root.join("target").join("test-cloud");
-    std::fs::create_dir_all(&out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
-    let lock_path = out.join(".build.lock");
-    let lock = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .map_err(|e| format!("cannot open the cloud image build lock: {e}"))?;
-    let deadline = Instant::now() + CLOUD_BUILD_TIMEOUT;
-    // Released when `lock` closes.
-    loop {
-        // SAFETY: flock on a file descriptor we own; no memory is involved.
-        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-            break;
-        }
-        if Instant::now() >= deadline {
-            return Err(format!(
-                "another build of the test cloud image held {} for over {CLOUD_BUILD_TIMEOUT:?}",
-                lock_path.display()
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
     let script = root.join("tests").join("cloud").join("build_cloud.py");
-    let left = deadline.saturating_duration_since(Instant::now());
-    let built = try_run_command(
-        Command::new("python3").arg(&script).arg(&out),
-        None,
-        left.max(Duration::from_secs(1)),
-    );
-    drop(lock);
-    let built = built.map_err(|e| {
-        format!("tests/cloud/build_cloud.py: {e} (python3 is needed; run .ci/setup-host)")
-    })?;
-    if !built.status.success() {
-        return Err(format!(
-            "build_cloud.py failed ({}): {}",
-            built.status,
-            String::from_utf8_lossy(&built.stderr).trim()
-        ));
-    }
-    let v: Value = serde_json::from_slice(&built.stdout).map_err(|e| {
-        format!(
-            "build_cloud.py printed no JSON ({e}): {}",
-            String::from_utf8_lossy(&built.stdout)
-        )
-    })?;
+    let v = super::cli::run_locked_builder("test cloud image", &script, &out, CLOUD_BUILD_TIMEOUT)?;
     let field = |k: &str| {
         v[k].as_str()
             .map(str::to_string)

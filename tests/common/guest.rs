@@ -2,13 +2,8 @@
 //! kernel and initramfs.
 
 use std::path::Path;
-use std::process::Command;
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
-
-use serde_json::Value;
-
-use super::cli::try_run_command;
+use std::time::Duration;
 
 /// Longest wait for the test-guest build, its lock included (about 25 s when nothing is cached;
 /// another test binary or the bench may be building it).
@@ -42,53 +37,10 @@ pub fn try_test_guest() -> Result<Guest, String> {
 }
 
 fn build() -> Result<Guest, String> {
-    use std::os::unix::io::AsRawFd;
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let out = root.join("target").join("test-guest");
-    std::fs::create_dir_all(&out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
-    let lock = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(out.join(".build.lock"))
-        .map_err(|e| format!("cannot open the guest build lock: {e}"))?;
-    let deadline = Instant::now() + GUEST_BUILD_TIMEOUT;
-    // Released when `lock` closes.
-    loop {
-        // SAFETY: flock on a file descriptor we own; no memory is involved.
-        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-            break;
-        }
-        if Instant::now() >= deadline {
-            return Err(format!(
-                "another build of the test guest held {} for over {GUEST_BUILD_TIMEOUT:?}",
-                out.join(".build.lock").display()
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
     let script = root.join("tests").join("guest").join("build_guest.py");
-    let left = deadline.saturating_duration_since(Instant::now());
-    let built = try_run_command(
-        Command::new("python3").arg(&script).arg(&out),
-        None,
-        left.max(Duration::from_secs(1)),
-    );
-    drop(lock);
-    let built = built.map_err(|e| format!("tests/guest/build_guest.py: {e}"))?;
-    if !built.status.success() {
-        return Err(format!(
-            "build_guest.py failed ({}): {}",
-            built.status,
-            String::from_utf8_lossy(&built.stderr)
-        ));
-    }
-    let v: Value = serde_json::from_slice(&built.stdout).map_err(|e| {
-        format!(
-            "build_guest.py printed no JSON ({e}): {}",
-            String::from_utf8_lossy(&built.stdout)
-        )
-    })?;
+    let v = super::cli::run_locked_builder("test guest", &script, &out, GUEST_BUILD_TIMEOUT)?;
     let field = |k: &str| {
         v[k].as_str()
             .map(str::to_string)
