@@ -352,3 +352,42 @@ fn launch_refuses_host_files_outside_the_roots_and_starts_nothing() {
     );
     assert!(vm_names(&mut s).is_empty(), "refused launches left records");
 }
+
+/// A raw disk a guest fills with a qcow2 header (one naming a backing file outside the roots)
+/// keeps the format recorded at its first launch: the next launch opens it as raw, and the
+/// image tools read it as raw too, instead of probing a format the guest chose.
+#[test]
+fn a_guest_written_header_does_not_change_a_recorded_format() {
+    let lab = Lab::without_server("sec-pin", 1);
+    let f = Fence::in_folder(lab.dir.path());
+    let mut s = lab_server(&lab, &[("MCQEMU_ROOTS", st(&f.root))]);
+    let disk = f.r("disk.raw");
+    qemu_img(&["create", "-q", "-f", "raw", st(&disk), "4M"]);
+    let args = vm_args("pin", json!({"disks": [st(&disk)]}));
+    let r = s.call_tool_within("launch_vm", args.clone(), LAUNCH);
+    lab.track(&r);
+    tool_ok(&r, "launch_vm with a raw disk");
+    s.call_ok("stop_vm", json!({"name": "pin", "force": true}));
+    // What a guest could write: the header of a qcow2 whose backing file is outside the roots.
+    let outside = f.o("secret.qcow2");
+    qcow2(&outside, "1M");
+    let evil = f.r("evil.qcow2");
+    overlay(&evil, st(&outside), "qcow2");
+    let header = std::fs::read(&evil).unwrap();
+    let mut raw = std::fs::read(&disk).unwrap();
+    raw[..header.len()].copy_from_slice(&header);
+    std::fs::write(&disk, &raw).unwrap();
+    // The image tools read it as the raw disk it was recorded as.
+    let info = s.call_ok("image_info", json!({"path": st(&disk)}));
+    assert_eq!(info["format"], "raw", "{info}");
+    s.call_ok("image_resize", json!({"path": st(&disk), "size": "+1M"}));
+    // And the next launch opens it as raw, never following the planted backing file.
+    let r = s.call_tool_within("launch_vm", args, LAUNCH);
+    lab.track(&r);
+    let out = tool_ok(&r, "relaunch with the guest-written header");
+    let pid = out["pid"].as_i64().unwrap() as i32;
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+    assert!(cmdline.contains("disk.raw,format=raw"), "{cmdline}");
+    s.call_ok("stop_vm", json!({"name": "pin", "force": true}));
+}

@@ -95,10 +95,17 @@ fn os(s: &str) -> &std::ffi::OsStr {
     std::ffi::OsStr::new(s)
 }
 
-/// `qemu-img info --output=json` (with `-U`, so an image a VM holds can still be inspected).
-/// With `chain`, returns the array of the whole backing chain.
-pub fn info(path: &Path, chain: bool) -> Result<Value, ImgError> {
-    let mut args = vec![os("info"), os("--output=json"), os("-U")];
+/// `qemu-img info --output=json` (with `-U`, so an image a VM holds can still be inspected),
+/// read as `format` (never probed: see [`info_as`]). With `chain`, returns the array of the
+/// whole backing chain (check it with `untrusted::check` first: this opens every file in it).
+pub fn info(path: &Path, format: &str, chain: bool) -> Result<Value, ImgError> {
+    let mut args = vec![
+        os("info"),
+        os("--output=json"),
+        os("-U"),
+        os("-f"),
+        os(format),
+    ];
     if chain {
         args.push(os("--backing-chain"));
     }
@@ -120,9 +127,9 @@ pub fn info_as(path: &Path, format: Option<&str>) -> Result<Value, ImgError> {
     serde_json::from_slice(&out).map_err(|e| ImgError::BadOutput(format!("not JSON: {e}")))
 }
 
-/// The probed format of an image.
+/// The probed format of an image (only for images no guest has written yet).
 pub fn probe_format(path: &Path) -> Result<String, ImgError> {
-    let v = info(path, false)?;
+    let v = info_as(path, None)?;
     v.get("format")
         .and_then(Value::as_str)
         .map(str::to_string)
@@ -193,15 +200,27 @@ pub enum SnapshotOp {
     Delete,
 }
 
-/// Runs `qemu-img snapshot` with the given operation and tag.
-pub fn snapshot(path: &Path, op: SnapshotOp, tag: &str) -> Result<(), ImgError> {
+/// Runs `qemu-img snapshot` with the given operation and tag, on the image read as `format`.
+pub fn snapshot(path: &Path, format: &str, op: SnapshotOp, tag: &str) -> Result<(), ImgError> {
     let flag = match op {
         SnapshotOp::Create => "-c",
         SnapshotOp::Apply => "-a",
         SnapshotOp::Delete => "-d",
     };
+    // qemu-img snapshot has no -f: the format is pinned through --image-opts instead.
+    let opts = format!(
+        "driver={},file.driver=file,file.filename={}",
+        super::cmdline::qopt(format),
+        super::cmdline::qopt(&path.to_string_lossy())
+    );
     exec(
-        &[os("snapshot"), os(flag), os(tag), path.as_os_str()],
+        &[
+            os("snapshot"),
+            os("--image-opts"),
+            os(flag),
+            os(tag),
+            os(&opts),
+        ],
         QUICK,
         &|| false,
     )

@@ -250,7 +250,7 @@ fn create(_ctx: &ToolCtx, args: &Args) -> ToolResult {
             path.display()
         )));
     }
-    let info = img::info(&path, false)?;
+    let info = img::info(&path, format, false)?;
     Ok(ToolOutput::json(summary(&path, &info)))
 }
 
@@ -301,12 +301,11 @@ fn info(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     let path = path_arg(args, "path", Access::Read)?;
     must_exist(&path, "image")?;
     let chain = args.bool_or("backing_chain", false)?;
-    if chain {
-        // The whole chain is opened below: every file in it must be checked first.
-        checked_image(&path, "image", None)?;
-    }
+    // Checked (and its format pinned or probed once) before it is read: with backing_chain
+    // every file in the chain is opened below.
+    let format = checked_image(&path, "image", None)?.format;
     let (top, chain_v) = if chain {
-        let all = img::info(&path, true)?;
+        let all = img::info(&path, &format, true)?;
         let top = all
             .as_array()
             .and_then(|a| a.first())
@@ -314,7 +313,7 @@ fn info(_ctx: &ToolCtx, args: &Args) -> ToolResult {
             .ok_or_else(|| ImgError::BadOutput("empty backing chain".into()))?;
         (top, Some(all))
     } else {
-        (img::info(&path, false)?, None)
+        (img::info(&path, &format, false)?, None)
     };
     let mut out = summary(&path, &top);
     out["snapshots"] = json!(snapshots_of(&top));
@@ -411,7 +410,7 @@ fn convert(ctx: &ToolCtx, args: &Args) -> ToolResult {
         )));
     }
     ctx.progress_now(1.0, Some(1.0), "done");
-    let info = img::info(&dest, false)?;
+    let info = img::info(&dest, format, false)?;
     let mut out = summary(&dest, &info);
     out["source"] = json!(source.display().to_string());
     out["source_format"] = json!(src_format);
@@ -466,14 +465,9 @@ fn resize(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     let path = path_arg(args, "path", Access::Write)?;
     let size_s = args.str("size")?.trim();
     let shrink = args.bool_or("shrink", false)?;
-    checked_image(&path, "image", None)?;
+    let format = checked_image(&path, "image", None)?.format;
     refuse_in_use(&path)?;
-    let info = img::info(&path, false)?;
-    let format = info
-        .get("format")
-        .and_then(Value::as_str)
-        .unwrap_or("raw")
-        .to_string();
+    let info = img::info(&path, &format, false)?;
     let old = info
         .get("virtual-size")
         .and_then(Value::as_u64)
@@ -501,7 +495,7 @@ fn resize(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     if new != old {
         img::resize(&path, &format, new, new < old)?;
     }
-    let after = img::info(&path, false)?;
+    let after = img::info(&path, &format, false)?;
     let mut out = summary(&path, &after);
     out["old_size"] = json!(old);
     out["new_size"] = after.get("virtual-size").cloned().unwrap_or(json!(new));

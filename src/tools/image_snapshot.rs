@@ -63,8 +63,8 @@ pub const SNAPSHOT_LIST: ToolDef = ToolDef {
 
 fn snapshot_list(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     let path = path_arg(args, "path", Access::Read)?;
-    checked_image(&path, "image", None)?;
-    let info = img::info(&path, false)?;
+    let format = checked_image(&path, "image", None)?.format;
+    let info = img::info(&path, &format, false)?;
     Ok(ToolOutput::json(
         json!({"path": path.display().to_string(), "snapshots": snapshots_of(&info)}),
     ))
@@ -131,9 +131,9 @@ fn snapshot_op(_ctx: &ToolCtx, args: &Args, op: SnapshotOp) -> ToolResult {
     let path = path_arg(args, "path", Access::Write)?;
     let tag = args.str("tag")?;
     check_tag(tag)?;
-    checked_image(&path, "image", None)?;
+    let format = checked_image(&path, "image", None)?.format;
     refuse_in_use(&path)?;
-    let info = img::info(&path, false)?;
+    let info = img::info(&path, &format, false)?;
     let existing = snapshots_of(&info);
     let has = existing.iter().any(|s| s["tag"] == tag);
     let tags: Vec<&str> = existing.iter().filter_map(|s| s["tag"].as_str()).collect();
@@ -153,8 +153,8 @@ fn snapshot_op(_ctx: &ToolCtx, args: &Args, op: SnapshotOp) -> ToolResult {
         }
         _ => {}
     }
-    img::snapshot(&path, op, tag)?;
-    let after = img::info(&path, false)?;
+    img::snapshot(&path, &format, op, tag)?;
+    let after = img::info(&path, &format, false)?;
     let action = match op {
         SnapshotOp::Create => "created",
         SnapshotOp::Apply => "applied",

@@ -100,7 +100,24 @@ pub fn checked_image(path: &Path, what: &str, format: Option<&str>) -> Result<Ch
             path.display()
         )));
     }
-    Ok(untrusted::check(path, format)?)
+    // A disk a VM has used keeps the format recorded at its first launch: a guest that wrote
+    // another format's header into it cannot change how the image tools read it either.
+    let recorded = match format {
+        Some(_) => None,
+        None => recorded_format(path),
+    };
+    Ok(untrusted::check(path, format.or(recorded.as_deref()))?)
+}
+
+/// The format a VM's record pinned for the disk at `path`, if any VM used it.
+fn recorded_format(path: &Path) -> Option<String> {
+    let key = path.display().to_string();
+    crate::qemu::vm::registry().load().values().find_map(|rec| {
+        rec.get("disk_formats")
+            .and_then(|m| m.get(&key))
+            .and_then(Value::as_str)
+            .map(str::to_string)
+    })
 }
 
 /// Checks a snapshot tag against `^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`.
