@@ -127,15 +127,6 @@ pub fn info_as(path: &Path, format: Option<&str>) -> Result<Value, ImgError> {
     serde_json::from_slice(&out).map_err(|e| ImgError::BadOutput(format!("not JSON: {e}")))
 }
 
-/// The probed format of an image (only for images no guest has written yet).
-pub fn probe_format(path: &Path) -> Result<String, ImgError> {
-    let v = info_as(path, None)?;
-    v.get("format")
-        .and_then(Value::as_str)
-        .map(str::to_string)
-        .ok_or_else(|| ImgError::BadOutput("no \"format\" in qemu-img info".into()))
-}
-
 /// Creates an image of `size` bytes; with a backing file, its format is passed explicitly.
 pub fn create(
     path: &Path,
