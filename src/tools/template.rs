@@ -299,17 +299,16 @@ fn build(ctx: &ToolCtx, args: &Args, name: &str, dir: &Path) -> Result<Value, To
     ctx.progress_phase("booting the template guest");
     // The guest boots like a sandbox, with its RAM in the template's file.
     let mut launch_args = args.0.clone();
+    // Parameters of the template itself, not of the QEMU it launches.
     for k in [
         "name",
         "setup",
         "base_image",
         "allow_network",
         "wait_agent_s",
+        "wait_cloud_init",
+        "wait_cloud_init_s",
     ] {
-        launch_args.remove(k);
-        let _ = k;
-    }
-    for k in ["wait_cloud_init", "wait_cloud_init_s"] {
         launch_args.remove(k);
     }
     launch_args.insert("port_forwards".into(), json!([]));
