@@ -148,13 +148,11 @@ impl std::fmt::Display for DownloadError {
             }
             DownloadError::Connection { done, error } => write!(
                 f,
-                "the connection failed after {done} bytes: {error}; the partial file was removed, \
-                 retry the download"
+                "the connection failed after {done} bytes: {error}; retry the download"
             ),
             DownloadError::Stopped(done) => write!(
                 f,
-                "the download stopped after {done} bytes; the partial file was removed, retry the \
-                 download"
+                "the download stopped after {done} bytes; retry the download"
             ),
             DownloadError::PassedMax(max) => write!(
                 f,
@@ -162,8 +160,7 @@ impl std::fmt::Display for DownloadError {
             ),
             DownloadError::Short { done, total } => write!(
                 f,
-                "the connection closed after {done} of {total} bytes; the partial file was \
-                 removed, retry the download"
+                "the connection closed after {done} of {total} bytes; retry the download"
             ),
             DownloadError::Checksum { algo, want, got } => write!(
                 f,
@@ -174,9 +171,7 @@ impl std::fmt::Display for DownloadError {
             DownloadError::Kept { error, part } => write!(
                 f,
                 "{}; the {} bytes received so far are kept in {}: pull again to continue",
-                error
-                    .to_string()
-                    .replace("; the partial file was removed, retry the download", ""),
+                error.to_string().trim_end_matches("; retry the download"),
                 std::fs::metadata(part).map(|m| m.len()).unwrap_or(0),
                 part.display()
             ),
