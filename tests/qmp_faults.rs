@@ -10,7 +10,6 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::io::FromRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -444,32 +443,6 @@ fn missing_or_dead_sockets_fail_at_once() {
 // ---------------------------------------------------------------------------------------------
 // The same faults through MCP
 
-/// A process to stand in for an attached VM's QEMU (alive, not a QEMU); killed on drop.
-struct Stand(Child);
-
-impl Stand {
-    fn new() -> Stand {
-        Stand(
-            Command::new("sleep")
-                .arg("600")
-                .stdin(Stdio::null())
-                .spawn()
-                .expect("spawn sleep"),
-        )
-    }
-
-    fn pid(&self) -> i32 {
-        self.0.id() as i32
-    }
-}
-
-impl Drop for Stand {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// A server whose registry holds `records` (written before it starts: attach_vm would check
 /// QMP, which these monitors fail on purpose).
 fn server_with(records: Value) -> (Server, TempDir) {
@@ -536,7 +509,7 @@ fn busy_checks(s: &mut Server, name: &str) {
 #[test]
 fn a_busy_monitor_reads_as_busy_not_exited_over_mcp() {
     let fake = FakeMonitor::start("busy", silent);
-    let stand = Stand::new();
+    let stand = StandIn::start();
     let sock = fake.path.to_str().unwrap();
     let (mut with_pid, _d1) = server_with(json!({
         "withpid": {"qmp_socket": sock, "source": "attached", "pid": stand.pid()}
@@ -564,7 +537,7 @@ fn a_busy_monitor_reads_as_busy_not_exited_over_mcp() {
 #[test]
 fn a_garbage_monitor_reads_as_unreachable_over_mcp() {
     let fake = FakeMonitor::start("mg", garbage);
-    let stand = Stand::new();
+    let stand = StandIn::start();
     let (mut s, _dir) = server_with(json!({
         "noisy": {"qmp_socket": fake.path.to_str().unwrap(), "source": "attached", "pid": stand.pid()}
     }));

@@ -7,7 +7,6 @@ mod common;
 
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -162,32 +161,6 @@ impl Drop for SilentMonitor {
     }
 }
 
-/// A `sleep` child standing in for the QEMU behind a silent monitor; killed and reaped on drop.
-struct Sleeper(Child);
-
-impl Sleeper {
-    fn start() -> Sleeper {
-        Sleeper(
-            Command::new("sleep")
-                .arg("600")
-                .stdin(Stdio::null())
-                .spawn()
-                .expect("spawn sleep"),
-        )
-    }
-
-    fn pid(&self) -> i32 {
-        self.0.id() as i32
-    }
-}
-
-impl Drop for Sleeper {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Writes a registry with one attached VM per (name, socket, pid).
 fn write_registry(state: &Path, vms: &[(&str, &Path, i32)]) {
     let mut map = serde_json::Map::new();
@@ -211,7 +184,7 @@ fn silent_monitors_are_unresponsive_in_list_vms_within_1_s() {
     let monitors: Vec<SilentMonitor> = (0..N)
         .map(|i| SilentMonitor::start(runtime.join(format!("hung{i}.sock"))))
         .collect();
-    let sleepers: Vec<Sleeper> = (0..N).map(|_| Sleeper::start()).collect();
+    let sleepers: Vec<StandIn> = (0..N).map(|_| StandIn::start()).collect();
     let names: Vec<String> = (0..N).map(|i| format!("hung{i}")).collect();
     let records: Vec<(&str, &Path, i32)> = (0..N)
         .map(|i| {

@@ -314,3 +314,32 @@ pub fn try_qemu_img_info(qemu_img: &str, path: &Path) -> Result<Value, String> {
     .map_err(|e| format!("qemu-img info {} failed: {e}", path.display()))?;
     serde_json::from_slice(&out).map_err(|e| format!("qemu-img info gave no JSON: {e}"))
 }
+
+/// A live process that is not a QEMU (a `sleep`), standing in for the QEMU behind an attached
+/// VM's fake monitor; killed and reaped on drop.
+pub struct StandIn(std::process::Child);
+
+impl StandIn {
+    /// Starts one.
+    pub fn start() -> StandIn {
+        StandIn(
+            std::process::Command::new("sleep")
+                .arg("600")
+                .stdin(std::process::Stdio::null())
+                .spawn()
+                .expect("spawn sleep"),
+        )
+    }
+
+    /// Its PID.
+    pub fn pid(&self) -> i32 {
+        self.0.id() as i32
+    }
+}
+
+impl Drop for StandIn {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
