@@ -267,7 +267,10 @@ pub fn images_in_use() -> Vec<(String, PathBuf)> {
         {
             paths.push(PathBuf::from(b));
         }
-        if paths.is_empty() || !measure(&rec).alive() {
+        // A QEMU process that is there holds its images, whatever its monitor says: judged
+        // from the process alone, so a wedged VM cannot stall the image tools.
+        let alive = measure_process(&rec).is_none_or(|m| m.alive());
+        if paths.is_empty() || !alive {
             continue;
         }
         out.extend(paths.into_iter().map(|p| (name.clone(), p)));

@@ -152,7 +152,8 @@ pub fn explain_agent(name: &str, rec: &Record, cmd: &str, e: &QgaError) -> ToolE
         QgaError::NoAgent | QgaError::Connect(_) | QgaError::Closed => {
             let m = measure(rec);
             let state = if m.alive() {
-                qmp::with_session(&vm::qmp_socket(rec), |q| {
+                // Bounded: an explanation must not wait behind a long monitor session.
+                qmp::with_session_within(&vm::qmp_socket(rec), Duration::from_secs(3), |q| {
                     q.execute_within("query-status", None, Duration::from_secs(3))
                 })
                 .ok()
