@@ -97,10 +97,15 @@ fn cloud_init_seed_iso_read_back_and_refusals() {
     let argv = cmdline(pid).unwrap_or_default().join(" ");
     assert!(
         argv.contains(&format!(
-            "file={},format=raw,media=cdrom,readonly=on",
+            "file={},format=raw,if=none,media=cdrom,readonly=on",
             seed.display()
         )),
         "the seed is not a read-only CD-ROM: {argv}"
+    );
+    // On virtio-scsi, which every cloud kernel has (Debian's cloud flavour lacks AHCI).
+    assert!(
+        argv.contains("virtio-scsi-pci,id=mcq-scsi") && argv.contains("scsi-cd,bus=mcq-scsi.0"),
+        "the seed is not on a virtio-scsi CD-ROM: {argv}"
     );
     stop(&mut s, vm);
     assert!(seed.is_file(), "seed.iso is gone after stop_vm");

@@ -3,6 +3,7 @@
 //! a fresh instance-id (so every sandbox from one base is a new instance), and an optional
 //! network-config, all written into a small ISO 9660 image labelled `cidata`.
 
+pub mod console;
 pub mod iso;
 pub mod yaml;
 

@@ -83,6 +83,8 @@ pub struct LaunchSpec {
     pub extra_args: Vec<String>,
     /// A cloud-init NoCloud seed attached read-only as a CD-ROM.
     pub seed: Option<PathBuf>,
+    /// Where the seed goes (templates made before the seed moved to virtio keep theirs).
+    pub seed_bus: SeedBus,
     /// Guest RAM in this file (templates and their clones), shared (`share=on`: writes go to
     /// the file, as a template's do) or private (a clone's copy-on-write view of it).
     pub memory_file: Option<(PathBuf, bool)>,
@@ -90,6 +92,20 @@ pub struct LaunchSpec {
     pub vmgenid: Option<String>,
     /// Start waiting for a migration stream (`-incoming defer`) instead of booting.
     pub incoming: bool,
+}
+
+/// The device a NoCloud seed is attached as.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SeedBus {
+    /// A CD-ROM on a virtio-scsi controller, as Lima attaches it: every cloud kernel has
+    /// virtio (Debian's cloud flavour has no AHCI, so q35's default CD-ROM is invisible to it),
+    /// and the `virt` boards of other architectures have no IDE or AHCI at all.
+    #[default]
+    VirtioScsi,
+    /// The machine's default CD-ROM interface (AHCI on q35, IDE on pc): what templates saved
+    /// before the seed moved to virtio were made with, kept so their saved state still loads.
+    Cdrom,
 }
 
 fn p(path: &std::path::Path) -> String {
@@ -193,13 +209,26 @@ pub fn build_argv(s: &LaunchSpec) -> Vec<String> {
         push(&["-boot", "order=dc"]);
     }
     if let Some(seed) = &s.seed {
-        push(&[
-            "-drive",
-            &format!(
-                "file={},format=raw,media=cdrom,readonly=on,id=mcq-seed",
-                p(seed)
-            ),
-        ]);
+        match s.seed_bus {
+            SeedBus::VirtioScsi => push(&[
+                "-device",
+                "virtio-scsi-pci,id=mcq-scsi",
+                "-drive",
+                &format!(
+                    "file={},format=raw,if=none,media=cdrom,readonly=on,id=mcq-seed",
+                    p(seed)
+                ),
+                "-device",
+                "scsi-cd,bus=mcq-scsi.0,drive=mcq-seed,id=mcq-seed-cd",
+            ]),
+            SeedBus::Cdrom => push(&[
+                "-drive",
+                &format!(
+                    "file={},format=raw,media=cdrom,readonly=on,id=mcq-seed",
+                    p(seed)
+                ),
+            ]),
+        }
     }
     if !s.no_net {
         let mut netdev = String::from("user,id=mcq-net0");
@@ -269,5 +298,33 @@ mod tests {
         let parts = split_opts(drive);
         assert_eq!(parts[0], "file=/d/data,readonly=on.qcow2");
         assert!(!parts.iter().any(|p| p == "readonly=on"));
+    }
+
+    #[test]
+    fn seed_goes_on_virtio_scsi_unless_a_template_kept_the_cdrom() {
+        let mut spec = LaunchSpec {
+            name: "vm".into(),
+            machine: "q35".into(),
+            accel: "tcg".into(),
+            arch: "x86_64".into(),
+            memory_mb: 128,
+            cpus: 1,
+            seed: Some(PathBuf::from("/s/seed.iso")),
+            ..Default::default()
+        };
+        let argv = build_argv(&spec).join(" ");
+        assert!(
+            argv.contains("-device virtio-scsi-pci,id=mcq-scsi"),
+            "{argv}"
+        );
+        assert!(argv.contains("file=/s/seed.iso,format=raw,if=none,media=cdrom,readonly=on"));
+        assert!(
+            argv.contains("scsi-cd,bus=mcq-scsi.0,drive=mcq-seed"),
+            "{argv}"
+        );
+        spec.seed_bus = SeedBus::Cdrom;
+        let argv = build_argv(&spec).join(" ");
+        assert!(!argv.contains("virtio-scsi"), "{argv}");
+        assert!(argv.contains("file=/s/seed.iso,format=raw,media=cdrom,readonly=on,id=mcq-seed"));
     }
 }

@@ -74,6 +74,8 @@ impl From<ImgError> for ImageError {
 pub struct Checked {
     /// The top image's format (as pinned, or as probed once).
     pub format: String,
+    /// The top image's virtual size in bytes (what a guest sees as its disk).
+    pub virtual_size: u64,
     /// The backing files, top first, each with its format.
     pub backing: Vec<(PathBuf, String)>,
 }
@@ -127,6 +129,7 @@ pub fn check(image: &Path, format: Option<&str>) -> Result<Checked, ImageError> 
         .to_string();
     let mut checked = Checked {
         format: top_format,
+        virtual_size: top.get("virtual-size").and_then(Value::as_u64).unwrap_or(0),
         backing: Vec::new(),
     };
     let mut current = image.to_path_buf();

@@ -36,6 +36,7 @@ pub fn start(ctx: &ToolCtx, args: &Args, template_name: &str) -> ToolResult {
         "memory_mb",
         "cpus",
         "extra_args",
+        "disk_size",
     ] {
         if args.0.get(refused).is_some_and(|v| !v.is_null()) {
             return Err(ToolError::new(format!(
@@ -72,6 +73,36 @@ pub fn start(ctx: &ToolCtx, args: &Args, template_name: &str) -> ToolResult {
         crate::clock::now_secs(),
         std::process::id()
     ));
+    if let Some(fw) = args.opt_str("firmware")? {
+        if fw != t.firmware {
+            return Err(ToolError::new(format!(
+                "template {template_name:?} boots with {}; its clones cannot use firmware={fw}: \
+                 drop firmware, or make another template",
+                t.firmware
+            )));
+        }
+    }
+    let uefi = match (&t.firmware[..], &t.uefi_code) {
+        ("uefi", Some(code)) => {
+            let code = PathBuf::from(code);
+            if !code.is_file() {
+                return Err(ToolError::new(format!(
+                    "template {template_name:?} was saved with the UEFI firmware {}, which is \
+                     no longer there (a firmware package update?); reinstall it, or \
+                     template_delete the template and create it again",
+                    code.display()
+                )));
+            }
+            let vars = sd.join("uefi-vars.fd");
+            crate::state::copy::private(&template::vars_of(&tdir), &vars).map_err(|e| {
+                ToolError::new(format!(
+                    "cannot copy the template's UEFI variable store: {e}"
+                ))
+            })?;
+            Some((code, vars))
+        }
+        _ => None,
+    };
     let tdisk = template::disk_of(&tdir);
     img::create(&overlay, "qcow2", None, Some((&tdisk, "qcow2")))?;
     let spec = LaunchSpec {
@@ -92,6 +123,8 @@ pub fn start(ctx: &ToolCtx, args: &Args, template_name: &str) -> ToolResult {
         extra_args: t.extra_args.clone(),
         // The template's own seed keeps the device set; a clone's cloud_init replaces it.
         seed: t.seed.then(|| template::seed_of(&tdir)),
+        seed_bus: t.seed_bus,
+        uefi,
         memory_file: Some((template::ram_of(&tdir), false)),
         vmgenid: Some("auto".into()),
         incoming: true,
@@ -109,7 +142,7 @@ pub fn start(ctx: &ToolCtx, args: &Args, template_name: &str) -> ToolResult {
         spec,
         extra_record: extra,
         accel_note: None,
-        firmware: "bios".into(),
+        firmware: t.firmware.clone(),
         cloud_init,
     };
     let launched = match launch::launch(ctx, req) {
@@ -125,7 +158,7 @@ pub fn start(ctx: &ToolCtx, args: &Args, template_name: &str) -> ToolResult {
         Ok(())
     });
     if let Err(e) = resumed {
-        destroy_quietly(ctx, &name);
+        sandbox::destroy_quietly(ctx, &name);
         return Err(ToolError::new(format!(
             "the clone of template {template_name:?} could not load its saved state: {}; the \
              clone was removed. If this repeats, template_delete the template and create it again",
@@ -217,10 +250,4 @@ fn set_clock_when_ready(
             Err(_) => std::thread::sleep(Duration::from_millis(2)),
         }
     }
-}
-
-fn destroy_quietly(ctx: &ToolCtx, name: &str) {
-    let mut d = Map::new();
-    d.insert("name".into(), json!(name));
-    let _ = (sandbox::DESTROY.handler)(ctx, &Args(d));
 }

@@ -43,6 +43,16 @@ pub fn run(
     })
 }
 
+/// True when a [`wait_cloud_init`] report says cloud-init found no datasource (`cloud-init
+/// status` names it `none`; its detail `DataSourceNone`).
+pub fn saw_no_datasource(waited: &Value) -> bool {
+    let report = &waited["report"];
+    report["datasource"].as_str() == Some("none")
+        || report["detail"]
+            .as_str()
+            .is_some_and(|d| d.starts_with("DataSourceNone"))
+}
+
 /// Where cloud-init marks the end of its final stage.
 pub const BOOT_FINISHED: &str = "/var/lib/cloud/instance/boot-finished";
 

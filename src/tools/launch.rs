@@ -423,7 +423,7 @@ pub fn request_from_args(
             .map_err(|e| ToolError::new(format!("cannot create {}: {e}", sd.display())))?;
         let vars = sd.join("uefi-vars.fd");
         if !vars.exists() {
-            std::fs::copy(&fw.vars, &vars).map_err(|e| {
+            crate::state::copy::private(&fw.vars, &vars).map_err(|e| {
                 ToolError::new(format!(
                     "cannot copy the UEFI variable store {}: {e}",
                     fw.vars.display()

@@ -10,6 +10,7 @@ use crate::qemu::untrusted::{self, Checked};
 use crate::state::roots::{self, Access};
 
 pub mod clone;
+pub mod disk_size;
 pub mod download;
 pub mod drive;
 pub mod guest;

@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde_json::{json, Map, Value};
 
 use super::launch_schema;
-use super::{guest, guest_run, launch, object, path_arg, sandbox, stop};
+use super::{disk_size, guest, guest_run, launch, object, path_arg, sandbox, stop};
 use crate::cloudinit::CloudInit;
 use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::qemu::img;
@@ -61,6 +61,7 @@ pub const PREPARE: ToolDef = ToolDef {
                 "cpus": launch_schema::cpus_schema(),
                 "firmware": {"type": "string", "enum": ["bios", "uefi"],
                              "default": launch::DEFAULT_FIRMWARE},
+                "disk_size": disk_size::schema(),
                 "kernel": {"type": ["string", "null"], "default": null},
                 "initrd": {"type": ["string", "null"], "default": null},
                 "append": {"type": ["string", "null"], "default": null}
@@ -149,6 +150,7 @@ fn prepare(ctx: &ToolCtx, args: &Args) -> ToolResult {
         "memory_mb",
         "cpus",
         "firmware",
+        "disk_size",
         "kernel",
         "initrd",
         "append",
@@ -179,9 +181,21 @@ fn finish(
     dest: &std::path::Path,
 ) -> Result<Value, ToolError> {
     if booted["agent_ready"] != json!(true) {
+        let serial = sandbox::serial_tail(booted, 8);
+        if let Some(ds) = booted["cloud_init"]["console"]["datasource"].as_str() {
+            return Err(ToolError::new(format!(
+                "cloud-init finished in the prepared VM {name:?} (datasource {ds}) but the guest \
+                 agent never started: installing qemu-guest-agent failed. The guest needs \
+                 allow_network=true and a package mirror it can reach (its own, or one written \
+                 into its sources through cloud_init write_files). Nothing was written to dest. \
+                 Last serial output: {serial}"
+            )));
+        }
         return Err(ToolError::new(format!(
-            "the guest agent never answered in the prepared VM {name:?}; the image may lack \
-             cloud-init or network to install qemu-guest-agent (allow_network)"
+            "the guest agent never answered in the prepared VM {name:?} within timeout_s and \
+             cloud-init never reported finishing on the serial console; the image may lack \
+             cloud-init, a serial console, or network to install qemu-guest-agent \
+             (allow_network). Nothing was written to dest. Last serial output: {serial}"
         )));
     }
     let overlay = booted["overlay"].as_str().unwrap_or_default().to_string();

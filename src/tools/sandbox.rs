@@ -8,8 +8,9 @@ use serde_json::{json, Map, Value};
 
 use super::launch_schema;
 use super::lifecycle::lookup;
-use super::{checked_image, object, path_arg};
+use super::{checked_image, disk_size, object, path_arg};
 use super::{guest_run, launch};
+use crate::cloudinit::console;
 use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::qemu::qga;
 use crate::qemu::qmp;
@@ -69,6 +70,7 @@ pub const SANDBOX: ToolDef = ToolDef {
                     "description": "How the base image boots (cloud images: bios for Debian and \
                         Ubuntu on x86_64, uefi on aarch64)."
                 },
+                "disk_size": disk_size::schema(),
                 "cloud_init": launch_schema::cloud_init_schema(),
                 "wait_cloud_init": {
                     "type": "boolean", "default": false,
@@ -137,7 +139,9 @@ fn sandbox_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
         ));
     }
     let base = path_arg(args, "base_image", Access::Read)?;
-    let base_fmt = checked_image(&base, "base_image", None)?.format;
+    let checked = checked_image(&base, "base_image", None)?;
+    let base_fmt = checked.format;
+    let disk_size = disk_size::from_args(args, checked.virtual_size)?;
     let name = match args.opt_str("name")? {
         Some(n) if valid_name(n) => n.to_string(),
         Some(n) => {
@@ -160,7 +164,10 @@ fn sandbox_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
         crate::clock::now_secs(),
         std::process::id()
     ));
-    img::create(&overlay, "qcow2", None, Some((&base, &base_fmt)))?;
+    if let Err(e) = img::create(&overlay, "qcow2", disk_size, Some((&base, &base_fmt))) {
+        let _ = std::fs::remove_dir(&sd);
+        return Err(e.into());
+    }
     let mut launch_args = args.0.clone();
     let forwards = match args.opt_str_list("port_forwards")? {
         Some(f) => f,
@@ -174,6 +181,7 @@ fn sandbox_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
         "wait_agent_s",
         "wait_cloud_init",
         "wait_cloud_init_s",
+        "disk_size",
     ] {
         launch_args.remove(k);
     }
@@ -213,7 +221,25 @@ fn sandbox_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
     );
     let rec = lookup(&name)?;
     let started = Instant::now();
-    let ready = wait_for_agent(ctx, &name, &rec, wait)?;
+    let seeded = rec.get("cloud_init").is_some();
+    let waited = wait_for_agent(ctx, &name, &rec, wait)?;
+    let ready = waited == AgentWait::Ready;
+    if let AgentWait::NoAgent(f) = &waited {
+        if seeded && f.no_datasource() {
+            destroy_quietly(ctx, &name);
+            return Err(ToolError::new(format!(
+                "{}. The sandbox was removed.",
+                unseen_seed_reason(&name, &f.datasource)
+            )));
+        }
+        if let Some(w) = out["warnings"].as_array_mut() {
+            w.push(json!(no_agent_reason(&name, f, seeded)));
+        }
+        out["cloud_init"]["console"] = json!({
+            "finished": true, "datasource": f.datasource, "version": f.version,
+            "uptime_s": f.uptime_s
+        });
+    }
     out["agent_ready"] = json!(ready);
     out["agent_wait_ms"] = json!(started.elapsed().as_millis() as u64);
     out["overlay"] = json!(overlay.display().to_string());
@@ -226,6 +252,17 @@ fn sandbox_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
         );
         // Beside what the launch recorded (instance_id, seed), not instead of it.
         let waited = guest_run::wait_cloud_init(ctx, &name, wait_ci)?;
+        if seeded && guest_run::saw_no_datasource(&waited) {
+            let ds = waited["report"]["detail"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            destroy_quietly(ctx, &name);
+            return Err(ToolError::new(format!(
+                "{}. The sandbox was removed.",
+                unseen_seed_reason(&name, &ds)
+            )));
+        }
         match (
             out.get_mut("cloud_init").and_then(Value::as_object_mut),
             waited,
@@ -234,7 +271,7 @@ fn sandbox_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
             (_, w) => out["cloud_init"] = w,
         }
     }
-    if !ready && wait > Duration::ZERO {
+    if waited == AgentWait::TimedOut && wait > Duration::ZERO {
         if let Some(w) = out["warnings"].as_array_mut() {
             w.push(json!(format!(
                 "the guest agent did not answer within {} s; the VM is running. Retry guest_ping \
@@ -246,22 +283,42 @@ fn sandbox_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
     Ok(ToolOutput::json(out))
 }
 
-/// Polls the agent in short slices until it answers, QEMU dies, or `wait` runs out.
+/// How a wait for the guest agent ended.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum AgentWait {
+    /// The agent answered.
+    Ready,
+    /// The wait ran out.
+    TimedOut,
+    /// cloud-init printed its final message and the agent still did not answer
+    /// [`AFTER_CLOUD_INIT`] later: it is not coming (a stock image without qemu-guest-agent, or
+    /// a seed that installs it never seen or failed).
+    NoAgent(console::Finished),
+}
+
+/// How long the agent may take to answer once cloud-init has finished: whatever cloud-init
+/// installs or enables has started by then.
+const AFTER_CLOUD_INIT: Duration = Duration::from_secs(10);
+
+/// Polls the agent in short slices until it answers, QEMU dies, cloud-init finishes without it
+/// (read from the serial console), or `wait` runs out.
 pub(super) fn wait_for_agent(
     ctx: &ToolCtx,
     name: &str,
     rec: &crate::state::registry::Record,
     wait: Duration,
-) -> Result<bool, ToolError> {
+) -> Result<AgentWait, ToolError> {
     let Some(sock_path) = vm::field(rec, "qga_socket").map(PathBuf::from) else {
-        return Ok(false);
+        return Ok(AgentWait::TimedOut);
     };
+    let mut console = vm::field(rec, "serial_log").map(|p| console::Watch::from_end(Path::new(p)));
+    let mut cloud_init_done: Option<(Instant, console::Finished)> = None;
     let deadline = Instant::now() + wait;
     let start = Instant::now();
     loop {
         let now = Instant::now();
         if now >= deadline {
-            return Ok(false);
+            return Ok(AgentWait::TimedOut);
         }
         ctx.check_cancel()?;
         if let Some(pid) = vm::pid(rec) {
@@ -280,16 +337,74 @@ pub(super) fn wait_for_agent(
             q.execute_within("guest-ping", None, slice.max(Duration::from_millis(50)))
         });
         if probe.is_ok() {
-            return Ok(true);
+            return Ok(AgentWait::Ready);
         }
+        if cloud_init_done.is_none() {
+            if let Some(f) = console.as_mut().and_then(console::Watch::poll) {
+                cloud_init_done = Some((Instant::now(), f));
+            }
+        }
+        let what = match &cloud_init_done {
+            Some((at, f)) if at.elapsed() >= AFTER_CLOUD_INIT => {
+                return Ok(AgentWait::NoAgent(f.clone()))
+            }
+            Some(_) => "cloud-init has finished; waiting briefly for the guest agent",
+            None => "waiting for the guest agent",
+        };
         ctx.progress(
             start.elapsed().as_secs_f64(),
             Some(wait.as_secs_f64()),
-            "waiting for the guest agent",
+            what,
         );
         let left = deadline.saturating_duration_since(Instant::now());
         std::thread::sleep(Duration::from_millis(100).min(left));
     }
+}
+
+/// What a guest that finished cloud-init without an agent tells the caller: the cause and the
+/// fix. `seeded`: a cloud-init seed was attached.
+pub(super) fn no_agent_reason(name: &str, f: &console::Finished, seeded: bool) -> String {
+    if seeded && f.no_datasource() {
+        return unseen_seed_reason(name, &f.datasource);
+    }
+    format!(
+        "cloud-init finished in VM {name:?} (datasource {}) and no guest agent answered {} s \
+         later: the image has no running qemu-guest-agent (stock cloud images ship without it). \
+         Make an agent-ready base with image_prepare, or install and enable qemu-guest-agent \
+         through cloud_init (packages, with allow_network=true)",
+        if f.datasource.is_empty() {
+            "none"
+        } else {
+            &f.datasource
+        },
+        AFTER_CLOUD_INIT.as_secs()
+    )
+}
+
+/// The cause and fix of a cloud-init that ran without the seed attached to it.
+pub(super) fn unseen_seed_reason(name: &str, datasource: &str) -> String {
+    format!(
+        "the guest of VM {name:?} never saw its cloud-init seed: cloud-init ran with no \
+         datasource ({}), so hostname, users, runcmd and write_files were not applied. The seed \
+         is a CD-ROM labelled cidata on a virtio-scsi controller; the guest needs the \
+         virtio_scsi, sr_mod and isofs drivers (every distribution cloud kernel has them) and a \
+         cloud-init whose datasource_list includes NoCloud. Check with guest_exec `lsblk` or \
+         vm_serial_read; an image without them needs its kernel or cloud-init configuration \
+         changed",
+        if datasource.is_empty() {
+            "DataSourceNone"
+        } else {
+            datasource
+        }
+    )
+}
+
+/// The last `lines` lines of the serial log a launch result names.
+pub(super) fn serial_tail(launched: &Value, lines: usize) -> String {
+    launched["serial_log"]
+        .as_str()
+        .map(|p| tail(Path::new(p), lines))
+        .unwrap_or_else(|| "(no serial log)".into())
 }
 
 fn tail(path: &Path, lines: usize) -> String {
@@ -309,6 +424,13 @@ fn tail(path: &Path, lines: usize) -> String {
             .join(" | "),
         Err(_) => "(no serial log)".into(),
     }
+}
+
+/// Destroys a sandbox this call made and is giving up on, ignoring what that reports.
+pub(super) fn destroy_quietly(ctx: &ToolCtx, name: &str) {
+    let mut d = Map::new();
+    d.insert("name".into(), json!(name));
+    let _ = destroy(ctx, &Args(d));
 }
 
 const DESTROY_DESCRIPTION: &str = "Stop a sandbox VM (verified, with SIGKILL if needed), delete \

@@ -9,11 +9,12 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
-use super::{checked_image, guest_run, launch, object, sandbox, stop};
+use super::{checked_image, disk_size, guest_run, launch, object, sandbox, stop};
 use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use crate::qemu::cmdline::SeedBus;
 use crate::qemu::{img, migrate, vm};
 use crate::state::paths;
-use crate::state::registry::valid_name;
+use crate::state::registry::{valid_name, Record};
 use crate::state::roots::{self, Access};
 
 /// What a template holds, written last (atomically): a folder without it is not a template.
@@ -39,6 +40,16 @@ pub struct Template {
     pub append: Option<String>,
     /// Whether a cloud-init seed CD-ROM was attached (clones need the same devices).
     pub seed: bool,
+    /// Which device the seed was (templates older than the virtio seed have none recorded).
+    #[serde(default = "legacy_seed_bus")]
+    pub seed_bus: SeedBus,
+    /// "bios" or "uefi"; a UEFI template keeps its variable store (`uefi-vars.fd`), and every
+    /// clone boots from the same code file with a copy of it.
+    #[serde(default = "bios")]
+    pub firmware: String,
+    /// The UEFI code file the template ran (clones must load the same one).
+    #[serde(default)]
+    pub uefi_code: Option<String>,
     /// Whether the template had a network card.
     pub no_net: bool,
     /// Operator extra_args, repeated for every clone (same devices).
@@ -47,6 +58,14 @@ pub struct Template {
     pub created_at: String,
     /// Bytes of the saved device state.
     pub state_bytes: u64,
+}
+
+fn legacy_seed_bus() -> SeedBus {
+    SeedBus::Cdrom
+}
+
+fn bios() -> String {
+    "bios".into()
 }
 
 /// The folder of all templates.
@@ -74,6 +93,10 @@ pub fn state_of(dir: &Path) -> PathBuf {
 /// Its seed, when it had one.
 pub fn seed_of(dir: &Path) -> PathBuf {
     dir.join("seed.iso")
+}
+/// Its UEFI variable store, when it booted with UEFI.
+pub fn vars_of(dir: &Path) -> PathBuf {
+    dir.join("uefi-vars.fd")
 }
 /// Its record.
 pub(super) fn meta_of(dir: &Path) -> PathBuf {
@@ -116,6 +139,9 @@ pub fn load(name: &str) -> Result<Template, ToolError> {
         )),
         _ if t.seed && !seed_of(&dir).is_file() => {
             Some("its cloud-init seed is missing".to_string())
+        }
+        _ if t.firmware == "uefi" && !vars_of(&dir).is_file() => {
+            Some("its UEFI variable store is missing".to_string())
         }
         _ => None,
     };
@@ -248,12 +274,6 @@ fn create(ctx: &ToolCtx, args: &Args) -> ToolResult {
              starting with a letter or digit"
         )));
     }
-    if args.opt_str("firmware")? == Some("uefi") {
-        return Err(ToolError::new(
-            "templates boot with BIOS or a kernel (the UEFI variable store is not saved with \
-             them); use firmware=bios",
-        ));
-    }
     let dir = dir_of(&name);
     end_stale_build(ctx, &name)?;
     if meta_of(&dir).exists() {
@@ -281,11 +301,12 @@ fn build(ctx: &ToolCtx, args: &Args, name: &str, dir: &Path) -> Result<Value, To
         Some(b) => {
             let p = roots::check_str(b, Access::Read)
                 .map_err(|e| ToolError::new(format!("parameter 'base_image': {e}")))?;
-            let fmt = checked_image(&p, "base_image", None)?.format;
-            Some((p, fmt))
+            let checked = checked_image(&p, "base_image", None)?;
+            Some((p, checked.format, checked.virtual_size))
         }
         None => None,
     };
+    let disk_size = disk_size::from_args(args, base.as_ref().map_or(0, |b| b.2))?;
     if base.is_none() && args.opt_str("kernel")?.is_none() {
         return Err(ToolError::new(
             "give base_image, or kernel (and initrd) for a guest without a disk image",
@@ -293,8 +314,8 @@ fn build(ctx: &ToolCtx, args: &Args, name: &str, dir: &Path) -> Result<Value, To
     }
     let disk = disk_of(dir);
     match &base {
-        Some((b, f)) => img::create(&disk, "qcow2", None, Some((b, f)))?,
-        None => img::create(&disk, "qcow2", Some(1 << 30), None)?,
+        Some((b, f, _)) => img::create(&disk, "qcow2", disk_size, Some((b, f)))?,
+        None => img::create(&disk, "qcow2", Some(disk_size.unwrap_or(1 << 30)), None)?,
     }
     ctx.progress_phase("booting the template guest");
     // The guest boots like a sandbox, with its RAM in the template's file.
@@ -308,6 +329,7 @@ fn build(ctx: &ToolCtx, args: &Args, name: &str, dir: &Path) -> Result<Value, To
         "wait_agent_s",
         "wait_cloud_init",
         "wait_cloud_init_s",
+        "disk_size",
     ] {
         launch_args.remove(k);
     }
@@ -330,7 +352,7 @@ fn build(ctx: &ToolCtx, args: &Args, name: &str, dir: &Path) -> Result<Value, To
     req.extra_record.insert("sandbox".into(), Value::Object(sb));
     let meta = Template {
         name: name.to_string(),
-        base_image: base.as_ref().map(|(b, _)| b.display().to_string()),
+        base_image: base.as_ref().map(|(b, _, _)| b.display().to_string()),
         memory_mb: req.spec.memory_mb,
         cpus: req.spec.cpus,
         arch: req.spec.arch.clone(),
@@ -339,6 +361,13 @@ fn build(ctx: &ToolCtx, args: &Args, name: &str, dir: &Path) -> Result<Value, To
         initrd: req.spec.initrd.as_ref().map(|p| p.display().to_string()),
         append: req.spec.append.clone(),
         seed: req.cloud_init.is_some(),
+        seed_bus: req.spec.seed_bus,
+        firmware: req.firmware.clone(),
+        uefi_code: req
+            .spec
+            .uefi
+            .as_ref()
+            .map(|(code, _)| code.display().to_string()),
         no_net: req.spec.no_net,
         extra_args: req.spec.extra_args.clone(),
         created_at: String::new(),
@@ -402,19 +431,35 @@ fn prepare_and_save(
             .unwrap_or(90.0)
             .clamp(1.0, 3600.0),
     );
-    if !sandbox::wait_for_agent(ctx, vm_name, &rec, wait)? {
-        return Err(ToolError::new(format!(
-            "the template guest's agent did not answer within {} s; a template needs \
-             qemu-guest-agent in the guest (nothing was saved)",
-            wait.as_secs()
-        )));
+    match sandbox::wait_for_agent(ctx, vm_name, &rec, wait)? {
+        sandbox::AgentWait::Ready => {}
+        sandbox::AgentWait::TimedOut => {
+            return Err(ToolError::new(format!(
+                "the template guest's agent did not answer within {} s; a template needs \
+                 qemu-guest-agent in the guest (nothing was saved)",
+                wait.as_secs()
+            )))
+        }
+        sandbox::AgentWait::NoAgent(f) => {
+            return Err(ToolError::new(format!(
+                "{}; a template needs the agent (nothing was saved)",
+                sandbox::no_agent_reason(vm_name, &f, meta.seed)
+            )))
+        }
     }
     if args.bool_or("wait_cloud_init", false)? {
         let w = args
             .opt_f64("wait_cloud_init_s")?
             .unwrap_or(600.0)
             .clamp(0.0, 3600.0);
-        guest_run::wait_cloud_init(ctx, vm_name, Duration::from_secs_f64(w))?;
+        let waited = guest_run::wait_cloud_init(ctx, vm_name, Duration::from_secs_f64(w))?;
+        if meta.seed && guest_run::saw_no_datasource(&waited) {
+            let ds = waited["report"]["detail"].as_str().unwrap_or_default();
+            return Err(ToolError::new(format!(
+                "{}; nothing was saved",
+                sandbox::unseen_seed_reason(vm_name, ds)
+            )));
+        }
     }
     let mut ran = Vec::new();
     let steps = args
@@ -468,6 +513,9 @@ fn prepare_and_save(
     let save_ms = save_start.elapsed().as_millis() as u64;
     std::fs::rename(&tmp, state_of(dir))
         .map_err(|e| ToolError::new(format!("cannot place the saved state: {e}")))?;
+    if meta.firmware == "uefi" {
+        keep_vars(vm_name, &rec, dir)?;
+    }
     meta.state_bytes = bytes;
     meta.created_at = crate::clock::iso8601(crate::clock::now_secs());
     let meta_tmp = dir.join(".template.json.tmp");
@@ -483,6 +531,26 @@ fn prepare_and_save(
         "save_ms": save_ms,
         "setup": ran,
     }))
+}
+
+/// Copies the stopped build VM's UEFI variable store into the template, once its QEMU is gone
+/// (so every write the firmware made is in the file).
+fn keep_vars(vm_name: &str, rec: &Record, dir: &Path) -> Result<(), ToolError> {
+    if let Some(pid) = vm::pid(rec) {
+        if !crate::qemu::process::wait_dead(pid, Duration::from_secs(10)) {
+            return Err(ToolError::new(format!(
+                "the template guest's QEMU (PID {pid}) did not exit after saving, so its UEFI \
+                 variable store cannot be copied whole; nothing was kept"
+            )));
+        }
+    }
+    let vars = vm::state_dir(vm_name).join("uefi-vars.fd");
+    crate::state::copy::private(&vars, &vars_of(dir)).map_err(|e| {
+        ToolError::new(format!(
+            "cannot keep the UEFI variable store {}: {e}",
+            vars.display()
+        ))
+    })
 }
 
 /// A random RFC 4122 version-4 GUID for the template's vmgenid.

@@ -1,0 +1,169 @@
+//! What cloud-init says on the serial console, read without the guest agent: its final
+//! message ("Cloud-init v. 22.4.2 finished at ... Datasource DataSourceNoCloud [seed=/dev/sr0]
+//! ... Up 45.67 seconds") is printed by every cloud image that puts a console on the serial
+//! port (`console=ttyS0`, as Debian, Ubuntu and Fedora do). It is how a wait for an agent that
+//! a stock image does not have ends as soon as cloud-init is done, and how a seed the guest
+//! never saw (`DataSourceNone`) is told apart from one it applied.
+
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+/// Most bytes one poll reads: the final message is one short line, and a console that wrote
+/// more since the last poll has scrolled past anything older that matters.
+const READ_CAP: u64 = 64 * 1024;
+
+/// cloud-init's final message, as printed on the console.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Finished {
+    /// cloud-init's version.
+    pub version: String,
+    /// The datasource it used, as it names it (`DataSourceNoCloud [seed=/dev/sr0][dsmode=net]`,
+    /// `DataSourceNone`).
+    pub datasource: String,
+    /// The guest's uptime when it finished, in seconds.
+    pub uptime_s: Option<f64>,
+}
+
+impl Finished {
+    /// True when cloud-init found no datasource: a seed that was attached was never seen.
+    pub fn no_datasource(&self) -> bool {
+        self.datasource.is_empty() || self.datasource.starts_with("DataSourceNone")
+    }
+}
+
+/// The last cloud-init final message in `text`, if any.
+pub fn finished(text: &str) -> Option<Finished> {
+    text.split(['\n', '\r'])
+        .rev()
+        .find_map(|line| parse_line(line.trim()))
+}
+
+fn parse_line(line: &str) -> Option<Finished> {
+    let at = line.find("Cloud-init v. ")?;
+    let rest = &line[at + "Cloud-init v. ".len()..];
+    let (version, rest) = rest.split_once(" finished at ")?;
+    let datasource = rest
+        .split_once("Datasource ")
+        .map(|(_, d)| d)
+        .map(|d| d.split_once(".  Up ").map_or(d, |(ds, _)| ds))
+        .unwrap_or_default()
+        .trim_end_matches('.')
+        .trim()
+        .to_string();
+    let uptime_s = rest
+        .rsplit_once(" Up ")
+        .and_then(|(_, u)| u.trim().strip_suffix("seconds"))
+        .and_then(|u| u.trim().parse().ok());
+    Some(Finished {
+        version: version.trim().to_string(),
+        datasource,
+        uptime_s,
+    })
+}
+
+/// Follows a VM's serial log from a point on, for cloud-init's final message.
+#[derive(Debug)]
+pub struct Watch {
+    path: PathBuf,
+    offset: u64,
+    /// The unfinished last line of the previous read.
+    carry: String,
+}
+
+impl Watch {
+    /// Watches `path` from its current end: what an earlier boot of the VM logged is not
+    /// looked at.
+    pub fn from_end(path: &Path) -> Watch {
+        let offset = std::fs::metadata(path).map_or(0, |m| m.len());
+        Watch {
+            path: path.to_path_buf(),
+            offset,
+            carry: String::new(),
+        }
+    }
+
+    /// Reads what the console wrote since the last poll (at most [`READ_CAP`] bytes of it)
+    /// and returns cloud-init's final message if it came.
+    pub fn poll(&mut self) -> Option<Finished> {
+        let mut f = std::fs::File::open(&self.path).ok()?;
+        let len = f.metadata().ok()?.len();
+        if len < self.offset {
+            self.offset = 0;
+        }
+        let start = self.offset.max(len.saturating_sub(READ_CAP));
+        f.seek(SeekFrom::Start(start)).ok()?;
+        let mut buf = Vec::new();
+        f.take(len - start).read_to_end(&mut buf).ok()?;
+        self.offset = start + buf.len() as u64;
+        let text = std::mem::take(&mut self.carry) + &String::from_utf8_lossy(&buf);
+        let (done, partial) = text.rsplit_once('\n').unwrap_or(("", &text));
+        self.carry = partial
+            .chars()
+            .rev()
+            .take(4096)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
+        finished(done)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOCLOUD: &str = "[   45.123456] cloud-init[612]: Cloud-init v. 22.4.2 finished at Tue, \
+        01 Dec 2026 10:00:00 +0000. Datasource DataSourceNoCloud [seed=/dev/sr0][dsmode=net].  \
+        Up 45.67 seconds";
+    const NONE: &str = "[   50.5] cloud-init[598]: Cloud-init v. 22.4.2 finished at Tue, 01 Dec \
+        2026 10:00:00 +0000. Datasource DataSourceNone.  Up 50.12 seconds";
+
+    #[test]
+    fn reads_the_datasource_and_uptime_of_the_final_message() {
+        let f = finished(&format!("boot\r\n{NOCLOUD}\r\nlogin: ")).unwrap();
+        assert_eq!(f.version, "22.4.2");
+        assert_eq!(
+            f.datasource,
+            "DataSourceNoCloud [seed=/dev/sr0][dsmode=net]"
+        );
+        assert_eq!(f.uptime_s, Some(45.67));
+        assert!(!f.no_datasource());
+        let n = finished(NONE).unwrap();
+        assert_eq!(n.datasource, "DataSourceNone");
+        assert!(n.no_datasource());
+        assert_eq!(
+            finished("Cloud-init v. 22.4.2 running 'modules:final'"),
+            None
+        );
+        assert_eq!(finished(""), None);
+    }
+
+    #[test]
+    fn a_watch_sees_only_what_came_after_it_started_even_split_across_polls() {
+        let dir = std::env::temp_dir().join(format!("mcqemu-console-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join("serial.log");
+        std::fs::write(&log, format!("{NONE}\n")).unwrap();
+        let mut w = Watch::from_end(&log);
+        assert_eq!(
+            w.poll(),
+            None,
+            "an earlier boot's message is not this boot's"
+        );
+        let (a, b) = NOCLOUD.split_at(40);
+        let append = |s: &str| {
+            use std::io::Write;
+            let mut f = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
+            f.write_all(s.as_bytes()).unwrap();
+        };
+        append(a);
+        assert_eq!(w.poll(), None);
+        append(&format!("{b}\n"));
+        assert_eq!(
+            w.poll().unwrap().datasource,
+            "DataSourceNoCloud [seed=/dev/sr0][dsmode=net]"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
