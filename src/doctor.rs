@@ -3,10 +3,9 @@
 #![allow(clippy::print_stdout)] // this subcommand's results are its stdout; `serve` prints nothing
 
 use std::path::Path;
-use std::process::Command;
-use std::time::Duration;
 
-use crate::qemu::{accel, firmware, img, run};
+use crate::host::{binaries, decide};
+use crate::qemu::{firmware, img};
 use crate::state::paths;
 
 /// One row of the report.
@@ -26,15 +25,6 @@ pub const ARCHES: &[&str] = &[
     "x86_64", "aarch64", "riscv64", "i386", "arm", "ppc64", "s390x",
 ];
 
-fn first_line(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes)
-        .lines()
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_string()
-}
-
 fn writable(dir: &Path) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let probe = dir.join(format!(".doctor-{}", std::process::id()));
@@ -46,57 +36,89 @@ fn writable(dir: &Path) -> Result<(), String> {
 /// Runs every check.
 pub fn checks() -> Vec<Check> {
     let mut out = Vec::new();
+    let host = crate::host::get();
     let mut any_system = false;
     for arch in ARCHES {
-        let bin = format!("qemu-system-{arch}");
-        match run::run(
-            Command::new(&bin).arg("--version"),
-            Duration::from_secs(10),
-            &|| false,
-        ) {
-            Ok(o) if o.status.success() => {
-                any_system = true;
+        let Ok(qemu) = binaries::find(arch) else {
+            if *arch == "x86_64" || *arch == host.arch {
                 out.push(Check {
-                    name: bin,
-                    status: "ok",
-                    detail: first_line(&o.stdout),
+                    name: format!("qemu-system-{arch}"),
+                    status: "warn",
+                    detail: format!(
+                        "not installed (Debian: apt-get install {})",
+                        binaries::debian_package(arch)
+                    ),
                     essential: false,
                 });
             }
-            Ok(o) => out.push(Check {
-                name: bin,
-                status: "warn",
-                detail: format!("--version failed: {}", first_line(&o.stderr)),
-                essential: false,
-            }),
-            Err(run::RunError::NotFound(_)) => {
-                if *arch == "x86_64" {
-                    out.push(Check {
-                        name: bin,
-                        status: "warn",
-                        detail: "not installed (Debian: apt-get install qemu-system-x86)".into(),
-                        essential: false,
-                    });
-                }
-            }
-            Err(e) => out.push(Check {
-                name: bin,
-                status: "warn",
-                detail: e.to_string(),
-                essential: false,
-            }),
-        }
+            continue;
+        };
+        any_system = true;
+        // Why not KVM is the kvm row's to say.
+        let accel = decide::accel(host, arch, "auto").map_or("?", |(a, _)| a);
+        let default_machine = crate::tools::launch::ARCHES
+            .iter()
+            .find(|a| a.0 == *arch)
+            .map(|a| a.1);
+        let machine = default_machine
+            .map(|m| match decide::concrete_machine(&qemu, m) {
+                Ok(c) => format!("{m} = {c}"),
+                Err(e) => e,
+            })
+            .unwrap_or_else(|| format!("{} machine types", qemu.machines.len()));
+        let firmware = match default_machine.map(|m| firmware::find_uefi(arch, m)) {
+            Some(Ok(fw)) => format!(
+                "UEFI {} ({}, from {})",
+                fw.code.display(),
+                fw.format,
+                fw.source
+            ),
+            Some(Err(_)) => "no UEFI firmware (firmware=bios only)".into(),
+            None => "firmware not looked up".into(),
+        };
+        out.push(Check {
+            name: format!("qemu-system-{arch}"),
+            status: "ok",
+            detail: format!(
+                "{} {}; accel auto = {accel}; {machine}; {firmware}",
+                qemu.path.display(),
+                qemu.version_string()
+            ),
+            essential: false,
+        });
     }
     if !any_system {
         out.push(Check {
             name: "qemu-system-*".into(),
             status: "FAIL",
             detail: "no QEMU system emulator found; VMs cannot be launched (Debian: apt-get \
-                     install qemu-system-x86)"
+                     install qemu-system-x86; or set MCQEMU_QEMU_DIR)"
                 .into(),
             essential: true,
         });
     }
+    out.push(Check {
+        name: "host".into(),
+        status: "ok",
+        detail: format!(
+            "{}, {} CPUs, memory quota {} MiB (MemTotal {}{}), {}",
+            host.arch,
+            host.cpus,
+            decide::memory_limit_mb(host),
+            host.mem_total_mb.map_or("?".into(), |m| format!("{m} MiB")),
+            host.cgroup_memory_max_mb
+                .map_or(String::new(), |m| format!(", cgroup limit {m} MiB")),
+            if host.root {
+                "running as root".to_string()
+            } else {
+                format!(
+                    "unprivileged (host ports from {} up)",
+                    host.unprivileged_port_start
+                )
+            }
+        ),
+        essential: false,
+    });
     match img::version() {
         Ok(v) => out.push(Check {
             name: "qemu-img".into(),
@@ -111,7 +133,7 @@ pub fn checks() -> Vec<Check> {
             essential: true,
         }),
     }
-    match accel::kvm_usable() {
+    match crate::host::get().kvm {
         Ok(()) => out.push(Check {
             name: "kvm".into(),
             status: "ok",
@@ -125,29 +147,21 @@ pub fn checks() -> Vec<Check> {
             essential: false,
         }),
     }
-    match firmware::find_uefi("x86_64") {
-        Ok(fw) => out.push(Check {
-            name: "uefi firmware".into(),
-            status: "ok",
-            detail: fw.code.display().to_string(),
-            essential: false,
-        }),
-        Err(e) => out.push(Check {
-            name: "uefi firmware".into(),
-            status: "warn",
-            detail: e.to_string(),
-            essential: false,
-        }),
-    }
-    for (name, dir) in [
-        ("state dir", paths::state_dir()),
-        ("runtime dir", paths::runtime_dir()),
+    let (runtime, why) = paths::runtime_choice();
+    for (name, dir, why) in [
+        ("state dir", paths::state_dir(), "writable"),
+        ("runtime dir", runtime, why),
     ] {
-        match writable(&dir) {
+        let ready = if name == "runtime dir" {
+            paths::ensure_runtime_dir().and_then(|d| writable(&d))
+        } else {
+            writable(&dir)
+        };
+        match ready {
             Ok(()) => out.push(Check {
                 name: name.into(),
                 status: "ok",
-                detail: format!("{} (writable)", dir.display()),
+                detail: format!("{} ({why})", dir.display()),
                 essential: true,
             }),
             Err(e) => out.push(Check {
@@ -158,7 +172,10 @@ pub fn checks() -> Vec<Check> {
             }),
         }
     }
-    let (status, detail) = seccomp_support("qemu-system-x86_64");
+    let own = binaries::find(&host.arch)
+        .map(|q| q.path.display().to_string())
+        .unwrap_or_else(|_| "qemu-system-x86_64".into());
+    let (status, detail) = seccomp_support(&own);
     out.push(Check {
         name: "seccomp".into(),
         status,

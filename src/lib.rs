@@ -17,6 +17,7 @@ pub mod cli;
 pub mod clock;
 pub mod cloudinit;
 pub mod doctor;
+pub mod host;
 pub mod log;
 pub mod mcp;
 pub mod net;

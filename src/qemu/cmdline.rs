@@ -45,6 +45,8 @@ pub struct LaunchSpec {
     pub machine: String,
     /// "kvm" or "tcg".
     pub accel: String,
+    /// The CPU model (None: QEMU's default, as templates from before it was recorded had).
+    pub cpu: Option<String>,
     /// Architecture.
     pub arch: String,
     /// RAM in MiB.
@@ -55,8 +57,8 @@ pub struct LaunchSpec {
     pub disks: Vec<(PathBuf, String)>,
     /// Installer ISO.
     pub iso: Option<PathBuf>,
-    /// UEFI code and the VM's own variable store.
-    pub uefi: Option<(PathBuf, PathBuf)>,
+    /// UEFI code and the VM's own variable store, with their format (`raw`, `qcow2`).
+    pub uefi: Option<(PathBuf, PathBuf, String)>,
     /// Networking off.
     pub no_net: bool,
     /// Block guest-initiated traffic (slirp restrict=on).
@@ -145,10 +147,8 @@ pub fn build_argv(s: &LaunchSpec) -> Vec<String> {
         None => push(&["-machine", &qopt(&s.machine)]),
     }
     push(&["-accel", &s.accel]);
-    if s.accel == "kvm" {
-        push(&["-cpu", "host"]);
-    } else if s.arch != "x86_64" && s.arch != "i386" {
-        push(&["-cpu", "max"]);
+    if let Some(cpu) = &s.cpu {
+        push(&["-cpu", &qopt(cpu)]);
     }
     push(&["-m", &s.memory_mb.to_string(), "-smp", &s.cpus.to_string()]);
     push(&["-display", "none", "-pidfile", &s.pidfile.to_string_lossy()]);
@@ -178,14 +178,18 @@ pub fn build_argv(s: &LaunchSpec) -> Vec<String> {
     ]);
     push(&["-serial", "chardev:mcq-serial"]);
     push(&["-device", "virtio-tablet-pci,id=mcq-tablet"]);
-    if let Some((code, vars)) = &s.uefi {
+    if let Some((code, vars, format)) = &s.uefi {
+        let format = qopt(format);
         push(&[
             "-drive",
-            &format!("if=pflash,format=raw,unit=0,readonly=on,file={}", p(code)),
+            &format!(
+                "if=pflash,format={format},unit=0,readonly=on,file={}",
+                p(code)
+            ),
         ]);
         push(&[
             "-drive",
-            &format!("if=pflash,format=raw,unit=1,file={}", p(vars)),
+            &format!("if=pflash,format={format},unit=1,file={}", p(vars)),
         ]);
     }
     for (i, (disk, fmt)) in s.disks.iter().enumerate() {

@@ -1,6 +1,5 @@
 //! Talking to QEMU and its tooling.
 
-pub mod accel;
 pub mod cmdline;
 pub mod extra_args;
 pub mod firmware;

@@ -107,18 +107,111 @@ pub fn state_dir() -> PathBuf {
         .join(".local/share/mcqemu")
 }
 
-/// The runtime folder for sockets and pidfiles: `$MCQEMU_RUNTIME_DIR`, else
-/// `$XDG_RUNTIME_DIR/mcqemu`, else `/tmp/mcqemu-UID`.
-pub fn runtime_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("MCQEMU_RUNTIME_DIR").filter(|d| !d.is_empty()) {
-        return PathBuf::from(d);
-    }
-    if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
-        return PathBuf::from(d).join("mcqemu");
-    }
+/// The runtime folder for sockets and pidfiles, and why it is that one. It must outlive the
+/// user's login sessions, since the VMs do (`ssh HOST mcqemu` ends a session with every call):
+/// `$MCQEMU_RUNTIME_DIR`; for root `/run/mcqemu`; `$XDG_RUNTIME_DIR/mcqemu` only when logind
+/// keeps that folder after the last session (lingering is on for the user); else
+/// `/tmp/mcqemu-UID`, checked to be the user's own (see [`ensure_runtime_dir`]).
+pub fn runtime_choice() -> (PathBuf, &'static str) {
     // SAFETY: getuid has no preconditions and cannot fail.
     let uid = unsafe { libc::getuid() };
-    PathBuf::from(format!("/tmp/mcqemu-{uid}"))
+    let user = std::env::var("USER")
+        .or_else(|_| std::env::var("LOGNAME"))
+        .unwrap_or_default();
+    let lingering = !user.is_empty()
+        && !user.contains('/')
+        && Path::new("/var/lib/systemd/linger").join(&user).exists();
+    choose_runtime(
+        std::env::var_os("MCQEMU_RUNTIME_DIR").map(PathBuf::from),
+        std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from),
+        uid,
+        lingering,
+    )
+}
+
+/// [`runtime_choice`] as a function of what it reads.
+pub fn choose_runtime(
+    env: Option<PathBuf>,
+    xdg: Option<PathBuf>,
+    uid: u32,
+    lingering: bool,
+) -> (PathBuf, &'static str) {
+    if let Some(d) = env.filter(|d| !d.as_os_str().is_empty()) {
+        return (d, "MCQEMU_RUNTIME_DIR");
+    }
+    if uid == 0 {
+        return (
+            PathBuf::from("/run/mcqemu"),
+            "root: /run outlives every session",
+        );
+    }
+    if let Some(d) = xdg.filter(|d| !d.as_os_str().is_empty()) {
+        if lingering {
+            return (
+                d.join("mcqemu"),
+                "XDG_RUNTIME_DIR, kept by logind because lingering is on",
+            );
+        }
+    }
+    (
+        PathBuf::from(format!("/tmp/mcqemu-{uid}")),
+        "/tmp: XDG_RUNTIME_DIR is removed when the user's last session ends (enable lingering \
+         with loginctl enable-linger to use it)",
+    )
+}
+
+/// The runtime folder (see [`runtime_choice`]).
+pub fn runtime_dir() -> PathBuf {
+    runtime_choice().0
+}
+
+/// Creates the runtime folder 0700 if it is missing, and checks that it is this user's own
+/// folder that nobody else can enter: under /tmp another user could have made it first, to
+/// read or replace the sockets.
+pub fn ensure_runtime_dir() -> Result<PathBuf, String> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    let dir = runtime_dir();
+    if let Some(parent) = dir.parent() {
+        let _ = std::fs::create_dir_all(parent);
+    }
+    match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => {
+            return Err(format!(
+                "cannot create the runtime folder {}: {e}",
+                dir.display()
+            ))
+        }
+    }
+    let meta = std::fs::symlink_metadata(&dir)
+        .map_err(|e| format!("cannot read the runtime folder {}: {e}", dir.display()))?;
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::getuid() };
+    if !meta.is_dir() {
+        return Err(format!(
+            "the runtime folder {} is not a folder (a symlink or a file); remove it, or set \
+             MCQEMU_RUNTIME_DIR",
+            dir.display()
+        ));
+    }
+    if meta.uid() != uid {
+        return Err(format!(
+            "the runtime folder {} belongs to user {}, not to this user ({uid}); refusing to put \
+             VM sockets there. Remove it, or set MCQEMU_RUNTIME_DIR to a folder of your own",
+            dir.display(),
+            meta.uid()
+        ));
+    }
+    if meta.mode() & 0o077 != 0 {
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).map_err(|e| {
+            format!(
+                "the runtime folder {} is open to other users and cannot be made 0700: {e}",
+                dir.display()
+            )
+        })?;
+    }
+    Ok(dir)
 }
 
 /// The registry file inside the state folder.
@@ -136,6 +229,28 @@ mod tests {
         assert_eq!(resolve("a/./b/../c").unwrap(), cwd.join("a/c"));
         assert_eq!(resolve("/x/y,z w").unwrap(), PathBuf::from("/x/y,z w"));
         assert!(resolve("").is_err());
+    }
+
+    #[test]
+    fn the_runtime_folder_outlives_sessions() {
+        let xdg = Some(PathBuf::from("/run/user/1000"));
+        let env = Some(PathBuf::from("/srv/run"));
+        assert_eq!(
+            choose_runtime(env, xdg.clone(), 1000, false).0,
+            PathBuf::from("/srv/run")
+        );
+        assert_eq!(
+            choose_runtime(None, None, 0, false).0,
+            PathBuf::from("/run/mcqemu")
+        );
+        assert_eq!(
+            choose_runtime(None, xdg.clone(), 1000, false).0,
+            PathBuf::from("/tmp/mcqemu-1000")
+        );
+        assert_eq!(
+            choose_runtime(None, xdg, 1000, true).0,
+            PathBuf::from("/run/user/1000/mcqemu")
+        );
     }
 
     #[test]

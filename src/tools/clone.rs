@@ -14,6 +14,7 @@ use super::launch::{self, LaunchRequest};
 use super::lifecycle::lookup;
 use super::{guest_run, sandbox, session, template};
 use crate::cloudinit::CloudInit;
+use crate::host::{self, binaries, decide};
 use crate::mcp::tool::{Args, ToolCtx, ToolError, ToolOutput, ToolResult};
 use crate::qemu::cmdline::LaunchSpec;
 use crate::qemu::forwards::resolve_forwards;
@@ -45,6 +46,18 @@ pub fn start(ctx: &ToolCtx, args: &Args, template_name: &str) -> ToolResult {
             )));
         }
     }
+    let qemu = binaries::find(&t.arch).map_err(ToolError::new)?;
+    let saved = decide::Saved {
+        arch: &t.arch,
+        machine: &t.machine,
+        accel: &t.accel,
+        qemu_version: &t.qemu_version,
+    };
+    decide::can_restore(&saved, host::get(), &qemu).map_err(|why| {
+        ToolError::new(format!(
+            "template {template_name:?} cannot start a clone on this host: {why}"
+        ))
+    })?;
     let name = match args.opt_str("name")? {
         Some(n) if crate::state::registry::valid_name(n) => n.to_string(),
         Some(n) => return Err(ToolError::new(format!("invalid VM name {n:?}"))),
@@ -99,7 +112,11 @@ pub fn start(ctx: &ToolCtx, args: &Args, template_name: &str) -> ToolResult {
                     "cannot copy the template's UEFI variable store: {e}"
                 ))
             })?;
-            Some((code, vars))
+            Some((
+                code,
+                vars,
+                t.uefi_format.clone().unwrap_or_else(|| "raw".into()),
+            ))
         }
         _ => None,
     };
@@ -107,9 +124,10 @@ pub fn start(ctx: &ToolCtx, args: &Args, template_name: &str) -> ToolResult {
     img::create(&overlay, "qcow2", None, Some((&tdisk, "qcow2")))?;
     let spec = LaunchSpec {
         name: name.clone(),
-        binary: format!("qemu-system-{}", t.arch),
+        binary: qemu.path.display().to_string(),
         machine: t.machine.clone(),
-        accel: "tcg".into(),
+        accel: t.accel.clone(),
+        cpu: t.cpu.clone(),
         arch: t.arch.clone(),
         memory_mb: t.memory_mb,
         cpus: t.cpus,
@@ -142,6 +160,7 @@ pub fn start(ctx: &ToolCtx, args: &Args, template_name: &str) -> ToolResult {
         spec,
         extra_record: extra,
         accel_note: None,
+        kvm_fallback: false,
         firmware: t.firmware.clone(),
         cloud_init,
     };

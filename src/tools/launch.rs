@@ -10,13 +10,14 @@ use super::launch_schema::{launch_out, launch_props};
 use super::quota;
 use super::{checked_image, object, path_arg, vm_name_arg};
 use crate::cloudinit::CloudInit;
+use crate::host::{self, binaries, decide};
 use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::qemu::cmdline::{self, LaunchSpec};
 use crate::qemu::extra_args::check_extra_args;
 use crate::qemu::forwards::{resolve_forwards, Forward};
 use crate::qemu::qmp::{self, QmpError};
 use crate::qemu::vm::{self, measure};
-use crate::qemu::{accel, firmware, process, sock};
+use crate::qemu::{firmware, process, sock};
 use crate::state::registry::{to_record, RegistryError};
 use crate::state::roots::{self, Access};
 
@@ -24,7 +25,7 @@ use crate::state::roots::{self, Access};
 pub const DEFAULT_ARCH: &str = "x86_64";
 /// Default `memory_mb`.
 pub const DEFAULT_MEMORY_MB: i64 = 2048;
-/// Default `cpus`.
+/// Default `cpus`, on a host with two CPUs or more (one on a one-CPU host).
 pub const DEFAULT_CPUS: i64 = 2;
 /// Default `firmware`.
 pub const DEFAULT_FIRMWARE: &str = "bios";
@@ -60,27 +61,6 @@ fn resolve_existing(args: &Args, key: &str, what: &str) -> Result<Option<PathBuf
             }
             Ok(Some(p))
         }
-    }
-}
-
-/// Picks the accelerator: `auto` takes KVM only where it can really run guests.
-pub fn choose_accel(requested: &str) -> Result<(String, Option<String>), ToolError> {
-    match requested {
-        "tcg" => Ok(("tcg".into(), None)),
-        "kvm" => accel::kvm_usable()
-            .map(|_| ("kvm".into(), None))
-            .map_err(|why| {
-                ToolError::new(format!(
-                    "accel=\"kvm\" is not usable here: {why}. Use accel=\"auto\" or \"tcg\""
-                ))
-            }),
-        "auto" => match accel::kvm_usable() {
-            Ok(()) => Ok(("kvm".into(), None)),
-            Err(why) => Ok(("tcg".into(), Some(format!("fell back to TCG: {why}")))),
-        },
-        other => Err(ToolError::new(format!(
-            "unknown accel {other:?}; use auto, kvm or tcg"
-        ))),
     }
 }
 
@@ -140,6 +120,8 @@ pub struct LaunchRequest {
     pub extra_record: Map<String, Value>,
     /// Why TCG was chosen, if auto fell back.
     pub accel_note: Option<String>,
+    /// The accelerator came from `auto`: a KVM that fails to start the guest falls back to TCG.
+    pub kvm_fallback: bool,
     /// Firmware name for the record.
     pub firmware: String,
     /// A cloud-init seed to write for this launch (a fresh instance id each time).
@@ -244,6 +226,7 @@ pub fn launch(ctx: &ToolCtx, mut req: LaunchRequest) -> ToolResult {
 fn start_reserved(ctx: &ToolCtx, req: &LaunchRequest, rt: &Path, sd: &Path) -> ToolResult {
     let s = &req.spec;
     let name = &s.name;
+    crate::state::paths::ensure_runtime_dir().map_err(ToolError::new)?;
     for dir in [rt, sd] {
         std::fs::create_dir_all(dir)
             .map_err(|e| ToolError::new(format!("cannot create {}: {e}", dir.display())))?;
@@ -265,14 +248,37 @@ fn start_reserved(ctx: &ToolCtx, req: &LaunchRequest, rt: &Path, sd: &Path) -> T
         }
     }
     ctx.check_cancel()?;
-    let argv = cmdline::build_argv(s);
-    crate::log::stderr(
-        "info",
-        &format!("launching VM {name}: {} {}", s.binary, argv.join(" ")),
-    );
     let log = sd.join("qemu.log");
-    let started = process::spawn_detached(&s.binary, &argv, &s.pidfile, &s.qmp_socket, &log)?;
+    let spawn = |s: &LaunchSpec| {
+        let argv = cmdline::build_argv(s);
+        crate::log::stderr(
+            "info",
+            &format!("launching VM {name}: {} {}", s.binary, argv.join(" ")),
+        );
+        process::spawn_detached(&s.binary, &argv, &s.pidfile, &s.qmp_socket, &log)
+    };
+    let mut fallback_note = None;
+    let tcg_spec;
+    let (started, s) = match spawn(s) {
+        Ok(started) => (started, s),
+        // auto chose KVM and KVM failed this guest (a busy or broken /dev/kvm, a CPU model
+        // the host lacks): the guest still runs, emulated, and the result says why.
+        Err(e @ process::SpawnError::Failed { .. }) if req.kvm_fallback && s.accel == "kvm" => {
+            tcg_spec = LaunchSpec {
+                accel: "tcg".into(),
+                cpu: Some(decide::cpu_model("tcg").to_string()),
+                ..s.clone()
+            };
+            fallback_note = Some(format!(
+                "KVM failed to start this guest ({e}); it runs under TCG instead (emulated, \
+                 slower)"
+            ));
+            (spawn(&tcg_spec)?, &tcg_spec)
+        }
+        Err(e) => return Err(e.into()),
+    };
     let mut warnings: Vec<String> = started.warning.into_iter().collect();
+    warnings.extend(fallback_note);
     let (actual_accel, status, version) =
         match qmp::with_session(&s.qmp_socket, |q| -> Result<_, QmpError> {
             let kvm = q.execute("query-kvm", None)?;
@@ -378,16 +384,17 @@ pub fn request_from_args(
         .find(|a| a.0 == arch)
         .map(|a| a.1)
         .ok_or_else(|| ToolError::new(format!("unsupported arch {arch:?}")))?;
-    let machine = args
-        .opt_str("machine")?
-        .unwrap_or(default_machine)
-        .to_string();
+    let qemu = binaries::find(&arch).map_err(ToolError::new)?;
+    let machine =
+        decide::concrete_machine(&qemu, args.opt_str("machine")?.unwrap_or(default_machine))
+            .map_err(ToolError::new)?;
     let env_accel = std::env::var("MCQEMU_ACCEL").ok().filter(|s| !s.is_empty());
     let requested = match args.opt_str("accel")? {
         Some(a) => a.to_string(),
         None => env_accel.unwrap_or_else(|| "auto".into()),
     };
-    let (accel, accel_note) = choose_accel(&requested)?;
+    let (accel, accel_note) =
+        decide::accel(host::get(), &arch, &requested).map_err(ToolError::new)?;
     let extra_args = args.str_list("extra_args")?;
     for file in check_extra_args(&extra_args)? {
         let path = roots::check_str(&file.path, file.access).map_err(|e| {
@@ -415,9 +422,13 @@ pub fn request_from_args(
         ));
     }
     let forwards = resolve_forwards(&fw_specs)?;
+    for f in forwards.iter().filter(|f| !f.auto) {
+        decide::host_port(host::get(), f.host)
+            .map_err(|e| ToolError::new(format!("port_forwards: {e}")))?;
+    }
     let firmware = args.str_or("firmware", DEFAULT_FIRMWARE)?.to_string();
     let uefi = if firmware == "uefi" {
-        let fw = firmware::find_uefi(&arch)?;
+        let fw = firmware::find_uefi(&arch, &machine)?;
         let sd = vm::state_dir(name);
         std::fs::create_dir_all(&sd)
             .map_err(|e| ToolError::new(format!("cannot create {}: {e}", sd.display())))?;
@@ -430,18 +441,22 @@ pub fn request_from_args(
                 ))
             })?;
         }
-        Some((fw.code, vars))
+        Some((fw.code, vars, fw.format))
     } else {
         None
     };
     let spec = LaunchSpec {
         name: name.to_string(),
-        binary: format!("qemu-system-{arch}"),
+        binary: qemu.path.display().to_string(),
         machine,
-        accel,
+        accel: accel.to_string(),
+        cpu: Some(decide::cpu_model(accel).to_string()),
         arch,
         memory_mb: args.i64_or("memory_mb", DEFAULT_MEMORY_MB)?.max(16) as u64,
-        cpus: args.i64_or("cpus", DEFAULT_CPUS)?.max(1) as u64,
+        cpus: match args.opt_i64("cpus")? {
+            Some(c) => c.max(1) as u64,
+            None => decide::default_cpus(host::get()),
+        },
         disks,
         iso: resolve_existing(args, "iso", "ISO")?,
         uefi,
@@ -465,6 +480,7 @@ pub fn request_from_args(
         spec,
         extra_record: Map::new(),
         accel_note,
+        kvm_fallback: requested == "auto",
         firmware,
         cloud_init,
     })

@@ -11,7 +11,8 @@ pub fn memory_schema() -> Value {
 
 /// The `cpus` parameter of launch_vm and sandbox_vm.
 pub fn cpus_schema() -> Value {
-    json!({"type": "integer", "minimum": 1, "maximum": 256, "default": DEFAULT_CPUS})
+    json!({"type": "integer", "minimum": 1, "maximum": 256,
+           "description": format!("vCPUs; default {DEFAULT_CPUS}, or 1 on a one-CPU host.")})
 }
 
 /// launch_vm's parameters.

@@ -1,6 +1,6 @@
 //! Quotas on what agents may start: how many VMs run at once (`MCQEMU_MAX_VMS`, default 32),
 //! how much memory they may claim together (`MCQEMU_MAX_MEMORY_MB`, default 75 % of the host's
-//! MemTotal), and at most as many vCPUs per VM as the host has CPUs. Checked while the name is
+//! MemTotal or of the server's cgroup memory limit, whichever is smaller), and at most as many vCPUs per VM as the host has CPUs. Checked while the name is
 //! reserved under the registry lock, so concurrent launches cannot overshoot together.
 
 use serde_json::Value;
@@ -28,22 +28,15 @@ fn env_u64(key: &str) -> Option<u64> {
     std::env::var(key).ok().and_then(|v| v.trim().parse().ok())
 }
 
-/// The host's MemTotal in MiB, from /proc/meminfo.
-fn mem_total_mb() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb / 1024)
-}
-
 impl Limits {
-    /// The limits from the environment and the host.
+    /// The limits from the environment and the host probe.
     pub fn current() -> Limits {
+        let host = crate::host::get();
         Limits {
             max_vms: env_u64("MCQEMU_MAX_VMS").unwrap_or(DEFAULT_MAX_VMS),
             max_memory_mb: env_u64("MCQEMU_MAX_MEMORY_MB")
-                .unwrap_or_else(|| mem_total_mb().map_or(u64::MAX, |m| m * 3 / 4)),
-            max_cpus: std::thread::available_parallelism().map_or(1, |n| n.get() as u64),
+                .unwrap_or_else(|| crate::host::decide::memory_limit_mb(host)),
+            max_cpus: host.cpus,
         }
     }
 }

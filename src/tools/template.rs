@@ -30,8 +30,18 @@ pub struct Template {
     pub cpus: u64,
     /// QEMU architecture and machine type.
     pub arch: String,
-    /// Machine type.
+    /// Machine type: concrete (`pc-q35-7.2`), so a newer QEMU loads it as the same machine;
+    /// an alias in templates from before machine types were pinned.
     pub machine: String,
+    /// The accelerator it ran under (a KVM state does not load under TCG).
+    #[serde(default = "tcg")]
+    pub accel: String,
+    /// Its CPU model (None: QEMU's default, in templates from before it was recorded).
+    #[serde(default)]
+    pub cpu: Option<String>,
+    /// The QEMU version that saved it: a clone needs the same or a newer one.
+    #[serde(default)]
+    pub qemu_version: String,
     /// Direct kernel boot, as the template booted (clones need the same).
     pub kernel: Option<String>,
     /// Initial ramdisk.
@@ -50,6 +60,9 @@ pub struct Template {
     /// The UEFI code file the template ran (clones must load the same one).
     #[serde(default)]
     pub uefi_code: Option<String>,
+    /// The format of its code and variable store (`raw` when not recorded).
+    #[serde(default)]
+    pub uefi_format: Option<String>,
     /// Whether the template had a network card.
     pub no_net: bool,
     /// Operator extra_args, repeated for every clone (same devices).
@@ -62,6 +75,10 @@ pub struct Template {
 
 fn legacy_seed_bus() -> SeedBus {
     SeedBus::Cdrom
+}
+
+fn tcg() -> String {
+    "tcg".into()
 }
 
 fn bios() -> String {
@@ -350,13 +367,16 @@ fn build(ctx: &ToolCtx, args: &Args, name: &str, dir: &Path) -> Result<Value, To
     sb.insert("template_build".into(), json!(name));
     sb.insert("builder_pid".into(), json!(std::process::id()));
     req.extra_record.insert("sandbox".into(), Value::Object(sb));
-    let meta = Template {
+    let mut meta = Template {
         name: name.to_string(),
         base_image: base.as_ref().map(|(b, _, _)| b.display().to_string()),
         memory_mb: req.spec.memory_mb,
         cpus: req.spec.cpus,
         arch: req.spec.arch.clone(),
         machine: req.spec.machine.clone(),
+        accel: req.spec.accel.clone(),
+        cpu: req.spec.cpu.clone(),
+        qemu_version: String::new(),
         kernel: req.spec.kernel.as_ref().map(|p| p.display().to_string()),
         initrd: req.spec.initrd.as_ref().map(|p| p.display().to_string()),
         append: req.spec.append.clone(),
@@ -367,13 +387,23 @@ fn build(ctx: &ToolCtx, args: &Args, name: &str, dir: &Path) -> Result<Value, To
             .spec
             .uefi
             .as_ref()
-            .map(|(code, _)| code.display().to_string()),
+            .map(|(code, _, _)| code.display().to_string()),
+        uefi_format: req.spec.uefi.as_ref().map(|(_, _, f)| f.clone()),
         no_net: req.spec.no_net,
         extra_args: req.spec.extra_args.clone(),
         created_at: String::new(),
         state_bytes: 0,
     };
-    launch::launch(ctx, req)?;
+    let launched = launch::launch(ctx, req)?.structured;
+    // What really runs: the accelerator QEMU reports, the version it announced.
+    meta.accel = launched["accel"]
+        .as_str()
+        .unwrap_or(&meta.accel)
+        .to_string();
+    meta.qemu_version = launched["qemu_version"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
     let result = prepare_and_save(ctx, args, &vm_name, dir, meta);
     // The template VM never runs again, whatever happened.
     let mut s = Map::new();
