@@ -26,8 +26,12 @@ EXIT STATUS (call): 0 success, 1 tool error, 2 usage error.
 ENVIRONMENT:
     MCQEMU_STATE_DIR, MCQEMU_RUNTIME_DIR   where the registry/logs and sockets live
     MCQEMU_ACCEL                           default accelerator (auto, kvm, tcg)
+    MCQEMU_QEMU_DIR                        folder of another QEMU build (qemu-system-*, qemu-img)
     MCQEMU_QEMU_IMG                        qemu-img binary to use
     MCQEMU_ROOTS                           folders the tools may reach (DIR:DIR:...), like --root
+    MCQEMU_MAX_VMS, MCQEMU_MAX_MEMORY_MB   quotas: running VMs, their memory together
+    MCQEMU_MAX_DISK_GB                     quota: largest disk_size (default 2048)
+    MCQEMU_CATALOG_MIRROR                  fetch catalog images from http(s)://MIRROR/HOST/PATH
 ";
 
 /// `serve [--root DIR]...`: sets the roots (flags and `MCQEMU_ROOTS` together), then serves.

@@ -1,7 +1,9 @@
 //! `image_pull` and `image_catalog` over MCP against a small HTTP server on 127.0.0.1: checksum
-//! files in GNU and BSD style, SHA-256 and SHA-512, refusals that download nothing, interrupted
-//! pulls continued with HTTP Range (and restarted when the server cannot or the file changed),
-//! cancellation, and what the catalog reports as pulled.
+//! files in GNU and BSD style and Alpine's per-file bare digest, SHA-256 and SHA-512, refusals
+//! that download nothing, interrupted pulls continued with HTTP Range (and restarted when the
+//! server cannot or the file changed), cancellation, pulls by catalog name through
+//! `MCQEMU_CATALOG_MIRROR` (the pinned URL first, the moving one when it is gone, never on a
+//! mismatch), and what the catalog reports as pulled.
 
 mod common;
 
@@ -385,13 +387,17 @@ fn arguments_are_checked_before_any_request() {
         };
         assert!(err.contains(want), "{args}: {err}");
     }
-    let r = s.call_tool_response("image_pull", json!({"image": "no-such-distro"}));
-    // An unknown catalog name is refused, by the schema or by the tool.
-    let text = r.to_string();
-    assert!(
-        r.get("error").is_some() || r["result"]["isError"] == true,
-        "{text}"
-    );
+    // An unknown catalog name is refused (by the schema's enum), and the error lists the names.
+    let err = s.call_err("image_pull", json!({"image": "no-such-distro"}));
+    assert!(err.contains("no-such-distro"), "{err}");
+    let catalog = s.call_ok("image_catalog", json!({}));
+    for e in catalog["images"].as_array().unwrap() {
+        let name = e["name"].as_str().unwrap();
+        assert!(
+            err.contains(&format!("\"{name}\"")),
+            "{name} not listed: {err}"
+        );
+    }
     assert!(http.hits().is_empty(), "{:?}", http.hits());
     assert!(list_dir(&dir).is_empty());
 }
@@ -666,17 +672,47 @@ fn the_catalog_lists_every_entry_unpulled_on_a_fresh_state() {
     let mut s = Server::ready();
     let out = s.call_ok("image_catalog", json!({}));
     let images = out["images"].as_array().expect("images");
-    assert!(images.len() >= 8, "{out}");
+    assert!(images.len() >= 20, "{out}");
     let mut names = Vec::new();
     for e in images {
         let name = e["name"].as_str().expect("name").to_string();
-        for key in ["title", "arch", "firmware", "url", "checksums_url"] {
+        for key in ["title", "arch", "firmware"] {
             assert!(e[key].as_str().is_some_and(|v| !v.is_empty()), "{key}: {e}");
         }
-        assert!(e["url"].as_str().unwrap().starts_with("https://"), "{e}");
+        // A pinned source: a dated https URL and its digest; a latest source: a moving https
+        // URL and (when known) its checksum file. At least one can be pulled.
+        let pinned = &e["pinned"];
+        if !pinned.is_null() {
+            assert!(
+                pinned["url"].as_str().unwrap().starts_with("https://"),
+                "{e}"
+            );
+            let digest = pinned["digest"].as_str().unwrap();
+            let (algo, hex) = digest.split_once(':').expect("algo:hex");
+            let len = match algo {
+                "sha256" => 64,
+                "sha512" => 128,
+                other => panic!("{other}: {e}"),
+            };
+            assert_eq!(hex.len(), len, "{e}");
+        }
+        let latest = &e["latest"];
+        if !latest.is_null() {
+            assert!(
+                latest["url"].as_str().unwrap().starts_with("https://"),
+                "{e}"
+            );
+            assert_ne!(latest["url"], pinned["url"], "{e}");
+        }
+        for sums in [&pinned["checksums_url"], &latest["checksums_url"]] {
+            assert!(
+                sums.is_null() || sums.as_str().unwrap().starts_with("https://"),
+                "{e}"
+            );
+        }
         assert!(
-            e["checksums_url"].as_str().unwrap().starts_with("https://"),
-            "{e}"
+            !pinned.is_null() || latest["checksums_url"].is_string(),
+            "nothing to pull: {e}"
         );
         assert!(
             ["x86_64", "aarch64"].contains(&e["arch"].as_str().unwrap()),
@@ -687,11 +723,19 @@ fn the_catalog_lists_every_entry_unpulled_on_a_fresh_state() {
             "{e}"
         );
         assert_eq!(e["pulled"], false, "{e}");
-        for key in ["path", "size", "digest", "algorithm", "pulled_at"] {
+        for key in ["source", "path", "size", "digest", "algorithm", "pulled_at"] {
             assert_eq!(e[key], Value::Null, "{key}: {e}");
         }
         assert!(!names.contains(&name), "duplicate {name}");
         names.push(name);
+    }
+    for want in [
+        "debian-13",
+        "ubuntu-26.04",
+        "fedora-44",
+        "alpine-3.23-arm64",
+    ] {
+        assert!(names.iter().any(|n| n == want), "{want} missing: {names:?}");
     }
     // image_pull takes exactly these names.
     let tools = s.result("tools/list", json!({}));
@@ -715,7 +759,9 @@ fn the_catalog_lists_every_entry_unpulled_on_a_fresh_state() {
 /// The catalog's URLs are on the internet, which the tests cannot reach. A pull of a local URL
 /// whose file name is a catalog entry's, into the default folder, lands where the catalog looks
 /// but is not that entry (its record names another URL), so the entry stays unpulled. A record
-/// naming the catalog URL (what a pull by name writes) makes it pulled.
+/// naming the catalog URL (what a pull of that URL writes) makes it pulled. (Pulls by name
+/// through `MCQEMU_CATALOG_MIRROR` record the catalog URL as `catalog_url`: see
+/// `a_pull_by_name_falls_back_to_the_latest_url_when_the_pinned_one_is_gone`.)
 #[test]
 fn the_catalog_counts_only_pulls_of_its_own_url() {
     let mut s = Server::ready();
@@ -727,7 +773,7 @@ fn the_catalog_counts_only_pulls_of_its_own_url() {
         .find(|e| e["name"] == "debian-12")
         .expect("debian-12 in the catalog")
         .clone();
-    let catalog_url = entry["url"].as_str().unwrap().to_string();
+    let catalog_url = entry["pinned"]["url"].as_str().unwrap().to_string();
     let file = catalog_url.rsplit('/').next().unwrap().to_string();
     let data = qcow2_image(&s);
     let http = HttpServer::start(vec![
@@ -767,6 +813,7 @@ fn the_catalog_counts_only_pulls_of_its_own_url() {
     std::fs::write(&sidecar, record.to_string()).unwrap();
     let e = entry_of(&mut s, "debian-12");
     assert_eq!(e["pulled"], true, "{e}");
+    assert_eq!(e["source"], "pinned", "{e}");
     assert_eq!(e["path"], dest.to_str().unwrap());
     assert_eq!(e["size"], data.len());
     assert_eq!(e["digest"], sha512_hex(&data));
@@ -908,4 +955,266 @@ fn pull_records_are_not_written_through_symlinks() {
             v.display()
         );
     }
+}
+
+/// Alpine publishes one `<image>.sha512` per image holding the bare hex digest (no file
+/// name): it verifies the image it was given for, and a wrong one refuses it.
+#[test]
+fn alpine_per_file_bare_sha512_is_verified() {
+    let mut s = Server::ready();
+    let data = qcow2_image(&s);
+    let name = "nocloud_alpine-3.23.4-x86_64-uefi-cloudinit-r0.qcow2";
+    let sums = format!("{name}.sha512");
+    let other = "nocloud_alpine-3.23.4-aarch64-uefi-cloudinit-r0.qcow2";
+    let http = HttpServer::start(vec![
+        (name, Route::body(data.clone())),
+        (
+            sums.as_str(),
+            Route::body(format!("{}\n", sha512_hex(&data)).into_bytes()),
+        ),
+        (other, Route::body(data.clone())),
+        (
+            "other.sha512",
+            Route::body(format!("{}\n", sha512_hex(b"another build")).into_bytes()),
+        ),
+    ]);
+    let dir = s.tmp.subdir("pulls");
+    let dest = dir.join(name);
+    let out = s.call_ok(
+        "image_pull",
+        json!({"url": http.url(name), "checksums_url": http.url(&sums),
+               "path": dest.to_str().unwrap()}),
+    );
+    assert_pulled(&out, &dest, &data, "sha512", 0);
+    assert_eq!(out["source"], "url");
+    assert_eq!(out["checksums_url"], http.url(&sums));
+    assert_eq!(out["format"], "qcow2");
+    assert_eq!(http.hits(), vec![format!("/{sums}"), format!("/{name}")]);
+    assert_only_image(&dir, name);
+    // A bare digest of another build: a mismatch, nothing left behind.
+    let err = s.call_err(
+        "image_pull",
+        json!({"url": http.url(other), "checksums_url": http.url("other.sha512"),
+               "path": dir.join(other).to_str().unwrap()}),
+    );
+    assert!(err.contains("checksum mismatch"), "{err}");
+    assert!(err.contains(&sha512_hex(b"another build")), "{err}");
+    assert_only_image(&dir, name);
+}
+
+/// A server started with `MCQEMU_CATALOG_MIRROR` pointing at `http`, so pulls by name fetch
+/// `https://HOST/PATH` as `http://127.0.0.1:PORT/HOST/PATH`.
+fn mirrored(http: &HttpServer) -> Server {
+    let mut s = Server::start_with_env(&[("MCQEMU_CATALOG_MIRROR", http.url("").as_str())]);
+    s.initialize(NEWEST);
+    s
+}
+
+/// A catalog entry as image_catalog shows it.
+fn catalog_entry(s: &mut Server, name: &str) -> Value {
+    let out = s.call_ok("image_catalog", json!({}));
+    out["images"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == name)
+        .unwrap_or_else(|| panic!("{name} not in the catalog: {out}"))
+        .clone()
+}
+
+/// The mirror's path for a catalog URL: `https://HOST/PATH` → `HOST/PATH`.
+fn route_of(url: &Value) -> String {
+    url.as_str()
+        .unwrap()
+        .strip_prefix("https://")
+        .unwrap()
+        .to_string()
+}
+
+/// The last segment of a catalog URL.
+fn file_of(url: &Value) -> String {
+    url.as_str()
+        .unwrap()
+        .rsplit('/')
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+/// Publishers remove dated folders: the pinned URL answers 404 (Debian) or 410 (Ubuntu), and
+/// the pull takes the moving URL, verified against its checksum file (Debian's SHA512SUMS,
+/// Ubuntu's SHA256SUMS with the `*` binary marker), and says so.
+#[test]
+fn a_pull_by_name_falls_back_to_the_latest_url_when_the_pinned_one_is_gone() {
+    let http = HttpServer::start(vec![]);
+    let mut s = mirrored(&http);
+    let images = images_dir(&s);
+
+    // Debian 12: the dated folder is gone (404; the server's answer for an unknown path).
+    let e = catalog_entry(&mut s, "debian-12");
+    let (pinned, latest) = (&e["pinned"], &e["latest"]);
+    let data = raw_image(1024 * 1024 + 11, 20);
+    let file = file_of(&latest["url"]);
+    let sums = format!(
+        "{}  {}\n{}  {file}\n",
+        sha512_hex(b"arm64 build"),
+        file.replace("amd64", "arm64"),
+        sha512_hex(&data)
+    );
+    http.set_route(&route_of(&latest["url"]), Route::body(data.clone()));
+    http.set_route(
+        &route_of(&latest["checksums_url"]),
+        Route::body(sums.into_bytes()),
+    );
+    let out = s.call_ok("image_pull", json!({"image": "debian-12"}));
+    let dest = images.join(&file);
+    assert_pulled(&out, &dest, &data, "sha512", 0);
+    assert_eq!(out["source"], "latest", "{out}");
+    assert_eq!(out["image"], "debian-12");
+    assert_eq!(out["catalog_url"], latest["url"]);
+    assert_eq!(out["url"], http.url(&route_of(&latest["url"])));
+    assert_eq!(
+        out["checksums_url"],
+        http.url(&route_of(&latest["checksums_url"]))
+    );
+    assert_eq!(
+        out["pinned_gone"],
+        json!({"url": http.url(&route_of(&pinned["url"])), "status": 404})
+    );
+    // The pinned image first, then the checksum file, then the moving image.
+    assert_eq!(
+        http.hits(),
+        vec![
+            format!("/{}", route_of(&pinned["url"])),
+            format!("/{}", route_of(&latest["checksums_url"])),
+            format!("/{}", route_of(&latest["url"])),
+        ]
+    );
+    assert_only_image(&images, &file);
+    let record = read_json(&images.join(format!(".{file}.pulled.json")));
+    assert_eq!(record["source"], "latest", "{record}");
+    assert_eq!(record["catalog_url"], latest["url"], "{record}");
+    // The catalog counts it, from its latest source.
+    let e = catalog_entry(&mut s, "debian-12");
+    assert_eq!(e["pulled"], true, "{e}");
+    assert_eq!(e["source"], "latest", "{e}");
+    assert_eq!(e["path"], dest.to_str().unwrap());
+    assert_eq!(e["digest"], sha512_hex(&data));
+    assert_eq!(catalog_entry(&mut s, "debian-12-arm64")["pulled"], false);
+
+    // Ubuntu 24.04 on arm64: 410 Gone, into a given path.
+    let e = catalog_entry(&mut s, "ubuntu-24.04-arm64");
+    let (pinned, latest) = (&e["pinned"], &e["latest"]);
+    assert_eq!(file_of(&pinned["url"]), file_of(&latest["url"]));
+    let data = raw_image(900 * 1024 + 5, 21);
+    let file = file_of(&latest["url"]);
+    let sums = format!(
+        "{} *{}\n{} *{file}\n",
+        sha256_hex(b"amd64 build"),
+        file.replace("arm64", "amd64"),
+        sha256_hex(&data)
+    );
+    http.set_route(&route_of(&pinned["url"]), Route::Status(410));
+    http.set_route(&route_of(&latest["url"]), Route::body(data.clone()));
+    http.set_route(
+        &route_of(&latest["checksums_url"]),
+        Route::body(sums.into_bytes()),
+    );
+    let dir = s.tmp.subdir("pulls");
+    let dest = dir.join("ubuntu.img");
+    let before = http.hits().len();
+    let out = s.call_ok(
+        "image_pull",
+        json!({"image": "ubuntu-24.04-arm64", "path": dest.to_str().unwrap()}),
+    );
+    assert_pulled(&out, &dest, &data, "sha256", 0);
+    assert_eq!(out["source"], "latest", "{out}");
+    assert_eq!(out["pinned_gone"]["status"], 410, "{out}");
+    assert_eq!(
+        http.hits()[before..],
+        [
+            format!("/{}", route_of(&pinned["url"])),
+            format!("/{}", route_of(&latest["checksums_url"])),
+            format!("/{}", route_of(&latest["url"])),
+        ]
+    );
+    assert_only_image(&dir, "ubuntu.img");
+}
+
+/// The pinned URL answers, but with other bytes than the pinned digest: an error naming both
+/// digests, nothing kept, and the moving URL is not tried. A server error on the pinned URL
+/// (not 404/410) is not a reason to fall back either.
+#[test]
+fn a_pinned_digest_mismatch_is_an_error_and_never_falls_back() {
+    let http = HttpServer::start(vec![]);
+    let mut s = mirrored(&http);
+    let images = images_dir(&s);
+    let e = catalog_entry(&mut s, "debian-13");
+    let (pinned, latest) = (&e["pinned"], &e["latest"]);
+    let data = raw_image(512 * 1024, 22);
+    let pinned_hex = pinned["digest"]
+        .as_str()
+        .unwrap()
+        .strip_prefix("sha512:")
+        .unwrap()
+        .to_string();
+    http.set_route(&route_of(&pinned["url"]), Route::body(data.clone()));
+    // A moving image that would verify, had the pull fallen back.
+    http.set_route(&route_of(&latest["url"]), Route::body(data.clone()));
+    http.set_route(
+        &route_of(&latest["checksums_url"]),
+        Route::body(format!("{}  {}\n", sha512_hex(&data), file_of(&latest["url"])).into_bytes()),
+    );
+    let err = s.call_err("image_pull", json!({"image": "debian-13"}));
+    assert!(err.contains("checksum mismatch"), "{err}");
+    assert!(
+        err.contains(&pinned_hex) && err.contains(&sha512_hex(&data)),
+        "{err}"
+    );
+    assert_eq!(http.hits(), vec![format!("/{}", route_of(&pinned["url"]))]);
+    assert!(list_dir(&images).is_empty(), "{:?}", list_dir(&images));
+    assert_eq!(catalog_entry(&mut s, "debian-13")["pulled"], false);
+
+    http.set_route(&route_of(&pinned["url"]), Route::Status(500));
+    let err = s.call_err("image_pull", json!({"image": "debian-13"}));
+    assert!(err.contains("HTTP 500"), "{err}");
+    assert!(
+        !http.hits().iter().any(|h| h.contains("/daily/")),
+        "fell back: {:?}",
+        http.hits()
+    );
+    assert!(list_dir(&images).is_empty(), "{:?}", list_dir(&images));
+}
+
+/// A pinned URL gone with nothing verified to fall back to: Fedora has no moving URL, Rocky's
+/// has no known checksum file. The error says so and what to do; nothing else is fetched.
+#[test]
+fn a_gone_pin_without_a_verified_moving_url_says_what_to_do() {
+    let http = HttpServer::start(vec![]);
+    let mut s = mirrored(&http);
+    let fedora = catalog_entry(&mut s, "fedora-44");
+    assert_eq!(fedora["latest"], Value::Null, "{fedora}");
+    let err = s.call_err("image_pull", json!({"image": "fedora-44"}));
+    assert!(err.contains("HTTP 404"), "{err}");
+    assert!(
+        err.contains("fedora-44") && err.contains("newer pin"),
+        "{err}"
+    );
+    assert!(err.contains("url + checksums_url"), "{err}");
+    assert_eq!(
+        http.hits(),
+        vec![format!("/{}", route_of(&fedora["pinned"]["url"]))]
+    );
+
+    let rocky = catalog_entry(&mut s, "rocky-10");
+    assert_eq!(rocky["latest"]["checksums_url"], Value::Null, "{rocky}");
+    let err = s.call_err("image_pull", json!({"image": "rocky-10"}));
+    assert!(err.contains("HTTP 404"), "{err}");
+    assert!(
+        err.contains(rocky["latest"]["url"].as_str().unwrap()),
+        "the moving URL is named: {err}"
+    );
+    assert!(err.contains("checksums_url"), "{err}");
+    assert_eq!(http.hits().len(), 2, "{:?}", http.hits());
+    assert!(list_dir(&images_dir(&s)).is_empty());
 }

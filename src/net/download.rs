@@ -116,6 +116,18 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The error of a failed request: an HTTP status as itself (a caller may try another URL
+/// for a 404), anything else described.
+fn request_error(url: &str, e: ureq::Error) -> DownloadError {
+    match e {
+        ureq::Error::StatusCode(code) => DownloadError::Status {
+            code,
+            url: url.to_string(),
+        },
+        e => DownloadError::Request(describe(url, e)),
+    }
+}
+
 /// Says why a request for `url` failed, and what the likely cause is.
 fn describe(url: &str, e: ureq::Error) -> String {
     let msg = e.to_string();
@@ -234,16 +246,14 @@ fn get(
                 rb = rb.header("If-Range", v);
             }
         }
-        let resp = rb
-            .call()
-            .map_err(|e| DownloadError::Request(describe(&url, e)))?;
+        let resp = rb.call().map_err(|e| request_error(&url, e))?;
         let status = resp.status().as_u16();
         if status == 416 {
             return Ok((resp, url));
         }
         if (400..600).contains(&status) {
             let e = ureq::Error::StatusCode(status);
-            return Err(DownloadError::Request(describe(&url, e)));
+            return Err(request_error(&url, e));
         }
         if !(300..400).contains(&status) {
             return Ok((resp, url));
@@ -275,7 +285,7 @@ pub fn fetch_small(url: &str, max: usize) -> Result<Vec<u8>, DownloadError> {
     let status = resp.status().as_u16();
     if status != 200 {
         let e = ureq::Error::StatusCode(status);
-        return Err(DownloadError::Request(describe(url, e)));
+        return Err(request_error(url, e));
     }
     let mut body = Vec::new();
     resp.into_body()
@@ -335,7 +345,7 @@ pub fn download(req: &Request, watch: &dyn Watcher) -> Result<Done, DownloadErro
             (resp, final_url) = get(req.url, None)?;
             if resp.status().as_u16() != 200 {
                 let e = ureq::Error::StatusCode(resp.status().as_u16());
-                return Err(DownloadError::Request(describe(req.url, e)));
+                return Err(request_error(req.url, e));
             }
         }
     }

@@ -18,8 +18,15 @@ pub enum DownloadError {
     Exists(PathBuf),
     /// The target's folder does not exist.
     NoFolder(PathBuf),
-    /// The request failed (DNS, TLS, connection, HTTP status...); says how, for the URL.
+    /// The request failed (DNS, TLS, connection...); says how, for the URL.
     Request(String),
+    /// The server answered with an HTTP error status.
+    Status {
+        /// The status.
+        code: u16,
+        /// The URL that answered.
+        url: String,
+    },
     /// A redirect without a Location header.
     NoLocation {
         /// The HTTP status.
@@ -124,6 +131,12 @@ impl std::fmt::Display for DownloadError {
                 dest.display()
             ),
             DownloadError::Request(msg) => f.write_str(msg),
+            DownloadError::Status { code, url } => {
+                write!(
+                    f,
+                    "the server answered HTTP {code} for {url}; check the URL"
+                )
+            }
             DownloadError::NoLocation { status, url } => write!(
                 f,
                 "the server answered HTTP {status} for {url} without a Location to follow"

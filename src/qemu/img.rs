@@ -59,12 +59,20 @@ impl From<RunError> for ImgError {
     }
 }
 
-/// The qemu-img binary: `$MCQEMU_QEMU_IMG` or `qemu-img` on PATH.
+/// The qemu-img binary: `$MCQEMU_QEMU_IMG`, else the one of the QEMU build in
+/// `$MCQEMU_QEMU_DIR`, else `qemu-img` on PATH.
 pub fn binary() -> String {
-    std::env::var("MCQEMU_QEMU_IMG")
+    if let Some(b) = std::env::var("MCQEMU_QEMU_IMG")
         .ok()
         .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "qemu-img".to_string())
+    {
+        return b;
+    }
+    std::env::var_os("MCQEMU_QEMU_DIR")
+        .filter(|d| !d.is_empty())
+        .map(|d| std::path::PathBuf::from(d).join("qemu-img"))
+        .filter(|p| p.is_file())
+        .map_or_else(|| "qemu-img".to_string(), |p| p.display().to_string())
 }
 
 fn exec(

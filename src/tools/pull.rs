@@ -1,6 +1,6 @@
-//! `image_pull` and `image_catalog`: distribution cloud images downloaded and verified against
-//! the publisher's own checksum file, resumable, and checked like any untrusted image before
-//! they are offered for use.
+//! `image_pull` and `image_catalog`: distribution cloud images downloaded and verified (against
+//! the catalog's pinned digest, or the publisher's own checksum file), resumable, and checked
+//! like any untrusted image before they are offered for use.
 
 use std::path::{Path, PathBuf};
 
@@ -10,6 +10,7 @@ use super::checked_image;
 use super::download::CtxWatch;
 use super::object;
 use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use crate::net::download::{Algo, DownloadError};
 use crate::net::{catalog, checksums, download};
 use crate::state::paths;
 use crate::state::roots::{self, Access};
@@ -39,13 +40,19 @@ fn sidecar(image: &Path) -> PathBuf {
     image.with_file_name(format!(".{name}.pulled.json"))
 }
 
-const PULL_DESCRIPTION: &str = "Download a distribution cloud image and verify it against the \
-    publisher's checksum file (fetched first; SHA-256 or SHA-512, GNU or BSD style). Name a \
-    catalog entry with image (image_catalog lists them), or give url + checksums_url. Progress \
-    and cancellation as image_download; an interrupted pull keeps its partial file and the next \
-    pull continues it with an HTTP Range request. Default path: the state folder's images/. \
-    The image is then checked like any untrusted image (backing files, external data files). \
-    Next: image_prepare turns it into an agent-ready base for sandbox_vm.";
+const PULL_DESCRIPTION: &str = "Download a distribution cloud image and verify it. Name a \
+    catalog entry with image (image_catalog lists them): its pinned, dated URL is pulled first \
+    and checked against the digest the catalog pins (no checksum file needed); when the \
+    publisher has removed it (HTTP 404 or 410) the entry's moving 'latest' URL is pulled \
+    instead, checked against the publisher's checksum file. A pinned digest that does not \
+    match is an error, never a reason to fall back. source in the result says which was used. \
+    Or give url + checksums_url: the checksum file (fetched first) in GNU or BSD style (also \
+    PGP clear-signed), or a per-file bare digest like Alpine's <image>.sha512; SHA-256 or \
+    SHA-512. Progress and cancellation as image_download; an interrupted pull keeps its \
+    partial file and the next pull continues it with an HTTP Range request. Default path: the \
+    state folder's images/. The image is then checked like any untrusted image (backing \
+    files, external data files). Next: image_prepare turns it into an agent-ready base for \
+    sandbox_vm.";
 
 /// `image_pull`.
 pub const PULL: ToolDef = ToolDef {
@@ -64,7 +71,8 @@ pub const PULL: ToolDef = ToolDef {
                         "description": "The image's http(s) URL (instead of image)."},
                 "checksums_url": {
                     "type": ["string", "null"], "default": null,
-                    "description": "The publisher's checksum file listing the URL's file name."
+                    "description": "The publisher's checksum file listing the URL's file name, \
+                                    or holding its bare digest."
                 },
                 "path": {"type": ["string", "null"], "default": null,
                          "description": "Where to save it; default <state>/images/<file name>."},
@@ -77,13 +85,36 @@ pub const PULL: ToolDef = ToolDef {
         json!({
             "type": "object",
             "properties": {
-                "path": {"type": "string"}, "url": {"type": "string"},
-                "checksums_url": {"type": "string"}, "bytes": {"type": "integer"},
+                "path": {"type": "string"},
+                "url": {"type": "string", "description": "The URL downloaded."},
+                "source": {
+                    "type": "string", "enum": ["pinned", "latest", "url"],
+                    "description": "pinned: the catalog's dated URL, checked against its \
+                                    pinned digest; latest: the entry's moving URL, checked \
+                                    against its checksum file (the pinned URL was gone); url: \
+                                    the url + checksums_url given."
+                },
+                "image": {"type": ["string", "null"], "description": "The catalog entry."},
+                "catalog_url": {
+                    "type": ["string", "null"],
+                    "description": "The catalog's URL for the source (url differs under \
+                                    MCQEMU_CATALOG_MIRROR)."
+                },
+                "checksums_url": {
+                    "type": ["string", "null"],
+                    "description": "The checksum file used; null for a pinned digest."
+                },
+                "pinned_gone": {
+                    "type": ["object", "null"],
+                    "properties": {"url": {"type": "string"}, "status": {"type": "integer"}},
+                    "description": "The pinned URL that was gone, when source is latest."
+                },
+                "bytes": {"type": "integer"},
                 "algorithm": {"type": "string"}, "digest": {"type": "string"},
                 "verified": {"type": "boolean"}, "resumed_from": {"type": "integer"},
                 "format": {"type": "string"}
             },
-            "required": ["path", "url", "bytes", "algorithm", "digest", "verified"]
+            "required": ["path", "url", "source", "bytes", "algorithm", "digest", "verified"]
         })
     },
     annotations: Annotations {
@@ -95,8 +126,180 @@ pub const PULL: ToolDef = ToolDef {
     handler: pull,
 };
 
+/// How a source is verified.
+enum Check {
+    /// Against the catalog's pinned digest.
+    Pinned(Algo, String),
+    /// Against the digest its checksum file (this URL, fetched first) lists.
+    Sums(String),
+}
+
+/// One URL a pull may download, in the order tried.
+struct Candidate {
+    /// "pinned", "latest" or "url".
+    kind: &'static str,
+    /// The URL as the catalog or the caller names it.
+    url: String,
+    /// The URL fetched (the catalog's under `MCQEMU_CATALOG_MIRROR`).
+    fetch: String,
+    /// How it is verified.
+    check: Check,
+}
+
+/// A candidate with the path it goes to.
+struct Source {
+    /// What is downloaded, and how it is verified.
+    what: Candidate,
+    /// Where it goes.
+    dest: PathBuf,
+}
+
+/// What a pull by name tries, in order: the pinned URL, then the moving one when the catalog
+/// knows its checksum file. Also the moving URL the catalog cannot verify, for the message
+/// when the pinned one is gone.
+fn plan_entry(e: &catalog::Entry) -> Result<(Vec<Candidate>, Option<&'static str>), ToolError> {
+    let mut candidates = Vec::new();
+    if let Some(p) = e.pinned {
+        let (algo, hex) = p.algo_and_hex().ok_or_else(|| {
+            ToolError::new(format!(
+                "the catalog's digest for {} is malformed: {:?}",
+                e.name, p.digest
+            ))
+        })?;
+        candidates.push(Candidate {
+            kind: "pinned",
+            url: p.url.to_string(),
+            fetch: catalog::fetch_url(p.url),
+            check: Check::Pinned(algo, hex),
+        });
+    }
+    let mut unverifiable = None;
+    if let Some(l) = e.latest {
+        match l.checksums_url {
+            Some(sums) => candidates.push(Candidate {
+                kind: "latest",
+                url: l.url.to_string(),
+                fetch: catalog::fetch_url(l.url),
+                check: Check::Sums(catalog::fetch_url(sums)),
+            }),
+            None => unverifiable = Some(l.url),
+        }
+    }
+    Ok((candidates, unverifiable))
+}
+
+/// The HTTP status of a download refused because the URL is gone (404 Not Found, 410 Gone).
+fn gone_status(e: &DownloadError) -> Option<u16> {
+    match e {
+        DownloadError::Status {
+            code: c @ (404 | 410),
+            ..
+        } => Some(*c),
+        DownloadError::Kept { error, .. } => gone_status(error),
+        _ => None,
+    }
+}
+
+/// Why one source failed.
+enum Failure {
+    /// Its URL is gone (HTTP 404/410): the next source may be tried.
+    Gone(u16, DownloadError),
+    /// Anything else: the pull fails.
+    Other(ToolError),
+}
+
+impl From<ToolError> for Failure {
+    fn from(e: ToolError) -> Self {
+        Failure::Other(e)
+    }
+}
+
+/// What one source gave.
+struct Pulled {
+    algo: Algo,
+    checksums_url: Option<String>,
+    done: download::Done,
+    format: String,
+}
+
+fn pull_source(ctx: &ToolCtx, src: &Source, overwrite: bool) -> Result<Pulled, Failure> {
+    let (algo, expect, checksums_url) = match &src.what.check {
+        Check::Pinned(algo, hex) => {
+            ctx.progress_now(0.0, None, "downloading the pinned image");
+            (*algo, hex.clone(), None)
+        }
+        Check::Sums(sums_url) => {
+            ctx.progress_now(0.0, None, "fetching the checksum file");
+            let file_name = url_file_name(&src.what.fetch).ok_or_else(|| {
+                ToolError::new(format!(
+                    "{} names no file to look up in the checksum file",
+                    src.what.fetch
+                ))
+            })?;
+            let sums =
+                download::fetch_small(sums_url, checksums::MAX_BYTES).map_err(ToolError::from)?;
+            let text = String::from_utf8_lossy(&sums);
+            let (algo, digest) = checksums::find(&text, &file_name).ok_or_else(|| {
+                ToolError::new(format!(
+                    "{sums_url} lists no SHA-256 or SHA-512 checksum for {file_name:?}; check \
+                     the URL and the checksum file (nothing was downloaded)"
+                ))
+            })?;
+            (algo, digest, Some(sums_url.clone()))
+        }
+    };
+    ctx.check_cancel()?;
+    let req = download::Request {
+        url: &src.what.fetch,
+        dest: &src.dest,
+        algo,
+        expect: Some(expect),
+        overwrite,
+        max_bytes: None,
+        resume: true,
+    };
+    let done = match download::download(&req, &CtxWatch(ctx)) {
+        Ok(done) => done,
+        Err(e) => {
+            return Err(match gone_status(&e) {
+                Some(code) => Failure::Gone(code, e),
+                None => Failure::Other(e.into()),
+            })
+        }
+    };
+    ctx.progress_now(done.bytes as f64, Some(done.bytes as f64), "verified");
+    // A pulled image is data from the network: checked like any other before it is offered.
+    let checked = match checked_image(&src.dest, "pulled image", None) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = std::fs::remove_file(&src.dest);
+            return Err(ToolError::new(format!("{e}; the pulled file was removed")).into());
+        }
+    };
+    Ok(Pulled {
+        algo,
+        checksums_url,
+        done,
+        format: checked.format,
+    })
+}
+
+/// Where a source's image goes: `path`, or the default folder and the URL's file name.
+fn dest_for(path: Option<&str>, file_name: &str) -> Result<PathBuf, ToolError> {
+    if let Some(p) = path {
+        return roots::check_str(p, Access::Write)
+            .map_err(|e| ToolError::new(format!("parameter 'path': {e}")));
+    }
+    let dir = images_dir();
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| ToolError::new(format!("cannot create {}: {e}", dir.display())))?;
+    Ok(roots::check(&dir.join(file_name), Access::Write)?)
+}
+
 fn pull(ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let (url, sums_url) = match (args.opt_str("image")?, args.opt_str("url")?) {
+    let path = args.opt_str("path")?;
+    let overwrite = args.bool_or("overwrite", false)?;
+    let (entry, plan, unverifiable) = match (args.opt_str("image")?, args.opt_str("url")?) {
         (Some(name), None) => {
             let e = catalog::find(name).ok_or_else(|| {
                 ToolError::new(format!(
@@ -104,7 +307,8 @@ fn pull(ctx: &ToolCtx, args: &Args) -> ToolResult {
                     catalog::names().join(", ")
                 ))
             })?;
-            (e.url.to_string(), e.checksums_url.to_string())
+            let (plan, unverifiable) = plan_entry(e)?;
+            (Some(e), plan, unverifiable)
         }
         (None, Some(url)) => {
             let sums = args.opt_str("checksums_url")?.ok_or_else(|| {
@@ -113,7 +317,13 @@ fn pull(ctx: &ToolCtx, args: &Args) -> ToolResult {
                      (every pulled image is verified)",
                 )
             })?;
-            (url.to_string(), sums.to_string())
+            let plan = vec![Candidate {
+                kind: "url",
+                url: url.to_string(),
+                fetch: url.to_string(),
+                check: Check::Sums(sums.to_string()),
+            }];
+            (None, plan, None)
         }
         (Some(_), Some(_)) => return Err(ToolError::new("give image or url, not both")),
         (None, None) => {
@@ -122,74 +332,97 @@ fn pull(ctx: &ToolCtx, args: &Args) -> ToolResult {
             ))
         }
     };
-    download::check_url(&url)?;
-    download::check_url(&sums_url)?;
-    let file_name = url_file_name(&url).ok_or_else(|| {
-        ToolError::new(format!(
-            "{url} names no file to look up in the checksum file"
-        ))
-    })?;
-    let dest = match args.opt_str("path")? {
-        Some(p) => roots::check_str(p, Access::Write)
-            .map_err(|e| ToolError::new(format!("parameter 'path': {e}")))?,
-        None => {
-            let dir = images_dir();
-            std::fs::create_dir_all(&dir)
-                .map_err(|e| ToolError::new(format!("cannot create {}: {e}", dir.display())))?;
-            roots::check(&dir.join(&file_name), Access::Write)?
+    // Every URL and destination is checked before the first request.
+    let mut sources = Vec::new();
+    for what in plan {
+        let fetch = &what.fetch;
+        download::check_url(fetch)?;
+        if let Check::Sums(sums) = &what.check {
+            download::check_url(sums)?;
         }
-    };
-    ctx.progress_now(0.0, None, "fetching the checksum file");
-    let sums = download::fetch_small(&sums_url, checksums::MAX_BYTES)?;
-    let text = String::from_utf8_lossy(&sums);
-    let (algo, digest) = checksums::find(&text, &file_name).ok_or_else(|| {
-        ToolError::new(format!(
-            "{sums_url} lists no SHA-256 or SHA-512 checksum for {file_name:?}; check the URL \
-             and the checksum file (nothing was downloaded)"
-        ))
-    })?;
-    ctx.check_cancel()?;
-    let req = download::Request {
-        url: &url,
-        dest: &dest,
-        algo,
-        expect: Some(digest.clone()),
-        overwrite: args.bool_or("overwrite", false)?,
-        max_bytes: None,
-        resume: true,
-    };
-    let done = download::download(&req, &CtxWatch(ctx))?;
-    ctx.progress_now(done.bytes as f64, Some(done.bytes as f64), "verified");
-    // A pulled image is data from the network: checked like any other before it is offered.
-    let checked = match checked_image(&dest, "pulled image", None) {
-        Ok(c) => c,
-        Err(e) => {
-            let _ = std::fs::remove_file(&dest);
-            return Err(ToolError::new(format!("{e}; the pulled file was removed")));
+        let file_name = url_file_name(fetch).ok_or_else(|| {
+            ToolError::new(format!(
+                "{fetch} names no file to look up in the checksum file"
+            ))
+        })?;
+        let dest = dest_for(path, &file_name)?;
+        sources.push(Source { what, dest });
+    }
+    let name = entry.map(|e| e.name);
+    let mut gone: Option<(String, u16)> = None;
+    for (i, src) in sources.iter().enumerate() {
+        match pull_source(ctx, src, overwrite) {
+            Ok(p) => return Ok(ToolOutput::json(finish(src, p, name, gone))),
+            Err(Failure::Other(e)) => return Err(e),
+            Err(Failure::Gone(code, e)) => {
+                if src.what.kind == "pinned" && i + 1 < sources.len() {
+                    gone = Some((src.what.fetch.clone(), code));
+                    continue;
+                }
+                if src.what.kind != "pinned" {
+                    return Err(e.into());
+                }
+                let name = name.unwrap_or_default();
+                let next = match unverifiable {
+                    Some(latest) => format!(
+                        "the catalog knows no checksum file for {name}'s moving URL {latest}: \
+                         pull it with url + checksums_url (the publisher's checksum file that \
+                         lists it)"
+                    ),
+                    None => format!(
+                        "{name} has no moving URL to fall back to: pull a current image with \
+                         url + checksums_url"
+                    ),
+                };
+                return Err(ToolError::new(format!(
+                    "{} answered HTTP {code}: the publisher has removed the dated image the \
+                     catalog pins for {name} (the catalog needs a newer pin); {next}",
+                    src.what.fetch
+                )));
+            }
         }
-    };
+    }
+    Err(ToolError::new(format!(
+        "the catalog entry {} has no source to pull",
+        name.unwrap_or_default()
+    )))
+}
+
+/// Writes the record beside the image and builds the result.
+fn finish(src: &Source, p: Pulled, image: Option<&str>, gone: Option<(String, u16)>) -> Value {
+    let catalog_url = image.map(|_| src.what.url.clone());
     let record = json!({
-        "url": url, "checksums_url": sums_url, "algorithm": algo.name(), "digest": digest,
-        "bytes": done.bytes, "format": checked.format,
+        "url": src.what.fetch, "catalog_url": catalog_url, "image": image, "source": src.what.kind,
+        "checksums_url": p.checksums_url, "algorithm": p.algo.name(), "digest": p.done.digest,
+        "bytes": p.done.bytes, "format": p.format,
         "pulled_at": crate::clock::iso8601(crate::clock::now_secs()),
     });
-    let _ = crate::state::beneath::write_replace(&sidecar(&dest), record.to_string().as_bytes());
-    Ok(ToolOutput::json(json!({
-        "path": dest.display().to_string(),
-        "url": url,
-        "checksums_url": sums_url,
-        "bytes": done.bytes,
-        "algorithm": algo.name(),
-        "digest": done.digest,
+    let _ =
+        crate::state::beneath::write_replace(&sidecar(&src.dest), record.to_string().as_bytes());
+    json!({
+        "path": src.dest.display().to_string(),
+        "url": src.what.fetch,
+        "source": src.what.kind,
+        "image": image,
+        "catalog_url": catalog_url,
+        "checksums_url": p.checksums_url,
+        "pinned_gone": gone.map(|(url, status)| json!({"url": url, "status": status})),
+        "bytes": p.done.bytes,
+        "algorithm": p.algo.name(),
+        "digest": p.done.digest,
         "verified": true,
-        "resumed_from": done.resumed_from,
-        "format": checked.format,
-    })))
+        "resumed_from": p.done.resumed_from,
+        "format": p.format,
+    })
 }
 
 const CATALOG_DESCRIPTION: &str = "List the built-in catalog of distribution cloud images \
-    (Debian, Ubuntu, Fedora, Alpine; x86_64 and aarch64) that image_pull takes by name, and \
-    for each whether it is already pulled into the default folder: path, size, and the digest \
+    (Debian, Ubuntu, Fedora, Alpine, Rocky, AlmaLinux, CentOS Stream, Arch; x86_64 and \
+    aarch64) that image_pull takes by name. Each has a pinned source (a dated URL and its \
+    digest, pulled first) and, where the publisher has one, a latest source (a moving URL and \
+    the checksum file that lists it; pulled when the dated URL is gone; a latest source \
+    without a checksum file is shown, not pulled by name). For each: whether it is already \
+    pulled into the default folder, from which source, its path, size, and the digest \
     verified at pull time.";
 
 /// `image_catalog`.
@@ -204,11 +437,19 @@ pub const CATALOG: ToolDef = ToolDef {
             "properties": {"images": {"type": "array", "items": {"type": "object", "properties": {
                 "name": {"type": "string"}, "title": {"type": "string"},
                 "arch": {"type": "string"}, "firmware": {"type": "string"},
-                "url": {"type": "string"}, "checksums_url": {"type": "string"},
-                "pulled": {"type": "boolean"}, "path": {"type": ["string", "null"]},
+                "pinned": {"type": ["object", "null"], "properties": {
+                    "url": {"type": "string"}, "digest": {"type": "string"},
+                    "checksums_url": {"type": ["string", "null"]}
+                }},
+                "latest": {"type": ["object", "null"], "properties": {
+                    "url": {"type": "string"}, "checksums_url": {"type": ["string", "null"]}
+                }},
+                "pulled": {"type": "boolean"},
+                "source": {"type": ["string", "null"], "enum": ["pinned", "latest", null]},
+                "path": {"type": ["string", "null"]},
                 "size": {"type": ["integer", "null"]}, "digest": {"type": ["string", "null"]},
                 "algorithm": {"type": ["string", "null"]}, "pulled_at": {"type": ["string", "null"]}
-            }, "required": ["name", "url", "pulled"]}}},
+            }, "required": ["name", "pinned", "latest", "pulled"]}}},
             "required": ["images"]
         })
     },
@@ -221,24 +462,45 @@ pub const CATALOG: ToolDef = ToolDef {
     handler: list_catalog,
 };
 
+/// The image pulled from `url` into `dir`, when its record says so: path, size and record.
+fn pulled_from(dir: &Path, url: &str) -> Option<(PathBuf, u64, Value)> {
+    let file = dir.join(url_file_name(url)?);
+    let meta = std::fs::metadata(&file).ok()?;
+    let record: Value = serde_json::from_slice(&std::fs::read(sidecar(&file)).ok()?).ok()?;
+    let ours = record["url"] == url || record["catalog_url"] == url;
+    ours.then_some((file, meta.len(), record))
+}
+
 fn list_catalog(_ctx: &ToolCtx, _args: &Args) -> ToolResult {
     let dir = images_dir();
     let images: Vec<Value> = catalog::ENTRIES
         .iter()
         .map(|e| {
-            let file = url_file_name(e.url).map(|n| dir.join(n));
-            let meta = file.as_ref().and_then(|f| std::fs::metadata(f).ok());
-            let record: Option<Value> = file
-                .as_ref()
-                .and_then(|f| std::fs::read(sidecar(f)).ok())
-                .and_then(|b| serde_json::from_slice(&b).ok())
-                .filter(|r: &Value| r["url"] == e.url);
-            let pulled = meta.is_some() && record.is_some();
+            let found = [
+                e.pinned.map(|p| ("pinned", p.url)),
+                e.latest.map(|l| ("latest", l.url)),
+            ]
+            .into_iter()
+            .flatten()
+            .find_map(|(kind, url)| pulled_from(&dir, url).map(|f| (kind, f)));
+            let (source, path, size, record) = match found {
+                Some((kind, (file, size, record))) => (
+                    Some(kind),
+                    Some(file.display().to_string()),
+                    Some(size),
+                    Some(record),
+                ),
+                None => (None, None, None, None),
+            };
             json!({
                 "name": e.name, "title": e.title, "arch": e.arch, "firmware": e.firmware,
-                "url": e.url, "checksums_url": e.checksums_url, "pulled": pulled,
-                "path": if pulled { file.map(|f| f.display().to_string()) } else { None },
-                "size": if pulled { meta.map(|m| m.len()) } else { None },
+                "pinned": e.pinned.map(|p| json!({
+                    "url": p.url, "digest": p.digest, "checksums_url": p.checksums_url,
+                })),
+                "latest": e.latest.map(|l| json!({
+                    "url": l.url, "checksums_url": l.checksums_url,
+                })),
+                "pulled": source.is_some(), "source": source, "path": path, "size": size,
                 "digest": record.as_ref().and_then(|r| r.get("digest").cloned()),
                 "algorithm": record.as_ref().and_then(|r| r.get("algorithm").cloned()),
                 "pulled_at": record.as_ref().and_then(|r| r.get("pulled_at").cloned()),
@@ -266,12 +528,64 @@ mod tests {
         assert_eq!(url_file_name("https://h"), None);
         assert_eq!(url_file_name("https://h/a/.."), None);
         for e in catalog::ENTRIES {
-            assert!(url_file_name(e.url).is_some(), "{}", e.url);
-            assert!(
-                e.checksums_url.starts_with("https://"),
-                "{}",
-                e.checksums_url
-            );
+            let urls = e
+                .pinned
+                .map(|p| p.url)
+                .into_iter()
+                .chain(e.latest.map(|l| l.url));
+            for url in urls {
+                assert!(url_file_name(url).is_some(), "{url}");
+            }
         }
+    }
+
+    #[test]
+    fn a_pull_by_name_tries_the_pinned_url_then_the_latest_one() {
+        let e = catalog::find("debian-12").unwrap();
+        let (plan, unverifiable) = plan_entry(e).unwrap();
+        assert_eq!(unverifiable, None);
+        let kinds: Vec<&str> = plan.iter().map(|c| c.kind).collect();
+        assert_eq!(kinds, ["pinned", "latest"]);
+        assert_eq!(plan[0].url, e.pinned.unwrap().url);
+        assert_eq!(plan[1].url, e.latest.unwrap().url);
+        let Check::Pinned(algo, hex) = &plan[0].check else {
+            panic!("the pinned source is checked against its digest")
+        };
+        assert_eq!(format!("{}:{hex}", algo.name()), e.pinned.unwrap().digest);
+        let Check::Sums(sums) = &plan[1].check else {
+            panic!("the latest source is checked against its checksum file")
+        };
+        assert_eq!(Some(sums.as_str()), e.latest.unwrap().checksums_url);
+        // Pinned only: Fedora keeps the release folder, and there is no moving URL.
+        let (plan, unverifiable) = plan_entry(catalog::find("fedora-44").unwrap()).unwrap();
+        assert_eq!(plan.len(), 1);
+        assert_eq!(unverifiable, None);
+        // A moving URL without a known checksum file is not pulled by name.
+        let (plan, unverifiable) = plan_entry(catalog::find("rocky-10").unwrap()).unwrap();
+        assert_eq!(plan.len(), 1);
+        assert!(unverifiable.is_some_and(|u| u.contains(".latest.")));
+    }
+
+    #[test]
+    fn only_404_and_410_count_as_gone() {
+        let status = |code| DownloadError::Status {
+            code,
+            url: "https://h/x.img".into(),
+        };
+        assert_eq!(gone_status(&status(404)), Some(404));
+        assert_eq!(gone_status(&status(410)), Some(410));
+        let kept = DownloadError::Kept {
+            error: Box::new(status(404)),
+            part: "/p".into(),
+        };
+        assert_eq!(gone_status(&kept), Some(404));
+        assert_eq!(gone_status(&status(500)), None);
+        assert_eq!(
+            gone_status(&DownloadError::Request(
+                "cannot connect to https://h/x.img".into()
+            )),
+            None
+        );
+        assert_eq!(gone_status(&DownloadError::Cancelled), None);
     }
 }
