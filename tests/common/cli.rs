@@ -179,7 +179,31 @@ pub fn run_locked_builder(
     out: &std::path::Path,
     timeout: Duration,
 ) -> Result<serde_json::Value, String> {
+    let mut cmd = Command::new("python3");
+    cmd.arg(script).arg(out);
+    let stdout = run_locked(what, &mut cmd, out, timeout)?;
+    let name = script
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    serde_json::from_slice(&stdout).map_err(|e| {
+        format!(
+            "{name} printed no JSON ({e}): {}",
+            String::from_utf8_lossy(&stdout)
+        )
+    })
+}
+
+/// Runs `cmd` under the file lock `lock_dir/.build.lock` (see [`run_locked_builder`]) and
+/// returns its stdout; it must exit 0.
+pub fn run_locked(
+    what: &str,
+    cmd: &mut Command,
+    lock_dir: &std::path::Path,
+    timeout: Duration,
+) -> Result<Vec<u8>, String> {
     use std::os::unix::io::AsRawFd;
+    let out = lock_dir;
     std::fs::create_dir_all(out).map_err(|e| format!("cannot create {}: {e}", out.display()))?;
     let lock_path = out.join(".build.lock");
     let lock = std::fs::OpenOptions::new()
@@ -204,33 +228,17 @@ pub fn run_locked_builder(
         std::thread::sleep(Duration::from_millis(100));
     }
     let left = deadline.saturating_duration_since(std::time::Instant::now());
-    let built = try_run_command(
-        Command::new("python3").arg(script).arg(out),
-        None,
-        left.max(Duration::from_secs(1)),
-    );
+    let built = try_run_command(cmd, None, left.max(Duration::from_secs(1)));
     drop(lock);
-    let name = script
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let built = built.map_err(|e| {
-        format!(
-            "{}: {e} (python3 is needed; run .ci/setup-host)",
-            script.display()
-        )
-    })?;
+    let program = cmd.get_program().to_string_lossy().into_owned();
+    let built = built.map_err(|e| format!("{program} (the {what}): {e} (run .ci/setup-host)"))?;
     if !built.status.success() {
         return Err(format!(
-            "{name} failed ({}): {}",
+            "{program} {:?} (the {what}) failed ({}): {}",
+            cmd.get_args().collect::<Vec<_>>(),
             built.status,
             String::from_utf8_lossy(&built.stderr).trim()
         ));
     }
-    serde_json::from_slice(&built.stdout).map_err(|e| {
-        format!(
-            "{name} printed no JSON ({e}): {}",
-            String::from_utf8_lossy(&built.stdout)
-        )
-    })
+    Ok(built.stdout)
 }

@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use super::files::TempDir;
 use super::qemu::{qemu_slots, short_runtime_dir, QemuSlot, VmKiller};
-use super::server::Server;
+use super::server::{Server, NEWEST};
 use super::tools::tool_ok;
 
 /// One test's world for real QEMUs: guest slots of this binary (taken all at once), a short
@@ -62,6 +62,15 @@ impl Lab {
     /// A new initialized server on the lab's folders.
     pub fn spawn_server(&self) -> Server {
         Server::ready_in(&self.state(), &self.runtime())
+    }
+
+    /// A server of this lab's folders with extra environment (another QEMU, say), initialized.
+    pub fn spawn_server_with(&self, env: &[(&str, &str)]) -> Server {
+        let tmp = TempDir::new("srv");
+        let mut s = Server::try_start_with(tmp, &self.state(), &self.runtime(), env)
+            .unwrap_or_else(|e| panic!("{e}"));
+        s.initialize(NEWEST);
+        s
     }
 
     /// MCQEMU_STATE_DIR.

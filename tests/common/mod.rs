@@ -15,6 +15,8 @@
 //!   `qemu-img info`.
 //! - `guest.rs`: the test guest ([`test_guest`]).
 //! - `cloud.rs`: the test cloud image, Debian with cloud-init ([`test_cloud_image`]).
+//! - `stock.rs`: the stock-shaped cloud image (GPT, GRUB, the cloud kernel, no agent).
+//! - `qemu10.rs`: QEMU 10.0 unpacked beside the system's 7.2.
 //! - `cli.rs`: bounded runs of the `mcqemu` CLI and of external programs.
 //! - `http.rs`: a local HTTP server with fixed routes.
 //! - `files.rs`: [`TempDir`], folder listings, pseudo-random data, SHA-256.
@@ -33,8 +35,10 @@ mod guest;
 mod http;
 mod lab;
 mod qemu;
+pub mod qemu10;
 mod security;
 mod server;
+pub mod stock;
 mod tools;
 
 // One item, so that one allow covers it: a binary that uses nothing from a module leaves that
