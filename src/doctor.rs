@@ -56,7 +56,7 @@ pub fn checks() -> Vec<Check> {
         any_system = true;
         // Why not KVM is the kvm row's to say.
         let accel = decide::accel(host, arch, "auto").map_or("?", |(a, _)| a);
-        let default_machine = crate::tools::launch::ARCHES
+        let default_machine = crate::ops::launch::ARCHES
             .iter()
             .find(|a| a.0 == *arch)
             .map(|a| a.1);

@@ -21,6 +21,7 @@ pub mod host;
 pub mod log;
 pub mod mcp;
 pub mod net;
+pub mod ops;
 pub mod qemu;
 pub mod state;
 pub mod tools;

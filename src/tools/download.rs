@@ -4,24 +4,9 @@ use serde_json::json;
 
 use super::path_arg;
 use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolOutput, ToolResult};
-use crate::net::download::{self, Request, Watcher};
+use crate::net::download::{self, Request};
+use crate::ops::watch::CtxWatch;
 use crate::state::roots::Access;
-
-/// Progress and cancellation of a download, from the tool call's context.
-pub struct CtxWatch<'a>(pub &'a ToolCtx);
-
-impl Watcher for CtxWatch<'_> {
-    fn progress(&self, done: u64, total: Option<u64>) {
-        let msg = match total {
-            Some(t) => format!("{done} of {t} bytes"),
-            None => format!("{done} bytes"),
-        };
-        self.0.progress(done as f64, total.map(|t| t as f64), &msg);
-    }
-    fn cancelled(&self) -> bool {
-        self.0.cancelled()
-    }
-}
 
 const DOWNLOAD_DESCRIPTION: &str = "Download a file (typically a cloud or installer image) over \
     http or https to path. Streams to a temporary file beside path, verifies sha256 when given, \

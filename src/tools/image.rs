@@ -5,76 +5,15 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
+use super::params::{out_object, path_schema, snapshot_item_schema, snapshots_of};
 use super::{checked_image, object, path_arg};
-use crate::clock;
 use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use crate::ops::checks::{must_exist, refuse_in_use};
 use crate::qemu::img::{self, ImgError, FORMATS};
 use crate::state::roots::{self, Access};
 
 fn formats_schema(desc: &str) -> Value {
     json!({"type": "string", "enum": FORMATS, "default": "qcow2", "description": desc})
-}
-
-/// Shared with the image snapshot tools.
-pub(super) fn path_schema(desc: &str) -> Value {
-    json!({"type": "string", "minLength": 1, "description": desc})
-}
-
-/// Shared with the image snapshot tools.
-pub(super) fn tag_schema() -> Value {
-    json!({
-        "type": "string", "minLength": 1, "maxLength": 64,
-        "description": "Snapshot tag: 1-64 of A-Z a-z 0-9 _ . -, starting with a letter or digit."
-    })
-}
-
-/// Shared with the image snapshot tools.
-pub(super) fn out_object(props: Value, required: &[&str]) -> Value {
-    json!({"type": "object", "properties": props, "required": required})
-}
-
-/// Shared with the image snapshot tools.
-pub(super) fn snapshot_item_schema() -> Value {
-    out_object(
-        json!({
-            "id": {"type": "string"},
-            "tag": {"type": "string"},
-            "vm_state_size": {"type": "integer"},
-            "date": {"type": "string"},
-            "vm_clock": {"type": "string"}
-        }),
-        &["tag"],
-    )
-}
-
-/// Shared with the image snapshot tools.
-pub(super) fn must_exist(path: &Path, what: &str) -> Result<(), ToolError> {
-    match std::fs::metadata(path) {
-        Ok(m) if m.is_file() => Ok(()),
-        Ok(_) => Err(ToolError::new(format!(
-            "{what} {} is not a regular file",
-            path.display()
-        ))),
-        Err(e) => Err(ToolError::new(format!(
-            "{what} {} cannot be read: {e}; check the path (image_info works on any existing \
-             image)",
-            path.display()
-        ))),
-    }
-}
-
-/// Refuses an image that a registered, running VM uses (a disk, or a live sandbox's base):
-/// changing it under QEMU corrupts the guest's view of the disk.
-/// Shared with the image snapshot tools.
-pub(super) fn refuse_in_use(path: &Path) -> Result<(), ToolError> {
-    match crate::qemu::vm::user_of(path) {
-        Some(vm) => Err(ToolError::new(format!(
-            "{} is in use by running VM {vm:?} (as a disk or as a sandbox's base image); stop it \
-             (stop_vm or sandbox_destroy) first",
-            path.display()
-        ))),
-        None => Ok(()),
-    }
 }
 
 fn refuse_existing(path: &Path, overwrite: bool) -> Result<(), ToolError> {
@@ -105,35 +44,6 @@ fn temp_sibling(path: &Path) -> PathBuf {
         .unwrap_or_default();
     let n = N.fetch_add(1, Ordering::Relaxed);
     path.with_file_name(format!(".{name}.mcqemu-tmp-{}-{n}", std::process::id()))
-}
-
-/// Snapshots of an image, structured, from qemu-img's JSON.
-/// Shared with the image snapshot tools.
-pub(super) fn snapshots_of(info: &Value) -> Vec<Value> {
-    info.get("snapshots")
-        .and_then(Value::as_array)
-        .map(|list| {
-            list.iter()
-                .map(|s| {
-                    let date = s
-                        .get("date-sec")
-                        .and_then(Value::as_i64)
-                        .map(clock::iso8601);
-                    let vm_clock = s.get("vm-clock-sec").and_then(Value::as_u64).map(|sec| {
-                        let nsec = s.get("vm-clock-nsec").and_then(Value::as_u64).unwrap_or(0);
-                        clock::vm_clock(sec * 1_000_000_000 + nsec)
-                    });
-                    let state_size = s.get("vm-state-size").and_then(Value::as_u64);
-                    json!({
-                        "id": s.get("id").and_then(Value::as_str).unwrap_or(""),
-                        "tag": s.get("name").and_then(Value::as_str).unwrap_or(""),
-                        "vm_state_size": state_size.unwrap_or(0),
-                        "date": date.unwrap_or_default(), "vm_clock": vm_clock.unwrap_or_default()
-                    })
-                })
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 fn summary(path: &Path, info: &Value) -> Value {

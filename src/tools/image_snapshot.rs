@@ -3,11 +3,10 @@
 
 use serde_json::{json, Value};
 
-use super::image::{
-    out_object, path_schema, refuse_in_use, snapshot_item_schema, snapshots_of, tag_schema,
-};
+use super::params::{out_object, path_schema, snapshot_item_schema, snapshots_of, tag_schema};
 use super::{check_tag, checked_image, object, path_arg};
 use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use crate::ops::checks::refuse_in_use;
 use crate::qemu::img::{self, SnapshotOp};
 use crate::state::roots::Access;
 

@@ -29,9 +29,9 @@ const INFO_BUDGET: Duration = Duration::from_millis(4500);
 
 use serde_json::{json, Value};
 
-use super::lifecycle::lookup;
-use super::session::explain_qmp;
 use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolOutput, ToolResult};
+use crate::ops::records::lookup;
+use crate::ops::session::explain_qmp;
 use crate::qemu::qmp::{self, QmpError};
 use crate::qemu::vm::{self, Measured, Status};
 use crate::state::registry::Vms;

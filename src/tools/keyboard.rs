@@ -7,8 +7,8 @@ use serde_json::{json, Value};
 
 use super::drive::live;
 use super::object;
-use super::session;
 use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use crate::ops::session;
 use crate::qemu::keys::{self, KeyEvent};
 
 /// Longest text vm_type_text accepts.

@@ -1,43 +1,21 @@
-//! Lifecycle tools besides launch and stop: pause, resume, attach and forget, and the record
-//! look-ups every VM tool starts with.
+//! Lifecycle tools besides launch and stop: pause, resume, attach and forget.
 
 use std::path::PathBuf;
 
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use super::session;
+use crate::ops::records;
+// Until drive.rs names them in `ops`.
 use super::{object, path_arg, vm_name_arg};
 use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+pub use crate::ops::records::{lookup, lookup_live};
+use crate::ops::session;
 use crate::qemu::qmp::{self, QmpError};
-use crate::qemu::vm::{self, measure, Status};
+use crate::qemu::vm::{self, measure};
 use crate::qemu::{process, sock};
-use crate::state::registry::{to_record, Record};
+use crate::state::registry::to_record;
 use crate::state::roots::Access;
-
-/// Looks up a VM record or says how to find the right name.
-pub fn lookup(name: &str) -> Result<Record, ToolError> {
-    vm::registry().load().remove(name).ok_or_else(|| {
-        ToolError::new(format!(
-            "no VM named {name:?}; list_vms shows the known VMs (attach_vm adopts one started \
-             elsewhere)"
-        ))
-    })
-}
-
-/// Looks up a VM that must be running, judged without a QMP round trip (the caller's own
-/// session will report a monitor that does not answer): a stopped VM or one still being
-/// launched gets a clear error.
-pub fn lookup_live(name: &str, what_next: &str) -> Result<Record, ToolError> {
-    let rec = lookup(name)?;
-    match vm::measure_process(&rec) {
-        Some(m) if m.status == Status::Starting => Err(being_launched(name)),
-        Some(m) if !m.alive() => Err(ToolError::new(format!(
-            "VM {name:?} is not running; {what_next}"
-        ))),
-        _ => Ok(rec),
-    }
-}
 
 fn run_state_out() -> Value {
     json!({
@@ -90,15 +68,6 @@ pub const RESUME: ToolDef = ToolDef {
     },
     handler: |_ctx, args| run_state_change(args, "cont"),
 };
-
-/// The error for a VM whose launch (by this or another server) has not finished: its record
-/// has no PID or final sockets yet, so stopping or pausing it now would act on nothing.
-pub fn being_launched(name: &str) -> ToolError {
-    ToolError::new(format!(
-        "VM {name:?} is still being launched; wait for launch_vm to return (list_vms shows it \
-         running), then retry"
-    ))
-}
 
 fn run_state_change(args: &Args, cmd: &str) -> ToolResult {
     let name = args.str("name")?.to_string();
@@ -285,27 +254,7 @@ pub const FORGET: ToolDef = ToolDef {
 
 fn forget_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let name = args.str("name")?.to_string();
-    let force = args.bool_or("force", false)?;
-    let name_c = name.clone();
-    let (was_running, rec) = vm::registry().update(move |vms| {
-        let rec = vms.get(&name_c).cloned().ok_or_else(|| {
-            ToolError::new(format!(
-                "no VM named {name_c:?}; list_vms shows the known VMs"
-            ))
-        })?;
-        let alive = measure(&rec).alive();
-        if alive && vm::spawned(&rec) && !force {
-            return Err(ToolError::new(format!(
-                "VM {name_c:?} is still running; stop_vm it first, or pass force=true to leave it \
-                 running unmanaged"
-            )));
-        }
-        vms.remove(&name_c);
-        Ok((alive, rec))
-    })?;
-    if !was_running {
-        let _ = vm::cleanup_runtime(&rec);
-    }
+    let was_running = records::forget(&name, args.bool_or("force", false)?)?;
     ctx.log.log(
         "notice",
         &format!("forget_vm {name} (was running: {was_running})"),

@@ -9,10 +9,13 @@ use std::time::Duration;
 
 use serde_json::{json, Map, Value};
 
-use super::launch_schema;
-use super::{disk_size, guest, guest_run, launch, object, path_arg, sandbox, stop};
+use super::params;
+use super::{object, path_arg};
 use crate::cloudinit::CloudInit;
 use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use crate::ops::guest_run;
+use crate::ops::launch;
+use crate::ops::stop;
 use crate::qemu::img;
 use crate::state::roots::Access;
 
@@ -50,18 +53,18 @@ pub const PREPARE: ToolDef = ToolDef {
                 "dest": {"type": "string", "minLength": 1,
                          "description": "Where to write the prepared qcow2."},
                 "overwrite": {"type": "boolean", "default": false},
-                "cloud_init": launch_schema::cloud_init_schema(),
+                "cloud_init": params::cloud_init_schema(),
                 "allow_network": {"type": "boolean", "default": true,
                                   "description": "Let the guest reach the network (to install \
                                                   the agent and packages)."},
                 "timeout_s": {"type": "number", "minimum": 30, "maximum": 7200, "default": 1200,
                               "description": "Bound for the agent to answer and for \
                                               cloud-init to finish, each."},
-                "memory_mb": launch_schema::memory_schema(),
-                "cpus": launch_schema::cpus_schema(),
+                "memory_mb": params::memory_schema(),
+                "cpus": params::cpus_schema(),
                 "firmware": {"type": "string", "enum": ["bios", "uefi"],
                              "default": launch::DEFAULT_FIRMWARE},
-                "disk_size": disk_size::schema(),
+                "disk_size": params::disk_size_schema(),
                 "kernel": {"type": ["string", "null"], "default": null},
                 "initrd": {"type": ["string", "null"], "default": null},
                 "append": {"type": ["string", "null"], "default": null}
@@ -160,12 +163,10 @@ fn prepare(ctx: &ToolCtx, args: &Args) -> ToolResult {
         }
     }
     ctx.progress_now(0.0, None, "booting the source image on an overlay");
-    let booted = (sandbox::SANDBOX.handler)(ctx, &Args(sb));
-    let result = booted.and_then(|out| finish(ctx, &name, &out.structured, &dest));
+    let booted = crate::ops::sandbox::create(ctx, &Args(sb));
+    let result = booted.and_then(|out| finish(ctx, &name, &out, &dest));
     // 5. The temporary VM goes, whatever happened.
-    let mut d = Map::new();
-    d.insert("name".into(), json!(name));
-    let _ = (sandbox::DESTROY.handler)(ctx, &Args(d));
+    crate::ops::sandbox::destroy_quietly(ctx, &name);
     let mut out = result?;
     out["source"] = json!(source.display().to_string());
     out["duration_ms"] = json!(started.elapsed().as_millis() as u64);
@@ -181,7 +182,7 @@ fn finish(
     dest: &std::path::Path,
 ) -> Result<Value, ToolError> {
     if booted["agent_ready"] != json!(true) {
-        let serial = sandbox::serial_tail(booted, 8);
+        let serial = crate::ops::sandbox::serial_tail(booted, 8);
         if let Some(ds) = booted["cloud_init"]["console"]["datasource"].as_str() {
             return Err(ToolError::new(format!(
                 "cloud-init finished in the prepared VM {name:?} (datasource {ds}) but the guest \
@@ -200,9 +201,7 @@ fn finish(
     }
     let overlay = booted["overlay"].as_str().unwrap_or_default().to_string();
     ctx.progress_now(1.0, None, "cloud-init finished; reading the agent and OS");
-    let mut info_args = Map::new();
-    info_args.insert("name".into(), json!(name));
-    let info = (guest::INFO.handler)(ctx, &Args(info_args))?.structured;
+    let info = crate::ops::guest::info(name)?;
     ctx.progress_now(2.0, None, "cleaning cloud-init state and the machine-id");
     let cleaned = guest_run::run(ctx, name, "sh", &["-c", CLEAN], Duration::from_secs(120))?;
     if cleaned.exitcode != Some(0) {
@@ -213,10 +212,7 @@ fn finish(
         )));
     }
     ctx.progress_now(3.0, None, "shutting the guest down");
-    let mut s = Map::new();
-    s.insert("name".into(), json!(name));
-    s.insert("timeout".into(), json!(180));
-    (stop::STOP.handler)(ctx, &Args(s)).map_err(|e| {
+    stop::stop(ctx, name, false, Duration::from_secs(180)).map_err(|e| {
         ToolError::new(format!(
             "the prepared guest did not shut down cleanly: {}",
             e.0

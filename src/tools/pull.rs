@@ -7,11 +7,11 @@ use std::path::{Path, PathBuf};
 use serde_json::{json, Value};
 
 use super::checked_image;
-use super::download::CtxWatch;
 use super::object;
 use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::net::download::{Algo, DownloadError};
 use crate::net::{catalog, checksums, download};
+use crate::ops::watch::CtxWatch;
 use crate::state::paths;
 use crate::state::roots::{self, Access};
 

@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::lifecycle::lookup;
 use super::object;
 use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use crate::ops::records::lookup;
 use crate::qemu::sock;
 use crate::qemu::vm;
 use crate::state::registry::Record;
@@ -165,7 +165,7 @@ fn write(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     if args.bool_or("enter", false)? {
         text.push('\r');
     }
-    let rec = super::lifecycle::lookup_live(&name, "launch it first")?;
+    let rec = crate::ops::records::lookup_live(&name, "launch it first")?;
     let sock_path = vm::field(&rec, "serial_socket")
         .map(PathBuf::from)
         .ok_or_else(|| {

@@ -5,10 +5,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::session;
 use super::{check_tag, object};
 use crate::clock;
 use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use crate::ops::session;
 use crate::qemu::qmp::{Qmp, QmpError};
 use crate::state::registry::Record;
 
@@ -146,7 +146,7 @@ pub fn hmp_verdict(out: &str) -> Verdict {
 }
 
 fn live(name: &str) -> Result<Record, ToolError> {
-    super::lifecycle::lookup_live(
+    crate::ops::records::lookup_live(
         name,
         "live snapshots need a running VM (for an image at rest use image_snapshot_*)",
     )

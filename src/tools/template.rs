@@ -1,190 +1,26 @@
-//! Templates: a running guest saved once (RAM in a file, device state in a small stream, its
-//! disk frozen as a backing file), from which sandbox_vm starts clones in well under a second
-//! instead of booting. `template_create` and the template store are here; `template_list` and
-//! `template_delete` in [`super::template_manage`]; the clones in [`super::clone`].
+//! `template_create`: boot a guest, run its setup through the agent, and save it into the
+//! template store ([`crate::ops::templates`]), from which sandbox_vm starts clones
+//! ([`crate::ops::clone`]) in well under a second instead of booting. `template_list` and
+//! `template_delete` are in [`super::template_manage`].
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
-use super::{checked_image, disk_size, guest_run, launch, object, sandbox, stop};
+use super::{checked_image, object, params};
 use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
-use crate::qemu::cmdline::SeedBus;
+use crate::ops::agent::{self, AgentWait};
+use crate::ops::disk_size;
+use crate::ops::guest_run;
+use crate::ops::launch;
+use crate::ops::templates::{
+    dir_of, disk_of, meta_of, ram_of, remove_dir, seed_of, state_of, vars_of, Template,
+};
+use crate::ops::{records, stop};
 use crate::qemu::{img, migrate, vm};
-use crate::state::paths;
 use crate::state::registry::{valid_name, Record};
 use crate::state::roots::{self, Access};
-
-/// What a template holds, written last (atomically): a folder without it is not a template.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct Template {
-    /// Its name.
-    pub name: String,
-    /// The base image its disk was made over (None: an empty disk).
-    pub base_image: Option<String>,
-    /// Guest memory in MiB (the RAM file's size).
-    pub memory_mb: u64,
-    /// vCPUs.
-    pub cpus: u64,
-    /// QEMU architecture and machine type.
-    pub arch: String,
-    /// Machine type: concrete (`pc-q35-7.2`), so a newer QEMU loads it as the same machine;
-    /// an alias in templates from before machine types were pinned.
-    pub machine: String,
-    /// The accelerator it ran under (a KVM state does not load under TCG).
-    #[serde(default = "tcg")]
-    pub accel: String,
-    /// Its CPU model (None: QEMU's default, in templates from before it was recorded).
-    #[serde(default)]
-    pub cpu: Option<String>,
-    /// The QEMU version that saved it: a clone needs the same or a newer one.
-    #[serde(default)]
-    pub qemu_version: String,
-    /// Direct kernel boot, as the template booted (clones need the same).
-    pub kernel: Option<String>,
-    /// Initial ramdisk.
-    pub initrd: Option<String>,
-    /// Kernel command line.
-    pub append: Option<String>,
-    /// Whether a cloud-init seed CD-ROM was attached (clones need the same devices).
-    pub seed: bool,
-    /// Which device the seed was (templates older than the virtio seed have none recorded).
-    #[serde(default = "legacy_seed_bus")]
-    pub seed_bus: SeedBus,
-    /// "bios" or "uefi"; a UEFI template keeps its variable store (`uefi-vars.fd`), and every
-    /// clone boots from the same code file with a copy of it.
-    #[serde(default = "bios")]
-    pub firmware: String,
-    /// The UEFI code file the template ran (clones must load the same one).
-    #[serde(default)]
-    pub uefi_code: Option<String>,
-    /// The format of its code and variable store (`raw` when not recorded).
-    #[serde(default)]
-    pub uefi_format: Option<String>,
-    /// Whether the template had a network card.
-    pub no_net: bool,
-    /// Operator extra_args, repeated for every clone (same devices).
-    pub extra_args: Vec<String>,
-    /// When it was saved.
-    pub created_at: String,
-    /// Bytes of the saved device state.
-    pub state_bytes: u64,
-}
-
-fn legacy_seed_bus() -> SeedBus {
-    SeedBus::Cdrom
-}
-
-fn tcg() -> String {
-    "tcg".into()
-}
-
-fn bios() -> String {
-    "bios".into()
-}
-
-/// The folder of all templates.
-pub fn templates_dir() -> PathBuf {
-    paths::state_dir().join("templates")
-}
-
-/// A template's folder.
-pub fn dir_of(name: &str) -> PathBuf {
-    templates_dir().join(name)
-}
-
-/// Its files.
-pub fn disk_of(dir: &Path) -> PathBuf {
-    dir.join("disk.qcow2")
-}
-/// Its RAM file.
-pub fn ram_of(dir: &Path) -> PathBuf {
-    dir.join("ram")
-}
-/// Its device state.
-pub fn state_of(dir: &Path) -> PathBuf {
-    dir.join("state")
-}
-/// Its seed, when it had one.
-pub fn seed_of(dir: &Path) -> PathBuf {
-    dir.join("seed.iso")
-}
-/// Its UEFI variable store, when it booted with UEFI.
-pub fn vars_of(dir: &Path) -> PathBuf {
-    dir.join("uefi-vars.fd")
-}
-/// Its record.
-pub(super) fn meta_of(dir: &Path) -> PathBuf {
-    dir.join("template.json")
-}
-
-/// Loads a template, checking that its files are all there and whole.
-pub fn load(name: &str) -> Result<Template, ToolError> {
-    if !valid_name(name) {
-        return Err(ToolError::new(format!("invalid template name {name:?}")));
-    }
-    let dir = dir_of(name);
-    let bytes = std::fs::read(meta_of(&dir)).map_err(|_| {
-        ToolError::new(format!(
-            "no template named {name:?}; template_list shows the templates, template_create \
-             makes one"
-        ))
-    })?;
-    let t: Template = serde_json::from_slice(&bytes).map_err(|e| {
-        ToolError::new(format!(
-            "template {name:?} is damaged ({}: {e}); template_delete it and create it again",
-            meta_of(&dir).display()
-        ))
-    })?;
-    let ram_len = std::fs::metadata(ram_of(&dir)).map(|m| m.len()).ok();
-    let state_len = std::fs::metadata(state_of(&dir))
-        .map(|m| m.len())
-        .unwrap_or(0);
-    let problem = match ram_len {
-        None => Some("its RAM file is missing".to_string()),
-        Some(len) if len != t.memory_mb * 1024 * 1024 => Some(format!(
-            "its RAM file is {len} bytes, not {} MiB",
-            t.memory_mb
-        )),
-        _ if !disk_of(&dir).is_file() => Some("its disk is missing".to_string()),
-        _ if state_len == 0 => Some("its saved state is missing or empty".to_string()),
-        _ if t.state_bytes > 0 && state_len != t.state_bytes => Some(format!(
-            "its saved state is {state_len} bytes, not the {} saved",
-            t.state_bytes
-        )),
-        _ if t.seed && !seed_of(&dir).is_file() => {
-            Some("its cloud-init seed is missing".to_string())
-        }
-        _ if t.firmware == "uefi" && !vars_of(&dir).is_file() => {
-            Some("its UEFI variable store is missing".to_string())
-        }
-        _ => None,
-    };
-    match problem {
-        Some(p) => Err(ToolError::new(format!(
-            "template {name:?} is damaged: {p}; template_delete it and create it again"
-        ))),
-        None => Ok(t),
-    }
-}
-
-/// Names of the live clones of template `name`.
-pub fn clones_of(name: &str) -> Vec<String> {
-    vm::registry()
-        .load()
-        .into_iter()
-        .filter(|(_, r)| {
-            r.get("sandbox")
-                .and_then(|s| s.get("template"))
-                .and_then(Value::as_str)
-                == Some(name)
-                && vm::measure_process(r).is_none_or(|m| m.alive())
-        })
-        .map(|(n, _)| n)
-        .collect()
-}
 
 fn setup_schema() -> Value {
     json!({
@@ -211,7 +47,7 @@ pub const CREATE: ToolDef = ToolDef {
     title: "Create a sandbox template",
     description: CREATE_DESCRIPTION,
     input_schema: || {
-        let mut props = (sandbox::SANDBOX.input_schema)()["properties"].clone();
+        let mut props = params::sandbox_props();
         if let Some(p) = props.as_object_mut() {
             p.remove("name");
             p.remove("template");
@@ -252,35 +88,6 @@ pub const CREATE: ToolDef = ToolDef {
     },
     handler: create,
 };
-
-/// Removes a template folder's known files and then the folder, reporting what failed.
-pub(super) fn remove_dir(dir: &Path) -> Vec<String> {
-    let mut errors = Vec::new();
-    if !dir.starts_with(templates_dir()) || dir == templates_dir() {
-        return vec![format!(
-            "refusing to delete {} (not a template folder)",
-            dir.display()
-        )];
-    }
-    if let Ok(entries) = std::fs::read_dir(dir) {
-        for e in entries.flatten() {
-            let p = e.path();
-            if p.is_dir() && !p.is_symlink() {
-                errors.push(format!("{} is a folder; left alone", p.display()));
-                continue;
-            }
-            if let Err(err) = std::fs::remove_file(&p) {
-                errors.push(format!("cannot delete {}: {err}", p.display()));
-            }
-        }
-    }
-    if let Err(err) = std::fs::remove_dir(dir) {
-        if err.kind() != std::io::ErrorKind::NotFound {
-            errors.push(format!("cannot delete {}: {err}", dir.display()));
-        }
-    }
-    errors
-}
 
 fn create(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let started = Instant::now();
@@ -394,7 +201,7 @@ fn build(ctx: &ToolCtx, args: &Args, name: &str, dir: &Path) -> Result<Value, To
         created_at: String::new(),
         state_bytes: 0,
     };
-    let launched = launch::launch(ctx, req)?.structured;
+    let launched = launch::launch(ctx, req)?;
     // What really runs: the accelerator QEMU reports, the version it announced.
     meta.accel = launched["accel"]
         .as_str()
@@ -406,12 +213,8 @@ fn build(ctx: &ToolCtx, args: &Args, name: &str, dir: &Path) -> Result<Value, To
         .to_string();
     let result = prepare_and_save(ctx, args, &vm_name, dir, meta);
     // The template VM never runs again, whatever happened.
-    let mut s = Map::new();
-    s.insert("name".into(), json!(vm_name));
-    s.insert("force".into(), json!(true));
-    let _ = (stop::STOP.handler)(ctx, &Args(s.clone()));
-    s.remove("force");
-    let _ = (super::lifecycle::FORGET.handler)(ctx, &Args(s));
+    let _ = stop::stop(ctx, &vm_name, true, Duration::ZERO);
+    let _ = records::forget(&vm_name, false);
     let _ = std::fs::remove_dir_all(vm::state_dir(&vm_name));
     let _ = std::fs::remove_dir(vm::runtime_dir(&vm_name));
     result
@@ -437,12 +240,8 @@ fn end_stale_build(ctx: &ToolCtx, name: &str) -> Result<(), ToolError> {
             )));
         }
     }
-    let mut s = Map::new();
-    s.insert("name".into(), json!(vm_name));
-    s.insert("force".into(), json!(true));
-    (stop::STOP.handler)(ctx, &Args(s.clone()))?;
-    s.remove("force");
-    let _ = (super::lifecycle::FORGET.handler)(ctx, &Args(s));
+    stop::stop(ctx, &vm_name, true, Duration::ZERO)?;
+    let _ = records::forget(&vm_name, false);
     let _ = std::fs::remove_dir_all(vm::state_dir(&vm_name));
     let _ = std::fs::remove_dir(vm::runtime_dir(&vm_name));
     Ok(())
@@ -455,25 +254,25 @@ fn prepare_and_save(
     dir: &Path,
     mut meta: Template,
 ) -> Result<Value, ToolError> {
-    let rec = super::lifecycle::lookup(vm_name)?;
+    let rec = crate::ops::records::lookup(vm_name)?;
     let wait = Duration::from_secs_f64(
         args.opt_f64("wait_agent_s")?
             .unwrap_or(90.0)
             .clamp(1.0, 3600.0),
     );
-    match sandbox::wait_for_agent(ctx, vm_name, &rec, wait)? {
-        sandbox::AgentWait::Ready => {}
-        sandbox::AgentWait::TimedOut => {
+    match agent::wait_for_agent(ctx, vm_name, &rec, wait)? {
+        AgentWait::Ready => {}
+        AgentWait::TimedOut => {
             return Err(ToolError::new(format!(
                 "the template guest's agent did not answer within {} s; a template needs \
                  qemu-guest-agent in the guest (nothing was saved)",
                 wait.as_secs()
             )))
         }
-        sandbox::AgentWait::NoAgent(f) => {
+        AgentWait::NoAgent(f) => {
             return Err(ToolError::new(format!(
                 "{}; a template needs the agent (nothing was saved)",
-                sandbox::no_agent_reason(vm_name, &f, meta.seed)
+                agent::no_agent_reason(vm_name, &f, meta.seed)
             )))
         }
     }
@@ -487,7 +286,7 @@ fn prepare_and_save(
             let ds = waited["report"]["detail"].as_str().unwrap_or_default();
             return Err(ToolError::new(format!(
                 "{}; nothing was saved",
-                sandbox::unseen_seed_reason(vm_name, ds)
+                agent::unseen_seed_reason(vm_name, ds)
             )));
         }
     }
@@ -535,7 +334,7 @@ fn prepare_and_save(
     ctx.progress_phase("saving the running guest");
     let save_start = Instant::now();
     let tmp = dir.join("state.tmp");
-    let bytes = super::session::monitor(vm_name, &rec, |q| {
+    let bytes = crate::ops::session::monitor(vm_name, &rec, |q| {
         let bytes = migrate::save(q, &tmp, Instant::now() + Duration::from_secs(60))?;
         let _ = q.execute_within("quit", None, Duration::from_secs(2));
         Ok(bytes)

@@ -5,8 +5,8 @@ use std::path::Path;
 use serde_json::json;
 
 use super::object;
-use super::template::{clones_of, dir_of, load, meta_of, remove_dir, templates_dir};
 use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use crate::ops::templates::{clones_of, dir_of, load, meta_of, remove_dir, templates_dir};
 use crate::state::registry::valid_name;
 
 const LIST_DESCRIPTION: &str = "List the templates: name, base image, memory, size on disk, \

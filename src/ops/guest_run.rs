@@ -3,10 +3,9 @@
 
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
-use super::guest;
-use crate::mcp::tool::{Args, ToolCtx, ToolError};
+use crate::mcp::tool::{ToolCtx, ToolError};
 
 /// What a program run in the guest did.
 #[derive(Debug, Clone)]
@@ -27,15 +26,7 @@ pub fn run(
     args: &[&str],
     timeout: Duration,
 ) -> Result<Ran, ToolError> {
-    let mut m = Map::new();
-    m.insert("name".into(), json!(name));
-    m.insert("command".into(), json!(command));
-    m.insert("args".into(), json!(args));
-    m.insert(
-        "timeout".into(),
-        json!(timeout.as_secs_f64().clamp(1.0, 3600.0)),
-    );
-    let out = (guest::EXEC.handler)(ctx, &Args(m))?.structured;
+    let out = super::guest::exec(ctx, name, command, args, None, timeout)?;
     Ok(Ran {
         exitcode: out.get("exitcode").and_then(Value::as_i64),
         stdout: out["stdout"].as_str().unwrap_or_default().to_string(),

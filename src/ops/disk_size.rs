@@ -4,23 +4,11 @@
 //! smaller than the base (qemu-img would cut the guest's file system), and within a quota,
 //! `MCQEMU_MAX_DISK_GB` (default 2048): an overlay is sparse, but a guest may fill it.
 
-use serde_json::{json, Value};
-
 use crate::mcp::tool::{Args, ToolError};
 use crate::qemu::img;
 
 /// The quota when `MCQEMU_MAX_DISK_GB` is not set.
 pub const DEFAULT_MAX_DISK_GB: u64 = 2048;
-
-/// The parameter's schema.
-pub fn schema() -> Value {
-    json!({
-        "type": "string", "minLength": 1,
-        "description": "The guest's disk size, e.g. \"20G\" (binary units): the overlay is made \
-            this large and cloud-init grows the root file system to fill it. At least the base \
-            image's size; absent: the base's size."
-    })
-}
 
 fn max_bytes() -> u64 {
     std::env::var("MCQEMU_MAX_DISK_GB")

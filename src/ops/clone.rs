@@ -11,11 +11,12 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Map, Value};
 
 use super::launch::{self, LaunchRequest};
-use super::lifecycle::lookup;
-use super::{guest_run, sandbox, session, template};
+use super::records::lookup;
+use super::session;
+use super::{guest_run, sandbox, templates as template};
 use crate::cloudinit::CloudInit;
 use crate::host::{self, binaries, decide};
-use crate::mcp::tool::{Args, ToolCtx, ToolError, ToolOutput, ToolResult};
+use crate::mcp::tool::{Args, ToolCtx, ToolError};
 use crate::qemu::cmdline::LaunchSpec;
 use crate::qemu::forwards::resolve_forwards;
 use crate::qemu::{img, migrate, qga, vm};
@@ -25,7 +26,7 @@ use crate::state::registry::Record;
 const LOAD_BUDGET: Duration = Duration::from_secs(30);
 
 /// sandbox_vm from a template.
-pub fn start(ctx: &ToolCtx, args: &Args, template_name: &str) -> ToolResult {
+pub fn start(ctx: &ToolCtx, args: &Args, template_name: &str) -> Result<Value, ToolError> {
     let started = Instant::now();
     let t = template::load(template_name)?;
     let tdir = template::dir_of(template_name);
@@ -190,7 +191,7 @@ pub fn start(ctx: &ToolCtx, args: &Args, template_name: &str) -> ToolResult {
             .clamp(0.0, 3600.0),
     );
     let ready = set_clock_when_ready(ctx, &name, &rec, wait);
-    let mut out = launched.structured;
+    let mut out = launched;
     // The launch saw the QEMU waiting for its state; it runs now.
     out["status"] = json!("running");
     out["template"] = json!(template_name);
@@ -203,7 +204,7 @@ pub fn start(ctx: &ToolCtx, args: &Args, template_name: &str) -> ToolResult {
             w.push(json!(why));
         }
     }
-    Ok(ToolOutput::json(out))
+    Ok(out)
 }
 
 /// Waits for the clone's agent and sets its clock from the host's at once: a clone resumes

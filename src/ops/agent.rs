@@ -1,0 +1,150 @@
+//! Waiting for a guest's agent: polled in short slices, ended early when QEMU dies or when
+//! cloud-init's final message on the serial console says it finished without the agent; and
+//! what such a guest tells the caller (the cause and the fix).
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::cloudinit::console;
+use crate::mcp::tool::{ToolCtx, ToolError};
+use crate::qemu::vm;
+use crate::qemu::{process, qga};
+
+/// Longest one agent probe may take while waiting; the wait never overshoots by more.
+const POLL_SLICE: Duration = Duration::from_millis(500);
+
+/// How a wait for the guest agent ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AgentWait {
+    /// The agent answered.
+    Ready,
+    /// The wait ran out.
+    TimedOut,
+    /// cloud-init printed its final message and the agent still did not answer
+    /// [`AFTER_CLOUD_INIT`] later: it is not coming (a stock image without qemu-guest-agent, or
+    /// a seed that installs it never seen or failed).
+    NoAgent(console::Finished),
+}
+
+/// How long the agent may take to answer once cloud-init has finished: whatever cloud-init
+/// installs or enables has started by then.
+const AFTER_CLOUD_INIT: Duration = Duration::from_secs(10);
+
+/// Polls the agent in short slices until it answers, QEMU dies, cloud-init finishes without it
+/// (read from the serial console), or `wait` runs out.
+pub fn wait_for_agent(
+    ctx: &ToolCtx,
+    name: &str,
+    rec: &crate::state::registry::Record,
+    wait: Duration,
+) -> Result<AgentWait, ToolError> {
+    let Some(sock_path) = vm::field(rec, "qga_socket").map(PathBuf::from) else {
+        return Ok(AgentWait::TimedOut);
+    };
+    let mut console = vm::field(rec, "serial_log").map(|p| console::Watch::from_end(Path::new(p)));
+    let mut cloud_init_done: Option<(Instant, console::Finished)> = None;
+    let deadline = Instant::now() + wait;
+    let start = Instant::now();
+    loop {
+        let now = Instant::now();
+        if now >= deadline {
+            return Ok(AgentWait::TimedOut);
+        }
+        ctx.check_cancel()?;
+        if let Some(pid) = vm::pid(rec) {
+            if !process::alive(pid) {
+                let log = vm::field(rec, "serial_log")
+                    .map(|p| tail(Path::new(p), 5))
+                    .unwrap_or_default();
+                return Err(ToolError::new(format!(
+                    "QEMU for sandbox {name:?} exited while waiting for the guest agent. Last \
+                     serial output: {log}"
+                )));
+            }
+        }
+        let slice = POLL_SLICE.min(deadline - now);
+        let probe = qga::with_agent(&sock_path, slice, |q| {
+            q.execute_within("guest-ping", None, slice.max(Duration::from_millis(50)))
+        });
+        if probe.is_ok() {
+            return Ok(AgentWait::Ready);
+        }
+        if cloud_init_done.is_none() {
+            if let Some(f) = console.as_mut().and_then(console::Watch::poll) {
+                cloud_init_done = Some((Instant::now(), f));
+            }
+        }
+        let what = match &cloud_init_done {
+            Some((at, f)) if at.elapsed() >= AFTER_CLOUD_INIT => {
+                return Ok(AgentWait::NoAgent(f.clone()))
+            }
+            Some(_) => "cloud-init has finished; waiting briefly for the guest agent",
+            None => "waiting for the guest agent",
+        };
+        ctx.progress(
+            start.elapsed().as_secs_f64(),
+            Some(wait.as_secs_f64()),
+            what,
+        );
+        let left = deadline.saturating_duration_since(Instant::now());
+        std::thread::sleep(Duration::from_millis(100).min(left));
+    }
+}
+
+/// What a guest that finished cloud-init without an agent tells the caller: the cause and the
+/// fix. `seeded`: a cloud-init seed was attached.
+pub fn no_agent_reason(name: &str, f: &console::Finished, seeded: bool) -> String {
+    if seeded && f.no_datasource() {
+        return unseen_seed_reason(name, &f.datasource);
+    }
+    format!(
+        "cloud-init finished in VM {name:?} (datasource {}) and no guest agent answered {} s \
+         later: the image has no running qemu-guest-agent (stock cloud images ship without it). \
+         Make an agent-ready base with image_prepare, or install and enable qemu-guest-agent \
+         through cloud_init (packages, with allow_network=true)",
+        if f.datasource.is_empty() {
+            "none"
+        } else {
+            &f.datasource
+        },
+        AFTER_CLOUD_INIT.as_secs()
+    )
+}
+
+/// The cause and fix of a cloud-init that ran without the seed attached to it.
+pub fn unseen_seed_reason(name: &str, datasource: &str) -> String {
+    format!(
+        "the guest of VM {name:?} never saw its cloud-init seed: cloud-init ran with no \
+         datasource ({}), so hostname, users, runcmd and write_files were not applied. The seed \
+         is a CD-ROM labelled cidata on a virtio-scsi controller; the guest needs the \
+         virtio_scsi, sr_mod and isofs drivers (every distribution cloud kernel has them) and a \
+         cloud-init whose datasource_list includes NoCloud. Check with guest_exec `lsblk` or \
+         vm_serial_read; an image without them needs its kernel or cloud-init configuration \
+         changed",
+        if datasource.is_empty() {
+            "DataSourceNone"
+        } else {
+            datasource
+        }
+    )
+}
+
+/// The last `lines` lines of a serial log, joined with ` | ` (bounded: its last 4 KiB).
+pub fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read(path).map(|b| {
+        let start = b.len().saturating_sub(4096);
+        String::from_utf8_lossy(&b[start..]).into_owned()
+    });
+    match text {
+        Ok(t) => t
+            .lines()
+            .rev()
+            .take(lines)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect::<Vec<_>>()
+            .join(" | "),
+        Err(_) => "(no serial log)".into(),
+    }
+}

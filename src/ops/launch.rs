@@ -1,0 +1,494 @@
+//! The launch every VM starts with (launch_vm, sandbox_vm, templates, clones, image_prepare):
+//! the request built from launch_vm-style arguments, the name reserved in the registry within
+//! the quotas, the seed written, QEMU started (falling back to TCG when KVM fails it), and the
+//! record written.
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use serde_json::{json, Map, Value};
+
+use super::checks::{checked_image, path_arg};
+use super::quota;
+use crate::cloudinit::CloudInit;
+use crate::host::{self, binaries, decide};
+use crate::mcp::tool::{Args, ToolCtx, ToolError};
+use crate::qemu::cmdline::{self, LaunchSpec};
+use crate::qemu::extra_args::check_extra_args;
+use crate::qemu::forwards::{resolve_forwards, Forward};
+use crate::qemu::qmp::{self, QmpError};
+use crate::qemu::vm::{self, measure};
+use crate::qemu::{firmware, process, sock};
+use crate::state::registry::{to_record, RegistryError};
+use crate::state::roots::{self, Access};
+
+/// Default `arch` of launch_vm and sandbox_vm.
+pub const DEFAULT_ARCH: &str = "x86_64";
+/// Default `memory_mb`.
+pub const DEFAULT_MEMORY_MB: i64 = 2048;
+/// Default `cpus`, on a host with two CPUs or more (one on a one-CPU host).
+pub const DEFAULT_CPUS: i64 = 2;
+/// Default `firmware`.
+pub const DEFAULT_FIRMWARE: &str = "bios";
+
+/// Architectures launch_vm accepts, with their default machine type.
+pub const ARCHES: &[(&str, &str)] = &[
+    ("x86_64", "q35"),
+    ("i386", "q35"),
+    ("aarch64", "virt"),
+    ("riscv64", "virt"),
+];
+
+fn forwards_json(fw: &[Forward]) -> Value {
+    let list: Vec<Value> = fw
+        .iter()
+        .map(|f| {
+            json!({"addr": f.addr.to_string(), "host": f.host, "guest": f.guest, "auto": f.auto})
+        })
+        .collect();
+    json!(list)
+}
+
+fn resolve_existing(args: &Args, key: &str, what: &str) -> Result<Option<PathBuf>, ToolError> {
+    match args.opt_str(key)? {
+        None => Ok(None),
+        Some(_) => {
+            let p = path_arg(args, key, Access::Read)?;
+            if !p.is_file() {
+                return Err(ToolError::new(format!(
+                    "{what} {} does not exist or is not a file",
+                    p.display()
+                )));
+            }
+            Ok(Some(p))
+        }
+    }
+}
+
+/// The record of a name reserved while its QEMU starts: other servers see it as starting.
+#[derive(Serialize)]
+struct Reservation<'a> {
+    name: &'a str,
+    qmp_socket: String,
+    memory_mb: u64,
+    launching: Launching,
+}
+
+/// Who is launching, and since when (a reservation whose owner died is an interrupted launch).
+#[derive(Serialize)]
+struct Launching {
+    owner_pid: u32,
+    since: i64,
+}
+
+/// The record of a VM launch_vm started (sandbox_vm adds its `sandbox` field).
+#[derive(Serialize)]
+struct LaunchedRecord<'a> {
+    name: &'a str,
+    source: &'static str,
+    pid: Option<i32>,
+    arch: &'a str,
+    machine: &'a str,
+    accel: &'a str,
+    memory_mb: u64,
+    cpus: u64,
+    disks: Vec<String>,
+    /// Each disk's format, probed once when first seen and pinned from then on.
+    disk_formats: Map<String, Value>,
+    iso: Option<String>,
+    firmware: &'a str,
+    kernel: Option<String>,
+    initrd: Option<String>,
+    append: Option<&'a str>,
+    no_net: bool,
+    restrict_net: bool,
+    port_forwards: Value,
+    qmp_socket: String,
+    qga_socket: String,
+    serial_socket: String,
+    serial_log: String,
+    pidfile: String,
+    extra_args: &'a [String],
+    qemu_version: &'a str,
+    created_at: String,
+}
+
+/// Everything a launch needs beyond the spec, shared by launch_vm and sandbox_vm.
+pub struct LaunchRequest {
+    /// The spec (sockets and pidfile are filled in by [`launch`]).
+    pub spec: LaunchSpec,
+    /// Extra fields for the record (e.g. sandbox details).
+    pub extra_record: Map<String, Value>,
+    /// Why TCG was chosen, if auto fell back.
+    pub accel_note: Option<String>,
+    /// The accelerator came from `auto`: a KVM that fails to start the guest falls back to TCG.
+    pub kvm_fallback: bool,
+    /// Firmware name for the record.
+    pub firmware: String,
+    /// A cloud-init seed to write for this launch (a fresh instance id each time).
+    pub cloud_init: Option<CloudInit>,
+}
+
+/// Writes the launch's cloud-init seed into the VM's folder (`seed.iso`, replaced at every
+/// launch with a fresh instance id) and attaches it.
+fn write_seed(req: &mut LaunchRequest, sd: &Path) -> Result<(), ToolError> {
+    let Some(ci) = &req.cloud_init else {
+        return Ok(());
+    };
+    std::fs::create_dir_all(sd)
+        .map_err(|e| ToolError::new(format!("cannot create {}: {e}", sd.display())))?;
+    let instance_id = crate::cloudinit::new_instance_id();
+    let image = ci
+        .seed(&instance_id, &req.spec.name, crate::clock::now_secs())
+        .map_err(|e| ToolError::new(format!("cloud_init: {e}")))?;
+    let seed = sd.join("seed.iso");
+    let tmp = sd.join(format!(".seed.iso.tmp-{}", std::process::id()));
+    std::fs::write(&tmp, &image)
+        .and_then(|()| std::fs::rename(&tmp, &seed))
+        .map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            ToolError::new(format!(
+                "cannot write the cloud-init seed {}: {e}",
+                seed.display()
+            ))
+        })?;
+    req.extra_record.insert(
+        "cloud_init".into(),
+        json!({"instance_id": instance_id, "seed": seed.display().to_string()}),
+    );
+    req.spec.seed = Some(seed);
+    Ok(())
+}
+
+/// Reserves the name, starts QEMU, and records the VM. On failure the reservation is dropped.
+/// Returns launch_vm's result.
+pub fn launch(ctx: &ToolCtx, mut req: LaunchRequest) -> Result<Value, ToolError> {
+    let name = req.spec.name.clone();
+    let rt = vm::runtime_dir(&name);
+    let sd = vm::state_dir(&name);
+    let qmp_sock = rt.join("qmp.sock");
+    req.spec.qmp_socket = qmp_sock.clone();
+    req.spec.qga_socket = rt.join("qga.sock");
+    req.spec.serial_socket = rt.join("serial.sock");
+    req.spec.pidfile = rt.join("qemu.pid");
+    req.spec.serial_log = sd.join("serial.log");
+    for s in [
+        &req.spec.qmp_socket,
+        &req.spec.qga_socket,
+        &req.spec.serial_socket,
+    ] {
+        if s.as_os_str().len() > sock::MAX_SOCKET_PATH {
+            return Err(ToolError::new(format!(
+                "socket path {} is longer than the {} bytes a unix socket allows; set \
+                 MCQEMU_RUNTIME_DIR to a shorter folder",
+                s.display(),
+                sock::MAX_SOCKET_PATH
+            )));
+        }
+    }
+    // Reserve the name first, across threads and processes (the registry lock), within the
+    // quotas.
+    let limits = quota::Limits::current();
+    let (memory_mb, cpus) = (req.spec.memory_mb, req.spec.cpus);
+    vm::registry().update(|vms| {
+        quota::admit(vms, &name, memory_mb, cpus, limits)?;
+        if let Some(old) = vms.get(&name) {
+            let m = measure(old);
+            if m.alive() {
+                return Err(ToolError::new(format!(
+                    "a VM named {name:?} is already {}; stop_vm it first or choose another name",
+                    m.status
+                )));
+            }
+        }
+        let rec = to_record(&Reservation {
+            name: &name,
+            qmp_socket: qmp_sock.display().to_string(),
+            memory_mb,
+            launching: Launching {
+                owner_pid: std::process::id(),
+                since: crate::clock::now_secs(),
+            },
+        });
+        vms.insert(name.clone(), rec);
+        Ok(())
+    })?;
+    let result = write_seed(&mut req, &sd).and_then(|()| start_reserved(ctx, &req, &rt, &sd));
+    if result.is_err() {
+        let _ = vm::registry().update(|vms| {
+            if vms.get(&name).is_some_and(|r| r.contains_key("launching")) {
+                vms.remove(&name);
+            }
+            Ok::<_, RegistryError>(())
+        });
+    }
+    result
+}
+
+fn start_reserved(
+    ctx: &ToolCtx,
+    req: &LaunchRequest,
+    rt: &Path,
+    sd: &Path,
+) -> Result<Value, ToolError> {
+    let s = &req.spec;
+    let name = &s.name;
+    crate::state::paths::ensure_runtime_dir().map_err(ToolError::new)?;
+    for dir in [rt, sd] {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| ToolError::new(format!("cannot create {}: {e}", dir.display())))?;
+    }
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(rt, std::fs::Permissions::from_mode(0o700));
+    }
+    if s.qmp_socket.exists() {
+        if sock::is_listening(&s.qmp_socket) {
+            return Err(ToolError::new(format!(
+                "a QEMU is still listening on {}: VM {name:?} seems to be running outside the \
+                 registry. Adopt it with attach_vm, or stop that QEMU first",
+                s.qmp_socket.display()
+            )));
+        }
+        for stale in [&s.qmp_socket, &s.qga_socket, &s.serial_socket] {
+            let _ = std::fs::remove_file(stale);
+        }
+    }
+    ctx.check_cancel()?;
+    let log = sd.join("qemu.log");
+    let spawn = |s: &LaunchSpec| {
+        let argv = cmdline::build_argv(s);
+        crate::log::stderr(
+            "info",
+            &format!("launching VM {name}: {} {}", s.binary, argv.join(" ")),
+        );
+        process::spawn_detached(&s.binary, &argv, &s.pidfile, &s.qmp_socket, &log)
+    };
+    let mut fallback_note = None;
+    let tcg_spec;
+    let (started, s) = match spawn(s) {
+        Ok(started) => (started, s),
+        // auto chose KVM and KVM failed this guest (a busy or broken /dev/kvm, a CPU model
+        // the host lacks): the guest still runs, emulated, and the result says why.
+        Err(e @ process::SpawnError::Failed { .. }) if req.kvm_fallback && s.accel == "kvm" => {
+            tcg_spec = LaunchSpec {
+                accel: "tcg".into(),
+                cpu: Some(decide::cpu_model("tcg").to_string()),
+                ..s.clone()
+            };
+            fallback_note = Some(format!(
+                "KVM failed to start this guest ({e}); it runs under TCG instead (emulated, \
+                 slower)"
+            ));
+            (spawn(&tcg_spec)?, &tcg_spec)
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let mut warnings: Vec<String> = started.warning.into_iter().collect();
+    warnings.extend(fallback_note);
+    let (actual_accel, status, version) =
+        match qmp::with_session(&s.qmp_socket, |q| -> Result<_, QmpError> {
+            let kvm = q.execute("query-kvm", None)?;
+            let st = q.execute("query-status", None)?;
+            Ok((kvm, st, q.version.clone()))
+        }) {
+            Ok((kvm, st, v)) => {
+                let a = if kvm.get("enabled").and_then(Value::as_bool) == Some(true) {
+                    "kvm"
+                } else {
+                    "tcg"
+                };
+                (
+                    a.to_string(),
+                    st.get("status")
+                        .and_then(Value::as_str)
+                        .unwrap_or("unknown")
+                        .to_string(),
+                    v,
+                )
+            }
+            Err(e) => {
+                warnings.push(format!("QMP did not answer right after start: {e}"));
+                (s.accel.clone(), "unknown".into(), String::new())
+            }
+        };
+    if let Some(n) = &req.accel_note {
+        warnings.push(n.clone());
+    }
+    let display = |p: &Path| p.display().to_string();
+    let mut rec = to_record(&LaunchedRecord {
+        name,
+        source: "spawned",
+        pid: started.pid,
+        arch: &s.arch,
+        machine: &s.machine,
+        accel: &actual_accel,
+        memory_mb: s.memory_mb,
+        cpus: s.cpus,
+        disks: s.disks.iter().map(|(p, _)| display(p)).collect(),
+        disk_formats: s
+            .disks
+            .iter()
+            .map(|(p, f)| (display(p), json!(f)))
+            .collect(),
+        iso: s.iso.as_deref().map(display),
+        firmware: &req.firmware,
+        kernel: s.kernel.as_deref().map(display),
+        initrd: s.initrd.as_deref().map(display),
+        append: s.append.as_deref(),
+        no_net: s.no_net,
+        restrict_net: s.restrict_net,
+        port_forwards: forwards_json(&s.forwards),
+        qmp_socket: display(&s.qmp_socket),
+        qga_socket: display(&s.qga_socket),
+        serial_socket: display(&s.serial_socket),
+        serial_log: display(&s.serial_log),
+        pidfile: display(&s.pidfile),
+        extra_args: &s.extra_args,
+        qemu_version: &version,
+        created_at: crate::clock::iso8601(crate::clock::now_secs()),
+    });
+    for (k, v) in &req.extra_record {
+        rec.insert(k.clone(), v.clone());
+    }
+    let name_c = name.clone();
+    let rec_c = rec.clone();
+    vm::registry().update(move |vms| {
+        vms.insert(name_c, rec_c);
+        Ok::<_, RegistryError>(())
+    })?;
+    let mut out = json!({
+        "name": name,
+        "status": if status == "running" { "running".to_string() } else { status },
+        "pid": started.pid,
+        "accel": actual_accel,
+        "arch": s.arch,
+        "machine": s.machine,
+        "qemu_version": version,
+        "port_forwards": forwards_json(&s.forwards),
+        "qmp_socket": s.qmp_socket.display().to_string(),
+        "qga_socket": s.qga_socket.display().to_string(),
+        "serial_log": s.serial_log.display().to_string(),
+        "warnings": warnings,
+    });
+    for key in ["sandbox", "cloud_init"] {
+        if let Some(v) = req.extra_record.get(key) {
+            out[key] = v.clone();
+        }
+    }
+    Ok(out)
+}
+
+/// Builds a launch request from launch_vm-style arguments (also used by sandbox_vm).
+pub fn request_from_args(
+    args: &Args,
+    name: &str,
+    disks: Vec<(PathBuf, String)>,
+) -> Result<LaunchRequest, ToolError> {
+    let arch = args.str_or("arch", DEFAULT_ARCH)?.to_string();
+    let default_machine = ARCHES
+        .iter()
+        .find(|a| a.0 == arch)
+        .map(|a| a.1)
+        .ok_or_else(|| ToolError::new(format!("unsupported arch {arch:?}")))?;
+    let qemu = binaries::find(&arch).map_err(ToolError::new)?;
+    let machine =
+        decide::concrete_machine(&qemu, args.opt_str("machine")?.unwrap_or(default_machine))
+            .map_err(ToolError::new)?;
+    let env_accel = std::env::var("MCQEMU_ACCEL").ok().filter(|s| !s.is_empty());
+    let requested = match args.opt_str("accel")? {
+        Some(a) => a.to_string(),
+        None => env_accel.unwrap_or_else(|| "auto".into()),
+    };
+    let (accel, accel_note) =
+        decide::accel(host::get(), &arch, &requested).map_err(ToolError::new)?;
+    let extra_args = args.str_list("extra_args")?;
+    for file in check_extra_args(&extra_args)? {
+        let path = roots::check_str(&file.path, file.access).map_err(|e| {
+            ToolError::new(format!(
+                "extra_args: -{} names {:?}: {e}",
+                file.opt, file.path
+            ))
+        })?;
+        // A drive image is untrusted data like any disk: its chain stays inside the roots.
+        if let Some(format) = &file.image_format {
+            if path.is_file() {
+                checked_image(
+                    &path,
+                    &format!("extra_args -{} image", file.opt),
+                    Some(format),
+                )?;
+            }
+        }
+    }
+    let no_net = args.bool_or("no_net", false)?;
+    let fw_specs = args.str_list("port_forwards")?;
+    if no_net && !fw_specs.is_empty() {
+        return Err(ToolError::new(
+            "port_forwards need a network; drop no_net=true or the forwards",
+        ));
+    }
+    let forwards = resolve_forwards(&fw_specs)?;
+    for f in forwards.iter().filter(|f| !f.auto) {
+        decide::host_port(host::get(), f.host)
+            .map_err(|e| ToolError::new(format!("port_forwards: {e}")))?;
+    }
+    let firmware = args.str_or("firmware", DEFAULT_FIRMWARE)?.to_string();
+    let uefi = if firmware == "uefi" {
+        let fw = firmware::find_uefi(&arch, &machine)?;
+        let sd = vm::state_dir(name);
+        std::fs::create_dir_all(&sd)
+            .map_err(|e| ToolError::new(format!("cannot create {}: {e}", sd.display())))?;
+        let vars = sd.join("uefi-vars.fd");
+        if !vars.exists() {
+            crate::state::copy::private(&fw.vars, &vars).map_err(|e| {
+                ToolError::new(format!(
+                    "cannot copy the UEFI variable store {}: {e}",
+                    fw.vars.display()
+                ))
+            })?;
+        }
+        Some((fw.code, vars, fw.format))
+    } else {
+        None
+    };
+    let spec = LaunchSpec {
+        name: name.to_string(),
+        binary: qemu.path.display().to_string(),
+        machine,
+        accel: accel.to_string(),
+        cpu: Some(decide::cpu_model(accel).to_string()),
+        arch,
+        memory_mb: args.i64_or("memory_mb", DEFAULT_MEMORY_MB)?.max(16) as u64,
+        cpus: match args.opt_i64("cpus")? {
+            Some(c) => c.max(1) as u64,
+            None => decide::default_cpus(host::get()),
+        },
+        disks,
+        iso: resolve_existing(args, "iso", "ISO")?,
+        uefi,
+        no_net,
+        restrict_net: args.bool_or("restrict_net", false)?,
+        forwards,
+        kernel: resolve_existing(args, "kernel", "kernel")?,
+        initrd: resolve_existing(args, "initrd", "initrd")?,
+        append: args.opt_str("append")?.map(str::to_string),
+        extra_args,
+        ..LaunchSpec::default()
+    };
+    if spec.initrd.is_some() && spec.kernel.is_none() {
+        return Err(ToolError::new("initrd needs kernel (direct kernel boot)"));
+    }
+    let cloud_init = match args.0.get("cloud_init") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(CloudInit::parse(v)?),
+    };
+    Ok(LaunchRequest {
+        spec,
+        extra_record: Map::new(),
+        accel_note,
+        kvm_fallback: requested == "auto",
+        firmware,
+        cloud_init,
+    })
+}

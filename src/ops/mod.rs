@@ -1,0 +1,18 @@
+//! Shared operations below the tools: what several tools do, so that no tool module imports
+//! another. Each takes the call's context (progress, cancellation, log) and answers in tool
+//! errors; the MCP adapters in `tools/` keep the schemas, argument parsing and result shapes.
+
+pub mod agent;
+pub mod checks;
+pub mod clone;
+pub mod disk_size;
+pub mod guest;
+pub mod guest_run;
+pub mod launch;
+pub mod quota;
+pub mod records;
+pub mod sandbox;
+pub mod session;
+pub mod stop;
+pub mod templates;
+pub mod watch;

@@ -1,0 +1,247 @@
+//! Schemas several tools share (no tool is defined here): launch_vm's parameters and result,
+//! which sandbox_vm, template_create and image_prepare take too, and the image tools' shapes.
+
+use serde_json::{json, Value};
+
+use crate::clock;
+
+use crate::ops::launch::{ARCHES, DEFAULT_ARCH, DEFAULT_CPUS, DEFAULT_FIRMWARE, DEFAULT_MEMORY_MB};
+
+/// The `memory_mb` parameter of launch_vm and sandbox_vm.
+pub fn memory_schema() -> Value {
+    json!({"type": "integer", "minimum": 16, "maximum": 1048576, "default": DEFAULT_MEMORY_MB})
+}
+
+/// The `cpus` parameter of launch_vm and sandbox_vm.
+pub fn cpus_schema() -> Value {
+    json!({"type": "integer", "minimum": 1, "maximum": 256,
+           "description": format!("vCPUs; default {DEFAULT_CPUS}, or 1 on a one-CPU host.")})
+}
+
+/// launch_vm's parameters.
+pub fn launch_props() -> Value {
+    json!({
+        "name": {
+            "type": "string", "minLength": 1, "maxLength": 48,
+            "description": "VM name: ^[A-Za-z0-9][A-Za-z0-9_.-]{0,47}$."
+        },
+        "arch": {
+            "type": "string", "enum": ARCHES.iter().map(|a| a.0).collect::<Vec<_>>(),
+            "default": DEFAULT_ARCH
+        },
+        "disks": {
+            "type": "array",
+            "items": {"type": "string"},
+            "default": [],
+            "description": "Disk image paths; formats are probed."
+        },
+        "iso": {
+            "type": ["string", "null"], "default": null,
+            "description": "Installer ISO attached as a CD-ROM (boots first)."
+        },
+        "memory_mb": memory_schema(),
+        "cpus": cpus_schema(),
+        "machine": {
+            "type": ["string", "null"], "default": null,
+            "description": "Machine type; default q35 on x86, virt on aarch64/riscv64."
+        },
+        "firmware": {"type": "string", "enum": ["bios", "uefi"], "default": DEFAULT_FIRMWARE},
+        "port_forwards": {
+            "type": "array",
+            "items": {"type": "string"},
+            "default": [],
+            "description": "TCP forwards: \"HOST:GUEST\", \"auto:GUEST\", \"GUEST\", or \
+                            \"ADDR:HOST:GUEST\". Host ports listen on 127.0.0.1 unless ADDR says \
+                            otherwise."
+        },
+        "no_net": {"type": "boolean", "default": false, "description": "No network card at all."},
+        "restrict_net": {
+            "type": "boolean", "default": false,
+            "description": "Block guest-initiated traffic (port forwards still work)."
+        },
+        "extra_args": {
+            "type": "array",
+            "items": {"type": "string"},
+            "default": [],
+            "description": "OPERATOR-ONLY: extra QEMU arguments. Options reaching host files, \
+                            devices or processes, or mcqemu's own control channels, are refused."
+        },
+        "accel": {
+            "type": "string", "enum": ["auto", "kvm", "tcg"], "default": "auto",
+            "description": "auto picks KVM only where it can really run guests; default from \
+                            MCQEMU_ACCEL."
+        },
+        "kernel": {
+            "type": ["string", "null"], "default": null,
+            "description": "Direct kernel boot: kernel image."
+        },
+        "initrd": {
+            "type": ["string", "null"], "default": null,
+            "description": "Direct kernel boot: initial ramdisk."
+        },
+        "append": {
+            "type": ["string", "null"], "default": null,
+            "description": "Direct kernel boot: kernel command line."
+        },
+        "cloud_init": cloud_init_schema()
+    })
+}
+
+/// The `cloud_init` parameter of launch_vm and sandbox_vm.
+pub fn cloud_init_schema() -> Value {
+    json!({
+        "type": ["object", "null"], "default": null,
+        "description": "cloud-init configuration, written as a NoCloud seed (a CD-ROM labelled \
+            cidata, with a fresh instance-id at every launch). Fields: hostname, users \
+            [{name, ssh_authorized_keys, sudo, shell, groups, lock_passwd}], \
+            ssh_authorized_keys (for the image's default user), packages, runcmd (strings or \
+            argv lists), write_files [{path, content, encoding, permissions, owner}], \
+            network_config; or user_data, a raw string passed verbatim instead of all but \
+            network_config."
+    })
+}
+
+/// launch_vm's result.
+pub fn launch_out() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string"},
+            "status": {"type": "string"},
+            "pid": {"type": ["integer", "null"]},
+            "accel": {"type": "string"},
+            "arch": {"type": "string"},
+            "machine": {"type": "string"},
+            "qemu_version": {"type": "string"},
+            "port_forwards": {"type": "array", "items": {"type": "object"}},
+            "qmp_socket": {"type": "string"},
+            "qga_socket": {"type": "string"},
+            "serial_log": {"type": "string"},
+            "warnings": {"type": "array", "items": {"type": "string"}},
+            "sandbox": {"type": "object"},
+            "cloud_init": {"type": "object"}
+        },
+        "required": ["name", "status", "accel", "qmp_socket"]
+    })
+}
+
+/// sandbox_vm's parameters (template_create takes them too).
+pub fn sandbox_props() -> Value {
+    json!({
+        "base_image": {
+            "type": ["string", "null"], "minLength": 1, "default": null,
+            "description": "Base disk image; left untouched. Give this or template."
+        },
+        "template": {
+            "type": ["string", "null"], "default": null,
+            "description": "Start a clone of this template (template_create) instead of \
+                booting: ready in well under a second. The template fixes memory, \
+                cpus, kernel and disks."
+        },
+        "name": {
+            "type": ["string", "null"], "default": null,
+            "description": "VM name; default the first free of sandbox, sandbox-2, ..."
+        },
+        "memory_mb": memory_schema(),
+        "cpus": cpus_schema(),
+        "port_forwards": {
+            "type": ["array", "null"],
+            "items": {"type": "string"},
+            "default": null,
+            "description": "null means [\"auto:22\"]; [] means none."
+        },
+        "allow_network": {"type": "boolean", "default": false},
+        "wait_agent_s": {"type": "number", "minimum": 0, "maximum": 3600, "default": 90},
+        "kernel": {"type": ["string", "null"], "default": null},
+        "initrd": {"type": ["string", "null"], "default": null},
+        "append": {"type": ["string", "null"], "default": null},
+        "firmware": {
+            "type": "string", "enum": ["bios", "uefi"], "default": DEFAULT_FIRMWARE,
+            "description": "How the base image boots (cloud images: bios for Debian and \
+                Ubuntu on x86_64, uefi on aarch64)."
+        },
+        "disk_size": disk_size_schema(),
+        "cloud_init": cloud_init_schema(),
+        "wait_cloud_init": {
+            "type": "boolean", "default": false,
+            "description": "Also wait, through the agent, until cloud-init has finished \
+                (/var/lib/cloud/instance/boot-finished), and report its status."
+        },
+        "wait_cloud_init_s": {
+            "type": "number", "minimum": 0, "maximum": 3600, "default": 600,
+            "description": "How long to wait for cloud-init after the agent answers."
+        }
+    })
+}
+
+/// `disk_size` of sandbox_vm, template_create and image_prepare.
+pub fn disk_size_schema() -> Value {
+    json!({
+        "type": "string", "minLength": 1,
+        "description": "The guest's disk size, e.g. \"20G\" (binary units): the overlay is made \
+            this large and cloud-init grows the root file system to fill it. At least the base \
+            image's size; absent: the base's size."
+    })
+}
+
+// ---- the image tools' shared shapes
+
+/// An image path parameter.
+pub fn path_schema(desc: &str) -> Value {
+    json!({"type": "string", "minLength": 1, "description": desc})
+}
+
+/// An image snapshot tag.
+pub fn tag_schema() -> Value {
+    json!({
+        "type": "string", "minLength": 1, "maxLength": 64,
+        "description": "Snapshot tag: 1-64 of A-Z a-z 0-9 _ . -, starting with a letter or digit."
+    })
+}
+
+/// A result object with these properties, these required.
+pub fn out_object(props: Value, required: &[&str]) -> Value {
+    json!({"type": "object", "properties": props, "required": required})
+}
+
+/// One internal snapshot of an image, as the image tools list it.
+pub fn snapshot_item_schema() -> Value {
+    out_object(
+        json!({
+            "id": {"type": "string"},
+            "tag": {"type": "string"},
+            "vm_state_size": {"type": "integer"},
+            "date": {"type": "string"},
+            "vm_clock": {"type": "string"}
+        }),
+        &["tag"],
+    )
+}
+
+/// Snapshots of an image, structured, from qemu-img's JSON.
+pub fn snapshots_of(info: &Value) -> Vec<Value> {
+    info.get("snapshots")
+        .and_then(Value::as_array)
+        .map(|list| {
+            list.iter()
+                .map(|s| {
+                    let date = s
+                        .get("date-sec")
+                        .and_then(Value::as_i64)
+                        .map(clock::iso8601);
+                    let vm_clock = s.get("vm-clock-sec").and_then(Value::as_u64).map(|sec| {
+                        let nsec = s.get("vm-clock-nsec").and_then(Value::as_u64).unwrap_or(0);
+                        clock::vm_clock(sec * 1_000_000_000 + nsec)
+                    });
+                    let state_size = s.get("vm-state-size").and_then(Value::as_u64);
+                    json!({
+                        "id": s.get("id").and_then(Value::as_str).unwrap_or(""),
+                        "tag": s.get("name").and_then(Value::as_str).unwrap_or(""),
+                        "vm_state_size": state_size.unwrap_or(0),
+                        "date": date.unwrap_or_default(), "vm_clock": vm_clock.unwrap_or_default()
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
