@@ -70,8 +70,18 @@ fn names(listing: &Value) -> Vec<String> {
 }
 
 /// The installed QEMU's version, e.g. "7.2.22".
+/// The QEMU the server runs: `MCQEMU_QEMU_DIR`'s when set (the suite runs again under QEMU 10
+/// that way), else the one on PATH.
+fn qemu_bin() -> String {
+    match std::env::var("MCQEMU_QEMU_DIR") {
+        Ok(d) if !d.is_empty() => format!("{d}/qemu-system-x86_64"),
+        _ => "qemu-system-x86_64".to_string(),
+    }
+}
+
+/// That QEMU's version.
 fn installed_qemu_version() -> String {
-    let (ok, out, err) = run_tool("qemu-system-x86_64", &["--version"]);
+    let (ok, out, err) = run_tool(&qemu_bin(), &["--version"]);
     assert!(ok, "qemu-system-x86_64 --version failed: {err}");
     out.split_whitespace()
         .skip_while(|w| *w != "version")
@@ -229,7 +239,7 @@ fn attach_adopts_a_foreign_qemu_and_forget_leaves_it_running() {
     let pidfile = own.join("qemu.pid"); // where the VmKiller looks
     let qmp_arg = format!("unix:{},server=on,wait=off", sock.display());
     let (ok, out, err) = run_tool(
-        "qemu-system-x86_64",
+        &qemu_bin(),
         &[
             "-name",
             "other-name",

@@ -181,10 +181,13 @@ pub fn find(arch: &str) -> Result<Arc<Qemu>, String> {
     ))
 }
 
-/// An absolute path as it is if it is a file; a bare name looked up on PATH.
+/// A path as it is (made absolute) if it is a file; a bare name looked up on PATH.
 fn which(path: &Path) -> Option<PathBuf> {
-    if path.is_absolute() {
-        return path.is_file().then(|| path.to_path_buf());
+    if path.components().count() > 1 {
+        return path
+            .is_file()
+            .then(|| std::path::absolute(path).ok())
+            .flatten();
     }
     std::env::split_paths(&std::env::var_os("PATH")?)
         .map(|d| d.join(path))
