@@ -87,6 +87,15 @@ pub fn start(ctx: &ToolCtx, args: &Args, template_name: &str) -> Result<Value, T
         crate::clock::now_secs(),
         std::process::id()
     ));
+    if let Some(arch) = args.opt_str("arch")? {
+        if arch != t.arch {
+            return Err(ToolError::new(format!(
+                "template {template_name:?} is an {} guest; its clones cannot be {arch}: drop \
+                 arch, or make another template",
+                t.arch
+            )));
+        }
+    }
     if let Some(fw) = args.opt_str("firmware")? {
         if fw != t.firmware {
             return Err(ToolError::new(format!(

@@ -22,7 +22,7 @@ use crate::qemu::{firmware, process, sock};
 use crate::state::registry::{to_record, RegistryError};
 use crate::state::roots::{self, Access};
 
-/// Default `arch` of launch_vm and sandbox_vm.
+/// The `arch` default when the host's is not one launch_vm offers.
 pub const DEFAULT_ARCH: &str = "x86_64";
 /// Default `memory_mb`.
 pub const DEFAULT_MEMORY_MB: i64 = 2048;
@@ -30,6 +30,31 @@ pub const DEFAULT_MEMORY_MB: i64 = 2048;
 pub const DEFAULT_CPUS: i64 = 2;
 /// Default `firmware`.
 pub const DEFAULT_FIRMWARE: &str = "bios";
+
+/// True for the PC architectures (their machines have a BIOS, VGA and a PS/2 keyboard).
+pub fn x86(arch: &str) -> bool {
+    arch == "x86_64" || arch == "i386"
+}
+
+/// The default `arch`: the host's when launch_vm offers it, else x86_64.
+pub fn default_arch() -> &'static str {
+    let host = crate::host::get().arch.as_str();
+    ARCHES
+        .iter()
+        .map(|a| a.0)
+        .find(|a| *a == host)
+        .unwrap_or(DEFAULT_ARCH)
+}
+
+/// The default `firmware`: BIOS on x86 (and wherever a kernel is booted directly), UEFI on the
+/// virt boards, which have no BIOS.
+pub fn default_firmware(arch: &str, kernel: bool) -> &'static str {
+    if x86(arch) || kernel {
+        DEFAULT_FIRMWARE
+    } else {
+        "uefi"
+    }
+}
 
 /// Architectures launch_vm accepts, with their default machine type.
 pub const ARCHES: &[(&str, &str)] = &[
@@ -109,6 +134,8 @@ struct LaunchedRecord<'a> {
     serial_log: String,
     pidfile: String,
     extra_args: &'a [String],
+    /// The keyboard and pointers it has (input tools refuse a kind a VM lacks).
+    input: Value,
     qemu_version: &'a str,
     created_at: String,
 }
@@ -345,6 +372,7 @@ fn start_reserved(
         serial_log: display(&s.serial_log),
         pidfile: display(&s.pidfile),
         extra_args: &s.extra_args,
+        input: super::records::input_devices(&s.arch, &s.machine),
         qemu_version: &version,
         created_at: crate::clock::iso8601(crate::clock::now_secs()),
     });
@@ -385,7 +413,10 @@ pub fn request_from_args(
     name: &str,
     disks: Vec<(PathBuf, String)>,
 ) -> Result<LaunchRequest, ToolError> {
-    let arch = args.str_or("arch", DEFAULT_ARCH)?.to_string();
+    let arch = match args.opt_str("arch")? {
+        Some(a) => a.to_string(),
+        None => default_arch().to_string(),
+    };
     let default_machine = ARCHES
         .iter()
         .find(|a| a.0 == arch)
@@ -433,7 +464,18 @@ pub fn request_from_args(
         decide::host_port(host::get(), f.host)
             .map_err(|e| ToolError::new(format!("port_forwards: {e}")))?;
     }
-    let firmware = args.str_or("firmware", DEFAULT_FIRMWARE)?.to_string();
+    let has_kernel = args.opt_str("kernel")?.is_some();
+    let firmware = match args.opt_str("firmware")? {
+        Some(f) => f.to_string(),
+        None => default_firmware(&arch, has_kernel).to_string(),
+    };
+    if firmware == "bios" && !has_kernel && !x86(&arch) {
+        return Err(ToolError::new(format!(
+            "firmware=\"bios\" cannot boot an {arch} guest: its virt board has no BIOS, so \
+             without kernel nothing would run. Use firmware=\"uefi\" (the default there), or \
+             boot a kernel directly with kernel/initrd/append"
+        )));
+    }
     let uefi = if firmware == "uefi" {
         let fw = firmware::find_uefi(&arch, &machine)?;
         let sd = vm::state_dir(name);

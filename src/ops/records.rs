@@ -1,6 +1,8 @@
 //! The VM records every VM operation starts from: look-ups that say how to find the right
 //! name, the state of a launch not yet finished, and forgetting a record.
 
+use serde_json::{json, Value};
+
 use crate::mcp::tool::ToolError;
 use crate::qemu::vm::{self, measure, Status};
 use crate::state::registry::Record;
@@ -62,4 +64,48 @@ pub fn forget(name: &str, force: bool) -> Result<bool, ToolError> {
         let _ = vm::cleanup_runtime(&rec);
     }
     Ok(was_running)
+}
+
+/// The input devices a launch gives a machine: a PC's PS/2 keyboard and mouse (relative), a
+/// virt board's USB keyboard, and everywhere the virtio tablet (absolute pointer).
+pub fn input_devices(arch: &str, machine: &str) -> Value {
+    let pc = (arch == "x86_64" || arch == "i386") && !machine.starts_with("microvm");
+    json!({
+        "keyboard": if pc { "ps2" } else if arch == "x86_64" || arch == "i386" { "none" } else { "usb" },
+        "pointer": "virtio-tablet",
+        "relative_pointer": if pc { "ps2" } else { "none" },
+    })
+}
+
+/// The input device of `kind` (`keyboard`, `pointer`, `relative_pointer`) a VM's record says it
+/// has; records from before input devices were recorded are PCs, which have all three.
+pub fn input<'a>(rec: &'a Record, kind: &str) -> Option<&'a str> {
+    match rec.get("input").and_then(|i| i.get(kind)) {
+        None => Some("unrecorded"),
+        Some(v) => v.as_str().filter(|d| *d != "none"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pcs_have_ps2_and_virt_boards_a_usb_keyboard_and_no_relative_mouse() {
+        let rec = |i: Value| -> Record {
+            let mut r = Record::new();
+            r.insert("input".into(), i);
+            r
+        };
+        let pc = rec(input_devices("x86_64", "pc-q35-7.2"));
+        assert_eq!(input(&pc, "keyboard"), Some("ps2"));
+        assert_eq!(input(&pc, "relative_pointer"), Some("ps2"));
+        let arm = rec(input_devices("aarch64", "virt-7.2"));
+        assert_eq!(input(&arm, "keyboard"), Some("usb"));
+        assert_eq!(input(&arm, "pointer"), Some("virtio-tablet"));
+        assert_eq!(input(&arm, "relative_pointer"), None);
+        let micro = rec(input_devices("x86_64", "microvm"));
+        assert_eq!(input(&micro, "keyboard"), None);
+        assert_eq!(input(&Record::new(), "keyboard"), Some("unrecorded"));
+    }
 }

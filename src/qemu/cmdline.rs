@@ -178,6 +178,14 @@ pub fn build_argv(s: &LaunchSpec) -> Vec<String> {
     ]);
     push(&["-serial", "chardev:mcq-serial"]);
     push(&["-device", "virtio-tablet-pci,id=mcq-tablet"]);
+    let pc = s.arch == "x86_64" || s.arch == "i386";
+    if !pc {
+        // The virt boards have no VGA and no PS/2: a GPU that edk2 and Linux both draw on (so
+        // vm_screenshot works), and a USB keyboard that firmware menus and Linux both read.
+        push(&["-device", "virtio-gpu-pci,id=mcq-gpu"]);
+        push(&["-device", "qemu-xhci,id=mcq-usb"]);
+        push(&["-device", "usb-kbd,bus=mcq-usb.0,id=mcq-kbd"]);
+    }
     if let Some((code, vars, format)) = &s.uefi {
         let format = qopt(format);
         push(&[
@@ -202,21 +210,38 @@ pub fn build_argv(s: &LaunchSpec) -> Vec<String> {
             ),
         ]);
     }
+    // Installers on a PC expect the machine's own CD-ROM; the virt boards have none, so theirs
+    // goes on virtio-scsi like the seed, first in the firmware's boot order.
+    let scsi_iso = s.iso.is_some() && !pc;
+    let scsi_seed = s.seed.is_some() && s.seed_bus == SeedBus::VirtioScsi;
+    if scsi_iso || scsi_seed {
+        push(&["-device", "virtio-scsi-pci,id=mcq-scsi"]);
+    }
     if let Some(iso) = &s.iso {
-        push(&[
-            "-drive",
-            &format!(
-                "file={},format=raw,media=cdrom,readonly=on,id=mcq-cdrom",
-                p(iso)
-            ),
-        ]);
-        push(&["-boot", "order=dc"]);
+        if pc {
+            push(&[
+                "-drive",
+                &format!(
+                    "file={},format=raw,media=cdrom,readonly=on,id=mcq-cdrom",
+                    p(iso)
+                ),
+            ]);
+            push(&["-boot", "order=dc"]);
+        } else {
+            push(&[
+                "-drive",
+                &format!(
+                    "file={},format=raw,if=none,media=cdrom,readonly=on,id=mcq-cdrom",
+                    p(iso)
+                ),
+                "-device",
+                "scsi-cd,bus=mcq-scsi.0,drive=mcq-cdrom,id=mcq-cdrom-cd,bootindex=0",
+            ]);
+        }
     }
     if let Some(seed) = &s.seed {
         match s.seed_bus {
             SeedBus::VirtioScsi => push(&[
-                "-device",
-                "virtio-scsi-pci,id=mcq-scsi",
                 "-drive",
                 &format!(
                     "file={},format=raw,if=none,media=cdrom,readonly=on,id=mcq-seed",
@@ -302,6 +327,43 @@ mod tests {
         let parts = split_opts(drive);
         assert_eq!(parts[0], "file=/d/data,readonly=on.qcow2");
         assert!(!parts.iter().any(|p| p == "readonly=on"));
+    }
+
+    #[test]
+    fn virt_boards_get_a_gpu_a_usb_keyboard_and_their_cdroms_on_virtio_scsi() {
+        let spec = LaunchSpec {
+            name: "arm".into(),
+            machine: "virt".into(),
+            accel: "tcg".into(),
+            arch: "aarch64".into(),
+            memory_mb: 128,
+            cpus: 1,
+            iso: Some(PathBuf::from("/i/installer.iso")),
+            seed: Some(PathBuf::from("/s/seed.iso")),
+            ..Default::default()
+        };
+        let argv = build_argv(&spec).join(" ");
+        assert!(
+            argv.contains("virtio-gpu-pci") && argv.contains("usb-kbd"),
+            "{argv}"
+        );
+        assert_eq!(argv.matches("virtio-scsi-pci").count(), 1, "{argv}");
+        assert!(argv.contains("scsi-cd,bus=mcq-scsi.0,drive=mcq-cdrom,id=mcq-cdrom-cd,bootindex=0"));
+        assert!(!argv.contains("-boot order"), "{argv}");
+        let pc = LaunchSpec {
+            arch: "x86_64".into(),
+            machine: "q35".into(),
+            ..spec
+        };
+        let argv = build_argv(&pc).join(" ");
+        assert!(
+            !argv.contains("virtio-gpu-pci") && !argv.contains("usb-kbd"),
+            "{argv}"
+        );
+        assert!(
+            argv.contains("media=cdrom,readonly=on,id=mcq-cdrom -boot order=dc"),
+            "{argv}"
+        );
     }
 
     #[test]

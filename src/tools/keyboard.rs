@@ -5,11 +5,12 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::drive::live;
 use super::object;
 use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use crate::ops::records;
 use crate::ops::session;
 use crate::qemu::keys::{self, KeyEvent};
+use crate::state::registry::Record;
 
 /// Longest text vm_type_text accepts.
 pub const MAX_TEXT: usize = 4096;
@@ -68,6 +69,20 @@ pub const SEND_KEYS: ToolDef = ToolDef {
     },
     handler: send_keys,
 };
+
+/// A running VM that has a keyboard: keys sent to a VM without one would go nowhere, and the
+/// tool would report a success that did not happen.
+fn live(name: &str) -> Result<Record, ToolError> {
+    let rec = records::lookup_live(name, "launch it first")?;
+    if records::input(&rec, "keyboard").is_none() {
+        return Err(ToolError::new(format!(
+            "VM {name:?} has no keyboard device (machine {}), so keys would go nowhere; launch \
+             it with one, e.g. extra_args [\"-device\", \"virtio-keyboard-pci\"]",
+            rec.get("machine").and_then(Value::as_str).unwrap_or("?")
+        )));
+    }
+    Ok(rec)
+}
 
 fn send_keys(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let name = args.str("name")?.to_string();

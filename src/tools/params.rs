@@ -5,7 +5,7 @@ use serde_json::{json, Value};
 
 use crate::clock;
 
-use crate::ops::launch::{ARCHES, DEFAULT_ARCH, DEFAULT_CPUS, DEFAULT_FIRMWARE, DEFAULT_MEMORY_MB};
+use crate::ops::launch::{ARCHES, DEFAULT_CPUS, DEFAULT_FIRMWARE, DEFAULT_MEMORY_MB};
 
 /// The `memory_mb` parameter of launch_vm and sandbox_vm.
 pub fn memory_schema() -> Value {
@@ -18,6 +18,29 @@ pub fn cpus_schema() -> Value {
            "description": format!("vCPUs; default {DEFAULT_CPUS}, or 1 on a one-CPU host.")})
 }
 
+/// The guest architecture (default: the host's, when QEMU emulates it; else x86_64).
+pub fn arch_schema() -> Value {
+    json!({
+        "type": "string", "enum": ARCHES.iter().map(|a| a.0).collect::<Vec<_>>(),
+        "description": format!(
+            "Guest architecture; default the host's ({}).",
+            crate::ops::launch::default_arch()
+        )
+    })
+}
+
+/// How the guest boots.
+pub fn firmware_schema() -> Value {
+    json!({
+        "type": "string", "enum": ["bios", "uefi"],
+        "description": format!(
+            "How the guest boots: bios (x86 SeaBIOS; on aarch64/riscv64 only with kernel) or \
+             uefi. Default {DEFAULT_FIRMWARE} on x86, uefi on aarch64 and riscv64 (their virt \
+             board has no BIOS) unless kernel is given."
+        )
+    })
+}
+
 /// launch_vm's parameters.
 pub fn launch_props() -> Value {
     json!({
@@ -25,10 +48,7 @@ pub fn launch_props() -> Value {
             "type": "string", "minLength": 1, "maxLength": 48,
             "description": "VM name: ^[A-Za-z0-9][A-Za-z0-9_.-]{0,47}$."
         },
-        "arch": {
-            "type": "string", "enum": ARCHES.iter().map(|a| a.0).collect::<Vec<_>>(),
-            "default": DEFAULT_ARCH
-        },
+        "arch": arch_schema(),
         "disks": {
             "type": "array",
             "items": {"type": "string"},
@@ -45,7 +65,7 @@ pub fn launch_props() -> Value {
             "type": ["string", "null"], "default": null,
             "description": "Machine type; default q35 on x86, virt on aarch64/riscv64."
         },
-        "firmware": {"type": "string", "enum": ["bios", "uefi"], "default": DEFAULT_FIRMWARE},
+        "firmware": firmware_schema(),
         "port_forwards": {
             "type": "array",
             "items": {"type": "string"},
@@ -142,6 +162,7 @@ pub fn sandbox_props() -> Value {
             "type": ["string", "null"], "default": null,
             "description": "VM name; default the first free of sandbox, sandbox-2, ..."
         },
+        "arch": arch_schema(),
         "memory_mb": memory_schema(),
         "cpus": cpus_schema(),
         "port_forwards": {
@@ -155,11 +176,7 @@ pub fn sandbox_props() -> Value {
         "kernel": {"type": ["string", "null"], "default": null},
         "initrd": {"type": ["string", "null"], "default": null},
         "append": {"type": ["string", "null"], "default": null},
-        "firmware": {
-            "type": "string", "enum": ["bios", "uefi"], "default": DEFAULT_FIRMWARE,
-            "description": "How the base image boots (cloud images: bios for Debian and \
-                Ubuntu on x86_64, uefi on aarch64)."
-        },
+        "firmware": firmware_schema(),
         "disk_size": disk_size_schema(),
         "cloud_init": cloud_init_schema(),
         "wait_cloud_init": {

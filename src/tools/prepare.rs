@@ -14,7 +14,6 @@ use super::{object, path_arg};
 use crate::cloudinit::CloudInit;
 use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::ops::guest_run;
-use crate::ops::launch;
 use crate::ops::stop;
 use crate::qemu::img;
 use crate::state::roots::Access;
@@ -62,8 +61,8 @@ pub const PREPARE: ToolDef = ToolDef {
                                               cloud-init to finish, each."},
                 "memory_mb": params::memory_schema(),
                 "cpus": params::cpus_schema(),
-                "firmware": {"type": "string", "enum": ["bios", "uefi"],
-                             "default": launch::DEFAULT_FIRMWARE},
+                "arch": params::arch_schema(),
+                "firmware": params::firmware_schema(),
                 "disk_size": params::disk_size_schema(),
                 "kernel": {"type": ["string", "null"], "default": null},
                 "initrd": {"type": ["string", "null"], "default": null},
@@ -152,6 +151,7 @@ fn prepare(ctx: &ToolCtx, args: &Args) -> ToolResult {
     for key in [
         "memory_mb",
         "cpus",
+        "arch",
         "firmware",
         "disk_size",
         "kernel",
