@@ -29,7 +29,17 @@ pub fn check_arguments(schema: &Value, args: &Map<String, Value>) -> Result<(), 
             }
         }
     }
+    let required: Vec<&str> = schema
+        .get("required")
+        .and_then(Value::as_array)
+        .map(|r| r.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
     for (key, value) in args {
+        // An optional parameter given as null means absent (schemas declare one type per
+        // field, and clients that fill every field with null are still served).
+        if value.is_null() && !required.contains(&key.as_str()) {
+            continue;
+        }
         if let Some(prop) = props.get(key) {
             check_value(prop, value, key)?;
         }
@@ -141,7 +151,8 @@ mod tests {
                 "n": {"type": "integer", "minimum": 1, "maximum": 10},
                 "fmt": {"type": "string", "enum": ["raw", "qcow2"]},
                 "list": {"type": "array", "items": {"type": "string"}},
-                "opt": {"type": ["string", "null"]}
+                "opt": {"type": ["string", "null"]},
+                "plain": {"type": "string"}
             },
             "required": ["path"],
             "additionalProperties": false
@@ -157,6 +168,14 @@ mod tests {
         assert!(
             check(json!({"path": "/x", "n": 3, "fmt": "raw", "list": ["a"], "opt": null})).is_ok()
         );
+    }
+
+    #[test]
+    fn null_means_absent_for_an_optional_parameter_only() {
+        assert!(check(json!({"path": "/x", "plain": null})).is_ok());
+        assert!(check(json!({"path": null}))
+            .unwrap_err()
+            .contains("must be string"));
     }
 
     #[test]

@@ -30,7 +30,7 @@ pub const DOWNLOAD: ToolDef = ToolDef {
                     "description": "Where to save the file (~ is expanded)."
                 },
                 "sha256": {
-                    "type": ["string", "null"], "default": null,
+                    "type": "string",
                     "description": "Expected SHA-256 (64 hex characters)."
                 },
                 "overwrite": {
@@ -38,7 +38,7 @@ pub const DOWNLOAD: ToolDef = ToolDef {
                     "description": "Replace an existing file at path."
                 },
                 "max_bytes": {
-                    "type": ["integer", "null"], "minimum": 1, "default": null,
+                    "type": "integer", "minimum": 1,
                     "description": "Refuse downloads larger than this."
                 }
             },

@@ -75,7 +75,7 @@ pub const SCREENSHOT: ToolDef = ToolDef {
             json!({
                 "name": {"type": "string", "minLength": 1},
                 "path": {
-                    "type": ["string", "null"], "default": null,
+                    "type": "string",
                     "description": "Save the PNG here instead of returning it inline."
                 }
             }),
@@ -272,13 +272,11 @@ pub const MOUSE_MOVE: ToolDef = ToolDef {
                     "type": "integer", "minimum": -MAX_DELTA, "maximum": MAX_DELTA, "default": 0
                 },
                 "home": {
-                    "type": ["string", "null"],
-                    "enum": ["top-left", "top-right", "bottom-left", "bottom-right", null],
-                    "default": null
+                    "type": "string",
+                    "enum": ["top-left", "top-right", "bottom-left", "bottom-right", null]
                 },
                 "click": {
-                    "type": ["string", "null"], "enum": ["left", "right", "middle", null],
-                    "default": null
+                    "type": "string", "enum": ["left", "right", "middle", null]
                 },
                 "double": {"type": "boolean", "default": false},
                 "step": {"type": "integer", "minimum": 1, "maximum": 120, "default": 32}

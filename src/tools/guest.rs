@@ -120,7 +120,7 @@ pub const EXEC: ToolDef = ToolDef {
                 },
                 "args": {"type": "array", "items": {"type": "string"}, "default": []},
                 "stdin": {
-                    "type": ["string", "null"], "default": null,
+                    "type": "string",
                     "description": "Text fed to the program's standard input."
                 },
                 "timeout": {"type": "number", "minimum": 1, "maximum": 3600, "default": 30}

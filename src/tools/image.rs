@@ -93,7 +93,7 @@ pub const CREATE: ToolDef = ToolDef {
                 },
                 "format": formats_schema("Image format."),
                 "backing_file": {
-                    "type": ["string", "null"], "default": null,
+                    "type": "string",
                     "description": "Base image for a copy-on-write overlay; left untouched."
                 },
                 "overwrite": {

@@ -98,8 +98,8 @@ pub const ATTACH: ToolDef = ToolDef {
             json!({
                 "name": {"type": "string", "minLength": 1, "maxLength": 48},
                 "qmp_socket": {"type": "string", "minLength": 1},
-                "qga_socket": {"type": ["string", "null"], "default": null},
-                "pid": {"type": ["integer", "null"], "minimum": 1, "default": null}
+                "qga_socket": {"type": "string"},
+                "pid": {"type": "integer", "minimum": 1}
             }),
             &["name", "qmp_socket"],
         )

@@ -113,3 +113,35 @@ pub fn vm_name_arg(args: &Args) -> Result<String, ToolError> {
         )))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::Value;
+
+    /// Hosts whose function-calling schemas allow one type per field (an OpenAPI subset), and
+    /// the Inspector's strict mode, take only these: optional means absent, never `null`.
+    #[test]
+    fn every_input_parameter_has_one_type_and_no_null_default() {
+        for tool in super::ALL {
+            let schema = (tool.input_schema)();
+            let props = schema["properties"]
+                .as_object()
+                .cloned()
+                .unwrap_or_default();
+            for (name, prop) in props {
+                assert!(
+                    prop.get("type").is_none_or(Value::is_string),
+                    "{}.{name} has type {}",
+                    tool.name,
+                    prop["type"]
+                );
+                assert_ne!(
+                    prop.get("default"),
+                    Some(&Value::Null),
+                    "{}.{name}",
+                    tool.name
+                );
+            }
+        }
+    }
+}

@@ -56,13 +56,13 @@ pub fn launch_props() -> Value {
             "description": "Disk image paths; formats are probed."
         },
         "iso": {
-            "type": ["string", "null"], "default": null,
+            "type": "string",
             "description": "Installer ISO attached as a CD-ROM (boots first)."
         },
         "memory_mb": memory_schema(),
         "cpus": cpus_schema(),
         "machine": {
-            "type": ["string", "null"], "default": null,
+            "type": "string",
             "description": "Machine type; default q35 on x86, virt on aarch64/riscv64."
         },
         "firmware": firmware_schema(),
@@ -92,15 +92,15 @@ pub fn launch_props() -> Value {
                             MCQEMU_ACCEL."
         },
         "kernel": {
-            "type": ["string", "null"], "default": null,
+            "type": "string",
             "description": "Direct kernel boot: kernel image."
         },
         "initrd": {
-            "type": ["string", "null"], "default": null,
+            "type": "string",
             "description": "Direct kernel boot: initial ramdisk."
         },
         "append": {
-            "type": ["string", "null"], "default": null,
+            "type": "string",
             "description": "Direct kernel boot: kernel command line."
         },
         "cloud_init": cloud_init_schema()
@@ -110,7 +110,7 @@ pub fn launch_props() -> Value {
 /// The `cloud_init` parameter of launch_vm and sandbox_vm.
 pub fn cloud_init_schema() -> Value {
     json!({
-        "type": ["object", "null"], "default": null,
+        "type": "object",
         "description": "cloud-init configuration, written as a NoCloud seed (a CD-ROM labelled \
             cidata, with a fresh instance-id at every launch). Fields: hostname, users \
             [{name, ssh_authorized_keys, sudo, shell, groups, lock_passwd}], \
@@ -149,33 +149,32 @@ pub fn launch_out() -> Value {
 pub fn sandbox_props() -> Value {
     json!({
         "base_image": {
-            "type": ["string", "null"], "minLength": 1, "default": null,
+            "type": "string", "minLength": 1,
             "description": "Base disk image; left untouched. Give this or template."
         },
         "template": {
-            "type": ["string", "null"], "default": null,
+            "type": "string",
             "description": "Start a clone of this template (template_create) instead of \
                 booting: ready in well under a second. The template fixes memory, \
                 cpus, kernel and disks."
         },
         "name": {
-            "type": ["string", "null"], "default": null,
+            "type": "string",
             "description": "VM name; default the first free of sandbox, sandbox-2, ..."
         },
         "arch": arch_schema(),
         "memory_mb": memory_schema(),
         "cpus": cpus_schema(),
         "port_forwards": {
-            "type": ["array", "null"],
+            "type": "array",
             "items": {"type": "string"},
-            "default": null,
             "description": "null means [\"auto:22\"]; [] means none."
         },
         "allow_network": {"type": "boolean", "default": false},
         "wait_agent_s": {"type": "number", "minimum": 0, "maximum": 3600, "default": 90},
-        "kernel": {"type": ["string", "null"], "default": null},
-        "initrd": {"type": ["string", "null"], "default": null},
-        "append": {"type": ["string", "null"], "default": null},
+        "kernel": {"type": "string"},
+        "initrd": {"type": "string"},
+        "append": {"type": "string"},
         "firmware": firmware_schema(),
         "disk_size": disk_size_schema(),
         "cloud_init": cloud_init_schema(),

@@ -64,9 +64,9 @@ pub const PREPARE: ToolDef = ToolDef {
                 "arch": params::arch_schema(),
                 "firmware": params::firmware_schema(),
                 "disk_size": params::disk_size_schema(),
-                "kernel": {"type": ["string", "null"], "default": null},
-                "initrd": {"type": ["string", "null"], "default": null},
-                "append": {"type": ["string", "null"], "default": null}
+                "kernel": {"type": "string"},
+                "initrd": {"type": "string"},
+                "append": {"type": "string"}
             }),
             &["source", "dest"],
         )

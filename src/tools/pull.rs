@@ -63,18 +63,18 @@ pub const PULL: ToolDef = ToolDef {
         object(
             json!({
                 "image": {
-                    "type": ["string", "null"], "default": null,
-                    "enum": catalog::names().into_iter().map(Some).chain([None]).collect::<Vec<_>>(),
+                    "type": "string",
+                    "enum": catalog::names(),
                     "description": "A catalog entry (see image_catalog)."
                 },
-                "url": {"type": ["string", "null"], "default": null,
+                "url": {"type": "string",
                         "description": "The image's http(s) URL (instead of image)."},
                 "checksums_url": {
-                    "type": ["string", "null"], "default": null,
+                    "type": "string",
                     "description": "The publisher's checksum file listing the URL's file name, \
                                     or holding its bare digest."
                 },
-                "path": {"type": ["string", "null"], "default": null,
+                "path": {"type": "string",
                          "description": "Where to save it; default <state>/images/<file name>."},
                 "overwrite": {"type": "boolean", "default": false}
             }),

@@ -215,7 +215,7 @@ pub const WAIT: ToolDef = ToolDef {
                 "name": {"type": "string", "minLength": 1},
                 "pattern": {"type": "string", "minLength": 1, "maxLength": 4096},
                 "timeout": {"type": "number", "minimum": 0, "maximum": 3600, "default": 30},
-                "offset": {"type": ["integer", "null"], "minimum": 0, "default": null}
+                "offset": {"type": "integer", "minimum": 0}
             }),
             &["name", "pattern"],
         )

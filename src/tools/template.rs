@@ -59,8 +59,9 @@ pub const CREATE: ToolDef = ToolDef {
             );
             p.insert("setup".into(), setup_schema());
             if let Some(b) = p.get_mut("base_image") {
-                b["type"] = json!(["string", "null"]);
-                b["default"] = Value::Null;
+                b["description"] = json!(
+                    "Base disk image; left untouched. Absent: an empty 1 GiB disk (with kernel)."
+                );
             }
             if let Some(m) = p.get_mut("memory_mb") {
                 m["default"] = json!(512);
