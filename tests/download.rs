@@ -277,7 +277,8 @@ fn progress_is_reported() {
     let body = pseudo_random(3 << 20, 21);
     let http = HttpServer::start(vec![(
         "p.img",
-        Route::trickle(body.clone(), 32 * 1024, Duration::from_millis(5)),
+        // About 2.4 s: progress goes out at most twice a second, first after half a second.
+        Route::trickle(body.clone(), 32 * 1024, Duration::from_millis(25)),
     )]);
     let (mut s, dir) = setup();
     let dest = dir.join("p.img");

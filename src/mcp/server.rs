@@ -441,6 +441,7 @@ impl Server {
             let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 handler(&ctx, &Args(args))
             }));
+            ctx.finish();
             let result = match run {
                 Ok(Ok(out)) => out.to_result(),
                 Ok(Err(e)) => error_result(&ToolError::new(format!("{name}: {}", e.0))),

@@ -123,49 +123,190 @@ pub fn error_result(err: &ToolError) -> Value {
     json!({ "content": [{"type": "text", "text": err.0}], "isError": true })
 }
 
-/// Sends `notifications/progress` for a request that asked for it, at most every 100 ms
-/// (and always for the last value), with a strictly increasing progress value.
+/// Sends `notifications/progress` for a request that asked for it: at most twice a second
+/// (an update inside that gap waits, and the latest one goes out when it ends, so the last
+/// value always arrives), and at least every [`HEARTBEAT`] while the call runs, repeating what
+/// it last said it waits for: hosts kill calls that stay silent, and no wait has to remember
+/// to speak. Progress values strictly increase. The heartbeat thread ends with the call
+/// ([`Progress::finish`]), before its response, so no notification follows the result.
 pub struct Progress {
-    token: Value,
-    out: Arc<Output>,
-    state: std::sync::Mutex<(f64, Option<Instant>)>,
+    inner: Arc<ProgressInner>,
+    ticker: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
-impl Progress {
-    /// A reporter for the given progress token.
-    pub fn new(token: Value, out: Arc<Output>) -> Self {
-        Progress {
-            token,
-            out,
-            state: std::sync::Mutex::new((f64::MIN, None)),
-        }
-    }
+struct ProgressInner {
+    token: Value,
+    out: Arc<Output>,
+    started: Instant,
+    done: AtomicBool,
+    state: std::sync::Mutex<ProgressState>,
+}
 
-    fn send(&self, progress: f64, total: Option<f64>, message: &str, force: bool) {
-        let mut st = match self.state.lock() {
-            Ok(s) => s,
-            Err(p) => p.into_inner(),
-        };
-        if progress <= st.0 {
-            return;
+#[derive(Default)]
+struct ProgressState {
+    /// The last value sent.
+    value: Option<f64>,
+    /// When the last notification went out.
+    sent_at: Option<Instant>,
+    /// What the call last said (repeated by the heartbeat).
+    message: String,
+    total: Option<f64>,
+    /// An update that came inside the rate gap: (value, total, message).
+    pending: Option<(f64, Option<f64>, String)>,
+}
+
+/// Least time between two progress notifications of one call.
+pub const MIN_GAP: Duration = Duration::from_millis(500);
+/// Longest silence while a call runs.
+pub const HEARTBEAT: Duration = Duration::from_secs(5);
+
+impl ProgressInner {
+    /// Sends one notification; `said` is the call's own message (kept for the heartbeat to
+    /// repeat), `shown` what this notification says (the heartbeat adds the time).
+    fn emit(
+        &self,
+        st: &mut ProgressState,
+        value: f64,
+        total: Option<f64>,
+        said: &str,
+        shown: &str,
+    ) {
+        st.value = Some(value);
+        st.sent_at = Some(Instant::now());
+        st.total = total;
+        if !said.is_empty() {
+            st.message = said.to_string();
         }
-        if !force {
-            if let Some(last) = st.1 {
-                if last.elapsed() < Duration::from_millis(100) {
-                    return;
-                }
-            }
-        }
-        *st = (progress, Some(Instant::now()));
-        let mut params = json!({ "progressToken": self.token, "progress": progress });
+        let mut params = json!({ "progressToken": self.token, "progress": value });
         if let Some(t) = total {
             params["total"] = json!(t);
         }
-        if !message.is_empty() {
-            params["message"] = json!(message);
+        let text = if shown.is_empty() { &st.message } else { shown };
+        if !text.is_empty() {
+            params["message"] = json!(text);
         }
         self.out
             .send(&notification("notifications/progress", params));
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, ProgressState> {
+        match self.state.lock() {
+            Ok(s) => s,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    /// One tick: a pending update whose gap has passed, or a heartbeat after a silence.
+    fn tick(&self) {
+        let mut st = self.lock();
+        let since = st.sent_at.unwrap_or(self.started).elapsed();
+        if since < MIN_GAP {
+            return;
+        }
+        if let Some((v, t, m)) = st.pending.take() {
+            self.emit(&mut st, v, t, &m, "");
+        } else if since >= HEARTBEAT {
+            // Strictly above the last value, and well below the next whole step a wait reports.
+            let v = st.value.map_or(0.0, |v| v + 1e-3);
+            let what = if st.message.is_empty() {
+                "working"
+            } else {
+                st.message.as_str()
+            };
+            let shown = format!(
+                "{what} (still running after {} s)",
+                self.started.elapsed().as_secs()
+            );
+            let total = st.total;
+            self.emit(&mut st, v, total, "", &shown);
+        }
+    }
+}
+
+impl Progress {
+    /// A reporter for the given progress token, with its heartbeat running.
+    pub fn new(token: Value, out: Arc<Output>) -> Self {
+        let inner = Arc::new(ProgressInner {
+            token,
+            out,
+            started: Instant::now(),
+            done: AtomicBool::new(false),
+            state: std::sync::Mutex::new(ProgressState::default()),
+        });
+        let beat = Arc::clone(&inner);
+        let ticker = std::thread::Builder::new()
+            .name("progress".into())
+            .spawn(move || {
+                while !beat.done.load(Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(100));
+                    if !beat.done.load(Ordering::SeqCst) {
+                        beat.tick();
+                    }
+                }
+            })
+            .ok();
+        Progress {
+            inner,
+            ticker: std::sync::Mutex::new(ticker),
+        }
+    }
+
+    fn send(&self, progress: f64, total: Option<f64>, message: &str) {
+        let inner = &self.inner;
+        let mut st = inner.lock();
+        let floor = st
+            .pending
+            .as_ref()
+            .map(|p| p.0)
+            .or(st.value)
+            .unwrap_or(f64::MIN);
+        if progress <= floor {
+            return;
+        }
+        // The gap runs from the call's start too: a call done within half a second says
+        // nothing, and a long one speaks first after half a second.
+        let recent = st.sent_at.unwrap_or(inner.started).elapsed() < MIN_GAP;
+        if recent || inner.done.load(Ordering::SeqCst) {
+            if !inner.done.load(Ordering::SeqCst) {
+                st.pending = Some((progress, total, message.to_string()));
+            }
+            return;
+        }
+        st.pending = None;
+        inner.emit(&mut st, progress, total, message, "");
+    }
+
+    /// The last value reported (pending included).
+    fn last(&self) -> f64 {
+        let st = self.inner.lock();
+        st.pending.as_ref().map(|p| p.0).or(st.value).unwrap_or(0.0)
+    }
+
+    /// Ends the heartbeat and sends a pending update: call before the call's response.
+    pub fn finish(&self) {
+        if self.inner.done.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let handle = match self.ticker.lock() {
+            Ok(mut t) => t.take(),
+            Err(p) => p.into_inner().take(),
+        };
+        if let Some(h) = handle {
+            let _ = h.join();
+        }
+        let mut st = self.inner.lock();
+        if let Some((v, t, m)) = st.pending.take() {
+            // The last value still keeps the gap (at most half a second more).
+            let at = st.sent_at.unwrap_or(self.inner.started);
+            std::thread::sleep(MIN_GAP.saturating_sub(at.elapsed()));
+            self.inner.emit(&mut st, v, t, &m, "");
+        }
+    }
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        self.finish();
     }
 }
 
@@ -247,31 +388,33 @@ impl ToolCtx {
         }
     }
 
-    /// Reports progress (rate-limited); a no-op when the client sent no progress token.
+    /// Reports progress (at most twice a second; the latest update always goes out); a no-op
+    /// when the client sent no progress token.
     pub fn progress(&self, done: f64, total: Option<f64>, message: &str) {
         if let Some(p) = &self.progress {
-            p.send(done, total, message, false);
+            p.send(done, total, message);
         }
     }
 
-    /// Reports progress now, bypassing the rate limit (for a final value).
+    /// Reports a value that must arrive (a final one, a phase): as [`ToolCtx::progress`],
+    /// whose latest update is never dropped.
     pub fn progress_now(&self, done: f64, total: Option<f64>, message: &str) {
-        if let Some(p) = &self.progress {
-            p.send(done, total, message, true);
-        }
+        self.progress(done, total, message);
     }
 
-    /// Reports the next phase of a long call now: one more than the last progress value, so a
+    /// Reports the next phase of a long call: one more than the last progress value, so a
     /// phase after a wait that reported seconds is never dropped as not increasing.
     pub fn progress_phase(&self, message: &str) {
         if let Some(p) = &self.progress {
-            let next = match p.state.lock() {
-                Ok(st) => st.0,
-                Err(poisoned) => poisoned.into_inner().0,
-            }
-            .max(0.0)
-                + 1.0;
-            p.send(next, None, message, true);
+            p.send(p.last().floor().max(0.0) + 1.0, None, message);
+        }
+    }
+
+    /// Ends the call's progress (its heartbeat stops, a pending update goes out): the server
+    /// calls it before sending the response.
+    pub fn finish(&self) {
+        if let Some(p) = &self.progress {
+            p.finish();
         }
     }
 }
@@ -366,5 +509,72 @@ impl Args {
     /// A list of strings, empty when absent.
     pub fn str_list(&self, name: &str) -> Result<Vec<String>, ToolError> {
         Ok(self.opt_str_list(name)?.unwrap_or_default())
+    }
+}
+
+#[cfg(test)]
+mod progress_tests {
+    use super::*;
+    use std::io::Write;
+
+    /// A sink the test reads back: every line with the time it was written.
+    #[derive(Clone, Default)]
+    struct Lines(Arc<std::sync::Mutex<Vec<(Instant, Value)>>>);
+
+    impl Write for Lines {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            for line in buf.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+                if let Ok(v) = serde_json::from_slice(line) {
+                    self.0.lock().unwrap().push((Instant::now(), v));
+                }
+            }
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_silent_call_gets_a_heartbeat_and_a_chatty_one_at_most_two_a_second() {
+        let lines = Lines::default();
+        let out = Arc::new(Output::new(Box::new(lines.clone())));
+        let start = Instant::now();
+        let p = Progress::new(json!("t"), out);
+        // 2 s of updates every 10 ms, then silence past the heartbeat.
+        for i in 0..200 {
+            p.send(i as f64, None, "copying");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        std::thread::sleep(HEARTBEAT + Duration::from_millis(700));
+        p.send(1000.0, Some(1000.0), "done");
+        p.finish();
+        let seen = lines.0.lock().unwrap().clone();
+        let times: Vec<Duration> = seen.iter().map(|(t, _)| *t - start).collect();
+        assert!(seen.len() >= 5 && seen.len() <= 8, "{seen:?}");
+        for w in times.windows(2) {
+            assert!(w[1] - w[0] >= Duration::from_millis(480), "{times:?}");
+            assert!(
+                w[1] - w[0] <= HEARTBEAT + Duration::from_millis(300),
+                "{times:?}"
+            );
+        }
+        let beat = seen
+            .iter()
+            .find(|(_, v)| {
+                v["params"]["message"]
+                    .as_str()
+                    .is_some_and(|m| m.starts_with("copying (still running after"))
+            })
+            .unwrap_or_else(|| panic!("no heartbeat: {seen:?}"));
+        assert!(beat.1["params"]["progress"].as_f64().unwrap() > 199.0 - 1.0);
+        let last = &seen.last().unwrap().1["params"];
+        assert_eq!(last["progress"], json!(1000.0));
+        assert_eq!(last["message"], json!("done"));
+        let values: Vec<f64> = seen
+            .iter()
+            .map(|(_, v)| v["params"]["progress"].as_f64().unwrap())
+            .collect();
+        assert!(values.windows(2).all(|w| w[1] > w[0]), "{values:?}");
     }
 }

@@ -68,13 +68,19 @@ fn graceful_stop(
     timeout: Duration,
 ) -> Result<(String, Vec<String>), ToolError> {
     let sock_path = vm::qmp_socket(rec);
-    let deadline = Instant::now() + timeout;
+    let started = Instant::now();
+    let deadline = started + timeout;
     let outcome = qmp::with_session(&sock_path, |q| {
         q.execute("system_powerdown", None)?;
         loop {
             if gone(rec) {
                 return Ok((true, q.event_names()));
             }
+            ctx.progress(
+                started.elapsed().as_secs_f64(),
+                Some(timeout.as_secs_f64()),
+                "waiting for the guest to power off after ACPI power-down",
+            );
             if Instant::now() >= deadline || ctx.cancelled() {
                 return Ok((false, q.event_names()));
             }
