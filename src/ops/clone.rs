@@ -27,6 +27,17 @@ const LOAD_BUDGET: Duration = Duration::from_secs(30);
 
 /// sandbox_vm from a template.
 pub fn start(ctx: &ToolCtx, args: &Args, template_name: &str) -> Result<Value, ToolError> {
+    start_with(ctx, args, template_name, Map::new())
+}
+
+/// [`start`], with `fields` added to the clone's record from its launch on (a pooled clone's
+/// mark).
+pub fn start_with(
+    ctx: &ToolCtx,
+    args: &Args,
+    template_name: &str,
+    fields: Map<String, Value>,
+) -> Result<Value, ToolError> {
     let started = Instant::now();
     let t = template::load(template_name)?;
     let tdir = template::dir_of(template_name);
@@ -164,7 +175,7 @@ pub fn start(ctx: &ToolCtx, args: &Args, template_name: &str) -> Result<Value, T
     sb.insert("overlay".into(), json!(overlay.display().to_string()));
     sb.insert("allow_network".into(), json!(!spec.restrict_net));
     sb.insert("template".into(), json!(template_name));
-    let mut extra = Map::new();
+    let mut extra = fields;
     extra.insert("sandbox".into(), Value::Object(sb));
     let req = LaunchRequest {
         spec,

@@ -9,6 +9,7 @@ pub mod disk_size;
 pub mod guest;
 pub mod guest_run;
 pub mod launch;
+pub mod pool;
 pub mod quota;
 pub mod records;
 pub mod sandbox;

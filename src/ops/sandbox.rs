@@ -39,6 +39,16 @@ pub fn first_free_name() -> String {
 /// clone); `args` are sandbox_vm's. Returns its result.
 pub fn create(ctx: &ToolCtx, args: &Args) -> Result<Value, ToolError> {
     if let Some(t) = args.opt_str("template")? {
+        if super::pool::size(t) > 0 && super::pool::fits(args) {
+            let name = match args.opt_str("name")? {
+                Some(n) if valid_name(n) => n.to_string(),
+                Some(n) => return Err(ToolError::new(format!("invalid VM name {n:?}"))),
+                None => first_free_name(),
+            };
+            if let Some(out) = super::pool::take(t, &name)? {
+                return Ok(out);
+            }
+        }
         return super::clone::start(ctx, args, t);
     }
     if args.opt_str("base_image")?.is_none() {
@@ -255,7 +265,7 @@ pub fn destroy(ctx: &ToolCtx, name: &str) -> Result<Value, ToolError> {
         stopped = "quit".into();
         if let Some(pid) = vm::pid(&rec) {
             if !process::wait_dead(pid, Duration::from_secs(2)) {
-                if process::is_our_vm(pid, &sock_path) {
+                if process::is_our_vm(pid, &vm::identity_socket(&rec)) {
                     match process::terminate(pid) {
                         Ok(steps) => stopped = steps.last().copied().unwrap_or("quit").to_string(),
                         Err(e) => errors.push(e.to_string()),

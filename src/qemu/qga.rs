@@ -111,6 +111,15 @@ struct Idle {
     since: Instant,
 }
 
+/// Closes the idle connection kept for `path`, if any: the agent's channel takes one client at
+/// a time, and a VM whose socket moves (a pooled clone handed out) is reached by another path.
+pub fn release_idle(path: &Path) {
+    idle_pool()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(path);
+}
+
 fn idle_pool() -> &'static Mutex<HashMap<PathBuf, Idle>> {
     static POOL: OnceLock<Mutex<HashMap<PathBuf, Idle>>> = OnceLock::new();
     POOL.get_or_init(|| {

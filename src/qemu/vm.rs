@@ -48,6 +48,14 @@ pub fn qmp_socket(rec: &Record) -> PathBuf {
     PathBuf::from(field(rec, "qmp_socket").unwrap_or(""))
 }
 
+/// The QMP socket path the VM's QEMU was started with, which its command line names (a pooled
+/// clone handed out later has moved to another folder since): what proves a PID is this VM.
+pub fn identity_socket(rec: &Record) -> PathBuf {
+    field(rec, "launch_qmp_socket")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| qmp_socket(rec))
+}
+
 /// True for VMs this server family spawned (as opposed to attached).
 pub fn spawned(rec: &Record) -> bool {
     field(rec, "source") != Some("attached")
@@ -158,7 +166,7 @@ pub fn measure_process(rec: &Record) -> Option<Measured> {
     if !process::alive(p) {
         return Some(Measured::new(Status::Stopped, None));
     }
-    if spawned(rec) && !process::is_our_vm(p, &qmp_socket(rec)) {
+    if spawned(rec) && !process::is_our_vm(p, &identity_socket(rec)) {
         return Some(Measured::new(
             Status::Stopped,
             Some(format!("PID {p} now belongs to another program")),

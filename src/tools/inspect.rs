@@ -152,6 +152,8 @@ fn list_vms(_ctx: &ToolCtx, _args: &Args) -> ToolResult {
     let mut measured = measure_all(&vms);
     let list: Vec<Value> = vms
         .iter()
+        // Pooled clones are the server's, not the caller's: template_list counts them.
+        .filter(|(_, rec)| rec.get(crate::ops::pool::POOLED).is_none())
         .map(|(name, rec)| {
             let m = measured.remove(name).unwrap_or(Measured {
                 status: Status::Unresponsive,

@@ -66,6 +66,7 @@ pub static ALL: &[ToolDef] = &[
     sandbox::DESTROY,
     template::CREATE,
     template_manage::LIST,
+    template_manage::POOL,
     template_manage::DELETE,
     guest::PING,
     guest::INFO,

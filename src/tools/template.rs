@@ -58,6 +58,12 @@ pub const CREATE: ToolDef = ToolDef {
                        "description": "Template name: ^[A-Za-z0-9][A-Za-z0-9_.-]{0,47}$."}),
             );
             p.insert("setup".into(), setup_schema());
+            p.insert(
+                "pool".into(),
+                json!({"type": "integer", "minimum": 0, "maximum": crate::ops::pool::MAX_POOL,
+                       "description": "Clones to keep started for instant sandbox_vm \
+                           (template_pool changes it later); 0: none."}),
+            );
             if let Some(b) = p.get_mut("base_image") {
                 b["description"] = json!(
                     "Base disk image; left untouched. Absent: an empty 1 GiB disk (with kernel)."
@@ -116,6 +122,11 @@ fn create(ctx: &ToolCtx, args: &Args) -> ToolResult {
         let _ = remove_dir(&dir);
     }
     let mut out = result?;
+    let pool = args.i64_or("pool", 0)?.max(0) as u64;
+    if pool > 0 {
+        crate::ops::pool::set_size(ctx, &name, pool)?;
+    }
+    out["pool"] = json!(pool);
     out["duration_ms"] = json!(started.elapsed().as_millis() as u64);
     Ok(ToolOutput::json(out))
 }
@@ -155,6 +166,7 @@ fn build(ctx: &ToolCtx, args: &Args, name: &str, dir: &Path) -> Result<Value, To
         "wait_cloud_init",
         "wait_cloud_init_s",
         "disk_size",
+        "pool",
     ] {
         launch_args.remove(k);
     }

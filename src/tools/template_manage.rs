@@ -1,4 +1,5 @@
-//! `template_list` and `template_delete`: the templates on disk, with their clones alive.
+//! `template_list`, `template_pool` and `template_delete`: the templates on disk, with their
+//! clones alive and their warm pools ([`crate::ops::pool`]).
 
 use std::path::Path;
 
@@ -6,6 +7,7 @@ use serde_json::json;
 
 use super::object;
 use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use crate::ops::pool;
 use crate::ops::templates::{clones_of, dir_of, load, meta_of, remove_dir, templates_dir};
 use crate::state::registry::valid_name;
 
@@ -47,6 +49,15 @@ fn folder_bytes(dir: &Path) -> u64 {
         .unwrap_or(0)
 }
 
+/// The live clones of a template that callers hold (its pool's are counted apart).
+fn own_clones(template: &str) -> Vec<String> {
+    let pooled = pool::pooled(template);
+    clones_of(template)
+        .into_iter()
+        .filter(|c| !pooled.contains(c))
+        .collect()
+}
+
 fn list(_ctx: &ToolCtx, _args: &Args) -> ToolResult {
     let mut out = Vec::new();
     if let Ok(entries) = std::fs::read_dir(templates_dir()) {
@@ -62,12 +73,13 @@ fn list(_ctx: &ToolCtx, _args: &Args) -> ToolResult {
                 Ok(t) => out.push(json!({
                     "name": t.name, "usable": true, "base_image": t.base_image,
                     "memory_mb": t.memory_mb, "cpus": t.cpus, "created_at": t.created_at,
-                    "size_on_disk": folder_bytes(&dir), "clones": clones_of(&n),
+                    "size_on_disk": folder_bytes(&dir), "clones": own_clones(&n),
+                    "pool": pool::size(&n), "pool_ready": pool::ready(&n),
                 })),
                 // Half-made (interrupted) or damaged: shown, never offered as usable.
                 Err(e) if meta_of(&dir).exists() => out.push(json!({
                     "name": n, "usable": false, "problem": e.0,
-                    "size_on_disk": folder_bytes(&dir), "clones": clones_of(&n),
+                    "size_on_disk": folder_bytes(&dir), "clones": own_clones(&n),
                 })),
                 Err(_) => {}
             }
@@ -76,8 +88,57 @@ fn list(_ctx: &ToolCtx, _args: &Args) -> ToolResult {
     Ok(ToolOutput::json(json!({ "templates": out })))
 }
 
-const DELETE_DESCRIPTION: &str = "Delete a template and every file it has. Refused while any \
-    clone of it is alive (sandbox_destroy them first).";
+const DELETE_DESCRIPTION: &str = "Delete a template and every file it has; its warm pool is \
+    ended first. Refused while any clone of it that a caller holds is alive (sandbox_destroy \
+    them first).";
+
+const POOL_DESCRIPTION: &str = "Keep `size` clones of a template started, clock set and agent \
+    answering (0 ends the pool): sandbox_vm {template} without cloud_init, port_forwards or \
+    allow_network then hands one out, renamed as asked, in milliseconds, and the pool refills \
+    in the background. Pooled clones count in the VM and memory quotas, are not listed by \
+    list_vms (template_list shows pool and pool_ready), keep running when the server exits and \
+    are adopted by the next one. template_create takes pool too.";
+
+/// `template_pool`.
+pub const POOL: ToolDef = ToolDef {
+    name: "template_pool",
+    title: "Keep a warm pool of clones",
+    description: POOL_DESCRIPTION,
+    input_schema: || {
+        object(
+            json!({
+                "name": {"type": "string", "minLength": 1},
+                "size": {"type": "integer", "minimum": 0, "maximum": pool::MAX_POOL,
+                         "description": "Clones to keep ready; 0 ends the pool."}
+            }),
+            &["name", "size"],
+        )
+    },
+    output_schema: || {
+        json!({
+            "type": "object",
+            "properties": {"name": {"type": "string"}, "pool": {"type": "integer"},
+                           "pool_ready": {"type": "integer"}},
+            "required": ["name", "pool", "pool_ready"]
+        })
+    },
+    annotations: Annotations {
+        read_only: false,
+        destructive: false,
+        idempotent: true,
+        open_world: false,
+    },
+    handler: set_pool,
+};
+
+fn set_pool(ctx: &ToolCtx, args: &Args) -> ToolResult {
+    let name = args.str("name")?.to_string();
+    let size = args.i64_or("size", 0)?.max(0) as u64;
+    pool::set_size(ctx, &name, size)?;
+    Ok(ToolOutput::json(json!({
+        "name": name, "pool": pool::size(&name), "pool_ready": pool::ready(&name)
+    })))
+}
 
 /// `template_delete`.
 pub const DELETE: ToolDef = ToolDef {
@@ -107,7 +168,7 @@ pub const DELETE: ToolDef = ToolDef {
     handler: delete,
 };
 
-fn delete(_ctx: &ToolCtx, args: &Args) -> ToolResult {
+fn delete(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let name = args.str("name")?.to_string();
     if !valid_name(&name) {
         return Err(ToolError::new(format!("invalid template name {name:?}")));
@@ -117,6 +178,14 @@ fn delete(_ctx: &ToolCtx, args: &Args) -> ToolResult {
         return Err(ToolError::new(format!(
             "no template named {name:?}; template_list shows the templates"
         )));
+    }
+    // Its pool ends first: pooled clones are the server's, not anyone's work.
+    if pool::size(&name) > 0 || !pool::pooled(&name).is_empty() {
+        let file = dir.join("pool");
+        let _ = std::fs::remove_file(&file);
+        for c in pool::pooled(&name) {
+            crate::ops::sandbox::destroy_quietly(ctx, &c);
+        }
     }
     let clones = clones_of(&name);
     if !clones.is_empty() {
