@@ -128,7 +128,10 @@ const TERM_WAIT: Duration = Duration::from_millis(500);
 fn force_stop(name: &str, rec: &Record) -> Result<(String, Vec<String>), ToolError> {
     let sock_path = vm::qmp_socket(rec);
     if let Some(pid) = vm::pid(rec) {
-        if !process::is_our_vm(pid, &sock_path) && vm::spawned(rec) && process::alive(pid) {
+        if !process::is_our_vm(pid, &vm::identity_socket(rec))
+            && vm::spawned(rec)
+            && process::alive(pid)
+        {
             return Err(ToolError::new(format!(
                 "PID {pid} is no longer VM {name:?}'s QEMU; refusing to signal it"
             )));
