@@ -28,6 +28,11 @@ fn initialize_echoes_every_supported_version() {
         assert_eq!(r["serverInfo"]["version"], env!("CARGO_PKG_VERSION"));
         assert!(r["capabilities"]["tools"].is_object(), "{r}");
         assert!(r["capabilities"]["logging"].is_object(), "{r}");
+        assert_eq!(
+            r["capabilities"]["resources"],
+            json!({"listChanged": true}),
+            "{r}"
+        );
         assert!(r["instructions"].as_str().is_some_and(|i| !i.is_empty()));
         let tools = s.result("tools/list", json!({}));
         assert!(!tools["tools"].as_array().unwrap().is_empty());
@@ -181,7 +186,7 @@ fn requests_without_a_version_before_initialize_are_refused() {
     }
     // ping is allowed before initialize in the handshake era; unknown methods stay -32601.
     assert_eq!(s.result("ping", json!({})), json!({}));
-    let resp = s.request("resources/list", json!({}));
+    let resp = s.request("prompts/list", json!({}));
     assert_eq!(error_code(&resp), -32601, "{resp}");
     // initialize opens the handshake era even when a client stamps the envelope on it.
     let r = s.result(
@@ -242,11 +247,85 @@ fn ping_answers_empty_result() {
 #[test]
 fn unknown_method_is_32601_at_once() {
     let mut s = Server::ready();
-    let resp = s.request("resources/list", json!({}));
+    let resp = s.request("prompts/list", json!({}));
     assert_eq!(error_code(&resp), -32601, "{resp}");
     let resp = s.request("no/such/method", json!({}));
     assert_eq!(error_code(&resp), -32601, "{resp}");
     s.assert_alive();
+}
+
+// ---- instructions ----
+
+/// The longest the instructions may be: one screen.
+const INSTRUCTIONS_MAX: usize = 1500;
+
+/// Every tool-like name in `text`: snake_case words (at least one underscore), the shape of
+/// every tool name.
+fn tool_like_names(text: &str) -> Vec<String> {
+    text.split(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'))
+        .filter(|w| w.contains('_') && w.starts_with(|c: char| c.is_ascii_lowercase()))
+        .map(|w| w.trim_end_matches('_').to_string())
+        .collect()
+}
+
+#[test]
+fn the_instructions_fit_one_screen_and_name_only_real_tools() {
+    let mut s = Server::start();
+    let init = s.initialize(NEWEST);
+    let text = init["instructions"]
+        .as_str()
+        .expect("instructions")
+        .to_string();
+    let discover = s.result("server/discover", json!({"_meta": envelope()}));
+    assert_eq!(discover["instructions"], text, "the same in both eras");
+    assert!(
+        text.chars().count() <= INSTRUCTIONS_MAX,
+        "{} characters, more than one screen:\n{text}",
+        text.chars().count()
+    );
+    let listed = tool_names(&s.result("tools/list", json!({})));
+    let named = tool_like_names(&text);
+    let unknown: Vec<&String> = named.iter().filter(|n| !listed.contains(n)).collect();
+    assert!(
+        unknown.is_empty(),
+        "the instructions name tools that do not exist: {unknown:?}"
+    );
+    // What they must teach: the three journeys by the tools that start and drive them,
+    // templates, the roots rule, progress, and the resources.
+    for tool in [
+        "image_pull",
+        "image_prepare",
+        "sandbox_vm",
+        "guest_exec",
+        "launch_vm",
+        "vm_screenshot",
+        "vm_click",
+        "vm_type_text",
+        "vm_send_keys",
+        "vm_serial_wait",
+        "vm_serial_read",
+        "template_create",
+    ] {
+        assert!(
+            named.iter().any(|n| n == tool),
+            "{tool} is not named:\n{text}"
+        );
+    }
+    for words in [
+        "iso",
+        "kernel",
+        "initrd",
+        "append",
+        "\"template\"",
+        "roots",
+        "--root",
+        "progress",
+        "mcqemu://vm/{name}/serial",
+        "mcqemu://vm/{name}/screen",
+    ] {
+        assert!(text.contains(words), "{words:?} is not said:\n{text}");
+    }
+    eprintln!("instructions: {} characters\n{text}", text.chars().count());
 }
 
 // ---- tools/list ----

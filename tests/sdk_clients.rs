@@ -2,11 +2,15 @@
 //! `auto` mode, which must negotiate 2026-07-28, and in `legacy` mode, which
 //! must negotiate 2025-11-25) and the official TypeScript SDK (2025-11-25).
 //! The client scripts live in tests/clients/; they record the wire traffic and
-//! validate it against the era's schema models.
+//! validate it against the era's schema models. Each runs two journeys: tools
+//! (no VM), and resources (a running test guest's serial log and screen, the
+//! list following the VM as it comes and goes, and a VM that is gone).
 //!
 //! The SDKs are installed once, pinned, under target/sdk-clients/ (a Python
 //! venv and a node_modules tree); that needs python3 (with venv), node and npm
 //! on PATH and access to the PyPI and npm registries.
+
+mod common;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -344,6 +348,61 @@ fn python_client(mode: &str) {
             .arg(clients_dir().join("python_client.py"))
             .arg(env!("CARGO_BIN_EXE_mcqemu"))
             .arg(mode),
+    );
+}
+
+/// The environment of a resources journey: the test guest, and the folders and roots of
+/// `lab` (whose killer ends whatever QEMU the journey leaves).
+fn resources_env(lab: &common::Lab, guest: &common::Guest) -> Vec<(&'static str, String)> {
+    vec![
+        ("MCQEMU_TEST_KERNEL", guest.kernel.clone()),
+        ("MCQEMU_TEST_INITRD", guest.initrd.clone()),
+        ("MCQEMU_TEST_APPEND", guest.append.clone()),
+        ("MCQEMU_STATE_DIR", lab.state().display().to_string()),
+        ("MCQEMU_RUNTIME_DIR", lab.runtime().display().to_string()),
+        ("MCQEMU_ROOTS", common::test_roots()),
+    ]
+}
+
+fn python_resources(mode: &str) {
+    let python = python();
+    let guest = common::test_guest();
+    let lab = common::Lab::without_server(&format!("sdk-{mode}"), 1);
+    run_client(
+        &format!("python_client.py {mode} resources"),
+        Command::new(python)
+            .arg(clients_dir().join("python_client.py"))
+            .arg(env!("CARGO_BIN_EXE_mcqemu"))
+            .arg(mode)
+            .arg("resources")
+            .envs(resources_env(&lab, &guest)),
+    );
+}
+
+#[test]
+fn python_sdk_auto_mode_reads_vm_resources_and_listens_for_changes() {
+    python_resources("auto");
+}
+
+#[test]
+fn python_sdk_legacy_mode_reads_vm_resources_and_hears_list_changed() {
+    python_resources("legacy");
+}
+
+#[test]
+fn typescript_sdk_reads_vm_resources_and_hears_list_changed() {
+    let (python, node_dir) = (python(), node_dir());
+    let guest = common::test_guest();
+    let lab = common::Lab::without_server("sdk-ts", 1);
+    run_client(
+        "ts_client.mjs resources",
+        Command::new("node")
+            .arg(clients_dir().join("ts_client.mjs"))
+            .arg(env!("CARGO_BIN_EXE_mcqemu"))
+            .arg("resources")
+            .env("MCQEMU_SDK_NODE_DIR", node_dir)
+            .env("MCQEMU_SDK_PYTHON", python)
+            .envs(resources_env(&lab, &guest)),
     );
 }
 

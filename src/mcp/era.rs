@@ -4,9 +4,10 @@
 //! 2026-07-28 ("modern") request: it carries its own version, client capabilities and log
 //! level, and its result must say `resultType`, identify the server in `_meta`, and carry cache
 //! hints when the method is cacheable. Any other request belongs to the handshake era
-//! (2024-11-05 … 2025-11-25), which `initialize` opens. `initialize` itself is always
-//! handshake-era, even when a client stamps the envelope on it (the spec: "an initialize request
-//! selects legacy semantics").
+//! (2024-11-05 … 2025-11-25), which `initialize` opens. `initialize` with a `protocolVersion` is
+//! always handshake-era, even when a client stamps the envelope on it (the spec: "an initialize
+//! request selects legacy semantics"); `initialize` with the envelope and no `protocolVersion`
+//! is a 2026-07-28 request for a method that revision removed: -32601, like `ping` there.
 
 use jsonrpc_core::Error as RpcError;
 use serde_json::{json, Map, Value};
@@ -15,6 +16,9 @@ use super::protocol::{
     all_versions, invalid_params, log_level_rank, rpc_error, server_info, LOG_LEVELS, META_VERSION,
     MODERN_VERSIONS, UNSUPPORTED_VERSION,
 };
+
+/// JSON-RPC's code for a method the server does not know.
+const METHOD_NOT_FOUND: i64 = -32601;
 
 /// `_meta` key carrying the client's capabilities on a modern request (required).
 pub const META_CLIENT_CAPABILITIES: &str = "io.modelcontextprotocol/clientCapabilities";
@@ -46,12 +50,18 @@ impl Era {
     /// `initialize`), `Ok(Modern)` for a well-formed 2026-07-28 envelope, and the spec's error
     /// for a malformed or unsupported one.
     pub fn of_request(method: &str, params: &Map<String, Value>) -> Result<Era, RpcError> {
+        let meta = match params.get("_meta").and_then(Value::as_object) {
+            Some(m) if m.contains_key(META_VERSION) => Some(m),
+            _ => None,
+        };
         if method == "initialize" {
+            if meta.is_some() && !params.contains_key("protocolVersion") {
+                return Err(initialize_removed());
+            }
             return Ok(Era::Handshake);
         }
-        let meta = match params.get("_meta").and_then(Value::as_object) {
-            Some(m) if m.contains_key(META_VERSION) => m,
-            _ => return Ok(Era::Handshake),
+        let Some(meta) = meta else {
+            return Ok(Era::Handshake);
         };
         let version = meta
             .get(META_VERSION)
@@ -109,6 +119,20 @@ impl Era {
         }
     }
 
+    /// [`Era::stamp`] for a result that is cacheable but changes at any moment and belongs to
+    /// this host (`resources/list`, `resources/read`): `ttlMs` 0 (stale at once) and
+    /// `cacheScope` `private`.
+    pub fn stamp_live(self, result: &mut Value) {
+        self.stamp(result, false);
+        if !self.is_modern() {
+            return;
+        }
+        if let Some(obj) = result.as_object_mut() {
+            obj.insert("ttlMs".into(), json!(0));
+            obj.insert("cacheScope".into(), json!("private"));
+        }
+    }
+
     /// The same fields as [`Era::stamp`], as JSON text to splice before a result's closing brace
     /// (for results built by hand, like `tools/list`): empty for the handshake era.
     pub fn stamp_fields(self, cacheable: bool) -> String {
@@ -135,6 +159,24 @@ pub fn unsupported_version(requested: &Value) -> RpcError {
             supported.join(", ")
         ),
         Some(json!({ "supported": supported, "requested": requested })),
+    )
+}
+
+/// The answer to an `initialize` carrying the 2026-07-28 envelope and no `protocolVersion`:
+/// that revision removed the method (-32601, as for `ping`; the conformance suite, SEP-2575,
+/// expects it). The message names both ways in and every version spoken.
+pub fn initialize_removed() -> RpcError {
+    let supported = all_versions();
+    rpc_error(
+        METHOD_NOT_FOUND,
+        format!(
+            "method not found: initialize (protocol 2026-07-28 removed it: its requests carry the \
+             version in params._meta, and server/discover describes the server). To use the \
+             handshake instead, send initialize with \"protocolVersion\" (2025-11-25 or \
+             earlier). This server speaks {}",
+            supported.join(", ")
+        ),
+        Some(json!({ "supported": supported })),
     )
 }
 
@@ -170,11 +212,34 @@ mod tests {
             Era::of_request("tools/call", &progress_only),
             Ok(Era::Handshake)
         );
-        let enveloped = params(json!({META_VERSION: "2026-07-28", META_CLIENT_CAPABILITIES: {}}));
+        let mut enveloped =
+            params(json!({META_VERSION: "2026-07-28", META_CLIENT_CAPABILITIES: {}}));
+        enveloped.insert("protocolVersion".into(), json!("2025-11-25"));
         assert_eq!(
             Era::of_request("initialize", &enveloped),
             Ok(Era::Handshake)
         );
+        assert_eq!(
+            Era::of_request("initialize", &Map::new()),
+            Ok(Era::Handshake)
+        );
+    }
+
+    #[test]
+    fn initialize_with_the_envelope_and_no_protocol_version_is_a_removed_method() {
+        for meta in [
+            json!({META_VERSION: "2026-07-28", META_CLIENT_CAPABILITIES: {}}),
+            json!({META_VERSION: "2099-01-01"}),
+        ] {
+            let e = Era::of_request("initialize", &params(meta)).err();
+            let e = e.map(|e| (e.code.code(), e.message, e.data));
+            let (code, message, data) = e.unwrap_or_default();
+            assert_eq!(code, -32601);
+            assert!(message.contains("server/discover"), "{message}");
+            assert!(data.unwrap_or_default()["supported"]
+                .as_array()
+                .is_some_and(|s| s.contains(&json!("2026-07-28"))));
+        }
     }
 
     #[test]
@@ -241,7 +306,15 @@ mod tests {
         let mut call = json!({"content": []});
         era.stamp(&mut call, false);
         assert!(call.get("ttlMs").is_none());
+        let mut live = json!({"resources": []});
+        era.stamp_live(&mut live);
+        assert_eq!(
+            (live["ttlMs"].as_u64(), live["cacheScope"].as_str()),
+            (Some(0), Some("private"))
+        );
+        assert_eq!(live["resultType"], "complete");
         let mut legacy = json!({"tools": []});
+        Era::Handshake.stamp_live(&mut legacy);
         Era::Handshake.stamp(&mut legacy, true);
         assert_eq!(legacy, json!({"tools": []}));
         assert_eq!(Era::Handshake.stamp_fields(true), "");

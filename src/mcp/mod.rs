@@ -1,12 +1,17 @@
-//! The MCP protocol over stdio: framing, lifecycle, dispatch, progress and cancellation.
-//! Nothing here knows about QEMU; tools plug in through [`tool::ToolDef`].
+//! The MCP protocol over stdio: framing, lifecycle, dispatch, progress and cancellation, and
+//! resources. Nothing here knows about QEMU but [`vm_resources`], which says what the resources
+//! are; tools plug in through [`tool::ToolDef`].
 
 pub mod client_roots;
 pub mod era;
+pub mod instructions;
 pub mod listing;
 pub mod protocol;
+pub mod resources;
 pub mod schema;
 pub mod server;
+pub mod subscriptions;
 pub mod tool;
 pub mod transport;
+pub mod vm_resources;
 pub mod workers;

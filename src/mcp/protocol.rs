@@ -49,21 +49,18 @@ pub fn server_info() -> Value {
     })
 }
 
-/// What the server offers, as MCP capabilities.
-pub fn capabilities() -> Value {
-    json!({ "tools": { "listChanged": false }, "logging": {} })
+/// What the server offers, as MCP capabilities: tools (a fixed set), logging, and resources
+/// with list-changed notifications when `resources` is true (only then are they served).
+pub fn capabilities(resources: bool) -> Value {
+    let mut caps = json!({ "tools": { "listChanged": false }, "logging": {} });
+    if resources {
+        caps["resources"] = json!({ "listChanged": true });
+    }
+    caps
 }
 
 /// A short orientation for agents, sent in `initialize` and `server/discover`.
-pub const INSTRUCTIONS: &str =
-    "mcqemu runs QEMU virtual machines. VMs are daemonized QEMU processes that outlive this \
-    server; list_vms shows them with measured status. For a disposable Linux to run commands \
-    in, call sandbox_vm (a qcow2 overlay on an untouched base image, launched and waited on \
-    until the guest agent answers), then guest_exec / guest_file_read / guest_file_write, \
-    and sandbox_destroy when done. The guest_* tools need qemu-guest-agent inside the guest. \
-    For guests without an agent (installers, boot menus), look with vm_screenshot and drive \
-    with vm_type_text, vm_send_keys and vm_click, or use the serial console. Disk images are \
-    managed with the image_* tools (qemu-img); image_download fetches one over http(s).";
+pub use super::instructions::INSTRUCTIONS;
 
 /// A JSON-RPC error object with optional data.
 pub fn rpc_error(code: i64, message: impl Into<String>, data: Option<Value>) -> RpcError {

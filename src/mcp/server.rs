@@ -1,11 +1,12 @@
 //! Dispatch: one reader thread turns lines into requests; instant requests are answered inline,
-//! each `tools/call` runs on a worker thread (bounded count) with its own cancel flag and
-//! progress reporter.
+//! each `tools/call` and `resources/read` runs on a worker thread (bounded count) with its own
+//! cancel flag (and, for tools, progress reporter). A watch thread notices when the resource
+//! list changes and tells whoever listens.
 
 use std::collections::HashMap;
 use std::io::BufRead;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
@@ -14,7 +15,9 @@ use super::client_roots::{ClientRoots, RootsHook, ROOTS_WAIT};
 use super::era::{no_version, Era};
 use super::listing::Listing;
 use super::protocol::*;
+use super::resources::{self, Provider, Watch};
 use super::schema::check_arguments;
+use super::subscriptions::{self, Subscriptions};
 use super::tool::{error_result, Args, Logger, Progress, ToolCtx, ToolDef, ToolError};
 use super::transport::{Line, LineReader, Output, MAX_LINE_BYTES};
 use super::workers::{Job, Workers};
@@ -27,6 +30,10 @@ const CANCEL_GRACE: Duration = Duration::from_secs(3);
 /// Tools per `tools/list` page unless `MCQEMU_TOOLS_PAGE_SIZE` says otherwise.
 const DEFAULT_PAGE_SIZE: usize = 50;
 
+/// How often the watch thread looks for resource list changes (each tool call also looks when
+/// it ends, before its answer).
+const WATCH_INTERVAL: Duration = Duration::from_millis(500);
+
 /// The server state shared by the reader, the workers and the signal thread.
 pub struct Server {
     out: Arc<Output>,
@@ -38,8 +45,16 @@ pub struct Server {
     log_level: Arc<AtomicUsize>,
     /// Set once a handshake-era client sent `initialize`.
     initialized: AtomicBool,
+    /// Set once it sent `notifications/initialized`: list-changed notifications may go out.
+    ready: AtomicBool,
     /// The client's roots, asked for when it declares them.
     roots: ClientRoots,
+    /// What the server offers as resources (None: no resources capability at all).
+    resources: Option<Arc<dyn Provider>>,
+    /// Notices changes of the resource list, once someone may want to hear of them.
+    watch: Watch,
+    /// The open `subscriptions/listen` streams (2026-07-28).
+    subs: Subscriptions,
 }
 
 impl Server {
@@ -55,6 +70,17 @@ impl Server {
         tools: &'static [ToolDef],
         hook: Option<RootsHook>,
     ) -> Arc<Self> {
+        Self::with_resources(out, tools, hook, None)
+    }
+
+    /// A server with a roots hook (see [`Server::with_roots_hook`]) that also offers
+    /// `resources` (the `resources` capability, `resources/*`, list-changed notifications).
+    pub fn with_resources(
+        out: Arc<Output>,
+        tools: &'static [ToolDef],
+        hook: Option<RootsHook>,
+        resources: Option<Arc<dyn Provider>>,
+    ) -> Arc<Self> {
         let page_size = std::env::var("MCQEMU_TOOLS_PAGE_SIZE")
             .ok()
             .and_then(|s| s.parse::<usize>().ok())
@@ -68,8 +94,17 @@ impl Server {
             workers: Arc::new(Workers::default()),
             log_level: Arc::new(AtomicUsize::new(log_level_rank("info").unwrap_or(1))),
             initialized: AtomicBool::new(false),
+            ready: AtomicBool::new(false),
             roots: ClientRoots::new(hook),
+            resources,
+            watch: Watch::default(),
+            subs: Subscriptions::default(),
         })
+    }
+
+    /// The capabilities this server declares: resources only when it has them.
+    fn capabilities(&self) -> Value {
+        capabilities(self.resources.is_some())
     }
 
     /// Reads requests until EOF, then lets in-flight calls finish (bounded) and returns.
@@ -96,6 +131,8 @@ impl Server {
     /// Ends in-flight work: waits up to `grace` for calls to finish, then cancels them and
     /// waits a bounded time more.
     pub fn shutdown(&self, grace: Duration) {
+        // Listen streams end gracefully, each with its result.
+        self.subs.close_all(&self.out);
         if !self.wait_idle(grace) {
             self.cancel_all();
             self.wait_idle(CANCEL_GRACE);
@@ -247,6 +284,10 @@ impl Server {
         if method == "notifications/cancelled" {
             if let Some(req) = params.get("requestId") {
                 let key = req.to_string();
+                // A listen stream the client ends: no answer follows.
+                if self.subs.cancel(&key) {
+                    return;
+                }
                 if let Ok(mut map) = self.inflight.lock() {
                     if let Some(flag) = map.get(&key) {
                         flag.store(true, Ordering::SeqCst);
@@ -258,6 +299,9 @@ impl Server {
                     }
                 }
             }
+        }
+        if method == "notifications/initialized" {
+            self.ready.store(true, Ordering::SeqCst);
         }
         if method == "notifications/initialized" || method == "notifications/roots/list_changed" {
             self.roots.ask(&self.out);
@@ -274,16 +318,26 @@ impl Server {
             match method {
                 "server/discover" => Ok(json!({
                     "supportedVersions": all_versions(),
-                    "capabilities": capabilities(),
+                    "capabilities": self.capabilities(),
                     "instructions": INSTRUCTIONS,
                 })),
                 "tools/list" => return self.list_tools(&id, &params, era),
                 "tools/call" => return self.call_tool(id, params, era),
+                "subscriptions/listen" => return self.listen(id, &params),
+                "resources/list" | "resources/templates/list" | "resources/read"
+                    if self.resources.is_some() =>
+                {
+                    return self.resource_request(id, method, params, era)
+                }
                 // ping and logging/setLevel are gone from 2026-07-28 (the log level travels
                 // in each request's _meta), so they are unknown methods there.
                 _ => Err(method_not_found(method)),
             }
         } else {
+            let resource_method = matches!(
+                method,
+                "resources/list" | "resources/templates/list" | "resources/read"
+            );
             let known = matches!(
                 method,
                 "initialize"
@@ -292,7 +346,7 @@ impl Server {
                     | "tools/list"
                     | "tools/call"
                     | "logging/setLevel"
-            );
+            ) || (resource_method && self.resources.is_some());
             if !known {
                 Err(method_not_found(method))
             } else if !matches!(method, "initialize" | "ping")
@@ -304,10 +358,11 @@ impl Server {
                     "initialize" => self.initialize(&params),
                     "server/discover" => Ok(json!({
                         "supportedVersions": all_versions(),
-                        "capabilities": capabilities(),
+                        "capabilities": self.capabilities(),
                         "serverInfo": server_info(),
                         "instructions": INSTRUCTIONS,
                     })),
+                    _ if resource_method => return self.resource_request(id, method, params, era),
                     "tools/list" => return self.list_tools(&id, &params, era),
                     "logging/setLevel" => self.set_level(&params),
                     "tools/call" => return self.call_tool(id, params, era),
@@ -324,16 +379,21 @@ impl Server {
         }
     }
 
-    fn initialize(&self, params: &Map<String, Value>) -> Result<Value, jsonrpc_core::Error> {
+    fn initialize(
+        self: &Arc<Self>,
+        params: &Map<String, Value>,
+    ) -> Result<Value, jsonrpc_core::Error> {
         let requested = params
             .get("protocolVersion")
             .and_then(Value::as_str)
             .ok_or_else(|| invalid_params("initialize needs \"protocolVersion\" (a string)"))?;
         self.initialized.store(true, Ordering::SeqCst);
         self.roots.on_initialize(params);
+        // The list as it is now, before the answer: any change after it is notified.
+        self.start_watch();
         Ok(json!({
             "protocolVersion": negotiate(requested),
-            "capabilities": capabilities(),
+            "capabilities": self.capabilities(),
             "serverInfo": server_info(),
             "instructions": INSTRUCTIONS,
         }))
@@ -453,6 +513,8 @@ impl Server {
             if let Ok(mut map) = server.inflight.lock() {
                 map.remove(&job_key);
             }
+            // A call that added or removed a VM says so before its answer.
+            server.check_resources();
             if !cancel.load(Ordering::SeqCst) {
                 server.send(&finish(result));
             }
@@ -473,10 +535,185 @@ impl Server {
     }
 }
 
-/// Serves MCP on stdin/stdout until EOF or SIGTERM/SIGINT. Returns the process exit code.
+impl Server {
+    /// Registers `id` as in flight (the key cancellation finds it by); the error for an id
+    /// already in flight, a tool call's or a listen stream's.
+    fn claim(&self, id: &Value) -> Result<Arc<AtomicBool>, jsonrpc_core::Error> {
+        let key = id.to_string();
+        let mut map = match self.inflight.lock() {
+            Ok(m) => m,
+            Err(p) => p.into_inner(),
+        };
+        if map.contains_key(&key) || self.subs.is_open(&key) {
+            return Err(invalid_request(format!(
+                "request id {key} is already in flight; use a fresh id"
+            )));
+        }
+        let cancel = Arc::new(AtomicBool::new(false));
+        map.insert(key, cancel.clone());
+        Ok(cancel)
+    }
+
+    /// `resources/list`, `resources/templates/list` (answered at once) and `resources/read`
+    /// (on a worker: a screen capture takes up to a few seconds, and must not hold up the
+    /// reader).
+    fn resource_request(
+        self: &Arc<Self>,
+        id: Value,
+        method: &str,
+        params: Map<String, Value>,
+        era: Era,
+    ) {
+        let Some(provider) = self.resources.clone() else {
+            return self.send(&error_response(&id, method_not_found(method)));
+        };
+        let answer = match method {
+            "resources/list" => resources::list_result(provider.as_ref(), &params, era),
+            "resources/templates/list" => {
+                resources::templates_result(provider.as_ref(), &params, era)
+            }
+            _ => {
+                let uri = match resources::read_uri(&params) {
+                    Ok(u) => u,
+                    Err(e) => return self.send(&error_response(&id, e)),
+                };
+                let cancel = match self.claim(&id) {
+                    Ok(c) => c,
+                    Err(e) => return self.send(&error_response(&id, e)),
+                };
+                let key = id.to_string();
+                let server = Arc::clone(self);
+                let job_key = key.clone();
+                let reply_id = id.clone();
+                let run = move || {
+                    let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        resources::read_result(provider.as_ref(), &uri, era)
+                    }))
+                    .unwrap_or_else(|_| {
+                        Err(rpc_error(
+                            resources::INTERNAL_ERROR,
+                            "internal error (reading the resource panicked); this is a bug \
+                             in mcqemu, please report it",
+                            Some(json!({ "uri": uri })),
+                        ))
+                    });
+                    if let Ok(mut map) = server.inflight.lock() {
+                        map.remove(&job_key);
+                    }
+                    if !cancel.load(Ordering::SeqCst) {
+                        server.send(&match read {
+                            Ok(r) => response(&reply_id, r),
+                            Err(e) => error_response(&reply_id, e),
+                        });
+                    }
+                };
+                let job = Job {
+                    key: key.clone(),
+                    name: "resources-read".into(),
+                    run: Box::new(run),
+                };
+                if let Err(e) = self.workers.submit(job) {
+                    if let Ok(mut map) = self.inflight.lock() {
+                        map.remove(&key);
+                    }
+                    self.send(&error_response(
+                        &id,
+                        rpc_error(resources::INTERNAL_ERROR, e.to_string(), None),
+                    ));
+                }
+                return;
+            }
+        };
+        match answer {
+            Ok(r) => self.send(&response(&id, r)),
+            Err(e) => self.send(&error_response(&id, e)),
+        }
+    }
+
+    /// `subscriptions/listen` (2026-07-28): acknowledges the stream with the filter honoured
+    /// and keeps it open until the client cancels it or the server shuts down.
+    fn listen(self: &Arc<Self>, id: Value, params: &Map<String, Value>) {
+        let filter = match subscriptions::honoured(params, self.resources.is_some()) {
+            Ok(f) => f,
+            Err(e) => return self.send(&error_response(&id, e)),
+        };
+        let key = id.to_string();
+        let in_flight = self
+            .inflight
+            .lock()
+            .map(|m| m.contains_key(&key))
+            .unwrap_or(false);
+        if filter.get("resourcesListChanged").is_some() {
+            // The list as it is now, before the acknowledgment.
+            self.start_watch();
+        }
+        if in_flight || !self.subs.open(&self.out, &id, filter) {
+            self.send(&error_response(
+                &id,
+                invalid_request(format!(
+                    "request id {key} is already in flight; use a fresh id"
+                )),
+            ));
+        }
+    }
+
+    /// Takes the resource list as it is now and starts the watch thread, once.
+    fn start_watch(self: &Arc<Self>) {
+        let Some(provider) = self.resources.clone() else {
+            return;
+        };
+        if !self.watch.start(provider.as_ref()) {
+            return;
+        }
+        let weak: Weak<Server> = Arc::downgrade(self);
+        let spawned = std::thread::Builder::new()
+            .name("resources-watch".into())
+            .spawn(move || loop {
+                std::thread::sleep(WATCH_INTERVAL);
+                let Some(server) = weak.upgrade() else {
+                    return;
+                };
+                if server.out.is_closed() {
+                    return;
+                }
+                server.check_resources();
+            });
+        if let Err(e) = spawned {
+            crate::log::stderr(
+                "warning",
+                &format!(
+                    "cannot start the resource watch ({e}); list changes are noticed only when a \
+                     tool call ends"
+                ),
+            );
+        }
+    }
+
+    /// Tells whoever listens when the resource list changed since it was last looked at: a
+    /// handshake-era client that initialized, and every listen stream that asked.
+    fn check_resources(&self) {
+        let Some(provider) = &self.resources else {
+            return;
+        };
+        if !self.watch.changed(provider.as_ref()) {
+            return;
+        }
+        if self.ready.load(Ordering::SeqCst) {
+            self.send(&notification(
+                "notifications/resources/list_changed",
+                json!({}),
+            ));
+        }
+        self.subs.resources_changed(&self.out);
+    }
+}
+
+/// Serves MCP on stdin/stdout until EOF or SIGTERM/SIGINT, offering each VM's serial log and
+/// screen as resources. Returns the process exit code.
 pub fn serve_stdio(tools: &'static [ToolDef], roots_hook: Option<RootsHook>) -> i32 {
     let out = Arc::new(Output::new(Box::new(std::io::stdout())));
-    let server = Server::with_roots_hook(out, tools, roots_hook);
+    let resources: Arc<dyn Provider> = Arc::new(super::vm_resources::VmResources);
+    let server = Server::with_resources(out, tools, roots_hook, Some(resources));
     install_signal_handler(Arc::clone(&server));
     crate::log::stderr(
         "info",
@@ -501,6 +738,7 @@ fn install_signal_handler(server: Arc<Server>) {
         .spawn(move || {
             if let Some(sig) = signals.forever().next() {
                 crate::log::stderr("info", &format!("signal {sig}: shutting down"));
+                server.subs.close_all(&server.out);
                 server.cancel_all();
                 server.wait_idle(CANCEL_GRACE);
                 std::process::exit(0);

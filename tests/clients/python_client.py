@@ -1,15 +1,26 @@
 #!/usr/bin/env python3
 """Drive mcqemu with the official Python MCP SDK (mcp 2.x) over stdio.
 
-    python_client.py BINARY MODE        (MODE: auto -> 2026-07-28, legacy -> 2025-11-25)
+    python_client.py BINARY MODE [resources]   (MODE: auto -> 2026-07-28, legacy -> 2025-11-25)
+
+Without `resources`: tools, a tool error, a cancelled download, progress. With
+`resources`: a VM's serial console log and screen as MCP resources (list,
+templates, read), the list following the VMs (auto: a `subscriptions/listen`
+stream; legacy: notifications/resources/list_changed), and a VM that is gone as
+a clear error. That journey boots the test guest named by MCQEMU_TEST_KERNEL,
+MCQEMU_TEST_INITRD and MCQEMU_TEST_APPEND, in MCQEMU_STATE_DIR and
+MCQEMU_RUNTIME_DIR when set (the Rust test sets them, and kills what is left),
+with MCQEMU_ROOTS passed on (the guest's folder must be inside the roots).
 
 The server runs under record.py, and the recorded transcript is checked with
 validate_transcript.py at the end. Exits 0 when every check passed, 1 with a
 clear message otherwise.
 """
 
+import base64
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -24,7 +35,7 @@ import anyio
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.shared.exceptions import MCPError
-from mcp_types import INVALID_PARAMS
+from mcp_types import INVALID_PARAMS, ResourceListChangedNotification
 
 HERE = Path(__file__).resolve().parent
 EXPECTED_VERSION = {"auto": "2026-07-28", "legacy": "2025-11-25"}
@@ -240,7 +251,129 @@ async def run(binary: str, mode: str, tmp: Path, transcript: Path) -> dict:
     return facts
 
 
+VM = "sdkbox"
+READY = "mcqemu-test-guest: ready"
+RESOURCE_NOT_FOUND = {"auto": INVALID_PARAMS, "legacy": -32002}  # 2026-07-28 moved it to -32602
+
+
+async def run_resources(binary: str, mode: str, tmp: Path, transcript: Path) -> dict:
+    """The resources journey on one test guest; returns facts for the transcript checks."""
+    env = {}
+    for key in ("MCQEMU_STATE_DIR", "MCQEMU_RUNTIME_DIR"):
+        env[key] = os.environ.get(key) or str(tmp / key.lower())
+        Path(env[key]).mkdir(parents=True, exist_ok=True)
+    if os.environ.get("MCQEMU_ROOTS"):  # the test guest's folder must be inside the roots
+        env["MCQEMU_ROOTS"] = os.environ["MCQEMU_ROOTS"]
+    guest = {k: os.environ.get(f"MCQEMU_TEST_{k.upper()}") for k in ("kernel", "initrd", "append")}
+    check(all(guest.values()), f"set MCQEMU_TEST_KERNEL, _INITRD and _APPEND (the test guest): {guest}")
+    server = StdioServerParameters(
+        command=sys.executable, args=[str(HERE / "record.py"), str(transcript), "--", binary], env=env
+    )
+    serial, screen = f"mcqemu://vm/{VM}/serial", f"mcqemu://vm/{VM}/screen"
+    changes: list = []  # legacy: notifications/resources/list_changed
+
+    async def on_message(m) -> None:
+        if isinstance(m, ResourceListChangedNotification):
+            changes.append(m)
+
+    async def next_change(sub, seen: int, what: str) -> None:
+        """The change `what` made: the listen stream's next event (auto), or a notification
+        beyond the `seen` ones (legacy; the server sends it before the call's answer)."""
+        if sub is not None:
+            with anyio.fail_after(REQUEST_S):
+                event = await sub.__anext__()
+            check(type(event).__name__ == "ResourcesListChanged", f"{what}: listen gave {event!r}")
+        else:
+            await wait_until(lambda: len(changes) > seen, REQUEST_S, f"list_changed after {what}")
+
+    async with Client(server, mode=mode, read_timeout_seconds=REQUEST_S, message_handler=on_message) as client:
+        want = EXPECTED_VERSION[mode]
+        check(client.protocol_version == want, f"mode={mode} negotiated {client.protocol_version!r}, expected {want!r}")
+        caps = client.server_capabilities.resources
+        check(caps is not None and caps.list_changed is True, f"resources capability: {caps!r}")
+        t = await client.list_resource_templates()
+        got = [str(x.uri_template) for x in t.resource_templates]
+        check(got == ["mcqemu://vm/{name}/serial", "mcqemu://vm/{name}/screen"], f"resource templates: {got}")
+        r = await client.list_resources()
+        check(r.resources == [], f"a fresh state folder lists no resource: {r.resources}")
+
+        async def journey(sub) -> None:
+            seen = len(changes)
+            launched = await client.call_tool(
+                "launch_vm",
+                {"name": VM, **guest, "memory_mb": 128, "cpus": 1, "no_net": True},
+            )
+            check(not launched.is_error, f"launch_vm failed: {launched.content}")
+            await next_change(sub, seen, "launch_vm")
+            r = await client.list_resources()
+            got = [(str(x.uri), x.mime_type) for x in r.resources]
+            check(got == [(serial, "text/plain"), (screen, "image/png")], f"resources/list after the launch: {got}")
+            # The console as the guest boots (ttlMs 0: each read reaches the server).
+            text = ""
+            with anyio.move_on_after(60):
+                while READY not in text:
+                    c = (await client.read_resource(serial)).contents
+                    check(len(c) == 1 and str(c[0].uri) == serial, f"serial contents: {c}")
+                    check(c[0].mime_type == "text/plain", f"serial mime type: {c[0].mime_type}")
+                    text = c[0].text
+                    if READY not in text:
+                        await anyio.sleep(0.5)
+            check(READY in text, f"the guest never said {READY!r} on its console: {text[-500:]!r}")
+            c = (await client.read_resource(screen)).contents
+            check(len(c) == 1 and c[0].mime_type == "image/png", f"screen contents: {c}")
+            png = base64.b64decode(c[0].blob, validate=True)
+            check(png[:8] == b"\x89PNG\r\n\x1a\n" and png[12:16] == b"IHDR", "the screen is not a PNG")
+            w, h = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+            check(w > 0 and h > 0, f"screen of {w}x{h}")
+            print(f"resources: console {len(text)} characters, screen {w}x{h} PNG of {len(png)} bytes")
+            # Gone: stopped and forgotten.
+            r = await client.call_tool("stop_vm", {"name": VM, "force": True})
+            check(not r.is_error, f"stop_vm failed: {r.content}")
+            seen = len(changes)
+            r = await client.call_tool("forget_vm", {"name": VM})
+            check(not r.is_error, f"forget_vm failed: {r.content}")
+            await next_change(sub, seen, "forget_vm")
+            r = await client.list_resources()
+            check(r.resources == [], f"resources/list after forget_vm: {r.resources}")
+            for uri in (serial, screen):
+                try:
+                    got = await client.read_resource(uri)
+                except MCPError as e:
+                    code = RESOURCE_NOT_FOUND[mode]
+                    check(e.code == code, f"reading {uri} of a forgotten VM: code {e.code}, expected {code} ({e})")
+                    check(f'"{VM}"' in str(e) and "list_vms" in str(e), f"the error does not say what to do: {e}")
+                else:
+                    raise Failure(f"reading {uri} of a forgotten VM returned {got}")
+            print(f"resources: a forgotten VM's resources are gone (error {RESOURCE_NOT_FOUND[mode]})")
+
+        if mode == "auto":
+            async with client.listen(resources_list_changed=True, tools_list_changed=True) as sub:
+                honored = sub.honored
+                check(honored.resources_list_changed is True, f"listen honoured {honored!r}")
+                check(not honored.tools_list_changed, f"tools never change, yet listen honoured {honored!r}")
+                await journey(sub)
+        else:
+            await journey(None)
+            check(len(changes) == 2, f"expected 2 list_changed notifications, got {changes}")
+    return {"resources": True}
+
+
 def check_transcript(transcript: Path, mode: str, facts: dict) -> None:
+    if facts.get("resources"):
+        entries = [json.loads(line) for line in transcript.read_text().splitlines() if line.strip()]
+        s2c = [e["msg"] for e in entries if e["dir"] == "s2c" and isinstance(e["msg"], dict)]
+        changed = [m for m in s2c if m.get("method") == "notifications/resources/list_changed"]
+        check(len(changed) == 2, f"expected 2 list_changed notifications on the wire, got {changed}")
+        if mode == "auto":
+            acks = [m for m in s2c if m.get("method") == "notifications/subscriptions/acknowledged"]
+            check(len(acks) == 1, f"expected one listen acknowledgment, got {acks}")
+            sub_id = acks[0]["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"]
+            for m in changed:
+                got = m["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"]
+                check(got == sub_id, f"a list_changed of another stream: {m}")
+        era = EXPECTED_VERSION[mode]
+        check(validate(transcript, era), f"validate_transcript.py found the transcript invalid for {era}")
+        return
     entries = [json.loads(line) for line in transcript.read_text().splitlines() if line.strip()]
     c2s = [e["msg"] for e in entries if e["dir"] == "c2s" and isinstance(e["msg"], dict)]
     calls = [
@@ -284,17 +417,18 @@ def dump_transcript(transcript: Path, width: int = 600) -> None:
 
 
 def main() -> int:
-    if len(sys.argv) != 3 or sys.argv[2] not in EXPECTED_VERSION:
-        print("usage: python_client.py BINARY {auto,legacy}", file=sys.stderr)
+    args = sys.argv[1:]
+    if len(args) not in (2, 3) or args[1] not in EXPECTED_VERSION or args[2:] not in ([], ["resources"]):
+        print("usage: python_client.py BINARY {auto,legacy} [resources]", file=sys.stderr)
         return 2
-    binary, mode = sys.argv[1], sys.argv[2]
+    binary, mode, journey = args[0], args[1], (run_resources if args[2:] else run)
     tmp = Path(tempfile.mkdtemp(prefix=f"mcqemu-py-{mode}-"))
     transcript = tmp / "transcript.jsonl"
     try:
 
         async def bounded() -> dict:
             with anyio.fail_after(WHOLE_RUN_S):
-                return await run(binary, mode, tmp, transcript)
+                return await journey(binary, mode, tmp, transcript)
 
         facts = anyio.run(bounded)
         check_transcript(transcript, mode, facts)
@@ -314,7 +448,7 @@ def main() -> int:
         print(f"(files kept in {tmp})")
         return 1
     shutil.rmtree(tmp, ignore_errors=True)
-    print(f"python_client mode={mode}: all checks passed")
+    print(f"python_client mode={mode}{' resources' if args[2:] else ''}: all checks passed")
     return 0
 
 

@@ -1,7 +1,15 @@
 // Drive mcqemu with the official TypeScript MCP SDK over stdio (its default
 // handshake, protocol 2025-11-25).
 //
-//     node ts_client.mjs BINARY
+//     node ts_client.mjs BINARY [resources]
+//
+// Without `resources`: tools, output-schema validation, progress. With
+// `resources`: a VM's serial console log and screen as MCP resources (list,
+// templates, read), notifications/resources/list_changed as VMs come and go,
+// and a VM that is gone as a clear error (-32002). That journey boots the test
+// guest named by MCQEMU_TEST_KERNEL, MCQEMU_TEST_INITRD and MCQEMU_TEST_APPEND,
+// in MCQEMU_STATE_DIR and MCQEMU_RUNTIME_DIR when set, with MCQEMU_ROOTS passed
+// on (the guest's folder must be inside the roots).
 //
 // Environment: MCQEMU_SDK_NODE_DIR (holds node_modules/@modelcontextprotocol/sdk)
 // and MCQEMU_SDK_PYTHON (a python with mcp_types, for record.py and
@@ -29,6 +37,7 @@ const REQUEST_MS = 30_000;
 const require = createRequire(path.join(NODE_DIR, 'package.json'));
 const { Client } = require('@modelcontextprotocol/sdk/client/index.js');
 const { StdioClientTransport } = require('@modelcontextprotocol/sdk/client/stdio.js');
+const { McpError, ResourceListChangedNotificationSchema } = require('@modelcontextprotocol/sdk/types.js');
 const SDK_VERSION = JSON.parse(
   fs.readFileSync(path.join(NODE_DIR, 'node_modules/@modelcontextprotocol/sdk/package.json'), 'utf8'),
 ).version;
@@ -162,6 +171,10 @@ async function run(binary, tmp, transcript) {
   const progress = lines.filter((e) => e.dir === 's2c' && e.msg?.method === 'notifications/progress');
   const last = progress.at(-1)?.msg.params;
   check(last?.progress === 512 << 10, `the server's last progress is not the full size: ${JSON.stringify(last)}`);
+  validateTranscript(transcript);
+}
+
+function validateTranscript(transcript) {
   const v = spawnSync(PYTHON, [path.join(HERE, 'validate_transcript.py'), transcript, ERA], {
     encoding: 'utf8',
     timeout: 60_000,
@@ -171,11 +184,133 @@ async function run(binary, tmp, transcript) {
   check(v.status === 0, `validate_transcript.py found the transcript invalid for ${ERA} (${how})`);
 }
 
+async function waitUntil(cond, ms, what) {
+  const deadline = Date.now() + ms;
+  while (!cond()) {
+    if (Date.now() > deadline) throw new Failure(`timed out after ${ms / 1000} s waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+const VM = 'tsbox';
+const READY = 'mcqemu-test-guest: ready';
+
+// The resources journey on one test guest.
+async function runResources(binary, tmp, transcript) {
+  const env = {};
+  for (const key of ['MCQEMU_STATE_DIR', 'MCQEMU_RUNTIME_DIR']) {
+    env[key] = process.env[key] || path.join(tmp, key.toLowerCase());
+    fs.mkdirSync(env[key], { recursive: true });
+  }
+  if (process.env.MCQEMU_ROOTS) env.MCQEMU_ROOTS = process.env.MCQEMU_ROOTS;
+  const guest = {
+    kernel: process.env.MCQEMU_TEST_KERNEL,
+    initrd: process.env.MCQEMU_TEST_INITRD,
+    append: process.env.MCQEMU_TEST_APPEND,
+  };
+  check(guest.kernel && guest.initrd && guest.append, 'set MCQEMU_TEST_KERNEL, _INITRD and _APPEND (the test guest)');
+  const transport = new StdioClientTransport({
+    command: PYTHON,
+    args: [path.join(HERE, 'record.py'), transcript, '--', binary],
+    env,
+    stderr: 'inherit',
+  });
+  const client = new Client({ name: 'mcqemu-sdk-test', version: '0.0.0' });
+  const changes = [];
+  client.setNotificationHandler(ResourceListChangedNotificationSchema, (n) => changes.push(n));
+  const serial = `mcqemu://vm/${VM}/serial`;
+  const screen = `mcqemu://vm/${VM}/screen`;
+  const opts = { timeout: REQUEST_MS };
+  let launched = false;
+  try {
+    await client.connect(transport, opts);
+    const caps = client.getServerCapabilities();
+    check(caps?.resources?.listChanged === true, `resources capability: ${JSON.stringify(caps)}`);
+    const t = await client.listResourceTemplates(undefined, opts);
+    const templates = t.resourceTemplates.map((x) => x.uriTemplate);
+    check(
+      JSON.stringify(templates) === JSON.stringify(['mcqemu://vm/{name}/serial', 'mcqemu://vm/{name}/screen']),
+      `resource templates: ${JSON.stringify(templates)}`,
+    );
+    let r = await client.listResources(undefined, opts);
+    check(r.resources.length === 0, `a fresh state folder lists no resource: ${JSON.stringify(r)}`);
+
+    let seen = changes.length;
+    let c = await client.callTool(
+      { name: 'launch_vm', arguments: { name: VM, ...guest, memory_mb: 128, cpus: 1, no_net: true } },
+      undefined,
+      { timeout: 120_000 },
+    );
+    launched = !c.isError;
+    check(!c.isError, `launch_vm failed: ${JSON.stringify(c.content)}`);
+    await waitUntil(() => changes.length > seen, REQUEST_MS, 'list_changed after launch_vm');
+    r = await client.listResources(undefined, opts);
+    const listed = r.resources.map((x) => [x.uri, x.mimeType]);
+    check(
+      JSON.stringify(listed) === JSON.stringify([[serial, 'text/plain'], [screen, 'image/png']]),
+      `resources/list after the launch: ${JSON.stringify(listed)}`,
+    );
+
+    let text = '';
+    const deadline = Date.now() + 60_000;
+    while (!text.includes(READY)) {
+      check(Date.now() < deadline, `the guest never said ${READY} on its console: ${JSON.stringify(text)}`);
+      const got = await client.readResource({ uri: serial }, opts);
+      check(got.contents.length === 1 && got.contents[0].uri === serial, `serial contents: ${JSON.stringify(got)}`);
+      check(got.contents[0].mimeType === 'text/plain', `serial mime type: ${got.contents[0].mimeType}`);
+      text = got.contents[0].text;
+      if (!text.includes(READY)) await new Promise((res) => setTimeout(res, 500));
+    }
+    const shot = await client.readResource({ uri: screen }, opts);
+    check(shot.contents.length === 1 && shot.contents[0].mimeType === 'image/png', `screen: ${JSON.stringify(shot).slice(0, 300)}`);
+    const png = Buffer.from(shot.contents[0].blob, 'base64');
+    check(png.subarray(0, 8).equals(Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a])), 'the screen is not a PNG');
+    const [w, h] = [png.readUInt32BE(16), png.readUInt32BE(20)];
+    check(w > 0 && h > 0, `screen of ${w}x${h}`);
+    console.log(`resources: console ${text.length} characters, screen ${w}x${h} PNG of ${png.length} bytes`);
+
+    c = await client.callTool({ name: 'stop_vm', arguments: { name: VM, force: true } }, undefined, opts);
+    check(!c.isError, `stop_vm failed: ${JSON.stringify(c.content)}`);
+    seen = changes.length;
+    c = await client.callTool({ name: 'forget_vm', arguments: { name: VM } }, undefined, opts);
+    check(!c.isError, `forget_vm failed: ${JSON.stringify(c.content)}`);
+    launched = false;
+    await waitUntil(() => changes.length > seen, REQUEST_MS, 'list_changed after forget_vm');
+    r = await client.listResources(undefined, opts);
+    check(r.resources.length === 0, `resources/list after forget_vm: ${JSON.stringify(r)}`);
+    for (const uri of [serial, screen]) {
+      let got;
+      try {
+        got = await client.readResource({ uri }, opts);
+      } catch (e) {
+        check(e instanceof McpError, `reading ${uri} of a forgotten VM threw ${e}`);
+        check(e.code === -32002, `reading ${uri} of a forgotten VM: code ${e.code}, expected -32002 (${e.message})`);
+        check(e.message.includes(`"${VM}"`) && e.message.includes('list_vms'), `the error does not say what to do: ${e.message}`);
+        continue;
+      }
+      throw new Failure(`reading ${uri} of a forgotten VM returned ${JSON.stringify(got)}`);
+    }
+    check(changes.length === 2, `expected 2 list_changed notifications, got ${JSON.stringify(changes)}`);
+    console.log('resources: a forgotten VM\'s resources are gone (error -32002)');
+  } finally {
+    if (launched) {
+      await client.callTool({ name: 'stop_vm', arguments: { name: VM, force: true } }, undefined, opts).catch(() => {});
+    }
+    await client.close();
+  }
+  const lines = fs.readFileSync(transcript, 'utf8').split('\n').filter(Boolean).map((l) => JSON.parse(l));
+  const wire = lines.filter((e) => e.dir === 's2c' && e.msg?.method === 'notifications/resources/list_changed');
+  check(wire.length === 2, `expected 2 list_changed notifications on the wire, got ${wire.length}`);
+  validateTranscript(transcript);
+}
+
 async function main() {
-  if (process.argv.length !== 3) {
-    console.error('usage: node ts_client.mjs BINARY');
+  const args = process.argv.slice(2);
+  if (!(args.length === 1 || (args.length === 2 && args[1] === 'resources'))) {
+    console.error('usage: node ts_client.mjs BINARY [resources]');
     return 2;
   }
+  const journey = args[1] === 'resources' ? runResources : run;
   const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'mcqemu-ts-'));
   const transcript = path.join(tmp, 'transcript.jsonl');
   let timer;
@@ -183,7 +318,7 @@ async function main() {
     timer = setTimeout(() => reject(new Failure(`the run took over ${WHOLE_RUN_MS / 1000} s`)), WHOLE_RUN_MS);
   });
   try {
-    await Promise.race([run(process.argv[2], tmp, transcript), deadline]);
+    await Promise.race([journey(args[0], tmp, transcript), deadline]);
   } catch (e) {
     dumpTranscript(transcript);
     console.log(`ts_client FAILED${e instanceof Failure ? '' : ` with ${e?.name}`}: ${e?.message ?? e}`);
@@ -194,7 +329,7 @@ async function main() {
     clearTimeout(timer);
   }
   fs.rmSync(tmp, { recursive: true, force: true });
-  console.log('ts_client: all checks passed');
+  console.log(`ts_client${args[1] ? ' ' + args[1] : ''}: all checks passed`);
   return 0;
 }
 

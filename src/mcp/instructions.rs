@@ -1,0 +1,48 @@
+//! The `instructions` of `initialize` and `server/discover`: all that a host like Claude Code
+//! shows the model about this server before it searches the tools, so they say in one screen
+//! what mcqemu is, its three journeys and the tool that starts each, templates, the roots rule,
+//! progress, and the resources. `tests/mcp_protocol.rs` pins their length and that every tool
+//! they name exists.
+
+/// The longest the instructions may grow: one screen.
+pub const MAX_LEN: usize = 1500;
+
+/// The instructions, one line per topic.
+pub const INSTRUCTIONS: &str = concat!(
+    "mcqemu runs QEMU virtual machines on this host. They outlive this server; list_vms shows \
+     them.\n",
+    "Three journeys, each started by one tool:\n",
+    "1. Sandbox a distribution from the catalog (image_catalog): image_pull, image_prepare (adds \
+     the guest agent), sandbox_vm; then guest_exec, guest_file_read, guest_file_write; \
+     sandbox_destroy at the end.\n",
+    "2. Drive a desktop or an installer: launch_vm with iso (a disk from image_create); look with \
+     vm_screenshot, act with vm_click, vm_type_text, vm_send_keys.\n",
+    "3. Boot a kernel and read its serial console: launch_vm with kernel, initrd and append \
+     (console=ttyS0); then vm_serial_wait for a string, vm_serial_read for the tail.\n",
+    "Many fast sandboxes of one kind: template_create once (a base image plus setup commands), \
+     then sandbox_vm {\"template\": NAME} starts a clone in well under a second.\n",
+    "Roots: every host path (disks, ISOs, kernels, images, screenshot files) must lie inside the \
+     roots, which are the client's roots or the operator's --root folders; a refusal names \
+     them.\n",
+    "Long calls (image_pull, image_prepare, sandbox_vm, template_create, guest_exec) report \
+     progress when the request carries a progressToken, and stop when cancelled.\n",
+    "Resources: mcqemu://vm/{name}/serial (last 256 KiB of the console log) and \
+     mcqemu://vm/{name}/screen (PNG).\n",
+    "Failed calls are isError results that say what to do next.",
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fits_one_screen() {
+        assert!(
+            INSTRUCTIONS.len() <= MAX_LEN,
+            "{} characters",
+            INSTRUCTIONS.len()
+        );
+        assert!(!INSTRUCTIONS.contains("  "), "{INSTRUCTIONS}");
+        assert_eq!(INSTRUCTIONS.lines().count(), 10);
+    }
+}

@@ -1,0 +1,317 @@
+//! The resources mcqemu offers: for each VM in the registry, its serial console log (the last
+//! 256 KiB, as text) at `mcqemu://vm/{name}/serial`, and its current screen (PNG, base64) at
+//! `mcqemu://vm/{name}/screen`. VMs adopted with `attach_vm` have no serial log, so only their
+//! screen is listed.
+//!
+//! The one place in `mcp/` that reaches below the tools: it reads the registry, the serial log
+//! and the screen with the same public functions the tools use (`vm_serial_read`,
+//! `vm_screenshot`), bounded so that a wedged QEMU cannot hold up `resources/read`: the screen
+//! is captured through QMP within [`SCREEN_BUDGET`].
+
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::resources::{Provider, ReadError};
+use crate::ops::records;
+use crate::ops::session::explain_qmp;
+use crate::qemu::qmp::{self, QmpError};
+use crate::qemu::screen::{self, TempCapture};
+use crate::qemu::vm::{self, Status};
+use crate::state::registry::{valid_name, Record};
+
+/// Where every URI of a VM resource starts.
+pub const PREFIX: &str = "mcqemu://vm/";
+/// The URI template of a VM's serial console log.
+pub const SERIAL_TEMPLATE: &str = "mcqemu://vm/{name}/serial";
+/// The URI template of a VM's screen.
+pub const SCREEN_TEMPLATE: &str = "mcqemu://vm/{name}/screen";
+/// How much of the end of a serial log a read returns (the same window as `vm_serial_read`).
+pub const SERIAL_WINDOW: u64 = crate::tools::serial::WINDOW;
+/// The longest a screen read takes, the wait for the monitor included.
+pub const SCREEN_BUDGET: Duration = Duration::from_secs(4);
+/// The longest a screen read waits for the monitor (another call may hold it, QEMU may be
+/// wedged before its greeting).
+const MONITOR_WAIT: Duration = Duration::from_secs(2);
+
+const SERIAL_DESCRIPTION: &str = "The last 256 KiB of the VM's serial console log (kernel \
+    messages, login prompts, a shell on ttyS0), read now. vm_serial_wait waits for text in it, \
+    vm_serial_write types into it.";
+const SCREEN_DESCRIPTION: &str = "The VM's screen as PNG, captured when read (the VM must be \
+    running or paused). vm_click, vm_type_text and vm_send_keys act on it.";
+
+/// Which resource of a VM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Serial,
+    Screen,
+}
+
+/// The VM name and resource of a URI of ours, or None.
+fn parse(uri: &str) -> Option<(&str, Kind)> {
+    let rest = uri.strip_prefix(PREFIX)?;
+    let (name, what) = rest.split_once('/')?;
+    let kind = match what {
+        "serial" => Kind::Serial,
+        "screen" => Kind::Screen,
+        _ => return None,
+    };
+    valid_name(name).then_some((name, kind))
+}
+
+fn uri_of(name: &str, kind: Kind) -> String {
+    match kind {
+        Kind::Serial => format!("{PREFIX}{name}/serial"),
+        Kind::Screen => format!("{PREFIX}{name}/screen"),
+    }
+}
+
+fn serial_resource(name: &str) -> Value {
+    json!({
+        "uri": uri_of(name, Kind::Serial),
+        "name": format!("{name}/serial"),
+        "title": format!("Serial console of VM {name}"),
+        "description": SERIAL_DESCRIPTION,
+        "mimeType": "text/plain",
+    })
+}
+
+fn screen_resource(name: &str) -> Value {
+    json!({
+        "uri": uri_of(name, Kind::Screen),
+        "name": format!("{name}/screen"),
+        "title": format!("Screen of VM {name}"),
+        "description": SCREEN_DESCRIPTION,
+        "mimeType": "image/png",
+    })
+}
+
+/// The record of VM `name`, or the not-found error saying what to do.
+fn record(name: &str) -> Result<Record, ReadError> {
+    vm::registry().load().remove(name).ok_or_else(|| {
+        ReadError::NotFound(format!(
+            "resource not found: there is no VM named {name:?} (it was forgotten or destroyed, \
+             or never existed); resources/list and list_vms show the VMs there are, and \
+             launch_vm or sandbox_vm starts one"
+        ))
+    })
+}
+
+/// The last [`SERIAL_WINDOW`] bytes of the log at `path` as text, starting at a line when the
+/// log is longer. A log not written yet reads as empty text.
+fn serial_tail(path: &Path) -> std::io::Result<String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = match File::options()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(String::new()),
+        Err(e) => return Err(e),
+    };
+    let meta = f.metadata()?;
+    if !meta.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    let start = meta.len().saturating_sub(SERIAL_WINDOW);
+    f.seek(SeekFrom::Start(start))?;
+    let mut buf = Vec::with_capacity((meta.len() - start) as usize);
+    f.take(SERIAL_WINDOW).read_to_end(&mut buf)?;
+    if start > 0 {
+        if let Some(nl) = buf.iter().position(|b| *b == b'\n') {
+            buf.drain(..=nl);
+        }
+    }
+    Ok(String::from_utf8_lossy(&buf).into_owned())
+}
+
+fn read_serial(uri: &str, name: &str) -> Result<Vec<Value>, ReadError> {
+    let rec = record(name)?;
+    let path = vm::field(&rec, "serial_log").ok_or_else(|| {
+        ReadError::NotFound(format!(
+            "resource not found: VM {name:?} has no serial console log (VMs adopted with \
+             attach_vm have none); read {} instead",
+            uri_of(name, Kind::Screen)
+        ))
+    })?;
+    let text = serial_tail(Path::new(path)).map_err(|e| {
+        ReadError::Failed(format!(
+            "cannot read the serial log of VM {name:?} ({path}): {e}"
+        ))
+    })?;
+    Ok(vec![
+        json!({"uri": uri, "mimeType": "text/plain", "text": text}),
+    ])
+}
+
+/// Why the monitor gave no screen, for VM `name`: a silent or busy monitor in terms of the
+/// read's own bound, anything else as the tools explain it.
+fn monitor_failure(name: &str, rec: &Record, e: &QmpError) -> String {
+    match e {
+        QmpError::NoGreeting | QmpError::Timeout(_) | QmpError::Held => format!(
+            "VM {name:?} did not show its screen within {} s: its monitor did not answer (QEMU \
+             is stuck, or another operation holds the monitor). Retry shortly; stop_vm with \
+             force=true ends a stuck QEMU",
+            SCREEN_BUDGET.as_secs()
+        ),
+        other => explain_qmp(name, rec, other),
+    }
+}
+
+fn read_screen(uri: &str, name: &str) -> Result<Vec<Value>, ReadError> {
+    record(name)?;
+    let rec = records::lookup_live(name, "launch it with launch_vm, then read its screen")
+        .map_err(|e| ReadError::Failed(e.0))?;
+    if let Some(m) = vm::measure_process(&rec).filter(|m| m.status == Status::Frozen) {
+        return Err(ReadError::Failed(format!(
+            "VM {name:?} cannot show its screen: {}",
+            m.detail
+                .unwrap_or_else(|| "its QEMU process is stopped".into())
+        )));
+    }
+    let deadline = Instant::now() + SCREEN_BUDGET;
+    let dir = vm::state_dir(name);
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| ReadError::Failed(format!("cannot create {}: {e}", dir.display())))?;
+    let file = TempCapture::new(&dir, "ppm");
+    let target = file.0.display().to_string();
+    qmp::with_session_within(&vm::qmp_socket(&rec), MONITOR_WAIT, |q| {
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1));
+        q.execute_within("screendump", Some(json!({ "filename": target })), left)
+    })
+    .map_err(|e: QmpError| ReadError::Failed(monitor_failure(name, &rec, &e)))?;
+    let data = std::fs::read(&file.0).map_err(|e| {
+        ReadError::Failed(format!(
+            "the screen of VM {name:?} could not be read: QEMU wrote no capture ({e}); retry"
+        ))
+    })?;
+    let png = screen::ppm_to_png(&data).map_err(|e| {
+        ReadError::Failed(format!("the screen of VM {name:?} could not be read: {e}"))
+    })?;
+    Ok(vec![json!({
+        "uri": uri, "mimeType": "image/png", "blob": crate::b64::encode(&png.data)
+    })])
+}
+
+/// Each VM's serial console log and screen, from the registry of this process's state folder.
+pub struct VmResources;
+
+impl Provider for VmResources {
+    fn list(&self) -> Vec<Value> {
+        let mut out = Vec::new();
+        for (name, rec) in vm::registry().load() {
+            // Pooled clones are the server's, not the caller's VMs (list_vms hides them too).
+            if rec.get(crate::ops::pool::POOLED).is_some() {
+                continue;
+            }
+            if vm::field(&rec, "serial_log").is_some() {
+                out.push(serial_resource(&name));
+            }
+            out.push(screen_resource(&name));
+        }
+        out
+    }
+
+    fn templates(&self) -> Vec<Value> {
+        vec![
+            json!({
+                "uriTemplate": SERIAL_TEMPLATE,
+                "name": "vm-serial",
+                "title": "Serial console of a VM",
+                "description": SERIAL_DESCRIPTION,
+                "mimeType": "text/plain",
+            }),
+            json!({
+                "uriTemplate": SCREEN_TEMPLATE,
+                "name": "vm-screen",
+                "title": "Screen of a VM",
+                "description": SCREEN_DESCRIPTION,
+                "mimeType": "image/png",
+            }),
+        ]
+    }
+
+    fn read(&self, uri: &str) -> Result<Vec<Value>, ReadError> {
+        match parse(uri) {
+            Some((name, Kind::Serial)) => read_serial(uri, name),
+            Some((name, Kind::Screen)) => read_screen(uri, name),
+            None => Err(ReadError::NotFound(format!(
+                "resource not found: {uri:?} is not a resource of this server; its resources \
+                 are {SERIAL_TEMPLATE} and {SCREEN_TEMPLATE} for each VM (resources/list shows \
+                 them)"
+            ))),
+        }
+    }
+
+    fn stamp(&self) -> Option<String> {
+        use std::os::unix::fs::MetadataExt;
+        match std::fs::metadata(vm::registry().path()) {
+            // The registry is replaced by a rename at every change: a new inode each time.
+            Ok(m) => Some(format!(
+                "{}:{}:{}:{}",
+                m.ino(),
+                m.len(),
+                m.mtime(),
+                m.mtime_nsec()
+            )),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some("absent".into()),
+            Err(_) => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uris_parse_only_in_our_own_shape() {
+        assert_eq!(parse("mcqemu://vm/vm1/serial"), Some(("vm1", Kind::Serial)));
+        assert_eq!(
+            parse("mcqemu://vm/a.b-c_d/screen"),
+            Some(("a.b-c_d", Kind::Screen))
+        );
+        for bad in [
+            "mcqemu://vm/vm1/disk",
+            "mcqemu://vm/vm1",
+            "mcqemu://vm//serial",
+            "mcqemu://vm/../serial",
+            "mcqemu://vm/a/b/serial",
+            "file:///etc/passwd",
+            "mcqemu://vm/.hidden/serial",
+        ] {
+            assert_eq!(parse(bad), None, "{bad}");
+        }
+        assert_eq!(uri_of("x", Kind::Screen), "mcqemu://vm/x/screen");
+        assert_eq!(
+            SERIAL_TEMPLATE.replace("{name}", "x"),
+            uri_of("x", Kind::Serial)
+        );
+    }
+
+    #[test]
+    fn the_serial_tail_is_bounded_and_starts_at_a_line() {
+        let dir = std::env::temp_dir().join(format!("mcq-res-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join("serial.log");
+        assert_eq!(serial_tail(&log).unwrap(), "", "a log not written yet");
+        std::fs::write(&log, "boot\nlogin: ").unwrap();
+        assert_eq!(serial_tail(&log).unwrap(), "boot\nlogin: ");
+        let mut big = Vec::new();
+        for i in 0..40_000 {
+            big.extend_from_slice(format!("line {i}\n").as_bytes());
+        }
+        std::fs::write(&log, &big).unwrap();
+        let tail = serial_tail(&log).unwrap();
+        assert!(tail.len() as u64 <= SERIAL_WINDOW);
+        assert!(tail.starts_with("line "), "{}", &tail[..20]);
+        assert!(tail.ends_with("line 39999\n"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
