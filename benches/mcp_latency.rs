@@ -36,6 +36,11 @@
 //! cold sandbox_vm boots of the same guest beside them; its own knobs are listed there.
 //! `MCQEMU_BENCH_SECTIONS` (e.g. `templates`, or `vm,templates`) runs only the listed slow
 //! sections; the server rows always run.
+//!
+//! The templates section runs twice, on the system's QEMU and on QEMU 10.0 (`common::qemu10`),
+//! and compares the two. The stock section (`mcp_latency/stock.rs`, name `stock`) times
+//! image_prepare of the stock-shaped Debian image, cold boots of the prepared image and clones
+//! of a template of it.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -45,6 +50,8 @@ mod guest;
 mod pull;
 #[path = "mcp_latency/report.rs"]
 mod report;
+#[path = "mcp_latency/stock.rs"]
+mod stock;
 #[path = "mcp_latency/templates.rs"]
 mod templates;
 #[path = "mcp_latency/vm.rs"]
@@ -157,6 +164,11 @@ fn run() -> Res<()> {
     // 6. Templates: clones against cold boots.
     if wanted("templates") {
         templates::template_rows(&mut table, &dirs, &image);
+    }
+
+    // 7. The stock-shaped cloud image: image_prepare, cold boots, a template's clones.
+    if wanted("stock") {
+        stock::stock_rows(&mut table, &dirs);
     }
 
     table.footer();

@@ -2,9 +2,18 @@
 //! one after another and four at once, a clone's memory (Pss), and, in the same run, cold
 //! sandbox_vm boots of the same guest to compare with.
 //!
+//! The section runs twice: on the system's QEMU (7.2 on the CI hosts), then with a server whose
+//! `MCQEMU_QEMU_DIR` points at QEMU 10.0 (`common::qemu10`, unpacked by `.ci/fetch-qemu10`), on
+//! the same guest and with the same knobs; a last block compares the two runs' medians (the
+//! issue's target: a cold sandbox under 10.0 within 1.5x of 7.2). Each run has its own template
+//! (both share the bench's state folder).
+//!
 //! Knobs: `MCQEMU_BENCH_CLONES` (default 20) sequential clones, after one unmeasured warm-up
 //! clone; `MCQEMU_BENCH_CLONE_ROUNDS` (default 5) rounds of four concurrent clones;
-//! `MCQEMU_BENCH_COLD_BOOTS` (default 3) cold sandbox_vm boots.
+//! `MCQEMU_BENCH_COLD_BOOTS` (default 3) cold sandbox_vm boots; each applies to both runs.
+//!
+//! The clone helpers ([`clone_vm`], [`destroy`], [`cleanup`], [`smaps_kb`]) serve the stock
+//! section too (`mcp_latency/stock.rs`).
 
 use std::ffi::OsStr;
 use std::path::Path;
@@ -13,18 +22,21 @@ use std::time::{Duration, Instant};
 use mcqemu::qemu::qga::Qga;
 use serde_json::{json, Value};
 
-use crate::common::{try_run, try_test_guest, Guest, Server, VmKiller};
+use crate::common::{try_run, try_test_guest, Guest, Server, TempDir, VmKiller};
 use crate::report::{Stats, Table};
-use crate::{env_count, ms, structured, Dirs, Res, ToolCalls, QEMU_IMG_TIMEOUT};
+use crate::{
+    env_count, first_line_of, ms, newest, structured, Dirs, Res, ToolCalls, QEMU_IMG_TIMEOUT,
+};
 
 /// Targets.
 const CLONE_MEDIAN_TARGET: Duration = Duration::from_millis(100);
 const CLONE_P95_TARGET: Duration = Duration::from_millis(200);
 const FOUR_CLONES_TARGET: Duration = Duration::from_millis(400);
 const CLONE_PSS_TARGET_KB: u64 = 64 * 1024;
+/// A cold sandbox under QEMU 10.0 against one under the system's QEMU, same guest, same run.
+const COLD_RATIO_TARGET: f64 = 1.5;
 
-/// The template's name and guest memory.
-const TEMPLATE: &str = "bench-tpl";
+/// The guest memory of the templates and the cold boots.
 const MEMORY_MB: u64 = 256;
 /// What the template's setup leaves in /root/marker.
 const MARKER: &str = "bench-template-marker";
@@ -38,24 +50,112 @@ const STEP_TIMEOUT: Duration = Duration::from_secs(60);
 /// The prefix of every VM this section starts (for the cleanup).
 const PREFIX: &str = "bench-t-";
 
-/// The templates section. Prints SKIPPED when QEMU or the test guest is missing, an ERROR row
-/// when something fails; every clone, cold sandbox and the template are removed at the end.
+/// One run of the section: which QEMU its server launches every VM with.
+struct QemuRun {
+    /// `QEMU 7.2.x`, from `qemu-system-x86_64 --version`.
+    label: String,
+    /// The server's extra environment (empty for the system's QEMU).
+    env: Vec<(&'static str, String)>,
+    /// The run's template.
+    template: &'static str,
+}
+
+/// The medians of one run, for the comparison of the two.
+#[derive(Clone, Copy)]
+struct Medians {
+    clone_ready: Duration,
+    clone_round_trip: Duration,
+    four: Duration,
+    cold: Duration,
+}
+
+/// The templates section, on the system's QEMU and then on QEMU 10.0, and the comparison.
+/// Each run prints SKIPPED when its QEMU or the test guest is missing, an ERROR row when
+/// something fails; every clone, cold sandbox and template is removed at the end of its run.
 pub fn template_rows(table: &mut Table, dirs: &Dirs, base_image: &Path) {
-    table.section("templates: sandbox_vm from a saved template vs a cold boot (TCG)");
-    let name = "templates section";
-    if let Err(e) = try_run(
-        "qemu-system-x86_64",
-        &[OsStr::new("--version")],
-        QEMU_IMG_TIMEOUT,
-    ) {
-        table.skip_row(name, &format!("qemu-system-x86_64 is not usable ({e})"));
-        return;
+    let system = QemuRun {
+        label: qemu_label("qemu-system-x86_64"),
+        env: Vec::new(),
+        template: "bench-tpl",
+    };
+    let first = run_section(table, dirs, base_image, "qemu-system-x86_64", &system);
+    let second = match qemu10_env() {
+        Ok((bin, env)) => {
+            let program = Path::new(&bin).join("qemu-system-x86_64");
+            let program = program.to_string_lossy();
+            let q10 = QemuRun {
+                label: qemu_label(&program),
+                env,
+                template: "bench-tpl-q10",
+            };
+            run_section(table, dirs, base_image, &program, &q10).map(|m| (q10.label, m))
+        }
+        Err(e) => {
+            table.section("templates under QEMU 10.0");
+            let why = format!("QEMU 10.0 could not be unpacked (.ci/fetch-qemu10): {e}");
+            table.skip_row("templates under QEMU 10.0 section", &why);
+            None
+        }
+    };
+    if let (Some(a), Some((label, b))) = (first, second) {
+        compare_rows(table, &system.label, &label, &a, &b);
+    }
+}
+
+/// `QEMU 7.2.15` from `PROGRAM --version`, or `QEMU (PROGRAM)` when it says nothing usable.
+fn qemu_label(program: &str) -> String {
+    let line = first_line_of(program, &["--version"]);
+    match line
+        .split_whitespace()
+        .skip_while(|w| *w != "version")
+        .nth(1)
+    {
+        Some(v) => format!("QEMU {v}"),
+        None => format!("QEMU ({program})"),
+    }
+}
+
+/// The folder of QEMU 10's wrappers and the server environment that selects it; unpacked at
+/// the first call. `common::qemu10::qemu10` panics when it cannot be had (what a test wants):
+/// that panic is caught here, quietly, and becomes the message.
+fn qemu10_env() -> Res<(String, Vec<(&'static str, String)>)> {
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let got = std::panic::catch_unwind(crate::common::qemu10::qemu10);
+    std::panic::set_hook(hook);
+    match got {
+        Ok(q) => Ok((q.bin.display().to_string(), q.env())),
+        Err(p) => Err(p
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "it panicked".into())),
+    }
+}
+
+/// One run of the section on `qemu`'s QEMU (`program` is its qemu-system-x86_64); its medians
+/// when every row worked.
+fn run_section(
+    table: &mut Table,
+    dirs: &Dirs,
+    base_image: &Path,
+    program: &str,
+    qemu: &QemuRun,
+) -> Option<Medians> {
+    table.section(&format!(
+        "templates under {}: sandbox_vm from a saved template vs a cold boot (TCG)",
+        qemu.label
+    ));
+    let name = format!("templates under {} section", qemu.label);
+    if let Err(e) = try_run(program, &[OsStr::new("--version")], QEMU_IMG_TIMEOUT) {
+        table.skip_row(&name, &format!("{program} is not usable ({e})"));
+        return None;
     }
     let guest = match try_test_guest() {
         Ok(g) => g,
         Err(e) => {
-            table.skip_row(name, &format!("the test guest could not be built: {e}"));
-            return;
+            table.skip_row(&name, &format!("the test guest could not be built: {e}"));
+            return None;
         }
     };
     let killer = VmKiller::new(dirs.tmp.path());
@@ -63,56 +163,145 @@ pub fn template_rows(table: &mut Table, dirs: &Dirs, base_image: &Path) {
         dirs,
         killer: &killer,
         guest: &guest,
+        qemu,
         clones: env_count("MCQEMU_BENCH_CLONES", 20),
         rounds: env_count("MCQEMU_BENCH_CLONE_ROUNDS", 5),
         cold: env_count("MCQEMU_BENCH_COLD_BOOTS", 3),
     };
+    let how = match qemu.env.first() {
+        Some((k, v)) => format!("server with {k}={v}"),
+        None => "the system's QEMU".into(),
+    };
     table.note(&format!(
-        "test guest, {MEMORY_MB} MiB, 1 vCPU; {} sequential clones (+1 warm-up), {} rounds of 4 \
-         concurrent clones, {} cold boots",
-        tb.clones, tb.rounds, tb.cold
+        "{how}; test guest, {MEMORY_MB} MiB, 1 vCPU; {} sequential clones (+1 warm-up), {} \
+         rounds of 4 concurrent clones, {} cold boots; load average {} at the start",
+        tb.clones,
+        tb.rounds,
+        tb.cold,
+        load_average()
     ));
     let outcome = tb.server().and_then(|mut server| {
         let r = tb.rows(table, &mut server, base_image);
-        tb.cleanup(table, &mut server);
+        cleanup(table, &mut server, PREFIX, qemu.template);
         server.try_close()?;
         r
     });
-    table.or_error(name, outcome);
+    let medians = table.or_error(&name, outcome);
     let killed = killer.kill_all();
     if !killed.is_empty() {
         table.note(&format!("cleanup SIGKILLed left-over QEMU PIDs {killed:?}"));
     }
+    medians
+}
+
+/// QEMU 10.0 against the system's QEMU: the ratios of the two runs' medians, and the cold
+/// sandbox against the 1.5x target (as a difference of medians, whose target is half of the
+/// system QEMU's median).
+fn compare_rows(table: &mut Table, base: &str, other: &str, a: &Medians, b: &Medians) {
+    table.section(&format!(
+        "templates: {other} against {base}, same guest, same run (ratio of medians)"
+    ));
+    ratio_row("clone: ready_ms (server)", a.clone_ready, b.clone_ready, "");
+    ratio_row(
+        "clone: sandbox_vm round trip",
+        a.clone_round_trip,
+        b.clone_round_trip,
+        "",
+    );
+    ratio_row("4 concurrent clones: all ready (wall)", a.four, b.four, "");
+    let target = format!("<= {COLD_RATIO_TARGET}x");
+    ratio_row(
+        "cold sandbox_vm (boot), round trip",
+        a.cold,
+        b.cold,
+        &target,
+    );
+    table.diff_row(
+        "  cold: median - median",
+        b.cold,
+        a.cold,
+        a.cold.mul_f64(COLD_RATIO_TARGET - 1.0),
+    );
+    table.note(&format!(
+        "cold sandbox_vm medians: {} ms under {other}, {} ms under {base}; the difference's \
+         target is {}x the {base} median, i.e. the ratio's {COLD_RATIO_TARGET}x",
+        ms(b.cold),
+        ms(a.cold),
+        COLD_RATIO_TARGET - 1.0
+    ));
+}
+
+/// The host's 1-, 5- and 15-minute load averages (/proc/loadavg), for the notes: the two runs
+/// are compared, and other work on the machine slows either.
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "?".into())
+}
+
+/// A row of the ratio `b / a` in the table's columns (the layout of report.rs's rows: a
+/// 40-character name, n, three value columns, the target); no verdict of its own.
+fn ratio_row(name: &str, a: Duration, b: Duration, target: &str) {
+    let ratio = b.as_secs_f64() / a.as_secs_f64().max(1e-9);
+    let line = format!(
+        "{name:<40} {:>4} {:>10} {:>10} {:>10}   {target:<12}",
+        "",
+        format!("{ratio:.2}x"),
+        "-",
+        "-"
+    );
+    println!("{}", line.trim_end());
 }
 
 struct TemplateBench<'a> {
     dirs: &'a Dirs,
     killer: &'a VmKiller,
     guest: &'a Guest,
+    qemu: &'a QemuRun,
     clones: usize,
     rounds: usize,
     cold: usize,
 }
 
 /// What one clone's sandbox_vm gave: the server's ready_ms, the client's round trip, its PID.
-struct Cloned {
-    ready: Duration,
-    round_trip: Duration,
-    pid: i32,
-    qga: Option<String>,
+pub struct Cloned {
+    pub ready: Duration,
+    pub round_trip: Duration,
+    pub pid: i32,
+    pub qga: Option<String>,
 }
 
 impl TemplateBench<'_> {
+    /// A fresh, initialized server on the bench's folders, with the run's environment.
     fn server(&self) -> Res<Server> {
-        self.dirs.server()
+        let env: Vec<(&str, &str)> = self
+            .qemu
+            .env
+            .iter()
+            .map(|(k, v)| (*k, v.as_str()))
+            .collect();
+        let own = TempDir::try_new("srv")?;
+        let mut s = Server::try_start_with(own, &self.dirs.state, &self.dirs.runtime, &env)?;
+        s.try_initialize(newest())?;
+        Ok(s)
     }
 
-    fn rows(&self, table: &mut Table, server: &mut Server, base_image: &Path) -> Res<()> {
+    fn rows(&self, table: &mut Table, server: &mut Server, base_image: &Path) -> Res<Medians> {
         self.create_rows(table, server)?;
-        let clone_median = self.sequential_rows(table, server)?;
-        self.concurrent_rows(table, server)?;
+        let (clone_ready, clone_round_trip) = self.sequential_rows(table, server)?;
+        let four = self.concurrent_rows(table, server)?;
         self.pss_row(table, server)?;
-        self.cold_rows(table, server, base_image, clone_median)
+        let cold = self.cold_rows(table, server, base_image, clone_round_trip)?;
+        Ok(Medians {
+            clone_ready,
+            clone_round_trip,
+            four,
+            cold,
+        })
+    }
+
+    fn clone_vm(&self, server: &mut Server, name: &str) -> Res<Cloned> {
+        clone_vm(server, self.killer, self.qemu.template, name)
     }
 
     // ---- template_create ----
@@ -123,7 +312,8 @@ impl TemplateBench<'_> {
         let r = server.tool_within(
             "template_create",
             json!({
-                "name": TEMPLATE, "kernel": g.kernel, "initrd": g.initrd, "append": g.append,
+                "name": self.qemu.template,
+                "kernel": g.kernel, "initrd": g.initrd, "append": g.append,
                 "memory_mb": MEMORY_MB, "cpus": 1, "wait_agent_s": AGENT_WAIT_S,
                 "setup": [{"command": "/bin/sh",
                            "args": ["-c", format!("echo {MARKER} > /root/marker")]}]
@@ -164,48 +354,6 @@ impl TemplateBench<'_> {
 
     // ---- clones one after another ----
 
-    /// sandbox_vm of one clone, which must come up with its agent ready; its QEMU is tracked
-    /// for the last-resort kill.
-    fn clone_vm(&self, server: &mut Server, name: &str) -> Res<Cloned> {
-        let t0 = Instant::now();
-        let r = server.tool_within(
-            "sandbox_vm",
-            json!({"template": TEMPLATE, "name": name, "port_forwards": [],
-                   "wait_agent_s": AGENT_WAIT_S}),
-            CLONE_TIMEOUT,
-        )?;
-        let round_trip = t0.elapsed();
-        let s = structured(&r)?;
-        self.checked_clone(s, round_trip)
-    }
-
-    fn checked_clone(&self, s: &Value, round_trip: Duration) -> Res<Cloned> {
-        self.killer.track(s);
-        if s["agent_ready"] != json!(true) {
-            return Err(format!("a clone's agent was not ready: {s}"));
-        }
-        let ready = s["ready_ms"]
-            .as_u64()
-            .ok_or_else(|| format!("sandbox_vm gave no ready_ms: {s}"))?;
-        let pid = s["pid"]
-            .as_i64()
-            .ok_or_else(|| format!("sandbox_vm gave no pid: {s}"))? as i32;
-        Ok(Cloned {
-            ready: Duration::from_millis(ready),
-            round_trip,
-            pid,
-            qga: s["qga_socket"].as_str().map(str::to_string),
-        })
-    }
-
-    fn destroy(&self, server: &mut Server, name: &str) -> Res<()> {
-        let r = server.tool_within("sandbox_destroy", json!({ "name": name }), STEP_TIMEOUT)?;
-        if structured(&r)?["destroyed"] != json!(true) {
-            return Err(format!("sandbox_destroy {name} did not destroy it: {r}"));
-        }
-        Ok(())
-    }
-
     /// The marker of the template's setup, read in a clone (untimed check).
     fn check_marker(&self, server: &mut Server, name: &str) -> Res<()> {
         let r = server.tool_within(
@@ -223,8 +371,8 @@ impl TemplateBench<'_> {
     }
 
     /// One warm-up clone, then `clones` measured ones, each destroyed (untimed) before the
-    /// next. Returns the round trips' median.
-    fn sequential_rows(&self, table: &mut Table, server: &mut Server) -> Res<Duration> {
+    /// next. Returns the medians of ready_ms and of the round trips.
+    fn sequential_rows(&self, table: &mut Table, server: &mut Server) -> Res<(Duration, Duration)> {
         let name = format!("{PREFIX}seq");
         let (mut ready, mut round_trip) = (Vec::new(), Vec::new());
         for i in 0..=self.clones {
@@ -233,7 +381,7 @@ impl TemplateBench<'_> {
             if i == 1 {
                 self.check_marker(server, &name).map_err(fail)?;
             }
-            self.destroy(server, &name).map_err(fail)?;
+            destroy(server, &name).map_err(fail)?;
             if i > 0 {
                 ready.push(c.ready);
                 round_trip.push(c.round_trip);
@@ -246,7 +394,7 @@ impl TemplateBench<'_> {
             p95_row(table, n, v);
             s
         };
-        rows(table, "clone: ready_ms (server)", &ready);
+        let rd = rows(table, "clone: ready_ms (server)", &ready);
         let rt = rows(table, "clone: sandbox_vm round trip", &round_trip);
         let list = |v: &[Duration]| {
             v.iter()
@@ -255,15 +403,15 @@ impl TemplateBench<'_> {
                 .join(" ")
         };
         table.note(&format!("ready_ms per clone: {}", list(&ready)));
-        Ok(rt.median)
+        Ok((rd.median, rt.median))
     }
 
     // ---- four clones at once ----
 
     /// `rounds` times: four sandbox_vm calls pipelined on the one server, timed from the first
     /// request until the last answer; then destroyed (untimed). In the last round, the Pss of
-    /// each of the four is noted before they go.
-    fn concurrent_rows(&self, table: &mut Table, server: &mut Server) -> Res<()> {
+    /// each of the four is noted before they go. Returns the walls' median.
+    fn concurrent_rows(&self, table: &mut Table, server: &mut Server) -> Res<Duration> {
         let mut walls = Vec::new();
         let mut slowest = Vec::new();
         for round in 1..=self.rounds {
@@ -278,7 +426,7 @@ impl TemplateBench<'_> {
                         &id,
                         "tools/call",
                         json!({"name": "sandbox_vm",
-                               "arguments": {"template": TEMPLATE, "name": n,
+                               "arguments": {"template": self.qemu.template, "name": n,
                                              "port_forwards": [],
                                              "wait_agent_s": AGENT_WAIT_S}}),
                     )
@@ -309,7 +457,7 @@ impl TemplateBench<'_> {
                 let s = resp
                     .pointer("/result/structuredContent")
                     .ok_or_else(|| fail(format!("no structuredContent: {resp}")))?;
-                clones.push(self.checked_clone(s, wall).map_err(fail)?);
+                clones.push(checked_clone(self.killer, s, wall).map_err(fail)?);
             }
             walls.push(wall);
             slowest.push(clones.iter().map(|c| c.ready).max().unwrap_or_default());
@@ -325,14 +473,15 @@ impl TemplateBench<'_> {
                 ));
             }
             for n in &names {
-                self.destroy(server, n).map_err(fail)?;
+                destroy(server, n).map_err(fail)?;
             }
         }
         let n = self.rounds;
+        let wall = Stats::of(walls);
         table.time_row(
             "4 concurrent clones: all ready (wall)",
             n,
-            &Stats::of(walls),
+            &wall,
             Some(FOUR_CLONES_TARGET),
         );
         table.time_row(
@@ -341,7 +490,7 @@ impl TemplateBench<'_> {
             &Stats::of(slowest),
             None,
         );
-        Ok(())
+        Ok(wall.median)
     }
 
     // ---- one clone: its clock setting and its memory ----
@@ -384,7 +533,7 @@ impl TemplateBench<'_> {
         let rss = smaps_kb(c.pid, "Rss")?;
         let anon = smaps_kb(c.pid, "Pss_Anon")?;
         let file = smaps_kb(c.pid, "Pss_File")?;
-        self.destroy(server, &name)?;
+        destroy(server, &name)?;
         table.rss_info_row(&format!("clone Pss ({MEMORY_MB} MiB guest)"), pss);
         let verdict = if pss <= CLONE_PSS_TARGET_KB {
             "ok"
@@ -407,14 +556,14 @@ impl TemplateBench<'_> {
     // ---- cold boots ----
 
     /// `cold` sandbox_vm boots of the same guest (256 MiB, on the bench's qcow2), each
-    /// destroyed before the next, next to the clones' numbers.
+    /// destroyed before the next, next to the clones' numbers. Returns their median.
     fn cold_rows(
         &self,
         table: &mut Table,
         server: &mut Server,
         base_image: &Path,
         clone_median: Duration,
-    ) -> Res<()> {
+    ) -> Res<Duration> {
         let g = self.guest;
         let name = format!("{PREFIX}cold");
         let mut times = Vec::new();
@@ -444,7 +593,7 @@ impl TemplateBench<'_> {
                     pss = smaps_kb(pid as i32, "Pss").map_err(fail)?;
                 }
             }
-            self.destroy(server, &name).map_err(fail)?;
+            destroy(server, &name).map_err(fail)?;
             times.push(took);
         }
         let s = Stats::of(times);
@@ -457,52 +606,95 @@ impl TemplateBench<'_> {
             ms(s.median),
             pss as f64 / 1024.0
         ));
-        Ok(())
+        Ok(s.median)
     }
+}
 
-    // ---- cleanup ----
+/// sandbox_vm of one clone of `template`, which must come up with its agent ready; its QEMU is
+/// tracked by `killer` for the last-resort kill.
+pub fn clone_vm(server: &mut Server, killer: &VmKiller, template: &str, name: &str) -> Res<Cloned> {
+    let t0 = Instant::now();
+    let r = server.tool_within(
+        "sandbox_vm",
+        json!({"template": template, "name": name, "port_forwards": [],
+               "wait_agent_s": AGENT_WAIT_S}),
+        CLONE_TIMEOUT,
+    )?;
+    let round_trip = t0.elapsed();
+    let s = structured(&r)?;
+    checked_clone(killer, s, round_trip)
+}
 
-    /// Destroys whatever sandbox of this section is left and deletes the template.
-    fn cleanup(&self, table: &Table, server: &mut Server) {
-        let mut problems = Vec::new();
-        match server
-            .tool("list_vms", json!({}))
-            .and_then(|r| Ok(structured(&r)?["vms"].clone()))
-        {
-            Err(e) => problems.push(e),
-            Ok(vms) => {
-                for v in vms.as_array().into_iter().flatten() {
-                    let n = v["name"].as_str().unwrap_or("");
-                    if n.starts_with(PREFIX) {
-                        if let Err(e) = self.destroy(server, n) {
-                            problems.push(e);
-                        }
+/// A clone's sandbox_vm result (tracked by `killer` first), which must say its agent is ready.
+fn checked_clone(killer: &VmKiller, s: &Value, round_trip: Duration) -> Res<Cloned> {
+    killer.track(s);
+    if s["agent_ready"] != json!(true) {
+        return Err(format!("a clone's agent was not ready: {s}"));
+    }
+    let ready = s["ready_ms"]
+        .as_u64()
+        .ok_or_else(|| format!("sandbox_vm gave no ready_ms: {s}"))?;
+    let pid = s["pid"]
+        .as_i64()
+        .ok_or_else(|| format!("sandbox_vm gave no pid: {s}"))? as i32;
+    Ok(Cloned {
+        ready: Duration::from_millis(ready),
+        round_trip,
+        pid,
+        qga: s["qga_socket"].as_str().map(str::to_string),
+    })
+}
+
+/// sandbox_destroy, which must say it destroyed the sandbox.
+pub fn destroy(server: &mut Server, name: &str) -> Res<()> {
+    let r = server.tool_within("sandbox_destroy", json!({ "name": name }), STEP_TIMEOUT)?;
+    if structured(&r)?["destroyed"] != json!(true) {
+        return Err(format!("sandbox_destroy {name} did not destroy it: {r}"));
+    }
+    Ok(())
+}
+
+/// Destroys whatever sandbox whose name starts with `prefix` is left and deletes `template`;
+/// a problem becomes a note.
+pub fn cleanup(table: &Table, server: &mut Server, prefix: &str, template: &str) {
+    let mut problems = Vec::new();
+    match server
+        .tool("list_vms", json!({}))
+        .and_then(|r| Ok(structured(&r)?["vms"].clone()))
+    {
+        Err(e) => problems.push(e),
+        Ok(vms) => {
+            for v in vms.as_array().into_iter().flatten() {
+                let n = v["name"].as_str().unwrap_or("");
+                if n.starts_with(prefix) {
+                    if let Err(e) = destroy(server, n) {
+                        problems.push(e);
                     }
                 }
             }
         }
-        let listed = server
-            .tool("template_list", json!({}))
-            .and_then(|r| Ok(structured(&r)?["templates"].clone()));
-        let exists = listed
-            .as_ref()
-            .map(|t| {
-                t.as_array()
-                    .into_iter()
-                    .flatten()
-                    .any(|t| t["name"] == TEMPLATE)
-            })
-            .unwrap_or(true);
-        if exists {
-            if let Err(e) =
-                server.tool_within("template_delete", json!({ "name": TEMPLATE }), STEP_TIMEOUT)
-            {
-                problems.push(e);
-            }
+    }
+    let listed = server
+        .tool("template_list", json!({}))
+        .and_then(|r| Ok(structured(&r)?["templates"].clone()));
+    let exists = listed
+        .as_ref()
+        .map(|t| {
+            t.as_array()
+                .into_iter()
+                .flatten()
+                .any(|t| t["name"] == template)
+        })
+        .unwrap_or(true);
+    if exists {
+        if let Err(e) =
+            server.tool_within("template_delete", json!({ "name": template }), STEP_TIMEOUT)
+        {
+            problems.push(e);
         }
-        for p in problems {
-            table.note(&format!("cleanup problem: {p}"));
-        }
+    }
+    for p in problems {
+        table.note(&format!("cleanup problem: {p}"));
     }
 }
 
@@ -521,7 +713,7 @@ fn p95_row(table: &mut Table, n: usize, samples: &[Duration]) {
 }
 
 /// A `KEY:` line of /proc/PID/smaps_rollup, in KiB.
-fn smaps_kb(pid: i32, key: &str) -> Res<u64> {
+pub fn smaps_kb(pid: i32, key: &str) -> Res<u64> {
     let file = format!("/proc/{pid}/smaps_rollup");
     let text = std::fs::read_to_string(&file).map_err(|e| format!("cannot read {file}: {e}"))?;
     text.lines()
