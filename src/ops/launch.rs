@@ -300,7 +300,7 @@ fn start_reserved(
         Err(e @ process::SpawnError::Failed { .. }) if req.kvm_fallback && s.accel == "kvm" => {
             tcg_spec = LaunchSpec {
                 accel: "tcg".into(),
-                cpu: Some(decide::cpu_model("tcg").to_string()),
+                cpu: Some(decide::cpu_model("tcg", &s.arch).to_string()),
                 ..s.clone()
             };
             fallback_note = Some(format!(
@@ -499,7 +499,7 @@ pub fn request_from_args(
         binary: qemu.path.display().to_string(),
         machine,
         accel: accel.to_string(),
-        cpu: Some(decide::cpu_model(accel).to_string()),
+        cpu: Some(decide::cpu_model(accel, &arch).to_string()),
         arch,
         memory_mb: args.i64_or("memory_mb", DEFAULT_MEMORY_MB)?.max(16) as u64,
         cpus: match args.opt_i64("cpus")? {

@@ -67,11 +67,11 @@ pub fn forget(name: &str, force: bool) -> Result<bool, ToolError> {
 }
 
 /// The input devices a launch gives a machine: a PC's PS/2 keyboard and mouse (relative), a
-/// virt board's USB keyboard, and everywhere the virtio tablet (absolute pointer).
+/// virt board's virtio keyboard, and everywhere the virtio tablet (absolute pointer).
 pub fn input_devices(arch: &str, machine: &str) -> Value {
     let pc = (arch == "x86_64" || arch == "i386") && !machine.starts_with("microvm");
     json!({
-        "keyboard": if pc { "ps2" } else if arch == "x86_64" || arch == "i386" { "none" } else { "usb" },
+        "keyboard": if pc { "ps2" } else if arch == "x86_64" || arch == "i386" { "none" } else { "virtio" },
         "pointer": "virtio-tablet",
         "relative_pointer": if pc { "ps2" } else { "none" },
     })
@@ -101,7 +101,7 @@ mod tests {
         assert_eq!(input(&pc, "keyboard"), Some("ps2"));
         assert_eq!(input(&pc, "relative_pointer"), Some("ps2"));
         let arm = rec(input_devices("aarch64", "virt-7.2"));
-        assert_eq!(input(&arm, "keyboard"), Some("usb"));
+        assert_eq!(input(&arm, "keyboard"), Some("virtio"));
         assert_eq!(input(&arm, "pointer"), Some("virtio-tablet"));
         assert_eq!(input(&arm, "relative_pointer"), None);
         let micro = rec(input_devices("x86_64", "microvm"));

@@ -1,5 +1,6 @@
-//! The test guest: a tiny Linux built by `tests/guest/build_guest.py`, booted directly from its
-//! kernel and initramfs.
+//! The test guests: a tiny Linux built by `tests/guest/build_guest.py`, booted directly from its
+//! kernel and initramfs, for x86_64 ([`test_guest`]) and for aarch64 on QEMU's `virt` board
+//! ([`test_guest_arm64`]).
 
 use std::path::Path;
 use std::sync::OnceLock;
@@ -12,7 +13,8 @@ pub const GUEST_BUILD_TIMEOUT: Duration = Duration::from_secs(600);
 /// The tiny Linux test guest built by `tests/guest/build_guest.py` (direct kernel boot).
 #[derive(Clone, Debug)]
 pub struct Guest {
-    /// Uncompressed kernel (PVH-bootable vmlinux).
+    /// Uncompressed kernel: a PVH-bootable vmlinux on x86_64, the raw arm64 `Image` (with its
+    /// EFI stub, so QEMU's `-kernel` and UEFI firmware both boot it) on aarch64.
     pub kernel: String,
     /// The initramfs.
     pub initrd: String,
@@ -36,11 +38,47 @@ pub fn try_test_guest() -> Result<Guest, String> {
     GUEST.get_or_init(build).clone()
 }
 
+/// The aarch64 test guest (for `arch: aarch64` on the `virt` board; its serial console is
+/// `ttyAMA0`), built once per process (see [`try_test_guest_arm64`]); fails the test when it
+/// cannot be built.
+pub fn test_guest_arm64() -> Guest {
+    try_test_guest_arm64().unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Builds the aarch64 test guest from Debian's arm64 packages once per process, into the same
+/// `<workspace>/target/test-guest` cache as the x86_64 one (its own keys there, and its own apt
+/// lists in `apt-arm64/`), under the same build lock and bound ([`GUEST_BUILD_TIMEOUT`]).
+pub fn try_test_guest_arm64() -> Result<Guest, String> {
+    static GUEST: OnceLock<Result<Guest, String>> = OnceLock::new();
+    GUEST.get_or_init(build_arm64).clone()
+}
+
 fn build() -> Result<Guest, String> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let out = root.join("target").join("test-guest");
     let script = root.join("tests").join("guest").join("build_guest.py");
     let v = super::cli::run_locked_builder("test guest", &script, &out, GUEST_BUILD_TIMEOUT)?;
+    from_json(&v)
+}
+
+fn build_arm64() -> Result<Guest, String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = root.join("target").join("test-guest");
+    let script = root.join("tests").join("guest").join("build_guest.py");
+    let mut cmd = std::process::Command::new("python3");
+    cmd.arg(&script).args(["--arch", "aarch64"]).arg(&out);
+    let what = "aarch64 test guest";
+    let stdout = super::cli::run_locked(what, &mut cmd, &out, GUEST_BUILD_TIMEOUT)?;
+    let v: serde_json::Value = serde_json::from_slice(&stdout).map_err(|e| {
+        format!(
+            "build_guest.py --arch aarch64 printed no JSON ({e}): {}",
+            String::from_utf8_lossy(&stdout)
+        )
+    })?;
+    from_json(&v)
+}
+
+fn from_json(v: &serde_json::Value) -> Result<Guest, String> {
     let field = |k: &str| {
         v[k].as_str()
             .map(str::to_string)

@@ -1,12 +1,22 @@
 #!/usr/bin/env python3
-"""Builds mcqemu's test guest from Debian packages only: a Debian kernel (booted as an
-uncompressed vmlinux through PVH), busybox-static and qemu-guest-agent with the shared
-libraries it loads, packed into an uncompressed initramfs (cpio newc, written here, so no
-root, no loop mounts and no cpio binary are needed).
+"""Builds mcqemu's test guest from Debian packages only: a Debian kernel, busybox-static and
+qemu-guest-agent with the shared libraries it loads, packed into an uncompressed initramfs (cpio
+newc, written here, so no root, no loop mounts and no cpio binary are needed).
 
-Usage: build_guest.py OUTDIR   -> prints {"kernel": ..., "initrd": ..., "append": ...} as JSON.
-The output is cached in OUTDIR/<key>/, keyed by the exact package versions.
+Two architectures:
+- x86_64 (the default): Debian's amd64 packages from the host's own apt lists; the kernel is
+  booted as an uncompressed vmlinux through PVH.
+- aarch64: Debian's arm64 packages, from apt lists of their own (arm64 added to apt's
+  architectures for a private list folder, OUTDIR/apt-arm64, refreshed once a day); the kernel
+  is the raw arm64 Image (it carries the EFI stub, so QEMU's -kernel on the virt board and
+  UEFI firmware both boot it), the serial console ttyAMA0.
+
+Usage: build_guest.py [--arch x86_64|aarch64] OUTDIR
+  -> prints {"kernel": ..., "initrd": ..., "append": ..., "packages": [...]} as JSON.
+The output is cached in OUTDIR/<key>/, keyed by the exact package versions (and the init
+script and command line), so each architecture has keys of its own.
 """
+import gzip
 import hashlib
 import io
 import json
@@ -17,6 +27,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 
 LIB_PACKAGES = [
     "busybox-static", "qemu-guest-agent", "libc6", "libglib2.0-0", "libnuma1", "libudev1",
@@ -30,7 +41,23 @@ MODULES = [
 ]
 APPEND = "console=tty0 console=ttyS0 cryptomgr.notests rodata=off panic=-1 loglevel=4"
 
-INIT = r"""#!/bin/busybox sh
+# Debian's arm64 kernel on QEMU's virt board. Built in (=y) there, so not listed: the virtio
+# core, the PL011 serial port (ttyAMA0), the PL031 RTC, the PL061 GPIO, PCI's generic host, the
+# ACPI power button, fbcon. Modules (=m), in dependency order (each module's own `depends=`
+# is checked against this order when the guest is built): virtio over PCI and MMIO, the agent's
+# virtio-serial channel, the network and disks, virtio input (the tablet) and evdev, gpio_keys
+# (the power button when booted with a device tree rather than ACPI), the screen (virtio-gpu on
+# DRM, the virt board has no VGA), and a USB keyboard or tablet on xHCI.
+MODULES_ARM64 = [
+    "virtio_pci_modern_dev", "virtio_pci_legacy_dev", "virtio_pci", "virtio_mmio",
+    "virtio_console", "failover", "net_failover", "virtio_net", "virtio_blk", "virtio_input",
+    "evdev", "gpio_keys", "drm", "drm_kms_helper", "drm_shmem_helper", "virtio_dma_buf",
+    "virtio_gpu", "usb_common", "usbcore", "xhci_hcd", "xhci_pci", "hid", "usbhid",
+    "hid_generic",
+]
+APPEND_ARM64 = "console=tty0 console=ttyAMA0 cryptomgr.notests rodata=off panic=-1 loglevel=4"
+
+INIT_TEMPLATE = r"""#!/bin/busybox sh
 /bin/busybox mkdir -p /bin /sbin /usr/bin /usr/sbin
 /bin/busybox --install -s /bin
 # qemu-ga's guest-set-time runs /sbin/hwclock, which --install -s put in /bin.
@@ -70,19 +97,21 @@ done
 if [ -n "$agent" ]; then
   (while :; do qemu-ga -m virtio-serial -p "$agent" -t /run; sleep 0.2; done) &
 fi
-echo "mcqemu-test-guest: ready (agent on ${agent:-none})" > /dev/ttyS0
+echo "mcqemu-test-guest: ready (agent on ${agent:-none})" > /dev/%(serial)s
 # With mcqemu.serial_shell=1 on the kernel command line, offer a shell on the serial port
 # the way busybox init's askfirst does: it starts once Enter is pressed.
 case " $(cat /proc/cmdline) " in
   *" mcqemu.serial_shell=1 "*)
     (while :; do
-      setsid sh -c 'exec </dev/ttyS0 >/dev/ttyS0 2>&1; echo; echo "Please press Enter to activate this console."; read x; exec sh -i'
+      setsid sh -c 'exec </dev/%(serial)s >/dev/%(serial)s 2>&1; echo; echo "Please press Enter to activate this console."; read x; exec sh -i'
       sleep 0.2
     done) &
     ;;
 esac
 while :; do sleep 3600; done
-""" % {"modules": " ".join(MODULES)}
+"""
+INIT = INIT_TEMPLATE % {"modules": " ".join(MODULES), "serial": "ttyS0"}
+INIT_ARM64 = INIT_TEMPLATE % {"modules": " ".join(MODULES_ARM64), "serial": "ttyAMA0"}
 
 SHUTDOWN = """#!/bin/sh
 # busybox has no shutdown(8); qemu-ga runs /sbin/shutdown for guest-shutdown.
@@ -102,10 +131,10 @@ def run(cmd, **kw):
     return subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True, **kw).stdout
 
 
-def candidates(pkgs):
+def candidates(pkgs, apt_opts=()):
     """The candidate version of every package, from one apt-cache call (each call costs ~0.6 s,
     and the cache check runs at the start of every test binary)."""
-    out = run(["apt-cache", "policy"] + pkgs)
+    out = run(["apt-cache"] + list(apt_opts) + ["policy"] + pkgs)
     found = {}
     current = None
     for raw in out.splitlines():
@@ -123,13 +152,59 @@ def candidates(pkgs):
     return [found[p] for p in pkgs]
 
 
-def kernel_package():
-    out = run(["apt-cache", "depends", "linux-image-amd64"])
+def kernel_package(meta="linux-image-amd64", apt_opts=()):
+    out = run(["apt-cache"] + list(apt_opts) + ["depends", meta])
     for line in out.splitlines():
         line = line.strip()
         if line.startswith("Depends: linux-image-"):
             return line.split(":", 1)[1].strip()
-    sys.exit("build_guest: cannot resolve linux-image-amd64; run 'apt-get update' first")
+    sys.exit("build_guest: cannot resolve %s; run 'apt-get update' first" % meta)
+
+
+# How long the private arm64 lists are used before they are refreshed: Debian's archive keeps
+# only the newest version of a package, so a list much older than the archive names .debs that
+# are gone (a failed download refreshes them too).
+LISTS_MAX_AGE_S = 24 * 3600
+
+
+def private_apt(out_dir, deb_arch):
+    """apt options for lists of their own with `deb_arch` added to apt's architectures (the
+    host's sources, its own lists and its package cache are left alone)."""
+    base = os.path.join(out_dir, "apt-" + deb_arch)
+    return base, [
+        "-o", "APT::Architectures::=" + deb_arch,
+        "-o", "Dir::State::Lists=" + os.path.join(base, "lists"),
+        "-o", "Dir::Cache=" + os.path.join(base, "cache"),
+        "-o", "APT::Sandbox::User=root",
+    ]
+
+
+def refresh_lists(out_dir, deb_arch, force=False):
+    """Runs apt-get update on the private lists when they are missing, older than
+    LISTS_MAX_AGE_S, or `force`d; returns the apt options that read them."""
+    base, opts = private_apt(out_dir, deb_arch)
+    stamp = os.path.join(base, "updated")
+    try:
+        fresh = time.time() - os.path.getmtime(stamp) < LISTS_MAX_AGE_S
+    except OSError:
+        fresh = False
+    if force or not fresh:
+        os.makedirs(os.path.join(base, "lists", "partial"), exist_ok=True)
+        os.makedirs(os.path.join(base, "cache", "archives", "partial"), exist_ok=True)
+        proc = subprocess.run(["apt-get", "-q"] + opts + ["update"], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+        if proc.returncode != 0:
+            lists = os.path.join(base, "lists")
+            if not force and any("binary-%s_Packages" % deb_arch in f for f in os.listdir(lists)):
+                # Lists from an earlier update still name what the archive had then.
+                sys.stderr.write("build_guest: apt-get update of the %s lists failed; using the "
+                                 "older lists in %s:\n%s\n" % (deb_arch, lists, proc.stdout[-2000:]))
+                return opts
+            sys.exit("build_guest: apt-get update of the %s lists in %s failed:\n%s"
+                     % (deb_arch, base, proc.stdout[-4000:]))
+        with open(stamp, "w") as f:
+            f.write(time.strftime("%Y-%m-%dT%H:%M:%SZ\n", time.gmtime()))
+    return opts
 
 
 def extract_vmlinux(bzimage):
@@ -144,6 +219,17 @@ def extract_vmlinux(bzimage):
             pass
         pos = data.find(b"\xfd7zXZ\x00", pos + 1)
     sys.exit("build_guest: no xz-compressed ELF payload in %s" % bzimage)
+
+
+def extract_arm64_image(vmlinuz):
+    """The raw arm64 Image that QEMU's -kernel takes on the virt board: Debian's vmlinuz is that
+    Image already (an EFI-stub PE with the arm64 header); a gzip'd one is unpacked."""
+    data = open(vmlinuz, "rb").read()
+    if data[:2] == b"\x1f\x8b":
+        data = gzip.decompress(data)
+    if data[0x38:0x3C] != b"ARM\x64":
+        sys.exit("build_guest: %s is not an arm64 Image (no ARM\\x64 magic at 0x38)" % vmlinuz)
+    return data
 
 
 class Cpio:
@@ -190,9 +276,9 @@ class Cpio:
         return self.buf.getvalue()
 
 
-def add_tree_libs(cpio, root):
+def add_tree_libs(cpio, root, libdirs=("lib/x86_64-linux-gnu", "usr/lib/x86_64-linux-gnu", "lib64")):
     """Copies every shared library (and its symlinks) the packages ship."""
-    for libdir in ["lib/x86_64-linux-gnu", "usr/lib/x86_64-linux-gnu", "lib64"]:
+    for libdir in libdirs:
         base = os.path.join(root, libdir)
         if not os.path.isdir(base):
             continue
@@ -206,14 +292,59 @@ def add_tree_libs(cpio, root):
                 cpio.file(libdir + "/" + name, open(path, "rb").read())
 
 
-def build(out_dir):
-    kpkg = kernel_package()
-    pkgs = [kpkg] + LIB_PACKAGES
-    versions = ["%s=%s" % (p, v) for p, v in zip(pkgs, candidates(pkgs))]
-    key = hashlib.sha256(("\n".join(versions) + INIT + SHUTDOWN + APPEND).encode()).hexdigest()[:16]
+class Arch:
+    """What differs between the architectures' guests."""
+
+    def __init__(self, deb_arch, kernel_meta, kernel_file, extract, modules, init, append,
+                 libdirs, private_lists):
+        self.deb_arch = deb_arch
+        self.kernel_meta = kernel_meta
+        self.kernel_file = kernel_file
+        self.extract = extract
+        self.modules = modules
+        self.init = init
+        self.append = append
+        self.libdirs = libdirs
+        # True: Debian's packages of this architecture come from lists of their own (the
+        # host's apt knows only its own architecture), and are named pkg:ARCH.
+        self.private_lists = private_lists
+
+
+ARCHES = {
+    "x86_64": Arch("amd64", "linux-image-amd64", "vmlinux", extract_vmlinux, MODULES, INIT,
+                   APPEND, ("lib/x86_64-linux-gnu", "usr/lib/x86_64-linux-gnu", "lib64"), False),
+    "aarch64": Arch("arm64", "linux-image-arm64:arm64", "Image", extract_arm64_image,
+                    MODULES_ARM64, INIT_ARM64, APPEND_ARM64,
+                    ("lib/aarch64-linux-gnu", "usr/lib/aarch64-linux-gnu", "lib"), True),
+}
+
+
+class DownloadFailed(Exception):
+    pass
+
+
+def module_depends(path):
+    """The modules a .ko says it needs (its .modinfo `depends=`), names with '_'."""
+    data = open(path, "rb").read()
+    for field in data.split(b"\0"):
+        if field.startswith(b"depends="):
+            return [d.replace("-", "_") for d in field[8:].decode().split(",") if d]
+    return []
+
+
+def build(out_dir, arch="x86_64", force_update=False):
+    a = ARCHES[arch]
+    apt_opts = refresh_lists(out_dir, a.deb_arch, force_update) if a.private_lists else []
+    kpkg = kernel_package(a.kernel_meta, apt_opts)
+    lib_packages = LIB_PACKAGES
+    if a.private_lists:
+        lib_packages = ["%s:%s" % (p, a.deb_arch) for p in LIB_PACKAGES]
+    pkgs = [kpkg] + lib_packages
+    versions = ["%s=%s" % (p, v) for p, v in zip(pkgs, candidates(pkgs, apt_opts))]
+    key = hashlib.sha256(("\n".join(versions) + a.init + SHUTDOWN + a.append).encode()).hexdigest()[:16]
     dest = os.path.join(out_dir, key)
-    result = {"kernel": os.path.join(dest, "vmlinux"), "initrd": os.path.join(dest, "initrd.cpio"),
-              "append": APPEND, "packages": versions}
+    result = {"kernel": os.path.join(dest, a.kernel_file), "initrd": os.path.join(dest, "initrd.cpio"),
+              "append": a.append, "packages": versions}
     if os.path.exists(os.path.join(dest, "done")):
         return result
     os.makedirs(out_dir, exist_ok=True)
@@ -221,7 +352,13 @@ def build(out_dir):
     try:
         debs = os.path.join(work, "debs")
         os.makedirs(debs)
-        run(["apt-get", "download", "-o", "APT::Sandbox::User=root"] + versions, cwd=debs)
+        download = ["apt-get"] + apt_opts + ["download", "-o", "APT::Sandbox::User=root"] + versions
+        try:
+            run(download, cwd=debs)
+        except subprocess.CalledProcessError:
+            if a.private_lists and not force_update:
+                raise DownloadFailed()
+            raise
         root = os.path.join(work, "root")
         kroot = os.path.join(work, "kernel")
         for deb in sorted(os.listdir(debs)):
@@ -229,7 +366,7 @@ def build(out_dir):
             run(["dpkg-deb", "-x", os.path.join(debs, deb), target])
         boot = os.path.join(kroot, "boot")
         vmlinuz = [f for f in os.listdir(boot) if f.startswith("vmlinuz-")][0]
-        vmlinux = extract_vmlinux(os.path.join(boot, vmlinuz))
+        vmlinux = a.extract(os.path.join(boot, vmlinuz))
 
         cpio = Cpio()
         for d in ["bin", "sbin", "usr/bin", "usr/sbin", "dev", "proc", "sys", "tmp", "run", "etc/acpi/PWRF",
@@ -237,7 +374,7 @@ def build(out_dir):
             cpio.dir(d)
         cpio.chardev("dev/console", 5, 1)
         cpio.chardev("dev/null", 1, 3)
-        cpio.file("init", INIT.encode())
+        cpio.file("init", a.init.encode())
         cpio.file("bin/busybox", open(os.path.join(root, "bin/busybox"), "rb").read())
         cpio.file("sbin/shutdown", SHUTDOWN.encode())
         cpio.file("etc/acpi/PWRF/00000080", POWER_BUTTON.encode())
@@ -247,7 +384,7 @@ def build(out_dir):
         if not os.path.exists(ga):
             ga = os.path.join(root, "usr/bin/qemu-ga")
         cpio.file("usr/sbin/qemu-ga", open(ga, "rb").read())
-        add_tree_libs(cpio, root)
+        add_tree_libs(cpio, root, a.libdirs)
         moddir = [d for d in os.listdir(os.path.join(kroot, "lib/modules"))][0]
         mroot = os.path.join(kroot, "lib/modules", moddir, "kernel")
         found = {}
@@ -255,9 +392,16 @@ def build(out_dir):
             for f in files:
                 if f.endswith(".ko"):
                     found[f[:-3]] = os.path.join(dirpath, f)
-        for m in MODULES:
+        # Module names use '_' where some file names have '-' (virtio-gpu.ko, xhci-pci.ko).
+        for name in list(found):
+            found.setdefault(name.replace("-", "_"), found[name])
+        for i, m in enumerate(a.modules):
             if m not in found:
                 sys.exit("build_guest: kernel module %s not found" % m)
+            missing = [d for d in module_depends(found[m]) if d not in a.modules[:i]]
+            if missing:
+                sys.exit("build_guest: kernel module %s needs %s loaded before it; add it to the "
+                         "%s module list" % (m, ", ".join(missing), arch))
             cpio.file("lib/modules/%s.ko" % m, open(found[m], "rb").read(), 0o644)
 
         # Everything is written into a private folder first and renamed into place in one
@@ -265,7 +409,7 @@ def build(out_dir):
         # guest: whoever renames first wins, and the loser uses the winner's files.
         staged = os.path.join(work, "out")
         os.makedirs(staged)
-        with open(os.path.join(staged, "vmlinux"), "wb") as f:
+        with open(os.path.join(staged, a.kernel_file), "wb") as f:
             f.write(vmlinux)
         with open(os.path.join(staged, "initrd.cpio"), "wb") as f:
             f.write(cpio.finish())
@@ -288,7 +432,21 @@ def build(out_dir):
     return result
 
 
-if __name__ == "__main__":
-    if len(sys.argv) != 2:
+def main(argv):
+    arch = "x86_64"
+    if len(argv) == 4 and argv[1] == "--arch":
+        arch = argv[2]
+        argv = argv[:1] + argv[3:]
+    if len(argv) != 2 or arch not in ARCHES:
         sys.exit(__doc__)
-    print(json.dumps(build(os.path.abspath(sys.argv[1]))))
+    out_dir = os.path.abspath(argv[1])
+    try:
+        result = build(out_dir, arch)
+    except DownloadFailed:
+        # The private lists name versions the archive no longer has: refresh them once.
+        result = build(out_dir, arch, force_update=True)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main(sys.argv)
