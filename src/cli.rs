@@ -87,9 +87,14 @@ fn list_tools(rest: &[String]) -> i32 {
             0
         }
         None => {
+            use std::io::Write;
             let width = tools::ALL.iter().map(|t| t.name.len()).max().unwrap_or(0);
+            let mut out = std::io::stdout().lock();
             for t in tools::ALL {
-                println!("{:<width$}  {}", t.name, t.title);
+                // A closed pipe (`mcqemu tools | head`) ends the listing, not the process.
+                if writeln!(out, "{:<width$}  {}", t.name, t.title).is_err() {
+                    break;
+                }
             }
             0
         }

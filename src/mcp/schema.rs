@@ -4,6 +4,27 @@
 
 use serde_json::{Map, Value};
 
+/// The schema as hosts with one type per field take it: every `"type": [A, B]` becomes
+/// `"anyOf": [{"type": A}, {"type": B}]` (the same values, each branch one type), at every
+/// depth. The tools write nullable results as `["integer", "null"]`; this is what they list.
+pub fn portable(schema: Value) -> Value {
+    match schema {
+        Value::Object(mut m) => {
+            if let Some(Value::Array(types)) = m.get("type").cloned() {
+                m.remove("type");
+                let branches: Vec<Value> = types
+                    .into_iter()
+                    .map(|t| serde_json::json!({ "type": t }))
+                    .collect();
+                m.insert("anyOf".into(), Value::Array(branches));
+            }
+            Value::Object(m.into_iter().map(|(k, v)| (k, portable(v))).collect())
+        }
+        Value::Array(a) => Value::Array(a.into_iter().map(portable).collect()),
+        other => other,
+    }
+}
+
 /// Validates `args` against an object schema; the error names the offending parameter.
 pub fn check_arguments(schema: &Value, args: &Map<String, Value>) -> Result<(), String> {
     let empty = Map::new();
@@ -168,6 +189,24 @@ mod tests {
         assert!(
             check(json!({"path": "/x", "n": 3, "fmt": "raw", "list": ["a"], "opt": null})).is_ok()
         );
+    }
+
+    #[test]
+    fn type_unions_become_one_type_branches_at_every_depth() {
+        let s = json!({"type": "object", "properties": {
+            "pid": {"type": ["integer", "null"], "description": "d"},
+            "list": {"type": "array", "items": {"type": ["string", "null"]}}
+        }});
+        let p = portable(s);
+        assert_eq!(
+            p["properties"]["pid"],
+            json!({"anyOf": [{"type": "integer"}, {"type": "null"}], "description": "d"})
+        );
+        assert_eq!(
+            p["properties"]["list"]["items"],
+            json!({"anyOf": [{"type": "string"}, {"type": "null"}]})
+        );
+        assert_eq!(p["type"], json!("object"));
     }
 
     #[test]

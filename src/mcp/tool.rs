@@ -52,7 +52,7 @@ impl ToolDef {
             "title": self.title,
             "description": self.description,
             "inputSchema": (self.input_schema)(),
-            "outputSchema": (self.output_schema)(),
+            "outputSchema": super::schema::portable((self.output_schema)()),
             "annotations": {
                 "title": self.title,
                 "readOnlyHint": self.annotations.read_only,
