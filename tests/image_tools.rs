@@ -645,6 +645,9 @@ fn image_progress_is_reported_for_convert() {
         .filter(|m| m["method"] == "notifications/progress")
         .map(|m| m["params"]["progress"].as_f64().unwrap())
         .collect();
-    assert_eq!(values.first(), Some(&0.0), "{others:?}");
+    // A convert this small is done within half a second: only its final progress is sent
+    // (a longer one reports 0 at its start too, at most twice a second).
+    assert!(values.iter().all(|v| (0.0..=1.0).contains(v)), "{others:?}");
+    assert!(values.windows(2).all(|w| w[0] < w[1]), "{others:?}");
     assert_eq!(values.last(), Some(&1.0), "{others:?}");
 }
