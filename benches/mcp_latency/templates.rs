@@ -269,6 +269,8 @@ pub struct Cloned {
     pub round_trip: Duration,
     pub pid: i32,
     pub qga: Option<String>,
+    /// The server's own account of the clone's steps (`steps_ms`), in milliseconds.
+    pub steps: Vec<(String, f64)>,
 }
 
 impl TemplateBench<'_> {
@@ -375,6 +377,7 @@ impl TemplateBench<'_> {
     fn sequential_rows(&self, table: &mut Table, server: &mut Server) -> Res<(Duration, Duration)> {
         let name = format!("{PREFIX}seq");
         let (mut ready, mut round_trip) = (Vec::new(), Vec::new());
+        let mut steps: Vec<(String, Vec<f64>)> = Vec::new();
         for i in 0..=self.clones {
             let fail = |e: String| format!("sequential clone {i}: {e}");
             let c = self.clone_vm(server, &name).map_err(fail)?;
@@ -385,6 +388,12 @@ impl TemplateBench<'_> {
             if i > 0 {
                 ready.push(c.ready);
                 round_trip.push(c.round_trip);
+                for (k, ms) in &c.steps {
+                    match steps.iter_mut().find(|(n, _)| n == k) {
+                        Some((_, v)) => v.push(*ms),
+                        None => steps.push((k.clone(), vec![*ms])),
+                    }
+                }
             }
         }
         let n = self.clones;
@@ -403,6 +412,21 @@ impl TemplateBench<'_> {
                 .join(" ")
         };
         table.note(&format!("ready_ms per clone: {}", list(&ready)));
+        // Each step's median and its share of the median ready time.
+        let total: f64 =
+            ready.iter().map(|d| d.as_secs_f64() * 1000.0).sum::<f64>() / ready.len().max(1) as f64;
+        let shares: Vec<String> = steps
+            .iter_mut()
+            .map(|(k, v)| {
+                v.sort_by(f64::total_cmp);
+                let med = v[v.len() / 2];
+                format!("{k} {med:.1} ms ({:.0} %)", 100.0 * med / total.max(0.001))
+            })
+            .collect();
+        table.note(&format!(
+            "clone steps (median, share of the mean ready time): {}",
+            shares.join(", ")
+        ));
         Ok((rd.median, rt.median))
     }
 
@@ -637,11 +661,20 @@ fn checked_clone(killer: &VmKiller, s: &Value, round_trip: Duration) -> Res<Clon
     let pid = s["pid"]
         .as_i64()
         .ok_or_else(|| format!("sandbox_vm gave no pid: {s}"))? as i32;
+    let steps = s["steps_ms"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| v.as_f64().map(|ms| (k.clone(), ms)))
+                .collect()
+        })
+        .unwrap_or_default();
     Ok(Cloned {
         ready: Duration::from_millis(ready),
         round_trip,
         pid,
         qga: s["qga_socket"].as_str().map(str::to_string),
+        steps,
     })
 }
 

@@ -142,7 +142,9 @@ pub fn start_with(
         _ => None,
     };
     let tdisk = template::disk_of(&tdir);
+    let t_overlay = Instant::now();
     img::create(&overlay, "qcow2", None, Some((&tdisk, "qcow2")))?;
+    let overlay_ms = t_overlay.elapsed();
     let spec = LaunchSpec {
         name: name.clone(),
         binary: qemu.path.display().to_string(),
@@ -185,6 +187,7 @@ pub fn start_with(
         firmware: t.firmware.clone(),
         cloud_init,
     };
+    let t_qemu = Instant::now();
     let launched = match launch::launch(ctx, req) {
         Ok(o) => o,
         Err(e) => {
@@ -192,6 +195,8 @@ pub fn start_with(
             return Err(e);
         }
     };
+    let qemu_ms = t_qemu.elapsed();
+    let t_load = Instant::now();
     let rec = lookup(&name)?;
     let resumed = session::monitor(&name, &rec, |q| {
         migrate::load(q, &template::state_of(&tdir), Instant::now() + LOAD_BUDGET)?;
@@ -210,8 +215,21 @@ pub fn start_with(
             .unwrap_or(90.0)
             .clamp(0.0, 3600.0),
     );
-    let ready = set_clock_when_ready(ctx, &name, &rec, wait);
+    let load_ms = t_load.elapsed();
+    let t_agent = Instant::now();
+    let answered = first_answer(&rec, wait);
+    let agent_ms = t_agent.elapsed();
+    let t_clock = Instant::now();
+    let ready = set_clock_when_ready(ctx, &name, &rec, wait.saturating_sub(agent_ms));
+    let clock_ms = t_clock.elapsed();
     let mut out = launched;
+    // Where a clone's time goes, step by step (the bench prints each step's share).
+    let ms = |d: Duration| (d.as_secs_f64() * 1000.0 * 10.0).round() / 10.0;
+    out["steps_ms"] = json!({
+        "overlay": ms(overlay_ms), "qemu_start": ms(qemu_ms), "state_load": ms(load_ms),
+        "first_agent_answer": ms(agent_ms), "clock": ms(clock_ms),
+        "first_answer_ok": answered,
+    });
     // The launch saw the QEMU waiting for its state; it runs now.
     out["status"] = json!("running");
     out["template"] = json!(template_name);
@@ -225,6 +243,30 @@ pub fn start_with(
         }
     }
     Ok(out)
+}
+
+/// Polls the clone's agent (guest-ping) until it first answers or `wait` runs out; true when it
+/// answered. Measured apart from the clock so a clone's steps show where the time goes.
+fn first_answer(rec: &Record, wait: Duration) -> bool {
+    let Some(sock) = vm::field(rec, "qga_socket").map(PathBuf::from) else {
+        return false;
+    };
+    let deadline = Instant::now() + wait;
+    loop {
+        let slice =
+            Duration::from_millis(500).min(deadline.saturating_duration_since(Instant::now()));
+        let ok = qga::with_agent(&sock, slice.max(Duration::from_millis(50)), |q| {
+            q.execute_within("guest-ping", None, slice.max(Duration::from_millis(50)))
+        })
+        .is_ok();
+        if ok {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
 }
 
 /// Waits for the clone's agent and sets its clock from the host's at once: a clone resumes
