@@ -9,9 +9,15 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use mcqemu::qemu::qga::Qga;
+use mcqemu::qemu::qmp::Qmp;
+use mcqemu::qemu::{scale, screen};
 use serde_json::{json, Value};
 
 use crate::common::Guest;
+
+#[path = "../../tests/screenshots/desktop.rs"]
+#[allow(dead_code)]
+mod desktop;
 use crate::report::{Stats, Table};
 use crate::vm::{VmBench, BOOT_TIMEOUT, SANDBOX_CALL_TIMEOUT, SANDBOX_WAIT_S, VM_CALL_TIMEOUT};
 use crate::{
@@ -128,6 +134,11 @@ pub fn guest_rows(vb: &VmBench, table: &mut Table, g: &Guest) -> Res<()> {
         s["qga_socket"]
             .as_str()
             .ok_or("launch_vm gave no qga_socket")?,
+    );
+    let qmp = PathBuf::from(
+        s["qmp_socket"]
+            .as_str()
+            .ok_or("launch_vm gave no qmp_socket")?,
     );
     let answered = first_answer(&qga, BOOT_TIMEOUT)?;
     let serial = watch.finish();
@@ -248,10 +259,136 @@ pub fn guest_rows(vb: &VmBench, table: &mut Table, g: &Guest) -> Res<()> {
         },
     )?;
 
+    let vm_dir = vb
+        .serial_log(name)
+        .parent()
+        .map(Path::to_path_buf)
+        .ok_or("no VM folder")?;
+    screen_parts(vb, table, &qmp, &vm_dir, "720x400 text console")?;
+    desktop_rows(vb, table, &mut server, name, &qmp, &vm_dir)?;
+
     vb.stop(&mut server, name)?;
     let kb = crate::peak_rss_kb(&server)?;
     table.rss_info_row("peak RSS: server after the guest rows", kb);
     server.try_close()
+}
+
+// ---- screenshots: the parts, and a 1920x1080 desktop ----
+
+/// Target for vm_screenshot of a 1920x1080 screen (capture, scale to 1568x882, encode).
+const SCREENSHOT_1080_TARGET: Duration = Duration::from_millis(30);
+
+/// The parts of a screenshot, timed through the library on the bench's own monitor connection
+/// (the server holds none between calls): the capture (screendump into a memory file, read
+/// here), then, when the screen is larger than the default bound, the scaling and a
+/// single-threaded encoding apart, and both as vm_screenshot runs them (in segments, one
+/// thread per core).
+fn screen_parts(vb: &VmBench, table: &mut Table, qmp: &Path, dir: &Path, what: &str) -> Res<()> {
+    let mut q = Qmp::connect(qmp, Duration::from_secs(5)).map_err(|e| e.to_string())?;
+    let mut frame = None;
+    vb.quick.measure(
+        table,
+        &format!("  capture (screendump, PPM into a memory file), {what}"),
+        None,
+        || {
+            let t0 = Instant::now();
+            let f = screen::capture(&mut q, dir).map_err(|e| e.to_string())?;
+            let took = t0.elapsed();
+            frame = Some(f);
+            Ok(took)
+        },
+    )?;
+    drop(q);
+    let frame = frame.ok_or("no frame")?;
+    let bounds = screen::Bounds {
+        max_edge: Some(screen::DEFAULT_MAX_EDGE),
+        max_bytes: Some(screen::DEFAULT_MAX_BYTES),
+        ..screen::Bounds::default()
+    };
+    let s = screen::fit_scale(frame.width, frame.height, &bounds);
+    let (w, h) = screen::scaled_size(frame.width, frame.height, s);
+    let mut size = 0;
+    if (w, h) != (frame.width, frame.height) {
+        let mut small = Vec::new();
+        vb.quick.time(
+            table,
+            &format!(
+                "  scale {}x{} -> {w}x{h} (area average)",
+                frame.width, frame.height
+            ),
+            None,
+            || {
+                small = scale::downscale(frame.pixels(), frame.width, frame.height, w, h);
+                Ok(())
+            },
+        )?;
+        vb.quick
+            .time(table, &format!("  encode PNG {w}x{h}"), None, || {
+                size = screen::encode(&small, w, h)
+                    .map_err(|e| e.to_string())?
+                    .len();
+                Ok(())
+            })?;
+    }
+    vb.quick.time(
+        table,
+        &format!("  scale + encode in segments on all cores, {w}x{h} PNG"),
+        None,
+        || {
+            size = screen::scale_encode(&frame, w, h)
+                .map_err(|e| e.to_string())?
+                .data
+                .len();
+            Ok(())
+        },
+    )?;
+    table.note(&format!(
+        "{what}: {}x{} screen, {w}x{h} PNG of {size} bytes",
+        frame.width, frame.height
+    ));
+    Ok(())
+}
+
+/// vm_screenshot of a 1920x1080 desktop: the guest sets the mode on QEMU's standard VGA and
+/// shows the tests' desktop picture (`tests/screenshots/desktop.rs`), then the tool call is
+/// timed (scaled to 1568x882 by default) and its parts apart.
+fn desktop_rows(
+    vb: &VmBench,
+    table: &mut Table,
+    server: &mut crate::common::Server,
+    name: &str,
+    qmp: &Path,
+    dir: &Path,
+) -> Res<()> {
+    let picture = desktop::picture();
+    desktop::show(name, &picture, |tool, args| {
+        let r = server.tool_within(tool, args, VM_CALL_TIMEOUT)?;
+        Ok(structured(&r)?.clone())
+    })?;
+    let first = server.tool("vm_screenshot", json!({ "name": name }))?;
+    let s = structured(&first)?.clone();
+    if (s["screen_width"].as_u64(), s["width"].as_u64()) != (Some(1920), Some(1568)) {
+        return Err(format!(
+            "the desktop screenshot is not 1920 scaled to 1568: {s}"
+        ));
+    }
+    vb.quick.time(
+        table,
+        "vm_screenshot inline PNG, 1920x1080 desktop -> 1568x882",
+        Some(SCREENSHOT_1080_TARGET),
+        || {
+            let r = server.tool("vm_screenshot", json!({ "name": name }))?;
+            match structured(&r)?["width"].as_u64() {
+                Some(1568) => Ok(()),
+                _ => Err(format!("vm_screenshot did not scale to 1568: {r}")),
+            }
+        },
+    )?;
+    table.note(&format!(
+        "the desktop's PNG: {} bytes at scale {} (default bounds: longer edge 1568, 750000 bytes)",
+        s["bytes"], s["scale"]
+    ));
+    screen_parts(vb, table, qmp, dir, "1920x1080 desktop")
 }
 
 // ---- sandbox_vm readiness ----

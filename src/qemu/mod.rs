@@ -11,6 +11,7 @@ pub mod process;
 pub mod qga;
 pub mod qmp;
 pub mod run;
+pub mod scale;
 pub mod screen;
 pub mod sock;
 pub mod untrusted;
