@@ -651,6 +651,14 @@ fn click(s: &mut Server, vm: &str, devices: &str) {
     );
     tool_ok(&r, "vm_serial_write (end of recording)");
     let res = s.finish_call(&id, Duration::from_secs(150));
+    // virt has only the absolute tablet: relative motion is refused, never "sent".
+    let r = s.call_keeping(
+        "vm_mouse_move",
+        json!({"name": vm, "dx": 10, "dy": 5}),
+        STEP,
+    );
+    let refused = tool_err(&r, "vm_mouse_move on virt");
+    assert!(refused.contains("no relative mouse"), "{refused}");
     let sc = clicked.unwrap_or_else(|e| panic!("{e}"));
     let sw = sc["screen_width"].as_u64().expect("screen_width") as i64;
     let sh_ = sc["screen_height"].as_u64().expect("screen_height") as i64;

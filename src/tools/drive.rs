@@ -7,9 +7,9 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::object;
-use super::session::{self, SessionError};
 use crate::b64;
 use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use crate::ops::session::{self, SessionError};
 use crate::qemu::qmp::{Qmp, QmpError};
 use crate::qemu::screen::{self, Bounds, CaptureError, Frame};
 use crate::qemu::vm;
@@ -21,7 +21,7 @@ pub const MAX_DELTA: i64 = 20000;
 
 /// A VM that must be running, for the screen, keyboard and mouse tools.
 pub fn live(name: &str) -> Result<Record, ToolError> {
-    super::lifecycle::lookup_live(name, "launch it first")
+    crate::ops::records::lookup_live(name, "launch it first")
 }
 
 /// The monitor session of a screen/keyboard/mouse tool: failures explained for VM `name`.
@@ -469,11 +469,20 @@ fn mouse_move(ctx: &ToolCtx, args: &Args) -> ToolResult {
              nothing was sent"
         )));
     }
+    // Relative motion needs a relative mouse (a PC's PS/2 one); the virt boards have only the
+    // absolute tablet, where this motion would go nowhere.
+    let rec = live(&name)?;
+    if crate::ops::records::input(&rec, "relative_pointer").is_none() {
+        return Err(ToolError::new(format!(
+            "VM {name:?} has no relative mouse (machine {}), so the motion would go nowhere; \
+             use vm_click with x and y (the absolute tablet) instead",
+            rec.get("machine").and_then(Value::as_str).unwrap_or("?")
+        )));
+    }
     let step = args.i64_or("step", 32)?.clamp(1, 120);
     let home = args.opt_str("home")?.map(str::to_string);
     let click_btn = args.opt_str("click")?.map(str::to_string);
     let double = args.bool_or("double", false)?;
-    let rec = live(&name)?;
     let mut plan = Vec::new();
     if let Some(h) = &home {
         let far = 4000;

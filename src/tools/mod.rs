@@ -25,8 +25,6 @@ pub mod template;
 pub mod template_manage;
 
 pub use crate::ops::checks::{checked_image, path_arg};
-// Until every tool module names it in `ops`.
-pub(crate) use crate::ops::session;
 
 /// Every tool, in the order `tools/list` shows them.
 pub static ALL: &[ToolDef] = &[
