@@ -90,14 +90,7 @@ pub fn start_with(
         None if t.no_net => Vec::new(),
         None => vec!["auto:22".to_string()],
     };
-    let sd = vm::state_dir(&name);
-    std::fs::create_dir_all(&sd)
-        .map_err(|e| ToolError::new(format!("cannot create {}: {e}", sd.display())))?;
-    let overlay = sd.join(format!(
-        "overlay-{}-{}.qcow2",
-        crate::clock::now_secs(),
-        std::process::id()
-    ));
+    let (sd, overlay) = sandbox::overlay_path(&name)?;
     if let Some(arch) = args.opt_str("arch")? {
         if arch != t.arch {
             return Err(ToolError::new(format!(

@@ -75,14 +75,7 @@ pub fn create(ctx: &ToolCtx, args: &Args) -> Result<Value, ToolError> {
     if let Some(v) = args.0.get("cloud_init").filter(|v| !v.is_null()) {
         crate::cloudinit::CloudInit::parse(v)?;
     }
-    let sd = vm::state_dir(&name);
-    std::fs::create_dir_all(&sd)
-        .map_err(|e| ToolError::new(format!("cannot create {}: {e}", sd.display())))?;
-    let overlay = sd.join(format!(
-        "overlay-{}-{}.qcow2",
-        crate::clock::now_secs(),
-        std::process::id()
-    ));
+    let (sd, overlay) = overlay_path(&name)?;
     if let Err(e) = img::create(&overlay, "qcow2", disk_size, Some((&base, &base_fmt))) {
         let _ = std::fs::remove_dir(&sd);
         return Err(e.into());
@@ -200,6 +193,19 @@ pub fn create(ctx: &ToolCtx, args: &Args) -> Result<Value, ToolError> {
         }
     }
     Ok(out)
+}
+
+/// A new sandbox's state folder (created) and the path of its overlay, unique per launch.
+pub fn overlay_path(name: &str) -> Result<(PathBuf, PathBuf), ToolError> {
+    let sd = vm::state_dir(name);
+    std::fs::create_dir_all(&sd)
+        .map_err(|e| ToolError::new(format!("cannot create {}: {e}", sd.display())))?;
+    let overlay = sd.join(format!(
+        "overlay-{}-{}.qcow2",
+        crate::clock::now_secs(),
+        std::process::id()
+    ));
+    Ok((sd, overlay))
 }
 
 /// The last `lines` lines of the serial log a launch result names.
