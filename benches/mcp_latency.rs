@@ -40,8 +40,12 @@
 //! The templates section runs twice, on the system's QEMU and on QEMU 10.0 (`common::qemu10`),
 //! and compares the two. The stock section (`mcp_latency/stock.rs`, name `stock`) times
 //! image_prepare of the stock-shaped Debian image, cold boots of the prepared image and clones
+//! of a template of it. The arm64 section (`mcp_latency/arm64.rs`, name `arm64`) times the
+//! aarch64 test guest under TCG: cold sandbox_vm boots, guest_exec, vm_screenshot and clones
 //! of a template of it.
 
+#[path = "mcp_latency/arm64.rs"]
+mod arm64;
 #[path = "../tests/common/mod.rs"]
 mod common;
 #[path = "mcp_latency/guest.rs"]
@@ -169,6 +173,11 @@ fn run() -> Res<()> {
     // 7. The stock-shaped cloud image: image_prepare, cold boots, a template's clones.
     if wanted("stock") {
         stock::stock_rows(&mut table, &dirs);
+    }
+
+    // 8. The aarch64 test guest under TCG: cold boots, exec, screenshot, a template's clones.
+    if wanted("arm64") {
+        arm64::arm64_rows(&mut table, &dirs, &image);
     }
 
     table.footer();
