@@ -206,8 +206,10 @@ impl Provider for VmResources {
     fn list(&self) -> Vec<Value> {
         let mut out = Vec::new();
         for (name, rec) in vm::registry().load() {
-            // Pooled clones are the server's, not the caller's VMs (list_vms hides them too).
-            if rec.get(crate::ops::pool::POOLED).is_some() {
+            // Pooled clones are the server's, not the caller's VMs (list_vms hides them too);
+            // a VM still being launched has no console or screen yet: it appears once, when
+            // its launch is recorded.
+            if rec.get(crate::ops::pool::POOLED).is_some() || rec.contains_key("launching") {
                 continue;
             }
             if vm::field(&rec, "serial_log").is_some() {
