@@ -139,6 +139,8 @@ struct ProgressInner {
     out: Arc<Output>,
     started: Instant,
     done: AtomicBool,
+    /// Wakes the heartbeat thread at once when the call ends (its response must not wait).
+    bell: (std::sync::Mutex<()>, std::sync::Condvar),
     state: std::sync::Mutex<ProgressState>,
 }
 
@@ -231,6 +233,7 @@ impl Progress {
             out,
             started: Instant::now(),
             done: AtomicBool::new(false),
+            bell: (std::sync::Mutex::new(()), std::sync::Condvar::new()),
             state: std::sync::Mutex::new(ProgressState::default()),
         });
         let beat = Arc::clone(&inner);
@@ -238,7 +241,12 @@ impl Progress {
             .name("progress".into())
             .spawn(move || {
                 while !beat.done.load(Ordering::SeqCst) {
-                    std::thread::sleep(Duration::from_millis(100));
+                    {
+                        let guard = beat.bell.0.lock().unwrap_or_else(|p| p.into_inner());
+                        if !beat.done.load(Ordering::SeqCst) {
+                            let _ = beat.bell.1.wait_timeout(guard, Duration::from_millis(100));
+                        }
+                    }
                     if !beat.done.load(Ordering::SeqCst) {
                         beat.tick();
                     }
@@ -286,6 +294,10 @@ impl Progress {
     pub fn finish(&self) {
         if self.inner.done.swap(true, Ordering::SeqCst) {
             return;
+        }
+        {
+            let _guard = self.inner.bell.0.lock().unwrap_or_else(|p| p.into_inner());
+            self.inner.bell.1.notify_all();
         }
         let handle = match self.ticker.lock() {
             Ok(mut t) => t.take(),
