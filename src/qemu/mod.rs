@@ -1,6 +1,7 @@
 //! Talking to QEMU and its tooling.
 
 pub mod cmdline;
+pub mod encode;
 pub mod extra_args;
 pub mod firmware;
 pub mod forwards;
