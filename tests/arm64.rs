@@ -18,6 +18,7 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use common::evdev::*;
 use common::*;
 use mcqemu::b64;
 use serde_json::{json, Map, Value};
@@ -403,52 +404,6 @@ fn finish_tty_reader(s: &mut Server, id: &Value) -> String {
     let sc = tool_ok(&r, "tty reader");
     assert_eq!(sc["exitcode"], 0, "tty reader: {sc}");
     sc["stdout"].as_str().expect("stdout").to_string()
-}
-
-/// One evdev record: (type, code, value).
-type Ev = (u16, u16, i32);
-const EV_KEY: u16 = 1;
-const EV_ABS: u16 = 3;
-const BTN_LEFT: u16 = 0x110;
-
-/// Parses `od -An -v -tx1` output into 24-byte input_event records (64-bit guest).
-fn parse_events(hex: &str) -> Vec<Ev> {
-    let bytes: Vec<u8> = hex
-        .split_whitespace()
-        .map(|t| u8::from_str_radix(t, 16).expect("od hex byte"))
-        .collect();
-    assert_eq!(bytes.len() % 24, 0, "partial input_event records");
-    bytes
-        .chunks(24)
-        .map(|r| {
-            (
-                u16::from_le_bytes([r[16], r[17]]),
-                u16::from_le_bytes([r[18], r[19]]),
-                i32::from_le_bytes([r[20], r[21], r[22], r[23]]),
-            )
-        })
-        .collect()
-}
-
-/// /dev/input/eventN of every device (in /proc/bus/input/devices) whose name matches `pred`.
-fn event_nodes(devices: &str, pred: impl Fn(&str) -> bool) -> Vec<String> {
-    let mut out = Vec::new();
-    for block in devices.split("\n\n") {
-        let name = block
-            .lines()
-            .find_map(|l| l.strip_prefix("N: Name=\""))
-            .map(|n| n.trim_end_matches('"'));
-        if !name.is_some_and(&pred) {
-            continue;
-        }
-        let handlers = block.lines().find_map(|l| l.strip_prefix("H: Handlers="));
-        if let Some(ev) =
-            handlers.and_then(|h| h.split_whitespace().find(|h| h.starts_with("event")))
-        {
-            out.push(format!("/dev/input/{ev}"));
-        }
-    }
-    out
 }
 
 /// The guest's input devices, polled for until a keyboard and a tablet are there (USB devices

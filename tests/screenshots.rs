@@ -19,6 +19,7 @@ mod desktop;
 
 use std::time::{Duration, Instant};
 
+use common::evdev::*;
 use common::*;
 use serde_json::{json, Value};
 
@@ -222,14 +223,6 @@ fn check_scale(sc: &Value) {
 // ---------------------------------------------------------------------------------------------
 // Recording the guest's input events (as tests/see_and_drive.rs does)
 
-/// One evdev record: (type, code, value).
-type Ev = (u16, u16, i32);
-
-const EV_KEY: u16 = 1;
-const EV_REL: u16 = 2;
-const EV_ABS: u16 = 3;
-const BTN_LEFT: u16 = 0x110;
-
 fn exec(lab: &mut Lab, name: &str, script: &str) -> Value {
     let r = lab.srv().call_keeping(
         "guest_exec",
@@ -364,21 +357,7 @@ fn finish_recording(lab: &mut Lab, name: &str, id: &Value, dir: &str, n: usize) 
         .iter()
         .map(|p| {
             let hex = p.split_once('\n').map(|x| x.1).unwrap_or("");
-            let bytes: Vec<u8> = hex
-                .split_whitespace()
-                .map(|t| u8::from_str_radix(t, 16).expect("od hex"))
-                .collect();
-            assert_eq!(bytes.len() % 24, 0, "partial input_event records");
-            bytes
-                .chunks(24)
-                .map(|r| {
-                    (
-                        u16::from_le_bytes([r[16], r[17]]),
-                        u16::from_le_bytes([r[18], r[19]]),
-                        i32::from_le_bytes([r[20], r[21], r[22], r[23]]),
-                    )
-                })
-                .collect()
+            parse_events(hex)
         })
         .collect()
 }

@@ -17,6 +17,7 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use common::evdev::*;
 use common::*;
 use serde_json::{json, Value};
 
@@ -402,52 +403,6 @@ fn finish_event_reader(lab: &mut Lab, name: &str, reader: EventReader) -> Vec<Ve
         .iter()
         .map(|p| parse_events(p.split_once('\n').map(|x| x.1).unwrap_or("")))
         .collect()
-}
-
-/// One evdev record: (type, code, value).
-type Ev = (u16, u16, i32);
-
-const EV_KEY: u16 = 1;
-const EV_REL: u16 = 2;
-const EV_ABS: u16 = 3;
-const BTN_LEFT: u16 = 0x110;
-
-/// Parses `od -An -v -tx1` output into 24-byte input_event records.
-fn parse_events(hex: &str) -> Vec<Ev> {
-    let bytes: Vec<u8> = hex
-        .split_whitespace()
-        .map(|t| u8::from_str_radix(t, 16).expect("od hex byte"))
-        .collect();
-    assert_eq!(bytes.len() % 24, 0, "partial input_event records");
-    bytes
-        .chunks(24)
-        .map(|r| {
-            (
-                u16::from_le_bytes([r[16], r[17]]),
-                u16::from_le_bytes([r[18], r[19]]),
-                i32::from_le_bytes([r[20], r[21], r[22], r[23]]),
-            )
-        })
-        .collect()
-}
-
-/// Finds /dev/input/eventN of the first device whose name matches `pred`.
-fn event_node(devices: &str, pred: impl Fn(&str) -> bool) -> Option<String> {
-    for block in devices.split("\n\n") {
-        let name = block
-            .lines()
-            .find_map(|l| l.strip_prefix("N: Name=\""))
-            .map(|n| n.trim_end_matches('"'));
-        if !name.is_some_and(&pred) {
-            continue;
-        }
-        let handlers = block.lines().find_map(|l| l.strip_prefix("H: Handlers="))?;
-        return handlers
-            .split_whitespace()
-            .find(|h| h.starts_with("event"))
-            .map(|h| format!("/dev/input/{h}"));
-    }
-    None
 }
 
 /// One step of the journey.
