@@ -139,6 +139,27 @@ MASK = ["systemd-firstboot.service", "apt-daily.timer", "apt-daily-upgrade.timer
         "e2scrub_all.timer", "fstrim.timer", "dpkg-db-backup.timer"]
 
 
+def place(staged, dest, work, manifest):
+    """Writes the manifest and the `done` mark into a finished build and renames it into
+    place in one step, so a concurrent build (another test binary or a run by hand) never sees
+    a half-written image: whoever renames first wins, and the other uses the winner's files.
+    An unfinished folder already at `dest` is moved into `work` (removed with it)."""
+    with open(os.path.join(staged, "manifest.json"), "w") as f:
+        json.dump(manifest, f, indent=1)
+        f.write("\n")
+    open(os.path.join(staged, "done"), "w").close()
+    if os.path.isdir(dest) and not os.path.exists(os.path.join(dest, "done")):
+        try:
+            os.rename(dest, os.path.join(work, "stale"))
+        except OSError:
+            pass
+    try:
+        os.rename(staged, dest)
+    except OSError:
+        if not os.path.exists(os.path.join(dest, "done")):
+            raise
+
+
 def die(msg):
     sys.exit("build_cloud: " + msg)
 
@@ -445,23 +466,7 @@ def build(out_dir):
             "sizes": {f: os.path.getsize(os.path.join(staged, f))
                       for f in ("disk.qcow2", "vmlinuz", "initrd.img")},
         }
-        with open(os.path.join(staged, "manifest.json"), "w") as f:
-            json.dump(manifest, f, indent=1)
-            f.write("\n")
-        open(os.path.join(staged, "done"), "w").close()
-        # Renamed into place in one step, so a concurrent build (another test binary or a
-        # run by hand) never sees a half-written image: whoever renames first wins, and the
-        # other uses the winner's files.
-        if os.path.isdir(dest) and not os.path.exists(os.path.join(dest, "done")):
-            try:
-                os.rename(dest, os.path.join(work, "stale"))
-            except OSError:
-                pass
-        try:
-            os.rename(staged, dest)
-        except OSError:
-            if not os.path.exists(os.path.join(dest, "done")):
-                raise
+        place(staged, dest, work, manifest)
     except subprocess.CalledProcessError as e:
         die("%s failed (exit %d): %s" % (e.cmd[0], e.returncode, (e.stdout or "").strip()))
     finally:

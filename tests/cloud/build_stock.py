@@ -536,21 +536,7 @@ def build(out_dir):
             "sizes": {"disk.qcow2": os.path.getsize(os.path.join(staged, "disk.qcow2")),
                       "BOOTX64.EFI": efi_bytes, "core.img": core_bytes},
         }
-        with open(os.path.join(staged, "manifest.json"), "w") as f:
-            json.dump(manifest, f, indent=1)
-            f.write("\n")
-        open(os.path.join(staged, "done"), "w").close()
-        # Into place in one step (see build_cloud.build).
-        if os.path.isdir(dest) and not os.path.exists(os.path.join(dest, "done")):
-            try:
-                os.rename(dest, os.path.join(work, "stale"))
-            except OSError:
-                pass
-        try:
-            os.rename(staged, dest)
-        except OSError:
-            if not os.path.exists(os.path.join(dest, "done")):
-                raise
+        build_cloud.place(staged, dest, work, manifest)
     except subprocess.CalledProcessError as e:
         die("%s failed (exit %d): %s" % (e.cmd[0], e.returncode, (e.stdout or "").strip()))
     finally:
