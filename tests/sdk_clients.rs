@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{mpsc, OnceLock};
 use std::thread;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 /// The pinned SDK versions.
 const PYTHON_MCP_VERSION: &str = "2.3.0";
@@ -29,8 +29,6 @@ const INSTALL_TIMEOUT: Duration = Duration::from_secs(300);
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long output pipes may stay open after the process exited.
 const PIPE_GRACE: Duration = Duration::from_secs(10);
-/// Bound on waiting for another process's installation to finish.
-const LOCK_WAIT: Duration = Duration::from_secs(3 * 300 + 60);
 
 const SETUP_HINT: &str =
     "These tests need python3 (with the venv module), node (>= 18) and npm on PATH, \
@@ -250,59 +248,6 @@ fn ensure_node_modules(root: &Path) -> Result<PathBuf, String> {
     }
 }
 
-/// A cross-process lock: a directory only one process can create, holding
-/// its owner's pid. A lock whose owner is gone (no /proc entry), or that is
-/// older than any installation can last, is taken over.
-struct DirLock(PathBuf);
-
-impl DirLock {
-    fn acquire(path: PathBuf) -> Result<DirLock, String> {
-        let start = Instant::now();
-        loop {
-            match std::fs::create_dir(&path) {
-                Ok(()) => {
-                    let lock = DirLock(path);
-                    std::fs::write(lock.0.join("pid"), std::process::id().to_string())
-                        .map_err(|e| format!("cannot write {:?}/pid: {e}", lock.0))?;
-                    return Ok(lock);
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                    if Self::stale(&path) {
-                        let _ = std::fs::remove_dir_all(&path);
-                        continue;
-                    }
-                    if start.elapsed() > LOCK_WAIT {
-                        return Err(format!(
-                            "gave up after {LOCK_WAIT:?} waiting for another test process to finish \
-                             installing the SDKs (lock {path:?}; remove it if no such process runs)"
-                        ));
-                    }
-                    thread::sleep(Duration::from_millis(200));
-                }
-                Err(e) => return Err(format!("cannot create lock {path:?}: {e}")),
-            }
-        }
-    }
-
-    fn stale(path: &Path) -> bool {
-        let owner_gone = std::fs::read_to_string(path.join("pid"))
-            .ok()
-            .and_then(|pid| pid.trim().parse::<u32>().ok())
-            .is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists());
-        let age = std::fs::metadata(path)
-            .and_then(|m| m.modified())
-            .ok()
-            .and_then(|t| SystemTime::now().duration_since(t).ok());
-        owner_gone || age.is_some_and(|a| a > LOCK_WAIT)
-    }
-}
-
-impl Drop for DirLock {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// Run one installation once per test process, serialised across processes by
 /// a lock under target/sdk-clients; every caller gets its result.
 fn installed(
@@ -312,7 +257,7 @@ fn installed(
     let setup = cell.get_or_init(|| {
         let root = sdk_root();
         std::fs::create_dir_all(&root).map_err(|e| format!("cannot create {root:?}: {e}"))?;
-        let _lock = DirLock::acquire(root.join(".install.lock"))?;
+        let _lock = common::dirlock::DirLock::acquire(root.join(".install.lock"))?;
         install(&root)
     });
     match setup {

@@ -30,6 +30,7 @@
 mod cli;
 mod cloud;
 pub mod cloud_guest;
+pub mod dirlock;
 pub mod evdev;
 mod files;
 mod guest;
