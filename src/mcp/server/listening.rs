@@ -1,0 +1,177 @@
+//! The server's resource side: `resources/*` requests on the workers, 2026-07-28
+//! `subscriptions/listen` streams, and the watch that notices when the resource list changes.
+
+use super::*;
+
+impl Server {
+    /// Registers `id` as in flight (the key cancellation finds it by); the error for an id
+    /// already in flight, a tool call's or a listen stream's.
+    pub(super) fn claim(&self, id: &Value) -> Result<Arc<AtomicBool>, jsonrpc_core::Error> {
+        let key = id.to_string();
+        let mut map = match self.inflight.lock() {
+            Ok(m) => m,
+            Err(p) => p.into_inner(),
+        };
+        if map.contains_key(&key) || self.subs.is_open(&key) {
+            return Err(invalid_request(format!(
+                "request id {key} is already in flight; use a fresh id"
+            )));
+        }
+        let cancel = Arc::new(AtomicBool::new(false));
+        map.insert(key, cancel.clone());
+        Ok(cancel)
+    }
+
+    /// `resources/list`, `resources/templates/list` (answered at once) and `resources/read`
+    /// (on a worker: a screen capture takes up to a few seconds, and must not hold up the
+    /// reader).
+    pub(super) fn resource_request(
+        self: &Arc<Self>,
+        id: Value,
+        method: &str,
+        params: Map<String, Value>,
+        era: Era,
+    ) {
+        let Some(provider) = self.resources.clone() else {
+            return self.send(&error_response(&id, method_not_found(method)));
+        };
+        let answer = match method {
+            "resources/list" => resources::list_result(provider.as_ref(), &params, era),
+            "resources/templates/list" => {
+                resources::templates_result(provider.as_ref(), &params, era)
+            }
+            _ => {
+                let uri = match resources::read_uri(&params) {
+                    Ok(u) => u,
+                    Err(e) => return self.send(&error_response(&id, e)),
+                };
+                let cancel = match self.claim(&id) {
+                    Ok(c) => c,
+                    Err(e) => return self.send(&error_response(&id, e)),
+                };
+                let key = id.to_string();
+                let server = Arc::clone(self);
+                let job_key = key.clone();
+                let reply_id = id.clone();
+                let run = move || {
+                    let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        resources::read_result(provider.as_ref(), &uri, era)
+                    }))
+                    .unwrap_or_else(|_| {
+                        Err(rpc_error(
+                            resources::INTERNAL_ERROR,
+                            "internal error (reading the resource panicked); this is a bug \
+                             in mcqemu, please report it",
+                            Some(json!({ "uri": uri })),
+                        ))
+                    });
+                    if let Ok(mut map) = server.inflight.lock() {
+                        map.remove(&job_key);
+                    }
+                    if !cancel.load(Ordering::SeqCst) {
+                        server.send(&match read {
+                            Ok(r) => response(&reply_id, r),
+                            Err(e) => error_response(&reply_id, e),
+                        });
+                    }
+                };
+                let job = Job {
+                    key: key.clone(),
+                    name: "resources-read".into(),
+                    run: Box::new(run),
+                };
+                if let Err(e) = self.workers.submit(job) {
+                    if let Ok(mut map) = self.inflight.lock() {
+                        map.remove(&key);
+                    }
+                    self.send(&error_response(
+                        &id,
+                        rpc_error(resources::INTERNAL_ERROR, e.to_string(), None),
+                    ));
+                }
+                return;
+            }
+        };
+        match answer {
+            Ok(r) => self.send(&response(&id, r)),
+            Err(e) => self.send(&error_response(&id, e)),
+        }
+    }
+
+    /// `subscriptions/listen` (2026-07-28): acknowledges the stream with the filter honoured
+    /// and keeps it open until the client cancels it or the server shuts down.
+    pub(super) fn listen(self: &Arc<Self>, id: Value, params: &Map<String, Value>) {
+        let filter = match subscriptions::honoured(params, self.resources.is_some()) {
+            Ok(f) => f,
+            Err(e) => return self.send(&error_response(&id, e)),
+        };
+        let key = id.to_string();
+        let in_flight = self
+            .inflight
+            .lock()
+            .map(|m| m.contains_key(&key))
+            .unwrap_or(false);
+        if filter.get("resourcesListChanged").is_some() {
+            // The list as it is now, before the acknowledgment.
+            self.start_watch();
+        }
+        if in_flight || !self.subs.open(&self.out, &id, filter) {
+            self.send(&error_response(
+                &id,
+                invalid_request(format!(
+                    "request id {key} is already in flight; use a fresh id"
+                )),
+            ));
+        }
+    }
+
+    /// Takes the resource list as it is now and starts the watch thread, once.
+    pub(super) fn start_watch(self: &Arc<Self>) {
+        let Some(provider) = self.resources.clone() else {
+            return;
+        };
+        if !self.watch.start(provider.as_ref()) {
+            return;
+        }
+        let weak: Weak<Server> = Arc::downgrade(self);
+        let spawned = std::thread::Builder::new()
+            .name("resources-watch".into())
+            .spawn(move || loop {
+                std::thread::sleep(WATCH_INTERVAL);
+                let Some(server) = weak.upgrade() else {
+                    return;
+                };
+                if server.out.is_closed() {
+                    return;
+                }
+                server.check_resources();
+            });
+        if let Err(e) = spawned {
+            crate::log::stderr(
+                "warning",
+                &format!(
+                    "cannot start the resource watch ({e}); list changes are noticed only when a \
+                     tool call ends"
+                ),
+            );
+        }
+    }
+
+    /// Tells whoever listens when the resource list changed since it was last looked at: a
+    /// handshake-era client that initialized, and every listen stream that asked.
+    pub(super) fn check_resources(&self) {
+        let Some(provider) = &self.resources else {
+            return;
+        };
+        if !self.watch.changed(provider.as_ref()) {
+            return;
+        }
+        if self.ready.load(Ordering::SeqCst) {
+            self.send(&notification(
+                "notifications/resources/list_changed",
+                json!({}),
+            ));
+        }
+        self.subs.resources_changed(&self.out);
+    }
+}
