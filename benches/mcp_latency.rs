@@ -46,6 +46,8 @@
 
 #[path = "mcp_latency/arm64.rs"]
 mod arm64;
+#[path = "mcp_latency/clones.rs"]
+mod clones;
 #[path = "../tests/common/mod.rs"]
 mod common;
 #[path = "mcp_latency/guest.rs"]

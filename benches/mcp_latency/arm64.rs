@@ -21,9 +21,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use crate::clones::{cleanup, clone_vm, destroy, load_average};
 use crate::common::{try_run, try_test_guest_arm64, Guest, Server, VmKiller};
 use crate::report::{Bench, Stats, Table};
-use crate::templates::{cleanup, clone_vm, destroy, load_average};
 use crate::{
     env_count, first_line_of, ms, structured, Dirs, Res, ToolCalls, EXEC_TARGET, QEMU_IMG_TIMEOUT,
 };

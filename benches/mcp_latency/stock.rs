@@ -21,10 +21,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use crate::clones::{cleanup, clone_vm, destroy, load_average, smaps_kb};
 use crate::common::stock::{stock_roots, try_test_stock_image, StockImage};
 use crate::common::{try_run, HttpServer, Route, Server, TempDir, VmKiller};
 use crate::report::{Stats, Table};
-use crate::templates::{cleanup, clone_vm, destroy, load_average, smaps_kb};
 use crate::{env_count, ms, newest, structured, Dirs, Res, ToolCalls, QEMU_IMG_TIMEOUT};
 
 /// The template's name, and the prefix of every VM the section starts (for the cleanup).

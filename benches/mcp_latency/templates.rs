@@ -12,16 +12,16 @@
 //! clone; `MCQEMU_BENCH_CLONE_ROUNDS` (default 5) rounds of four concurrent clones;
 //! `MCQEMU_BENCH_COLD_BOOTS` (default 3) cold sandbox_vm boots; each applies to both runs.
 //!
-//! The clone helpers ([`clone_vm`], [`destroy`], [`cleanup`], [`smaps_kb`]) serve the stock
-//! section too (`mcp_latency/stock.rs`).
+//! The clone helpers it shares with the stock and arm64 sections are in `mcp_latency/clones.rs`.
 
 use std::ffi::OsStr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use mcqemu::qemu::qga::Qga;
-use serde_json::{json, Value};
+use serde_json::json;
 
+use crate::clones::{checked_clone, cleanup, clone_vm, destroy, load_average, smaps_kb, Cloned};
 use crate::common::{try_run, try_test_guest, Guest, Server, TempDir, VmKiller};
 use crate::report::{Stats, Table};
 use crate::{
@@ -231,14 +231,6 @@ fn compare_rows(table: &mut Table, base: &str, other: &str, a: &Medians, b: &Med
     ));
 }
 
-/// The host's 1-, 5- and 15-minute load averages (/proc/loadavg), for the notes: the two runs
-/// are compared, and other work on the machine slows either.
-pub fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|_| "?".into())
-}
-
 /// A row of the ratio `b / a` in the table's columns (the layout of report.rs's rows: a
 /// 40-character name, n, three value columns, the target); no verdict of its own.
 fn ratio_row(name: &str, a: Duration, b: Duration, target: &str) {
@@ -261,16 +253,6 @@ struct TemplateBench<'a> {
     clones: usize,
     rounds: usize,
     cold: usize,
-}
-
-/// What one clone's sandbox_vm gave: the server's ready_ms, the client's round trip, its PID.
-pub struct Cloned {
-    pub ready: Duration,
-    pub round_trip: Duration,
-    pub pid: i32,
-    pub qga: Option<String>,
-    /// The server's own account of the clone's steps (`steps_ms`), in milliseconds.
-    pub steps: Vec<(String, f64)>,
 }
 
 impl TemplateBench<'_> {
@@ -634,103 +616,6 @@ impl TemplateBench<'_> {
     }
 }
 
-/// sandbox_vm of one clone of `template`, which must come up with its agent ready; its QEMU is
-/// tracked by `killer` for the last-resort kill.
-pub fn clone_vm(server: &mut Server, killer: &VmKiller, template: &str, name: &str) -> Res<Cloned> {
-    let t0 = Instant::now();
-    let r = server.tool_within(
-        "sandbox_vm",
-        json!({"template": template, "name": name, "port_forwards": [],
-               "wait_agent_s": AGENT_WAIT_S}),
-        CLONE_TIMEOUT,
-    )?;
-    let round_trip = t0.elapsed();
-    let s = structured(&r)?;
-    checked_clone(killer, s, round_trip)
-}
-
-/// A clone's sandbox_vm result (tracked by `killer` first), which must say its agent is ready.
-fn checked_clone(killer: &VmKiller, s: &Value, round_trip: Duration) -> Res<Cloned> {
-    killer.track(s);
-    if s["agent_ready"] != json!(true) {
-        return Err(format!("a clone's agent was not ready: {s}"));
-    }
-    let ready = s["ready_ms"]
-        .as_u64()
-        .ok_or_else(|| format!("sandbox_vm gave no ready_ms: {s}"))?;
-    let pid = s["pid"]
-        .as_i64()
-        .ok_or_else(|| format!("sandbox_vm gave no pid: {s}"))? as i32;
-    let steps = s["steps_ms"]
-        .as_object()
-        .map(|m| {
-            m.iter()
-                .filter_map(|(k, v)| v.as_f64().map(|ms| (k.clone(), ms)))
-                .collect()
-        })
-        .unwrap_or_default();
-    Ok(Cloned {
-        ready: Duration::from_millis(ready),
-        round_trip,
-        pid,
-        qga: s["qga_socket"].as_str().map(str::to_string),
-        steps,
-    })
-}
-
-/// sandbox_destroy, which must say it destroyed the sandbox.
-pub fn destroy(server: &mut Server, name: &str) -> Res<()> {
-    let r = server.tool_within("sandbox_destroy", json!({ "name": name }), STEP_TIMEOUT)?;
-    if structured(&r)?["destroyed"] != json!(true) {
-        return Err(format!("sandbox_destroy {name} did not destroy it: {r}"));
-    }
-    Ok(())
-}
-
-/// Destroys whatever sandbox whose name starts with `prefix` is left and deletes `template`;
-/// a problem becomes a note.
-pub fn cleanup(table: &Table, server: &mut Server, prefix: &str, template: &str) {
-    let mut problems = Vec::new();
-    match server
-        .tool("list_vms", json!({}))
-        .and_then(|r| Ok(structured(&r)?["vms"].clone()))
-    {
-        Err(e) => problems.push(e),
-        Ok(vms) => {
-            for v in vms.as_array().into_iter().flatten() {
-                let n = v["name"].as_str().unwrap_or("");
-                if n.starts_with(prefix) {
-                    if let Err(e) = destroy(server, n) {
-                        problems.push(e);
-                    }
-                }
-            }
-        }
-    }
-    let listed = server
-        .tool("template_list", json!({}))
-        .and_then(|r| Ok(structured(&r)?["templates"].clone()));
-    let exists = listed
-        .as_ref()
-        .map(|t| {
-            t.as_array()
-                .into_iter()
-                .flatten()
-                .any(|t| t["name"] == template)
-        })
-        .unwrap_or(true);
-    if exists {
-        if let Err(e) =
-            server.tool_within("template_delete", json!({ "name": template }), STEP_TIMEOUT)
-        {
-            problems.push(e);
-        }
-    }
-    for p in problems {
-        table.note(&format!("cleanup problem: {p}"));
-    }
-}
-
 /// A p95 row (nearest rank) under the row of the same samples: the p95 fills the columns, so
 /// that the target is checked against it.
 fn p95_row(table: &mut Table, n: usize, samples: &[Duration]) {
@@ -743,14 +628,4 @@ fn p95_row(table: &mut Table, n: usize, samples: &[Duration]) {
         min: p95,
     };
     table.time_row("  p95 (all columns)", n, &s, Some(CLONE_P95_TARGET));
-}
-
-/// A `KEY:` line of /proc/PID/smaps_rollup, in KiB.
-pub fn smaps_kb(pid: i32, key: &str) -> Res<u64> {
-    let file = format!("/proc/{pid}/smaps_rollup");
-    let text = std::fs::read_to_string(&file).map_err(|e| format!("cannot read {file}: {e}"))?;
-    text.lines()
-        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .ok_or_else(|| format!("no {key} line in {file}"))
 }
