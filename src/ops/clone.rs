@@ -5,7 +5,8 @@
 //! Every guarantee of a sandbox holds: an overlay over an untouched base (the template's disk),
 //! the network restricted unless `allow_network`, destroyed by sandbox_destroy.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
@@ -13,31 +14,31 @@ use serde_json::{json, Map, Value};
 use super::launch::{self, LaunchRequest};
 use super::records::lookup;
 use super::session;
-use super::{guest_run, sandbox, templates as template};
+use super::{guest_clock, sandbox, templates as template};
 use crate::cloudinit::CloudInit;
 use crate::host::{self, binaries, decide};
 use crate::mcp::tool::{Args, ToolCtx, ToolError};
 use crate::qemu::cmdline::LaunchSpec;
 use crate::qemu::forwards::resolve_forwards;
-use crate::qemu::{img, migrate, qga, vm};
-use crate::state::registry::Record;
+use crate::qemu::{img, migrate, vm};
 
 /// How long loading the template state may take.
 const LOAD_BUDGET: Duration = Duration::from_secs(30);
 
 /// sandbox_vm from a template.
+/// Ready when the agent first answers; the clock is then being set (see [`guest_clock`]).
 pub fn start(ctx: &ToolCtx, args: &Args, template_name: &str) -> Result<Value, ToolError> {
-    start_with(ctx, args, template_name, Map::new())
+    Ok(start_with(ctx, args, template_name, Map::new())?.0)
 }
 
 /// [`start`], with `fields` added to the clone's record from its launch on (a pooled clone's
-/// mark).
+/// mark); also returns the thread setting the clone's clock, when its agent answered.
 pub fn start_with(
     ctx: &ToolCtx,
     args: &Args,
     template_name: &str,
     fields: Map<String, Value>,
-) -> Result<Value, ToolError> {
+) -> Result<(Value, Option<JoinHandle<guest_clock::Outcome>>), ToolError> {
     let started = Instant::now();
     let t = template::load(template_name)?;
     let tdir = template::dir_of(template_name);
@@ -210,18 +211,24 @@ pub fn start_with(
     );
     let load_ms = t_load.elapsed();
     let t_agent = Instant::now();
-    let answered = first_answer(&rec, wait);
+    let ready = match vm::field(&rec, "qga_socket") {
+        Some(sock) => guest_clock::answer_then_set(Path::new(sock), wait),
+        None => Err("the clone has no guest-agent socket".to_string()),
+    };
     let agent_ms = t_agent.elapsed();
-    let t_clock = Instant::now();
-    let ready = set_clock_when_ready(ctx, &name, &rec, wait.saturating_sub(agent_ms));
-    let clock_ms = t_clock.elapsed();
+    let (ready, clock) = match ready {
+        Ok(setter) => (Ok(()), Some(setter)),
+        Err(why) => (
+            Err(format!("{why}; sandbox_destroy {name} removes the clone")),
+            None,
+        ),
+    };
     let mut out = launched;
     // Where a clone's time goes, step by step (the bench prints each step's share).
     let ms = |d: Duration| (d.as_secs_f64() * 1000.0 * 10.0).round() / 10.0;
     out["steps_ms"] = json!({
         "overlay": ms(overlay_ms), "qemu_start": ms(qemu_ms), "state_load": ms(load_ms),
-        "first_agent_answer": ms(agent_ms), "clock": ms(clock_ms),
-        "first_answer_ok": answered,
+        "first_agent_answer": ms(agent_ms),
     });
     // The launch saw the QEMU waiting for its state; it runs now.
     out["status"] = json!("running");
@@ -230,99 +237,10 @@ pub fn start_with(
     out["ready_ms"] = json!(started.elapsed().as_millis() as u64);
     out["overlay"] = json!(overlay.display().to_string());
     out["base_image"] = json!(tdisk.display().to_string());
-    if let Err(why) | Ok(Some(why)) = ready {
+    if let Err(why) = ready {
         if let Some(w) = out["warnings"].as_array_mut() {
             w.push(json!(why));
         }
     }
-    Ok(out)
-}
-
-/// Polls the clone's agent (guest-ping) until it first answers or `wait` runs out; true when it
-/// answered. Measured apart from the clock so a clone's steps show where the time goes.
-fn first_answer(rec: &Record, wait: Duration) -> bool {
-    let Some(sock) = vm::field(rec, "qga_socket").map(PathBuf::from) else {
-        return false;
-    };
-    let deadline = Instant::now() + wait;
-    loop {
-        let slice =
-            Duration::from_millis(500).min(deadline.saturating_duration_since(Instant::now()));
-        let ok = qga::with_agent(&sock, slice.max(Duration::from_millis(50)), |q| {
-            q.execute_within("guest-ping", None, slice.max(Duration::from_millis(50)))
-        })
-        .is_ok();
-        if ok {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
-
-/// Waits for the clone's agent and sets its clock from the host's at once: a clone resumes
-/// with the template's clock, and the argument-less guest-set-time leaves up to 0.7 s of skew.
-/// Returns whether the agent answered, and a warning when the clock could not be set.
-fn set_clock_when_ready(
-    ctx: &ToolCtx,
-    name: &str,
-    rec: &Record,
-    wait: Duration,
-) -> Result<Option<String>, String> {
-    let Some(sock) = vm::field(rec, "qga_socket").map(PathBuf::from) else {
-        return Err("the clone has no guest-agent socket".into());
-    };
-    let deadline = Instant::now() + wait;
-    loop {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
-        let slice =
-            Duration::from_millis(500).min(deadline.saturating_duration_since(Instant::now()));
-        let r = qga::with_agent(&sock, slice.max(Duration::from_millis(50)), |q| {
-            q.execute_within(
-                "guest-set-time",
-                Some(json!({ "time": now.as_nanos() as u64 })),
-                Duration::from_secs(2),
-            )
-        });
-        match r {
-            Ok(_) => return Ok(None),
-            // The agent answers but cannot set the time its way (no /sbin/hwclock in the
-            // guest, say): set it with date(1), to the second.
-            Err(qga::QgaError::Command { desc, .. }) => {
-                let at = format!(
-                    "@{}",
-                    std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .unwrap_or_default()
-                        .as_secs()
-                );
-                let ran = guest_run::run(
-                    ctx,
-                    name,
-                    "date",
-                    &["-u", "-s", &at],
-                    Duration::from_secs(5),
-                );
-                return Ok(match ran {
-                    Ok(r) if r.exitcode == Some(0) => None,
-                    _ => Some(format!(
-                        "the guest clock was not set (guest-set-time: {desc}; date -s failed \
-                         too): it runs from the template's save time"
-                    )),
-                });
-            }
-            Err(_) if Instant::now() >= deadline => {
-                return Err(format!(
-                    "the clone's guest agent did not answer within {} s; sandbox_destroy {name} \
-                     removes it",
-                    wait.as_secs()
-                ))
-            }
-            Err(_) => std::thread::sleep(Duration::from_millis(2)),
-        }
-    }
+    Ok((out, clock))
 }

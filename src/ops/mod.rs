@@ -7,6 +7,7 @@ pub mod checks;
 pub mod clone;
 pub mod disk_size;
 pub mod guest;
+pub mod guest_clock;
 pub mod guest_run;
 pub mod launch;
 pub mod pool;

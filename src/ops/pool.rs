@@ -392,7 +392,11 @@ fn refill(ctx: &ToolCtx, template: &str, want: u64) -> Result<(), ToolError> {
         fields.insert("pool_ready".into(), json!(false));
         fields.insert("pooled_at".into(), json!(crate::clock::now_secs()));
         match clone::start_with(ctx, &Args(a), template, fields) {
-            Ok(out) if out["agent_ready"] == json!(true) => {
+            Ok((out, Some(clock))) if out["agent_ready"] == json!(true) => {
+                // A pooled clone is handed out with its clock already right.
+                if let Ok(Err(why)) = clock.join() {
+                    crate::log::stderr("warn", &format!("pooled clone {name}: {why}"));
+                }
                 // Its agent is free for whoever takes it (the taker reaches it by a new path).
                 if let Some(s) = out["qga_socket"].as_str() {
                     qga::release_idle(Path::new(s));
