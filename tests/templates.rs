@@ -319,6 +319,9 @@ fn template_clones_journey() {
         "a",
         json!({"port_forwards": ["auto:22"]}),
     );
+    // Its first command already sees the host's time, not the template's save time (the
+    // server sets the clock in the background and the command waits for it).
+    check_clock(&mut s, "a", &saved);
     // The agent answers at once (no retry), and the setup's marker is there.
     assert_eq!(sh(&mut s, "a", "cat /root/marker"), format!("{MARKER}\n"));
     let b = clone(
@@ -328,26 +331,10 @@ fn template_clones_journey() {
         "b",
         json!({"port_forwards": ["auto:22"]}),
     );
+    check_clock(&mut s, "b", &saved);
     assert_eq!(sh(&mut s, "b", "cat /root/marker"), format!("{MARKER}\n"));
     assert_ne!(a["pid"], b["pid"]);
     assert_ne!(a["overlay"], b["overlay"]);
-
-    // The guest clock is the host's, not the template's save time.
-    for vm in ["a", "b"] {
-        let before = now_secs();
-        let out = sh(&mut s, vm, "date +%s");
-        let after = now_secs();
-        let guest: u64 = out
-            .trim()
-            .parse()
-            .unwrap_or_else(|_| panic!("date +%s in {vm} gave {out:?}"));
-        assert!(
-            guest + 2 >= before && guest <= after + 2,
-            "clone {vm}'s clock is {guest}, the host's {before}..{after} (template saved {:?} \
-             ago)",
-            saved.elapsed()
-        );
-    }
 
     // Distinct host ports, each reaching its own clone.
     let fw = |c: &Value| -> u16 {
@@ -899,4 +886,20 @@ fn template_create_after_a_killed_server_replaces_its_stale_build_vm() {
     clone(&lab, &mut s, name, "s1", json!({"port_forwards": []}));
     assert_eq!(sh(&mut s, "s1", "cat /root/marker"), format!("{MARKER}\n"));
     destroy(&mut s, "s1");
+}
+
+/// The clock of clone `vm`, read by `date +%s` in the guest, is the host's within 2 s.
+fn check_clock(s: &mut Server, vm: &str, saved: &Instant) {
+    let before = now_secs();
+    let out = sh(s, vm, "date +%s");
+    let after = now_secs();
+    let guest: u64 = out
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("date +%s in {vm} gave {out:?}"));
+    assert!(
+        guest + 2 >= before && guest <= after + 2,
+        "clone {vm}'s clock is {guest}, the host's {before}..{after} (template saved {:?} ago)",
+        saved.elapsed()
+    );
 }

@@ -20,7 +20,7 @@ use crate::host::{self, binaries, decide};
 use crate::mcp::tool::{Args, ToolCtx, ToolError};
 use crate::qemu::cmdline::LaunchSpec;
 use crate::qemu::forwards::resolve_forwards;
-use crate::qemu::{img, migrate, vm};
+use crate::qemu::{migrate, vm};
 
 /// How long loading the template state may take.
 const LOAD_BUDGET: Duration = Duration::from_secs(30);
@@ -137,7 +137,7 @@ pub fn start_with(
     };
     let tdisk = template::disk_of(&tdir);
     let t_overlay = Instant::now();
-    img::create(&overlay, "qcow2", None, Some((&tdisk, "qcow2")))?;
+    template::new_overlay(&tdir, &overlay)?;
     let overlay_ms = t_overlay.elapsed();
     let spec = LaunchSpec {
         name: name.clone(),

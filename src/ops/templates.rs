@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use crate::mcp::tool::ToolError;
 use crate::qemu::cmdline::SeedBus;
-use crate::qemu::vm;
+use crate::qemu::{img, qcow2, vm};
 use crate::state::paths;
 use crate::state::registry::valid_name;
 
@@ -115,6 +115,57 @@ pub fn vars_of(dir: &Path) -> PathBuf {
 pub fn meta_of(dir: &Path) -> PathBuf {
     dir.join("template.json")
 }
+/// An empty qcow2 overlay over its disk, which each clone copies as its own.
+pub fn blank_overlay_of(dir: &Path) -> PathBuf {
+    dir.join("overlay-blank.qcow2")
+}
+
+/// Makes the template's blank overlay unless one over its disk is there; template_create
+/// calls it so that the first clone does not pay for it.
+pub fn ensure_blank_overlay(dir: &Path) -> Result<PathBuf, ToolError> {
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let blank = blank_overlay_of(dir);
+    let disk = disk_of(dir);
+    if qcow2::backing_of(&blank).is_some_and(|b| Path::new(&b) == disk) {
+        return Ok(blank);
+    }
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!(".overlay-blank.tmp-{}-{seq}", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    img::create(&tmp, "qcow2", None, Some((&disk, "qcow2")))?;
+    std::fs::rename(&tmp, &blank).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        ToolError::new(format!("cannot place {}: {e}", blank.display()))
+    })?;
+    Ok(blank)
+}
+
+/// Gives a clone its overlay over the template's disk: a copy of the template's blank overlay
+/// (~0.1 ms), made once with qemu-img (~7 ms a clone before) and made again when its backing
+/// file is not this template's disk any more (a moved state folder).
+pub fn new_overlay(dir: &Path, overlay: &Path) -> Result<(), ToolError> {
+    let blank = ensure_blank_overlay(dir)?;
+    let disk = disk_of(dir);
+    let fits = |p: &Path| qcow2::backing_of(p).is_some_and(|b| Path::new(&b) == disk);
+    std::fs::copy(&blank, overlay).map_err(|e| {
+        let _ = std::fs::remove_file(overlay);
+        ToolError::new(format!(
+            "cannot copy the template's blank overlay to {}: {e}",
+            overlay.display()
+        ))
+    })?;
+    if !fits(overlay) {
+        let _ = std::fs::remove_file(overlay);
+        return Err(ToolError::new(format!(
+            "the copy of {} at {} does not name the template's disk as its backing file; \
+             delete {} and try again",
+            blank.display(),
+            overlay.display(),
+            blank.display()
+        )));
+    }
+    Ok(())
+}
 
 /// Loads a template, checking that its files are all there and whole.
 pub fn load(name: &str) -> Result<Template, ToolError> {
@@ -209,4 +260,43 @@ pub fn remove_dir(dir: &Path) -> Vec<String> {
         }
     }
     errors
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A clone's overlay is byte for byte what qemu-img would have made for it, and names the
+    /// template's disk; a blank overlay over another disk is made again.
+    #[test]
+    fn clones_copy_an_overlay_identical_to_qemu_imgs() {
+        let dir = std::env::temp_dir().join(format!("mcqemu-blank-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        img::create(&disk_of(&dir), "qcow2", Some(64 << 20), None).unwrap();
+        let (a, b, fresh) = (dir.join("a"), dir.join("b"), dir.join("fresh"));
+        new_overlay(&dir, &a).unwrap();
+        new_overlay(&dir, &b).unwrap();
+        img::create(&fresh, "qcow2", None, Some((&disk_of(&dir), "qcow2"))).unwrap();
+        let read = |p: &Path| std::fs::read(p).unwrap();
+        assert_eq!(read(&a), read(&fresh));
+        assert_eq!(read(&b), read(&fresh));
+        let disk = disk_of(&dir).display().to_string();
+        assert_eq!(qcow2::backing_of(&a), Some(disk.clone()));
+
+        let other = dir.join("other.qcow2");
+        img::create(&other, "qcow2", Some(64 << 20), None).unwrap();
+        img::create(
+            &blank_overlay_of(&dir),
+            "qcow2",
+            None,
+            Some((&other, "qcow2")),
+        )
+        .unwrap();
+        let c = dir.join("c");
+        new_overlay(&dir, &c).unwrap();
+        assert_eq!(qcow2::backing_of(&c), Some(disk));
+        assert_eq!(read(&c), read(&fresh));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -9,6 +9,7 @@ pub mod img;
 pub mod keys;
 pub mod migrate;
 pub mod process;
+pub mod qcow2;
 pub mod qga;
 pub mod qmp;
 pub mod run;

@@ -15,7 +15,8 @@ use crate::ops::disk_size;
 use crate::ops::guest_run;
 use crate::ops::launch;
 use crate::ops::templates::{
-    dir_of, disk_of, meta_of, ram_of, remove_dir, seed_of, state_of, vars_of, Template,
+    dir_of, disk_of, ensure_blank_overlay, meta_of, ram_of, remove_dir, seed_of, state_of, vars_of,
+    Template,
 };
 use crate::ops::{records, stop};
 use crate::qemu::{img, migrate, vm};
@@ -358,6 +359,7 @@ fn prepare_and_save(
     if meta.firmware == "uefi" {
         keep_vars(vm_name, &rec, dir)?;
     }
+    ensure_blank_overlay(dir)?;
     meta.state_bytes = bytes;
     meta.created_at = crate::clock::iso8601(crate::clock::now_secs());
     let meta_tmp = dir.join(".template.json.tmp");
