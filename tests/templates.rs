@@ -477,6 +477,32 @@ fn template_clones_journey() {
 // ---------------------------------------------------------------------------------------------
 // Concurrent clones
 
+/// A guest whose agent cannot set the time its way (no /sbin/hwclock: qemu-ga's guest-set-time
+/// refuses) still gets the host's clock in a clone, through date(1) run by the agent.
+#[test]
+fn a_clone_of_a_guest_without_hwclock_still_gets_the_hosts_clock() {
+    let (lab, mut s) = lab("nohw", 1);
+    let name = "nohw";
+    let setup = json!([{"command": "/bin/sh", "args": ["-c", "rm /sbin/hwclock"], "timeout": 60}]);
+    let t = s.call_ok_within(
+        "template_create",
+        template_args(name, setup, json!({})),
+        CREATE,
+    );
+    assert_eq!(t["name"], json!(name), "{t}");
+    let saved = Instant::now();
+    // Old enough that a clock left alone would be off by more than the 2 s allowed.
+    std::thread::sleep(Duration::from_secs(5));
+    clone(&lab, &mut s, name, "nohw-a", json!({"port_forwards": []}));
+    check_clock(&mut s, "nohw-a", &saved);
+    assert_eq!(
+        sh(&mut s, "nohw-a", "test -e /sbin/hwclock || echo gone"),
+        "gone\n"
+    );
+    destroy(&mut s, "nohw-a");
+    s.call_ok_within("template_delete", json!({ "name": name }), STEP);
+}
+
 #[test]
 fn concurrent_clones_all_ready_and_isolated() {
     // Both slots: nothing else of this binary boots while the clones start together.
