@@ -52,6 +52,8 @@ mod clones;
 mod common;
 #[path = "mcp_latency/guest.rs"]
 mod guest;
+#[path = "mcp_latency/pools.rs"]
+mod pools;
 #[path = "mcp_latency/pull.rs"]
 mod pull;
 #[path = "mcp_latency/report.rs"]

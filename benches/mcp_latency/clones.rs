@@ -1,6 +1,7 @@
 //! Clones of a template, as the bench sections that start them (templates, stock, arm64) all
-//! do: one sandbox_vm from a template checked and timed, its destroy, the last-resort cleanup
-//! of a section's VMs and template, a process's memory from smaps, the host's load.
+//! do: one sandbox_vm from a template checked and timed, its first command and clock, its
+//! destroy, the last-resort cleanup of a section's VMs and template, a process's memory from
+//! smaps, the host's load.
 
 use std::time::{Duration, Instant};
 
@@ -76,6 +77,42 @@ pub fn checked_clone(killer: &VmKiller, s: &Value, round_trip: Duration) -> Res<
         qga: s["qga_socket"].as_str().map(str::to_string),
         steps,
     })
+}
+
+/// The clone's first command, busybox's `adjtimex` (the guest's time to the microsecond;
+/// its date has no %N) through guest_exec right after sandbox_vm answered (it waits for the
+/// clock the server sets in the background): its round trip, and how far the guest's time
+/// lies outside the host's before..after of the call.
+pub fn first_command(server: &mut Server, name: &str) -> Res<(Duration, Duration)> {
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs_f64()
+    };
+    let (t0, before) = (Instant::now(), now());
+    let r = server.tool_within(
+        "guest_exec",
+        json!({"name": name, "command": "adjtimex", "args": []}),
+        STEP_TIMEOUT,
+    )?;
+    let (round_trip, after) = (t0.elapsed(), now());
+    let s = structured(&r)?;
+    let out = s["stdout"].as_str().unwrap_or_default();
+    let field = |key: &str| -> Option<f64> {
+        out.lines()
+            .find_map(|l| l.trim().strip_prefix(key)?.trim().parse().ok())
+    };
+    let guest = match (field("time.tv_sec:"), field("time.tv_usec:")) {
+        (Some(sec), Some(usec)) => sec + usec / 1e6,
+        _ => return Err(format!("adjtimex in clone {name} gave no time: {s}")),
+    };
+    let skew = if guest < before {
+        before - guest
+    } else {
+        (guest - after).max(0.0)
+    };
+    Ok((round_trip, Duration::from_secs_f64(skew)))
 }
 
 /// sandbox_destroy, which must say it destroyed the sandbox.

@@ -1,5 +1,6 @@
 //! The templates section: template_create of the test guest once, then sandbox_vm clones of it
-//! one after another and four at once, a clone's memory (Pss), and, in the same run, cold
+//! one after another (each with its first command and its clock) and four at once, takes from a
+//! warm pool of it (`mcp_latency/pools.rs`), a clone's memory (Pss), and, in the same run, cold
 //! sandbox_vm boots of the same guest to compare with.
 //!
 //! The section runs twice: on the system's QEMU (7.2 on the CI hosts), then with a server whose
@@ -21,7 +22,9 @@ use std::time::{Duration, Instant};
 use mcqemu::qemu::qga::Qga;
 use serde_json::json;
 
-use crate::clones::{checked_clone, cleanup, clone_vm, destroy, load_average, smaps_kb, Cloned};
+use crate::clones::{
+    checked_clone, cleanup, clone_vm, destroy, first_command, load_average, smaps_kb, Cloned,
+};
 use crate::common::{try_run, try_test_guest, Guest, Server, TempDir, VmKiller};
 use crate::report::{Stats, Table};
 use crate::{
@@ -277,6 +280,7 @@ impl TemplateBench<'_> {
         self.create_rows(table, server)?;
         let (clone_ready, clone_round_trip) = self.sequential_rows(table, server)?;
         let four = self.concurrent_rows(table, server)?;
+        crate::pools::pool_rows(table, server, self.killer, self.qemu.template, self.clones)?;
         self.pss_row(table, server)?;
         let cold = self.cold_rows(table, server, base_image, clone_round_trip)?;
         Ok(Medians {
@@ -357,42 +361,6 @@ impl TemplateBench<'_> {
         Ok(())
     }
 
-    /// The clone's first command, busybox's `adjtimex` (the guest's time to the microsecond;
-    /// its date has no %N) through guest_exec right after sandbox_vm answered (it waits for the
-    /// clock the server sets in the background): its round trip, and how far the guest's time
-    /// lies outside the host's before..after of the call.
-    fn first_command(&self, server: &mut Server, name: &str) -> Res<(Duration, Duration)> {
-        let now = || {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap_or_default()
-                .as_secs_f64()
-        };
-        let (t0, before) = (Instant::now(), now());
-        let r = server.tool_within(
-            "guest_exec",
-            json!({"name": name, "command": "adjtimex", "args": []}),
-            STEP_TIMEOUT,
-        )?;
-        let (round_trip, after) = (t0.elapsed(), now());
-        let s = structured(&r)?;
-        let out = s["stdout"].as_str().unwrap_or_default();
-        let field = |key: &str| -> Option<f64> {
-            out.lines()
-                .find_map(|l| l.trim().strip_prefix(key)?.trim().parse().ok())
-        };
-        let guest = match (field("time.tv_sec:"), field("time.tv_usec:")) {
-            (Some(sec), Some(usec)) => sec + usec / 1e6,
-            _ => return Err(format!("adjtimex in clone {name} gave no time: {s}")),
-        };
-        let skew = if guest < before {
-            before - guest
-        } else {
-            (guest - after).max(0.0)
-        };
-        Ok((round_trip, Duration::from_secs_f64(skew)))
-    }
-
     /// One warm-up clone, then `clones` measured ones, each destroyed (untimed) before the
     /// next; each clone's first command is timed and its clock checked. Returns the medians of
     /// ready_ms and of the round trips.
@@ -404,7 +372,7 @@ impl TemplateBench<'_> {
         for i in 0..=self.clones {
             let fail = |e: String| format!("sequential clone {i}: {e}");
             let c = self.clone_vm(server, &name).map_err(fail)?;
-            let (cmd, skew) = self.first_command(server, &name).map_err(fail)?;
+            let (cmd, skew) = first_command(server, &name).map_err(fail)?;
             if i > 0 {
                 first.push(cmd);
                 skews.push(skew);
