@@ -60,6 +60,8 @@ mod pull;
 mod report;
 #[path = "mcp_latency/stock.rs"]
 mod stock;
+#[path = "mcp_latency/template_bench.rs"]
+mod template_bench;
 #[path = "mcp_latency/templates.rs"]
 mod templates;
 #[path = "mcp_latency/vm.rs"]
