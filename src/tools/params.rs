@@ -155,8 +155,9 @@ pub fn sandbox_props() -> Value {
         "template": {
             "type": "string",
             "description": "Start a clone of this template (template_create) instead of \
-                booting: ready in well under a second. The template fixes memory, \
-                cpus, kernel and disks."
+                booting: ready in about 0.1 s, or at once from its warm pool \
+                (template_pool). Its clock is set just after; the next guest call waits \
+                for that. The template fixes memory, cpus, kernel and disks."
         },
         "name": {
             "type": "string",
