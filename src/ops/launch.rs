@@ -13,7 +13,7 @@ use super::quota;
 use crate::cloudinit::CloudInit;
 use crate::host::{self, binaries, decide};
 use crate::mcp::tool::{Args, ToolCtx, ToolError};
-use crate::qemu::cmdline::{self, LaunchSpec};
+use crate::qemu::cmdline::{self, x86, LaunchSpec};
 use crate::qemu::extra_args::check_extra_args;
 use crate::qemu::forwards::{resolve_forwards, Forward};
 use crate::qemu::qmp::{self, QmpError};
@@ -30,11 +30,6 @@ pub const DEFAULT_MEMORY_MB: i64 = 2048;
 pub const DEFAULT_CPUS: i64 = 2;
 /// Default `firmware`.
 pub const DEFAULT_FIRMWARE: &str = "bios";
-
-/// True for the PC architectures (their machines have a BIOS, VGA and a PS/2 keyboard).
-pub fn x86(arch: &str) -> bool {
-    arch == "x86_64" || arch == "i386"
-}
 
 /// The default `arch`: the host's when launch_vm offers it, else x86_64.
 pub fn default_arch() -> &'static str {

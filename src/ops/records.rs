@@ -69,9 +69,10 @@ pub fn forget(name: &str, force: bool) -> Result<bool, ToolError> {
 /// The input devices a launch gives a machine: a PC's PS/2 keyboard and mouse (relative), a
 /// virt board's virtio keyboard, and everywhere the virtio tablet (absolute pointer).
 pub fn input_devices(arch: &str, machine: &str) -> Value {
-    let pc = (arch == "x86_64" || arch == "i386") && !machine.starts_with("microvm");
+    let x86 = crate::qemu::cmdline::x86(arch);
+    let pc = x86 && !machine.starts_with("microvm");
     json!({
-        "keyboard": if pc { "ps2" } else if arch == "x86_64" || arch == "i386" { "none" } else { "virtio" },
+        "keyboard": if pc { "ps2" } else if x86 { "none" } else { "virtio" },
         "pointer": "virtio-tablet",
         "relative_pointer": if pc { "ps2" } else { "none" },
     })

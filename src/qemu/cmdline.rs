@@ -114,6 +114,12 @@ fn p(path: &std::path::Path) -> String {
     qopt(&path.to_string_lossy())
 }
 
+/// True for the PC architectures: their machines have a BIOS, VGA, a PS/2 keyboard and the
+/// ACPI vmgenid device; the others are virt boards.
+pub fn x86(arch: &str) -> bool {
+    arch == "x86_64" || arch == "i386"
+}
+
 /// QEMU's own seccomp sandbox, as libvirt sets it by default: a QEMU that a guest exploit takes
 /// over cannot start programs, raise privileges, or change its resource limits.
 pub const SECCOMP_POLICY: &str =
@@ -178,7 +184,7 @@ pub fn build_argv(s: &LaunchSpec) -> Vec<String> {
     ]);
     push(&["-serial", "chardev:mcq-serial"]);
     push(&["-device", "virtio-tablet-pci,id=mcq-tablet"]);
-    let pc = s.arch == "x86_64" || s.arch == "i386";
+    let pc = x86(&s.arch);
     if !pc {
         // The virt boards have no VGA and no PS/2: a GPU that edk2 and Linux both draw on (so
         // vm_screenshot works), and a virtio keyboard. (QEMU's USB keyboard was measured to
