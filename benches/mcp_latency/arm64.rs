@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::clones::{cleanup, clone_vm, destroy, load_average};
+use crate::clones::{cleanup, clone_vm, cold_sandbox, destroy, load_average};
 use crate::common::{try_run, try_test_guest_arm64, Guest, Server, VmKiller};
 use crate::report::{Bench, Stats, Table};
 use crate::{
@@ -139,21 +139,14 @@ impl ArmBench<'_> {
         let (mut round_trip, mut ready) = (Vec::new(), Vec::new());
         for i in 1..=self.boots {
             let fail = |e: String| format!("cold boot {i}: {e}");
-            let t0 = Instant::now();
-            let r = server
-                .tool_within(
-                    "sandbox_vm",
-                    self.args(json!({"base_image": base_image, "name": name,
+            let (s, took) = cold_sandbox(
+                server,
+                self.killer,
+                self.args(json!({"base_image": base_image, "name": name,
                                      "port_forwards": []})),
-                    BOOT_TIMEOUT,
-                )
-                .map_err(fail)?;
-            let took = t0.elapsed();
-            let s = structured(&r)?;
-            self.killer.track(s);
-            if s["agent_ready"] != json!(true) {
-                return Err(fail(format!("agent not ready: {s}")));
-            }
+                BOOT_TIMEOUT,
+            )
+            .map_err(fail)?;
             if let Some(r) = s["ready_ms"].as_u64() {
                 ready.push(Duration::from_millis(r));
             }

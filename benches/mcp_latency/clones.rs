@@ -115,6 +115,25 @@ pub fn first_command(server: &mut Server, name: &str) -> Res<(Duration, Duration
     Ok((round_trip, Duration::from_secs_f64(skew)))
 }
 
+/// sandbox_vm of a cold boot with `args`, tracked by `killer` for the last-resort kill, which
+/// must come up with its agent ready: its result (structured) and its round trip.
+pub fn cold_sandbox(
+    server: &mut Server,
+    killer: &VmKiller,
+    args: Value,
+    timeout: Duration,
+) -> Res<(Value, Duration)> {
+    let t0 = Instant::now();
+    let r = server.tool_within("sandbox_vm", args, timeout)?;
+    let took = t0.elapsed();
+    let s = structured(&r)?.clone();
+    killer.track(&s);
+    if s["agent_ready"] != json!(true) {
+        return Err(format!("agent not ready: {s}"));
+    }
+    Ok((s, took))
+}
+
 /// sandbox_destroy, which must say it destroyed the sandbox.
 pub fn destroy(server: &mut Server, name: &str) -> Res<()> {
     let r = server.tool_within("sandbox_destroy", json!({ "name": name }), STEP_TIMEOUT)?;

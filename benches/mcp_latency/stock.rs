@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::clones::{cleanup, clone_vm, destroy, load_average, smaps_kb};
+use crate::clones::{cleanup, clone_vm, cold_sandbox, destroy, load_average, smaps_kb};
 use crate::common::stock::{stock_roots, try_test_stock_image, StockImage};
 use crate::common::{try_run, HttpServer, Route, Server, TempDir, VmKiller};
 use crate::report::{Stats, Table};
@@ -242,24 +242,17 @@ impl StockBench<'_> {
         let (mut waits, mut trips) = (Vec::new(), Vec::new());
         for i in 1..=self.boots {
             let fail = |e: String| format!("cold boot {i}: {e}");
-            let t0 = Instant::now();
-            let r = server
-                .tool_within(
-                    "sandbox_vm",
-                    json!({
-                        "base_image": self.prepared, "name": name, "firmware": "uefi",
-                        "memory_mb": MEMORY_MB, "cpus": 1, "port_forwards": [],
-                        "wait_agent_s": BOOT_WAIT_S
-                    }),
-                    BOOT_CALL,
-                )
-                .map_err(fail)?;
-            let took = t0.elapsed();
-            let s = structured(&r)?;
-            self.killer.track(s);
-            if s["agent_ready"] != json!(true) {
-                return Err(fail(format!("agent not ready: {s}")));
-            }
+            let (s, took) = cold_sandbox(
+                server,
+                self.killer,
+                json!({
+                    "base_image": self.prepared, "name": name, "firmware": "uefi",
+                    "memory_mb": MEMORY_MB, "cpus": 1, "port_forwards": [],
+                    "wait_agent_s": BOOT_WAIT_S
+                }),
+                BOOT_CALL,
+            )
+            .map_err(fail)?;
             let wait = s["agent_wait_ms"]
                 .as_u64()
                 .ok_or_else(|| fail(format!("sandbox_vm gave no agent_wait_ms: {s}")))?;

@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use mcqemu::qemu::qga::Qga;
 use serde_json::json;
 
-use crate::clones::{checked_clone, clone_vm, destroy, first_command, smaps_kb, Cloned};
+use crate::clones::{
+    checked_clone, clone_vm, cold_sandbox, destroy, first_command, smaps_kb, Cloned,
+};
 use crate::common::{Guest, Server, TempDir, VmKiller};
 use crate::report::{Stats, Table};
 use crate::templates::{Medians, QemuRun, MEMORY_MB, PREFIX};
@@ -406,24 +408,17 @@ impl TemplateBench<'_> {
         let mut pss = 0;
         for i in 1..=self.cold {
             let fail = |e: String| format!("cold boot {i}: {e}");
-            let t0 = Instant::now();
-            let r = server
-                .tool_within(
-                    "sandbox_vm",
-                    json!({
-                        "base_image": base_image, "name": name, "memory_mb": MEMORY_MB,
-                        "cpus": 1, "port_forwards": [], "wait_agent_s": AGENT_WAIT_S,
-                        "kernel": g.kernel, "initrd": g.initrd, "append": g.append
-                    }),
-                    CLONE_TIMEOUT,
-                )
-                .map_err(fail)?;
-            let took = t0.elapsed();
-            let s = structured(&r)?;
-            self.killer.track(s);
-            if s["agent_ready"] != json!(true) {
-                return Err(fail(format!("agent not ready: {s}")));
-            }
+            let (s, took) = cold_sandbox(
+                server,
+                self.killer,
+                json!({
+                    "base_image": base_image, "name": name, "memory_mb": MEMORY_MB,
+                    "cpus": 1, "port_forwards": [], "wait_agent_s": AGENT_WAIT_S,
+                    "kernel": g.kernel, "initrd": g.initrd, "append": g.append
+                }),
+                CLONE_TIMEOUT,
+            )
+            .map_err(fail)?;
             if i == self.cold {
                 if let Some(pid) = s["pid"].as_i64() {
                     pss = smaps_kb(pid as i32, "Pss").map_err(fail)?;
