@@ -197,9 +197,22 @@ fn a_warm_pool_hands_out_ready_clones_refills_and_survives_a_restart() {
     assert_eq!(sh(&mut s, "w5", "cat /root/marker"), format!("{MARKER}\n"));
     s.call_ok_within("sandbox_destroy", json!({"name": "w5"}), CALL);
 
-    // A restarted server adopts the pool: the same clones, no more started.
+    // A restarted server adopts the pool: the same clones, no more started. (The keeper may
+    // not have removed the record of the killed clone yet: wait until only live ones are left.)
     wait_ready(&mut s, "tp", 2);
-    let before: Vec<i32> = pooled(&lab).into_iter().map(|(_, p)| p).collect();
+    let settled = Instant::now();
+    let before: Vec<i32> = loop {
+        let pids: Vec<i32> = pooled(&lab).into_iter().map(|(_, p)| p).collect();
+        if pids.len() == 2 && pids.iter().all(|p| pid_alive(*p)) {
+            break pids;
+        }
+        assert!(
+            settled.elapsed() < Duration::from_secs(20),
+            "the pool's records never settled to its 2 live clones: {:?}",
+            pooled(&lab)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
     for p in &before {
         lab.killer.track(&json!({"pid": p}));
     }

@@ -478,29 +478,55 @@ fn template_clones_journey() {
 // Concurrent clones
 
 /// A guest whose agent cannot set the time its way (no /sbin/hwclock: qemu-ga's guest-set-time
-/// refuses) still gets the host's clock in a clone, through date(1) run by the agent.
+/// refuses) still gets the host's clock in a clone, through date(1) run by the agent; one that
+/// has no date(1) either gets a clock_warning in its record (vm_info) that says so.
 #[test]
 fn a_clone_of_a_guest_without_hwclock_still_gets_the_hosts_clock() {
     let (lab, mut s) = lab("nohw", 1);
-    let name = "nohw";
-    let setup = json!([{"command": "/bin/sh", "args": ["-c", "rm /sbin/hwclock"], "timeout": 60}]);
-    let t = s.call_ok_within(
-        "template_create",
-        template_args(name, setup, json!({})),
-        CREATE,
-    );
-    assert_eq!(t["name"], json!(name), "{t}");
+    for (name, remove) in [
+        ("nohw", "/sbin/hwclock"),
+        ("nodate", "/sbin/hwclock /bin/date"),
+    ] {
+        let setup = json!([{"command": "/bin/sh", "args": ["-c", format!("rm {remove}")],
+                            "timeout": 60}]);
+        let t = s.call_ok_within(
+            "template_create",
+            template_args(name, setup, json!({})),
+            CREATE,
+        );
+        assert_eq!(t["name"], json!(name), "{t}");
+    }
     let saved = Instant::now();
     // Old enough that a clock left alone would be off by more than the 2 s allowed.
     std::thread::sleep(Duration::from_secs(5));
-    clone(&lab, &mut s, name, "nohw-a", json!({"port_forwards": []}));
+    clone(&lab, &mut s, "nohw", "nohw-a", json!({"port_forwards": []}));
     check_clock(&mut s, "nohw-a", &saved);
     assert_eq!(
         sh(&mut s, "nohw-a", "test -e /sbin/hwclock || echo gone"),
         "gone\n"
     );
+    let info = s.call_ok("vm_info", json!({"name": "nohw-a"}));
+    assert!(info["record"].get("clock_warning").is_none(), "{info}");
     destroy(&mut s, "nohw-a");
-    s.call_ok_within("template_delete", json!({ "name": name }), STEP);
+
+    clone(
+        &lab,
+        &mut s,
+        "nodate",
+        "nodate-a",
+        json!({"port_forwards": []}),
+    );
+    // The first agent call waits for the clock's setting to end.
+    assert_eq!(sh(&mut s, "nodate-a", "echo up"), "up\n");
+    let info = s.call_ok("vm_info", json!({"name": "nodate-a"}));
+    let warning = info["record"]["clock_warning"].as_str().unwrap_or_default();
+    for word in ["clock was not set", "date", "guest_exec"] {
+        assert!(warning.contains(word), "{word}: {info}");
+    }
+    destroy(&mut s, "nodate-a");
+    for name in ["nohw", "nodate"] {
+        s.call_ok_within("template_delete", json!({ "name": name }), STEP);
+    }
 }
 
 #[test]

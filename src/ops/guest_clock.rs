@@ -15,6 +15,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use serde_json::{json, Value};
 
 use crate::qemu::qga::{self, Qga, QgaError};
+use crate::qemu::vm;
+use crate::state::registry::RegistryError;
 
 /// Bound for guest-set-time (hwclock included) and for the date(1) fallback.
 const SET_TIMEOUT: Duration = Duration::from_secs(10);
@@ -63,9 +65,11 @@ fn set_when_answered(sock: &Path, wait: Duration, answered: mpsc::Sender<()>) ->
             Ok(how) => return Ok(how),
             Err(e) if synced => {
                 let why = format!(
-                    "the guest clock was not set ({e}): it runs from the template's save time"
+                    "the guest clock was not set ({e}): it runs from the template's save time; \
+                     set it with guest_exec (date -u -s @SECONDS)"
                 );
                 crate::log::stderr("warn", &format!("{}: {why}", sock.display()));
+                note_in_record(sock, &why);
                 return Err(why);
             }
             Err(_) if Instant::now() >= deadline => {
@@ -77,6 +81,20 @@ fn set_when_answered(sock: &Path, wait: Duration, answered: mpsc::Sender<()>) ->
             Err(_) => std::thread::sleep(Duration::from_millis(2)),
         }
     }
+}
+
+/// Keeps `why` as `clock_warning` in the record of the VM whose agent is on `sock` (vm_info
+/// shows it): sandbox_vm has answered before the clock is set.
+fn note_in_record(sock: &Path, why: &str) {
+    let (sock, why) = (sock.display().to_string(), why.to_string());
+    let _ = vm::registry().update(move |vms| {
+        for rec in vms.values_mut() {
+            if rec.get("qga_socket").and_then(Value::as_str) == Some(sock.as_str()) {
+                rec.insert("clock_warning".into(), json!(why));
+            }
+        }
+        Ok::<_, RegistryError>(())
+    });
 }
 
 fn now() -> Duration {

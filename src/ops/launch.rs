@@ -212,6 +212,7 @@ pub fn launch(ctx: &ToolCtx, mut req: LaunchRequest) -> Result<Value, ToolError>
     // quotas.
     let limits = quota::Limits::current();
     let (memory_mb, cpus) = (req.spec.memory_mb, req.spec.cpus);
+    let extra = req.extra_record.clone();
     vm::registry().update(|vms| {
         quota::admit(vms, &name, memory_mb, cpus, limits)?;
         if let Some(old) = vms.get(&name) {
@@ -223,7 +224,7 @@ pub fn launch(ctx: &ToolCtx, mut req: LaunchRequest) -> Result<Value, ToolError>
                 )));
             }
         }
-        let rec = to_record(&Reservation {
+        let mut rec = to_record(&Reservation {
             name: &name,
             qmp_socket: qmp_sock.display().to_string(),
             memory_mb,
@@ -232,6 +233,11 @@ pub fn launch(ctx: &ToolCtx, mut req: LaunchRequest) -> Result<Value, ToolError>
                 since: crate::clock::now_secs(),
             },
         });
+        // The caller's marks from the reservation on: a pooled clone being started is never
+        // listed as a VM of the caller's.
+        for (k, v) in &extra {
+            rec.entry(k.clone()).or_insert_with(|| v.clone());
+        }
         vms.insert(name.clone(), rec);
         Ok(())
     })?;
