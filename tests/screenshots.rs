@@ -448,6 +448,23 @@ fn screenshots_of_a_1920x1080_desktop_are_bounded_and_clicks_map_back() {
     );
     let scaled = img;
 
+    // The screen resource is bounded the same way (clients hand it to the model as it is).
+    let uri = format!("mcqemu://vm/{name}/screen");
+    let r = lab.srv().request("resources/read", json!({ "uri": uri }));
+    let blob = r["result"]["contents"][0]["blob"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no screen blob: {r}"));
+    let res = decode_png(&b64_decode(blob));
+    assert_eq!(
+        (res.w, res.h),
+        (1568, 882),
+        "the screen resource is not bounded"
+    );
+    assert!(
+        res.px == scaled.px,
+        "the screen resource differs from vm_screenshot's default image"
+    );
+
     // Other bounds: the longer edge, width and height together (the tighter wins), and a
     // byte budget that needs more than the size bounds.
     let (sc, img, _) = shot_inline(&mut lab, name, json!({"max_edge": 800}));

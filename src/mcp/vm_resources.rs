@@ -41,7 +41,9 @@ const SERIAL_DESCRIPTION: &str = "The last 256 KiB of the VM's serial console lo
     messages, login prompts, a shell on ttyS0), read now. vm_serial_wait waits for text in it, \
     vm_serial_write types into it.";
 const SCREEN_DESCRIPTION: &str = "The VM's screen as PNG, captured when read (the VM must be \
-    running or paused). vm_click, vm_type_text and vm_send_keys act on it.";
+    running or paused), bounded as vm_screenshot's inline image is (longer edge at most 1568 \
+    px, PNG at most 750 kB; vm_screenshot also gives the scale for clicks). vm_click, \
+    vm_type_text and vm_send_keys act on it.";
 
 /// Which resource of a VM.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -191,11 +193,20 @@ fn read_screen(uri: &str, name: &str) -> Result<Vec<Value>, ReadError> {
             "the screen of VM {name:?} could not be read: QEMU wrote no capture ({e}); retry"
         ))
     })?;
-    let png = screen::ppm_to_png(&data).map_err(|e| {
-        ReadError::Failed(format!("the screen of VM {name:?} could not be read: {e}"))
-    })?;
+    // Bounded as vm_screenshot's inline image: clients hand a resource to the model as is.
+    let bounds = screen::Bounds {
+        max_width: None,
+        max_height: None,
+        max_edge: Some(screen::DEFAULT_MAX_EDGE),
+        max_bytes: Some(screen::DEFAULT_MAX_BYTES),
+    };
+    let shot = screen::Frame::from_ppm(data)
+        .and_then(|frame| screen::render(&frame, &bounds))
+        .map_err(|e| {
+            ReadError::Failed(format!("the screen of VM {name:?} could not be read: {e}"))
+        })?;
     Ok(vec![json!({
-        "uri": uri, "mimeType": "image/png", "blob": crate::b64::encode(&png.data)
+        "uri": uri, "mimeType": "image/png", "blob": crate::b64::encode(&shot.png.data)
     })])
 }
 
