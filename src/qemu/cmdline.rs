@@ -158,6 +158,11 @@ pub fn build_argv(s: &LaunchSpec) -> Vec<String> {
     }
     push(&["-m", &s.memory_mb.to_string(), "-smp", &s.cpus.to_string()]);
     push(&["-display", "none", "-pidfile", &s.pidfile.to_string_lossy()]);
+    // A silent audio backend of our own: without one, QEMU probes the audio drivers at start
+    // (10.0 loads its PulseAudio, ALSA, JACK, OSS, SDL and Spice modules, 67 more libraries):
+    // 14 ms of a QEMU 10 start (45.6 -> 31.9 ms), 5 ms of 7.2's. No guest device changes, so
+    // templates saved without it still load.
+    push(&["-audiodev", "none,id=mcq-audio"]);
     push(&[
         "-qmp",
         &format!("unix:{},server=on,wait=off", p(&s.qmp_socket)),
