@@ -359,6 +359,9 @@ fn check_option_value(opt: &str, value: &str, files: &mut Vec<HostFile>) -> Resu
                 return Err(denied("the mcq- netdev ids belong to mcqemu", opt));
             }
         }
+        "audiodev" if has_key_value(value, "id", |v| v.starts_with("mcq-")) => {
+            return Err(denied("the mcq- audiodev ids belong to mcqemu", opt));
+        }
         "incoming" if lower.starts_with("exec:") => {
             return Err(denied("exec: migration runs a host command", opt))
         }
@@ -508,6 +511,7 @@ mod tests {
             v(&["-daemonize"]),
             v(&["-serial", "stdio"]),
             v(&["-chardev", "socket,id=mcq-qga,path=/tmp/x"]),
+            v(&["-audiodev", "none,id=mcq-audio"]),
             v(&["-plugin", "/tmp/evil.so"]),
             v(&["-readconfig", "/tmp/x.cfg"]),
         ] {
@@ -569,6 +573,8 @@ mod tests {
             "base=utc",
             "-drive",
             "file=/tmp/disk.img,format=raw,if=none,id=d",
+            "-audiodev",
+            "none,id=snd",
         ]);
         assert!(check_extra_args(&ok).is_ok());
     }
