@@ -360,7 +360,7 @@ pub fn keep_all() {
             continue;
         }
         if let Err(err) = refill(&ctx, &t, want) {
-            crate::log::stderr("warning", &format!("pool of template {t}: {err}"));
+            crate::log::stderr("warn", &format!("pool of template {t}: {err}"));
         }
     }
 }

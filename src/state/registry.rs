@@ -250,7 +250,7 @@ impl Registry {
     fn warn(&self, msg: String) {
         let mut seen = self.seen_warnings.lock().unwrap_or_else(|p| p.into_inner());
         if seen.insert(msg.clone()) {
-            crate::log::stderr("warning", &format!("registry: {msg}"));
+            crate::log::stderr("warn", &format!("registry: {msg}"));
             self.pending_warnings
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
