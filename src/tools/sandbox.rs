@@ -35,7 +35,11 @@ pub const SANDBOX: ToolDef = ToolDef {
                 "base_image": {"type": "string"},
                 "port_forwards": {"type": "array", "items": {"type": "object"}},
                 "warnings": {"type": "array", "items": {"type": "string"}},
-                "cloud_init": {"type": "object"}
+                "cloud_init": {"type": "object"},
+                "template": {"type": "string"},
+                "pooled": {"type": "boolean"},
+                "ready_ms": {"type": "integer"},
+                "steps_ms": {"type": "object"}
             },
             "required": ["name", "status", "agent_ready", "overlay", "base_image"]
         })
