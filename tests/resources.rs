@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use common::b64::b64_decode;
 use common::*;
 use serde_json::{json, Value};
 
@@ -59,31 +60,6 @@ fn uris(list: &Value) -> Vec<String> {
         .iter()
         .map(|r| r["uri"].as_str().unwrap_or_default().to_string())
         .collect()
-}
-
-/// Strict standard base64.
-fn b64_decode(s: &str) -> Vec<u8> {
-    fn val(c: u8) -> u32 {
-        match c {
-            b'A'..=b'Z' => u32::from(c - b'A'),
-            b'a'..=b'z' => u32::from(c - b'a') + 26,
-            b'0'..=b'9' => u32::from(c - b'0') + 52,
-            b'+' => 62,
-            b'/' => 63,
-            _ => panic!("invalid base64 character {:?}", c as char),
-        }
-    }
-    assert_eq!(s.len() % 4, 0, "base64 length {}", s.len());
-    let mut out = Vec::with_capacity(s.len() / 4 * 3);
-    for q in s.as_bytes().chunks(4) {
-        let pad = q.iter().rev().take_while(|c| **c == b'=').count();
-        let mut n = 0u32;
-        for (i, c) in q.iter().enumerate() {
-            n |= if i >= 4 - pad { 0 } else { val(*c) } << (18 - 6 * i);
-        }
-        out.extend_from_slice(&[(n >> 16) as u8, (n >> 8) as u8, n as u8][..3 - pad]);
-    }
-    out
 }
 
 /// Checks a `resources/read` result of a screen: one PNG blob that decodes; its size.

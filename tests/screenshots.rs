@@ -19,6 +19,7 @@ mod desktop;
 
 use std::time::{Duration, Instant};
 
+use common::b64::b64_decode;
 use common::evdev::*;
 use common::*;
 use serde_json::{json, Value};
@@ -28,32 +29,6 @@ const STEP: Duration = Duration::from_secs(60);
 
 // ---------------------------------------------------------------------------------------------
 // Images, decoded and computed independently of the code under test
-
-/// Strict standard base64 (padding required).
-fn b64_decode(s: &str) -> Vec<u8> {
-    fn val(c: u8) -> u32 {
-        match c {
-            b'A'..=b'Z' => u32::from(c - b'A'),
-            b'a'..=b'z' => u32::from(c - b'a') + 26,
-            b'0'..=b'9' => u32::from(c - b'0') + 52,
-            b'+' => 62,
-            b'/' => 63,
-            _ => panic!("invalid base64 character {:?}", c as char),
-        }
-    }
-    let b = s.as_bytes();
-    assert_eq!(b.len() % 4, 0, "base64 length {}", b.len());
-    let mut out = Vec::with_capacity(b.len() / 4 * 3);
-    for q in b.chunks(4) {
-        let pad = q.iter().rev().take_while(|c| **c == b'=').count();
-        let mut n = 0u32;
-        for (i, c) in q.iter().enumerate() {
-            n |= if i >= 4 - pad { 0 } else { val(*c) } << (18 - 6 * i);
-        }
-        out.extend_from_slice(&[(n >> 16) as u8, (n >> 8) as u8, n as u8][..3 - pad]);
-    }
-    out
-}
 
 /// An RGB image.
 struct Image {

@@ -27,6 +27,7 @@
 // all of them; the allow sits here once instead of on every module.
 #![allow(dead_code)]
 
+pub mod b64;
 mod cli;
 mod cloud;
 pub mod cloud_guest;
