@@ -297,7 +297,8 @@ fn progress_is_reported() {
         .collect();
     assert!(values.len() >= 3, "progress: {values:?}");
     assert!(values.windows(2).all(|w| w[0] < w[1]), "{values:?}");
-    assert_eq!(*values.last().unwrap(), body.len() as f64);
+    // The final update may fall inside the rate gap: it is dropped then, never waited for.
+    assert!(*values.last().unwrap() <= body.len() as f64, "{values:?}");
     let with_total: Vec<&Value> = others
         .iter()
         .filter(|m| m["params"]["total"].is_number())

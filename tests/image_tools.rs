@@ -645,9 +645,7 @@ fn image_progress_is_reported_for_convert() {
         .filter(|m| m["method"] == "notifications/progress")
         .map(|m| m["params"]["progress"].as_f64().unwrap())
         .collect();
-    // A convert this small is done within half a second: only its final progress is sent
-    // (a longer one reports 0 at its start too, at most twice a second).
-    assert!(values.iter().all(|v| (0.0..=1.0).contains(v)), "{others:?}");
-    assert!(values.windows(2).all(|w| w[0] < w[1]), "{others:?}");
-    assert_eq!(values.last(), Some(&1.0), "{others:?}");
+    // A convert this small is done within half a second: it says nothing (a longer one
+    // reports at most twice a second, from half a second on).
+    assert!(values.is_empty(), "{others:?}");
 }

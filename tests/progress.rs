@@ -96,6 +96,35 @@ fn a_long_graceful_stop_sends_a_heartbeat_and_no_flood() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+    // A progress token costs a fast call nothing: no notification, and the response is not
+    // held for the heartbeat's half-second gap (Claude Code sends a token on every call).
+    for (tool, args) in [
+        ("guest_exec", json!({"name": "deaf", "command": "/bin/true"})),
+        ("guest_file_read", json!({"name": "deaf", "path": "/etc/hostname"})),
+        ("vm_info", json!({"name": "deaf"})),
+        ("vm_screenshot", json!({"name": "deaf"})),
+    ] {
+        let mut took = Vec::new();
+        for _ in 0..9 {
+            let (r, t, progress) = s
+                .try_call_with_token(tool, args.clone(), Duration::from_secs(30))
+                .unwrap();
+            assert_ne!(r["isError"], json!(true), "{tool}: {r}");
+            assert!(
+                progress.is_empty() || t >= Duration::from_millis(500),
+                "{tool} took {t:?} and still sent progress: {progress:?}"
+            );
+            took.push(t);
+        }
+        took.sort();
+        eprintln!("{tool} with a progress token: median {:?}", took[4]);
+        assert!(
+            took[4] < Duration::from_millis(450),
+            "{tool} with a progress token: median {:?} (a response held for the gap)",
+            took[4]
+        );
+    }
+
     // The guest ignores ACPI from now on: stop_vm waits out its whole timeout.
     let k = s.call_ok_within(
         "guest_exec",

@@ -164,6 +164,8 @@ pub fn guest_rows(vb: &VmBench, table: &mut Table, g: &Guest) -> Res<()> {
             }
         })?;
 
+    token_rows(table, &mut server, name)?;
+
     let r = server.tool_within(
         "guest_exec",
         json!({"name": name, "command": "sh", "timeout": 60,
@@ -271,6 +273,50 @@ pub fn guest_rows(vb: &VmBench, table: &mut Table, g: &Guest) -> Res<()> {
     let kb = crate::peak_rss_kb(&server)?;
     table.rss_info_row("peak RSS: server after the guest rows", kb);
     server.try_close()
+}
+
+/// Calls per side of the progress-token rows.
+const TOKEN_N: usize = 9;
+
+/// Fast calls with and without a progress token, alternating, in one run: the medians with a
+/// token must stay within 1.3x + 5 ms of those without (Claude Code sends one on every call).
+fn token_rows(table: &mut Table, server: &mut crate::common::Server, name: &str) -> Res<()> {
+    let calls = [
+        ("guest_exec /bin/true", "guest_exec", json!({"name": name, "command": "/bin/true"})),
+        (
+            "guest_file_read /etc/hostname",
+            "guest_file_read",
+            json!({"name": name, "path": "/etc/hostname"}),
+        ),
+        ("vm_info", "vm_info", json!({"name": name})),
+        ("vm_screenshot", "vm_screenshot", json!({"name": name})),
+    ];
+    for (label, tool, args) in calls {
+        let (mut with, mut without) = (Vec::new(), Vec::new());
+        let mut notes = 0;
+        for _ in 0..TOKEN_N {
+            let (r, t, progress) = server.try_call_with_token(tool, args.clone(), VM_CALL_TIMEOUT)?;
+            if r["isError"] == json!(true) {
+                return Err(format!("{tool} failed: {r}"));
+            }
+            notes += progress.len();
+            with.push(t);
+            let t0 = Instant::now();
+            server.tool_within(tool, args.clone(), VM_CALL_TIMEOUT)?;
+            without.push(t0.elapsed());
+        }
+        let (w, wo) = (Stats::of(with), Stats::of(without));
+        table.time_row(&format!("{label}, progress token"), TOKEN_N, &w, None);
+        table.time_row(&format!("{label}, no token"), TOKEN_N, &wo, None);
+        let allowed = wo.median.mul_f64(0.3) + Duration::from_millis(5);
+        table.diff_row(
+            &format!("  -> a token's cost ({notes} notifications)"),
+            w.median,
+            wo.median,
+            allowed,
+        );
+    }
+    Ok(())
 }
 
 // ---- screenshots: the parts, and a 1920x1080 desktop ----

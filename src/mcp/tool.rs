@@ -124,11 +124,13 @@ pub fn error_result(err: &ToolError) -> Value {
 }
 
 /// Sends `notifications/progress` for a request that asked for it: at most twice a second
-/// (an update inside that gap waits, and the latest one goes out when it ends, so the last
-/// value always arrives), and at least every [`HEARTBEAT`] while the call runs, repeating what
-/// it last said it waits for: hosts kill calls that stay silent, and no wait has to remember
-/// to speak. Progress values strictly increase. The heartbeat thread ends with the call
-/// ([`Progress::finish`]), before its response, so no notification follows the result.
+/// (an update inside that gap waits, and the latest one goes out when it ends while the call
+/// still runs), and at least every [`HEARTBEAT`] while the call runs, repeating what it last
+/// said it waits for: hosts kill calls that stay silent, and no wait has to remember to
+/// speak. A call that ends within its first half second says nothing, and no response ever
+/// waits for a gap: Claude Code puts a token on every call. Progress values strictly
+/// increase. The heartbeat thread ends with the call ([`Progress::finish`]), before its
+/// response, so no notification follows the result.
 pub struct Progress {
     inner: Arc<ProgressInner>,
     ticker: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -308,10 +310,13 @@ impl Progress {
         }
         let mut st = self.inner.lock();
         if let Some((v, t, m)) = st.pending.take() {
-            // The last value still keeps the gap (at most half a second more).
+            // The response never waits for the gap: an update whose gap has passed goes out
+            // now, one still inside it (or inside a call's first half second) is dropped, since
+            // the response that follows says more than it would.
             let at = st.sent_at.unwrap_or(self.inner.started);
-            std::thread::sleep(MIN_GAP.saturating_sub(at.elapsed()));
-            self.inner.emit(&mut st, v, t, &m, "");
+            if at.elapsed() >= MIN_GAP {
+                self.inner.emit(&mut st, v, t, &m, "");
+            }
         }
     }
 }
@@ -560,6 +565,8 @@ mod progress_tests {
         }
         std::thread::sleep(HEARTBEAT + Duration::from_millis(700));
         p.send(1000.0, Some(1000.0), "done");
+        // Past any gap: the ticker sends it while the call still runs.
+        std::thread::sleep(MIN_GAP + Duration::from_millis(200));
         p.finish();
         let seen = lines.0.lock().unwrap().clone();
         let times: Vec<Duration> = seen.iter().map(|(t, _)| *t - start).collect();
@@ -588,5 +595,31 @@ mod progress_tests {
             .map(|(_, v)| v["params"]["progress"].as_f64().unwrap())
             .collect();
         assert!(values.windows(2).all(|w| w[1] > w[0]), "{values:?}");
+    }
+
+    #[test]
+    fn a_quick_call_says_nothing_and_no_response_waits_for_the_gap() {
+        let lines = Lines::default();
+        let out = Arc::new(Output::new(Box::new(lines.clone())));
+        let p = Progress::new(json!("t"), Arc::clone(&out));
+        p.send(0.01, Some(30.0), "running");
+        let t0 = Instant::now();
+        p.finish();
+        assert!(t0.elapsed() < Duration::from_millis(50), "{:?}", t0.elapsed());
+        assert!(lines.0.lock().unwrap().is_empty(), "a quick call sent progress");
+
+        // A long call whose last update comes inside the gap: dropped, not waited for.
+        let lines = Lines::default();
+        let out = Arc::new(Output::new(Box::new(lines.clone())));
+        let p = Progress::new(json!("t"), out);
+        std::thread::sleep(MIN_GAP + Duration::from_millis(50));
+        p.send(1.0, None, "first");
+        p.send(2.0, None, "second");
+        let t0 = Instant::now();
+        p.finish();
+        assert!(t0.elapsed() < Duration::from_millis(50), "{:?}", t0.elapsed());
+        let seen = lines.0.lock().unwrap().clone();
+        assert_eq!(seen.len(), 1, "{seen:?}");
+        assert_eq!(seen[0].1["params"]["message"], json!("first"));
     }
 }

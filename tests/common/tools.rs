@@ -41,6 +41,28 @@ impl Server {
         }
     }
 
+    /// Calls a tool with a progress token (as Claude Code sends on every call), timing it:
+    /// the `CallToolResult`, the round trip, and the progress notifications that came with it.
+    pub fn try_call_with_token(
+        &mut self,
+        name: &str,
+        args: Value,
+        timeout: Duration,
+    ) -> Result<(Value, Duration, Vec<Value>), String> {
+        let params = json!({"name": name, "arguments": args, "_meta": {"progressToken": "tok"}});
+        let t0 = std::time::Instant::now();
+        let (resp, others) = self.try_request_within("tools/call", params, timeout)?;
+        let took = t0.elapsed();
+        let progress = others
+            .into_iter()
+            .filter(|m| m["method"] == "notifications/progress")
+            .collect();
+        match resp.get("result") {
+            Some(r) => Ok((r.clone(), took, progress)),
+            None => Err(format!("tools/call {name} gave a protocol error: {resp}")),
+        }
+    }
+
     /// Calls a tool and returns the whole response message (result or error).
     pub fn call_tool_response(&mut self, name: &str, args: Value) -> Value {
         self.request("tools/call", json!({"name": name, "arguments": args}))
