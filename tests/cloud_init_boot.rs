@@ -400,3 +400,32 @@ fn image_prepare_cloud_image() {
         prepared["cloud_init"]
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// 4. A guest that drops to systemd's emergency mode
+
+#[test]
+fn a_sandbox_in_emergency_mode_fails_at_once_naming_it() {
+    let image = test_cloud_image();
+    let (_lab, mut s) = cloud_lab("emerg");
+    // The cloud image booted into emergency.target: systemd's sulogin shell says "You are in
+    // emergency mode" on the console, and no agent starts.
+    let mut args = cloud_sandbox_args(&image, "emerg", &image.disk, json!({"hostname": "e"}));
+    args["append"] = json!(format!("{} systemd.unit=emergency.target", image.append));
+    args["wait_agent_s"] = json!(900);
+    args["cpus"] = json!(1);
+    let t = Instant::now();
+    let err = s.call_err_within("sandbox_vm", args, CLOUD_CALL);
+    let took = t.elapsed();
+    eprintln!("sandbox in emergency mode: error after {took:?}: {err}");
+    assert!(err.contains("emergency mode"), "{err}");
+    assert!(err.contains("removed"), "{err}");
+    assert!(
+        err.contains("Last serial output"),
+        "no console lines: {err}"
+    );
+    // The cloud image reaches emergency.target in well under a minute under TCG; the agent
+    // wait was 900 s.
+    assert!(took < std::time::Duration::from_secs(240), "{took:?}");
+    assert!(!cg::vm_names(&mut s).contains(&"emerg".to_string()));
+}

@@ -266,7 +266,44 @@ fn a_pool_past_the_quota_is_refused_and_pooled_clones_count() {
         CALL,
     );
     assert!(err.contains("MCQEMU_MAX_VMS"), "{err}");
+    // What a clone refuses is refused the same with a ready pool and without one, and no
+    // pooled clone is handed out or lost.
+    let before = pooled(&lab);
+    let with_pool = refusals(&lab, &mut s, "tq");
+    let after: Vec<(String, i32)> = pooled(&lab);
+    assert_eq!(before, after, "a refused call touched the pool");
+    assert!(after.iter().all(|(_, p)| pid_alive(*p)), "{after:?}");
     let off = s.call_ok("template_pool", json!({"name": "tq", "size": 0}));
     assert_eq!(off["pool"], json!(0), "{off}");
     assert!(pooled(&lab).is_empty(), "{:?}", pooled(&lab));
+    let without_pool = refusals(&lab, &mut s, "tq");
+    assert_eq!(with_pool, without_pool);
+}
+
+/// sandbox_vm {template} with each thing a clone cannot change: the errors, in order, each
+/// checked to name its parameter and to have left no VM or folder behind.
+fn refusals(lab: &Lab, s: &mut Server, template: &str) -> Vec<String> {
+    let g = test_guest();
+    let cases = [
+        ("memory_mb", json!(512)),
+        ("cpus", json!(2)),
+        ("disk_size", json!("4G")),
+        ("extra_args", json!(["-device", "virtio-rng-pci"])),
+        ("kernel", json!(g.kernel)),
+    ];
+    let mut errs = Vec::new();
+    for (key, value) in cases {
+        let mut args = json!({"name": "m1", "template": template});
+        args[key] = value;
+        let r = s.call_tool_within("sandbox_vm", args, CALL);
+        lab.track(&r);
+        assert_eq!(r["isError"], json!(true), "{key} was honoured: {r}");
+        let err = r["content"][0]["text"].as_str().unwrap().to_string();
+        assert!(err.contains(key), "{key}: {err}");
+        assert!(!lab.vm_dir("m1").exists(), "{key} left {:?}", lab.vm_dir("m1"));
+        errs.push(err);
+    }
+    let vms = s.call_ok("list_vms", json!({}));
+    assert_eq!(vms["vms"], json!([]), "{vms}");
+    errs
 }

@@ -61,6 +61,73 @@ fn parse_line(line: &str) -> Option<Finished> {
     })
 }
 
+/// What the console says that ends any wait for the guest at once: the guest will not get
+/// further without someone at its console.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Fatal {
+    /// systemd's emergency mode (a file system in fstab failed, or a unit it needs).
+    Emergency,
+    /// systemd's rescue mode.
+    Rescue,
+    /// A kernel panic, with its reason as printed.
+    Panic(String),
+    /// A cloud-init module failed (cloud-init's `status: error`): the module's name.
+    CloudInitModule(String),
+}
+
+impl Fatal {
+    /// What happened, for the caller.
+    pub fn describe(&self) -> String {
+        match self {
+            Fatal::Emergency => "the guest dropped to systemd's emergency mode (the console says \
+                \"You are in emergency mode\"): a file system in its fstab or a unit it needs \
+                failed at boot"
+                .into(),
+            Fatal::Rescue => "the guest dropped to systemd's rescue mode (the console says \
+                \"You are in rescue mode\")"
+                .into(),
+            Fatal::Panic(why) => format!("the guest's kernel panicked: {why}"),
+            Fatal::CloudInitModule(m) => format!(
+                "cloud-init's module {m} failed in the guest (cloud-init status: error)"
+            ),
+        }
+    }
+}
+
+/// The first thing in `line` that ends a wait, if any.
+pub fn fatal(line: &str) -> Option<Fatal> {
+    if line.contains("You are in emergency mode") {
+        return Some(Fatal::Emergency);
+    }
+    if line.contains("You are in rescue mode") {
+        return Some(Fatal::Rescue);
+    }
+    if let Some(at) = line.find("Kernel panic - not syncing") {
+        let why = line[at + "Kernel panic - not syncing".len()..]
+            .trim_start_matches(':')
+            .trim();
+        return Some(Fatal::Panic(why.chars().take(200).collect()));
+    }
+    // cloud-init logs WARNING and above to the console: "Running module runcmd (<module
+    // 'cloudinit.config.cc_runcmd' ...>) failed", one line per failed module.
+    let at = line.find("Running module ")?;
+    let rest = &line[at + "Running module ".len()..];
+    if !rest.trim_end().ends_with(") failed") && !rest.trim_end().ends_with("failed") {
+        return None;
+    }
+    let module = rest.split_whitespace().next()?;
+    Some(Fatal::CloudInitModule(module.chars().take(64).collect()))
+}
+
+/// What one poll of the console found.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Seen {
+    /// cloud-init's final message, if it came.
+    pub finished: Option<Finished>,
+    /// Something that ends the wait at once, if it came (the first of them).
+    pub fatal: Option<Fatal>,
+}
+
 /// Follows a VM's serial log from a point on, for cloud-init's final message.
 #[derive(Debug)]
 pub struct Watch {
@@ -85,6 +152,23 @@ impl Watch {
     /// Reads what the console wrote since the last poll (at most [`READ_CAP`] bytes of it)
     /// and returns cloud-init's final message if it came.
     pub fn poll(&mut self) -> Option<Finished> {
+        self.poll_all().finished
+    }
+
+    /// Reads what the console wrote since the last poll (at most [`READ_CAP`] bytes of it):
+    /// cloud-init's final message and anything that ends a wait at once.
+    pub fn poll_all(&mut self) -> Seen {
+        let Some(done) = self.read_new() else {
+            return Seen::default();
+        };
+        Seen {
+            finished: finished(&done),
+            fatal: done.split(['\n', '\r']).find_map(fatal),
+        }
+    }
+
+    /// The whole lines written since the last read.
+    fn read_new(&mut self) -> Option<String> {
         let mut f = std::fs::File::open(&self.path).ok()?;
         let len = f.metadata().ok()?.len();
         if len < self.offset {
@@ -105,7 +189,7 @@ impl Watch {
             .into_iter()
             .rev()
             .collect();
-        finished(done)
+        Some(done.to_string())
     }
 }
 
@@ -137,6 +221,30 @@ mod tests {
             None
         );
         assert_eq!(finished(""), None);
+    }
+
+    #[test]
+    fn emergency_rescue_panics_and_failed_modules_end_a_wait() {
+        assert_eq!(
+            fatal("You are in emergency mode. After logging in, type \"journalctl -xb\""),
+            Some(Fatal::Emergency)
+        );
+        assert_eq!(fatal("You are in rescue mode. After logging in"), Some(Fatal::Rescue));
+        assert_eq!(
+            fatal("[    1.2] Kernel panic - not syncing: VFS: Unable to mount root fs on unknown"),
+            Some(Fatal::Panic("VFS: Unable to mount root fs on unknown".into()))
+        );
+        assert_eq!(
+            fatal(
+                "[   40.1] cloud-init[612]: 2026-12-01 10:00:00,000 - util.py[WARNING]: Running \
+                 module scripts-user (<module 'cloudinit.config.cc_scripts_user' from \
+                 '/usr/lib/python3/dist-packages/cloudinit/config/cc_scripts_user.py'>) failed"
+            ),
+            Some(Fatal::CloudInitModule("scripts-user".into()))
+        );
+        assert_eq!(fatal("Running module runcmd (<module ...>) ok"), None);
+        assert_eq!(fatal("Reached target emergency.target"), None);
+        assert_eq!(fatal(NOCLOUD), None);
     }
 
     #[test]

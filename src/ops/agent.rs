@@ -24,6 +24,9 @@ pub enum AgentWait {
     /// [`AFTER_CLOUD_INIT`] later: it is not coming (a stock image without qemu-guest-agent, or
     /// a seed that installs it never seen or failed).
     NoAgent(console::Finished),
+    /// The console said the guest cannot go on by itself (emergency or rescue mode, a kernel
+    /// panic, a failed cloud-init module) and the agent did not answer after it.
+    Fatal(console::Fatal),
 }
 
 /// How long the agent may take to answer once cloud-init has finished: whatever cloud-init
@@ -69,8 +72,24 @@ pub fn wait_for_agent(
         if probe.is_ok() {
             return Ok(AgentWait::Ready);
         }
+        let seen = console
+            .as_mut()
+            .map(console::Watch::poll_all)
+            .unwrap_or_default();
+        if let Some(fatal) = seen.fatal {
+            // Checked once more: the console's word alone does not end a wait for an agent
+            // that answers.
+            let probe = qga::with_agent(&sock_path, POLL_SLICE, |q| {
+                q.execute_within("guest-ping", None, POLL_SLICE)
+            });
+            return Ok(if probe.is_ok() {
+                AgentWait::Ready
+            } else {
+                AgentWait::Fatal(fatal)
+            });
+        }
         if cloud_init_done.is_none() {
-            if let Some(f) = console.as_mut().and_then(console::Watch::poll) {
+            if let Some(f) = seen.finished {
                 cloud_init_done = Some((Instant::now(), f));
             }
         }

@@ -31,17 +31,14 @@ pub fn start(ctx: &ToolCtx, args: &Args, template_name: &str) -> Result<Value, T
     Ok(start_with(ctx, args, template_name, Map::new())?.0)
 }
 
-/// [`start`], with `fields` added to the clone's record from its launch on (a pooled clone's
-/// mark); also returns the thread setting the clone's clock, when its agent answered.
-pub fn start_with(
-    ctx: &ToolCtx,
+/// What a clone of `template_name` cannot honour in sandbox_vm `args`, refused before anything
+/// starts (and before a warm pool is looked at, so the same call never succeeds or fails by the
+/// pool's state); returns the template and the clone's own cloud-init.
+pub fn check(
     args: &Args,
     template_name: &str,
-    fields: Map<String, Value>,
-) -> Result<(Value, Option<JoinHandle<guest_clock::Outcome>>), ToolError> {
-    let started = Instant::now();
+) -> Result<(template::Template, Option<CloudInit>), ToolError> {
     let t = template::load(template_name)?;
-    let tdir = template::dir_of(template_name);
     for refused in [
         "base_image",
         "kernel",
@@ -59,39 +56,6 @@ pub fn start_with(
             )));
         }
     }
-    let qemu = binaries::find(&t.arch).map_err(ToolError::new)?;
-    let saved = decide::Saved {
-        arch: &t.arch,
-        machine: &t.machine,
-        accel: &t.accel,
-        qemu_version: &t.qemu_version,
-    };
-    decide::can_restore(&saved, host::get(), &qemu).map_err(|why| {
-        ToolError::new(format!(
-            "template {template_name:?} cannot start a clone on this host: {why}"
-        ))
-    })?;
-    let name = match args.opt_str("name")? {
-        Some(n) if crate::state::registry::valid_name(n) => n.to_string(),
-        Some(n) => return Err(ToolError::new(format!("invalid VM name {n:?}"))),
-        None => sandbox::first_free_name(),
-    };
-    let cloud_init = match args.0.get("cloud_init") {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(CloudInit::parse(v)?),
-    };
-    if cloud_init.is_some() && !t.seed {
-        return Err(ToolError::new(format!(
-            "template {template_name:?} was made without cloud_init, so its clones have no seed \
-             CD-ROM to carry one; make the template with a cloud_init"
-        )));
-    }
-    let forwards = match args.opt_str_list("port_forwards")? {
-        Some(f) => f,
-        None if t.no_net => Vec::new(),
-        None => vec!["auto:22".to_string()],
-    };
-    let (sd, overlay) = sandbox::overlay_path(&name)?;
     if let Some(arch) = args.opt_str("arch")? {
         if arch != t.arch {
             return Err(ToolError::new(format!(
@@ -110,6 +74,51 @@ pub fn start_with(
             )));
         }
     }
+    let qemu = binaries::find(&t.arch).map_err(ToolError::new)?;
+    let saved = decide::Saved {
+        arch: &t.arch,
+        machine: &t.machine,
+        accel: &t.accel,
+        qemu_version: &t.qemu_version,
+    };
+    decide::can_restore(&saved, host::get(), &qemu).map_err(|why| {
+        ToolError::new(format!(
+            "template {template_name:?} cannot start a clone on this host: {why}"
+        ))
+    })?;
+    sandbox::checked_name(args)?;
+    let cloud_init = match args.0.get("cloud_init") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(CloudInit::parse(v)?),
+    };
+    if cloud_init.is_some() && !t.seed {
+        return Err(ToolError::new(format!(
+            "template {template_name:?} was made without cloud_init, so its clones have no seed \
+             CD-ROM to carry one; make the template with a cloud_init"
+        )));
+    }
+    Ok((t, cloud_init))
+}
+
+/// [`start`], with `fields` added to the clone's record from its launch on (a pooled clone's
+/// mark); also returns the thread setting the clone's clock, when its agent answered.
+pub fn start_with(
+    ctx: &ToolCtx,
+    args: &Args,
+    template_name: &str,
+    fields: Map<String, Value>,
+) -> Result<(Value, Option<JoinHandle<guest_clock::Outcome>>), ToolError> {
+    let started = Instant::now();
+    let (t, cloud_init) = check(args, template_name)?;
+    let tdir = template::dir_of(template_name);
+    let qemu = binaries::find(&t.arch).map_err(ToolError::new)?;
+    let name = sandbox::checked_name(args)?;
+    let forwards = match args.opt_str_list("port_forwards")? {
+        Some(f) => f,
+        None if t.no_net => Vec::new(),
+        None => vec!["auto:22".to_string()],
+    };
+    let (sd, overlay) = sandbox::overlay_path(&name)?;
     let uefi = match (&t.firmware[..], &t.uefi_code) {
         ("uefi", Some(code)) => {
             let code = PathBuf::from(code);
@@ -218,10 +227,7 @@ pub fn start_with(
     let agent_ms = t_agent.elapsed();
     let (ready, clock) = match ready {
         Ok(setter) => (Ok(()), Some(setter)),
-        Err(why) => (
-            Err(format!("{why}; sandbox_destroy {name} removes the clone")),
-            None,
-        ),
+        Err(why) => (Err(why), None),
     };
     let mut out = launched;
     // Where a clone's time goes, step by step (the bench prints each step's share).
@@ -237,10 +243,19 @@ pub fn start_with(
     out["ready_ms"] = json!(started.elapsed().as_millis() as u64);
     out["overlay"] = json!(overlay.display().to_string());
     out["base_image"] = json!(tdisk.display().to_string());
-    if let Err(why) = ready {
+    if let (Err(why), true) = (&ready, wait.is_zero()) {
         if let Some(w) = out["warnings"].as_array_mut() {
-            w.push(json!(why));
+            w.push(json!(format!(
+                "{why} (wait_agent_s is 0); sandbox_destroy {name} removes the clone"
+            )));
         }
+    } else if let Err(why) = ready {
+        let serial = sandbox::serial_tail(&out, 8);
+        sandbox::destroy_quietly(ctx, &name);
+        return Err(ToolError::new(format!(
+            "the clone of template {template_name:?} was removed: its guest agent did not \
+             answer ({why}). Last serial output: {serial}"
+        )));
     }
     Ok((out, clock))
 }

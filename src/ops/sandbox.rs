@@ -35,21 +35,69 @@ pub fn first_free_name() -> String {
         .unwrap_or_else(|| format!("sandbox-{}", std::process::id()))
 }
 
+/// The sandbox's name from `args` (checked), or the first free one.
+pub fn checked_name(args: &Args) -> Result<String, ToolError> {
+    match args.opt_str("name")? {
+        Some(n) if valid_name(n) => Ok(n.to_string()),
+        Some(n) => Err(ToolError::new(format!(
+            "invalid VM name {n:?}: use 1-48 characters from A-Z a-z 0-9 _ . -, starting with a \
+             letter or digit"
+        ))),
+        None => Ok(first_free_name()),
+    }
+}
+
 /// sandbox_vm: an overlay on `base_image` launched and waited on (or, with `template`, a
-/// clone); `args` are sandbox_vm's. Returns its result.
+/// clone); `args` are sandbox_vm's. Returns its result. A sandbox whose agent does not answer
+/// within its wait (`wait_agent_s` above 0) is removed and an error says why, with the
+/// console's last lines.
 pub fn create(ctx: &ToolCtx, args: &Args) -> Result<Value, ToolError> {
+    if args.opt_str("template")?.is_some() {
+        return boot(ctx, args).map(|(out, _, _)| out);
+    }
+    let (out, waited, wait) = boot(ctx, args)?;
+    let name = out["name"].as_str().unwrap_or_default().to_string();
+    let seeded = out.get("cloud_init").is_some_and(|c| !c.is_null());
+    let why = match &waited {
+        AgentWait::Ready => return Ok(out),
+        AgentWait::TimedOut if wait.is_zero() => return Ok(out),
+        AgentWait::TimedOut => format!(
+            "the guest agent of sandbox {name:?} did not answer within {} s (wait_agent_s) and \
+             the console said nothing that explains it; the image may lack qemu-guest-agent \
+             (image_prepare makes an agent-ready base) or boot slower than that under TCG \
+             (raise wait_agent_s; 0 does not wait)",
+            wait.as_secs_f64()
+        ),
+        AgentWait::NoAgent(f) => no_agent_reason(&name, f, seeded),
+        AgentWait::Fatal(f) => format!(
+            "{} before the guest agent of sandbox {name:?} answered",
+            f.describe()
+        ),
+    };
+    let serial = serial_tail(&out, 8);
+    destroy_quietly(ctx, &name);
+    Err(ToolError::new(format!(
+        "{why}. The sandbox was removed. Last serial output: {serial}"
+    )))
+}
+
+/// [`create`] without its verdict on the agent: the sandbox as launched and how the wait for
+/// its agent ended (image_prepare says itself what a guest without an agent means).
+pub fn boot(ctx: &ToolCtx, args: &Args) -> Result<(Value, AgentWait, Duration), ToolError> {
     if let Some(t) = args.opt_str("template")? {
+        // What a clone refuses is refused whether or not a pool is ready.
+        super::clone::check(args, t)?;
         if super::pool::size(t) > 0 && super::pool::fits(args) {
-            let name = match args.opt_str("name")? {
-                Some(n) if valid_name(n) => n.to_string(),
-                Some(n) => return Err(ToolError::new(format!("invalid VM name {n:?}"))),
-                None => first_free_name(),
-            };
+            let name = checked_name(args)?;
             if let Some(out) = super::pool::take(t, &name)? {
-                return Ok(out);
+                return Ok((out, AgentWait::Ready, Duration::ZERO));
             }
         }
-        return super::clone::start(ctx, args, t);
+        return Ok((
+            super::clone::start(ctx, args, t)?,
+            AgentWait::Ready,
+            Duration::ZERO,
+        ));
     }
     if args.opt_str("base_image")?.is_none() {
         return Err(ToolError::new(
@@ -61,16 +109,7 @@ pub fn create(ctx: &ToolCtx, args: &Args) -> Result<Value, ToolError> {
     let checked = checked_image(&base, "base_image", None)?;
     let base_fmt = checked.format;
     let disk_size = disk_size::from_args(args, checked.virtual_size)?;
-    let name = match args.opt_str("name")? {
-        Some(n) if valid_name(n) => n.to_string(),
-        Some(n) => {
-            return Err(ToolError::new(format!(
-                "invalid VM name {n:?}: use 1-48 characters from A-Z a-z 0-9 _ . -, starting with \
-                 a letter or digit"
-            )))
-        }
-        None => first_free_name(),
-    };
+    let name = checked_name(args)?;
     // cloud_init is checked before anything is made on disk.
     if let Some(v) = args.0.get("cloud_init").filter(|v| !v.is_null()) {
         crate::cloudinit::CloudInit::parse(v)?;
@@ -144,9 +183,6 @@ pub fn create(ctx: &ToolCtx, args: &Args) -> Result<Value, ToolError> {
                 unseen_seed_reason(&name, &f.datasource)
             )));
         }
-        if let Some(w) = out["warnings"].as_array_mut() {
-            w.push(json!(no_agent_reason(&name, f, seeded)));
-        }
         out["cloud_init"]["console"] = json!({
             "finished": true, "datasource": f.datasource, "version": f.version,
             "uptime_s": f.uptime_s
@@ -183,16 +219,7 @@ pub fn create(ctx: &ToolCtx, args: &Args) -> Result<Value, ToolError> {
             (_, w) => out["cloud_init"] = w,
         }
     }
-    if waited == AgentWait::TimedOut && wait > Duration::ZERO {
-        if let Some(w) = out["warnings"].as_array_mut() {
-            w.push(json!(format!(
-                "the guest agent did not answer within {} s; the VM is running. Retry guest_ping \
-                 later, or check vm_serial_read; sandbox_destroy removes it",
-                wait.as_secs_f64()
-            )));
-        }
-    }
-    Ok(out)
+    Ok((out, waited, wait))
 }
 
 /// A new sandbox's state folder (created) and the path of its overlay, unique per launch.

@@ -13,6 +13,7 @@ use super::params;
 use super::{object, path_arg};
 use crate::cloudinit::CloudInit;
 use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use crate::ops::agent::AgentWait;
 use crate::ops::guest_run;
 use crate::ops::stop;
 use crate::qemu::img;
@@ -28,9 +29,14 @@ const AGENT_SETUP: &str = "command -v qemu-ga >/dev/null 2>&1 || \
     (rc-update add qemu-guest-agent default && rc-service qemu-guest-agent start)";
 
 /// Forgets this boot: cloud-init runs again on the next one, with a new machine-id.
-const CLEAN: &str = "cloud-init clean --logs --machine-id 2>/dev/null || \
-    (cloud-init clean --logs && truncate -s 0 /etc/machine-id); \
-    rm -f /var/lib/dbus/machine-id; sync";
+/// /etc/machine-id is left present and empty whatever cloud-init did with it (22.4 removes it;
+/// newer versions write "uninitialized"): a missing file makes every boot a systemd first boot,
+/// whose systemd-firstboot prompts on the console and stalls the boot into emergency mode,
+/// while an empty one only asks for a new ID (machine-id(5)), as Debian's own images ship it.
+const CLEAN: &str = "(cloud-init clean --logs --machine-id 2>/dev/null || \
+    cloud-init clean --logs) && rm -f /etc/machine-id && : > /etc/machine-id && \
+    chmod 0444 /etc/machine-id && rm -f /var/lib/dbus/machine-id && sync && \
+    test -f /etc/machine-id && ! test -s /etc/machine-id && ! test -L /etc/machine-id";
 
 const PREPARE_DESCRIPTION: &str = "Turn a stock cloud image (image_pull) into an agent-ready \
     base for sandbox_vm: boot it once on an overlay (source is never written) with a cloud-init \
@@ -163,8 +169,18 @@ fn prepare(ctx: &ToolCtx, args: &Args) -> ToolResult {
         }
     }
     ctx.progress_now(0.0, None, "booting the source image on an overlay");
-    let booted = crate::ops::sandbox::create(ctx, &Args(sb));
-    let result = booted.and_then(|out| finish(ctx, &name, &out, &dest));
+    let booted = crate::ops::sandbox::boot(ctx, &Args(sb));
+    let result = booted.and_then(|(out, waited, _)| {
+        if let AgentWait::Fatal(f) = waited {
+            return Err(ToolError::new(format!(
+                "{} while the prepared VM {name:?} booted; nothing was written to dest. Last \
+                 serial output: {}",
+                f.describe(),
+                crate::ops::sandbox::serial_tail(&out, 8)
+            )));
+        }
+        finish(ctx, &name, &out, &dest)
+    });
     // 5. The temporary VM goes, whatever happened.
     crate::ops::sandbox::destroy_quietly(ctx, &name);
     let mut out = result?;
@@ -206,7 +222,8 @@ fn finish(
     let cleaned = guest_run::run(ctx, name, "sh", &["-c", CLEAN], Duration::from_secs(120))?;
     if cleaned.exitcode != Some(0) {
         return Err(ToolError::new(format!(
-            "cleaning the guest failed (exit {:?}): {}",
+            "cleaning the guest (cloud-init's state, /etc/machine-id left present and empty) \
+             failed (exit {:?}); nothing was written to dest: {}",
             cleaned.exitcode,
             cleaned.stderr.trim()
         )));

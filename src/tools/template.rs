@@ -283,6 +283,12 @@ fn prepare_and_save(
                 wait.as_secs()
             )))
         }
+        AgentWait::Fatal(f) => {
+            return Err(ToolError::new(format!(
+                "{} before the template guest's agent answered (nothing was saved)",
+                f.describe()
+            )))
+        }
         AgentWait::NoAgent(f) => {
             return Err(ToolError::new(format!(
                 "{}; a template needs the agent (nothing was saved)",
