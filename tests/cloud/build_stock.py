@@ -150,7 +150,9 @@ FILES.update({
 })
 ENABLE = {wants: [u for u in units if u != "qemu-guest-agent.service"]
           for wants, units in build_cloud.ENABLE.items()}
-MASK = build_cloud.MASK
+# Debian's images keep systemd-firstboot (they ship /etc/machine-id empty, which is not a
+# first boot): so does this one, so that a prepared image that loses its machine-id is caught.
+MASK = [u for u in build_cloud.MASK if u != "systemd-firstboot.service"]
 
 
 def die(msg):

@@ -19,8 +19,10 @@
 //!   HTTP on the host's loopback and give the guest [`StockImage::apt_source`] as its only
 //!   source (user-mode networking's 10.0.2.2 is the host); `apt-get install -y
 //!   qemu-guest-agent` then needs no other network.
-//! - Root has no password (serial console login); the apt timers and systemd-firstboot are
-//!   masked, as in `tests/cloud/build_cloud.py`'s image.
+//! - Root has no password (serial console login); the apt timers are masked, as in
+//!   `tests/cloud/build_cloud.py`'s image. systemd-firstboot is not: as in Debian's images,
+//!   `/etc/machine-id` is present and empty, which is not a first boot, and there is no
+//!   `/etc/locale.conf` (a first boot would prompt for a locale on the console).
 //!
 //! Measured by hand under TCG (q35, 1 GiB, 1 vCPU, a NIC, a 4 GiB overlay; 2 cores with load
 //! ~2 from other tests), from launch: login prompt 33 s with UEFI (OVMF and GRUB take ~5 s of
