@@ -5,3 +5,5 @@ pub mod copy;
 pub mod paths;
 pub mod registry;
 pub mod roots;
+pub mod tar;
+pub mod tree;

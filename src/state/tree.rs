@@ -1,0 +1,641 @@
+//! Host folder trees read into a tar stream and written out of one, through folder descriptors
+//! opened one component at a time with `O_NOFOLLOW`: a symlink on the host is read as a link
+//! and never followed, and an archive entry never lands under a symlink (whether the archive
+//! made it or someone swapped it in) or outside the folder it is extracted into.
+
+use std::ffi::{CString, OsStr, OsString};
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::io::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::{Component, Path};
+
+use super::tar::{Entry, Kind, Reader, Writer};
+
+/// Deepest folder nesting walked or extracted: each level holds one descriptor.
+const MAX_DEPTH: usize = 128;
+
+/// A folder opened without following symlinks.
+pub struct Folder {
+    fd: OwnedFd,
+}
+
+fn cstr(s: &OsStr) -> io::Result<CString> {
+    CString::new(s.as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in a name"))
+}
+
+fn rc(r: libc::c_int) -> io::Result<libc::c_int> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+/// What a directory entry is, from `lstat`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Type {
+    /// A regular file.
+    File,
+    /// A folder.
+    Dir,
+    /// A symlink (never followed).
+    Symlink,
+    /// A device, fifo or socket: never copied.
+    Other,
+}
+
+/// An entry's `lstat`: type, permission bits, size, mtime.
+#[derive(Clone, Copy, Debug)]
+pub struct Meta {
+    /// What it is.
+    pub kind: Type,
+    /// Permission bits with setuid, setgid, sticky.
+    pub mode: u32,
+    /// Bytes (regular files).
+    pub size: u64,
+    /// Modification time, seconds since the epoch.
+    pub mtime: i64,
+}
+
+impl Folder {
+    /// Opens a resolved absolute folder from `/`, one component at a time, refusing any
+    /// symlink on the way (the path was resolved by the roots check; a symlink now means it
+    /// was swapped since).
+    pub fn open(path: &Path) -> io::Result<Folder> {
+        let root = cstr(OsStr::new("/"))?;
+        let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC;
+        // SAFETY: a NUL-terminated path; the descriptor is owned right after.
+        let fd = rc(unsafe { libc::open(root.as_ptr(), flags) })?;
+        // SAFETY: just opened, owned by nobody else.
+        let mut cur = Folder {
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+        };
+        for c in path.components() {
+            match c {
+                Component::RootDir => {}
+                Component::Normal(n) => cur = cur.sub(n)?,
+                _ => {
+                    return Err(io::Error::other(format!(
+                        "{} is not resolved",
+                        path.display()
+                    )))
+                }
+            }
+        }
+        Ok(cur)
+    }
+
+    fn raw(&self) -> libc::c_int {
+        self.fd.as_raw_fd()
+    }
+
+    fn open_at(&self, name: &OsStr, flags: libc::c_int, mode: libc::c_uint) -> io::Result<OwnedFd> {
+        let flags = flags | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+        // SAFETY: a valid descriptor and a NUL-terminated name; the result is owned below.
+        let fd = rc(unsafe { libc::openat(self.raw(), cstr(name)?.as_ptr(), flags, mode) })?;
+        // SAFETY: just opened, owned by nobody else.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    /// The subfolder `name`; fails on a symlink.
+    pub fn sub(&self, name: &OsStr) -> io::Result<Folder> {
+        let fd = self.open_at(name, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
+        Ok(Folder { fd })
+    }
+
+    /// `lstat` of `name`.
+    pub fn meta(&self, name: &OsStr) -> io::Result<Meta> {
+        // SAFETY: stat is plain old data; zeroed is a valid initial value.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        let flags = libc::AT_SYMLINK_NOFOLLOW;
+        // SAFETY: a valid descriptor, a NUL-terminated name and a stat buffer.
+        rc(unsafe { libc::fstatat(self.raw(), cstr(name)?.as_ptr(), &mut st, flags) })?;
+        let kind = match st.st_mode & libc::S_IFMT {
+            libc::S_IFREG => Type::File,
+            libc::S_IFDIR => Type::Dir,
+            libc::S_IFLNK => Type::Symlink,
+            _ => Type::Other,
+        };
+        Ok(Meta {
+            kind,
+            mode: st.st_mode & 0o7777,
+            size: st.st_size.max(0) as u64,
+            mtime: st.st_mtime,
+        })
+    }
+
+    /// The names in this folder, sorted (for a stable archive order).
+    pub fn names(&self) -> io::Result<Vec<OsString>> {
+        // The descriptor's own /proc link names this very folder, whatever its path is now.
+        let mut v: Vec<OsString> = std::fs::read_dir(format!("/proc/self/fd/{}", self.raw()))?
+            .map(|e| e.map(|e| e.file_name()))
+            .collect::<io::Result<_>>()?;
+        v.sort();
+        Ok(v)
+    }
+
+    /// Opens the regular file `name` for reading; fails on a symlink, never blocks on a fifo.
+    pub fn open_file(&self, name: &OsStr) -> io::Result<File> {
+        let fd = self.open_at(name, libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY, 0)?;
+        Ok(File::from(fd))
+    }
+
+    /// A symlink's target.
+    pub fn readlink(&self, name: &OsStr) -> io::Result<Vec<u8>> {
+        let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
+        let n = unsafe {
+            // SAFETY: a valid descriptor, a NUL-terminated name and a buffer of that length.
+            libc::readlinkat(
+                self.raw(),
+                cstr(name)?.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        buf.truncate(n as usize);
+        Ok(buf)
+    }
+
+    /// Creates the folder `name` (private until [`Folder::finish_dir`] sets its mode).
+    pub fn mkdir(&self, name: &OsStr) -> io::Result<()> {
+        // SAFETY: a valid descriptor and a NUL-terminated name.
+        rc(unsafe { libc::mkdirat(self.raw(), cstr(name)?.as_ptr(), 0o700) }).map(|_| ())
+    }
+
+    /// Creates the new file `name`, failing if anything is there.
+    pub fn create(&self, name: &OsStr) -> io::Result<File> {
+        let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL;
+        Ok(File::from(self.open_at(name, flags, 0o600)?))
+    }
+
+    /// Creates the symlink `name` to `target`.
+    pub fn symlink(&self, target: &[u8], name: &OsStr) -> io::Result<()> {
+        let t = cstr(OsStr::from_bytes(target))?;
+        // SAFETY: NUL-terminated strings and a valid descriptor.
+        rc(unsafe { libc::symlinkat(t.as_ptr(), self.raw(), cstr(name)?.as_ptr()) }).map(|_| ())
+    }
+
+    /// Removes the file or symlink `name` (never a folder, never what a link points at).
+    pub fn unlink(&self, name: &OsStr) -> io::Result<()> {
+        // SAFETY: a valid descriptor and a NUL-terminated name.
+        rc(unsafe { libc::unlinkat(self.raw(), cstr(name)?.as_ptr(), 0) }).map(|_| ())
+    }
+
+    /// Sets `name`'s mtime, on a symlink the link's own.
+    pub fn set_mtime(&self, name: &OsStr, mtime: i64) -> io::Result<()> {
+        let t = libc::timespec {
+            tv_sec: mtime as libc::time_t,
+            tv_nsec: 0,
+        };
+        let times = [
+            libc::timespec {
+                tv_sec: 0,
+                tv_nsec: libc::UTIME_OMIT,
+            },
+            t,
+        ];
+        let flags = libc::AT_SYMLINK_NOFOLLOW;
+        // SAFETY: a valid descriptor, a NUL-terminated name and two timespecs.
+        rc(unsafe { libc::utimensat(self.raw(), cstr(name)?.as_ptr(), times.as_ptr(), flags) })
+            .map(|_| ())
+    }
+
+    /// Sets this folder's own mode.
+    pub fn chmod_self(&self, mode: u32) -> io::Result<()> {
+        // SAFETY: a valid descriptor.
+        rc(unsafe { libc::fchmod(self.raw(), mode as libc::mode_t) }).map(|_| ())
+    }
+
+    /// Renames `from` to `to` in this folder; with `replace` false, never over an existing
+    /// `to` (RENAME_NOREPLACE, checked by the kernel).
+    pub fn rename(&self, from: &OsStr, to: &OsStr, replace: bool) -> io::Result<()> {
+        let (f, t) = (cstr(from)?, cstr(to)?);
+        let flags: libc::c_uint = if replace { 0 } else { libc::RENAME_NOREPLACE };
+        // SAFETY: valid descriptors and NUL-terminated names.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_renameat2,
+                self.raw(),
+                f.as_ptr(),
+                self.raw(),
+                t.as_ptr(),
+                flags,
+            )
+        };
+        rc(r as libc::c_int).map(|_| ())
+    }
+}
+
+/// Counts of what was copied.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Bytes of file content.
+    pub bytes: u64,
+    /// Regular files (hard links count as the copies they become).
+    pub files: u64,
+    /// Folders, the top one included.
+    pub dirs: u64,
+    /// Symlinks, copied as links.
+    pub symlinks: u64,
+    /// Entries left out, as `path (why)`, the first few only.
+    pub skipped: Vec<String>,
+    /// How many entries were left out in all.
+    pub skipped_total: u64,
+}
+
+impl Counts {
+    fn skip(&mut self, path: &[u8], why: &str) {
+        self.skipped_total += 1;
+        if self.skipped.len() < 20 {
+            self.skipped
+                .push(format!("{} ({why})", String::from_utf8_lossy(path)));
+        }
+    }
+}
+
+/// A name that the roots never reach below a root: hidden (`.ssh`, `.git`) or not UTF-8.
+pub fn hidden(name: &[u8]) -> bool {
+    name.starts_with(b".") || std::str::from_utf8(name).is_err()
+}
+
+/// Visits `name` in `dir` and, for a folder, everything below it (hidden names skipped, as
+/// the roots rule), calling `visit(folder, name, archive path, meta)` for each entry.
+pub fn walk(
+    dir: &Folder,
+    name: &OsStr,
+    path: &[u8],
+    depth: usize,
+    counts: &mut Counts,
+    visit: &mut dyn FnMut(&Folder, &OsStr, &[u8], &Meta, &mut Counts) -> io::Result<()>,
+) -> io::Result<()> {
+    let meta = dir.meta(name)?;
+    visit(dir, name, path, &meta, counts)?;
+    if meta.kind != Type::Dir {
+        return Ok(());
+    }
+    if depth >= MAX_DEPTH {
+        return Err(io::Error::other(format!(
+            "{} is nested more than {MAX_DEPTH} folders deep",
+            String::from_utf8_lossy(path)
+        )));
+    }
+    let sub = dir.sub(name)?;
+    for child in sub.names()? {
+        let child_path = [path, b"/", child.as_bytes()].concat();
+        if hidden(child.as_bytes()) {
+            counts.skip(&child_path, "hidden names are never reached below a root");
+            continue;
+        }
+        walk(&sub, &child, &child_path, depth + 1, counts, visit)?;
+    }
+    Ok(())
+}
+
+/// Adds one walked entry to the archive and to the counts.
+pub fn archive_one<W: Write>(
+    w: &mut Writer<W>,
+    dir: &Folder,
+    name: &OsStr,
+    path: &[u8],
+    m: &Meta,
+    counts: &mut Counts,
+) -> io::Result<()> {
+    match m.kind {
+        Type::Dir => {
+            w.dir(path, m.mode, m.mtime)?;
+            counts.dirs += 1;
+        }
+        Type::Symlink => {
+            w.symlink(path, &dir.readlink(name)?, m.mtime)?;
+            counts.symlinks += 1;
+        }
+        Type::File => {
+            let mut f = dir.open_file(name)?;
+            w.file(path, m.mode, m.mtime, m.size, &mut f)?;
+            counts.files += 1;
+            counts.bytes += m.size;
+        }
+        Type::Other => counts.skip(path, "not a file, folder or symlink"),
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Extraction
+
+/// Extracts an archive whose entries lie under `top` into `parent`/`tmp`, one entry at a time.
+pub struct Extract<'a> {
+    parent: &'a Folder,
+    tmp: OsString,
+    top: Vec<u8>,
+    /// Folders made, with their final mode and mtime, set last (deepest first).
+    dirs: Vec<(Vec<OsString>, u32, i64)>,
+    /// What was written so far.
+    pub counts: Counts,
+    /// Whether `tmp` exists yet (so a failure knows whether to clean up).
+    pub started: bool,
+}
+
+fn refuse(path: &[u8], why: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::PermissionDenied,
+        format!(
+            "archive entry {:?} refused: {why}",
+            String::from_utf8_lossy(path)
+        ),
+    )
+}
+
+impl<'a> Extract<'a> {
+    /// An extraction into `parent`/`tmp` of the archive's `top` (its first path component).
+    pub fn new(parent: &'a Folder, tmp: OsString, top: &[u8]) -> Self {
+        Extract {
+            parent,
+            tmp,
+            top: top.to_vec(),
+            dirs: Vec::new(),
+            counts: Counts::default(),
+            started: false,
+        }
+    }
+
+    /// The components below `top`, or None for an entry left out (hidden).
+    fn split(&mut self, path: &[u8]) -> io::Result<Option<Vec<OsString>>> {
+        if path.starts_with(b"/") {
+            return Err(refuse(path, "absolute paths are never extracted"));
+        }
+        let mut parts = path
+            .split(|&b| b == b'/')
+            .filter(|c| !c.is_empty() && *c != b".");
+        if parts.next() != Some(&self.top[..]) {
+            return Err(refuse(path, "it is not below the copied folder"));
+        }
+        let mut out = Vec::new();
+        for c in parts {
+            if c == b".." {
+                return Err(refuse(path, "'..' would leave the destination"));
+            }
+            if hidden(c) {
+                self.counts
+                    .skip(path, "hidden names are never written below a root");
+                return Ok(None);
+            }
+            out.push(OsString::from_vec(c.to_vec()));
+        }
+        Ok(Some(out))
+    }
+
+    /// Opens the folder holding `parts`' last component, creating missing folders and
+    /// refusing any symlink on the way.
+    fn folder_of(&mut self, path: &[u8], parts: &[OsString]) -> io::Result<Folder> {
+        let mut cur = self.parent.sub(&self.tmp)?;
+        for c in &parts[..parts.len().saturating_sub(1)] {
+            match cur.meta(c) {
+                Ok(m) if m.kind == Type::Dir => {}
+                Ok(m) if m.kind == Type::Symlink => {
+                    return Err(refuse(path, "it lies under a symlink the archive made"))
+                }
+                Ok(_) => return Err(refuse(path, "it lies under something that is not a folder")),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => cur.mkdir(c)?,
+                Err(e) => return Err(e),
+            }
+            cur = cur
+                .sub(c)
+                .map_err(|e| refuse(path, &format!("its folder cannot be opened: {e}")))?;
+        }
+        Ok(cur)
+    }
+
+    /// Writes one entry; `data` is the archive positioned at its content.
+    pub fn entry<R: Read>(&mut self, e: &Entry, data: &mut Reader<R>) -> io::Result<()> {
+        let Some(parts) = self.split(&e.path)? else {
+            return Ok(());
+        };
+        if parts.len() > MAX_DEPTH {
+            return Err(refuse(&e.path, "it is nested too deep"));
+        }
+        let (dir, leaf) = if parts.is_empty() {
+            self.started = true;
+            (Folder::dup(self.parent)?, self.tmp.clone())
+        } else {
+            if !self.started {
+                return Err(refuse(&e.path, "it comes before the copied folder itself"));
+            }
+            let leaf = parts[parts.len() - 1].clone();
+            (self.folder_of(&e.path, &parts)?, leaf)
+        };
+        match &e.kind {
+            Kind::Dir => {
+                match dir.meta(&leaf) {
+                    Ok(m) if m.kind == Type::Dir => {}
+                    Ok(_) => return Err(refuse(&e.path, "a folder over an earlier entry")),
+                    Err(_) => dir.mkdir(&leaf)?,
+                }
+                self.dirs.push((parts, e.mode & 0o777, e.mtime));
+                self.counts.dirs += 1;
+            }
+            Kind::File => {
+                let _ = dir.unlink(&leaf);
+                let mut f = dir.create(&leaf)?;
+                self.counts.bytes += data.data(&mut f)?;
+                finish_file(&f, e.mode)?;
+                dir.set_mtime(&leaf, e.mtime)?;
+                self.counts.files += 1;
+            }
+            Kind::Symlink => {
+                let _ = dir.unlink(&leaf);
+                dir.symlink(&e.link, &leaf)?;
+                dir.set_mtime(&leaf, e.mtime)?;
+                self.counts.symlinks += 1;
+            }
+            Kind::HardLink => self.hard_link(e, &dir, &leaf)?,
+            Kind::Other(t) => self
+                .counts
+                .skip(&e.path, &format!("tar type {:?} is not copied", *t as char)),
+        }
+        Ok(())
+    }
+
+    /// A hard link becomes a copy of the earlier file it names.
+    fn hard_link(&mut self, e: &Entry, dir: &Folder, leaf: &OsStr) -> io::Result<()> {
+        let Some(target) = self.split(&e.link)? else {
+            self.counts.skip(&e.path, "a hard link to a hidden file");
+            return Ok(());
+        };
+        if target.is_empty() {
+            return Err(refuse(&e.path, "a hard link to the copied folder itself"));
+        }
+        let src_dir = self.folder_of(&e.link, &target)?;
+        let mut src = src_dir
+            .open_file(&target[target.len() - 1])
+            .map_err(|err| {
+                refuse(
+                    &e.path,
+                    &format!("its hard-link target cannot be opened: {err}"),
+                )
+            })?;
+        let _ = dir.unlink(leaf);
+        let mut f = dir.create(leaf)?;
+        self.counts.bytes += io::copy(&mut src, &mut f)?;
+        let m = src_dir.meta(&target[target.len() - 1])?;
+        finish_file(&f, m.mode)?;
+        dir.set_mtime(leaf, m.mtime)?;
+        self.counts.files += 1;
+        Ok(())
+    }
+
+    /// Sets the folders' modes and mtimes, deepest first (so a read-only folder was writable
+    /// while it was filled, and setting a child's time leaves its parent's alone).
+    pub fn finish(&mut self) -> io::Result<()> {
+        self.dirs.sort_by_key(|d| std::cmp::Reverse(d.0.len()));
+        for (parts, mode, mtime) in std::mem::take(&mut self.dirs) {
+            let (holder, leaf) = match parts.last() {
+                None => (Folder::dup(self.parent)?, self.tmp.clone()),
+                Some(l) => (self.folder_of(b"", &parts)?, l.clone()),
+            };
+            holder.sub(&leaf)?.chmod_self(mode)?;
+            holder.set_mtime(&leaf, mtime)?;
+        }
+        Ok(())
+    }
+}
+
+impl Folder {
+    fn dup(other: &Folder) -> io::Result<Folder> {
+        Ok(Folder {
+            fd: other.fd.try_clone()?,
+        })
+    }
+}
+
+/// A file's mode from the guest, without setuid, setgid or sticky: guest data must not
+/// become a set-id program on the host.
+fn finish_file(f: &File, mode: u32) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    f.set_permissions(std::fs::Permissions::from_mode(mode & 0o777))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn extract(parent: &Folder, archive: &[u8]) -> io::Result<Counts> {
+        let mut x = Extract::new(parent, OsString::from("tmp"), b"top");
+        let mut r = Reader::new(archive);
+        while let Some(e) = r.next_entry()? {
+            x.entry(&e, &mut r)?;
+        }
+        x.finish()?;
+        Ok(x.counts)
+    }
+
+    #[test]
+    fn a_tree_round_trips_and_links_stay_links() {
+        let base = std::env::temp_dir().join(format!("mcq-tree-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let src = base.join("src/top");
+        std::fs::create_dir_all(src.join("a/b")).unwrap();
+        std::fs::write(src.join("a/b/f"), b"data").unwrap();
+        std::fs::write(src.join(".hidden"), b"secret").unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", src.join("link")).unwrap();
+        let dst = base.join("dst");
+        std::fs::create_dir_all(&dst).unwrap();
+        let base = std::fs::canonicalize(&base).unwrap();
+        let from = Folder::open(&base.join("src")).unwrap();
+        let mut w = Writer::new(Vec::new());
+        let mut counts = Counts::default();
+        walk(
+            &from,
+            OsStr::new("top"),
+            b"top",
+            0,
+            &mut counts,
+            &mut |d, n, p, m, c| archive_one(&mut w, d, n, p, m, c),
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                counts.files,
+                counts.dirs,
+                counts.symlinks,
+                counts.skipped_total
+            ),
+            (1, 3, 1, 1)
+        );
+        let ar = w.finish().unwrap();
+        let to = Folder::open(&base.join("dst")).unwrap();
+        let got = extract(&to, &ar).unwrap();
+        assert_eq!((got.files, got.dirs, got.symlinks, got.bytes), (1, 3, 1, 4));
+        assert_eq!(std::fs::read(base.join("dst/tmp/a/b/f")).unwrap(), b"data");
+        let l = base.join("dst/tmp/link");
+        assert!(std::fs::symlink_metadata(&l)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert!(!base.join("dst/tmp/.hidden").exists());
+        let _ = std::fs::remove_dir_all(&base);
+    }
+
+    #[test]
+    fn entries_under_an_archived_symlink_or_outside_are_refused() {
+        let base = std::env::temp_dir().join(format!("mcq-tree-bad-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        std::fs::create_dir_all(base.join("dst")).unwrap();
+        std::fs::create_dir_all(base.join("outside")).unwrap();
+        let base = std::fs::canonicalize(&base).unwrap();
+        let outside = base.join("outside");
+        let cases: Vec<Vec<u8>> = vec![
+            {
+                let mut w = Writer::new(Vec::new());
+                w.dir(b"top", 0o755, 0).unwrap();
+                w.symlink(b"top/l", outside.as_os_str().as_bytes(), 0)
+                    .unwrap();
+                w.file(b"top/l/pwned", 0o644, 0, 1, &mut &b"x"[..]).unwrap();
+                w.finish().unwrap()
+            },
+            {
+                let mut w = Writer::new(Vec::new());
+                w.dir(b"top", 0o755, 0).unwrap();
+                w.file(b"top/../outside/pwned", 0o644, 0, 1, &mut &b"x"[..])
+                    .unwrap();
+                w.finish().unwrap()
+            },
+            {
+                let mut w = Writer::new(Vec::new());
+                w.file(b"/tmp/pwned", 0o644, 0, 1, &mut &b"x"[..]).unwrap();
+                w.finish().unwrap()
+            },
+            {
+                let mut w = Writer::new(Vec::new());
+                w.dir(b"top", 0o755, 0).unwrap();
+                w.symlink(b"top/l", outside.as_os_str().as_bytes(), 0)
+                    .unwrap();
+                w.file(b"top/l", 0o644, 0, 1, &mut &b"x"[..]).unwrap();
+                w.finish().unwrap()
+            },
+        ];
+        for (i, ar) in cases.iter().enumerate() {
+            let dst = base.join("dst");
+            let _ = std::fs::remove_dir_all(dst.join("tmp"));
+            let to = Folder::open(&dst).unwrap();
+            let r = extract(&to, ar);
+            assert!(
+                std::fs::read_dir(&outside).unwrap().next().is_none(),
+                "case {i}"
+            );
+            if i < 3 {
+                assert!(r.is_err(), "case {i}: {r:?}");
+            } else {
+                // A later file of the same name replaces the link itself, not its target.
+                assert!(r.is_ok(), "case {i}: {r:?}");
+            }
+        }
+        let _ = std::fs::remove_dir_all(&base);
+    }
+}
