@@ -100,7 +100,7 @@ fn a_long_graceful_stop_sends_a_heartbeat_and_no_flood() {
     // held for the heartbeat's half-second gap (Claude Code sends a token on every call).
     for (tool, args) in [
         ("guest_exec", json!({"name": "deaf", "command": "/bin/true"})),
-        ("guest_file_read", json!({"name": "deaf", "path": "/etc/hostname"})),
+        ("guest_file_read", json!({"name": "deaf", "path": "/proc/version"})),
         ("vm_info", json!({"name": "deaf"})),
         ("vm_screenshot", json!({"name": "deaf"})),
     ] {

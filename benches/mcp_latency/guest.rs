@@ -284,9 +284,9 @@ fn token_rows(table: &mut Table, server: &mut crate::common::Server, name: &str)
     let calls = [
         ("guest_exec /bin/true", "guest_exec", json!({"name": name, "command": "/bin/true"})),
         (
-            "guest_file_read /etc/hostname",
+            "guest_file_read /proc/version",
             "guest_file_read",
-            json!({"name": name, "path": "/etc/hostname"}),
+            json!({"name": name, "path": "/proc/version"}),
         ),
         ("vm_info", "vm_info", json!({"name": name})),
         ("vm_screenshot", "vm_screenshot", json!({"name": name})),

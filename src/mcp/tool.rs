@@ -391,6 +391,12 @@ impl ToolCtx {
         )
     }
 
+    /// True when the client asked for progress (a progress token): worth reading a running
+    /// program's output for.
+    pub fn has_progress(&self) -> bool {
+        self.progress.is_some()
+    }
+
     /// True once the client cancelled this request (or the server is shutting down).
     pub fn cancelled(&self) -> bool {
         self.cancel.load(Ordering::Relaxed)

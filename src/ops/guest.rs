@@ -10,6 +10,7 @@ use super::records::lookup;
 use super::session;
 use crate::b64;
 use crate::mcp::tool::{ToolCtx, ToolError};
+use super::spool::{self, Launch};
 use crate::qemu::qga::{Qga, QgaError};
 
 /// How long guest_exec holds one agent session while polling before letting others in. While
@@ -57,11 +58,91 @@ pub fn exec(
     stdin: Option<&str>,
     timeout: Duration,
 ) -> Result<Value, ToolError> {
-    let name = name.to_string();
-    let mut req = json!({"path": command, "arg": argv, "capture-output": true});
-    if let Some(input) = stdin {
-        req["input-data"] = json!(b64::encode(input.as_bytes()));
+    let args: Vec<String> = argv.iter().map(|a| a.to_string()).collect();
+    let launch = Launch {
+        command,
+        args: &args,
+        stdin,
+        ..Launch::default()
+    };
+    run_program(ctx, name, &launch, timeout, false)
+}
+
+/// How often a live run reads its output files.
+const LIVE_EVERY: Duration = Duration::from_millis(900);
+/// Most bytes of output one progress notification carries (its last lines).
+const LIVE_NOTE: usize = 4096;
+
+/// The output a live run has read and not yet reported.
+#[derive(Default)]
+struct Live {
+    id: String,
+    offsets: [u64; 2],
+    unsent: String,
+    read_at: Option<Instant>,
+}
+
+impl Live {
+    /// Reads what the program wrote since the last read, when it is time to.
+    fn read(&mut self, q: &mut Qga) -> Result<(), QgaError> {
+        if self.read_at.is_some_and(|t| t.elapsed() < LIVE_EVERY) {
+            return Ok(());
+        }
+        self.read_at = Some(Instant::now());
+        let (out, err) = spool::paths(&self.id);
+        for (i, path) in [out, err].iter().enumerate() {
+            let got = spool::read_from(q, path, self.offsets[i], 256 * 1024, u64::MAX)?;
+            self.offsets[i] = got.start + got.data.len() as u64;
+            let text = String::from_utf8_lossy(&got.data);
+            for line in text.split_inclusive('\n') {
+                if i == 1 {
+                    self.unsent.push_str("stderr: ");
+                }
+                self.unsent.push_str(line);
+            }
+        }
+        Ok(())
     }
+
+    /// The note for the next progress notification: the unsent output's last lines.
+    fn take_note(&mut self) -> Option<String> {
+        if self.unsent.is_empty() {
+            return None;
+        }
+        let text = std::mem::take(&mut self.unsent);
+        let mut cut = text.len().saturating_sub(LIVE_NOTE);
+        while !text.is_char_boundary(cut) {
+            cut += 1;
+        }
+        Some(if cut > 0 {
+            format!("...{}", &text[cut..])
+        } else {
+            text
+        })
+    }
+}
+
+/// Runs `launch` in VM `name` (see [`exec`]); `live`: its output goes to spool files in the
+/// guest and its new lines go out in the call's progress while it runs.
+pub fn run_program(
+    ctx: &ToolCtx,
+    name: &str,
+    launch: &Launch,
+    timeout: Duration,
+    live: bool,
+) -> Result<Value, ToolError> {
+    let name = name.to_string();
+    let command = launch.command;
+    let id = spool::new_id();
+    let launch = Launch {
+        spool: if live { Some(id.as_str()) } else { launch.spool },
+        ..launch.clone()
+    };
+    let req = launch.request();
+    let mut live = live.then(|| Live {
+        id: id.clone(),
+        ..Live::default()
+    });
     let started = Instant::now();
     let deadline = started + timeout;
     let mut slice = Duration::from_millis(5);
@@ -106,12 +187,29 @@ pub fn exec(
                     crate::qemu::qga::COMMAND_TIMEOUT,
                 )?;
                 if status.get("exited").and_then(Value::as_bool) == Some(true) {
+                    let status = match &live {
+                        Some(l) if spool::wrapper_refusal(&status).is_none() => {
+                            with_spooled_output(q, status, &l.id)?
+                        }
+                        _ => status,
+                    };
                     return Ok(Some(status));
                 }
+                let mut note = None;
+                if let Some(l) = live.as_mut() {
+                    if started.elapsed() >= MIN_QUIET {
+                        l.read(q)?;
+                        note = l.take_note();
+                    }
+                }
+                let what = match note {
+                    Some(out) => format!("{command} (pid {pid}) printed:\n{out}"),
+                    None => format!("{command} running in the guest (pid {pid})"),
+                };
                 ctx.progress(
                     started.elapsed().as_secs_f64(),
                     Some(timeout.as_secs_f64()),
-                    &format!("{command} running in the guest (pid {pid})"),
+                    &what,
                 );
                 let now = Instant::now();
                 if ctx.cancelled() || now >= deadline || now >= window_end {
@@ -123,6 +221,9 @@ pub fn exec(
         })?;
         let pid = pid.unwrap_or(0);
         if let Some(status) = step {
+            if let Some(why) = spool::wrapper_refusal(&status) {
+                return Err(ToolError::new(why));
+            }
             let stdout = decode_stream(&status, "out-data", "out-truncated");
             let stderr = decode_stream(&status, "err-data", "err-truncated");
             return Ok(json!({
@@ -154,6 +255,25 @@ pub fn exec(
             Duration::from_millis(20).min(deadline.saturating_duration_since(Instant::now())),
         );
     }
+}
+
+/// A live run's output is read from the call's first half second on (a call done sooner
+/// says nothing, and reads nothing it would not report).
+const MIN_QUIET: Duration = Duration::from_millis(450);
+
+/// The final status of a spooled run with its output files in place of the capture (both
+/// capped past [`MAX_OUTPUT`]), the files removed.
+fn with_spooled_output(q: &mut Qga, mut status: Value, id: &str) -> Result<Value, QgaError> {
+    let (out, err) = spool::paths(id);
+    for (path, data, flag) in [(out, "out-data", "out-truncated"), (err, "err-data", "err-truncated")]
+    {
+        let got = spool::read_from(q, &path, 0, MAX_OUTPUT + 1, u64::MAX)?;
+        let cut = got.data.len() > MAX_OUTPUT || got.size > got.data.len() as u64;
+        status[data] = json!(b64::encode(&got.data[..got.data.len().min(MAX_OUTPUT)]));
+        status[flag] = json!(cut);
+    }
+    spool::remove(q, id)?;
+    Ok(status)
 }
 
 /// The agent's version, the guest OS and the agent commands enabled: guest_info's result.

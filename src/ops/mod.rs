@@ -3,6 +3,7 @@
 //! errors; the MCP adapters in `tools/` keep the schemas, argument parsing and result shapes.
 
 pub mod agent;
+pub mod background;
 pub mod checks;
 pub mod clone;
 pub mod disk_size;
@@ -10,11 +11,14 @@ pub mod guest;
 pub mod guest_clock;
 pub mod guest_run;
 pub mod launch;
+pub mod listing;
 pub mod pool;
+pub mod port_forward;
 pub mod quota;
 pub mod records;
 pub mod sandbox;
 pub mod session;
+pub mod spool;
 pub mod stop;
 pub mod templates;
 pub mod watch;

@@ -8,6 +8,7 @@ use super::object;
 use crate::b64;
 use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::ops::guest::{self as guest_ops, with_guest};
+use crate::ops::{background, listing, spool};
 use crate::qemu::qga::{Qga, QgaError};
 
 /// Bytes per guest-file-read / guest-file-write call: large, since every call is a round trip
@@ -100,10 +101,13 @@ fn info(_ctx: &ToolCtx, args: &Args) -> ToolResult {
 }
 
 const EXEC_DESCRIPTION: &str = "Run a program inside the guest through the agent (not a shell: \
-    for pipes or globs run e.g. command=\"sh\", args=[\"-c\", \"...\"]). Waits up to timeout \
-    seconds, sending progress, and returns exitcode (or signal), stdout, stderr (each capped at 1 \
-    MiB) and truncation flags. On timeout the program is still running in the guest; the error \
-    gives its guest PID.";
+    for pipes or globs run e.g. command=\"sh\", args=[\"-c\", \"...\"]), with env added to \
+    its environment and cwd as its folder. Waits up to timeout seconds, its new output lines \
+    going out in the call's progress while it runs, and returns exitcode (or signal), stdout, \
+    stderr (each capped at 1 MiB) and truncation flags. On timeout the program is still running \
+    in the guest; the error gives its guest PID. background=true returns at once with a handle \
+    for guest_exec_status and guest_exec_kill (for servers, builds and long tests). env, cwd, \
+    live output and background need /bin/sh in the guest.";
 
 /// `guest_exec`.
 pub const EXEC: ToolDef = ToolDef {
@@ -123,7 +127,22 @@ pub const EXEC: ToolDef = ToolDef {
                     "type": "string",
                     "description": "Text fed to the program's standard input."
                 },
-                "timeout": {"type": "number", "minimum": 1, "maximum": 3600, "default": 30}
+                "timeout": {"type": "number", "minimum": 1, "maximum": 3600, "default": 30},
+                "env": {
+                    "type": "object", "additionalProperties": {"type": "string"},
+                    "description": "Variables added to the program's environment."
+                },
+                "cwd": {
+                    "type": "string", "minLength": 1,
+                    "description": "The program's working folder (absolute); a missing one is \
+                                    an error and nothing runs."
+                },
+                "background": {
+                    "type": "boolean", "default": false,
+                    "description": "Start it and return at once with a handle: read its output \
+                                    by offsets with guest_exec_status, end it with \
+                                    guest_exec_kill."
+                }
             }),
             &["name", "command"],
         )
@@ -140,12 +159,11 @@ pub const EXEC: ToolDef = ToolDef {
                 "stderr": {"type": "string"},
                 "stdout_truncated": {"type": "boolean"},
                 "stderr_truncated": {"type": "boolean"},
-                "duration_ms": {"type": "integer"}
+                "duration_ms": {"type": "integer"},
+                "handle": {"type": "string"},
+                "background": {"type": "boolean"}
             },
-            "required": [
-                "name", "pid", "exitcode", "stdout", "stderr", "stdout_truncated",
-                "stderr_truncated"
-            ]
+            "required": ["name", "pid"]
         })
     },
     annotations: Annotations {
@@ -157,24 +175,63 @@ pub const EXEC: ToolDef = ToolDef {
     handler: exec,
 };
 
+/// guest_exec's `env`: an object of strings.
+fn env_arg(args: &Args) -> Result<Vec<(String, String)>, ToolError> {
+    let Some(v) = args.get("env") else {
+        return Ok(Vec::new());
+    };
+    let m = v
+        .as_object()
+        .ok_or_else(|| ToolError::new("env must be an object of strings"))?;
+    let env: Vec<(String, String)> = m
+        .iter()
+        .map(|(k, v)| {
+            v.as_str()
+                .map(|s| (k.clone(), s.to_string()))
+                .ok_or_else(|| ToolError::new(format!("env {k} must be a string")))
+        })
+        .collect::<Result<_, _>>()?;
+    spool::check_env(&env).map_err(ToolError::new)?;
+    Ok(env)
+}
+
 fn exec(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let timeout =
         Duration::from_secs_f64(args.opt_f64("timeout")?.unwrap_or(30.0).clamp(1.0, 3600.0));
     let argv = args.str_list("args")?;
-    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
-    guest_ops::exec(
-        ctx,
-        args.str("name")?,
-        args.str("command")?,
-        &argv,
-        args.opt_str("stdin")?,
-        timeout,
-    )
-    .map(ToolOutput::json)
+    let env = env_arg(args)?;
+    let cwd = args.opt_str("cwd")?;
+    if let Some(c) = cwd {
+        spool::check_cwd(c).map_err(ToolError::new)?;
+    }
+    let (name, command, stdin) = (args.str("name")?, args.str("command")?, args.opt_str("stdin")?);
+    if args.bool_or("background", false)? {
+        let req = background::StartRequest {
+            name: name.to_string(),
+            command: command.to_string(),
+            args: argv,
+            stdin: stdin.map(str::to_string),
+            env,
+            cwd: cwd.map(str::to_string),
+        };
+        let started = background::start(&req)?;
+        return Ok(ToolOutput::json(serde_json::to_value(started).unwrap_or_default()));
+    }
+    let launch = spool::Launch {
+        command,
+        args: &argv,
+        stdin,
+        env: &env,
+        cwd,
+        ..spool::Launch::default()
+    };
+    // With a progress token, the program's new lines go out in its progress while it runs.
+    guest_ops::run_program(ctx, name, &launch, timeout, ctx.has_progress()).map(ToolOutput::json)
 }
 
 const FILE_READ_DESCRIPTION: &str = "Read a file inside the guest through the agent, in chunks, \
-    up to max_bytes (default 1 MiB, at most 8 MiB). encoding=\"base64\" returns binary files \
+    up to max_bytes (default 1 MiB, at most 8 MiB) from offset on (file_size says how large \
+    the file is, to read it in pieces). encoding=\"base64\" returns binary files \
     intact; utf-8 (default) refuses content that is not valid UTF-8.";
 
 /// `guest_file_read`.
@@ -190,6 +247,11 @@ pub const FILE_READ: ToolDef = ToolDef {
                 "max_bytes": {
                     "type": "integer", "minimum": 1, "maximum": MAX_READ, "default": 1048576
                 },
+                "offset": {
+                    "type": "integer", "minimum": 0, "default": 0,
+                    "description": "Where to start reading (read a large file in pieces; \
+                                    the result's file_size says how large it is)."
+                },
                 "encoding": {"type": "string", "enum": ["utf-8", "base64"], "default": "utf-8"}
             }),
             &["name", "path"],
@@ -204,7 +266,9 @@ pub const FILE_READ: ToolDef = ToolDef {
                 "content": {"type": "string"},
                 "encoding": {"type": "string"},
                 "size": {"type": "integer"},
-                "truncated": {"type": "boolean"}
+                "truncated": {"type": "boolean"},
+                "offset": {"type": "integer"},
+                "file_size": {"type": "integer"}
             },
             "required": ["path", "content", "encoding", "size", "truncated"]
         })
@@ -223,9 +287,11 @@ fn file_read(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     let path = args.str("path")?;
     let max = args.i64_or("max_bytes", 1_048_576)?.clamp(1, MAX_READ) as usize;
     let encoding = args.str_or("encoding", "utf-8")?;
-    let (data, truncated) = with_guest(name, "guest-file-read", |q| {
+    let offset = u64::try_from(args.i64_or("offset", 0)?)
+        .map_err(|_| ToolError::new("offset must be 0 or more"))?;
+    let (data, truncated, file_size) = with_guest(name, "guest-file-read", |q| {
         let handle = q.execute("guest-file-open", Some(json!({"path": path, "mode": "r"})))?;
-        let result = read_all(q, &handle, max);
+        let result = read_at(q, &handle, offset, max);
         let _ = q.execute_within(
             "guest-file-close",
             Some(json!({"handle": handle})),
@@ -244,8 +310,37 @@ fn file_read(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     };
     Ok(ToolOutput::json(json!({
         "name": name, "path": path, "content": content, "encoding": encoding,
-        "size": data.len(), "truncated": truncated
+        "size": data.len(), "truncated": truncated, "offset": offset, "file_size": file_size
     })))
+}
+
+/// Reads up to `max` bytes from `offset` on; also returns the file's size (None for files
+/// that cannot seek, such as /proc files and pipes: they are read from their start).
+fn read_at(
+    q: &mut Qga,
+    handle: &Value,
+    offset: u64,
+    max: usize,
+) -> Result<(Vec<u8>, bool, Option<u64>), QgaError> {
+    let end = q.execute(
+        "guest-file-seek",
+        Some(json!({"handle": handle, "offset": 0, "whence": "end"})),
+    );
+    let size = match end {
+        Ok(r) => r.get("position").and_then(Value::as_u64),
+        Err(QgaError::Command { .. }) => None,
+        Err(e) => return Err(e),
+    };
+    if size.is_some() || offset > 0 {
+        q.execute(
+            "guest-file-seek",
+            Some(json!({"handle": handle, "offset": offset, "whence": "set"})),
+        )?;
+    }
+    // A /proc file reports size 0 and still has content: read it as it is.
+    let size = size.filter(|s| *s > 0 || offset > 0);
+    let (data, truncated) = read_all(q, handle, max)?;
+    Ok((data, truncated, size))
 }
 
 fn read_all(q: &mut Qga, handle: &Value, max: usize) -> Result<(Vec<u8>, bool), QgaError> {
@@ -280,6 +375,61 @@ fn read_all(q: &mut Qga, handle: &Value, max: usize) -> Result<(Vec<u8>, bool), 
             return Ok((data, false));
         }
     }
+}
+
+const LIST_DIR_DESCRIPTION: &str = "List a folder inside the guest: each entry's name, type \
+    (file, dir, symlink, fifo, socket, char, block), size, mode and modification time, sorted by \
+    name, at most max_entries (truncated says when there were more). Links are not followed. \
+    Needs sh and stat in the guest.";
+
+/// `guest_list_dir`.
+pub const LIST_DIR: ToolDef = ToolDef {
+    name: "guest_list_dir",
+    title: "List a folder in the guest",
+    description: LIST_DIR_DESCRIPTION,
+    input_schema: || {
+        object(
+            json!({
+                "name": {"type": "string", "minLength": 1},
+                "path": {"type": "string", "minLength": 1,
+                         "description": "An absolute folder path in the guest."},
+                "max_entries": {"type": "integer", "minimum": 1,
+                                "maximum": listing::MAX_ENTRIES, "default": 1000}
+            }),
+            &["name", "path"],
+        )
+    },
+    output_schema: || {
+        json!({
+            "type": "object",
+            "properties": {
+                "name": {"type": "string"}, "path": {"type": "string"},
+                "entries": {"type": "array", "items": {"type": "object"}},
+                "truncated": {"type": "boolean"}
+            },
+            "required": ["name", "path", "entries", "truncated"]
+        })
+    },
+    annotations: Annotations {
+        read_only: true,
+        destructive: false,
+        idempotent: true,
+        open_world: false,
+    },
+    handler: list_dir,
+};
+
+fn list_dir(_ctx: &ToolCtx, args: &Args) -> ToolResult {
+    let req = listing::Request {
+        name: args.str("name")?.to_string(),
+        path: args.str("path")?.to_string(),
+        max_entries: args.i64_or("max_entries", 1000)?.clamp(1, listing::MAX_ENTRIES as i64)
+            as usize,
+    };
+    let out = listing::list(&req).map_err(ToolError::new)?;
+    serde_json::to_value(out)
+        .map(ToolOutput::json)
+        .map_err(|e| ToolError::new(format!("cannot shape the result: {e}")))
 }
 
 const FILE_WRITE_DESCRIPTION: &str = "Write (or with append=true, append to) a file inside the \

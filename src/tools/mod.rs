@@ -5,8 +5,10 @@ use serde_json::{json, Value};
 
 use crate::mcp::tool::{Args, ToolDef, ToolError};
 
+pub mod background;
 pub mod download;
 pub mod drive;
+pub mod forward;
 pub mod guest;
 pub mod image;
 pub mod image_snapshot;
@@ -36,6 +38,7 @@ pub static ALL: &[ToolDef] = &[
     lifecycle::FORGET,
     inspect::LIST,
     inspect::INFO,
+    forward::FORWARD,
     snapshot::CREATE,
     snapshot::RESTORE,
     snapshot::DELETE,
@@ -69,8 +72,11 @@ pub static ALL: &[ToolDef] = &[
     guest::PING,
     guest::INFO,
     guest::EXEC,
+    background::STATUS,
+    background::KILL,
     guest::FILE_READ,
     guest::FILE_WRITE,
+    guest::LIST_DIR,
 ];
 
 /// Finds a tool by name.

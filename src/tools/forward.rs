@@ -1,0 +1,68 @@
+//! vm_port_forward: host forwards added to and removed from a running VM. An adapter over
+//! [`crate::ops::port_forward`].
+
+use serde_json::json;
+
+use super::object;
+use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use crate::ops::port_forward as pf;
+
+const DESCRIPTION: &str = "Add and remove host port forwards on a running VM (its user \
+    network takes them live): add takes launch_vm's forms (\"HOST:GUEST\", \"auto:GUEST\", \
+    \"GUEST\", \"ADDR:HOST:GUEST\"; auto picks a free host port), remove a host port or a spec \
+    as added. Removals happen first. Returns what was added (with the ports picked), removed, \
+    and the VM's forwards now; vm_info and a restarted server see the same set.";
+
+/// `vm_port_forward`.
+pub const FORWARD: ToolDef = ToolDef {
+    name: "vm_port_forward",
+    title: "Change a running VM's port forwards",
+    description: DESCRIPTION,
+    input_schema: || {
+        object(
+            json!({
+                "name": {"type": "string", "minLength": 1},
+                "add": {"type": "array", "items": {"type": "string", "minLength": 1},
+                        "default": []},
+                "remove": {"type": "array", "items": {"type": "string", "minLength": 1},
+                           "default": []}
+            }),
+            &["name"],
+        )
+    },
+    output_schema: || {
+        let list = json!({"type": "array", "items": {"type": "object"}});
+        json!({
+            "type": "object",
+            "properties": {
+                "name": {"type": "string"}, "added": list, "removed": list,
+                "port_forwards": list
+            },
+            "required": ["name", "added", "removed", "port_forwards"]
+        })
+    },
+    annotations: Annotations {
+        read_only: false,
+        destructive: false,
+        idempotent: false,
+        open_world: false,
+    },
+    handler: forward,
+};
+
+fn forward(_ctx: &ToolCtx, args: &Args) -> ToolResult {
+    let req = pf::Request {
+        name: args.str("name")?.to_string(),
+        add: args.str_list("add")?,
+        remove: args.str_list("remove")?,
+    };
+    if req.add.is_empty() && req.remove.is_empty() {
+        return Err(ToolError::new(
+            "give add, remove or both (vm_info shows the VM's forwards)",
+        ));
+    }
+    let out = pf::apply(&req).map_err(ToolError::new)?;
+    serde_json::to_value(out)
+        .map(ToolOutput::json)
+        .map_err(|e| ToolError::new(format!("cannot shape the result: {e}")))
+}
