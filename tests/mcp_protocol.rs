@@ -473,7 +473,8 @@ fn progress_notifications_during_download() {
     let body = pseudo_random(4 << 20, 7);
     let http = HttpServer::start(vec![(
         "big.img",
-        Route::trickle(body.clone(), 64 * 1024, Duration::from_millis(10)),
+        // About 1.3 s: progress at 0.5 s and 1 s (a final update inside the gap is dropped).
+        Route::trickle(body.clone(), 32 * 1024, Duration::from_millis(10)),
     )]);
     let mut s = Server::ready();
     let dest = s.tmp.file("big.img");

@@ -165,6 +165,7 @@ pub fn guest_rows(vb: &VmBench, table: &mut Table, g: &Guest) -> Res<()> {
         })?;
 
     token_rows(table, &mut server, name)?;
+    background_rows(vb, table, &mut server, name)?;
 
     let r = server.tool_within(
         "guest_exec",
@@ -315,6 +316,42 @@ fn token_rows(table: &mut Table, server: &mut crate::common::Server, name: &str)
             wo.median,
             allowed,
         );
+    }
+    Ok(())
+}
+
+/// Background processes: the start round trip (guest_exec {background}) and the status round
+/// trip (guest_exec_status by offsets, no wait), each started process killed after.
+fn background_rows(vb: &VmBench, table: &mut Table, server: &mut crate::common::Server, name: &str) -> Res<()> {
+    let mut handles = Vec::new();
+    vb.slow.time(table, "guest_exec background start", None, || {
+        let r = server.tool_within(
+            "guest_exec",
+            json!({"name": name, "command": "sleep", "args": ["600"], "background": true}),
+            VM_CALL_TIMEOUT,
+        )?;
+        let h = structured(&r)?["handle"].as_str().map(str::to_string);
+        handles.push(h.ok_or_else(|| format!("no handle: {r}"))?);
+        Ok(())
+    })?;
+    let first = handles.first().cloned().ok_or("no background process started")?;
+    vb.slow.time(table, "guest_exec_status (offsets, no wait)", None, || {
+        let r = server.tool_within(
+            "guest_exec_status",
+            json!({"name": name, "handle": first, "stdout_offset": 0, "stderr_offset": 0}),
+            VM_CALL_TIMEOUT,
+        )?;
+        match structured(&r)?["running"].as_bool() {
+            Some(true) => Ok(()),
+            _ => Err(format!("the background sleep is not running: {r}")),
+        }
+    })?;
+    for h in handles {
+        server.tool_within(
+            "guest_exec_kill",
+            json!({"name": name, "handle": h, "signal": "KILL"}),
+            VM_CALL_TIMEOUT,
+        )?;
     }
     Ok(())
 }
