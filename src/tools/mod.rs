@@ -6,6 +6,7 @@ use serde_json::{json, Value};
 use crate::mcp::tool::{Args, ToolDef, ToolError};
 
 pub mod background;
+pub mod copy;
 pub mod download;
 pub mod drive;
 pub mod forward;
@@ -76,6 +77,8 @@ pub static ALL: &[ToolDef] = &[
     background::KILL,
     guest::FILE_READ,
     guest::FILE_WRITE,
+    copy::COPY_IN,
+    copy::COPY_OUT,
     guest::LIST_DIR,
 ];
 

@@ -1,0 +1,295 @@
+//! Guest files as byte streams over one agent session: a writer and a reader that move ~1 MiB
+//! per guest-file-write / guest-file-read (each call is a round trip into the guest, so fewer
+//! and larger is faster), and a program run to its end inside that same session (qemu-ga
+//! drains a program's output slowly while no client is connected, so stay connected).
+
+use std::cell::Cell;
+use std::io::{self, Read, Write};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::b64;
+use crate::qemu::qga::{Qga, QgaError};
+
+/// Bytes per guest-file-read / guest-file-write: a multiple of 3, so base64 chunks need no
+/// padding (qemu-ga allows reads of up to 48 MB).
+pub const CHUNK: usize = 1024 * 1024 - 1;
+
+/// What a copy reports as it goes, and how it learns it was cancelled.
+pub trait Watch {
+    /// `bytes` of `total` moved so far, `files` of them complete.
+    fn progress(&self, bytes: u64, total: u64, files: u64);
+    /// True once the caller has given up.
+    fn cancelled(&self) -> bool;
+}
+
+/// Opens `path` in the guest with `mode` ("r", "w"); returns the agent's handle.
+pub fn open(q: &mut Qga, path: &str, mode: &str) -> Result<Value, QgaError> {
+    q.execute("guest-file-open", Some(json!({"path": path, "mode": mode})))
+}
+
+/// Closes a guest file handle (bounded; its failure is returned for writers to check).
+pub fn close(q: &mut Qga, handle: &Value) -> Result<(), QgaError> {
+    q.execute_within(
+        "guest-file-close",
+        Some(json!({"handle": handle})),
+        Duration::from_secs(10),
+    )
+    .map(|_| ())
+}
+
+/// The error an agent failure becomes inside an io stream; the agent error itself is kept
+/// beside it, so the session can explain it for the VM.
+fn stream_err(slot: &mut Option<QgaError>, e: QgaError) -> io::Error {
+    let msg = e.to_string();
+    *slot = Some(e);
+    io::Error::other(msg)
+}
+
+/// Writes to an open guest file in [`CHUNK`]s, reporting progress and stopping at `cap`.
+pub struct GuestWriter<'a> {
+    q: &'a mut Qga,
+    handle: Value,
+    buf: Vec<u8>,
+    /// Bytes the guest has accepted.
+    pub sent: u64,
+    total: u64,
+    cap: u64,
+    files: &'a Cell<u64>,
+    watch: &'a dyn Watch,
+    /// The agent failure that ended the stream, if one did.
+    pub failure: Option<QgaError>,
+}
+
+impl<'a> GuestWriter<'a> {
+    /// A writer on `handle` expecting about `total` bytes, refusing more than `cap`.
+    pub fn new(
+        q: &'a mut Qga,
+        handle: Value,
+        total: u64,
+        cap: u64,
+        files: &'a Cell<u64>,
+        watch: &'a dyn Watch,
+    ) -> Self {
+        GuestWriter {
+            q,
+            handle,
+            buf: Vec::with_capacity(CHUNK),
+            sent: 0,
+            total,
+            cap,
+            files,
+            watch,
+            failure: None,
+        }
+    }
+
+    fn send(&mut self) -> io::Result<()> {
+        if self.watch.cancelled() {
+            return Err(io::Error::other("cancelled by the client"));
+        }
+        let mut done = 0;
+        let mut idle = 0;
+        while done < self.buf.len() {
+            let args = json!({"handle": self.handle, "buf-b64": b64::encode(&self.buf[done..])});
+            let r = match self.q.execute("guest-file-write", Some(args)) {
+                Ok(r) => r,
+                Err(e) => return Err(stream_err(&mut self.failure, e)),
+            };
+            let n = r.get("count").and_then(Value::as_u64).unwrap_or(0) as usize;
+            idle = if n == 0 { idle + 1 } else { 0 };
+            if idle >= 3 {
+                return Err(io::Error::other(format!(
+                    "the guest accepted no bytes after {}; is its disk (or memory, for a \
+                     tmpfs) full?",
+                    self.sent
+                )));
+            }
+            done += n.min(self.buf.len() - done);
+            self.sent += n as u64;
+        }
+        self.buf.clear();
+        self.watch.progress(self.sent, self.total, self.files.get());
+        Ok(())
+    }
+
+    /// Sends what is buffered and gives the session back.
+    pub fn finish(mut self) -> io::Result<(u64, Value)> {
+        self.send()?;
+        Ok((self.sent, self.handle.clone()))
+    }
+}
+
+impl Write for GuestWriter<'_> {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        if self.sent + (self.buf.len() + data.len()) as u64 > self.cap {
+            return Err(io::Error::other(format!(
+                "the copy grew past the cap of {} MiB while it was sent",
+                self.cap >> 20
+            )));
+        }
+        let n = data.len().min(CHUNK - self.buf.len());
+        self.buf.extend_from_slice(&data[..n]);
+        if self.buf.len() >= CHUNK {
+            self.send()?;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Reads an open guest file in [`CHUNK`]s, reporting progress and stopping past `cap`.
+pub struct GuestReader<'a> {
+    q: &'a mut Qga,
+    handle: Value,
+    buf: Vec<u8>,
+    pos: usize,
+    eof: bool,
+    /// Bytes received.
+    pub received: u64,
+    total: u64,
+    cap: u64,
+    files: &'a Cell<u64>,
+    watch: &'a dyn Watch,
+    /// The agent failure that ended the stream, if one did.
+    pub failure: Option<QgaError>,
+}
+
+impl<'a> GuestReader<'a> {
+    /// A reader on `handle` of a file of `total` bytes (0: unknown), refusing past `cap`.
+    pub fn new(
+        q: &'a mut Qga,
+        handle: Value,
+        total: u64,
+        cap: u64,
+        files: &'a Cell<u64>,
+        watch: &'a dyn Watch,
+    ) -> Self {
+        GuestReader {
+            q,
+            handle,
+            buf: Vec::new(),
+            pos: 0,
+            eof: false,
+            received: 0,
+            total,
+            cap,
+            files,
+            watch,
+            failure: None,
+        }
+    }
+
+    fn fill(&mut self) -> io::Result<()> {
+        if self.watch.cancelled() {
+            return Err(io::Error::other("cancelled by the client"));
+        }
+        let mut idle = 0;
+        loop {
+            let args = json!({"handle": self.handle, "count": CHUNK});
+            let r = match self.q.execute("guest-file-read", Some(args)) {
+                Ok(r) => r,
+                Err(e) => return Err(stream_err(&mut self.failure, e)),
+            };
+            let chunk = r
+                .get("buf-b64")
+                .and_then(Value::as_str)
+                .map(b64::decode)
+                .transpose()
+                .map_err(|e| io::Error::other(format!("the agent sent bad base64: {e}")))?
+                .unwrap_or_default();
+            self.eof = r.get("eof").and_then(Value::as_bool).unwrap_or(false);
+            idle = if chunk.is_empty() { idle + 1 } else { 0 };
+            if !chunk.is_empty() || self.eof || idle >= 3 {
+                self.eof |= chunk.is_empty();
+                self.received += chunk.len() as u64;
+                if self.received > self.cap {
+                    return Err(io::Error::other(format!(
+                        "the guest's data passed the cap of {} MiB (MCQEMU_MAX_COPY_MB)",
+                        self.cap >> 20
+                    )));
+                }
+                self.buf = chunk;
+                self.pos = 0;
+                self.watch
+                    .progress(self.received, self.total, self.files.get());
+                return Ok(());
+            }
+        }
+    }
+
+    /// The agent session and handle back, to close the file.
+    pub fn into_parts(self) -> (&'a mut Qga, Value) {
+        (self.q, self.handle)
+    }
+}
+
+impl Read for GuestReader<'_> {
+    fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        if self.pos >= self.buf.len() {
+            if self.eof {
+                return Ok(0);
+            }
+            self.fill()?;
+        }
+        let n = out.len().min(self.buf.len() - self.pos);
+        out[..n].copy_from_slice(&self.buf[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(n)
+    }
+}
+
+/// How a guest program ended.
+pub struct Ran {
+    /// Its exit code (None when a signal ended it).
+    pub code: Option<i64>,
+    /// Its standard output, lossily decoded.
+    pub stdout: String,
+    /// Its standard error, lossily decoded.
+    pub stderr: String,
+}
+
+/// Runs `argv` in the guest on this session, polling its status until it ends or `timeout`
+/// passes (then it is still running; the error gives its pid).
+pub fn run(q: &mut Qga, argv: &[&str], timeout: Duration) -> Result<Result<Ran, String>, QgaError> {
+    let req = json!({"path": argv[0], "arg": &argv[1..], "capture-output": true});
+    let r = q.execute_within("guest-exec", Some(req), Duration::from_secs(30))?;
+    let pid = r
+        .get("pid")
+        .and_then(Value::as_i64)
+        .ok_or_else(|| QgaError::Garbage(format!("guest-exec returned no pid: {r}")))?;
+    let deadline = Instant::now() + timeout;
+    let mut slice = Duration::from_millis(2);
+    loop {
+        let s = q.execute("guest-exec-status", Some(json!({"pid": pid})))?;
+        if s.get("exited").and_then(Value::as_bool) == Some(true) {
+            let text = |k: &str| {
+                let bytes = s
+                    .get(k)
+                    .and_then(Value::as_str)
+                    .and_then(|d| b64::decode(d).ok())
+                    .unwrap_or_default();
+                String::from_utf8_lossy(&bytes).trim().to_string()
+            };
+            return Ok(Ok(Ran {
+                code: s.get("exitcode").and_then(Value::as_i64),
+                stdout: text("out-data"),
+                stderr: text("err-data"),
+            }));
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Ok(Err(format!(
+                "{} did not finish in the guest within {} s; it is still running as pid {pid}",
+                argv.get(1).copied().unwrap_or(argv[0]),
+                timeout.as_secs()
+            )));
+        }
+        std::thread::sleep(slice.min(deadline - now));
+        slice = (slice * 2).min(Duration::from_millis(100));
+    }
+}

@@ -1,0 +1,381 @@
+//! guest_copy_in and guest_copy_out over MCP, against the built binary, the real QEMU (TCG
+//! here) and the test guest (busybox tar): trees arrive exact (content, modes, links as
+//! links), host paths outside the roots are refused both ways with nothing written, a hostile
+//! guest's archive cannot write under a symlink it made, and existing destinations need
+//! overwrite.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::*;
+use mcqemu::b64;
+use serde_json::{json, Value};
+
+/// Bound for calls that boot or wait on a guest, or move many MiB through the agent.
+const SLOW: Duration = Duration::from_secs(300);
+
+/// Boots the test guest as `name` (256 MiB, 1 vCPU) and waits for its agent.
+fn boot(e: &mut Lab, name: &str) {
+    let guest = test_guest();
+    let args = json!({
+        "name": name, "kernel": guest.kernel, "initrd": guest.initrd, "append": guest.append,
+        "memory_mb": 256, "cpus": 1
+    });
+    e.launch(args, SLOW);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let r = e.srv().call_tool("guest_ping", json!({"name": name}));
+        if r["isError"] == json!(false) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "no agent: {}", r["content"]);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// `sh -c script` in the guest; must exit 0; returns stdout.
+fn sh(e: &mut Lab, name: &str, script: &str) -> String {
+    let r = e.srv().call_ok_within(
+        "guest_exec",
+        json!({"name": name, "command": "sh", "args": ["-c", script], "timeout": 120}),
+        SLOW,
+    );
+    assert_eq!(r["exitcode"], json!(0), "sh -c {script:?} failed: {r}");
+    r["stdout"].as_str().unwrap().to_string()
+}
+
+fn call(e: &mut Lab, tool: &str, args: Value) -> Value {
+    e.srv().call_ok_within(tool, args, SLOW)
+}
+
+fn refused(e: &mut Lab, tool: &str, args: Value) -> String {
+    e.srv().call_err_within(tool, args, SLOW)
+}
+
+/// A folder outside every root of the lab's server (its roots are the temp folder and the
+/// test-guest cache).
+fn outside_dir(label: &str) -> PathBuf {
+    let d = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("target")
+        .join(format!("guest-copy-{label}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// `sha256  ./path` lines of every regular file under `root`, sorted, as sha256sum prints.
+fn host_manifest(root: &Path) -> String {
+    fn walk(dir: &Path, rel: &str, out: &mut Vec<String>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let e = e.unwrap();
+            let name = e.file_name().into_string().unwrap();
+            let ft = e.file_type().unwrap();
+            let r = format!("{rel}/{name}");
+            if ft.is_dir() {
+                walk(&e.path(), &r, out);
+            } else if ft.is_file() {
+                out.push(format!(
+                    "{}  {r}",
+                    sha256_hex(&std::fs::read(e.path()).unwrap())
+                ));
+            }
+        }
+    }
+    let mut v = Vec::new();
+    walk(root, ".", &mut v);
+    v.sort();
+    v.join("\n")
+}
+
+/// The tree copied in: hundreds of small files in nested folders, an executable, a 3 MiB
+/// binary, a long name, a hidden file, a link inside the tree and one to a host file outside.
+fn make_tree(src: &Path, secret: &Path) -> usize {
+    let mut n = 0;
+    for a in 0..6 {
+        for b in 0..5 {
+            let d = src.join(format!("dir{a}/sub{b}/deeper"));
+            std::fs::create_dir_all(&d).unwrap();
+            for f in 0..10 {
+                let body = pseudo_random(100 + 37 * f + a * b, (a * 100 + b * 10 + f) as u64);
+                std::fs::write(d.join(format!("file{f}.dat")), body).unwrap();
+                n += 1;
+            }
+        }
+    }
+    std::fs::create_dir_all(src.join("bin")).unwrap();
+    std::fs::write(src.join("bin/run.sh"), "#!/bin/sh\necho ran\n").unwrap();
+    std::fs::set_permissions(
+        src.join("bin/run.sh"),
+        std::fs::Permissions::from_mode(0o750),
+    )
+    .unwrap();
+    std::fs::write(src.join("big.bin"), pseudo_random(3 << 20, 7)).unwrap();
+    std::fs::write(
+        src.join(format!("{}.txt", "long".repeat(40))),
+        b"long name\n",
+    )
+    .unwrap();
+    std::fs::write(src.join(".hidden"), b"HIDDEN-MARKER\n").unwrap();
+    std::os::unix::fs::symlink("bin/run.sh", src.join("inner")).unwrap();
+    std::os::unix::fs::symlink(secret, src.join("outer")).unwrap();
+    n + 3
+}
+
+#[test]
+fn copy_in_and_out_of_a_guest() {
+    test_guest();
+    let mut e = Lab::new("copy");
+    let vm = "cp";
+    boot(&mut e, vm);
+    let out = outside_dir("outside");
+    let secret = out.join("secret.txt");
+    std::fs::write(&secret, b"HOST-SECRET-MARKER\n").unwrap();
+    let src = e.dir.subdir("src");
+    let files = make_tree(&src, &secret);
+
+    // A tree in, as one archive.
+    let t = Instant::now();
+    let r = call(
+        &mut e,
+        "guest_copy_in",
+        json!({"name": vm, "host_path": src.to_str().unwrap(), "guest_path": "/tmp/tree"}),
+    );
+    eprintln!("copy_in of {files} files: {:?}, {r}", t.elapsed());
+    assert_eq!(r["files"], json!(files), "{r}");
+    assert_eq!(r["symlinks"], json!(2), "{r}");
+    assert_eq!(r["skipped_total"], json!(1), "{r}");
+    assert_eq!(r["dirs"], json!(1 + 6 + 30 + 30 + 1), "{r}");
+    let mut expected = host_manifest(&src);
+    expected = expected
+        .lines()
+        .filter(|l| !l.ends_with("/.hidden"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let got = sh(
+        &mut e,
+        vm,
+        "cd /tmp/tree && find . -type f | sort | xargs sha256sum | sort",
+    );
+    assert_eq!(got.trim(), expected.trim());
+    let got = sh(
+        &mut e,
+        vm,
+        "cd /tmp/tree && stat -c '%a %s' bin/run.sh big.bin && \
+        readlink inner && readlink outer && [ -L outer ] && [ ! -e .hidden ] && ./bin/run.sh && \
+        grep -rl -e HOST-SECRET -e HIDDEN-MARKER . 2>/dev/null | wc -l; ls -a /tmp",
+    );
+    assert!(
+        got.starts_with(&format!(
+            "750 19\n644 {}\nbin/run.sh\n{}\nran\n0\n",
+            3 << 20,
+            secret.display()
+        )),
+        "{got}"
+    );
+    assert!(!got.contains(".mcq-copy"), "a temporary was left: {got}");
+
+    // An existing destination is refused, then replaced with overwrite.
+    let err = refused(
+        &mut e,
+        "guest_copy_in",
+        json!({"name": vm, "host_path": src.to_str().unwrap(), "guest_path": "/tmp/tree"}),
+    );
+    assert!(
+        err.contains("already exists") && err.contains("overwrite"),
+        "{err}"
+    );
+    std::fs::write(src.join("bin/run.sh"), "#!/bin/sh\necho again\n").unwrap();
+    call(
+        &mut e,
+        "guest_copy_in",
+        json!({"name": vm, "host_path": src.to_str().unwrap(),
+        "guest_path": "/tmp/tree", "overwrite": true}),
+    );
+    assert_eq!(
+        sh(
+            &mut e,
+            vm,
+            "/tmp/tree/bin/run.sh; ls -a /tmp | grep -c mcq-copy || true"
+        ),
+        "again\n0\n"
+    );
+
+    // A single file skips tar, keeps its mode.
+    let r = call(
+        &mut e,
+        "guest_copy_in",
+        json!({"name": vm,
+        "host_path": src.join("bin/run.sh").to_str().unwrap(), "guest_path": "/tmp/one.sh"}),
+    );
+    assert_eq!(r["files"], json!(1), "{r}");
+    assert_eq!(
+        sh(&mut e, vm, "stat -c %a /tmp/one.sh; /tmp/one.sh"),
+        "750\nagain\n"
+    );
+
+    // Host paths outside the roots, both ways: refused, nothing written anywhere.
+    let err = refused(
+        &mut e,
+        "guest_copy_in",
+        json!({"name": vm, "host_path": secret.to_str().unwrap(), "guest_path": "/tmp/stolen"}),
+    );
+    assert!(err.contains("outside"), "{err}");
+    let err = refused(
+        &mut e,
+        "guest_copy_in",
+        json!({"name": vm, "host_path": src.join("outer").to_str().unwrap(), "guest_path": "/tmp/stolen"}),
+    );
+    assert!(
+        err.contains("outside"),
+        "a link out of the roots is judged by its target: {err}"
+    );
+    assert_eq!(
+        sh(&mut e, vm, "[ ! -e /tmp/stolen ] && echo none"),
+        "none\n"
+    );
+    let err = refused(
+        &mut e,
+        "guest_copy_out",
+        json!({"name": vm, "guest_path": "/tmp/tree", "host_path": out.join("dropped").to_str().unwrap()}),
+    );
+    assert!(err.contains("outside"), "{err}");
+    assert_eq!(list_dir(&out), vec!["secret.txt".to_string()]);
+
+    copy_out_checks(&mut e, vm, &out);
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+/// copy_out of a tree with a 32 MiB file and links out of it; overwrite; a hostile archive.
+fn copy_out_checks(e: &mut Lab, vm: &str, out: &Path) {
+    sh(
+        e,
+        vm,
+        "mkdir -p /tmp/res/sub && head -c 33554432 /dev/urandom > /tmp/res/big && \
+        echo hello > /tmp/res/sub/a && printf '#!/bin/sh\\n' > /tmp/res/x.sh && \
+        chmod 751 /tmp/res/x.sh && ln /tmp/res/sub/a /tmp/res/hard && \
+        ln -s /etc /tmp/res/etc && ln -s /etc/passwd /tmp/res/sub/passwd && \
+        ln -s sub/a /tmp/res/rel && touch -d '2020-01-02 03:04:05' /tmp/res/sub/a",
+    );
+    let guest_sums = sh(
+        e,
+        vm,
+        "cd /tmp/res && find . -type f | sort | xargs sha256sum | sort",
+    );
+    let before = list_dir(e.dir.path());
+    let dest = e.dir.join("res");
+    let t = Instant::now();
+    let r = call(
+        e,
+        "guest_copy_out",
+        json!({"name": vm, "guest_path": "/tmp/res", "host_path": dest.to_str().unwrap()}),
+    );
+    let took = t.elapsed();
+    eprintln!(
+        "copy_out 32 MiB tree: {took:?} ({:.1} MB/s), {r}",
+        33.5 / took.as_secs_f64()
+    );
+    assert_eq!(host_manifest(&dest).trim(), guest_sums.trim());
+    assert_eq!(
+        std::fs::read_link(dest.join("etc")).unwrap(),
+        Path::new("/etc")
+    );
+    assert_eq!(
+        std::fs::read_link(dest.join("sub/passwd")).unwrap(),
+        Path::new("/etc/passwd")
+    );
+    assert_eq!(
+        std::fs::read_link(dest.join("rel")).unwrap(),
+        Path::new("sub/a")
+    );
+    let mode = |p: &str| {
+        std::fs::symlink_metadata(dest.join(p))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o7777
+    };
+    assert_eq!(mode("x.sh"), 0o751);
+    let mtime = std::fs::metadata(dest.join("sub/a"))
+        .unwrap()
+        .modified()
+        .unwrap();
+    let secs = mtime
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!(
+        (1_577_900_000..1_578_000_000).contains(&secs),
+        "mtime {secs}"
+    );
+    assert_eq!(r["symlinks"], json!(3), "{r}");
+    let mut after = list_dir(e.dir.path());
+    after.retain(|n| n != "res");
+    assert_eq!(after, before, "only the destination appeared beside it");
+
+    // An existing host_path is refused without overwrite, replaced with it.
+    let err = refused(
+        e,
+        "guest_copy_out",
+        json!({"name": vm, "guest_path": "/tmp/res/sub", "host_path": dest.to_str().unwrap()}),
+    );
+    assert!(err.contains("already exists"), "{err}");
+    assert!(dest.join("big").exists());
+    call(
+        e,
+        "guest_copy_out",
+        json!({"name": vm, "guest_path": "/tmp/res/sub",
+        "host_path": dest.to_str().unwrap(), "overwrite": true}),
+    );
+    assert_eq!(std::fs::read(dest.join("a")).unwrap(), b"hello\n");
+    assert!(!dest.join("big").exists());
+
+    // A hostile guest (its tar replaced) sends an entry under a symlink its archive made,
+    // pointing outside: refused, nothing written outside, no temporary left.
+    let mut w = mcqemu::state::tar::Writer::new(Vec::new());
+    w.dir(b"evil", 0o755, 0).unwrap();
+    w.symlink(b"evil/l", out.as_os_str().as_encoded_bytes(), 0)
+        .unwrap();
+    w.file(b"evil/l/pwned", 0o644, 0, 4, &mut &b"pwnd"[..])
+        .unwrap();
+    let ar = w.finish().unwrap();
+    e.srv().call_ok(
+        "guest_file_write",
+        json!({"name": vm, "path": "/tmp/evil.tar",
+        "content": b64::encode(&ar), "encoding": "base64"}),
+    );
+    // busybox sh runs its own tar applet whatever /bin/tar is, so the hostile guest swaps
+    // /bin/sh itself for a script that hands over the crafted archive.
+    let fake = "#!/bin/busybox sh\ncat /tmp/evil.tar > /tmp/evil-out.tar\necho /tmp/evil-out.tar\n";
+    e.srv().call_ok(
+        "guest_file_write",
+        json!({"name": vm, "path": "/tmp/fake-sh", "content": fake}),
+    );
+    sh(
+        e,
+        vm,
+        "mkdir -p /tmp/evil && chmod 755 /tmp/fake-sh && mv /bin/sh /bin/sh.real && \
+        cp /tmp/fake-sh /bin/sh",
+    );
+    let before = list_dir(e.dir.path());
+    let err = refused(
+        e,
+        "guest_copy_out",
+        json!({"name": vm, "guest_path": "/tmp/evil", "host_path": e.dir.file("evil")}),
+    );
+    assert!(err.contains("symlink"), "{err}");
+    assert_eq!(list_dir(out), vec!["secret.txt".to_string()]);
+    assert_eq!(
+        list_dir(e.dir.path()),
+        before,
+        "the failed copy left something behind"
+    );
+    e.srv().call_ok(
+        "guest_exec",
+        json!({"name": vm, "command": "/bin/busybox",
+        "args": ["mv", "/bin/sh.real", "/bin/sh"]}),
+    );
+    assert_eq!(sh(e, vm, "echo restored"), "restored\n");
+}
