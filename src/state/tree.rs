@@ -69,9 +69,8 @@ impl Folder {
         // SAFETY: a NUL-terminated path; the descriptor is owned right after.
         let fd = rc(unsafe { libc::open(root.as_ptr(), flags) })?;
         // SAFETY: just opened, owned by nobody else.
-        let mut cur = Folder {
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
-        };
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let mut cur = Folder { fd };
         for c in path.components() {
             match c {
                 Component::RootDir => {}
@@ -145,8 +144,8 @@ impl Folder {
     /// A symlink's target.
     pub fn readlink(&self, name: &OsStr) -> io::Result<Vec<u8>> {
         let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
+        // SAFETY: a valid descriptor, a NUL-terminated name and a buffer of that length.
         let n = unsafe {
-            // SAFETY: a valid descriptor, a NUL-terminated name and a buffer of that length.
             libc::readlinkat(
                 self.raw(),
                 cstr(name)?.as_ptr(),
@@ -258,6 +257,10 @@ impl Counts {
     }
 }
 
+/// What [`walk`] calls for each entry: the folder holding it, its name there, its path in
+/// the archive, its `lstat`, and the counts so far.
+pub type Visit<'a> = dyn FnMut(&Folder, &OsStr, &[u8], &Meta, &mut Counts) -> io::Result<()> + 'a;
+
 /// A name that the roots never reach below a root: hidden (`.ssh`, `.git`) or not UTF-8.
 pub fn hidden(name: &[u8]) -> bool {
     name.starts_with(b".") || std::str::from_utf8(name).is_err()
@@ -271,7 +274,7 @@ pub fn walk(
     path: &[u8],
     depth: usize,
     counts: &mut Counts,
-    visit: &mut dyn FnMut(&Folder, &OsStr, &[u8], &Meta, &mut Counts) -> io::Result<()>,
+    visit: &mut Visit,
 ) -> io::Result<()> {
     let meta = dir.meta(name)?;
     visit(dir, name, path, &meta, counts)?;
