@@ -133,7 +133,8 @@ pub fn run_program(
 ) -> Result<Value, ToolError> {
     let name = name.to_string();
     let command = launch.command;
-    let id = spool::new_id();
+    let slot = spool::Slot::take();
+    let id = slot.id.clone();
     let launch = Launch {
         spool: if live { Some(id.as_str()) } else { launch.spool },
         ..launch.clone()
@@ -262,17 +263,15 @@ pub fn run_program(
 const MIN_QUIET: Duration = Duration::from_millis(450);
 
 /// The final status of a spooled run with its output files in place of the capture (both
-/// capped past [`MAX_OUTPUT`]), the files removed.
+/// capped past [`MAX_OUTPUT`]), the files emptied for the slot's next run.
 fn with_spooled_output(q: &mut Qga, mut status: Value, id: &str) -> Result<Value, QgaError> {
     let (out, err) = spool::paths(id);
     for (path, data, flag) in [(out, "out-data", "out-truncated"), (err, "err-data", "err-truncated")]
     {
-        let got = spool::read_from(q, &path, 0, MAX_OUTPUT + 1, u64::MAX)?;
-        let cut = got.data.len() > MAX_OUTPUT || got.size > got.data.len() as u64;
-        status[data] = json!(b64::encode(&got.data[..got.data.len().min(MAX_OUTPUT)]));
+        let (bytes, cut) = spool::read_and_empty(q, &path, MAX_OUTPUT)?;
+        status[data] = json!(b64::encode(&bytes));
         status[flag] = json!(cut);
     }
-    spool::remove(q, id)?;
     Ok(status)
 }
 

@@ -154,6 +154,89 @@ pub fn new_id() -> String {
     )
 }
 
+/// A foreground run's spool slot: its files are reused by later runs of this server (the
+/// wrapper's `>` empties them), so a run leaves no `rm` to wait for. Given back on drop.
+pub struct Slot {
+    n: usize,
+    /// The spool id of the slot's files.
+    pub id: String,
+}
+
+fn free_slots() -> &'static std::sync::Mutex<Vec<usize>> {
+    static FREE: std::sync::OnceLock<std::sync::Mutex<Vec<usize>>> = std::sync::OnceLock::new();
+    FREE.get_or_init(|| std::sync::Mutex::new(Vec::new()))
+}
+
+impl Slot {
+    /// A free slot (a new one when all are taken).
+    pub fn take() -> Slot {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let reused = free_slots().lock().ok().and_then(|mut f| f.pop());
+        let n = reused.unwrap_or_else(|| NEXT.fetch_add(1, Ordering::Relaxed));
+        Slot {
+            n,
+            id: format!("fg-{}-{n}", std::process::id()),
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Ok(mut f) = free_slots().lock() {
+            f.push(self.n);
+        }
+    }
+}
+
+/// Reads guest file `path` from its start, up to `max` bytes (and whether there was more),
+/// then empties it when it held anything: open, read, close, and no program to run.
+pub fn read_and_empty(q: &mut Qga, path: &str, max: usize) -> Result<(Vec<u8>, bool), QgaError> {
+    let handle = match q.execute("guest-file-open", Some(json!({"path": path, "mode": "r"}))) {
+        Ok(h) => h,
+        Err(QgaError::Command { desc, .. }) if desc.contains("No such file") => {
+            return Ok((Vec::new(), false))
+        }
+        Err(e) => return Err(e),
+    };
+    let mut data = Vec::new();
+    let read = loop {
+        let want = (max + 1 - data.len()).min(CHUNK);
+        let r = match q.execute("guest-file-read", Some(json!({"handle": handle, "count": want})))
+        {
+            Ok(r) => r,
+            Err(e) => break Err(e),
+        };
+        let chunk = r
+            .get("buf-b64")
+            .and_then(Value::as_str)
+            .and_then(|s| b64::decode(s).ok())
+            .unwrap_or_default();
+        data.extend_from_slice(&chunk);
+        let eof = r.get("eof").and_then(Value::as_bool).unwrap_or(chunk.is_empty());
+        if eof || chunk.is_empty() || data.len() > max {
+            break Ok(());
+        }
+    };
+    let _ = q.execute_within(
+        "guest-file-close",
+        Some(json!({"handle": handle})),
+        Duration::from_secs(10),
+    );
+    read?;
+    if !data.is_empty() {
+        let h = q.execute("guest-file-open", Some(json!({"path": path, "mode": "w"})))?;
+        q.execute_within(
+            "guest-file-close",
+            Some(json!({"handle": h})),
+            Duration::from_secs(10),
+        )?;
+    }
+    let cut = data.len() > max;
+    data.truncate(max);
+    Ok((data, cut))
+}
+
 /// The guest paths of spool `id`'s stdout and stderr files.
 pub fn paths(id: &str) -> (String, String) {
     (
@@ -248,28 +331,6 @@ fn read_open(
 
 /// Bytes per guest-file-read (a multiple of 3: base64 without padding in between).
 const CHUNK: usize = 1024 * 1024 - 1;
-
-/// Removes spool `id`'s files in the guest, waiting (bounded) for `rm` to end so that the
-/// agent keeps no record of it.
-pub fn remove(q: &mut Qga, id: &str) -> Result<(), QgaError> {
-    let (out, err) = paths(id);
-    let r = q.execute(
-        "guest-exec",
-        Some(json!({"path": "rm", "arg": ["-f", out, err]})),
-    )?;
-    let Some(pid) = r.get("pid").and_then(Value::as_i64) else {
-        return Ok(());
-    };
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while std::time::Instant::now() < deadline {
-        let s = q.execute("guest-exec-status", Some(json!({"pid": pid})))?;
-        if s.get("exited").and_then(Value::as_bool) == Some(true) {
-            return Ok(());
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    Ok(())
-}
 
 /// Runs `launch` to its end on session `q` (a short helper program: a listing, a kill),
 /// polling within `timeout`; returns the agent's final status.
