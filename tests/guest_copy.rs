@@ -266,16 +266,32 @@ fn copy_out_checks(e: &mut Lab, vm: &str, out: &Path) {
     );
     let before = list_dir(e.dir.path());
     let dest = e.dir.join("res");
-    let t = Instant::now();
-    let r = call(
-        e,
-        "guest_copy_out",
-        json!({"name": vm, "guest_path": "/tmp/res", "host_path": dest.to_str().unwrap()}),
-    );
-    let took = t.elapsed();
+    let (r, took, progress) = e
+        .srv()
+        .try_call_with_token(
+            "guest_copy_out",
+            json!({"name": vm, "guest_path": "/tmp/res", "host_path": dest.to_str().unwrap()}),
+            SLOW,
+        )
+        .unwrap();
+    let r = tool_ok(&r, "guest_copy_out");
     eprintln!(
-        "copy_out 32 MiB tree: {took:?} ({:.1} MB/s), {r}",
-        33.5 / took.as_secs_f64()
+        "copy_out 32 MiB tree: {took:?} ({:.1} MB/s), {} progress updates, {r}",
+        33.5 / took.as_secs_f64(),
+        progress.len()
+    );
+    // Progress counts bytes against the archive's size, and says how many files are done.
+    let last = progress.last().expect("a copy of seconds sends progress");
+    assert!(
+        last["params"]["total"].as_f64().unwrap() >= 33_554_432.0,
+        "{last}"
+    );
+    assert!(
+        last["params"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("files"),
+        "{last}"
     );
     assert_eq!(host_manifest(&dest).trim(), guest_sums.trim());
     assert_eq!(
@@ -378,4 +394,151 @@ fn copy_out_checks(e: &mut Lab, vm: &str, out: &Path) {
         "args": ["mv", "/bin/sh.real", "/bin/sh"]}),
     );
     assert_eq!(sh(e, vm, "echo restored"), "restored\n");
+}
+
+/// Raw guest-file-write then guest-file-read of `data` in 1 MiB chunks over one agent
+/// connection of the test's own (the server's idle one is gone after its 2 s keep).
+fn raw_rates(sock: &Path, data: &[u8]) -> (Duration, Duration) {
+    use mcqemu::qemu::qga::Qga;
+    std::thread::sleep(Duration::from_secs(3));
+    let mut q = Qga::connect(sock, Duration::from_secs(5)).unwrap();
+    let t = Instant::now();
+    let h = q
+        .execute(
+            "guest-file-open",
+            Some(json!({"path": "/tmp/raw", "mode": "w"})),
+        )
+        .unwrap();
+    for c in data.chunks(1024 * 1024 - 1) {
+        q.execute(
+            "guest-file-write",
+            Some(json!({"handle": h, "buf-b64": b64::encode(c)})),
+        )
+        .unwrap();
+    }
+    q.execute("guest-file-close", Some(json!({"handle": h})))
+        .unwrap();
+    let write = t.elapsed();
+    let t = Instant::now();
+    let h = q
+        .execute(
+            "guest-file-open",
+            Some(json!({"path": "/tmp/raw", "mode": "r"})),
+        )
+        .unwrap();
+    let mut got = 0;
+    loop {
+        let r = q
+            .execute(
+                "guest-file-read",
+                Some(json!({"handle": h, "count": 1024 * 1024 - 1})),
+            )
+            .unwrap();
+        got += b64::decode(r["buf-b64"].as_str().unwrap_or(""))
+            .unwrap()
+            .len();
+        if r["eof"] == json!(true) {
+            break;
+        }
+    }
+    q.execute("guest-file-close", Some(json!({"handle": h})))
+        .unwrap();
+    assert_eq!(got, data.len());
+    let read = t.elapsed();
+    q.execute(
+        "guest-exec",
+        Some(json!({"path": "rm", "arg": ["/tmp/raw"]})),
+    )
+    .unwrap();
+    (write, read)
+}
+
+/// Copy rates beside the agent's raw file rate: 64 MiB each way, a 2,000-file tree each way.
+/// Run with `cargo test --release --test guest_copy copy_rates -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn copy_rates() {
+    test_guest();
+    let mut e = Lab::new("rates");
+    let vm = "rt";
+    let guest = test_guest();
+    let args = json!({
+        "name": vm, "kernel": guest.kernel, "initrd": guest.initrd, "append": guest.append,
+        "memory_mb": 640, "cpus": 1
+    });
+    let launched = e.launch(args, SLOW);
+    boot_wait(&mut e, vm);
+    let sock = PathBuf::from(launched["qga_socket"].as_str().expect("launch_vm's qga_socket"));
+    let mb = |d: Duration, n: usize| n as f64 / 1048576.0 / d.as_secs_f64();
+    let big = pseudo_random(64 << 20, 3);
+    let (big_file, big_out, tree_out) = (
+        e.dir.file("big"),
+        e.dir.file("big.out"),
+        e.dir.file("tree.out"),
+    );
+    let (w, r) = raw_rates(&sock, &big);
+    eprintln!(
+        "raw agent: write 64 MiB {w:?} ({:.1} MiB/s), read {r:?} ({:.1} MiB/s)",
+        mb(w, big.len()),
+        mb(r, big.len())
+    );
+    std::fs::write(e.dir.join("big"), &big).unwrap();
+    let t = Instant::now();
+    call(
+        &mut e,
+        "guest_copy_in",
+        json!({"name": vm, "host_path": big_file, "guest_path": "/tmp/big"}),
+    );
+    let cin = t.elapsed();
+    let t = Instant::now();
+    call(
+        &mut e,
+        "guest_copy_out",
+        json!({"name": vm, "guest_path": "/tmp/big", "host_path": big_out}),
+    );
+    let cout = t.elapsed();
+    assert_eq!(std::fs::read(e.dir.join("big.out")).unwrap(), big);
+    eprintln!(
+        "copy_in 64 MiB {cin:?} ({:.1} MiB/s), copy_out {cout:?} ({:.1} MiB/s)",
+        mb(cin, big.len()),
+        mb(cout, big.len())
+    );
+    sh(&mut e, vm, "rm -f /tmp/big");
+    let tree = e.dir.subdir("tree");
+    for d in 0..40 {
+        let sub = tree.join(format!("d{d}"));
+        std::fs::create_dir_all(&sub).unwrap();
+        for f in 0..50 {
+            std::fs::write(
+                sub.join(format!("f{f}")),
+                pseudo_random(2000 + f * 10, (d * 50 + f) as u64),
+            )
+            .unwrap();
+        }
+    }
+    let t = Instant::now();
+    let r = call(
+        &mut e,
+        "guest_copy_in",
+        json!({"name": vm, "host_path": tree.to_str().unwrap(), "guest_path": "/tmp/tree"}),
+    );
+    let tin = t.elapsed();
+    assert_eq!(r["files"], json!(2000));
+    let t = Instant::now();
+    let r = call(
+        &mut e,
+        "guest_copy_out",
+        json!({"name": vm, "guest_path": "/tmp/tree", "host_path": tree_out}),
+    );
+    let tout = t.elapsed();
+    assert_eq!(r["files"], json!(2000));
+    eprintln!("2,000-file tree (4.5 MiB): copy_in {tin:?}, copy_out {tout:?}");
+}
+
+fn boot_wait(e: &mut Lab, name: &str) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while e.srv().call_tool("guest_ping", json!({"name": name}))["isError"] != json!(false) {
+        assert!(Instant::now() < deadline, "no agent");
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }

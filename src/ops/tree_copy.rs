@@ -222,6 +222,14 @@ pub fn copy_in(req: &CopyIn, watch: &dyn Watch) -> Result<Copied, String> {
         step
     })
     .map_err(|e| e.0)??;
+    let mut counts = counts;
+    // Say what was left out in the caller's terms, not the archive's internal name.
+    let prefix = format!("{TOP}/");
+    for s in &mut counts.skipped {
+        if let Some(rest) = s.strip_prefix(&prefix) {
+            *s = format!("{}/{rest}", host.display());
+        }
+    }
     Ok(Copied {
         counts,
         duration_ms: started.elapsed().as_millis() as u64,
