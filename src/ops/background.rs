@@ -189,7 +189,10 @@ fn prune(m: &mut Map<String, Value>) {
             .iter()
             .filter(|(_, v)| v.get("ended").is_some())
             .min_by_key(|(_, v)| v["started_at"].as_u64().unwrap_or(0))
-            .or_else(|| m.iter().min_by_key(|(_, v)| v["started_at"].as_u64().unwrap_or(0)))
+            .or_else(|| {
+                m.iter()
+                    .min_by_key(|(_, v)| v["started_at"].as_u64().unwrap_or(0))
+            })
             .map(|(k, _)| k.clone());
         match oldest {
             Some(k) => {
@@ -216,8 +219,11 @@ fn start_in(q: &mut Qga, launch: &Launch) -> Result<Result<Spawned, BgError>, Qg
         .get("pid")
         .and_then(Value::as_i64)
         .ok_or_else(|| QgaError::Garbage(format!("guest-exec returned no pid: {r}")))?;
-    // A missing cwd is refused by the wrapper at once: look for it for a moment.
-    let until = Instant::now() + Duration::from_millis(150);
+    // The wrapper refuses a missing cwd before it makes the output files: wait (bounded) for
+    // either the refusal or the files.
+    let out = spool::paths(launch.spool.unwrap_or_default()).0;
+    let until = Instant::now() + Duration::from_secs(10);
+    let mut pause = Duration::from_millis(1);
     while Instant::now() < until {
         let s = q.execute("guest-exec-status", Some(json!({"pid": pid})))?;
         if s.get("exited").and_then(Value::as_bool) == Some(true) {
@@ -227,7 +233,11 @@ fn start_in(q: &mut Qga, launch: &Launch) -> Result<Result<Spawned, BgError>, Qg
             let ended = json!({"exitcode": s.get("exitcode"), "signal": s.get("signal")});
             return Ok(Ok((pid, Some(ended))));
         }
-        std::thread::sleep(Duration::from_millis(10));
+        if spool::exists(q, &out)? {
+            break;
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(50));
     }
     Ok(Ok((pid, None)))
 }
@@ -306,12 +316,7 @@ fn record_end(name: &str, handle: &str, exitcode: Option<i64>, signal: Option<i6
 }
 
 /// Whether the process still runs: (running, exitcode, signal), recording its end.
-fn poll_end(
-    q: &mut Qga,
-    name: &str,
-    handle: &str,
-    k: &mut Known,
-) -> Result<bool, QgaError> {
+fn poll_end(q: &mut Qga, name: &str, handle: &str, k: &mut Known) -> Result<bool, QgaError> {
     if k.ended.is_some() {
         return Ok(false);
     }
@@ -358,7 +363,13 @@ pub fn status(req: &StatusRequest, cancelled: &dyn Fn() -> bool) -> Result<Statu
     }
 }
 
-fn shape(req: &StatusRequest, k: &Known, running: bool, o: spool::Slice, e: spool::Slice) -> Status {
+fn shape(
+    req: &StatusRequest,
+    k: &Known,
+    running: bool,
+    o: spool::Slice,
+    e: spool::Slice,
+) -> Status {
     let (exitcode, signal) = k.ended.unwrap_or((None, None));
     let o_next = o.start + o.data.len() as u64;
     let e_next = e.start + e.data.len() as u64;

@@ -8,9 +8,9 @@ use serde_json::{json, Value};
 
 use super::records::lookup;
 use super::session;
+use super::spool::{self, Launch};
 use crate::b64;
 use crate::mcp::tool::{ToolCtx, ToolError};
-use super::spool::{self, Launch};
 use crate::qemu::qga::{Qga, QgaError};
 
 /// How long guest_exec holds one agent session while polling before letting others in. While
@@ -136,7 +136,11 @@ pub fn run_program(
     let slot = spool::Slot::take();
     let id = slot.id.clone();
     let launch = Launch {
-        spool: if live { Some(id.as_str()) } else { launch.spool },
+        spool: if live {
+            Some(id.as_str())
+        } else {
+            launch.spool
+        },
         ..launch.clone()
     };
     let req = launch.request();
@@ -146,7 +150,8 @@ pub fn run_program(
     });
     let started = Instant::now();
     let deadline = started + timeout;
-    let mut slice = Duration::from_millis(5);
+    // Fine at first: most programs are done within milliseconds.
+    let mut slice = Duration::from_millis(1);
     let mut pid: Option<i64> = None;
     loop {
         // Poll over one session held for a window, sleeping while connected: while no host
@@ -266,8 +271,10 @@ const MIN_QUIET: Duration = Duration::from_millis(450);
 /// capped past [`MAX_OUTPUT`]), the files emptied for the slot's next run.
 fn with_spooled_output(q: &mut Qga, mut status: Value, id: &str) -> Result<Value, QgaError> {
     let (out, err) = spool::paths(id);
-    for (path, data, flag) in [(out, "out-data", "out-truncated"), (err, "err-data", "err-truncated")]
-    {
+    for (path, data, flag) in [
+        (out, "out-data", "out-truncated"),
+        (err, "err-data", "err-truncated"),
+    ] {
         let (bytes, cut) = spool::read_and_empty(q, &path, MAX_OUTPUT)?;
         status[data] = json!(b64::encode(&bytes));
         status[flag] = json!(cut);

@@ -202,8 +202,10 @@ pub fn read_and_empty(q: &mut Qga, path: &str, max: usize) -> Result<(Vec<u8>, b
     let mut data = Vec::new();
     let read = loop {
         let want = (max + 1 - data.len()).min(CHUNK);
-        let r = match q.execute("guest-file-read", Some(json!({"handle": handle, "count": want})))
-        {
+        let r = match q.execute(
+            "guest-file-read",
+            Some(json!({"handle": handle, "count": want})),
+        ) {
             Ok(r) => r,
             Err(e) => break Err(e),
         };
@@ -213,7 +215,10 @@ pub fn read_and_empty(q: &mut Qga, path: &str, max: usize) -> Result<(Vec<u8>, b
             .and_then(|s| b64::decode(s).ok())
             .unwrap_or_default();
         data.extend_from_slice(&chunk);
-        let eof = r.get("eof").and_then(Value::as_bool).unwrap_or(chunk.is_empty());
+        let eof = r
+            .get("eof")
+            .and_then(Value::as_bool)
+            .unwrap_or(chunk.is_empty());
         if eof || chunk.is_empty() || data.len() > max {
             break Ok(());
         }
@@ -235,6 +240,22 @@ pub fn read_and_empty(q: &mut Qga, path: &str, max: usize) -> Result<(Vec<u8>, b
     let cut = data.len() > max;
     data.truncate(max);
     Ok((data, cut))
+}
+
+/// True when guest file `path` exists (it can be opened for reading).
+pub fn exists(q: &mut Qga, path: &str) -> Result<bool, QgaError> {
+    match q.execute("guest-file-open", Some(json!({"path": path, "mode": "r"}))) {
+        Ok(h) => {
+            q.execute_within(
+                "guest-file-close",
+                Some(json!({"handle": h})),
+                Duration::from_secs(10),
+            )?;
+            Ok(true)
+        }
+        Err(QgaError::Command { .. }) => Ok(false),
+        Err(e) => Err(e),
+    }
 }
 
 /// The guest paths of spool `id`'s stdout and stderr files.
@@ -335,7 +356,11 @@ const CHUNK: usize = 1024 * 1024 - 1;
 /// Runs `launch` to its end on session `q` (a short helper program: a listing, a kill),
 /// polling within `timeout`; returns the agent's final status.
 pub fn run_in(q: &mut Qga, launch: &Launch, timeout: Duration) -> Result<Value, QgaError> {
-    let r = q.execute_within("guest-exec", Some(launch.request()), Duration::from_secs(30))?;
+    let r = q.execute_within(
+        "guest-exec",
+        Some(launch.request()),
+        Duration::from_secs(30),
+    )?;
     let pid = r
         .get("pid")
         .and_then(Value::as_i64)
@@ -424,9 +449,7 @@ mod tests {
 
     #[test]
     fn the_wrappers_own_refusal_is_told_apart_from_a_program_exiting_125() {
-        let status = |code: i64, err: &str| {
-            json!({"exited": true, "exitcode": code, "err-data": b64::encode(err.as_bytes())})
-        };
+        let status = |code: i64, err: &str| json!({"exited": true, "exitcode": code, "err-data": b64::encode(err.as_bytes())});
         let r = wrapper_refusal(&status(125, "mcqemu-wrapper: cwd /nope is not a folder\n"));
         assert!(r.is_some_and(|m| m.starts_with("cwd: /nope")));
         assert_eq!(wrapper_refusal(&status(125, "my program failed\n")), None);
