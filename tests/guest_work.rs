@@ -64,7 +64,11 @@ fn env_cwd_live_output_and_background_processes() {
         CALL,
     );
     assert_eq!(r["exitcode"], json!(0), "{r}");
-    assert_eq!(r["stdout"], json!("/srv/proj\none two|$HOME 'q'\npath-ok\n"), "{r}");
+    assert_eq!(
+        r["stdout"],
+        json!("/srv/proj\none two|$HOME 'q'\npath-ok\n"),
+        "{r}"
+    );
     // A missing cwd: an error naming cwd, and nothing ran.
     let err = s.call_err_within(
         "guest_exec",
@@ -72,8 +76,14 @@ fn env_cwd_live_output_and_background_processes() {
         CALL,
     );
     assert!(err.contains("cwd") && err.contains("/no/such"), "{err}");
-    assert_eq!(sh(s, "w", "test -e /tmp/ran; echo $?")["stdout"], json!("1\n"));
-    let err = s.call_err("guest_exec", json!({"name": "w", "command": "true", "cwd": "rel"}));
+    assert_eq!(
+        sh(s, "w", "test -e /tmp/ran; echo $?")["stdout"],
+        json!("1\n")
+    );
+    let err = s.call_err(
+        "guest_exec",
+        json!({"name": "w", "command": "true", "cwd": "rel"}),
+    );
     assert!(err.contains("cwd"), "{err}");
     let err = s.call_err(
         "guest_exec",
@@ -123,7 +133,11 @@ fn env_cwd_live_output_and_background_processes() {
     assert!(seen.windows(2).all(|w| w[1] > w[0]), "{seen:?}");
     // The run's spool files are emptied (kept for the next run to reuse).
     assert_eq!(
-        sh(s, "w", "for f in /tmp/.mcqemu-exec/*; do [ -s \"$f\" ] && echo \"$f\"; done; true")["stdout"],
+        sh(
+            s,
+            "w",
+            "for f in /tmp/.mcqemu-exec/*; do [ -s \"$f\" ] && echo \"$f\"; done; true"
+        )["stdout"],
         json!("")
     );
 
@@ -143,14 +157,21 @@ fn env_cwd_live_output_and_background_processes() {
     let first_out = st["stdout"].as_str().unwrap().to_string();
     assert!(first_out.starts_with("out-1\n"), "{st}");
     assert!(!first_out.contains("err-"), "{st}");
-    assert!(st["stderr"].as_str().unwrap().starts_with("err-1\n"), "{st}");
+    assert!(
+        st["stderr"].as_str().unwrap().starts_with("err-1\n"),
+        "{st}"
+    );
     let (o, e) = (offsets(&st).0, offsets(&st).1);
     std::thread::sleep(Duration::from_millis(800));
     let st2 = status(s, &handle, o, e, 5.0);
     let next = st2["stdout"].as_str().unwrap();
     assert!(!next.is_empty(), "{st2}");
     let last_seen = last_n(&first_out);
-    assert_eq!(first_n(next), last_seen + 1, "output repeated or lost: {first_out:?} then {next:?}");
+    assert_eq!(
+        first_n(next),
+        last_seen + 1,
+        "output repeated or lost: {first_out:?} then {next:?}"
+    );
     let info = s.call_ok("vm_info", json!({"name": "w"}));
     assert!(
         info["background"]
@@ -168,13 +189,20 @@ fn env_cwd_live_output_and_background_processes() {
     let st3 = status(&mut s2, &handle, o, e, 5.0);
     assert_eq!(st3["running"], json!(true), "{st3}");
     let cont = st3["stdout"].as_str().unwrap();
-    assert_eq!(first_n(cont), last_n(st2["stdout"].as_str().unwrap()) + 1, "{st3}");
+    assert_eq!(
+        first_n(cont),
+        last_n(st2["stdout"].as_str().unwrap()) + 1,
+        "{st3}"
+    );
     // Unknown handles and handles of nothing are clear errors.
     let err = s2.call_err(
         "guest_exec_status",
         json!({"name": "w", "handle": "bg-nope"}),
     );
-    assert!(err.contains("no background process") && err.contains("vm_info"), "{err}");
+    assert!(
+        err.contains("no background process") && err.contains("vm_info"),
+        "{err}"
+    );
     // Kill ends it and its children (its sleep).
     let pid = started["pid"].as_i64().unwrap();
     let k = s2.call_ok_within(
@@ -192,7 +220,11 @@ fn env_cwd_live_output_and_background_processes() {
     assert_eq!(left["stdout"], json!(""), "processes left: {left}");
     let done = status(&mut s2, &handle, 0, 0, 0.0);
     assert_eq!(done["running"], json!(false), "{done}");
-    let k2 = s2.call_ok_within("guest_exec_kill", json!({"name": "w", "handle": handle}), CALL);
+    let k2 = s2.call_ok_within(
+        "guest_exec_kill",
+        json!({"name": "w", "handle": handle}),
+        CALL,
+    );
     assert_eq!(k2["signalled"], json!(false), "{k2}");
     s2.try_close().unwrap();
 }
@@ -265,15 +297,24 @@ fn folders_listed_files_read_by_offset_and_forwards_changed_live() {
     assert_eq!(find(".hidden file")["type"], json!("file"));
     assert_eq!(find("pipe")["type"], json!("fifo"));
     assert!(find("five")["mtime"].as_i64().unwrap() > 1_600_000_000);
-    let cut = s.call_ok("guest_list_dir", json!({"name": "w", "path": "/srv/d", "max_entries": 2}));
+    let cut = s.call_ok(
+        "guest_list_dir",
+        json!({"name": "w", "path": "/srv/d", "max_entries": 2}),
+    );
     assert_eq!(cut["truncated"], json!(true), "{cut}");
     assert_eq!(cut["entries"].as_array().unwrap().len(), 2);
-    let err = s.call_err("guest_list_dir", json!({"name": "w", "path": "/srv/d/five"}));
+    let err = s.call_err(
+        "guest_list_dir",
+        json!({"name": "w", "path": "/srv/d/five"}),
+    );
     assert!(err.contains("not a folder"), "{err}");
 
     // guest_file_read by offset: the exact slice, and the file's size.
     sh(s, "w", "seq 1 20000 > /srv/big.txt");
-    let whole = sh(s, "w", "cat /srv/big.txt")["stdout"].as_str().unwrap().to_string();
+    let whole = sh(s, "w", "cat /srv/big.txt")["stdout"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let r = s.call_ok(
         "guest_file_read",
         json!({"name": "w", "path": "/srv/big.txt", "offset": 50000, "max_bytes": 1000}),
@@ -285,12 +326,19 @@ fn folders_listed_files_read_by_offset_and_forwards_changed_live() {
         "guest_file_read",
         json!({"name": "w", "path": "/srv/big.txt", "offset": whole.len() - 10}),
     );
-    assert_eq!(tail["content"].as_str().unwrap(), &whole[whole.len() - 10..]);
+    assert_eq!(
+        tail["content"].as_str().unwrap(),
+        &whole[whole.len() - 10..]
+    );
     assert_eq!(tail["truncated"], json!(false));
 
     // A server started later (busybox httpd in the background), reached through a forward
     // added live, then removed: the port closes.
-    sh(s, "w", "mkdir -p /srv/www && echo mcq-page > /srv/www/index.html");
+    sh(
+        s,
+        "w",
+        "mkdir -p /srv/www && echo mcq-page > /srv/www/index.html",
+    );
     let bg = s.call_ok(
         "guest_exec",
         json!({"name": "w", "command": "httpd", "args": ["-f", "-p", "8080", "-h", "/srv/www"],
@@ -301,11 +349,20 @@ fn folders_listed_files_read_by_offset_and_forwards_changed_live() {
         json!({"name": "w", "add": ["auto:8080"]}),
     );
     let port = added["added"][0]["host"].as_u64().unwrap() as u16;
-    assert_eq!(added["port_forwards"].as_array().unwrap().len(), 2, "{added}");
+    assert_eq!(
+        added["port_forwards"].as_array().unwrap().len(),
+        2,
+        "{added}"
+    );
     let page = http_get(port);
     assert!(page.contains("mcq-page"), "{page}");
     let info = s.call_ok("vm_info", json!({"name": "w"}));
-    assert!(info["port_forwards"].to_string().contains(&port.to_string()), "{info}");
+    assert!(
+        info["port_forwards"]
+            .to_string()
+            .contains(&port.to_string()),
+        "{info}"
+    );
     let again = s.call_err(
         "vm_port_forward",
         json!({"name": "w", "add": [format!("{port}:80")]}),
@@ -349,7 +406,10 @@ fn http_get(port: u16) -> String {
         match attempt {
             Ok(t) if t.contains("200") => return t,
             other => {
-                assert!(Instant::now() < deadline, "no page on port {port}: {other:?}");
+                assert!(
+                    Instant::now() < deadline,
+                    "no page on port {port}: {other:?}"
+                );
                 std::thread::sleep(Duration::from_millis(300));
             }
         }

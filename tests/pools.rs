@@ -300,7 +300,11 @@ fn refusals(lab: &Lab, s: &mut Server, template: &str) -> Vec<String> {
         assert_eq!(r["isError"], json!(true), "{key} was honoured: {r}");
         let err = r["content"][0]["text"].as_str().unwrap().to_string();
         assert!(err.contains(key), "{key}: {err}");
-        assert!(!lab.vm_dir("m1").exists(), "{key} left {:?}", lab.vm_dir("m1"));
+        assert!(
+            !lab.vm_dir("m1").exists(),
+            "{key} left {:?}",
+            lab.vm_dir("m1")
+        );
         errs.push(err);
     }
     let vms = s.call_ok("list_vms", json!({}));

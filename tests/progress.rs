@@ -99,8 +99,14 @@ fn a_long_graceful_stop_sends_a_heartbeat_and_no_flood() {
     // A progress token costs a fast call nothing: no notification, and the response is not
     // held for the heartbeat's half-second gap (Claude Code sends a token on every call).
     for (tool, args) in [
-        ("guest_exec", json!({"name": "deaf", "command": "/bin/true"})),
-        ("guest_file_read", json!({"name": "deaf", "path": "/proc/version"})),
+        (
+            "guest_exec",
+            json!({"name": "deaf", "command": "/bin/true"}),
+        ),
+        (
+            "guest_file_read",
+            json!({"name": "deaf", "path": "/proc/version"}),
+        ),
         ("vm_info", json!({"name": "deaf"})),
         ("vm_screenshot", json!({"name": "deaf"})),
     ] {

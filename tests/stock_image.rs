@@ -404,7 +404,10 @@ fn a_stock_image_without_an_agent_ends_the_wait_when_cloud_init_is_done() {
     );
     // cloud-init saw the seed (the cloud kernel has the drivers for it on virtio-scsi).
     assert!(err.contains("DataSourceNoCloud"), "{err}");
-    assert!(err.contains("removed") && err.contains("Last serial output"), "{err}");
+    assert!(
+        err.contains("removed") && err.contains("Last serial output"),
+        "{err}"
+    );
     assert!(!cg::vm_names(&mut s).contains(&"bare".to_string()));
     assert!(!lab.vm_dir("bare").exists());
 }
@@ -412,8 +415,7 @@ fn a_stock_image_without_an_agent_ends_the_wait_when_cloud_init_is_done() {
 /// The size of `/etc/machine-id` in the root file system of qcow2 `disk` (partition 1 of the
 /// stock image's layout), read on the host with debugfs; None when the file is missing.
 fn machine_id_size(image: &StockImage, disk: &Path, scratch: &Path) -> Option<u64> {
-    let manifest: Value =
-        serde_json::from_slice(&std::fs::read(&image.manifest).unwrap()).unwrap();
+    let manifest: Value = serde_json::from_slice(&std::fs::read(&image.manifest).unwrap()).unwrap();
     let offset = manifest["partitions"]["1"]["start"].as_u64().unwrap();
     let raw = scratch.join("machine-id-check.raw");
     let conv = std::process::Command::new("qemu-img")
@@ -429,8 +431,8 @@ fn machine_id_size(image: &StockImage, disk: &Path, scratch: &Path) -> Option<u6
         .output()
         .unwrap();
     let _ = std::fs::remove_file(&raw);
-    let text = String::from_utf8_lossy(&out.stdout).into_owned()
-        + &String::from_utf8_lossy(&out.stderr);
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     if text.contains("File not found") {
         return None;
     }

@@ -283,7 +283,11 @@ const TOKEN_N: usize = 9;
 /// token must stay within 1.3x + 5 ms of those without (Claude Code sends one on every call).
 fn token_rows(table: &mut Table, server: &mut crate::common::Server, name: &str) -> Res<()> {
     let calls = [
-        ("guest_exec /bin/true", "guest_exec", json!({"name": name, "command": "/bin/true"})),
+        (
+            "guest_exec /bin/true",
+            "guest_exec",
+            json!({"name": name, "command": "/bin/true"}),
+        ),
         (
             "guest_file_read /proc/version",
             "guest_file_read",
@@ -296,7 +300,8 @@ fn token_rows(table: &mut Table, server: &mut crate::common::Server, name: &str)
         let (mut with, mut without) = (Vec::new(), Vec::new());
         let mut notes = 0;
         for _ in 0..TOKEN_N {
-            let (r, t, progress) = server.try_call_with_token(tool, args.clone(), VM_CALL_TIMEOUT)?;
+            let (r, t, progress) =
+                server.try_call_with_token(tool, args.clone(), VM_CALL_TIMEOUT)?;
             if r["isError"] == json!(true) {
                 return Err(format!("{tool} failed: {r}"));
             }
@@ -322,30 +327,40 @@ fn token_rows(table: &mut Table, server: &mut crate::common::Server, name: &str)
 
 /// Background processes: the start round trip (guest_exec {background}) and the status round
 /// trip (guest_exec_status by offsets, no wait), each started process killed after.
-fn background_rows(vb: &VmBench, table: &mut Table, server: &mut crate::common::Server, name: &str) -> Res<()> {
+fn background_rows(
+    vb: &VmBench,
+    table: &mut Table,
+    server: &mut crate::common::Server,
+    name: &str,
+) -> Res<()> {
     let mut handles = Vec::new();
-    vb.slow.time(table, "guest_exec background start", None, || {
-        let r = server.tool_within(
-            "guest_exec",
-            json!({"name": name, "command": "sleep", "args": ["600"], "background": true}),
-            VM_CALL_TIMEOUT,
-        )?;
-        let h = structured(&r)?["handle"].as_str().map(str::to_string);
-        handles.push(h.ok_or_else(|| format!("no handle: {r}"))?);
-        Ok(())
-    })?;
-    let first = handles.first().cloned().ok_or("no background process started")?;
-    vb.slow.time(table, "guest_exec_status (offsets, no wait)", None, || {
-        let r = server.tool_within(
-            "guest_exec_status",
-            json!({"name": name, "handle": first, "stdout_offset": 0, "stderr_offset": 0}),
-            VM_CALL_TIMEOUT,
-        )?;
-        match structured(&r)?["running"].as_bool() {
-            Some(true) => Ok(()),
-            _ => Err(format!("the background sleep is not running: {r}")),
-        }
-    })?;
+    vb.slow
+        .time(table, "guest_exec background start", None, || {
+            let r = server.tool_within(
+                "guest_exec",
+                json!({"name": name, "command": "sleep", "args": ["600"], "background": true}),
+                VM_CALL_TIMEOUT,
+            )?;
+            let h = structured(&r)?["handle"].as_str().map(str::to_string);
+            handles.push(h.ok_or_else(|| format!("no handle: {r}"))?);
+            Ok(())
+        })?;
+    let first = handles
+        .first()
+        .cloned()
+        .ok_or("no background process started")?;
+    vb.slow
+        .time(table, "guest_exec_status (offsets, no wait)", None, || {
+            let r = server.tool_within(
+                "guest_exec_status",
+                json!({"name": name, "handle": first, "stdout_offset": 0, "stderr_offset": 0}),
+                VM_CALL_TIMEOUT,
+            )?;
+            match structured(&r)?["running"].as_bool() {
+                Some(true) => Ok(()),
+                _ => Err(format!("the background sleep is not running: {r}")),
+            }
+        })?;
     for h in handles {
         server.tool_within(
             "guest_exec_kill",

@@ -87,9 +87,9 @@ impl Fatal {
                 \"You are in rescue mode\")"
                 .into(),
             Fatal::Panic(why) => format!("the guest's kernel panicked: {why}"),
-            Fatal::CloudInitModule(m) => format!(
-                "cloud-init's module {m} failed in the guest (cloud-init status: error)"
-            ),
+            Fatal::CloudInitModule(m) => {
+                format!("cloud-init's module {m} failed in the guest (cloud-init status: error)")
+            }
         }
     }
 }
@@ -229,10 +229,15 @@ mod tests {
             fatal("You are in emergency mode. After logging in, type \"journalctl -xb\""),
             Some(Fatal::Emergency)
         );
-        assert_eq!(fatal("You are in rescue mode. After logging in"), Some(Fatal::Rescue));
+        assert_eq!(
+            fatal("You are in rescue mode. After logging in"),
+            Some(Fatal::Rescue)
+        );
         assert_eq!(
             fatal("[    1.2] Kernel panic - not syncing: VFS: Unable to mount root fs on unknown"),
-            Some(Fatal::Panic("VFS: Unable to mount root fs on unknown".into()))
+            Some(Fatal::Panic(
+                "VFS: Unable to mount root fs on unknown".into()
+            ))
         );
         assert_eq!(
             fatal(

@@ -611,8 +611,15 @@ mod progress_tests {
         p.send(0.01, Some(30.0), "running");
         let t0 = Instant::now();
         p.finish();
-        assert!(t0.elapsed() < Duration::from_millis(50), "{:?}", t0.elapsed());
-        assert!(lines.0.lock().unwrap().is_empty(), "a quick call sent progress");
+        assert!(
+            t0.elapsed() < Duration::from_millis(50),
+            "{:?}",
+            t0.elapsed()
+        );
+        assert!(
+            lines.0.lock().unwrap().is_empty(),
+            "a quick call sent progress"
+        );
 
         // A long call whose last update comes inside the gap: dropped, not waited for.
         let lines = Lines::default();
@@ -623,7 +630,11 @@ mod progress_tests {
         p.send(2.0, None, "second");
         let t0 = Instant::now();
         p.finish();
-        assert!(t0.elapsed() < Duration::from_millis(50), "{:?}", t0.elapsed());
+        assert!(
+            t0.elapsed() < Duration::from_millis(50),
+            "{:?}",
+            t0.elapsed()
+        );
         let seen = lines.0.lock().unwrap().clone();
         assert_eq!(seen.len(), 1, "{seen:?}");
         assert_eq!(seen[0].1["params"]["message"], json!("first"));

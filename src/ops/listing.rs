@@ -103,10 +103,7 @@ pub fn parse(out: &str, max: usize) -> (Vec<Entry>, bool) {
 /// guest_list_dir.
 pub fn list(req: &Request) -> Result<Listing, String> {
     if !req.path.starts_with('/') {
-        return Err(format!(
-            "path {:?} must be absolute in the guest",
-            req.path
-        ));
+        return Err(format!("path {:?} must be absolute in the guest", req.path));
     }
     let args = vec![
         "-c".to_string(),
@@ -151,7 +148,10 @@ mod tests {
         assert!(!cut);
         assert_eq!(v.len(), 3);
         assert_eq!(v[0].name, "a file");
-        assert_eq!((v[0].kind, v[0].mode.as_str(), v[0].size), ("file", "0644", 12));
+        assert_eq!(
+            (v[0].kind, v[0].mode.as_str(), v[0].size),
+            ("file", "0644", 12)
+        );
         assert_eq!((v[1].kind, v[1].mode.as_str()), ("symlink", "0777"));
         assert_eq!((v[2].kind, v[2].mtime), ("dir", 1700000000));
         let (v, cut) = parse(out, 2);

@@ -153,7 +153,8 @@ fn to_add(specs: &[String], current: &[Forward]) -> Result<Vec<Forward>, String>
 
 /// vm_port_forward: removes, then adds, live; the record follows what QEMU took.
 pub fn apply(req: &Request) -> Result<Outcome, String> {
-    let rec = super::records::lookup_live(&req.name, "start it first").map_err(|e| e.to_string())?;
+    let rec =
+        super::records::lookup_live(&req.name, "start it first").map_err(|e| e.to_string())?;
     if rec.get("no_net").and_then(Value::as_bool) == Some(true) {
         return Err(format!(
             "VM {:?} was launched with no_net=true: it has no network to forward into",
@@ -199,7 +200,10 @@ pub fn apply(req: &Request) -> Result<Outcome, String> {
         }
         for f in &adding {
             let out = q.hmp(
-                &format!("hostfwd_add {NETDEV} tcp:{}:{}-:{}", f.addr, f.host, f.guest),
+                &format!(
+                    "hostfwd_add {NETDEV} tcp:{}:{}-:{}",
+                    f.addr, f.host, f.guest
+                ),
                 Duration::from_secs(10),
             )?;
             if !out.trim().is_empty() {

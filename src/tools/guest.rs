@@ -204,7 +204,11 @@ fn exec(ctx: &ToolCtx, args: &Args) -> ToolResult {
     if let Some(c) = cwd {
         spool::check_cwd(c).map_err(ToolError::new)?;
     }
-    let (name, command, stdin) = (args.str("name")?, args.str("command")?, args.opt_str("stdin")?);
+    let (name, command, stdin) = (
+        args.str("name")?,
+        args.str("command")?,
+        args.opt_str("stdin")?,
+    );
     if args.bool_or("background", false)? {
         let req = background::StartRequest {
             name: name.to_string(),
@@ -215,7 +219,9 @@ fn exec(ctx: &ToolCtx, args: &Args) -> ToolResult {
             cwd: cwd.map(str::to_string),
         };
         let started = background::start(&req)?;
-        return Ok(ToolOutput::json(serde_json::to_value(started).unwrap_or_default()));
+        return Ok(ToolOutput::json(
+            serde_json::to_value(started).unwrap_or_default(),
+        ));
     }
     let launch = spool::Launch {
         command,
@@ -423,8 +429,9 @@ fn list_dir(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     let req = listing::Request {
         name: args.str("name")?.to_string(),
         path: args.str("path")?.to_string(),
-        max_entries: args.i64_or("max_entries", 1000)?.clamp(1, listing::MAX_ENTRIES as i64)
-            as usize,
+        max_entries: args
+            .i64_or("max_entries", 1000)?
+            .clamp(1, listing::MAX_ENTRIES as i64) as usize,
     };
     let out = listing::list(&req).map_err(ToolError::new)?;
     serde_json::to_value(out)
