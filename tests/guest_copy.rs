@@ -244,8 +244,40 @@ fn copy_in_and_out_of_a_guest() {
     assert!(err.contains("outside"), "{err}");
     assert_eq!(list_dir(&out), vec!["secret.txt".to_string()]);
 
+    cap_checks(&mut e, vm, &src);
     copy_out_checks(&mut e, vm, &out);
     let _ = std::fs::remove_dir_all(&out);
+}
+
+/// A server with MCQEMU_MAX_COPY_MB=2 refuses a 3 MiB tree before sending it, and a guest
+/// tree above the cap before packing it; nothing is written either side.
+fn cap_checks(e: &mut Lab, vm: &str, src: &Path) {
+    let mut capped = lab_server(e, &[("MCQEMU_MAX_COPY_MB", "2")]);
+    // The lab's server keeps its agent connection for 2 s; the channel takes one client.
+    std::thread::sleep(Duration::from_secs(3));
+    let err = capped.call_err_within(
+        "guest_copy_in",
+        json!({"name": vm, "host_path": src.to_str().unwrap(), "guest_path": "/tmp/capped"}),
+        SLOW,
+    );
+    assert!(err.contains("MCQEMU_MAX_COPY_MB"), "{err}");
+    let dest = e.dir.join("capped");
+    let err = capped.call_err_within(
+        "guest_copy_out",
+        json!({"name": vm, "guest_path": "/tmp/tree", "host_path": dest.to_str().unwrap()}),
+        SLOW,
+    );
+    assert!(err.contains("MCQEMU_MAX_COPY_MB"), "{err}");
+    drop(capped);
+    assert!(!dest.exists());
+    assert_eq!(
+        sh(
+            e,
+            vm,
+            "[ ! -e /tmp/capped ] && ls -a /tmp /var/tmp 2>/dev/null | grep -c mcq-copy || true"
+        ),
+        "0\n"
+    );
 }
 
 /// copy_out of a tree with a 32 MiB file and links out of it; overwrite; a hostile archive.
@@ -468,7 +500,11 @@ fn copy_rates() {
     });
     let launched = e.launch(args, SLOW);
     boot_wait(&mut e, vm);
-    let sock = PathBuf::from(launched["qga_socket"].as_str().expect("launch_vm's qga_socket"));
+    let sock = PathBuf::from(
+        launched["qga_socket"]
+            .as_str()
+            .expect("launch_vm's qga_socket"),
+    );
     let mb = |d: Duration, n: usize| n as f64 / 1048576.0 / d.as_secs_f64();
     let big = pseudo_random(64 << 20, 3);
     let (big_file, big_out, tree_out) = (

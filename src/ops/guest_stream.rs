@@ -253,10 +253,18 @@ pub struct Ran {
     pub stderr: String,
 }
 
-/// Runs `argv` in the guest on this session, polling its status until it ends or `timeout`
-/// passes (then it is still running; the error gives its pid).
-pub fn run(q: &mut Qga, argv: &[&str], timeout: Duration) -> Result<Result<Ran, String>, QgaError> {
-    let req = json!({"path": argv[0], "arg": &argv[1..], "capture-output": true});
+/// Runs `argv` in the guest on this session, polling its status until it ends, `timeout`
+/// passes or `watch` is cancelled (then it is still running; the error gives its pid).
+pub fn run(
+    q: &mut Qga,
+    argv: &[&str],
+    timeout: Duration,
+    watch: Option<&dyn Watch>,
+) -> Result<Result<Ran, String>, QgaError> {
+    let Some((program, args)) = argv.split_first() else {
+        return Ok(Err("nothing to run".into()));
+    };
+    let req = json!({"path": program, "arg": args, "capture-output": true});
     let r = q.execute_within("guest-exec", Some(req), Duration::from_secs(30))?;
     let pid = r
         .get("pid")
@@ -281,11 +289,16 @@ pub fn run(q: &mut Qga, argv: &[&str], timeout: Duration) -> Result<Result<Ran, 
                 stderr: text("err-data"),
             }));
         }
+        if watch.is_some_and(|w| w.cancelled()) {
+            return Ok(Err(format!(
+                "cancelled by the client; {program} is still running in the guest as pid {pid}"
+            )));
+        }
         let now = Instant::now();
         if now >= deadline {
             return Ok(Err(format!(
                 "{} did not finish in the guest within {} s; it is still running as pid {pid}",
-                argv.get(1).copied().unwrap_or(argv[0]),
+                args.first().copied().unwrap_or(program),
                 timeout.as_secs()
             )));
         }

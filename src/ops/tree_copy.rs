@@ -106,20 +106,29 @@ fn join(parent: &str, name: &str) -> String {
 type Step<T> = Result<Result<T, String>, QgaError>;
 
 /// Runs `sh -c script sh args...` in the guest; a non-zero exit becomes `what`'s error.
-fn sh(q: &mut Qga, script: &str, args: &[&str], timeout: Duration, what: &str) -> Step<String> {
+fn sh(
+    q: &mut Qga,
+    script: &str,
+    args: &[&str],
+    timeout: Duration,
+    what: &str,
+    watch: Option<&dyn Watch>,
+) -> Step<String> {
     let mut argv = vec!["sh", "-c", script, "sh"];
     argv.extend_from_slice(args);
-    Ok(gs::run(q, &argv, timeout)?.and_then(|r| match r.code {
-        Some(0) => Ok(r.stdout),
-        code => Err(format!(
-            "{what} failed in the guest (exit {code:?}): {}",
-            if r.stderr.is_empty() {
-                &r.stdout
-            } else {
-                &r.stderr
-            }
-        )),
-    }))
+    Ok(
+        gs::run(q, &argv, timeout, watch)?.and_then(|r| match r.code {
+            Some(0) => Ok(r.stdout),
+            code => Err(format!(
+                "{what} failed in the guest (exit {code:?}): {}",
+                if r.stderr.is_empty() {
+                    &r.stdout
+                } else {
+                    &r.stderr
+                }
+            )),
+        }),
+    )
 }
 
 /// What the guest needs, checked before any data is sent: its tools, the destination's
@@ -187,6 +196,7 @@ pub fn copy_in(req: &CopyIn, watch: &dyn Watch) -> Result<Copied, String> {
             &[&gparent, &dst, ow],
             guest_time(0),
             "the check",
+            Some(watch),
         )? {
             return Ok(Err(e));
         }
@@ -212,12 +222,13 @@ pub fn copy_in(req: &CopyIn, watch: &dyn Watch) -> Result<Copied, String> {
                 &args,
                 guest_time(scan.0.bytes),
                 "putting the copy in place",
+                Some(watch),
             )?;
             if let Err(e) = placed {
                 step = Ok(Err(e));
             }
         } else {
-            let _ = sh(q, "rm -f \"$1\"", &[&sent], guest_time(0), "cleanup");
+            let _ = sh(q, "rm -f \"$1\"", &[&sent], guest_time(0), "cleanup", None);
         }
         step
     })
@@ -352,10 +363,13 @@ fn send(
     Ok(Ok(counts))
 }
 
-/// Archives the guest path into a temporary tar and prints that tar's path.
+/// Archives the guest path into a temporary tar and prints that tar's path; a tree larger
+/// than the cap ($4, KiB; measured with du when the guest has it) is refused before packing.
 const PACK_OUT: &str = r#"p=$1 b=$2 n=$3
 for c in tar rm; do command -v "$c" >/dev/null 2>&1 || { echo "the guest has no $c program (guest_copy_out needs sh, tar and rm; busybox has them)" >&2; exit 3; }; done
 [ -e "$p/$b" ] || [ -L "$p/$b" ] || { echo "nothing is at $p/$b in the guest" >&2; exit 4; }
+if command -v du >/dev/null 2>&1; then k=$(du -sk "$p/$b" 2>/dev/null); k=${k%%[!0-9]*}
+  [ "${k:-0}" -le "$4" ] || { echo "$p/$b holds $((k / 1024)) MiB, more than the cap of $(($4 / 1024)) MiB per copy (MCQEMU_MAX_COPY_MB); copy a smaller part" >&2; exit 6; }; fi
 for d in /var/tmp /tmp "$p"; do [ -d "$d" ] && [ -w "$d" ] && break; done
 t="$d/$n.tar"
 tar -c -f "$t" -C "$p" "$b" || { rm -f "$t"; echo "tar could not pack $p/$b (is the guest's disk or memory full?)" >&2; exit 5; }
@@ -378,19 +392,21 @@ pub fn copy_out(req: &CopyOut, watch: &dyn Watch) -> Result<Copied, String> {
     let tag = temp_tag();
     let tmp = OsString::from(format!(".{}{tag}", leaf.to_string_lossy()));
     let cap = max_bytes();
+    let cap_k = (cap >> 10).to_string();
     let received = with_guest(&req.name, "guest-exec", |q| -> Step<Counts> {
         let t = match sh(
             q,
             PACK_OUT,
-            &[&gparent, &gbase, &tag],
+            &[&gparent, &gbase, &tag, &cap_k],
             guest_time(cap),
             "tar",
+            Some(watch),
         )? {
             Ok(t) => t,
             Err(e) => return Ok(Err(e)),
         };
         let got = receive(q, &t, &folder, &tmp, gbase.as_bytes(), cap, watch);
-        let _ = sh(q, "rm -f \"$1\"", &[&t], guest_time(0), "cleanup");
+        let _ = sh(q, "rm -f \"$1\"", &[&t], guest_time(0), "cleanup", None);
         got
     })
     .map_err(|e| e.0)
