@@ -136,10 +136,20 @@ fn copy_in_and_out_of_a_guest() {
     let src = e.dir.subdir("src");
     let files = make_tree(&src, &secret);
 
+    tree_in_checks(&mut e, vm, &src, &secret, files);
+    roots_checks(&mut e, vm, &src, &secret, &out);
+    cap_checks(&mut e, vm, &src);
+    copy_out_checks(&mut e, vm, &out);
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+/// A tree in as one archive (exact content, modes, links as links, the hidden file and the
+/// outside file's content never sent), overwrite, and a single file.
+fn tree_in_checks(e: &mut Lab, vm: &str, src: &Path, secret: &Path, files: usize) {
     // A tree in, as one archive.
     let t = Instant::now();
     let r = call(
-        &mut e,
+        e,
         "guest_copy_in",
         json!({"name": vm, "host_path": src.to_str().unwrap(), "guest_path": "/tmp/tree"}),
     );
@@ -148,20 +158,20 @@ fn copy_in_and_out_of_a_guest() {
     assert_eq!(r["symlinks"], json!(2), "{r}");
     assert_eq!(r["skipped_total"], json!(1), "{r}");
     assert_eq!(r["dirs"], json!(1 + 6 + 30 + 30 + 1), "{r}");
-    let mut expected = host_manifest(&src);
+    let mut expected = host_manifest(src);
     expected = expected
         .lines()
         .filter(|l| !l.ends_with("/.hidden"))
         .collect::<Vec<_>>()
         .join("\n");
     let got = sh(
-        &mut e,
+        e,
         vm,
         "cd /tmp/tree && find . -type f | sort | xargs sha256sum | sort",
     );
     assert_eq!(got.trim(), expected.trim());
     let got = sh(
-        &mut e,
+        e,
         vm,
         "cd /tmp/tree && stat -c '%a %s' bin/run.sh big.bin && \
         readlink inner && readlink outer && [ -L outer ] && [ ! -e .hidden ] && ./bin/run.sh && \
@@ -179,7 +189,7 @@ fn copy_in_and_out_of_a_guest() {
 
     // An existing destination is refused, then replaced with overwrite.
     let err = refused(
-        &mut e,
+        e,
         "guest_copy_in",
         json!({"name": vm, "host_path": src.to_str().unwrap(), "guest_path": "/tmp/tree"}),
     );
@@ -189,42 +199,48 @@ fn copy_in_and_out_of_a_guest() {
     );
     std::fs::write(src.join("bin/run.sh"), "#!/bin/sh\necho again\n").unwrap();
     call(
-        &mut e,
+        e,
         "guest_copy_in",
         json!({"name": vm, "host_path": src.to_str().unwrap(),
         "guest_path": "/tmp/tree", "overwrite": true}),
     );
     assert_eq!(
         sh(
-            &mut e,
+            e,
             vm,
             "/tmp/tree/bin/run.sh; ls -a /tmp | grep -c mcq-copy || true"
         ),
         "again\n0\n"
     );
+    single_file_check(e, vm, src);
+}
 
-    // A single file skips tar, keeps its mode.
+/// A single file skips tar and keeps its mode.
+fn single_file_check(e: &mut Lab, vm: &str, src: &Path) {
     let r = call(
-        &mut e,
+        e,
         "guest_copy_in",
         json!({"name": vm,
         "host_path": src.join("bin/run.sh").to_str().unwrap(), "guest_path": "/tmp/one.sh"}),
     );
     assert_eq!(r["files"], json!(1), "{r}");
     assert_eq!(
-        sh(&mut e, vm, "stat -c %a /tmp/one.sh; /tmp/one.sh"),
+        sh(e, vm, "stat -c %a /tmp/one.sh; /tmp/one.sh"),
         "750\nagain\n"
     );
+}
 
+/// Host paths outside the roots, both ways: refused, nothing written anywhere.
+fn roots_checks(e: &mut Lab, vm: &str, src: &Path, secret: &Path, out: &Path) {
     // Host paths outside the roots, both ways: refused, nothing written anywhere.
     let err = refused(
-        &mut e,
+        e,
         "guest_copy_in",
         json!({"name": vm, "host_path": secret.to_str().unwrap(), "guest_path": "/tmp/stolen"}),
     );
     assert!(err.contains("outside"), "{err}");
     let err = refused(
-        &mut e,
+        e,
         "guest_copy_in",
         json!({"name": vm, "host_path": src.join("outer").to_str().unwrap(), "guest_path": "/tmp/stolen"}),
     );
@@ -232,21 +248,14 @@ fn copy_in_and_out_of_a_guest() {
         err.contains("outside"),
         "a link out of the roots is judged by its target: {err}"
     );
-    assert_eq!(
-        sh(&mut e, vm, "[ ! -e /tmp/stolen ] && echo none"),
-        "none\n"
-    );
+    assert_eq!(sh(e, vm, "[ ! -e /tmp/stolen ] && echo none"), "none\n");
     let err = refused(
-        &mut e,
+        e,
         "guest_copy_out",
         json!({"name": vm, "guest_path": "/tmp/tree", "host_path": out.join("dropped").to_str().unwrap()}),
     );
     assert!(err.contains("outside"), "{err}");
-    assert_eq!(list_dir(&out), vec!["secret.txt".to_string()]);
-
-    cap_checks(&mut e, vm, &src);
-    copy_out_checks(&mut e, vm, &out);
-    let _ = std::fs::remove_dir_all(&out);
+    assert_eq!(list_dir(out), vec!["secret.txt".to_string()]);
 }
 
 /// A server with MCQEMU_MAX_COPY_MB=2 refuses a 3 MiB tree before sending it, and a guest
@@ -280,17 +289,17 @@ fn cap_checks(e: &mut Lab, vm: &str, src: &Path) {
     );
 }
 
-/// copy_out of a tree with a 32 MiB file and links out of it; overwrite; a hostile archive.
-fn copy_out_checks(e: &mut Lab, vm: &str, out: &Path) {
-    sh(
-        e,
-        vm,
-        "mkdir -p /tmp/res/sub && head -c 33554432 /dev/urandom > /tmp/res/big && \
+/// The guest tree copied out: a 32 MiB file, an executable, a hard link, links out of it
+/// (to /etc, /etc/passwd) and one inside it, an old mtime.
+const RES_TREE: &str = "mkdir -p /tmp/res/sub && head -c 33554432 /dev/urandom > /tmp/res/big && \
         echo hello > /tmp/res/sub/a && printf '#!/bin/sh\\n' > /tmp/res/x.sh && \
         chmod 751 /tmp/res/x.sh && ln /tmp/res/sub/a /tmp/res/hard && \
         ln -s /etc /tmp/res/etc && ln -s /etc/passwd /tmp/res/sub/passwd && \
-        ln -s sub/a /tmp/res/rel && touch -d '2020-01-02 03:04:05' /tmp/res/sub/a",
-    );
+        ln -s sub/a /tmp/res/rel && touch -d '2020-01-02 03:04:05' /tmp/res/sub/a";
+
+/// copy_out of a tree with a 32 MiB file and links out of it; overwrite; a hostile archive.
+fn copy_out_checks(e: &mut Lab, vm: &str, out: &Path) {
+    sh(e, vm, RES_TREE);
     let guest_sums = sh(
         e,
         vm,
@@ -363,7 +372,12 @@ fn copy_out_checks(e: &mut Lab, vm: &str, out: &Path) {
     after.retain(|n| n != "res");
     assert_eq!(after, before, "only the destination appeared beside it");
 
-    // An existing host_path is refused without overwrite, replaced with it.
+    out_overwrite_checks(e, vm, &dest);
+    hostile_archive_check(e, vm, out);
+}
+
+/// An existing host_path is refused without overwrite, replaced with it.
+fn out_overwrite_checks(e: &mut Lab, vm: &str, dest: &Path) {
     let err = refused(
         e,
         "guest_copy_out",
@@ -379,9 +393,11 @@ fn copy_out_checks(e: &mut Lab, vm: &str, out: &Path) {
     );
     assert_eq!(std::fs::read(dest.join("a")).unwrap(), b"hello\n");
     assert!(!dest.join("big").exists());
+}
 
-    // A hostile guest (its tar replaced) sends an entry under a symlink its archive made,
-    // pointing outside: refused, nothing written outside, no temporary left.
+/// A hostile guest sends an entry under a symlink its archive made, pointing outside:
+/// refused, nothing written outside, no temporary left.
+fn hostile_archive_check(e: &mut Lab, vm: &str, out: &Path) {
     let mut w = mcqemu::state::tar::Writer::new(Vec::new());
     w.dir(b"evil", 0o755, 0).unwrap();
     w.symlink(b"evil/l", out.as_os_str().as_encoded_bytes(), 0)
@@ -540,6 +556,11 @@ fn copy_rates() {
         mb(cout, big.len())
     );
     sh(&mut e, vm, "rm -f /tmp/big");
+    tree_rates(&mut e, vm, &tree_out);
+}
+
+/// A 2,000-file tree each way.
+fn tree_rates(e: &mut Lab, vm: &str, tree_out: &str) {
     let tree = e.dir.subdir("tree");
     for d in 0..40 {
         let sub = tree.join(format!("d{d}"));
@@ -554,7 +575,7 @@ fn copy_rates() {
     }
     let t = Instant::now();
     let r = call(
-        &mut e,
+        e,
         "guest_copy_in",
         json!({"name": vm, "host_path": tree.to_str().unwrap(), "guest_path": "/tmp/tree"}),
     );
@@ -562,7 +583,7 @@ fn copy_rates() {
     assert_eq!(r["files"], json!(2000));
     let t = Instant::now();
     let r = call(
-        &mut e,
+        e,
         "guest_copy_out",
         json!({"name": vm, "guest_path": "/tmp/tree", "host_path": tree_out}),
     );

@@ -14,7 +14,8 @@ use super::guest_stream::{self as gs, GuestReader, GuestWriter, Watch};
 use crate::qemu::qga::{Qga, QgaError};
 use crate::state::roots::{self, Access};
 use crate::state::tar::{Reader, Writer};
-use crate::state::tree::{self, Counts, Extract, Folder, Meta, Type};
+use crate::state::extract::Extract;
+use crate::state::tree::{self, Counts, Folder, Meta, Type};
 
 /// Default cap per call on the bytes copied (MCQEMU_MAX_COPY_MB).
 const DEFAULT_MAX_MB: u64 = 2048;
@@ -233,20 +234,23 @@ pub fn copy_in(req: &CopyIn, watch: &dyn Watch) -> Result<Copied, String> {
         step
     })
     .map_err(|e| e.0)??;
-    let mut counts = counts;
-    // Say what was left out in the caller's terms, not the archive's internal name.
+    Ok(Copied {
+        counts: in_host_terms(counts, &host),
+        duration_ms: started.elapsed().as_millis() as u64,
+        host_path: host,
+        guest_path: dst,
+    })
+}
+
+/// The entries left out, named in the caller's terms instead of the archive's internal name.
+fn in_host_terms(mut counts: Counts, host: &Path) -> Counts {
     let prefix = format!("{TOP}/");
     for s in &mut counts.skipped {
         if let Some(rest) = s.strip_prefix(&prefix) {
             *s = format!("{}/{rest}", host.display());
         }
     }
-    Ok(Copied {
-        counts,
-        duration_ms: started.elapsed().as_millis() as u64,
-        host_path: host,
-        guest_path: dst,
-    })
+    counts
 }
 
 /// The folder and name of a resolved host path.

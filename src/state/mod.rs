@@ -2,6 +2,7 @@
 
 pub mod beneath;
 pub mod copy;
+pub mod extract;
 pub mod paths;
 pub mod registry;
 pub mod roots;
