@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 use super::guest::with_guest;
 use super::guest_stream::{self as gs, GuestReader, GuestWriter, Watch};
 use crate::qemu::qga::{Qga, QgaError};
+use crate::state::extract::Extract;
 use crate::state::roots::{self, Access};
 use crate::state::tar::{Reader, Writer};
-use crate::state::extract::Extract;
 use crate::state::tree::{self, Counts, Folder, Meta, Type};
 
 /// Default cap per call on the bytes copied (MCQEMU_MAX_COPY_MB).

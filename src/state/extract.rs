@@ -188,7 +188,6 @@ impl<'a> Extract<'a> {
     }
 }
 
-
 /// A file's mode from the guest, without setuid, setgid or sticky: guest data must not
 /// become a set-id program on the host.
 fn finish_file(f: &File, mode: u32) -> io::Result<()> {
