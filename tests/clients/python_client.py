@@ -389,9 +389,10 @@ def check_transcript(transcript: Path, mode: str, facts: dict) -> None:
     )
     s2c = [e["msg"] for e in entries if e["dir"] == "s2c" and isinstance(e["msg"], dict)]
     progress = [m for m in s2c if m.get("method") == "notifications/progress"]
+    # A final update inside the server's half-second rate gap is dropped, never waited for.
     check(
-        progress and progress[-1]["params"]["progress"] == facts["progress_size"],
-        f"the server's last progress is not the full size: {progress[-1:]}",
+        progress and 0 < progress[-1]["params"]["progress"] <= facts["progress_size"],
+        f"the server's progress is missing or past the full size: {progress[-1:]}",
     )
     era = EXPECTED_VERSION[mode]
     check(validate(transcript, era), f"validate_transcript.py found the transcript invalid for {era}")

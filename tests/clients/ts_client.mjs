@@ -170,7 +170,8 @@ async function run(binary, tmp, transcript) {
   check(init?.msg.result.protocolVersion === ERA, `negotiated ${init?.msg.result.protocolVersion}, expected ${ERA}`);
   const progress = lines.filter((e) => e.dir === 's2c' && e.msg?.method === 'notifications/progress');
   const last = progress.at(-1)?.msg.params;
-  check(last?.progress === 512 << 10, `the server's last progress is not the full size: ${JSON.stringify(last)}`);
+  // A final update inside the server's half-second rate gap is dropped, never waited for.
+  check(last?.progress > 0 && last.progress <= 512 << 10, `the server's progress is missing or past the full size: ${JSON.stringify(last)}`);
   validateTranscript(transcript);
 }
 
