@@ -603,11 +603,16 @@ mod progress_tests {
         assert!(values.windows(2).all(|w| w[1] > w[0]), "{values:?}");
     }
 
-    #[test]
-    fn a_quick_call_says_nothing_and_no_response_waits_for_the_gap() {
+    /// A reporter writing into a sink the test reads back.
+    fn recorded() -> (Lines, Progress) {
         let lines = Lines::default();
         let out = Arc::new(Output::new(Box::new(lines.clone())));
-        let p = Progress::new(json!("t"), Arc::clone(&out));
+        (lines, Progress::new(json!("t"), out))
+    }
+
+    #[test]
+    fn a_quick_call_says_nothing_and_no_response_waits_for_the_gap() {
+        let (lines, p) = recorded();
         p.send(0.01, Some(30.0), "running");
         let t0 = Instant::now();
         p.finish();
@@ -622,9 +627,7 @@ mod progress_tests {
         );
 
         // A long call whose last update comes inside the gap: dropped, not waited for.
-        let lines = Lines::default();
-        let out = Arc::new(Output::new(Box::new(lines.clone())));
-        let p = Progress::new(json!("t"), out);
+        let (lines, p) = recorded();
         std::thread::sleep(MIN_GAP + Duration::from_millis(50));
         p.send(1.0, None, "first");
         p.send(2.0, None, "second");

@@ -130,7 +130,6 @@ pub fn start(req: &StartRequest) -> Result<Started, BgError> {
     if let Some(c) = &req.cwd {
         spool::check_cwd(c).map_err(BgError)?;
     }
-    super::records::lookup(&req.name).map_err(err)?;
     let id = spool::new_id();
     let launch = Launch {
         command: &req.command,
@@ -210,15 +209,7 @@ type Spawned = (i64, Option<Value>);
 /// Starts `launch` and waits (briefly, bounded) for the wrapper to have either refused or
 /// handed over to the program.
 fn start_in(q: &mut Qga, launch: &Launch) -> Result<Result<Spawned, BgError>, QgaError> {
-    let r = q.execute_within(
-        "guest-exec",
-        Some(launch.request()),
-        Duration::from_secs(30),
-    )?;
-    let pid = r
-        .get("pid")
-        .and_then(Value::as_i64)
-        .ok_or_else(|| QgaError::Garbage(format!("guest-exec returned no pid: {r}")))?;
+    let pid = super::guest_stream::spawn(q, launch.request())?;
     // The wrapper refuses a missing cwd before it makes the output files: wait (bounded) for
     // either the refusal or the files.
     let out = spool::paths(launch.spool.unwrap_or_default()).0;
@@ -440,22 +431,16 @@ pub fn signal_number(name: &str) -> Option<i32> {
 
 /// Sends `sig` to the process's session (its children too), falling back to the process.
 fn send(q: &mut Qga, pid: i64, sig: i32) -> Result<(), QgaError> {
-    let script = format!("kill -{sig} -- -{pid} 2>/dev/null || kill -{sig} {pid}");
-    let r = q.execute(
-        "guest-exec",
-        Some(json!({"path": "/bin/sh", "arg": ["-c", script]})),
-    )?;
-    if let Some(p) = r.get("pid").and_then(Value::as_i64) {
-        let until = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < until {
-            let s = q.execute("guest-exec-status", Some(json!({"pid": p})))?;
-            if s.get("exited").and_then(Value::as_bool) == Some(true) {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-    Ok(())
+    let args = vec![
+        "-c".to_string(),
+        format!("kill -{sig} -- -{pid} 2>/dev/null || kill -{sig} {pid}"),
+    ];
+    let launch = Launch {
+        command: "/bin/sh",
+        args: &args,
+        ..Launch::default()
+    };
+    spool::run_in(q, &launch, Duration::from_secs(5)).map(|_| ())
 }
 
 /// guest_exec_kill: the signal, then (for catchable ones) up to [`KILL_GRACE`] for it to end,

@@ -27,17 +27,27 @@ const LOAD_BUDGET: Duration = Duration::from_secs(30);
 
 /// sandbox_vm from a template.
 /// Ready when the agent first answers; the clock is then being set (see [`guest_clock`]).
-pub fn start(ctx: &ToolCtx, args: &Args, template_name: &str) -> Result<Value, ToolError> {
-    Ok(start_with(ctx, args, template_name, Map::new())?.0)
+/// `checked`: what [`check`] returned for these `args`.
+pub fn start(
+    ctx: &ToolCtx,
+    args: &Args,
+    template_name: &str,
+    checked: Checked,
+) -> Result<Value, ToolError> {
+    Ok(start_checked(ctx, args, template_name, checked, Map::new())?.0)
+}
+
+/// What [`check`] found: the template, the clone's own cloud-init, and the QEMU to run it.
+pub struct Checked {
+    template: template::Template,
+    cloud_init: Option<CloudInit>,
+    qemu: std::sync::Arc<binaries::Qemu>,
 }
 
 /// What a clone of `template_name` cannot honour in sandbox_vm `args`, refused before anything
 /// starts (and before a warm pool is looked at, so the same call never succeeds or fails by the
 /// pool's state); returns the template and the clone's own cloud-init.
-pub fn check(
-    args: &Args,
-    template_name: &str,
-) -> Result<(template::Template, Option<CloudInit>), ToolError> {
+pub fn check(args: &Args, template_name: &str) -> Result<Checked, ToolError> {
     let t = template::load(template_name)?;
     for refused in [
         "base_image",
@@ -97,7 +107,11 @@ pub fn check(
              CD-ROM to carry one; make the template with a cloud_init"
         )));
     }
-    Ok((t, cloud_init))
+    Ok(Checked {
+        template: t,
+        cloud_init,
+        qemu,
+    })
 }
 
 /// [`start`], with `fields` added to the clone's record from its launch on (a pooled clone's
@@ -108,10 +122,25 @@ pub fn start_with(
     template_name: &str,
     fields: Map<String, Value>,
 ) -> Result<(Value, Option<JoinHandle<guest_clock::Outcome>>), ToolError> {
+    let checked = check(args, template_name)?;
+    start_checked(ctx, args, template_name, checked, fields)
+}
+
+/// [`start_with`] for arguments [`check`] has already passed.
+fn start_checked(
+    ctx: &ToolCtx,
+    args: &Args,
+    template_name: &str,
+    checked: Checked,
+    fields: Map<String, Value>,
+) -> Result<(Value, Option<JoinHandle<guest_clock::Outcome>>), ToolError> {
     let started = Instant::now();
-    let (t, cloud_init) = check(args, template_name)?;
+    let Checked {
+        template: t,
+        cloud_init,
+        qemu,
+    } = checked;
     let tdir = template::dir_of(template_name);
-    let qemu = binaries::find(&t.arch).map_err(ToolError::new)?;
     let name = sandbox::checked_name(args)?;
     let forwards = match args.opt_str_list("port_forwards")? {
         Some(f) => f,

@@ -133,19 +133,15 @@ pub fn run_program(
 ) -> Result<Value, ToolError> {
     let name = name.to_string();
     let command = launch.command;
-    let slot = spool::Slot::take();
-    let id = slot.id.clone();
+    // Only a live run needs a spool slot (it is held until the run's end).
+    let slot = live.then(spool::Slot::take);
     let launch = Launch {
-        spool: if live {
-            Some(id.as_str())
-        } else {
-            launch.spool
-        },
+        spool: slot.as_ref().map(|s| s.id.as_str()).or(launch.spool),
         ..launch.clone()
     };
     let req = launch.request();
-    let mut live = live.then(|| Live {
-        id: id.clone(),
+    let mut live = slot.as_ref().map(|s| Live {
+        id: s.id.clone(),
         ..Live::default()
     });
     let started = Instant::now();
@@ -171,11 +167,7 @@ pub fn run_program(
             let pid = match pid {
                 Some(p) => p,
                 None => {
-                    let r =
-                        q.execute_within("guest-exec", Some(req.clone()), Duration::from_secs(30))?;
-                    let p = r.get("pid").and_then(Value::as_i64).ok_or_else(|| {
-                        QgaError::Garbage(format!("guest-exec returned no pid: {r}"))
-                    })?;
+                    let p = super::guest_stream::spawn(q, req.clone())?;
                     ctx.log.log(
                         "info",
                         &format!("guest_exec in {name}: {command} (guest pid {p})"),

@@ -24,6 +24,33 @@ pub trait Watch {
     fn cancelled(&self) -> bool;
 }
 
+/// Starts a program with guest-exec request `req`; returns its guest PID.
+pub fn spawn(q: &mut Qga, req: Value) -> Result<i64, QgaError> {
+    let r = q.execute_within("guest-exec", Some(req), Duration::from_secs(30))?;
+    r.get("pid")
+        .and_then(Value::as_i64)
+        .ok_or_else(|| QgaError::Garbage(format!("guest-exec returned no pid: {r}")))
+}
+
+/// One guest-file-read of up to `count` bytes: the bytes and whether the agent saw the end.
+pub fn read_chunk(q: &mut Qga, handle: &Value, count: usize) -> Result<(Vec<u8>, bool), QgaError> {
+    let r = q.execute(
+        "guest-file-read",
+        Some(json!({"handle": handle, "count": count})),
+    )?;
+    let chunk = r
+        .get("buf-b64")
+        .and_then(Value::as_str)
+        .map(b64::decode)
+        .transpose()
+        .map_err(|e| QgaError::Garbage(format!("the agent sent bad base64: {e}")))?
+        .unwrap_or_default();
+    Ok((
+        chunk,
+        r.get("eof").and_then(Value::as_bool).unwrap_or(false),
+    ))
+}
+
 /// Opens `path` in the guest with `mode` ("r", "w"); returns the agent's handle.
 pub fn open(q: &mut Qga, path: &str, mode: &str) -> Result<Value, QgaError> {
     q.execute("guest-file-open", Some(json!({"path": path, "mode": mode})))
@@ -190,19 +217,11 @@ impl<'a> GuestReader<'a> {
         }
         let mut idle = 0;
         loop {
-            let args = json!({"handle": self.handle, "count": CHUNK});
-            let r = match self.q.execute("guest-file-read", Some(args)) {
+            let (chunk, eof) = match read_chunk(self.q, &self.handle, CHUNK) {
                 Ok(r) => r,
                 Err(e) => return Err(stream_err(&mut self.failure, e)),
             };
-            let chunk = r
-                .get("buf-b64")
-                .and_then(Value::as_str)
-                .map(b64::decode)
-                .transpose()
-                .map_err(|e| io::Error::other(format!("the agent sent bad base64: {e}")))?
-                .unwrap_or_default();
-            self.eof = r.get("eof").and_then(Value::as_bool).unwrap_or(false);
+            self.eof = eof;
             idle = if chunk.is_empty() { idle + 1 } else { 0 };
             if !chunk.is_empty() || self.eof || idle >= 3 {
                 self.eof |= chunk.is_empty();
@@ -264,12 +283,10 @@ pub fn run(
     let Some((program, args)) = argv.split_first() else {
         return Ok(Err("nothing to run".into()));
     };
-    let req = json!({"path": program, "arg": args, "capture-output": true});
-    let r = q.execute_within("guest-exec", Some(req), Duration::from_secs(30))?;
-    let pid = r
-        .get("pid")
-        .and_then(Value::as_i64)
-        .ok_or_else(|| QgaError::Garbage(format!("guest-exec returned no pid: {r}")))?;
+    let pid = spawn(
+        q,
+        json!({"path": program, "arg": args, "capture-output": true}),
+    )?;
     let deadline = Instant::now() + timeout;
     let mut slice = Duration::from_millis(2);
     loop {

@@ -86,7 +86,7 @@ pub fn create(ctx: &ToolCtx, args: &Args) -> Result<Value, ToolError> {
 pub fn boot(ctx: &ToolCtx, args: &Args) -> Result<(Value, AgentWait, Duration), ToolError> {
     if let Some(t) = args.opt_str("template")? {
         // What a clone refuses is refused whether or not a pool is ready.
-        super::clone::check(args, t)?;
+        let checked = super::clone::check(args, t)?;
         if super::pool::size(t) > 0 && super::pool::fits(args) {
             let name = checked_name(args)?;
             if let Some(out) = super::pool::take(t, &name)? {
@@ -94,7 +94,7 @@ pub fn boot(ctx: &ToolCtx, args: &Args) -> Result<(Value, AgentWait, Duration), 
             }
         }
         return Ok((
-            super::clone::start(ctx, args, t)?,
+            super::clone::start(ctx, args, t, checked)?,
             AgentWait::Ready,
             Duration::ZERO,
         ));

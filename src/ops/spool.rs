@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
+use super::guest_stream::{read_chunk, spawn, CHUNK};
 use crate::b64;
 use crate::qemu::qga::{Qga, QgaError};
 
@@ -202,24 +203,13 @@ pub fn read_and_empty(q: &mut Qga, path: &str, max: usize) -> Result<(Vec<u8>, b
     let mut data = Vec::new();
     let read = loop {
         let want = (max + 1 - data.len()).min(CHUNK);
-        let r = match q.execute(
-            "guest-file-read",
-            Some(json!({"handle": handle, "count": want})),
-        ) {
+        let (chunk, eof) = match read_chunk(q, &handle, want) {
             Ok(r) => r,
             Err(e) => break Err(e),
         };
-        let chunk = r
-            .get("buf-b64")
-            .and_then(Value::as_str)
-            .and_then(|s| b64::decode(s).ok())
-            .unwrap_or_default();
+        let empty = chunk.is_empty();
         data.extend_from_slice(&chunk);
-        let eof = r
-            .get("eof")
-            .and_then(Value::as_bool)
-            .unwrap_or(chunk.is_empty());
-        if eof || chunk.is_empty() || data.len() > max {
+        if eof || empty || data.len() > max {
             break Ok(());
         }
     };
@@ -330,17 +320,7 @@ fn read_open(
     let want = ((size - start) as usize).min(max);
     let mut data = Vec::with_capacity(want);
     while data.len() < want {
-        let r = q.execute(
-            "guest-file-read",
-            Some(json!({"handle": handle, "count": (want - data.len()).min(CHUNK)})),
-        )?;
-        let chunk = r
-            .get("buf-b64")
-            .and_then(Value::as_str)
-            .map(b64::decode)
-            .transpose()
-            .map_err(|e| QgaError::Garbage(e.to_string()))?
-            .unwrap_or_default();
+        let (chunk, _) = read_chunk(q, handle, (want - data.len()).min(CHUNK))?;
         if chunk.is_empty() {
             break;
         }
@@ -350,21 +330,10 @@ fn read_open(
     Ok(Slice { size, start, data })
 }
 
-/// Bytes per guest-file-read (a multiple of 3: base64 without padding in between).
-const CHUNK: usize = 1024 * 1024 - 1;
-
 /// Runs `launch` to its end on session `q` (a short helper program: a listing, a kill),
 /// polling within `timeout`; returns the agent's final status.
 pub fn run_in(q: &mut Qga, launch: &Launch, timeout: Duration) -> Result<Value, QgaError> {
-    let r = q.execute_within(
-        "guest-exec",
-        Some(launch.request()),
-        Duration::from_secs(30),
-    )?;
-    let pid = r
-        .get("pid")
-        .and_then(Value::as_i64)
-        .ok_or_else(|| QgaError::Garbage(format!("guest-exec returned no pid: {r}")))?;
+    let pid = spawn(q, launch.request())?;
     let deadline = std::time::Instant::now() + timeout;
     let mut pause = Duration::from_millis(2);
     loop {

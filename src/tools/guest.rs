@@ -8,7 +8,7 @@ use super::object;
 use crate::b64;
 use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::ops::guest::{self as guest_ops, with_guest};
-use crate::ops::{background, listing, spool};
+use crate::ops::{background, guest_stream, listing, spool};
 use crate::qemu::qga::{Qga, QgaError};
 
 /// Bytes per guest-file-read / guest-file-write call: large, since every call is a round trip
@@ -355,18 +355,7 @@ fn read_all(q: &mut Qga, handle: &Value, max: usize) -> Result<(Vec<u8>, bool), 
     loop {
         // Ask for one byte past the cap, so a file of exactly max bytes is not called truncated.
         let want = (max + 1 - data.len()).min(FILE_CHUNK);
-        let r = q.execute(
-            "guest-file-read",
-            Some(json!({"handle": handle, "count": want})),
-        )?;
-        let chunk = r
-            .get("buf-b64")
-            .and_then(Value::as_str)
-            .map(b64::decode)
-            .transpose()
-            .map_err(|e| QgaError::Garbage(e.to_string()))?
-            .unwrap_or_default();
-        let eof = r.get("eof").and_then(Value::as_bool).unwrap_or(false);
+        let (chunk, eof) = guest_stream::read_chunk(q, handle, want)?;
         if chunk.is_empty() {
             idle += 1;
         } else {
