@@ -5,8 +5,9 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use super::error::OpError;
+use super::work::Work;
 use crate::cloudinit::console;
-use crate::mcp::tool::{ToolCtx, ToolError};
 use crate::qemu::vm;
 use crate::qemu::{process, qga};
 
@@ -36,11 +37,11 @@ const AFTER_CLOUD_INIT: Duration = Duration::from_secs(10);
 /// Polls the agent in short slices until it answers, QEMU dies, cloud-init finishes without it
 /// (read from the serial console), or `wait` runs out.
 pub fn wait_for_agent(
-    ctx: &ToolCtx,
+    ctx: &dyn Work,
     name: &str,
     rec: &crate::state::registry::Record,
     wait: Duration,
-) -> Result<AgentWait, ToolError> {
+) -> Result<AgentWait, OpError> {
     let Some(sock_path) = vm::field(rec, "qga_socket").map(PathBuf::from) else {
         return Ok(AgentWait::TimedOut);
     };
@@ -59,7 +60,7 @@ pub fn wait_for_agent(
                 let log = vm::field(rec, "serial_log")
                     .map(|p| tail(Path::new(p), 5))
                     .unwrap_or_default();
-                return Err(ToolError::new(format!(
+                return Err(OpError::new(format!(
                     "QEMU for sandbox {name:?} exited while waiting for the guest agent. Last \
                      serial output: {log}"
                 )));

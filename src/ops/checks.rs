@@ -5,22 +5,23 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::mcp::tool::{Args, ToolError};
+use super::error::OpError;
+use crate::mcp::tool::Args;
 use crate::qemu::untrusted::{self, Checked};
 use crate::state::roots::{self, Access};
 
 /// A path parameter, checked against the roots for `access` and resolved (every symlink and
 /// `..`): the tool must use the returned path from then on, never the text it was given.
-pub fn path_arg(args: &Args, name: &str, access: Access) -> Result<PathBuf, ToolError> {
+pub fn path_arg(args: &Args, name: &str, access: Access) -> Result<PathBuf, OpError> {
     let raw = args.str(name)?;
-    roots::check_str(raw, access).map_err(|e| ToolError::new(format!("parameter '{name}': {e}")))
+    roots::check_str(raw, access).map_err(|e| OpError::new(format!("parameter '{name}': {e}")))
 }
 
 /// An existing disk image, checked as untrusted data: its backing chain and external data
 /// file must stay inside the roots. `format` pins how it is read (None probes it once).
-pub fn checked_image(path: &Path, what: &str, format: Option<&str>) -> Result<Checked, ToolError> {
+pub fn checked_image(path: &Path, what: &str, format: Option<&str>) -> Result<Checked, OpError> {
     if !path.is_file() {
-        return Err(ToolError::new(format!(
+        return Err(OpError::new(format!(
             "{what} {} does not exist or is not a file",
             path.display()
         )));
@@ -46,14 +47,14 @@ fn recorded_format(path: &Path) -> Option<String> {
 }
 
 /// Ok when `path` is a regular file; else says how it is not, for `what`.
-pub fn must_exist(path: &Path, what: &str) -> Result<(), ToolError> {
+pub fn must_exist(path: &Path, what: &str) -> Result<(), OpError> {
     match std::fs::metadata(path) {
         Ok(m) if m.is_file() => Ok(()),
-        Ok(_) => Err(ToolError::new(format!(
+        Ok(_) => Err(OpError::new(format!(
             "{what} {} is not a regular file",
             path.display()
         ))),
-        Err(e) => Err(ToolError::new(format!(
+        Err(e) => Err(OpError::new(format!(
             "{what} {} cannot be read: {e}; check the path (image_info works on any existing \
              image)",
             path.display()
@@ -63,9 +64,9 @@ pub fn must_exist(path: &Path, what: &str) -> Result<(), ToolError> {
 
 /// Refuses an image that a registered, running VM uses (a disk, or a live sandbox's base):
 /// changing it under QEMU corrupts the guest's view of the disk.
-pub fn refuse_in_use(path: &Path) -> Result<(), ToolError> {
+pub fn refuse_in_use(path: &Path) -> Result<(), OpError> {
     match crate::qemu::vm::user_of(path) {
-        Some(vm) => Err(ToolError::new(format!(
+        Some(vm) => Err(OpError::new(format!(
             "{} is in use by running VM {vm:?} (as a disk or as a sandbox's base image); stop it \
              (stop_vm or sandbox_destroy) first",
             path.display()

@@ -11,13 +11,15 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 
+use super::error::OpError;
 use super::launch::{self, LaunchRequest};
 use super::records::lookup;
 use super::session;
+use super::work::Work;
 use super::{guest_clock, sandbox, templates as template};
 use crate::cloudinit::CloudInit;
 use crate::host::{self, binaries, decide};
-use crate::mcp::tool::{Args, ToolCtx, ToolError};
+use crate::mcp::tool::Args;
 use crate::qemu::cmdline::LaunchSpec;
 use crate::qemu::forwards::resolve_forwards;
 use crate::qemu::{migrate, vm};
@@ -29,11 +31,11 @@ const LOAD_BUDGET: Duration = Duration::from_secs(30);
 /// Ready when the agent first answers; the clock is then being set (see [`guest_clock`]).
 /// `checked`: what [`check`] returned for these `args`.
 pub fn start(
-    ctx: &ToolCtx,
+    ctx: &dyn Work,
     args: &Args,
     template_name: &str,
     checked: Checked,
-) -> Result<Value, ToolError> {
+) -> Result<Value, OpError> {
     Ok(start_checked(ctx, args, template_name, checked, Map::new())?.0)
 }
 
@@ -47,7 +49,7 @@ pub struct Checked {
 /// What a clone of `template_name` cannot honour in sandbox_vm `args`, refused before anything
 /// starts (and before a warm pool is looked at, so the same call never succeeds or fails by the
 /// pool's state); returns the template and the clone's own cloud-init.
-pub fn check(args: &Args, template_name: &str) -> Result<Checked, ToolError> {
+pub fn check(args: &Args, template_name: &str) -> Result<Checked, OpError> {
     let t = template::load(template_name)?;
     for refused in [
         "base_image",
@@ -60,7 +62,7 @@ pub fn check(args: &Args, template_name: &str) -> Result<Checked, ToolError> {
         "disk_size",
     ] {
         if args.0.get(refused).is_some_and(|v| !v.is_null()) {
-            return Err(ToolError::new(format!(
+            return Err(OpError::new(format!(
                 "{refused} comes from the template and cannot be changed for a clone; drop it, \
                  or make another template"
             )));
@@ -68,7 +70,7 @@ pub fn check(args: &Args, template_name: &str) -> Result<Checked, ToolError> {
     }
     if let Some(arch) = args.opt_str("arch")? {
         if arch != t.arch {
-            return Err(ToolError::new(format!(
+            return Err(OpError::new(format!(
                 "template {template_name:?} is an {} guest; its clones cannot be {arch}: drop \
                  arch, or make another template",
                 t.arch
@@ -77,14 +79,14 @@ pub fn check(args: &Args, template_name: &str) -> Result<Checked, ToolError> {
     }
     if let Some(fw) = args.opt_str("firmware")? {
         if fw != t.firmware {
-            return Err(ToolError::new(format!(
+            return Err(OpError::new(format!(
                 "template {template_name:?} boots with {}; its clones cannot use firmware={fw}: \
                  drop firmware, or make another template",
                 t.firmware
             )));
         }
     }
-    let qemu = binaries::find(&t.arch).map_err(ToolError::new)?;
+    let qemu = binaries::find(&t.arch).map_err(OpError::new)?;
     let saved = decide::Saved {
         arch: &t.arch,
         machine: &t.machine,
@@ -92,7 +94,7 @@ pub fn check(args: &Args, template_name: &str) -> Result<Checked, ToolError> {
         qemu_version: &t.qemu_version,
     };
     decide::can_restore(&saved, host::get(), &qemu).map_err(|why| {
-        ToolError::new(format!(
+        OpError::new(format!(
             "template {template_name:?} cannot start a clone on this host: {why}"
         ))
     })?;
@@ -102,7 +104,7 @@ pub fn check(args: &Args, template_name: &str) -> Result<Checked, ToolError> {
         Some(v) => Some(CloudInit::parse(v)?),
     };
     if cloud_init.is_some() && !t.seed {
-        return Err(ToolError::new(format!(
+        return Err(OpError::new(format!(
             "template {template_name:?} was made without cloud_init, so its clones have no seed \
              CD-ROM to carry one; make the template with a cloud_init"
         )));
@@ -117,23 +119,23 @@ pub fn check(args: &Args, template_name: &str) -> Result<Checked, ToolError> {
 /// [`start`], with `fields` added to the clone's record from its launch on (a pooled clone's
 /// mark); also returns the thread setting the clone's clock, when its agent answered.
 pub fn start_with(
-    ctx: &ToolCtx,
+    ctx: &dyn Work,
     args: &Args,
     template_name: &str,
     fields: Map<String, Value>,
-) -> Result<(Value, Option<JoinHandle<guest_clock::Outcome>>), ToolError> {
+) -> Result<(Value, Option<JoinHandle<guest_clock::Outcome>>), OpError> {
     let checked = check(args, template_name)?;
     start_checked(ctx, args, template_name, checked, fields)
 }
 
 /// [`start_with`] for arguments [`check`] has already passed.
 fn start_checked(
-    ctx: &ToolCtx,
+    ctx: &dyn Work,
     args: &Args,
     template_name: &str,
     checked: Checked,
     fields: Map<String, Value>,
-) -> Result<(Value, Option<JoinHandle<guest_clock::Outcome>>), ToolError> {
+) -> Result<(Value, Option<JoinHandle<guest_clock::Outcome>>), OpError> {
     let started = Instant::now();
     let Checked {
         template: t,
@@ -152,7 +154,7 @@ fn start_checked(
         ("uefi", Some(code)) => {
             let code = PathBuf::from(code);
             if !code.is_file() {
-                return Err(ToolError::new(format!(
+                return Err(OpError::new(format!(
                     "template {template_name:?} was saved with the UEFI firmware {}, which is \
                      no longer there (a firmware package update?); reinstall it, or \
                      template_delete the template and create it again",
@@ -161,7 +163,7 @@ fn start_checked(
             }
             let vars = sd.join("uefi-vars.fd");
             crate::state::copy::private(&template::vars_of(&tdir), &vars).map_err(|e| {
-                ToolError::new(format!(
+                OpError::new(format!(
                     "cannot copy the template's UEFI variable store: {e}"
                 ))
             })?;
@@ -236,7 +238,7 @@ fn start_checked(
     });
     if let Err(e) = resumed {
         sandbox::destroy_quietly(ctx, &name);
-        return Err(ToolError::new(format!(
+        return Err(OpError::new(format!(
             "the clone of template {template_name:?} could not load its saved state: {}; the \
              clone was removed. If this repeats, template_delete the template and create it again",
             e.0
@@ -281,7 +283,7 @@ fn start_checked(
     } else if let Err(why) = ready {
         let serial = sandbox::serial_tail(&out, 8);
         sandbox::destroy_quietly(ctx, &name);
-        return Err(ToolError::new(format!(
+        return Err(OpError::new(format!(
             "the clone of template {template_name:?} was removed: its guest agent did not \
              answer ({why}). Last serial output: {serial}"
         )));

@@ -4,7 +4,8 @@
 //! smaller than the base (qemu-img would cut the guest's file system), and within a quota,
 //! `MCQEMU_MAX_DISK_GB` (default 2048): an overlay is sparse, but a guest may fill it.
 
-use crate::mcp::tool::{Args, ToolError};
+use super::error::OpError;
+use crate::mcp::tool::Args;
 use crate::qemu::img;
 
 /// The quota when `MCQEMU_MAX_DISK_GB` is not set.
@@ -20,18 +21,18 @@ fn max_bytes() -> u64 {
 
 /// The `disk_size` argument checked against the base's virtual size and the quota: None when
 /// absent (the overlay keeps the base's size).
-pub fn from_args(args: &Args, base_bytes: u64) -> Result<Option<u64>, ToolError> {
+pub fn from_args(args: &Args, base_bytes: u64) -> Result<Option<u64>, OpError> {
     let Some(text) = args.opt_str("disk_size")? else {
         return Ok(None);
     };
     let bytes =
-        img::parse_size(text).map_err(|e| ToolError::new(format!("parameter 'disk_size': {e}")))?;
+        img::parse_size(text).map_err(|e| OpError::new(format!("parameter 'disk_size': {e}")))?;
     check(text, bytes, base_bytes, max_bytes()).map(Some)
 }
 
-fn check(text: &str, bytes: u64, base_bytes: u64, max: u64) -> Result<u64, ToolError> {
+fn check(text: &str, bytes: u64, base_bytes: u64, max: u64) -> Result<u64, OpError> {
     if bytes < base_bytes {
-        return Err(ToolError::new(format!(
+        return Err(OpError::new(format!(
             "parameter 'disk_size': {text:?} ({bytes} bytes) is smaller than the base image \
              ({base_bytes} bytes, {:.1} GiB); a disk cannot shrink under the guest's file \
              system: ask for at least that much, or leave disk_size out",
@@ -39,7 +40,7 @@ fn check(text: &str, bytes: u64, base_bytes: u64, max: u64) -> Result<u64, ToolE
         )));
     }
     if bytes > max {
-        return Err(ToolError::new(format!(
+        return Err(OpError::new(format!(
             "parameter 'disk_size': {text:?} is more than the {} GiB allowed \
              (MCQEMU_MAX_DISK_GB); ask for less, or ask the operator to raise MCQEMU_MAX_DISK_GB",
             max >> 30

@@ -6,11 +6,12 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use super::error::OpError;
 use super::records::lookup;
 use super::session;
 use super::spool::{self, Launch};
+use super::work::Work;
 use crate::b64;
-use crate::mcp::tool::{ToolCtx, ToolError};
 use crate::qemu::qga::{Qga, QgaError};
 
 /// How long guest_exec holds one agent session while polling before letting others in. While
@@ -23,7 +24,7 @@ pub fn with_guest<T>(
     name: &str,
     cmd: &str,
     f: impl FnOnce(&mut Qga) -> Result<T, QgaError>,
-) -> Result<T, ToolError> {
+) -> Result<T, OpError> {
     let rec = lookup(name)?;
     session::agent(name, &rec, cmd, |q| Ok(f(q)?))
 }
@@ -51,13 +52,13 @@ fn decode_stream(v: &Value, data: &str, flag: &str) -> (String, bool) {
 /// Runs `command argv...` in VM `name` through its agent (with `stdin`, within `timeout`,
 /// with progress), and returns guest_exec's result: exit code or signal, capped output.
 pub fn exec(
-    ctx: &ToolCtx,
+    ctx: &dyn Work,
     name: &str,
     command: &str,
     argv: &[&str],
     stdin: Option<&str>,
     timeout: Duration,
-) -> Result<Value, ToolError> {
+) -> Result<Value, OpError> {
     let args: Vec<String> = argv.iter().map(|a| a.to_string()).collect();
     let launch = Launch {
         command,
@@ -125,12 +126,12 @@ impl Live {
 /// Runs `launch` in VM `name` (see [`exec`]); `live`: its output goes to spool files in the
 /// guest and its new lines go out in the call's progress while it runs.
 pub fn run_program(
-    ctx: &ToolCtx,
+    ctx: &dyn Work,
     name: &str,
     launch: &Launch,
     timeout: Duration,
     live: bool,
-) -> Result<Value, ToolError> {
+) -> Result<Value, OpError> {
     let name = name.to_string();
     let command = launch.command;
     // Only a live run needs a spool slot (it is held until the run's end).
@@ -168,7 +169,7 @@ pub fn run_program(
                 Some(p) => p,
                 None => {
                     let p = super::guest_stream::spawn(q, req.clone())?;
-                    ctx.log.log(
+                    ctx.log(
                         "info",
                         &format!("guest_exec in {name}: {command} (guest pid {p})"),
                     );
@@ -220,7 +221,7 @@ pub fn run_program(
         let pid = pid.unwrap_or(0);
         if let Some(status) = step {
             if let Some(why) = spool::wrapper_refusal(&status) {
-                return Err(ToolError::new(why));
+                return Err(OpError::new(why));
             }
             let stdout = decode_stream(&status, "out-data", "out-truncated");
             let stderr = decode_stream(&status, "err-data", "err-truncated");
@@ -237,12 +238,12 @@ pub fn run_program(
             }));
         }
         if ctx.cancelled() {
-            return Err(ToolError::new(format!(
+            return Err(OpError::new(format!(
                 "cancelled; {command} is still running in the guest as pid {pid}"
             )));
         }
         if Instant::now() >= deadline {
-            return Err(ToolError::new(format!(
+            return Err(OpError::new(format!(
                 "{command} did not finish within {} s; it is still running in the guest as pid \
                  {pid} (stop it with guest_exec command=\"kill\" args=[\"{pid}\"])",
                 timeout.as_secs_f64()
@@ -275,7 +276,7 @@ fn with_spooled_output(q: &mut Qga, mut status: Value, id: &str) -> Result<Value
 }
 
 /// The agent's version, the guest OS and the agent commands enabled: guest_info's result.
-pub fn info(name: &str) -> Result<Value, ToolError> {
+pub fn info(name: &str) -> Result<Value, OpError> {
     let (info, os) = with_guest(name, "guest-info", |q| {
         let info = q.execute_within("guest-info", None, Duration::from_secs(10))?;
         let os = q

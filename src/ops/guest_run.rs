@@ -5,7 +5,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::mcp::tool::{ToolCtx, ToolError};
+use super::error::OpError;
+use super::work::Work;
 
 /// What a program run in the guest did.
 #[derive(Debug, Clone)]
@@ -20,12 +21,12 @@ pub struct Ran {
 
 /// Runs `command args...` in VM `name` through its agent, within `timeout`.
 pub fn run(
-    ctx: &ToolCtx,
+    ctx: &dyn Work,
     name: &str,
     command: &str,
     args: &[&str],
     timeout: Duration,
-) -> Result<Ran, ToolError> {
+) -> Result<Ran, OpError> {
     let out = super::guest::exec(ctx, name, command, args, None, timeout)?;
     Ok(Ran {
         exitcode: out.get("exitcode").and_then(Value::as_i64),
@@ -50,7 +51,7 @@ pub const BOOT_FINISHED: &str = "/var/lib/cloud/instance/boot-finished";
 /// Waits (at most `wait`, with progress) until cloud-init has finished in VM `name`, then
 /// returns cloud-init's own report (`cloud-init status --format json`), or a clear error when
 /// it did not finish in time.
-pub fn wait_cloud_init(ctx: &ToolCtx, name: &str, wait: Duration) -> Result<Value, ToolError> {
+pub fn wait_cloud_init(ctx: &dyn Work, name: &str, wait: Duration) -> Result<Value, OpError> {
     let start = Instant::now();
     let deadline = start + wait;
     loop {
@@ -72,7 +73,7 @@ pub fn wait_cloud_init(ctx: &ToolCtx, name: &str, wait: Duration) -> Result<Valu
             break;
         }
         if Instant::now() >= deadline {
-            return Err(ToolError::new(format!(
+            return Err(OpError::new(format!(
                 "cloud-init in VM {name:?} did not finish within {} s ({BOOT_FINISHED} is not \
                  there yet); the VM is running: check vm_serial_read, or run `cloud-init status \
                  --long` with guest_exec",

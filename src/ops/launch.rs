@@ -9,10 +9,12 @@ use serde::Serialize;
 use serde_json::{json, Map, Value};
 
 use super::checks::{checked_image, path_arg};
+use super::error::OpError;
 use super::quota;
+use super::work::Work;
 use crate::cloudinit::CloudInit;
 use crate::host::{self, binaries, decide};
-use crate::mcp::tool::{Args, ToolCtx, ToolError};
+use crate::mcp::tool::Args;
 use crate::qemu::cmdline::{self, x86, LaunchSpec};
 use crate::qemu::extra_args::check_extra_args;
 use crate::qemu::forwards::{resolve_forwards, Forward};
@@ -69,13 +71,13 @@ fn forwards_json(fw: &[Forward]) -> Value {
     json!(list)
 }
 
-fn resolve_existing(args: &Args, key: &str, what: &str) -> Result<Option<PathBuf>, ToolError> {
+fn resolve_existing(args: &Args, key: &str, what: &str) -> Result<Option<PathBuf>, OpError> {
     match args.opt_str(key)? {
         None => Ok(None),
         Some(_) => {
             let p = path_arg(args, key, Access::Read)?;
             if !p.is_file() {
-                return Err(ToolError::new(format!(
+                return Err(OpError::new(format!(
                     "{what} {} does not exist or is not a file",
                     p.display()
                 )));
@@ -153,23 +155,23 @@ pub struct LaunchRequest {
 
 /// Writes the launch's cloud-init seed into the VM's folder (`seed.iso`, replaced at every
 /// launch with a fresh instance id) and attaches it.
-fn write_seed(req: &mut LaunchRequest, sd: &Path) -> Result<(), ToolError> {
+fn write_seed(req: &mut LaunchRequest, sd: &Path) -> Result<(), OpError> {
     let Some(ci) = &req.cloud_init else {
         return Ok(());
     };
     std::fs::create_dir_all(sd)
-        .map_err(|e| ToolError::new(format!("cannot create {}: {e}", sd.display())))?;
+        .map_err(|e| OpError::new(format!("cannot create {}: {e}", sd.display())))?;
     let instance_id = crate::cloudinit::new_instance_id();
     let image = ci
         .seed(&instance_id, &req.spec.name, crate::clock::now_secs())
-        .map_err(|e| ToolError::new(format!("cloud_init: {e}")))?;
+        .map_err(|e| OpError::new(format!("cloud_init: {e}")))?;
     let seed = sd.join("seed.iso");
     let tmp = sd.join(format!(".seed.iso.tmp-{}", std::process::id()));
     std::fs::write(&tmp, &image)
         .and_then(|()| std::fs::rename(&tmp, &seed))
         .map_err(|e| {
             let _ = std::fs::remove_file(&tmp);
-            ToolError::new(format!(
+            OpError::new(format!(
                 "cannot write the cloud-init seed {}: {e}",
                 seed.display()
             ))
@@ -184,7 +186,7 @@ fn write_seed(req: &mut LaunchRequest, sd: &Path) -> Result<(), ToolError> {
 
 /// Reserves the name, starts QEMU, and records the VM. On failure the reservation is dropped.
 /// Returns launch_vm's result.
-pub fn launch(ctx: &ToolCtx, mut req: LaunchRequest) -> Result<Value, ToolError> {
+pub fn launch(ctx: &dyn Work, mut req: LaunchRequest) -> Result<Value, OpError> {
     let name = req.spec.name.clone();
     let rt = vm::runtime_dir(&name);
     let sd = vm::state_dir(&name);
@@ -200,7 +202,7 @@ pub fn launch(ctx: &ToolCtx, mut req: LaunchRequest) -> Result<Value, ToolError>
         &req.spec.serial_socket,
     ] {
         if s.as_os_str().len() > sock::MAX_SOCKET_PATH {
-            return Err(ToolError::new(format!(
+            return Err(OpError::new(format!(
                 "socket path {} is longer than the {} bytes a unix socket allows; set \
                  MCQEMU_RUNTIME_DIR to a shorter folder",
                 s.display(),
@@ -218,7 +220,7 @@ pub fn launch(ctx: &ToolCtx, mut req: LaunchRequest) -> Result<Value, ToolError>
         if let Some(old) = vms.get(&name) {
             let m = measure(old);
             if m.alive() {
-                return Err(ToolError::new(format!(
+                return Err(OpError::new(format!(
                     "a VM named {name:?} is already {}; stop_vm it first or choose another name",
                     m.status
                 )));
@@ -254,17 +256,17 @@ pub fn launch(ctx: &ToolCtx, mut req: LaunchRequest) -> Result<Value, ToolError>
 }
 
 fn start_reserved(
-    ctx: &ToolCtx,
+    ctx: &dyn Work,
     req: &LaunchRequest,
     rt: &Path,
     sd: &Path,
-) -> Result<Value, ToolError> {
+) -> Result<Value, OpError> {
     let s = &req.spec;
     let name = &s.name;
-    crate::state::paths::ensure_runtime_dir().map_err(ToolError::new)?;
+    crate::state::paths::ensure_runtime_dir().map_err(OpError::new)?;
     for dir in [rt, sd] {
         std::fs::create_dir_all(dir)
-            .map_err(|e| ToolError::new(format!("cannot create {}: {e}", dir.display())))?;
+            .map_err(|e| OpError::new(format!("cannot create {}: {e}", dir.display())))?;
     }
     {
         use std::os::unix::fs::PermissionsExt;
@@ -272,7 +274,7 @@ fn start_reserved(
     }
     if s.qmp_socket.exists() {
         if sock::is_listening(&s.qmp_socket) {
-            return Err(ToolError::new(format!(
+            return Err(OpError::new(format!(
                 "a QEMU is still listening on {}: VM {name:?} seems to be running outside the \
                  registry. Adopt it with attach_vm, or stop that QEMU first",
                 s.qmp_socket.display()
@@ -413,7 +415,7 @@ pub fn request_from_args(
     args: &Args,
     name: &str,
     disks: Vec<(PathBuf, String)>,
-) -> Result<LaunchRequest, ToolError> {
+) -> Result<LaunchRequest, OpError> {
     let arch = match args.opt_str("arch")? {
         Some(a) => a.to_string(),
         None => default_arch().to_string(),
@@ -422,22 +424,22 @@ pub fn request_from_args(
         .iter()
         .find(|a| a.0 == arch)
         .map(|a| a.1)
-        .ok_or_else(|| ToolError::new(format!("unsupported arch {arch:?}")))?;
-    let qemu = binaries::find(&arch).map_err(ToolError::new)?;
+        .ok_or_else(|| OpError::new(format!("unsupported arch {arch:?}")))?;
+    let qemu = binaries::find(&arch).map_err(OpError::new)?;
     let machine =
         decide::concrete_machine(&qemu, args.opt_str("machine")?.unwrap_or(default_machine))
-            .map_err(ToolError::new)?;
+            .map_err(OpError::new)?;
     let env_accel = std::env::var("MCQEMU_ACCEL").ok().filter(|s| !s.is_empty());
     let requested = match args.opt_str("accel")? {
         Some(a) => a.to_string(),
         None => env_accel.unwrap_or_else(|| "auto".into()),
     };
     let (accel, accel_note) =
-        decide::accel(host::get(), &arch, &requested).map_err(ToolError::new)?;
+        decide::accel(host::get(), &arch, &requested).map_err(OpError::new)?;
     let extra_args = args.str_list("extra_args")?;
     for file in check_extra_args(&extra_args)? {
         let path = roots::check_str(&file.path, file.access).map_err(|e| {
-            ToolError::new(format!(
+            OpError::new(format!(
                 "extra_args: -{} names {:?}: {e}",
                 file.opt, file.path
             ))
@@ -456,14 +458,14 @@ pub fn request_from_args(
     let no_net = args.bool_or("no_net", false)?;
     let fw_specs = args.str_list("port_forwards")?;
     if no_net && !fw_specs.is_empty() {
-        return Err(ToolError::new(
+        return Err(OpError::new(
             "port_forwards need a network; drop no_net=true or the forwards",
         ));
     }
     let forwards = resolve_forwards(&fw_specs)?;
     for f in forwards.iter().filter(|f| !f.auto) {
         decide::host_port(host::get(), f.host)
-            .map_err(|e| ToolError::new(format!("port_forwards: {e}")))?;
+            .map_err(|e| OpError::new(format!("port_forwards: {e}")))?;
     }
     let has_kernel = args.opt_str("kernel")?.is_some();
     let firmware = match args.opt_str("firmware")? {
@@ -471,7 +473,7 @@ pub fn request_from_args(
         None => default_firmware(&arch, has_kernel).to_string(),
     };
     if firmware == "bios" && !has_kernel && !x86(&arch) {
-        return Err(ToolError::new(format!(
+        return Err(OpError::new(format!(
             "firmware=\"bios\" cannot boot an {arch} guest: its virt board has no BIOS, so \
              without kernel nothing would run. Use firmware=\"uefi\" (the default there), or \
              boot a kernel directly with kernel/initrd/append"
@@ -481,11 +483,11 @@ pub fn request_from_args(
         let fw = firmware::find_uefi(&arch, &machine)?;
         let sd = vm::state_dir(name);
         std::fs::create_dir_all(&sd)
-            .map_err(|e| ToolError::new(format!("cannot create {}: {e}", sd.display())))?;
+            .map_err(|e| OpError::new(format!("cannot create {}: {e}", sd.display())))?;
         let vars = sd.join("uefi-vars.fd");
         if !vars.exists() {
             crate::state::copy::private(&fw.vars, &vars).map_err(|e| {
-                ToolError::new(format!(
+                OpError::new(format!(
                     "cannot copy the UEFI variable store {}: {e}",
                     fw.vars.display()
                 ))
@@ -520,7 +522,7 @@ pub fn request_from_args(
         ..LaunchSpec::default()
     };
     if spec.initrd.is_some() && spec.kernel.is_none() {
-        return Err(ToolError::new("initrd needs kernel (direct kernel boot)"));
+        return Err(OpError::new("initrd needs kernel (direct kernel boot)"));
     }
     let cloud_init = match args.0.get("cloud_init") {
         None | Some(Value::Null) => None,

@@ -1,12 +1,14 @@
-//! Shared operations below the tools: what several tools do, so that no tool module imports
-//! another. Each takes the call's context (progress, cancellation, log) and answers in tool
-//! errors; the MCP adapters in `tools/` keep the schemas, argument parsing and result shapes.
+//! The operations below the tools: what mcqemu does, in typed requests and results, knowing
+//! nothing of MCP. Each takes the running call as a [`work::Work`] (progress, cancellation,
+//! log) and fails with an [`error::OpError`]; the MCP adapters in `tools/` build the requests
+//! from a call's arguments, keep the schemas, and shape the results.
 
 pub mod agent;
 pub mod background;
 pub mod checks;
 pub mod clone;
 pub mod disk_size;
+pub mod error;
 pub mod guest;
 pub mod guest_clock;
 pub mod guest_run;
@@ -24,3 +26,4 @@ pub mod stop;
 pub mod templates;
 pub mod tree_copy;
 pub mod watch;
+pub mod work;

@@ -19,8 +19,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 
+use super::error::OpError;
+use super::work::Work;
 use super::{clone, sandbox, templates};
-use crate::mcp::tool::{Args, ToolCtx, ToolError};
+use crate::mcp::tool::Args;
 use crate::qemu::qga;
 use crate::qemu::vm::{self, Status};
 use crate::state::registry::{Record, RegistryError};
@@ -47,10 +49,10 @@ pub fn size(template: &str) -> u64 {
 
 /// Sets a template's pool size, checked against the quotas (its clones run all the time), and
 /// wakes the keeper. 0 ends the pool: its clones are destroyed.
-pub fn set_size(ctx: &ToolCtx, template: &str, n: u64) -> Result<(), ToolError> {
+pub fn set_size(ctx: &dyn Work, template: &str, n: u64) -> Result<(), OpError> {
     let t = templates::load(template)?;
     if n > MAX_POOL {
-        return Err(ToolError::new(format!(
+        return Err(OpError::new(format!(
             "pool {n} is more than the {MAX_POOL} clones a pool may keep; ask for fewer"
         )));
     }
@@ -68,7 +70,7 @@ pub fn set_size(ctx: &ToolCtx, template: &str, n: u64) -> Result<(), ToolError> 
             .sum();
         let more = n - have;
         if running.len() as u64 + more > limits.max_vms {
-            return Err(ToolError::new(format!(
+            return Err(OpError::new(format!(
                 "a pool of {n} would run {} VMs, over the {} allowed (MCQEMU_MAX_VMS); ask for a \
                  smaller pool, stop VMs, or ask the operator to raise MCQEMU_MAX_VMS",
                 running.len() as u64 + more,
@@ -76,7 +78,7 @@ pub fn set_size(ctx: &ToolCtx, template: &str, n: u64) -> Result<(), ToolError> 
             )));
         }
         if used + more * t.memory_mb > limits.max_memory_mb {
-            return Err(ToolError::new(format!(
+            return Err(OpError::new(format!(
                 "a pool of {n} clones of {} MiB would need {} MiB more, and running VMs already \
                  use {used} of the {} MiB allowed (MCQEMU_MAX_MEMORY_MB); ask for a smaller pool",
                 t.memory_mb,
@@ -89,7 +91,7 @@ pub fn set_size(ctx: &ToolCtx, template: &str, n: u64) -> Result<(), ToolError> 
     let tmp = file.with_extension("tmp");
     std::fs::write(&tmp, format!("{n}\n"))
         .and_then(|()| std::fs::rename(&tmp, &file))
-        .map_err(|e| ToolError::new(format!("cannot record the pool size: {e}")))?;
+        .map_err(|e| OpError::new(format!("cannot record the pool size: {e}")))?;
     if n < have {
         for name in pooled(template).into_iter().skip(n as usize) {
             sandbox::destroy_quietly(ctx, &name);
@@ -125,7 +127,7 @@ pub fn fits(args: &Args) -> bool {
 
 /// Takes a ready pooled clone of `template` for VM `name`: its record and folders become
 /// `name`'s. None when the pool has none ready (the caller starts a fresh clone).
-pub fn take(template: &str, name: &str) -> Result<Option<Value>, ToolError> {
+pub fn take(template: &str, name: &str) -> Result<Option<Value>, OpError> {
     let started = Instant::now();
     {
         let taken = claim(template, name)?;
@@ -169,13 +171,13 @@ pub fn take(template: &str, name: &str) -> Result<Option<Value>, ToolError> {
 
 /// Under the registry lock: the oldest live, unfrozen pooled clone of `template` is renamed
 /// to `name` (record and folders). Returns its old name and new record.
-fn claim(template: &str, name: &str) -> Result<Option<(String, Record)>, ToolError> {
+fn claim(template: &str, name: &str) -> Result<Option<(String, Record)>, OpError> {
     let name = name.to_string();
     let template = template.to_string();
     vm::registry().update(move |vms| {
         if let Some(r) = vms.get(&name) {
             if vm::measure_process(r).is_none_or(|m| m.alive()) {
-                return Err(ToolError::new(format!(
+                return Err(OpError::new(format!(
                     "a VM named {name:?} already exists; choose another name"
                 )));
             }
@@ -207,7 +209,7 @@ fn claim(template: &str, name: &str) -> Result<Option<(String, Record)>, ToolErr
 
 /// Renames a VM's state and runtime folders from `old`'s to `new`'s and rewrites every path
 /// in its record to match. QEMU keeps its open files; its sockets move with their folder.
-fn move_folders(old: &str, new: &str, rec: Record) -> Result<Record, ToolError> {
+fn move_folders(old: &str, new: &str, rec: Record) -> Result<Record, OpError> {
     let pairs = [
         (vm::state_dir(old), vm::state_dir(new)),
         (vm::runtime_dir(old), vm::runtime_dir(new)),
@@ -218,7 +220,7 @@ fn move_folders(old: &str, new: &str, rec: Record) -> Result<Record, ToolError> 
             let _ = std::fs::remove_dir_all(to);
         }
         std::fs::rename(from, to).map_err(|e| {
-            ToolError::new(format!(
+            OpError::new(format!(
                 "cannot move the pooled clone's folder {} to {}: {e}",
                 from.display(),
                 to.display()
@@ -321,7 +323,7 @@ pub fn start_keeper() {
 
 /// One round over every template folder and every pooled record.
 pub fn keep_all() {
-    let ctx = ToolCtx::detached();
+    let ctx = super::work::Detached;
     // Pooled clones that died, froze, or whose template is gone or no longer pooled.
     for (name, rec) in vm::registry().load() {
         let Some(t) = rec.get(POOLED).and_then(Value::as_str) else {
@@ -367,7 +369,7 @@ pub fn keep_all() {
 
 /// Starts clones of `template` until `want` are pooled, under the template's pool lock (two
 /// servers never overfill one pool).
-fn refill(ctx: &ToolCtx, template: &str, want: u64) -> Result<(), ToolError> {
+fn refill(ctx: &dyn Work, template: &str, want: u64) -> Result<(), OpError> {
     use std::os::unix::io::AsRawFd;
     let lock_path = templates::dir_of(template).join(".pool.lock");
     let lock = std::fs::OpenOptions::new()
@@ -375,7 +377,7 @@ fn refill(ctx: &ToolCtx, template: &str, want: u64) -> Result<(), ToolError> {
         .truncate(false)
         .write(true)
         .open(&lock_path)
-        .map_err(|e| ToolError::new(format!("cannot open {}: {e}", lock_path.display())))?;
+        .map_err(|e| OpError::new(format!("cannot open {}: {e}", lock_path.display())))?;
     // SAFETY: flock on a descriptor this function owns; released when `lock` closes.
     if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         return Ok(()); // another server is refilling it now
@@ -405,7 +407,7 @@ fn refill(ctx: &ToolCtx, template: &str, want: u64) -> Result<(), ToolError> {
             }
             Ok(_) => {
                 sandbox::destroy_quietly(ctx, &name);
-                return Err(ToolError::new("a pooled clone's agent did not answer"));
+                return Err(OpError::new("a pooled clone's agent did not answer"));
             }
             Err(e) => {
                 let _ = vm::registry().update(|vms| {
@@ -421,7 +423,7 @@ fn refill(ctx: &ToolCtx, template: &str, want: u64) -> Result<(), ToolError> {
 }
 
 /// Marks pooled clone `name` ready to be taken.
-fn mark_ready(name: &str) -> Result<(), ToolError> {
+fn mark_ready(name: &str) -> Result<(), OpError> {
     let name = name.to_string();
     vm::registry().update(move |vms| {
         if let Some(rec) = vms.get_mut(&name) {

@@ -5,7 +5,7 @@
 
 use serde_json::Value;
 
-use crate::mcp::tool::ToolError;
+use super::error::OpError;
 use crate::qemu::sock;
 use crate::qemu::vm::{self, Status};
 use crate::state::registry::{Record, Vms};
@@ -60,9 +60,9 @@ pub fn admit(
     memory_mb: u64,
     cpus: u64,
     limits: Limits,
-) -> Result<(), ToolError> {
+) -> Result<(), OpError> {
     if cpus > limits.max_cpus {
-        return Err(ToolError::new(format!(
+        return Err(OpError::new(format!(
             "cpus={cpus} is more than this host's {} CPUs; ask for at most {}",
             limits.max_cpus, limits.max_cpus
         )));
@@ -72,7 +72,7 @@ pub fn admit(
         .filter(|(n, r)| n.as_str() != name && counts(r))
         .collect();
     if running.len() as u64 >= limits.max_vms {
-        return Err(ToolError::new(format!(
+        return Err(OpError::new(format!(
             "{} VMs are running, the most allowed (MCQEMU_MAX_VMS={}); stop one with stop_vm \
              or sandbox_destroy first, or ask the operator to raise MCQEMU_MAX_VMS",
             running.len(),
@@ -84,7 +84,7 @@ pub fn admit(
         .filter_map(|(_, r)| r.get("memory_mb").and_then(Value::as_u64))
         .sum();
     if used.saturating_add(memory_mb) > limits.max_memory_mb {
-        return Err(ToolError::new(format!(
+        return Err(OpError::new(format!(
             "memory_mb={memory_mb} does not fit: running VMs already use {used} MiB of the \
              {} MiB allowed (MCQEMU_MAX_MEMORY_MB); ask for less, stop a VM, or ask the \
              operator to raise MCQEMU_MAX_MEMORY_MB",

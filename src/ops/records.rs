@@ -3,14 +3,14 @@
 
 use serde_json::{json, Value};
 
-use crate::mcp::tool::ToolError;
+use super::error::OpError;
 use crate::qemu::vm::{self, measure, Status};
 use crate::state::registry::Record;
 
 /// Looks up a VM record or says how to find the right name.
-pub fn lookup(name: &str) -> Result<Record, ToolError> {
+pub fn lookup(name: &str) -> Result<Record, OpError> {
     vm::registry().load().remove(name).ok_or_else(|| {
-        ToolError::new(format!(
+        OpError::new(format!(
             "no VM named {name:?}; list_vms shows the known VMs (attach_vm adopts one started \
              elsewhere)"
         ))
@@ -20,11 +20,11 @@ pub fn lookup(name: &str) -> Result<Record, ToolError> {
 /// Looks up a VM that must be running, judged without a QMP round trip (the caller's own
 /// session will report a monitor that does not answer): a stopped VM or one still being
 /// launched gets a clear error.
-pub fn lookup_live(name: &str, what_next: &str) -> Result<Record, ToolError> {
+pub fn lookup_live(name: &str, what_next: &str) -> Result<Record, OpError> {
     let rec = lookup(name)?;
     match vm::measure_process(&rec) {
         Some(m) if m.status == Status::Starting => Err(being_launched(name)),
-        Some(m) if !m.alive() => Err(ToolError::new(format!(
+        Some(m) if !m.alive() => Err(OpError::new(format!(
             "VM {name:?} is not running; {what_next}"
         ))),
         _ => Ok(rec),
@@ -33,8 +33,8 @@ pub fn lookup_live(name: &str, what_next: &str) -> Result<Record, ToolError> {
 
 /// The error for a VM whose launch (by this or another server) has not finished: its record
 /// has no PID or final sockets yet, so stopping or pausing it now would act on nothing.
-pub fn being_launched(name: &str) -> ToolError {
-    ToolError::new(format!(
+pub fn being_launched(name: &str) -> OpError {
+    OpError::new(format!(
         "VM {name:?} is still being launched; wait for launch_vm to return (list_vms shows it \
          running), then retry"
     ))
@@ -42,17 +42,17 @@ pub fn being_launched(name: &str) -> ToolError {
 
 /// Drops VM `name`'s record (refused for a running VM mcqemu spawned, unless `force`); returns
 /// whether its QEMU was still running. A stopped VM's leftover sockets are removed.
-pub fn forget(name: &str, force: bool) -> Result<bool, ToolError> {
+pub fn forget(name: &str, force: bool) -> Result<bool, OpError> {
     let name_c = name.to_string();
     let (was_running, rec) = vm::registry().update(move |vms| {
         let rec = vms.get(&name_c).cloned().ok_or_else(|| {
-            ToolError::new(format!(
+            OpError::new(format!(
                 "no VM named {name_c:?}; list_vms shows the known VMs"
             ))
         })?;
         let alive = measure(&rec).alive();
         if alive && vm::spawned(&rec) && !force {
-            return Err(ToolError::new(format!(
+            return Err(OpError::new(format!(
                 "VM {name_c:?} is still running; stop_vm it first, or pass force=true to leave it \
                  running unmanaged"
             )));

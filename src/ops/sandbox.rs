@@ -10,9 +10,11 @@ use serde_json::{json, Map, Value};
 
 use super::agent::{no_agent_reason, tail, unseen_seed_reason, wait_for_agent, AgentWait};
 use super::checks::{checked_image, path_arg};
+use super::error::OpError;
 use super::records::lookup;
+use super::work::Work;
 use super::{disk_size, guest_run, launch};
-use crate::mcp::tool::{Args, ToolCtx, ToolError};
+use crate::mcp::tool::Args;
 use crate::qemu::qmp;
 use crate::qemu::vm::{self, measure};
 use crate::qemu::{img, process};
@@ -36,10 +38,10 @@ pub fn first_free_name() -> String {
 }
 
 /// The sandbox's name from `args` (checked), or the first free one.
-pub fn checked_name(args: &Args) -> Result<String, ToolError> {
+pub fn checked_name(args: &Args) -> Result<String, OpError> {
     match args.opt_str("name")? {
         Some(n) if valid_name(n) => Ok(n.to_string()),
-        Some(n) => Err(ToolError::new(format!(
+        Some(n) => Err(OpError::new(format!(
             "invalid VM name {n:?}: use 1-48 characters from A-Z a-z 0-9 _ . -, starting with a \
              letter or digit"
         ))),
@@ -51,7 +53,7 @@ pub fn checked_name(args: &Args) -> Result<String, ToolError> {
 /// clone); `args` are sandbox_vm's. Returns its result. A sandbox whose agent does not answer
 /// within its wait (`wait_agent_s` above 0) is removed and an error says why, with the
 /// console's last lines.
-pub fn create(ctx: &ToolCtx, args: &Args) -> Result<Value, ToolError> {
+pub fn create(ctx: &dyn Work, args: &Args) -> Result<Value, OpError> {
     if args.opt_str("template")?.is_some() {
         return boot(ctx, args).map(|(out, _, _)| out);
     }
@@ -76,14 +78,14 @@ pub fn create(ctx: &ToolCtx, args: &Args) -> Result<Value, ToolError> {
     };
     let serial = serial_tail(&out, 8);
     destroy_quietly(ctx, &name);
-    Err(ToolError::new(format!(
+    Err(OpError::new(format!(
         "{why}. The sandbox was removed. Last serial output: {serial}"
     )))
 }
 
 /// [`create`] without its verdict on the agent: the sandbox as launched and how the wait for
 /// its agent ended (image_prepare says itself what a guest without an agent means).
-pub fn boot(ctx: &ToolCtx, args: &Args) -> Result<(Value, AgentWait, Duration), ToolError> {
+pub fn boot(ctx: &dyn Work, args: &Args) -> Result<(Value, AgentWait, Duration), OpError> {
     if let Some(t) = args.opt_str("template")? {
         // What a clone refuses is refused whether or not a pool is ready.
         let checked = super::clone::check(args, t)?;
@@ -100,7 +102,7 @@ pub fn boot(ctx: &ToolCtx, args: &Args) -> Result<(Value, AgentWait, Duration), 
         ));
     }
     if args.opt_str("base_image")?.is_none() {
-        return Err(ToolError::new(
+        return Err(OpError::new(
             "give base_image (a disk image to boot on an overlay) or template (from \
              template_create)",
         ));
@@ -178,7 +180,7 @@ pub fn boot(ctx: &ToolCtx, args: &Args) -> Result<(Value, AgentWait, Duration), 
     if let AgentWait::NoAgent(f) = &waited {
         if seeded && f.no_datasource() {
             destroy_quietly(ctx, &name);
-            return Err(ToolError::new(format!(
+            return Err(OpError::new(format!(
                 "{}. The sandbox was removed.",
                 unseen_seed_reason(&name, &f.datasource)
             )));
@@ -206,7 +208,7 @@ pub fn boot(ctx: &ToolCtx, args: &Args) -> Result<(Value, AgentWait, Duration), 
                 .unwrap_or_default()
                 .to_string();
             destroy_quietly(ctx, &name);
-            return Err(ToolError::new(format!(
+            return Err(OpError::new(format!(
                 "{}. The sandbox was removed.",
                 unseen_seed_reason(&name, &ds)
             )));
@@ -223,10 +225,10 @@ pub fn boot(ctx: &ToolCtx, args: &Args) -> Result<(Value, AgentWait, Duration), 
 }
 
 /// A new sandbox's state folder (created) and the path of its overlay, unique per launch.
-pub fn overlay_path(name: &str) -> Result<(PathBuf, PathBuf), ToolError> {
+pub fn overlay_path(name: &str) -> Result<(PathBuf, PathBuf), OpError> {
     let sd = vm::state_dir(name);
     std::fs::create_dir_all(&sd)
-        .map_err(|e| ToolError::new(format!("cannot create {}: {e}", sd.display())))?;
+        .map_err(|e| OpError::new(format!("cannot create {}: {e}", sd.display())))?;
     let overlay = sd.join(format!(
         "overlay-{}-{}.qcow2",
         crate::clock::now_secs(),
@@ -244,7 +246,7 @@ pub fn serial_tail(launched: &Value, lines: usize) -> String {
 }
 
 /// Destroys a sandbox this call made and is giving up on, ignoring what that reports.
-pub fn destroy_quietly(ctx: &ToolCtx, name: &str) {
+pub fn destroy_quietly(ctx: &dyn Work, name: &str) {
     let _ = destroy(ctx, name);
 }
 
@@ -273,7 +275,7 @@ pub fn holders(path: &Path) -> Vec<i32> {
 
 /// sandbox_destroy: a verified kill, a careful delete inside the VM's own folder, the record
 /// dropped only when its files are gone; every problem reported.
-pub fn destroy(ctx: &ToolCtx, name: &str) -> Result<Value, ToolError> {
+pub fn destroy(ctx: &dyn Work, name: &str) -> Result<Value, OpError> {
     let name = name.to_string();
     let rec = lookup(&name)?;
     let sb = rec
@@ -281,11 +283,11 @@ pub fn destroy(ctx: &ToolCtx, name: &str) -> Result<Value, ToolError> {
         .and_then(Value::as_object)
         .cloned()
         .ok_or_else(|| {
-            ToolError::new(format!(
+            OpError::new(format!(
                 "VM {name:?} is not a sandbox; use stop_vm and forget_vm for ordinary VMs"
             ))
         })?;
-    ctx.log.log("notice", &format!("sandbox_destroy {name}"));
+    ctx.log("notice", &format!("sandbox_destroy {name}"));
     let mut errors: Vec<String> = Vec::new();
     let mut deleted: Vec<String> = Vec::new();
     // 1. Stop, verified.

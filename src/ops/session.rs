@@ -1,4 +1,4 @@
-//! Where errors from the layers below become tool errors, in one place: the `From`
+//! Where errors from the layers below become operation errors, in one place: the `From`
 //! conversions, and the sessions to a VM's monitor and guest agent that always explain their
 //! failures in terms of that VM (is it running, paused, busy, or gone?) instead of passing
 //! QEMU's bare words through.
@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use super::error::OpError;
 use crate::cloudinit::ConfigError;
-use crate::mcp::tool::ToolError;
 use crate::net::download::DownloadError;
 use crate::qemu::extra_args::ArgsError;
 use crate::qemu::firmware::FirmwareError;
@@ -24,12 +24,12 @@ use crate::qemu::vm::{self, measure, Status};
 use crate::state::registry::{Record, RegistryError};
 use crate::state::roots::RootsError;
 
-/// `From<E> for ToolError` for errors whose messages are already written for the agent.
+/// `From<E> for OpError` for errors whose messages are already written for the agent.
 macro_rules! tool_error_from {
     ($($error:ty),* $(,)?) => {$(
-        impl From<$error> for ToolError {
+        impl From<$error> for OpError {
             fn from(e: $error) -> Self {
-                ToolError(e.to_string())
+                OpError(e.to_string())
             }
         }
     )*};
@@ -59,7 +59,7 @@ pub enum SessionError<E> {
     /// The monitor or agent failed.
     Channel(E),
     /// Something else failed; its message is already for the agent.
-    Tool(ToolError),
+    Tool(OpError),
 }
 
 impl From<QmpError> for SessionError<QmpError> {
@@ -74,8 +74,8 @@ impl From<QgaError> for SessionError<QgaError> {
     }
 }
 
-impl<E> From<ToolError> for SessionError<E> {
-    fn from(e: ToolError) -> Self {
+impl<E> From<OpError> for SessionError<E> {
+    fn from(e: OpError) -> Self {
         SessionError::Tool(e)
     }
 }
@@ -95,9 +95,9 @@ pub fn monitor<T>(
     name: &str,
     rec: &Record,
     f: impl FnOnce(&mut Qmp) -> Result<T, SessionError<QmpError>>,
-) -> Result<T, ToolError> {
+) -> Result<T, OpError> {
     qmp::with_session(&vm::qmp_socket(rec), f).map_err(|e| match e {
-        SessionError::Channel(c) => ToolError::new(explain_qmp(name, rec, &c)),
+        SessionError::Channel(c) => OpError::new(explain_qmp(name, rec, &c)),
         SessionError::Tool(t) => t,
     })
 }
@@ -109,9 +109,9 @@ pub fn agent<T>(
     rec: &Record,
     cmd: &str,
     f: impl FnOnce(&mut Qga) -> Result<T, SessionError<QgaError>>,
-) -> Result<T, ToolError> {
+) -> Result<T, OpError> {
     let sock = vm::field(rec, "qga_socket").ok_or_else(|| {
-        ToolError::new(format!(
+        OpError::new(format!(
             "VM {name:?} has no guest-agent socket (attached without qga_socket); attach it again \
              with qga_socket"
         ))
@@ -147,7 +147,7 @@ pub fn explain_qmp(name: &str, rec: &Record, e: &QmpError) -> String {
 }
 
 /// Turns an agent error into words for the agent, checking the VM's run state first.
-pub fn explain_agent(name: &str, rec: &Record, cmd: &str, e: &QgaError) -> ToolError {
+pub fn explain_agent(name: &str, rec: &Record, cmd: &str, e: &QgaError) -> OpError {
     match e {
         QgaError::NoAgent | QgaError::Connect(_) | QgaError::Closed => {
             let m = measure(rec);
@@ -180,19 +180,19 @@ pub fn explain_agent(name: &str, rec: &Record, cmd: &str, e: &QgaError) -> ToolE
                 ),
                 other => format!("no guest agent answers in VM {name:?}: the VM is {other}"),
             };
-            ToolError::new(msg)
+            OpError::new(msg)
         }
-        e if e.is_disabled() => ToolError::new(format!(
+        e if e.is_disabled() => OpError::new(format!(
             "the guest has disabled {cmd} in its agent configuration (qemu-ga \
              --block-rpcs/--allow-rpcs); guest_info lists the enabled commands. Agent said: {e}"
         )),
         QgaError::Command { .. } => {
-            ToolError::new(format!("{cmd} failed inside guest {name:?}: {e}"))
+            OpError::new(format!("{cmd} failed inside guest {name:?}: {e}"))
         }
-        QgaError::Timeout(_) => ToolError::new(format!(
+        QgaError::Timeout(_) => OpError::new(format!(
             "the guest agent in VM {name:?} did not answer {cmd} in time; the guest may be \
              overloaded. Retry"
         )),
-        other => ToolError::new(format!("guest agent of VM {name:?}: {other}")),
+        other => OpError::new(format!("guest agent of VM {name:?}: {other}")),
     }
 }

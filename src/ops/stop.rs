@@ -6,9 +6,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use super::error::OpError;
 use super::records::{being_launched, lookup};
 use super::session::explain_qmp;
-use crate::mcp::tool::{ToolCtx, ToolError};
+use super::work::Work;
 use crate::qemu::qmp::{self, QmpError};
 use crate::qemu::vm::{self, measure, Status};
 use crate::qemu::{process, sock};
@@ -16,7 +17,7 @@ use crate::state::registry::Record;
 
 /// Stops VM `name`: graceful (ACPI power-down watched for up to `timeout`) or forced; returns
 /// stop_vm's result.
-pub fn stop(ctx: &ToolCtx, name: &str, force: bool, timeout: Duration) -> Result<Value, ToolError> {
+pub fn stop(ctx: &dyn Work, name: &str, force: bool, timeout: Duration) -> Result<Value, OpError> {
     let name = name.to_string();
     let rec = lookup(&name)?;
     let started = Instant::now();
@@ -40,8 +41,7 @@ pub fn stop(ctx: &ToolCtx, name: &str, force: bool, timeout: Duration) -> Result
             "elapsed_ms": 0, "cleanup_errors": cleanup
         }));
     }
-    ctx.log
-        .log("notice", &format!("stop_vm {name} (force={force})"));
+    ctx.log("notice", &format!("stop_vm {name} (force={force})"));
     let (method, events) = if force {
         force_stop(&name, &rec)?
     } else {
@@ -62,11 +62,11 @@ fn gone(rec: &Record) -> bool {
 }
 
 fn graceful_stop(
-    ctx: &ToolCtx,
+    ctx: &dyn Work,
     name: &str,
     rec: &Record,
     timeout: Duration,
-) -> Result<(String, Vec<String>), ToolError> {
+) -> Result<(String, Vec<String>), OpError> {
     let sock_path = vm::qmp_socket(rec);
     let started = Instant::now();
     let deadline = started + timeout;
@@ -99,19 +99,19 @@ fn graceful_stop(
             }
         }
     });
-    let (ended, events) = outcome.map_err(|e| ToolError::new(explain_qmp(name, rec, &e)))?;
+    let (ended, events) = outcome.map_err(|e| OpError::new(explain_qmp(name, rec, &e)))?;
     if ended {
         if events.iter().any(|e| e == "SHUTDOWN") {
             return Ok(("acpi".into(), events));
         }
-        return Err(ToolError::new(format!(
+        return Err(OpError::new(format!(
             "VM {name:?} exited without a guest shutdown event (events seen: [{}]): QEMU may have \
              crashed; see its serial log",
             events.join(", ")
         )));
     }
     ctx.check_cancel()?;
-    Err(ToolError::new(format!(
+    Err(OpError::new(format!(
         "VM {name:?} did not power off within {} s after ACPI power-down (events seen: [{}]). The \
          guest may ignore ACPI (no OS, still booting, or no acpid). Retry with a longer timeout, \
          or use force=true",
@@ -125,14 +125,14 @@ const QUIT_BUDGET: Duration = Duration::from_millis(700);
 /// How long a forced stop waits for SIGTERM before SIGKILL.
 const TERM_WAIT: Duration = Duration::from_millis(500);
 
-fn force_stop(name: &str, rec: &Record) -> Result<(String, Vec<String>), ToolError> {
+fn force_stop(name: &str, rec: &Record) -> Result<(String, Vec<String>), OpError> {
     let sock_path = vm::qmp_socket(rec);
     if let Some(pid) = vm::pid(rec) {
         if !process::is_our_vm(pid, &vm::identity_socket(rec))
             && vm::spawned(rec)
             && process::alive(pid)
         {
-            return Err(ToolError::new(format!(
+            return Err(OpError::new(format!(
                 "PID {pid} is no longer VM {name:?}'s QEMU; refusing to signal it"
             )));
         }
@@ -172,7 +172,7 @@ fn force_stop(name: &str, rec: &Record) -> Result<(String, Vec<String>), ToolErr
                 }
                 std::thread::sleep(Duration::from_millis(20));
             }
-            Err(ToolError::new(format!(
+            Err(OpError::new(format!(
                 "VM {name:?} still answers on its QMP socket after quit, and no PID is known to \
                  signal; stop the QEMU process by hand"
             )))

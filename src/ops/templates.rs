@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::mcp::tool::ToolError;
+use super::error::OpError;
 use crate::qemu::cmdline::SeedBus;
 use crate::qemu::{img, qcow2, vm};
 use crate::state::paths;
@@ -122,7 +122,7 @@ pub fn blank_overlay_of(dir: &Path) -> PathBuf {
 
 /// Makes the template's blank overlay unless one over its disk is there; template_create
 /// calls it so that the first clone does not pay for it.
-pub fn ensure_blank_overlay(dir: &Path) -> Result<PathBuf, ToolError> {
+pub fn ensure_blank_overlay(dir: &Path) -> Result<PathBuf, OpError> {
     static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let blank = blank_overlay_of(dir);
     let disk = disk_of(dir);
@@ -135,7 +135,7 @@ pub fn ensure_blank_overlay(dir: &Path) -> Result<PathBuf, ToolError> {
     img::create(&tmp, "qcow2", None, Some((&disk, "qcow2")))?;
     std::fs::rename(&tmp, &blank).map_err(|e| {
         let _ = std::fs::remove_file(&tmp);
-        ToolError::new(format!("cannot place {}: {e}", blank.display()))
+        OpError::new(format!("cannot place {}: {e}", blank.display()))
     })?;
     Ok(blank)
 }
@@ -143,20 +143,20 @@ pub fn ensure_blank_overlay(dir: &Path) -> Result<PathBuf, ToolError> {
 /// Gives a clone its overlay over the template's disk: a copy of the template's blank overlay
 /// (~0.1 ms), made once with qemu-img (~7 ms a clone before) and made again when its backing
 /// file is not this template's disk any more (a moved state folder).
-pub fn new_overlay(dir: &Path, overlay: &Path) -> Result<(), ToolError> {
+pub fn new_overlay(dir: &Path, overlay: &Path) -> Result<(), OpError> {
     let blank = ensure_blank_overlay(dir)?;
     let disk = disk_of(dir);
     let fits = |p: &Path| qcow2::backing_of(p).is_some_and(|b| Path::new(&b) == disk);
     std::fs::copy(&blank, overlay).map_err(|e| {
         let _ = std::fs::remove_file(overlay);
-        ToolError::new(format!(
+        OpError::new(format!(
             "cannot copy the template's blank overlay to {}: {e}",
             overlay.display()
         ))
     })?;
     if !fits(overlay) {
         let _ = std::fs::remove_file(overlay);
-        return Err(ToolError::new(format!(
+        return Err(OpError::new(format!(
             "the copy of {} at {} does not name the template's disk as its backing file; \
              delete {} and try again",
             blank.display(),
@@ -168,19 +168,19 @@ pub fn new_overlay(dir: &Path, overlay: &Path) -> Result<(), ToolError> {
 }
 
 /// Loads a template, checking that its files are all there and whole.
-pub fn load(name: &str) -> Result<Template, ToolError> {
+pub fn load(name: &str) -> Result<Template, OpError> {
     if !valid_name(name) {
-        return Err(ToolError::new(format!("invalid template name {name:?}")));
+        return Err(OpError::new(format!("invalid template name {name:?}")));
     }
     let dir = dir_of(name);
     let bytes = std::fs::read(meta_of(&dir)).map_err(|_| {
-        ToolError::new(format!(
+        OpError::new(format!(
             "no template named {name:?}; template_list shows the templates, template_create \
              makes one"
         ))
     })?;
     let t: Template = serde_json::from_slice(&bytes).map_err(|e| {
-        ToolError::new(format!(
+        OpError::new(format!(
             "template {name:?} is damaged ({}: {e}); template_delete it and create it again",
             meta_of(&dir).display()
         ))
@@ -210,7 +210,7 @@ pub fn load(name: &str) -> Result<Template, ToolError> {
         _ => None,
     };
     match problem {
-        Some(p) => Err(ToolError::new(format!(
+        Some(p) => Err(OpError::new(format!(
             "template {name:?} is damaged: {p}; template_delete it and create it again"
         ))),
         None => Ok(t),

@@ -1,10 +1,10 @@
 //! A download's progress and cancellation, from the call's context.
 
-use crate::mcp::tool::ToolCtx;
+use super::work::Work;
 use crate::net::download::Watcher;
 
 /// Progress and cancellation of a download, from the tool call's context.
-pub struct CtxWatch<'a>(pub &'a ToolCtx);
+pub struct CtxWatch<'a>(pub &'a dyn Work);
 
 impl Watcher for CtxWatch<'_> {
     fn progress(&self, done: u64, total: Option<u64>) {

@@ -21,7 +21,7 @@ pub const MAX_DELTA: i64 = 20000;
 
 /// A VM that must be running, for the screen, keyboard and mouse tools.
 pub fn live(name: &str) -> Result<Record, ToolError> {
-    crate::ops::records::lookup_live(name, "launch it first")
+    Ok(crate::ops::records::lookup_live(name, "launch it first")?)
 }
 
 /// The monitor session of a screen/keyboard/mouse tool: failures explained for VM `name`.

@@ -97,7 +97,7 @@ pub const INFO: ToolDef = ToolDef {
 };
 
 fn info(_ctx: &ToolCtx, args: &Args) -> ToolResult {
-    guest_ops::info(args.str("name")?).map(ToolOutput::json)
+    Ok(guest_ops::info(args.str("name")?).map(ToolOutput::json)?)
 }
 
 const EXEC_DESCRIPTION: &str = "Run a program inside the guest through the agent (not a shell: \
@@ -232,7 +232,10 @@ fn exec(ctx: &ToolCtx, args: &Args) -> ToolResult {
         ..spool::Launch::default()
     };
     // With a progress token, the program's new lines go out in its progress while it runs.
-    guest_ops::run_program(ctx, name, &launch, timeout, ctx.has_progress()).map(ToolOutput::json)
+    Ok(
+        guest_ops::run_program(ctx, name, &launch, timeout, ctx.has_progress())
+            .map(ToolOutput::json)?,
+    )
 }
 
 const FILE_READ_DESCRIPTION: &str = "Read a file inside the guest through the agent, in chunks, \

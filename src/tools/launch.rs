@@ -57,5 +57,5 @@ fn launch_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
         disks.push((p, fmt));
     }
     let req = request_from_args(args, &name, disks)?;
-    launch(ctx, req).map(ToolOutput::json)
+    Ok(launch(ctx, req).map(ToolOutput::json)?)
 }

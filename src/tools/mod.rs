@@ -6,6 +6,7 @@ use serde_json::{json, Value};
 use crate::mcp::tool::{Args, ToolDef, ToolError};
 
 pub mod background;
+pub mod boundary;
 pub mod copy;
 pub mod download;
 pub mod drive;

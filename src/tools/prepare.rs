@@ -169,7 +169,7 @@ fn prepare(ctx: &ToolCtx, args: &Args) -> ToolResult {
         }
     }
     ctx.progress_now(0.0, None, "booting the source image on an overlay");
-    let booted = crate::ops::sandbox::boot(ctx, &Args(sb));
+    let booted = crate::ops::sandbox::boot(ctx, &Args(sb)).map_err(ToolError::from);
     let result = booted.and_then(|(out, waited, _)| {
         if let AgentWait::Fatal(f) = waited {
             return Err(ToolError::new(format!(

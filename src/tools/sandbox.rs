@@ -54,7 +54,7 @@ pub const SANDBOX: ToolDef = ToolDef {
 };
 
 fn sandbox_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
-    sandbox::create(ctx, args).map(ToolOutput::json)
+    Ok(sandbox::create(ctx, args).map(ToolOutput::json)?)
 }
 
 const DESTROY_DESCRIPTION: &str = "Stop a sandbox VM (verified, with SIGKILL if needed), delete \
@@ -96,5 +96,5 @@ pub const DESTROY: ToolDef = ToolDef {
 };
 
 fn destroy(ctx: &ToolCtx, args: &Args) -> ToolResult {
-    sandbox::destroy(ctx, args.str("name")?).map(ToolOutput::json)
+    Ok(sandbox::destroy(ctx, args.str("name")?).map(ToolOutput::json)?)
 }

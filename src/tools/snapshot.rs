@@ -146,10 +146,10 @@ pub fn hmp_verdict(out: &str) -> Verdict {
 }
 
 fn live(name: &str) -> Result<Record, ToolError> {
-    crate::ops::records::lookup_live(
+    Ok(crate::ops::records::lookup_live(
         name,
         "live snapshots need a running VM (for an image at rest use image_snapshot_*)",
-    )
+    )?)
 }
 
 fn no_disk(name: &str) -> ToolError {

@@ -5,7 +5,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use super::object;
-use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolOutput, ToolResult};
+use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::ops::stop;
 
 const STOP_DESCRIPTION: &str = "Stop a VM. Graceful by default: ACPI power-down, then wait up to \
@@ -64,4 +64,5 @@ fn stop_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
         timeout,
     )
     .map(ToolOutput::json)
+    .map_err(ToolError::from)
 }
