@@ -6,15 +6,13 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use super::error::OpError;
-use crate::mcp::tool::Args;
 use crate::qemu::untrusted::{self, Checked};
 use crate::state::roots::{self, Access};
 
-/// A path parameter, checked against the roots for `access` and resolved (every symlink and
-/// `..`): the tool must use the returned path from then on, never the text it was given.
-pub fn path_arg(args: &Args, name: &str, access: Access) -> Result<PathBuf, OpError> {
-    let raw = args.str(name)?;
-    roots::check_str(raw, access).map_err(|e| OpError::new(format!("parameter '{name}': {e}")))
+/// Path parameter `param`'s text, checked against the roots for `access` and resolved (every
+/// symlink and `..`): the caller must use the returned path from then on, never the text.
+pub fn checked_path(raw: &str, param: &str, access: Access) -> Result<PathBuf, OpError> {
+    roots::check_str(raw, access).map_err(|e| OpError::new(format!("parameter '{param}': {e}")))
 }
 
 /// An existing disk image, checked as untrusted data: its backing chain and external data

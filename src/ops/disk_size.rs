@@ -5,7 +5,6 @@
 //! `MCQEMU_MAX_DISK_GB` (default 2048): an overlay is sparse, but a guest may fill it.
 
 use super::error::OpError;
-use crate::mcp::tool::Args;
 use crate::qemu::img;
 
 /// The quota when `MCQEMU_MAX_DISK_GB` is not set.
@@ -19,10 +18,10 @@ fn max_bytes() -> u64 {
         .saturating_mul(1 << 30)
 }
 
-/// The `disk_size` argument checked against the base's virtual size and the quota: None when
+/// The `disk_size` parameter checked against the base's virtual size and the quota: None when
 /// absent (the overlay keeps the base's size).
-pub fn from_args(args: &Args, base_bytes: u64) -> Result<Option<u64>, OpError> {
-    let Some(text) = args.opt_str("disk_size")? else {
+pub fn checked(text: Option<&str>, base_bytes: u64) -> Result<Option<u64>, OpError> {
+    let Some(text) = text else {
         return Ok(None);
     };
     let bytes =

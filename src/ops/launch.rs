@@ -8,21 +8,17 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 use serde_json::{json, Map, Value};
 
-use super::checks::{checked_image, path_arg};
 use super::error::OpError;
 use super::quota;
 use super::work::Work;
 use crate::cloudinit::CloudInit;
-use crate::host::{self, binaries, decide};
-use crate::mcp::tool::Args;
+use crate::host::decide;
 use crate::qemu::cmdline::{self, x86, LaunchSpec};
-use crate::qemu::extra_args::check_extra_args;
-use crate::qemu::forwards::{resolve_forwards, Forward};
+use crate::qemu::forwards::Forward;
 use crate::qemu::qmp::{self, QmpError};
 use crate::qemu::vm::{self, measure};
-use crate::qemu::{firmware, process, sock};
+use crate::qemu::{process, sock};
 use crate::state::registry::{to_record, RegistryError};
-use crate::state::roots::{self, Access};
 
 /// The `arch` default when the host's is not one launch_vm offers.
 pub const DEFAULT_ARCH: &str = "x86_64";
@@ -69,22 +65,6 @@ fn forwards_json(fw: &[Forward]) -> Value {
         })
         .collect();
     json!(list)
-}
-
-fn resolve_existing(args: &Args, key: &str, what: &str) -> Result<Option<PathBuf>, OpError> {
-    match args.opt_str(key)? {
-        None => Ok(None),
-        Some(_) => {
-            let p = path_arg(args, key, Access::Read)?;
-            if !p.is_file() {
-                return Err(OpError::new(format!(
-                    "{what} {} does not exist or is not a file",
-                    p.display()
-                )));
-            }
-            Ok(Some(p))
-        }
-    }
 }
 
 /// The record of a name reserved while its QEMU starts: other servers see it as starting.
@@ -151,6 +131,9 @@ pub struct LaunchRequest {
     pub firmware: String,
     /// A cloud-init seed to write for this launch (a fresh instance id each time).
     pub cloud_init: Option<CloudInit>,
+    /// The firmware's pristine UEFI variable store, copied to the VM's own (`spec.uefi`) once
+    /// the name is reserved, when the VM has none yet.
+    pub uefi_vars_from: Option<PathBuf>,
 }
 
 /// Writes the launch's cloud-init seed into the VM's folder (`seed.iso`, replaced at every
@@ -182,6 +165,22 @@ fn write_seed(req: &mut LaunchRequest, sd: &Path) -> Result<(), OpError> {
     );
     req.spec.seed = Some(seed);
     Ok(())
+}
+
+/// Gives the VM its own UEFI variable store, copied from the firmware's, unless it has one.
+fn copy_uefi_vars(req: &LaunchRequest) -> Result<(), OpError> {
+    let (Some(from), Some((_, vars, _))) = (&req.uefi_vars_from, &req.spec.uefi) else {
+        return Ok(());
+    };
+    if vars.exists() {
+        return Ok(());
+    }
+    crate::state::copy::private(from, vars).map_err(|e| {
+        OpError::new(format!(
+            "cannot copy the UEFI variable store {}: {e}",
+            from.display()
+        ))
+    })
 }
 
 /// Reserves the name, starts QEMU, and records the VM. On failure the reservation is dropped.
@@ -284,6 +283,7 @@ fn start_reserved(
             let _ = std::fs::remove_file(stale);
         }
     }
+    copy_uefi_vars(req)?;
     ctx.check_cancel()?;
     let log = sd.join("qemu.log");
     let spawn = |s: &LaunchSpec| {
@@ -408,132 +408,4 @@ fn start_reserved(
         }
     }
     Ok(out)
-}
-
-/// Builds a launch request from launch_vm-style arguments (also used by sandbox_vm).
-pub fn request_from_args(
-    args: &Args,
-    name: &str,
-    disks: Vec<(PathBuf, String)>,
-) -> Result<LaunchRequest, OpError> {
-    let arch = match args.opt_str("arch")? {
-        Some(a) => a.to_string(),
-        None => default_arch().to_string(),
-    };
-    let default_machine = ARCHES
-        .iter()
-        .find(|a| a.0 == arch)
-        .map(|a| a.1)
-        .ok_or_else(|| OpError::new(format!("unsupported arch {arch:?}")))?;
-    let qemu = binaries::find(&arch).map_err(OpError::new)?;
-    let machine =
-        decide::concrete_machine(&qemu, args.opt_str("machine")?.unwrap_or(default_machine))
-            .map_err(OpError::new)?;
-    let env_accel = std::env::var("MCQEMU_ACCEL").ok().filter(|s| !s.is_empty());
-    let requested = match args.opt_str("accel")? {
-        Some(a) => a.to_string(),
-        None => env_accel.unwrap_or_else(|| "auto".into()),
-    };
-    let (accel, accel_note) =
-        decide::accel(host::get(), &arch, &requested).map_err(OpError::new)?;
-    let extra_args = args.str_list("extra_args")?;
-    for file in check_extra_args(&extra_args)? {
-        let path = roots::check_str(&file.path, file.access).map_err(|e| {
-            OpError::new(format!(
-                "extra_args: -{} names {:?}: {e}",
-                file.opt, file.path
-            ))
-        })?;
-        // A drive image is untrusted data like any disk: its chain stays inside the roots.
-        if let Some(format) = &file.image_format {
-            if path.is_file() {
-                checked_image(
-                    &path,
-                    &format!("extra_args -{} image", file.opt),
-                    Some(format),
-                )?;
-            }
-        }
-    }
-    let no_net = args.bool_or("no_net", false)?;
-    let fw_specs = args.str_list("port_forwards")?;
-    if no_net && !fw_specs.is_empty() {
-        return Err(OpError::new(
-            "port_forwards need a network; drop no_net=true or the forwards",
-        ));
-    }
-    let forwards = resolve_forwards(&fw_specs)?;
-    for f in forwards.iter().filter(|f| !f.auto) {
-        decide::host_port(host::get(), f.host)
-            .map_err(|e| OpError::new(format!("port_forwards: {e}")))?;
-    }
-    let has_kernel = args.opt_str("kernel")?.is_some();
-    let firmware = match args.opt_str("firmware")? {
-        Some(f) => f.to_string(),
-        None => default_firmware(&arch, has_kernel).to_string(),
-    };
-    if firmware == "bios" && !has_kernel && !x86(&arch) {
-        return Err(OpError::new(format!(
-            "firmware=\"bios\" cannot boot an {arch} guest: its virt board has no BIOS, so \
-             without kernel nothing would run. Use firmware=\"uefi\" (the default there), or \
-             boot a kernel directly with kernel/initrd/append"
-        )));
-    }
-    let uefi = if firmware == "uefi" {
-        let fw = firmware::find_uefi(&arch, &machine)?;
-        let sd = vm::state_dir(name);
-        std::fs::create_dir_all(&sd)
-            .map_err(|e| OpError::new(format!("cannot create {}: {e}", sd.display())))?;
-        let vars = sd.join("uefi-vars.fd");
-        if !vars.exists() {
-            crate::state::copy::private(&fw.vars, &vars).map_err(|e| {
-                OpError::new(format!(
-                    "cannot copy the UEFI variable store {}: {e}",
-                    fw.vars.display()
-                ))
-            })?;
-        }
-        Some((fw.code, vars, fw.format))
-    } else {
-        None
-    };
-    let spec = LaunchSpec {
-        name: name.to_string(),
-        binary: qemu.path.display().to_string(),
-        machine,
-        accel: accel.to_string(),
-        cpu: Some(decide::cpu_model(accel, &arch).to_string()),
-        arch,
-        memory_mb: args.i64_or("memory_mb", DEFAULT_MEMORY_MB)?.max(16) as u64,
-        cpus: match args.opt_i64("cpus")? {
-            Some(c) => c.max(1) as u64,
-            None => decide::default_cpus(host::get()),
-        },
-        disks,
-        iso: resolve_existing(args, "iso", "ISO")?,
-        uefi,
-        no_net,
-        restrict_net: args.bool_or("restrict_net", false)?,
-        forwards,
-        kernel: resolve_existing(args, "kernel", "kernel")?,
-        initrd: resolve_existing(args, "initrd", "initrd")?,
-        append: args.opt_str("append")?.map(str::to_string),
-        extra_args,
-        ..LaunchSpec::default()
-    };
-    if spec.initrd.is_some() && spec.kernel.is_none() {
-        return Err(OpError::new("initrd needs kernel (direct kernel boot)"));
-    }
-    let cloud_init = match args.0.get("cloud_init") {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(CloudInit::parse(v)?),
-    };
-    Ok(LaunchRequest {
-        spec,
-        extra_record: Map::new(),
-        accel_note,
-        kvm_fallback: requested == "auto",
-        firmware,
-        cloud_init,
-    })
 }

@@ -14,6 +14,7 @@ pub mod guest_clock;
 pub mod guest_run;
 pub mod guest_stream;
 pub mod launch;
+pub mod launch_args;
 pub mod listing;
 pub mod pool;
 pub mod port_forward;

@@ -20,9 +20,9 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Map, Value};
 
 use super::error::OpError;
+use super::sandbox::SandboxRequest;
 use super::work::Work;
 use super::{clone, sandbox, templates};
-use crate::mcp::tool::Args;
 use crate::qemu::qga;
 use crate::qemu::vm::{self, Status};
 use crate::state::registry::{Record, RegistryError};
@@ -117,12 +117,12 @@ pub fn pooled(template: &str) -> Vec<String> {
     v.into_iter().map(|(n, _)| n).collect()
 }
 
-/// True when sandbox_vm `args` ask for nothing a pooled clone was not started with (its own
+/// True when a sandbox request asks for nothing a pooled clone was not started with (its own
 /// cloud_init, port forwards, or network).
-pub fn fits(args: &Args) -> bool {
-    args.get("cloud_init").is_none()
-        && args.get("port_forwards").is_none()
-        && args.bool_or("allow_network", false).is_ok_and(|a| !a)
+pub fn fits(req: &SandboxRequest) -> bool {
+    req.launch.cloud_init.as_ref().is_none_or(Value::is_null)
+        && req.launch.port_forwards.is_none()
+        && !req.allow_network
 }
 
 /// Takes a ready pooled clone of `template` for VM `name`: its record and folders become
@@ -384,16 +384,18 @@ fn refill(ctx: &dyn Work, template: &str, want: u64) -> Result<(), OpError> {
     }
     while (pooled(template).len() as u64) < want && size(template) >= want {
         let name = format!("pool-{}", &crate::cloudinit::new_instance_id()[11..23]);
-        let mut a = Map::new();
-        a.insert("name".into(), json!(name));
-        a.insert("template".into(), json!(template));
+        let req = SandboxRequest {
+            name: Some(name.clone()),
+            template: Some(template.to_string()),
+            ..SandboxRequest::default()
+        };
         // Marked from its launch on, so list_vms never shows it and a take never sees it
         // before its agent answers.
         let mut fields = Map::new();
         fields.insert(POOLED.into(), json!(template));
         fields.insert("pool_ready".into(), json!(false));
         fields.insert("pooled_at".into(), json!(crate::clock::now_secs()));
-        match clone::start_with(ctx, &Args(a), template, fields) {
+        match clone::start_with(ctx, &req, template, fields) {
             Ok((out, Some(clock))) if out["agent_ready"] == json!(true) => {
                 // A pooled clone is handed out with its clock already right.
                 if let Ok(Err(why)) = clock.join() {

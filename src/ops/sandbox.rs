@@ -6,15 +6,15 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use super::agent::{no_agent_reason, tail, unseen_seed_reason, wait_for_agent, AgentWait};
-use super::checks::{checked_image, path_arg};
+use super::checks::{checked_image, checked_path};
 use super::error::OpError;
+use super::launch_args::{self, LaunchArgs};
 use super::records::lookup;
 use super::work::Work;
 use super::{disk_size, guest_run, launch};
-use crate::mcp::tool::Args;
 use crate::qemu::qmp;
 use crate::qemu::vm::{self, measure};
 use crate::qemu::{img, process};
@@ -37,9 +37,44 @@ pub fn first_free_name() -> String {
         .unwrap_or_else(|| format!("sandbox-{}", std::process::id()))
 }
 
-/// The sandbox's name from `args` (checked), or the first free one.
-pub fn checked_name(args: &Args) -> Result<String, OpError> {
-    match args.opt_str("name")? {
+/// sandbox_vm's request: a sandbox on `base_image` (an overlay) or a clone of `template`.
+#[derive(Debug, Clone, Default)]
+pub struct SandboxRequest {
+    /// None: the first free `sandbox`, `sandbox-2`, ...
+    pub name: Option<String>,
+    /// A template to clone instead of an overlay on base_image.
+    pub template: Option<String>,
+    /// The disk image the overlay is on (never written).
+    pub base_image: Option<String>,
+    /// The overlay's size (never smaller than the base).
+    pub disk_size: Option<String>,
+    /// The launch's own parameters (port_forwards None: `auto:22`).
+    pub launch: LaunchArgs,
+    /// Guest-initiated traffic allowed.
+    pub allow_network: bool,
+    /// None: 90 s.
+    pub wait_agent_s: Option<f64>,
+    /// Also wait for cloud-init to finish.
+    pub wait_cloud_init: bool,
+    /// None: 600 s.
+    pub wait_cloud_init_s: Option<f64>,
+}
+
+impl SandboxRequest {
+    /// How long to wait for the guest agent.
+    pub fn agent_wait(&self) -> Duration {
+        Duration::from_secs_f64(self.wait_agent_s.unwrap_or(90.0).clamp(0.0, 3600.0))
+    }
+
+    /// How long to wait for cloud-init, once the agent answers.
+    pub fn cloud_init_wait(&self) -> Duration {
+        Duration::from_secs_f64(self.wait_cloud_init_s.unwrap_or(600.0).clamp(0.0, 3600.0))
+    }
+}
+
+/// A requested VM name, checked, or the first free sandbox name.
+pub fn checked_name(name: Option<&str>) -> Result<String, OpError> {
+    match name {
         Some(n) if valid_name(n) => Ok(n.to_string()),
         Some(n) => Err(OpError::new(format!(
             "invalid VM name {n:?}: use 1-48 characters from A-Z a-z 0-9 _ . -, starting with a \
@@ -50,14 +85,13 @@ pub fn checked_name(args: &Args) -> Result<String, OpError> {
 }
 
 /// sandbox_vm: an overlay on `base_image` launched and waited on (or, with `template`, a
-/// clone); `args` are sandbox_vm's. Returns its result. A sandbox whose agent does not answer
-/// within its wait (`wait_agent_s` above 0) is removed and an error says why, with the
-/// console's last lines.
-pub fn create(ctx: &dyn Work, args: &Args) -> Result<Value, OpError> {
-    if args.opt_str("template")?.is_some() {
-        return boot(ctx, args).map(|(out, _, _)| out);
+/// clone). A sandbox whose agent does not answer within its wait (`wait_agent_s` above 0) is
+/// removed and an error says why, with the console's last lines.
+pub fn create(ctx: &dyn Work, req: &SandboxRequest) -> Result<Value, OpError> {
+    if req.template.is_some() {
+        return boot(ctx, req).map(|(out, _, _)| out);
     }
-    let (out, waited, wait) = boot(ctx, args)?;
+    let (out, waited, wait) = boot(ctx, req)?;
     let name = out["name"].as_str().unwrap_or_default().to_string();
     let seeded = out.get("cloud_init").is_some_and(|c| !c.is_null());
     let why = match &waited {
@@ -85,104 +119,109 @@ pub fn create(ctx: &dyn Work, args: &Args) -> Result<Value, OpError> {
 
 /// [`create`] without its verdict on the agent: the sandbox as launched and how the wait for
 /// its agent ended (image_prepare says itself what a guest without an agent means).
-pub fn boot(ctx: &dyn Work, args: &Args) -> Result<(Value, AgentWait, Duration), OpError> {
-    if let Some(t) = args.opt_str("template")? {
-        // What a clone refuses is refused whether or not a pool is ready.
-        let checked = super::clone::check(args, t)?;
-        if super::pool::size(t) > 0 && super::pool::fits(args) {
-            let name = checked_name(args)?;
-            if let Some(out) = super::pool::take(t, &name)? {
-                return Ok((out, AgentWait::Ready, Duration::ZERO));
-            }
-        }
-        return Ok((
-            super::clone::start(ctx, args, t, checked)?,
-            AgentWait::Ready,
-            Duration::ZERO,
-        ));
+pub fn boot(ctx: &dyn Work, req: &SandboxRequest) -> Result<(Value, AgentWait, Duration), OpError> {
+    match &req.template {
+        Some(t) => boot_clone(ctx, req, t),
+        None => boot_overlay(ctx, req),
     }
-    if args.opt_str("base_image")?.is_none() {
+}
+
+/// A clone of template `t`: a ready one from its pool when the request fits one, else a
+/// fresh one. What a clone refuses is refused whether or not a pool is ready.
+fn boot_clone(
+    ctx: &dyn Work,
+    req: &SandboxRequest,
+    t: &str,
+) -> Result<(Value, AgentWait, Duration), OpError> {
+    let checked = super::clone::check(req, t)?;
+    if super::pool::size(t) > 0 && super::pool::fits(req) {
+        let name = checked_name(req.name.as_deref())?;
+        if let Some(out) = super::pool::take(t, &name)? {
+            return Ok((out, AgentWait::Ready, Duration::ZERO));
+        }
+    }
+    let out = super::clone::start(ctx, req, t, checked)?;
+    Ok((out, AgentWait::Ready, Duration::ZERO))
+}
+
+/// A sandbox on an overlay of `base_image`: checked, made, launched, then waited on.
+fn boot_overlay(
+    ctx: &dyn Work,
+    req: &SandboxRequest,
+) -> Result<(Value, AgentWait, Duration), OpError> {
+    let Some(base_raw) = req.base_image.as_deref() else {
         return Err(OpError::new(
             "give base_image (a disk image to boot on an overlay) or template (from \
              template_create)",
         ));
-    }
-    let base = path_arg(args, "base_image", Access::Read)?;
+    };
+    let base = checked_path(base_raw, "base_image", Access::Read)?;
     let checked = checked_image(&base, "base_image", None)?;
-    let base_fmt = checked.format;
-    let disk_size = disk_size::from_args(args, checked.virtual_size)?;
-    let name = checked_name(args)?;
+    let disk_size = disk_size::checked(req.disk_size.as_deref(), checked.virtual_size)?;
+    let name = checked_name(req.name.as_deref())?;
     // cloud_init is checked before anything is made on disk.
-    if let Some(v) = args.0.get("cloud_init").filter(|v| !v.is_null()) {
-        crate::cloudinit::CloudInit::parse(v)?;
-    }
+    req.launch.cloud_init()?;
     let (sd, overlay) = overlay_path(&name)?;
-    if let Err(e) = img::create(&overlay, "qcow2", disk_size, Some((&base, &base_fmt))) {
-        let _ = std::fs::remove_dir(&sd);
-        return Err(e.into());
-    }
-    let mut launch_args = args.0.clone();
-    let forwards = match args.opt_str_list("port_forwards")? {
-        Some(f) => f,
-        None => vec!["auto:22".to_string()],
-    };
-    launch_args.insert("port_forwards".into(), json!(forwards));
-    for k in [
-        "base_image",
-        "name",
-        "allow_network",
-        "wait_agent_s",
-        "wait_cloud_init",
-        "wait_cloud_init_s",
-        "disk_size",
-    ] {
-        launch_args.remove(k);
-    }
-    let launch_args = crate::mcp::tool::Args(launch_args);
-    let mut req = match launch::request_from_args(
-        &launch_args,
-        &name,
-        vec![(overlay.clone(), "qcow2".into())],
-    ) {
-        Ok(r) => r,
+    let made = img::create(&overlay, "qcow2", disk_size, Some((&base, &checked.format)))
+        .map_err(OpError::from)
+        .and_then(|()| launch_overlay(ctx, req, &name, &base, &checked.format, &overlay));
+    let out = match made {
+        Ok(out) => out,
         Err(e) => {
             let _ = std::fs::remove_file(&overlay);
             let _ = std::fs::remove_dir(&sd);
             return Err(e);
         }
     };
-    req.spec.restrict_net = !args.bool_or("allow_network", false)?;
-    let mut sb = Map::new();
-    sb.insert("base_image".into(), json!(base.display().to_string()));
-    sb.insert("base_format".into(), json!(base_fmt));
-    sb.insert("overlay".into(), json!(overlay.display().to_string()));
-    sb.insert("allow_network".into(), json!(!req.spec.restrict_net));
-    req.extra_record.insert("sandbox".into(), Value::Object(sb));
-    let launched = match launch::launch(ctx, req) {
-        Ok(o) => o,
-        Err(e) => {
-            let _ = std::fs::remove_file(&overlay);
-            let _ = std::fs::remove_dir(&sd);
-            return Err(e);
-        }
-    };
-    let mut out = launched;
-    let wait = Duration::from_secs_f64(
-        args.opt_f64("wait_agent_s")?
-            .unwrap_or(90.0)
-            .clamp(0.0, 3600.0),
-    );
-    let rec = lookup(&name)?;
+    wait_ready(ctx, req, &name, out)
+}
+
+/// Launches sandbox `name` on its overlay, its record saying what it was made from.
+fn launch_overlay(
+    ctx: &dyn Work,
+    req: &SandboxRequest,
+    name: &str,
+    base: &Path,
+    base_fmt: &str,
+    overlay: &Path,
+) -> Result<Value, OpError> {
+    let mut la = req.launch.clone();
+    if la.port_forwards.is_none() {
+        la.port_forwards = Some(vec!["auto:22".to_string()]);
+    }
+    la.restrict_net = !req.allow_network;
+    let mut lr = launch_args::request(&la, name, vec![(overlay.to_path_buf(), "qcow2".into())])?;
+    let sb = json!({
+        "base_image": base.display().to_string(), "base_format": base_fmt,
+        "overlay": overlay.display().to_string(), "allow_network": req.allow_network,
+    });
+    lr.extra_record.insert("sandbox".into(), sb);
+    let mut out = launch::launch(ctx, lr)?;
+    out["overlay"] = json!(overlay.display().to_string());
+    out["base_image"] = json!(base.display().to_string());
+    Ok(out)
+}
+
+/// Waits for a launched sandbox's agent (and, when asked, cloud-init); a seed the guest never
+/// saw removes the sandbox with the reason.
+fn wait_ready(
+    ctx: &dyn Work,
+    req: &SandboxRequest,
+    name: &str,
+    mut out: Value,
+) -> Result<(Value, AgentWait, Duration), OpError> {
+    let wait = req.agent_wait();
+    let rec = lookup(name)?;
     let started = Instant::now();
     let seeded = rec.get("cloud_init").is_some();
-    let waited = wait_for_agent(ctx, &name, &rec, wait)?;
+    let waited = wait_for_agent(ctx, name, &rec, wait)?;
     let ready = waited == AgentWait::Ready;
     if let AgentWait::NoAgent(f) = &waited {
         if seeded && f.no_datasource() {
-            destroy_quietly(ctx, &name);
+            destroy_quietly(ctx, name);
             return Err(OpError::new(format!(
                 "{}. The sandbox was removed.",
-                unseen_seed_reason(&name, &f.datasource)
+                unseen_seed_reason(name, &f.datasource)
             )));
         }
         out["cloud_init"]["console"] = json!({
@@ -192,27 +231,8 @@ pub fn boot(ctx: &dyn Work, args: &Args) -> Result<(Value, AgentWait, Duration),
     }
     out["agent_ready"] = json!(ready);
     out["agent_wait_ms"] = json!(started.elapsed().as_millis() as u64);
-    out["overlay"] = json!(overlay.display().to_string());
-    out["base_image"] = json!(base.display().to_string());
-    if ready && args.bool_or("wait_cloud_init", false)? {
-        let wait_ci = Duration::from_secs_f64(
-            args.opt_f64("wait_cloud_init_s")?
-                .unwrap_or(600.0)
-                .clamp(0.0, 3600.0),
-        );
-        // Beside what the launch recorded (instance_id, seed), not instead of it.
-        let waited = guest_run::wait_cloud_init(ctx, &name, wait_ci)?;
-        if seeded && guest_run::saw_no_datasource(&waited) {
-            let ds = waited["report"]["detail"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string();
-            destroy_quietly(ctx, &name);
-            return Err(OpError::new(format!(
-                "{}. The sandbox was removed.",
-                unseen_seed_reason(&name, &ds)
-            )));
-        }
+    if ready && req.wait_cloud_init {
+        let waited = cloud_init_step(ctx, name, seeded, req.cloud_init_wait())?;
         match (
             out.get_mut("cloud_init").and_then(Value::as_object_mut),
             waited,
@@ -222,6 +242,29 @@ pub fn boot(ctx: &dyn Work, args: &Args) -> Result<(Value, AgentWait, Duration),
         }
     }
     Ok((out, waited, wait))
+}
+
+/// Waits for cloud-init in a VM whose agent answers; a seed it never saw, or cloud-init
+/// reporting an error, removes the VM with the reason.
+pub fn cloud_init_step(
+    ctx: &dyn Work,
+    name: &str,
+    seeded: bool,
+    wait: Duration,
+) -> Result<Value, OpError> {
+    let waited = guest_run::wait_cloud_init(ctx, name, wait)?;
+    if seeded && guest_run::saw_no_datasource(&waited) {
+        let ds = waited["report"]["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        destroy_quietly(ctx, name);
+        return Err(OpError::new(format!(
+            "{}. The sandbox was removed.",
+            unseen_seed_reason(name, &ds)
+        )));
+    }
+    Ok(waited)
 }
 
 /// A new sandbox's state folder (created) and the path of its overlay, unique per launch.

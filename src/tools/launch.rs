@@ -1,13 +1,10 @@
 //! `launch_vm`: its definition and arguments; the launch itself is [`crate::ops::launch`].
 
-use serde_json::{Map, Value};
-
-use super::params::{launch_out, launch_props};
-use super::{checked_image, object, vm_name_arg};
-use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
-use crate::ops::launch::{launch, request_from_args};
-use crate::qemu::vm;
-use crate::state::roots::{self, Access};
+use super::params::{launch_args, launch_out, launch_props};
+use super::{object, vm_name_arg};
+use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolOutput, ToolResult};
+use crate::ops::launch::launch;
+use crate::ops::launch_args::{checked_disks, request};
 
 const LAUNCH_DESCRIPTION: &str = "Start a QEMU virtual machine that outlives this server, with a \
     QMP control socket, a guest-agent channel (virtio-serial org.qemu.guest_agent.0) and a serial \
@@ -33,29 +30,7 @@ pub const LAUNCH: ToolDef = ToolDef {
 
 fn launch_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let name = vm_name_arg(args)?;
-    // Formats probed at an earlier launch of this VM stay pinned: a guest that wrote another
-    // format's header into its raw disk must not change how the next launch opens it.
-    let pinned: Map<String, Value> = vm::registry()
-        .load()
-        .get(&name)
-        .and_then(|r| r.get("disk_formats"))
-        .and_then(Value::as_object)
-        .cloned()
-        .unwrap_or_default();
-    let mut disks = Vec::new();
-    for (i, d) in args.str_list("disks")?.iter().enumerate() {
-        let p = roots::check_str(d, Access::Write)
-            .map_err(|e| ToolError::new(format!("disks[{i}]: {e}")))?;
-        if !p.is_file() {
-            return Err(ToolError::new(format!(
-                "disks[{i}]: {} does not exist or is not a file; create one with image_create",
-                p.display()
-            )));
-        }
-        let pin = pinned.get(&p.display().to_string()).and_then(Value::as_str);
-        let fmt = checked_image(&p, &format!("disks[{i}]"), pin)?.format;
-        disks.push((p, fmt));
-    }
-    let req = request_from_args(args, &name, disks)?;
-    Ok(launch(ctx, req).map(ToolOutput::json)?)
+    let disks = checked_disks(&name, &args.str_list("disks")?)?;
+    let req = request(&launch_args(args)?, &name, disks)?;
+    Ok(ToolOutput::json(launch(ctx, req)?))
 }

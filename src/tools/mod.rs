@@ -28,7 +28,8 @@ pub mod stop;
 pub mod template;
 pub mod template_manage;
 
-pub use crate::ops::checks::{checked_image, path_arg};
+pub use crate::ops::checks::checked_image;
+pub use params::path_arg;
 
 /// Every tool, in the order `tools/list` shows them.
 pub static ALL: &[ToolDef] = &[

@@ -1,11 +1,61 @@
 //! Schemas several tools share (no tool is defined here): launch_vm's parameters and result,
 //! which sandbox_vm, template_create and image_prepare take too, and the image tools' shapes.
 
+use std::path::PathBuf;
+
 use serde_json::{json, Value};
 
 use crate::clock;
-
+use crate::mcp::tool::{Args, ToolError};
+use crate::ops::checks::checked_path;
 use crate::ops::launch::{ARCHES, DEFAULT_CPUS, DEFAULT_FIRMWARE, DEFAULT_MEMORY_MB};
+use crate::ops::launch_args::LaunchArgs;
+use crate::ops::sandbox::SandboxRequest;
+use crate::state::roots::Access;
+
+/// A path parameter, checked against the roots for `access` and resolved (every symlink and
+/// `..`): the tool must use the returned path from then on, never the text it was given.
+pub fn path_arg(args: &Args, name: &str, access: Access) -> Result<PathBuf, ToolError> {
+    Ok(checked_path(args.str(name)?, name, access)?)
+}
+
+/// sandbox_vm's parameters, typed.
+pub fn sandbox_request(args: &Args) -> Result<SandboxRequest, ToolError> {
+    let text = |k: &str| args.opt_str(k).map(|v| v.map(str::to_string));
+    Ok(SandboxRequest {
+        name: text("name")?,
+        template: text("template")?,
+        base_image: text("base_image")?,
+        disk_size: text("disk_size")?,
+        launch: launch_args(args)?,
+        allow_network: args.bool_or("allow_network", false)?,
+        wait_agent_s: args.opt_f64("wait_agent_s")?,
+        wait_cloud_init: args.bool_or("wait_cloud_init", false)?,
+        wait_cloud_init_s: args.opt_f64("wait_cloud_init_s")?,
+    })
+}
+
+/// launch_vm's parameters (which sandbox_vm, template_create and image_prepare share), typed.
+pub fn launch_args(args: &Args) -> Result<LaunchArgs, ToolError> {
+    let text = |k: &str| args.opt_str(k).map(|v| v.map(str::to_string));
+    Ok(LaunchArgs {
+        arch: text("arch")?,
+        machine: text("machine")?,
+        accel: text("accel")?,
+        memory_mb: args.opt_i64("memory_mb")?,
+        cpus: args.opt_i64("cpus")?,
+        firmware: text("firmware")?,
+        iso: text("iso")?,
+        kernel: text("kernel")?,
+        initrd: text("initrd")?,
+        append: text("append")?,
+        extra_args: args.str_list("extra_args")?,
+        no_net: args.bool_or("no_net", false)?,
+        restrict_net: args.bool_or("restrict_net", false)?,
+        port_forwards: args.opt_str_list("port_forwards")?,
+        cloud_init: args.get("cloud_init").cloned(),
+    })
+}
 
 /// The `memory_mb` parameter of launch_vm and sandbox_vm.
 pub fn memory_schema() -> Value {

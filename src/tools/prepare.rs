@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use super::params;
 use super::{object, path_arg};
@@ -15,6 +15,8 @@ use crate::cloudinit::CloudInit;
 use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::ops::agent::AgentWait;
 use crate::ops::guest_run;
+use crate::ops::launch_args::LaunchArgs;
+use crate::ops::sandbox::SandboxRequest;
 use crate::ops::stop;
 use crate::qemu::img;
 use crate::state::roots::Access;
@@ -142,34 +144,31 @@ fn prepare(ctx: &ToolCtx, args: &Args) -> ToolResult {
     );
 
     // 1. Boot on an overlay, wait for the agent and for cloud-init.
-    let mut sb = Map::new();
-    sb.insert("base_image".into(), json!(source.display().to_string()));
-    sb.insert("name".into(), json!(name));
-    sb.insert(
-        "allow_network".into(),
-        json!(args.bool_or("allow_network", true)?),
-    );
-    sb.insert("port_forwards".into(), json!([]));
-    sb.insert("wait_agent_s".into(), json!(timeout));
-    sb.insert("wait_cloud_init".into(), json!(true));
-    sb.insert("wait_cloud_init_s".into(), json!(timeout));
-    sb.insert("cloud_init".into(), ci);
-    for key in [
-        "memory_mb",
-        "cpus",
-        "arch",
-        "firmware",
-        "disk_size",
-        "kernel",
-        "initrd",
-        "append",
-    ] {
-        if let Some(v) = args.0.get(key).filter(|v| !v.is_null()) {
-            sb.insert(key.into(), v.clone());
-        }
-    }
+    let text = |k: &str| args.opt_str(k).map(|v| v.map(str::to_string));
+    let req = SandboxRequest {
+        name: Some(name.clone()),
+        base_image: Some(source.display().to_string()),
+        disk_size: text("disk_size")?,
+        launch: LaunchArgs {
+            memory_mb: args.opt_i64("memory_mb")?,
+            cpus: args.opt_i64("cpus")?,
+            arch: text("arch")?,
+            firmware: text("firmware")?,
+            kernel: text("kernel")?,
+            initrd: text("initrd")?,
+            append: text("append")?,
+            port_forwards: Some(Vec::new()),
+            cloud_init: Some(ci),
+            ..LaunchArgs::default()
+        },
+        allow_network: args.bool_or("allow_network", true)?,
+        wait_agent_s: Some(timeout),
+        wait_cloud_init: true,
+        wait_cloud_init_s: Some(timeout),
+        ..SandboxRequest::default()
+    };
     ctx.progress_now(0.0, None, "booting the source image on an overlay");
-    let booted = crate::ops::sandbox::boot(ctx, &Args(sb)).map_err(ToolError::from);
+    let booted = crate::ops::sandbox::boot(ctx, &req).map_err(ToolError::from);
     let result = booted.and_then(|(out, waited, _)| {
         if let AgentWait::Fatal(f) = waited {
             return Err(ToolError::new(format!(

@@ -3,7 +3,8 @@
 
 use serde_json::json;
 
-use super::{object, params};
+use super::object;
+use super::params::{self, sandbox_request};
 use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolOutput, ToolResult};
 use crate::ops::sandbox;
 
@@ -54,7 +55,7 @@ pub const SANDBOX: ToolDef = ToolDef {
 };
 
 fn sandbox_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
-    Ok(sandbox::create(ctx, args).map(ToolOutput::json)?)
+    Ok(sandbox::create(ctx, &sandbox_request(args)?).map(ToolOutput::json)?)
 }
 
 const DESTROY_DESCRIPTION: &str = "Stop a sandbox VM (verified, with SIGKILL if needed), delete \

@@ -8,12 +8,14 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 
-use super::{checked_image, object, params};
+use super::params::{self, launch_args};
+use super::{checked_image, object};
 use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::ops::agent::{self, AgentWait};
 use crate::ops::disk_size;
 use crate::ops::guest_run;
 use crate::ops::launch;
+use crate::ops::launch_args::request as launch_request;
 use crate::ops::templates::{
     dir_of, disk_of, ensure_blank_overlay, meta_of, ram_of, remove_dir, seed_of, state_of, vars_of,
     Template,
@@ -143,7 +145,8 @@ fn build(ctx: &ToolCtx, args: &Args, name: &str, dir: &Path) -> Result<Value, To
         }
         None => None,
     };
-    let disk_size = disk_size::from_args(args, base.as_ref().map_or(0, |b| b.2))?;
+    let disk_size =
+        disk_size::checked(args.opt_str("disk_size")?, base.as_ref().map_or(0, |b| b.2))?;
     if base.is_none() && args.opt_str("kernel")?.is_none() {
         return Err(ToolError::new(
             "give base_image, or kernel (and initrd) for a guest without a disk image",
@@ -155,32 +158,13 @@ fn build(ctx: &ToolCtx, args: &Args, name: &str, dir: &Path) -> Result<Value, To
         None => img::create(&disk, "qcow2", Some(disk_size.unwrap_or(1 << 30)), None)?,
     }
     ctx.progress_phase("booting the template guest");
-    // The guest boots like a sandbox, with its RAM in the template's file.
-    let mut launch_args = args.0.clone();
-    // Parameters of the template itself, not of the QEMU it launches.
-    for k in [
-        "name",
-        "setup",
-        "base_image",
-        "allow_network",
-        "wait_agent_s",
-        "wait_cloud_init",
-        "wait_cloud_init_s",
-        "disk_size",
-        "pool",
-    ] {
-        launch_args.remove(k);
-    }
-    launch_args.insert("port_forwards".into(), json!([]));
-    if !launch_args.contains_key("memory_mb") {
-        launch_args.insert("memory_mb".into(), json!(512));
-    }
+    // The guest boots like a sandbox, with its RAM in the template's file; the template's
+    // own parameters (setup, pool, waits, disk_size) are not the QEMU's.
+    let mut la = launch_args(args)?;
+    la.port_forwards = Some(Vec::new());
+    la.memory_mb = la.memory_mb.or(Some(512));
     let vm_name = format!("template-{name}");
-    let mut req = launch::request_from_args(
-        &Args(launch_args),
-        &vm_name,
-        vec![(disk.clone(), "qcow2".into())],
-    )?;
+    let mut req = launch_request(&la, &vm_name, vec![(disk.clone(), "qcow2".into())])?;
     req.spec.restrict_net = !args.bool_or("allow_network", false)?;
     req.spec.memory_file = Some((ram_of(dir), true));
     req.spec.vmgenid = Some(new_guid());
