@@ -375,7 +375,7 @@ fn start_reserved(
         serial_log: display(&s.serial_log),
         pidfile: display(&s.pidfile),
         extra_args: &s.extra_args,
-        input: super::records::input_devices(&s.arch, &s.machine),
+        input: super::records::input_devices(&s.arch, &s.machine, &s.extra_args),
         qemu_version: &version,
         created_at: crate::clock::iso8601(crate::clock::now_secs()),
     });

@@ -67,15 +67,60 @@ pub fn forget(name: &str, force: bool) -> Result<bool, OpError> {
 }
 
 /// The input devices a launch gives a machine: a PC's PS/2 keyboard and mouse (relative), a
-/// virt board's virtio keyboard, and everywhere the virtio tablet (absolute pointer).
-pub fn input_devices(arch: &str, machine: &str) -> Value {
+/// virt board's virtio keyboard, and everywhere the virtio tablet (absolute pointer); a kind
+/// the machine lacks is the first such device `extra_args` adds (the input tools' refusal
+/// advises exactly that).
+pub fn input_devices(arch: &str, machine: &str, extra_args: &[String]) -> Value {
     let x86 = crate::qemu::cmdline::x86(arch);
     let pc = x86 && !machine.starts_with("microvm");
-    json!({
-        "keyboard": if pc { "ps2" } else if x86 { "none" } else { "virtio" },
-        "pointer": "virtio-tablet",
-        "relative_pointer": if pc { "ps2" } else { "none" },
-    })
+    let added = added_drivers(extra_args);
+    let first = |kind: fn(&str) -> bool| -> String {
+        added
+            .iter()
+            .find(|d| kind(d))
+            .cloned()
+            .unwrap_or_else(|| "none".into())
+    };
+    let keyboard = if pc {
+        "ps2".to_string()
+    } else if x86 {
+        first(|d| d.contains("keyboard") || d == "usb-kbd")
+    } else {
+        "virtio".to_string()
+    };
+    let relative = if pc {
+        "ps2".to_string()
+    } else {
+        first(|d| d.contains("mouse"))
+    };
+    json!({"keyboard": keyboard, "pointer": "virtio-tablet", "relative_pointer": relative})
+}
+
+/// The drivers of the `-device X` options in `extra_args` (the driver is X's first bare
+/// word, or its `driver=`).
+fn added_drivers(extra_args: &[String]) -> Vec<String> {
+    let mut values = Vec::new();
+    let mut it = extra_args.iter();
+    while let Some(a) = it.next() {
+        let opt = a.trim_start_matches('-');
+        if opt == "device" {
+            values.extend(it.next().cloned());
+        }
+    }
+    values
+        .iter()
+        .filter_map(|v| {
+            let parts: Vec<&str> = v.split(',').collect();
+            let first = parts.first().filter(|p| !p.contains('='));
+            first
+                .map(|p| p.to_string())
+                .or_else(|| {
+                    parts
+                        .iter()
+                        .find_map(|p| p.strip_prefix("driver=").map(str::to_string))
+                })
+        })
+        .collect()
 }
 
 /// The input device of `kind` (`keyboard`, `pointer`, `relative_pointer`) a VM's record says it
@@ -98,15 +143,39 @@ mod tests {
             r.insert("input".into(), i);
             r
         };
-        let pc = rec(input_devices("x86_64", "pc-q35-7.2"));
+        let pc = rec(input_devices("x86_64", "pc-q35-7.2", &[]));
         assert_eq!(input(&pc, "keyboard"), Some("ps2"));
         assert_eq!(input(&pc, "relative_pointer"), Some("ps2"));
-        let arm = rec(input_devices("aarch64", "virt-7.2"));
+        let arm = rec(input_devices("aarch64", "virt-7.2", &[]));
         assert_eq!(input(&arm, "keyboard"), Some("virtio"));
         assert_eq!(input(&arm, "pointer"), Some("virtio-tablet"));
         assert_eq!(input(&arm, "relative_pointer"), None);
-        let micro = rec(input_devices("x86_64", "microvm"));
+        let micro = rec(input_devices("x86_64", "microvm", &[]));
         assert_eq!(input(&micro, "keyboard"), None);
         assert_eq!(input(&Record::new(), "keyboard"), Some("unrecorded"));
+    }
+
+    #[test]
+    fn devices_added_through_extra_args_are_recorded() {
+        let rec = |extra: &[&str]| -> Record {
+            let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+            let mut r = Record::new();
+            r.insert("input".into(), input_devices("x86_64", "microvm", &extra));
+            r
+        };
+        // The refusal's own advice: a microvm given a keyboard through extra_args has one.
+        let kb = rec(&["-device", "virtio-keyboard-pci"]);
+        assert_eq!(input(&kb, "keyboard"), Some("virtio-keyboard-pci"));
+        let usb = rec(&["-device", "qemu-xhci", "-device", "driver=usb-kbd,id=k"]);
+        assert_eq!(input(&usb, "keyboard"), Some("usb-kbd"));
+        let mouse = rec(&["--device", "usb-mouse,bus=usb.0"]);
+        assert_eq!(input(&mouse, "relative_pointer"), Some("usb-mouse"));
+        assert_eq!(input(&mouse, "keyboard"), None);
+        // A PC keeps its PS/2 keyboard; naming a device's id "kbd" adds none.
+        let pc = Record::from_iter([(
+            "input".to_string(),
+            input_devices("x86_64", "pc-q35-7.2", &["-device".into(), "e1000,id=kbd".into()]),
+        )]);
+        assert_eq!(input(&pc, "keyboard"), Some("ps2"));
     }
 }

@@ -1,8 +1,13 @@
 //! `launch_vm`: its definition and arguments; the launch itself is [`crate::ops::launch`].
 
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
 use super::params::{launch_args, launch_out, launch_props};
 use super::{object, vm_name_arg};
 use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolOutput, ToolResult};
+use crate::ops::guest_run::{agent_then_cloud_init, cloud_init_problem};
 use crate::ops::launch::launch;
 use crate::ops::launch_args::{checked_disks, request};
 
@@ -17,7 +22,19 @@ pub const LAUNCH: ToolDef = ToolDef {
     name: "launch_vm",
     title: "Launch a VM",
     description: LAUNCH_DESCRIPTION,
-    input_schema: || object(launch_props(), &["name"]),
+    input_schema: || {
+        let mut props = launch_props();
+        props["wait_cloud_init"] = json!({
+            "type": "boolean", "default": false,
+            "description": "With cloud_init: wait, through the guest agent, until cloud-init \
+                has finished, and report its status (a failed module is a warning)."
+        });
+        props["wait_cloud_init_s"] = json!({
+            "type": "number", "minimum": 0, "maximum": 3600, "default": 600,
+            "description": "How long wait_cloud_init waits in all (agent and cloud-init)."
+        });
+        object(props, &["name"])
+    },
     output_schema: launch_out,
     annotations: Annotations {
         read_only: false,
@@ -32,5 +49,23 @@ fn launch_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let name = vm_name_arg(args)?;
     let disks = checked_disks(&name, &args.str_list("disks")?)?;
     let req = request(&launch_args(args)?, &name, disks)?;
-    Ok(ToolOutput::json(launch(ctx, req)?))
+    let mut out = launch(ctx, req)?;
+    if args.bool_or("wait_cloud_init", false)? {
+        let wait = args.opt_f64("wait_cloud_init_s")?.unwrap_or(600.0);
+        let waited =
+            agent_then_cloud_init(ctx, &name, Duration::from_secs_f64(wait.clamp(0.0, 3600.0)))?;
+        if let (Some(problem), Some(w)) =
+            (cloud_init_problem(&waited), out["warnings"].as_array_mut())
+        {
+            w.push(json!(problem));
+        }
+        match (
+            out.get_mut("cloud_init").and_then(Value::as_object_mut),
+            waited,
+        ) {
+            (Some(launched), Value::Object(w)) => launched.extend(w),
+            (_, w) => out["cloud_init"] = w,
+        }
+    }
+    Ok(ToolOutput::json(out))
 }
