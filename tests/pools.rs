@@ -266,6 +266,20 @@ fn a_pool_past_the_quota_is_refused_and_pooled_clones_count() {
         CALL,
     );
     assert!(err.contains("MCQEMU_MAX_VMS"), "{err}");
+    // A fresh clone (allow_network does not fit the pool) is refused by the quota only after
+    // its overlay was made: it leaves no state folder behind.
+    let err = s.call_err_within(
+        "sandbox_vm",
+        json!({"name": "over", "template": "tq", "allow_network": true}),
+        CALL,
+    );
+    assert!(err.contains("MCQEMU_MAX_VMS"), "{err}");
+    assert!(
+        !lab.vm_dir("over").exists(),
+        "the refused clone left {:?}",
+        std::fs::read_dir(lab.vm_dir("over"))
+            .map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>())
+    );
     // What a clone refuses is refused the same with a ready pool and without one, and no
     // pooled clone is handed out or lost.
     let before = pooled(&lab);

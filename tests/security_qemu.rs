@@ -268,7 +268,12 @@ fn max_vms_refuses_the_vm_over_the_limit_and_starts_nothing() {
     let first = lab.launch_on(&mut s, vm_args("one", json!({})), LAUNCH);
     let pid = pid_of(&first);
 
-    let r = s.call_tool_within("launch_vm", vm_args("two", json!({})), LAUNCH);
+    // UEFI: the refused launch copies no variable store (nor makes a state folder for one).
+    let r = s.call_tool_within(
+        "launch_vm",
+        vm_args("two", json!({"firmware": "uefi"})),
+        LAUNCH,
+    );
     lab.track(&r);
     let err = tool_err(&r, "launch_vm two over MCQEMU_MAX_VMS=1");
     assert!(err.contains("MCQEMU_MAX_VMS"), "{err}");
@@ -276,6 +281,11 @@ fn max_vms_refuses_the_vm_over_the_limit_and_starts_nothing() {
     assert!(
         !lab.runtime().join("two").exists(),
         "a runtime folder was made"
+    );
+    assert!(
+        !lab.vm_dir("two").exists(),
+        "the refused launch left {:?}",
+        std::fs::read_dir(lab.vm_dir("two")).map(|d| d.count())
     );
     assert_eq!(vm_names(&mut s), vec!["one"], "the refused VM was recorded");
 

@@ -112,13 +112,11 @@ fn added_drivers(extra_args: &[String]) -> Vec<String> {
         .filter_map(|v| {
             let parts: Vec<&str> = v.split(',').collect();
             let first = parts.first().filter(|p| !p.contains('='));
-            first
-                .map(|p| p.to_string())
-                .or_else(|| {
-                    parts
-                        .iter()
-                        .find_map(|p| p.strip_prefix("driver=").map(str::to_string))
-                })
+            first.map(|p| p.to_string()).or_else(|| {
+                parts
+                    .iter()
+                    .find_map(|p| p.strip_prefix("driver=").map(str::to_string))
+            })
         })
         .collect()
 }
@@ -174,7 +172,11 @@ mod tests {
         // A PC keeps its PS/2 keyboard; naming a device's id "kbd" adds none.
         let pc = Record::from_iter([(
             "input".to_string(),
-            input_devices("x86_64", "pc-q35-7.2", &["-device".into(), "e1000,id=kbd".into()]),
+            input_devices(
+                "x86_64",
+                "pc-q35-7.2",
+                &["-device".into(), "e1000,id=kbd".into()],
+            ),
         )]);
         assert_eq!(input(&pc, "keyboard"), Some("ps2"));
     }
