@@ -429,3 +429,61 @@ fn a_sandbox_in_emergency_mode_fails_at_once_naming_it() {
     assert!(took < std::time::Duration::from_secs(240), "{took:?}");
     assert!(!cg::vm_names(&mut s).contains(&"emerg".to_string()));
 }
+
+#[test]
+fn launch_vm_waits_for_cloud_init_and_names_a_failed_module() {
+    let image = test_cloud_image();
+    let (lab, mut s) = cloud_lab("lwait");
+    // launch_vm writes its disks: an overlay of its own over the cached image.
+    let dir = TempDir::new("lwait-disk");
+    let disk = dir.join("disk.qcow2");
+    let (ok, _, err) = run_tool(
+        "qemu-img",
+        &[
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            "-F",
+            "qcow2",
+            "-b",
+            image.disk.to_str().unwrap(),
+            disk.to_str().unwrap(),
+        ],
+    );
+    assert!(ok, "qemu-img create: {err}");
+    // runcmd's `false` fails cloud-init's scripts_user module: status "error".
+    let args = json!({
+        "name": "lwait", "disks": [disk], "kernel": image.kernel, "initrd": image.initrd,
+        "append": image.append, "memory_mb": 1024, "cpus": 1, "restrict_net": true,
+        "cloud_init": {"hostname": "mcq-lwait", "runcmd": ["false"]},
+        "wait_cloud_init": true, "wait_cloud_init_s": 600,
+    });
+    let t = Instant::now();
+    let r = s.call_tool_within("launch_vm", args, CLOUD_CALL);
+    lab.track(&r);
+    let out = tool_ok(&r, "launch_vm with wait_cloud_init");
+    eprintln!(
+        "launch_vm + cloud-init: {:?}: {}",
+        t.elapsed(),
+        out["cloud_init"]
+    );
+    assert_eq!(out["cloud_init"]["finished"], json!(true), "{out}");
+    assert!(
+        out["cloud_init"]["status"]
+            .as_str()
+            .is_some_and(|st| st.starts_with("error") || st.starts_with("degraded")),
+        "{out}"
+    );
+    let warned = out["warnings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .find(|w| w.contains("cloud-init finished with status"))
+        .unwrap_or_else(|| panic!("no warning names the failed module: {out}"));
+    assert!(warned.contains("scripts"), "{warned}");
+    // Everything else cloud-init was asked for ran, and the VM is the caller's: still running.
+    assert_eq!(sh(&mut s, "lwait", "hostname").trim(), "mcq-lwait");
+    stop(&mut s, "lwait");
+}

@@ -11,10 +11,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 
+use super::destroy;
 use super::error::OpError;
 use super::launch::{self, LaunchRequest};
 use super::records::lookup;
-use super::sandbox::{self, SandboxRequest};
+use super::sandbox_request::{checked_name, SandboxRequest};
 use super::session;
 use super::work::Work;
 use super::{guest_clock, templates as template};
@@ -76,7 +77,7 @@ pub fn check(req: &SandboxRequest, template_name: &str) -> Result<Checked, OpErr
             "template {template_name:?} cannot start a clone on this host: {why}"
         ))
     })?;
-    sandbox::checked_name(req.name.as_deref())?;
+    checked_name(req.name.as_deref())?;
     let cloud_init = req.launch.cloud_init()?;
     if cloud_init.is_some() && !t.seed {
         return Err(OpError::new(format!(
@@ -171,7 +172,7 @@ fn start_checked(
 ) -> Result<(Value, Option<JoinHandle<guest_clock::Outcome>>), OpError> {
     let started = Instant::now();
     let tdir = template::dir_of(template_name);
-    let name = sandbox::checked_name(req.name.as_deref())?;
+    let name = checked_name(req.name.as_deref())?;
     let made = make_files(&name, template_name, &checked.template, &tdir)?;
     let t_qemu = Instant::now();
     let launched = launch_clone(
@@ -221,7 +222,7 @@ fn make_files(
     tdir: &Path,
 ) -> Result<Made, OpError> {
     let sd_created = !vm::state_dir(name).exists();
-    let (sd, overlay) = sandbox::overlay_path(name)?;
+    let (sd, overlay) = destroy::overlay_path(name)?;
     let mut made = Made {
         sd,
         sd_created,
@@ -367,7 +368,7 @@ fn load_state(
         Ok(())
     });
     if let Err(e) = resumed {
-        sandbox::destroy_quietly(ctx, name);
+        destroy::destroy_quietly(ctx, name);
         return Err(OpError::new(format!(
             "the clone of template {template_name:?} could not load its saved state: {}; the \
              clone was removed. If this repeats, template_delete the template and create it again",
@@ -424,8 +425,8 @@ fn hand_out(
             }
         }
         Err(why) => {
-            let serial = sandbox::serial_tail(&out, 8);
-            sandbox::destroy_quietly(ctx, name);
+            let serial = destroy::serial_tail(&out, 8);
+            destroy::destroy_quietly(ctx, name);
             return Err(OpError::new(format!(
                 "the clone of template {template_name:?} was removed: its guest agent did not \
                  answer ({why}). Last serial output: {serial}"

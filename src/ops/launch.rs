@@ -260,8 +260,55 @@ fn start_reserved(
     rt: &Path,
     sd: &Path,
 ) -> Result<Value, OpError> {
-    let s = &req.spec;
-    let name = &s.name;
+    prepare_dirs(&req.spec, rt, sd)?;
+    copy_uefi_vars(req)?;
+    ctx.check_cancel()?;
+    let (started, spec, fallback_note) = spawn_with_fallback(req, &sd.join("qemu.log"))?;
+    let s = &spec;
+    let mut warnings: Vec<String> = started.warning.into_iter().collect();
+    warnings.extend(fallback_note);
+    let (actual_accel, status, version) = match first_look(&s.qmp_socket) {
+        Ok(look) => look,
+        Err(e) => {
+            warnings.push(format!("QMP did not answer right after start: {e}"));
+            (s.accel.clone(), "unknown".into(), String::new())
+        }
+    };
+    warnings.extend(req.accel_note.clone());
+    let mut rec = launched_record(req, s, started.pid, &actual_accel, &version);
+    for (k, v) in &req.extra_record {
+        rec.insert(k.clone(), v.clone());
+    }
+    let name_c = s.name.clone();
+    vm::registry().update(move |vms| {
+        vms.insert(name_c, rec);
+        Ok::<_, RegistryError>(())
+    })?;
+    let mut out = json!({
+        "name": s.name,
+        "status": status,
+        "pid": started.pid,
+        "accel": actual_accel,
+        "arch": s.arch,
+        "machine": s.machine,
+        "qemu_version": version,
+        "port_forwards": forwards_json(&s.forwards),
+        "qmp_socket": s.qmp_socket.display().to_string(),
+        "qga_socket": s.qga_socket.display().to_string(),
+        "serial_log": s.serial_log.display().to_string(),
+        "warnings": warnings,
+    });
+    for key in ["sandbox", "cloud_init"] {
+        if let Some(v) = req.extra_record.get(key) {
+            out[key] = v.clone();
+        }
+    }
+    Ok(out)
+}
+
+/// The VM's runtime folder (private) and state folder; stale sockets of a dead QEMU removed,
+/// a live one refused.
+fn prepare_dirs(s: &LaunchSpec, rt: &Path, sd: &Path) -> Result<(), OpError> {
     crate::state::paths::ensure_runtime_dir().map_err(OpError::new)?;
     for dir in [rt, sd] {
         std::fs::create_dir_all(dir)
@@ -274,85 +321,89 @@ fn start_reserved(
     if s.qmp_socket.exists() {
         if sock::is_listening(&s.qmp_socket) {
             return Err(OpError::new(format!(
-                "a QEMU is still listening on {}: VM {name:?} seems to be running outside the \
+                "a QEMU is still listening on {}: VM {:?} seems to be running outside the \
                  registry. Adopt it with attach_vm, or stop that QEMU first",
-                s.qmp_socket.display()
+                s.qmp_socket.display(),
+                s.name
             )));
         }
         for stale in [&s.qmp_socket, &s.qga_socket, &s.serial_socket] {
             let _ = std::fs::remove_file(stale);
         }
     }
-    copy_uefi_vars(req)?;
-    ctx.check_cancel()?;
-    let log = sd.join("qemu.log");
+    Ok(())
+}
+
+/// Starts the QEMU daemonized. When `auto` chose KVM and KVM failed this guest (a busy or
+/// broken /dev/kvm, a CPU model the host lacks), the guest still runs, emulated, and a note
+/// says why. Returns the spec that really runs.
+fn spawn_with_fallback(
+    req: &LaunchRequest,
+    log: &Path,
+) -> Result<(process::Started, LaunchSpec, Option<String>), OpError> {
     let spawn = |s: &LaunchSpec| {
         let argv = cmdline::build_argv(s);
         crate::log::stderr(
             "info",
-            &format!("launching VM {name}: {} {}", s.binary, argv.join(" ")),
+            &format!("launching VM {}: {} {}", s.name, s.binary, argv.join(" ")),
         );
-        process::spawn_detached(&s.binary, &argv, &s.pidfile, &s.qmp_socket, &log)
+        process::spawn_detached(&s.binary, &argv, &s.pidfile, &s.qmp_socket, log)
     };
-    let mut fallback_note = None;
-    let tcg_spec;
-    let (started, s) = match spawn(s) {
-        Ok(started) => (started, s),
-        // auto chose KVM and KVM failed this guest (a busy or broken /dev/kvm, a CPU model
-        // the host lacks): the guest still runs, emulated, and the result says why.
+    let s = &req.spec;
+    match spawn(s) {
+        Ok(started) => Ok((started, s.clone(), None)),
         Err(e @ process::SpawnError::Failed { .. }) if req.kvm_fallback && s.accel == "kvm" => {
-            tcg_spec = LaunchSpec {
+            let tcg = LaunchSpec {
                 accel: "tcg".into(),
                 cpu: Some(decide::cpu_model("tcg", &s.arch).to_string()),
                 ..s.clone()
             };
-            fallback_note = Some(format!(
+            let note = format!(
                 "KVM failed to start this guest ({e}); it runs under TCG instead (emulated, \
                  slower)"
-            ));
-            (spawn(&tcg_spec)?, &tcg_spec)
+            );
+            Ok((spawn(&tcg)?, tcg, Some(note)))
         }
-        Err(e) => return Err(e.into()),
-    };
-    let mut warnings: Vec<String> = started.warning.into_iter().collect();
-    warnings.extend(fallback_note);
-    let (actual_accel, status, version) =
-        match qmp::with_session(&s.qmp_socket, |q| -> Result<_, QmpError> {
-            let kvm = q.execute("query-kvm", None)?;
-            let st = q.execute("query-status", None)?;
-            Ok((kvm, st, q.version.clone()))
-        }) {
-            Ok((kvm, st, v)) => {
-                let a = if kvm.get("enabled").and_then(Value::as_bool) == Some(true) {
-                    "kvm"
-                } else {
-                    "tcg"
-                };
-                (
-                    a.to_string(),
-                    st.get("status")
-                        .and_then(Value::as_str)
-                        .unwrap_or("unknown")
-                        .to_string(),
-                    v,
-                )
-            }
-            Err(e) => {
-                warnings.push(format!("QMP did not answer right after start: {e}"));
-                (s.accel.clone(), "unknown".into(), String::new())
-            }
-        };
-    if let Some(n) = &req.accel_note {
-        warnings.push(n.clone());
+        Err(e) => Err(e.into()),
     }
+}
+
+/// The accelerator QEMU really uses, its run state and its version, asked right after start.
+fn first_look(qmp_socket: &Path) -> Result<(String, String, String), QmpError> {
+    let (kvm, st, version) = qmp::with_session(qmp_socket, |q| -> Result<_, QmpError> {
+        let kvm = q.execute("query-kvm", None)?;
+        let st = q.execute("query-status", None)?;
+        Ok((kvm, st, q.version.clone()))
+    })?;
+    let accel = if kvm.get("enabled").and_then(Value::as_bool) == Some(true) {
+        "kvm"
+    } else {
+        "tcg"
+    };
+    let status = st
+        .get("status")
+        .and_then(Value::as_str)
+        .unwrap_or("unknown")
+        .to_string();
+    Ok((accel.to_string(), status, version))
+}
+
+/// The registry record of a VM just started from `s`.
+fn launched_record(
+    req: &LaunchRequest,
+    s: &LaunchSpec,
+    pid: Option<i32>,
+    accel: &str,
+    version: &str,
+) -> crate::state::registry::Record {
     let display = |p: &Path| p.display().to_string();
-    let mut rec = to_record(&LaunchedRecord {
-        name,
+    to_record(&LaunchedRecord {
+        name: &s.name,
         source: "spawned",
-        pid: started.pid,
+        pid,
         arch: &s.arch,
         machine: &s.machine,
-        accel: &actual_accel,
+        accel,
         memory_mb: s.memory_mb,
         cpus: s.cpus,
         disks: s.disks.iter().map(|(p, _)| display(p)).collect(),
@@ -376,36 +427,7 @@ fn start_reserved(
         pidfile: display(&s.pidfile),
         extra_args: &s.extra_args,
         input: super::records::input_devices(&s.arch, &s.machine, &s.extra_args),
-        qemu_version: &version,
+        qemu_version: version,
         created_at: crate::clock::iso8601(crate::clock::now_secs()),
-    });
-    for (k, v) in &req.extra_record {
-        rec.insert(k.clone(), v.clone());
-    }
-    let name_c = name.clone();
-    let rec_c = rec.clone();
-    vm::registry().update(move |vms| {
-        vms.insert(name_c, rec_c);
-        Ok::<_, RegistryError>(())
-    })?;
-    let mut out = json!({
-        "name": name,
-        "status": if status == "running" { "running".to_string() } else { status },
-        "pid": started.pid,
-        "accel": actual_accel,
-        "arch": s.arch,
-        "machine": s.machine,
-        "qemu_version": version,
-        "port_forwards": forwards_json(&s.forwards),
-        "qmp_socket": s.qmp_socket.display().to_string(),
-        "qga_socket": s.qga_socket.display().to_string(),
-        "serial_log": s.serial_log.display().to_string(),
-        "warnings": warnings,
-    });
-    for key in ["sandbox", "cloud_init"] {
-        if let Some(v) = req.extra_record.get(key) {
-            out[key] = v.clone();
-        }
-    }
-    Ok(out)
+    })
 }

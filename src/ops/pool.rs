@@ -20,9 +20,9 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Map, Value};
 
 use super::error::OpError;
-use super::sandbox::SandboxRequest;
+use super::sandbox_request::SandboxRequest;
 use super::work::Work;
-use super::{clone, sandbox, templates};
+use super::{clone, destroy, templates};
 use crate::qemu::qga;
 use crate::qemu::vm::{self, Status};
 use crate::state::registry::{Record, RegistryError};
@@ -94,7 +94,7 @@ pub fn set_size(ctx: &dyn Work, template: &str, n: u64) -> Result<(), OpError> {
         .map_err(|e| OpError::new(format!("cannot record the pool size: {e}")))?;
     if n < have {
         for name in pooled(template).into_iter().skip(n as usize) {
-            sandbox::destroy_quietly(ctx, &name);
+            destroy::destroy_quietly(ctx, &name);
         }
     }
     wake();
@@ -349,7 +349,7 @@ pub fn keep_all() {
                 .position(|n| *n == name)
                 .is_some_and(|i| i as u64 >= size(t));
         if broken || unwanted {
-            sandbox::destroy_quietly(&ctx, &name);
+            destroy::destroy_quietly(&ctx, &name);
         }
     }
     let Ok(entries) = std::fs::read_dir(templates::templates_dir()) else {
@@ -408,7 +408,7 @@ fn refill(ctx: &dyn Work, template: &str, want: u64) -> Result<(), OpError> {
                 mark_ready(&name)?
             }
             Ok(_) => {
-                sandbox::destroy_quietly(ctx, &name);
+                destroy::destroy_quietly(ctx, &name);
                 return Err(OpError::new("a pooled clone's agent did not answer"));
             }
             Err(e) => {

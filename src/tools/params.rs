@@ -10,7 +10,7 @@ use crate::mcp::tool::{Args, ToolError};
 use crate::ops::checks::checked_path;
 use crate::ops::launch::{ARCHES, DEFAULT_CPUS, DEFAULT_FIRMWARE, DEFAULT_MEMORY_MB};
 use crate::ops::launch_args::LaunchArgs;
-use crate::ops::sandbox::SandboxRequest;
+use crate::ops::sandbox_request::SandboxRequest;
 use crate::state::roots::Access;
 
 /// A path parameter, checked against the roots for `access` and resolved (every symlink and

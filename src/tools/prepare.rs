@@ -16,7 +16,7 @@ use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutpu
 use crate::ops::agent::AgentWait;
 use crate::ops::guest_run;
 use crate::ops::launch_args::LaunchArgs;
-use crate::ops::sandbox::SandboxRequest;
+use crate::ops::sandbox_request::SandboxRequest;
 use crate::ops::stop;
 use crate::qemu::img;
 use crate::state::roots::Access;
@@ -175,13 +175,13 @@ fn prepare(ctx: &ToolCtx, args: &Args) -> ToolResult {
                 "{} while the prepared VM {name:?} booted; nothing was written to dest. Last \
                  serial output: {}",
                 f.describe(),
-                crate::ops::sandbox::serial_tail(&out, 8)
+                crate::ops::destroy::serial_tail(&out, 8)
             )));
         }
         finish(ctx, &name, &out, &dest)
     });
     // 5. The temporary VM goes, whatever happened.
-    crate::ops::sandbox::destroy_quietly(ctx, &name);
+    crate::ops::destroy::destroy_quietly(ctx, &name);
     let mut out = result?;
     out["source"] = json!(source.display().to_string());
     out["duration_ms"] = json!(started.elapsed().as_millis() as u64);
@@ -197,7 +197,7 @@ fn finish(
     dest: &std::path::Path,
 ) -> Result<Value, ToolError> {
     if booted["agent_ready"] != json!(true) {
-        let serial = crate::ops::sandbox::serial_tail(booted, 8);
+        let serial = crate::ops::destroy::serial_tail(booted, 8);
         if let Some(ds) = booted["cloud_init"]["console"]["datasource"].as_str() {
             return Err(ToolError::new(format!(
                 "cloud-init finished in the prepared VM {name:?} (datasource {ds}) but the guest \

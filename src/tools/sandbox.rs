@@ -97,5 +97,5 @@ pub const DESTROY: ToolDef = ToolDef {
 };
 
 fn destroy(ctx: &ToolCtx, args: &Args) -> ToolResult {
-    Ok(sandbox::destroy(ctx, args.str("name")?).map(ToolOutput::json)?)
+    Ok(crate::ops::destroy::destroy(ctx, args.str("name")?).map(ToolOutput::json)?)
 }

@@ -184,7 +184,7 @@ fn delete(ctx: &ToolCtx, args: &Args) -> ToolResult {
         let file = dir.join("pool");
         let _ = std::fs::remove_file(&file);
         for c in pool::pooled(&name) {
-            crate::ops::sandbox::destroy_quietly(ctx, &c);
+            crate::ops::destroy::destroy_quietly(ctx, &c);
         }
     }
     let clones = clones_of(&name);
