@@ -132,24 +132,29 @@ pub fn run_program(
     timeout: Duration,
     live: bool,
 ) -> Result<Value, OpError> {
-    let name = name.to_string();
-    let command = launch.command;
     // Only a live run needs a spool slot (it is held until the run's end).
     let slot = live.then(spool::Slot::take);
     let launch = Launch {
         spool: slot.as_ref().map(|s| s.id.as_str()).or(launch.spool),
         ..launch.clone()
     };
-    let req = launch.request();
-    let mut live = slot.as_ref().map(|s| Live {
-        id: s.id.clone(),
-        ..Live::default()
-    });
     let started = Instant::now();
-    let deadline = started + timeout;
-    // Fine at first: most programs are done within milliseconds.
-    let mut slice = Duration::from_millis(1);
-    let mut pid: Option<i64> = None;
+    let mut run = Run {
+        ctx,
+        name,
+        command: launch.command,
+        req: launch.request(),
+        live: slot.as_ref().map(|s| Live {
+            id: s.id.clone(),
+            ..Live::default()
+        }),
+        started,
+        timeout,
+        deadline: started + timeout,
+        // Fine at first: most programs are done within milliseconds.
+        slice: Duration::from_millis(1),
+        pid: None,
+    };
     loop {
         // Poll over one session held for a window, sleeping while connected: while no host
         // client is connected, qemu-ga throttles its main loop (it sleeps on every wake-up of
@@ -158,101 +163,138 @@ pub fn run_program(
         // pipe. The first window also starts the program, so a quick command needs one
         // session (a reconnect right after a hang-up costs ~100 ms). Releasing the session
         // between windows lets other callers take turns.
-        let label = if pid.is_none() {
+        let label = if run.pid.is_none() {
             "guest-exec"
         } else {
             "guest-exec-status"
         };
         let window_end = Instant::now() + EXEC_POLL_WINDOW;
-        let step = with_guest(&name, label, |q| {
-            let pid = match pid {
-                Some(p) => p,
-                None => {
-                    let p = super::guest_stream::spawn(q, req.clone())?;
-                    ctx.log(
-                        "info",
-                        &format!("guest_exec in {name}: {command} (guest pid {p})"),
-                    );
-                    pid = Some(p);
-                    p
-                }
-            };
-            loop {
-                // The final status carries the whole capture (up to 16 MiB of stdout and of
-                // stderr, in base64): under TCG that reply alone can take several seconds.
-                let status = q.execute_within(
-                    "guest-exec-status",
-                    Some(json!({"pid": pid})),
-                    crate::qemu::qga::COMMAND_TIMEOUT,
-                )?;
-                if status.get("exited").and_then(Value::as_bool) == Some(true) {
-                    let status = match &live {
-                        Some(l) if spool::wrapper_refusal(&status).is_none() => {
-                            with_spooled_output(q, status, &l.id)?
-                        }
-                        _ => status,
-                    };
-                    return Ok(Some(status));
-                }
-                let mut note = None;
-                if let Some(l) = live.as_mut() {
-                    if started.elapsed() >= MIN_QUIET {
-                        l.read(q)?;
-                        note = l.take_note();
-                    }
-                }
-                let what = match note {
-                    Some(out) => format!("{command} (pid {pid}) printed:\n{out}"),
-                    None => format!("{command} running in the guest (pid {pid})"),
-                };
-                ctx.progress(
-                    started.elapsed().as_secs_f64(),
-                    Some(timeout.as_secs_f64()),
-                    &what,
-                );
-                let now = Instant::now();
-                if ctx.cancelled() || now >= deadline || now >= window_end {
-                    return Ok(None);
-                }
-                std::thread::sleep(slice.min(deadline - now));
-                slice = (slice * 2).min(Duration::from_millis(250));
-            }
-        })?;
-        let pid = pid.unwrap_or(0);
-        if let Some(status) = step {
-            if let Some(why) = spool::wrapper_refusal(&status) {
-                return Err(OpError::new(why));
-            }
-            let stdout = decode_stream(&status, "out-data", "out-truncated");
-            let stderr = decode_stream(&status, "err-data", "err-truncated");
-            return Ok(json!({
-                "name": name,
-                "pid": pid,
-                "exitcode": status.get("exitcode").and_then(Value::as_i64),
-                "signal": status.get("signal").and_then(Value::as_i64),
-                "stdout": stdout.0,
-                "stderr": stderr.0,
-                "stdout_truncated": stdout.1,
-                "stderr_truncated": stderr.1,
-                "duration_ms": started.elapsed().as_millis() as u64,
-            }));
+        if let Some(status) = with_guest(name, label, |q| run.window(q, window_end))? {
+            return run.result(&status);
         }
-        if ctx.cancelled() {
+        run.check_going_on()?;
+        // Between windows, give other agent callers a moment to take the session.
+        std::thread::sleep(
+            Duration::from_millis(20).min(run.deadline.saturating_duration_since(Instant::now())),
+        );
+    }
+}
+
+/// A program running in the guest, as [`run_program`] polls it.
+struct Run<'a> {
+    ctx: &'a dyn Work,
+    name: &'a str,
+    command: &'a str,
+    req: Value,
+    live: Option<Live>,
+    started: Instant,
+    timeout: Duration,
+    deadline: Instant,
+    slice: Duration,
+    pid: Option<i64>,
+}
+
+impl Run<'_> {
+    /// One polling window over one agent session: starts the program the first time, then
+    /// polls its status (reading live output and reporting progress) until it exits (its
+    /// final status), or the window, the deadline or a cancel ends the window (None).
+    fn window(&mut self, q: &mut Qga, window_end: Instant) -> Result<Option<Value>, QgaError> {
+        let pid = match self.pid {
+            Some(p) => p,
+            None => {
+                let p = super::guest_stream::spawn(q, self.req.clone())?;
+                let msg = format!(
+                    "guest_exec in {}: {} (guest pid {p})",
+                    self.name, self.command
+                );
+                self.ctx.log("info", &msg);
+                self.pid = Some(p);
+                p
+            }
+        };
+        loop {
+            // The final status carries the whole capture (up to 16 MiB of stdout and of
+            // stderr, in base64): under TCG that reply alone can take several seconds.
+            let status = q.execute_within(
+                "guest-exec-status",
+                Some(json!({"pid": pid})),
+                crate::qemu::qga::COMMAND_TIMEOUT,
+            )?;
+            if status.get("exited").and_then(Value::as_bool) == Some(true) {
+                return Ok(Some(match &self.live {
+                    Some(l) if spool::wrapper_refusal(&status).is_none() => {
+                        with_spooled_output(q, status, &l.id)?
+                    }
+                    _ => status,
+                }));
+            }
+            self.report(q, pid)?;
+            let now = Instant::now();
+            if self.ctx.cancelled() || now >= self.deadline || now >= window_end {
+                return Ok(None);
+            }
+            std::thread::sleep(self.slice.min(self.deadline - now));
+            self.slice = (self.slice * 2).min(Duration::from_millis(250));
+        }
+    }
+
+    /// Progress while the program runs: what it printed lately, on a live run.
+    fn report(&mut self, q: &mut Qga, pid: i64) -> Result<(), QgaError> {
+        let mut note = None;
+        if let Some(l) = self.live.as_mut() {
+            if self.started.elapsed() >= MIN_QUIET {
+                l.read(q)?;
+                note = l.take_note();
+            }
+        }
+        let what = match note {
+            Some(out) => format!("{} (pid {pid}) printed:\n{out}", self.command),
+            None => format!("{} running in the guest (pid {pid})", self.command),
+        };
+        self.ctx.progress(
+            self.started.elapsed().as_secs_f64(),
+            Some(self.timeout.as_secs_f64()),
+            &what,
+        );
+        Ok(())
+    }
+
+    /// guest_exec's result from the program's final status.
+    fn result(&self, status: &Value) -> Result<Value, OpError> {
+        if let Some(why) = spool::wrapper_refusal(status) {
+            return Err(OpError::new(why));
+        }
+        let stdout = decode_stream(status, "out-data", "out-truncated");
+        let stderr = decode_stream(status, "err-data", "err-truncated");
+        Ok(json!({
+            "name": self.name,
+            "pid": self.pid.unwrap_or(0),
+            "exitcode": status.get("exitcode").and_then(Value::as_i64),
+            "signal": status.get("signal").and_then(Value::as_i64),
+            "stdout": stdout.0,
+            "stderr": stderr.0,
+            "stdout_truncated": stdout.1,
+            "stderr_truncated": stderr.1,
+            "duration_ms": self.started.elapsed().as_millis() as u64,
+        }))
+    }
+
+    /// An error once the caller cancelled or the deadline passed (the program keeps running).
+    fn check_going_on(&self) -> Result<(), OpError> {
+        let (command, pid) = (self.command, self.pid.unwrap_or(0));
+        if self.ctx.cancelled() {
             return Err(OpError::new(format!(
                 "cancelled; {command} is still running in the guest as pid {pid}"
             )));
         }
-        if Instant::now() >= deadline {
+        if Instant::now() >= self.deadline {
             return Err(OpError::new(format!(
                 "{command} did not finish within {} s; it is still running in the guest as pid \
                  {pid} (stop it with guest_exec command=\"kill\" args=[\"{pid}\"])",
-                timeout.as_secs_f64()
+                self.timeout.as_secs_f64()
             )));
         }
-        // Between windows, give other agent callers a moment to take the session.
-        std::thread::sleep(
-            Duration::from_millis(20).min(deadline.saturating_duration_since(Instant::now())),
-        );
+        Ok(())
     }
 }
 
