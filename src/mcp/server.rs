@@ -537,12 +537,15 @@ impl Server {
     }
 }
 
-/// Serves MCP on stdin/stdout until EOF or SIGTERM/SIGINT, offering each VM's serial log and
-/// screen as resources. Returns the process exit code.
-pub fn serve_stdio(tools: &'static [ToolDef], roots_hook: Option<RootsHook>) -> i32 {
+/// Serves MCP on stdin/stdout until EOF or SIGTERM/SIGINT, offering `tools` and, when given,
+/// `resources`. Returns the process exit code.
+pub fn serve_stdio(
+    tools: &'static [ToolDef],
+    resources: Option<Arc<dyn Provider>>,
+    roots_hook: Option<RootsHook>,
+) -> i32 {
     let out = Arc::new(Output::new(Box::new(std::io::stdout())));
-    let resources: Arc<dyn Provider> = Arc::new(super::vm_resources::VmResources);
-    let server = Server::with_resources(out, tools, roots_hook, Some(resources));
+    let server = Server::with_resources(out, tools, roots_hook, resources);
     install_signal_handler(Arc::clone(&server));
     crate::log::stderr(
         "info",

@@ -18,6 +18,7 @@ pub mod port_forward;
 pub mod quota;
 pub mod records;
 pub mod sandbox;
+pub mod screen;
 pub mod session;
 pub mod spool;
 pub mod stop;
