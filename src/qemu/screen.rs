@@ -622,4 +622,37 @@ pub(crate) mod tests {
         let mut keep = keep;
         assert!(std::io::Write::write_all(&mut keep, b"more").is_err());
     }
+
+    #[test]
+    fn a_capture_with_a_deadline_ends_by_it_when_the_monitor_stalls() {
+        use std::io::{BufRead, BufReader, Write};
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        // A QEMU 7.2 that greets, negotiates, and then never answers (query-status first).
+        let qemu = std::thread::spawn(move || {
+            let mut w = theirs.try_clone().unwrap();
+            let greeting =
+                r#"{"QMP": {"version": {"qemu": {"major": 7, "minor": 2, "micro": 0}}}}"#;
+            writeln!(w, "{greeting}").unwrap();
+            let mut lines = BufReader::new(theirs).lines();
+            let negotiate: serde_json::Value =
+                serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+            writeln!(w, "{}", json!({"return": {}, "id": negotiate["id"]})).unwrap();
+            // Hold the connection until the client gives up.
+            for _ in lines {}
+        });
+        let mut q = Qmp::from_stream(ours, Duration::from_secs(2)).unwrap();
+        let dir = std::env::temp_dir().join(format!("mcq-shot-{}", std::process::id()));
+        let t = Instant::now();
+        let got = capture_by(&mut q, &dir, Some(t + Duration::from_millis(300)));
+        let took = t.elapsed();
+        assert!(
+            matches!(got, Err(CaptureError::Qmp(QmpError::Timeout(_)))),
+            "{:?}",
+            got.err()
+        );
+        assert!(took < Duration::from_secs(2), "took {took:?}");
+        drop(q);
+        qemu.join().unwrap();
+        assert!(!dir.exists(), "nothing was written");
+    }
 }
