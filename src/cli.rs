@@ -50,7 +50,7 @@ fn serve(args: &[String]) -> i32 {
     }
     let hook: crate::mcp::client_roots::RootsHook = crate::state::roots::set_client_roots;
     crate::ops::pool::start_keeper();
-    crate::mcp::server::serve_stdio(tools::ALL, Some(hook))
+    crate::mcp::server::serve_stdio(tools::ALL, Some(tools::resources::provider()), Some(hook))
 }
 
 /// Runs the CLI with the arguments after the program name; returns the exit code.

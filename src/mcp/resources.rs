@@ -1,7 +1,7 @@
 //! MCP resources, protocol side: what a server offers as resources ([`Provider`]), the
 //! `resources/list`, `resources/templates/list` and `resources/read` results, their errors per
 //! era, and noticing when the list changes ([`Watch`]). What the resources are (VM consoles and
-//! screens) lives in [`super::vm_resources`]; who hears of a change is the server's business
+//! screens) is the provider's business (`tools::resources`); who hears of a change is the server's business
 //! (handshake era: `notifications/resources/list_changed`; 2026-07-28: the
 //! `subscriptions/listen` streams of [`super::subscriptions`]).
 

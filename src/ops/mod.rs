@@ -23,6 +23,7 @@ pub mod quota;
 pub mod records;
 pub mod sandbox;
 pub mod sandbox_request;
+pub mod screen;
 pub mod session;
 pub mod spool;
 pub mod stop;

@@ -14,7 +14,7 @@
 use std::io::Read;
 use std::os::unix::io::{AsRawFd, FromRawFd};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::json;
 
@@ -315,23 +315,43 @@ impl std::fmt::Display for CaptureError {
     }
 }
 
+/// How long a capture's command may wait for its reply: its own `limit`, or less when the
+/// capture must end by `deadline`.
+fn reply_wait(limit: Duration, deadline: Option<Instant>) -> Duration {
+    deadline.map_or(limit, |d| {
+        d.saturating_duration_since(Instant::now())
+            .clamp(Duration::from_millis(1), limit)
+    })
+}
+
 /// Captures the screen: into a memory file ([`capture_memfd`]), or through a temporary file in
 /// `dir` (removed on every path) when this QEMU refuses the descriptor, or when it is older
 /// than 9.0 and the guest is not running: those keep a removed fd set open until the guest
 /// runs again, which would hold a descriptor (and the memory file's pages) in QEMU for every
 /// screenshot of a paused VM.
 pub fn capture(q: &mut Qmp, dir: &Path) -> Result<Frame, CaptureError> {
+    capture_by(q, dir, None)
+}
+
+/// [`capture`], ending by `deadline` when one is given: each command waits for its reply at
+/// most until then (a wedged monitor times out instead of holding the caller).
+pub fn capture_by(
+    q: &mut Qmp,
+    dir: &Path,
+    deadline: Option<Instant>,
+) -> Result<Frame, CaptureError> {
     let closes_while_paused =
         crate::host::binaries::parse_version(&q.version).is_some_and(|v| v >= (9, 0, 0));
     if !closes_while_paused {
-        let status = q.execute("query-status", None)?;
+        let wait = reply_wait(super::qmp::COMMAND_TIMEOUT, deadline);
+        let status = q.execute_within("query-status", None, wait)?;
         if status["running"] != json!(true) {
-            return capture_file(q, dir);
+            return capture_file(q, dir, deadline);
         }
     }
-    match capture_memfd(q)? {
+    match capture_memfd(q, deadline)? {
         Some(frame) => Ok(frame),
-        None => capture_file(q, dir),
+        None => capture_file(q, dir, deadline),
     }
 }
 
@@ -385,8 +405,11 @@ fn read_memfd(mut file: std::fs::File) -> Result<Vec<u8>, CaptureError> {
 /// Captures the screen into a memory file: a write-only descriptor of it goes into a new fd
 /// set (`add-fd`), which `screendump` opens as `/dev/fdset/N`; the set is removed afterwards
 /// on every path. `None`: no memory file, or QEMU refused the descriptor (nothing was
-/// captured; a file may still work).
-pub fn capture_memfd(q: &mut Qmp) -> Result<Option<Frame>, CaptureError> {
+/// captured; a file may still work). Each command ends by `deadline` when one is given.
+pub fn capture_memfd(
+    q: &mut Qmp,
+    deadline: Option<Instant>,
+) -> Result<Option<Frame>, CaptureError> {
     let Ok((file, write_only)) = memfd() else {
         return Ok(None);
     };
@@ -394,7 +417,7 @@ pub fn capture_memfd(q: &mut Qmp) -> Result<Option<Frame>, CaptureError> {
         "add-fd",
         Some(json!({"opaque": "mcqemu-screendump"})),
         write_only.as_raw_fd(),
-        Duration::from_secs(5),
+        reply_wait(Duration::from_secs(5), deadline),
     ) {
         Ok(v) => v,
         Err(QmpError::Command { .. }) => return Ok(None),
@@ -415,7 +438,7 @@ pub fn capture_memfd(q: &mut Qmp) -> Result<Option<Frame>, CaptureError> {
             ),
             ("remove-fd", Some(json!({"fdset-id": set}))),
         ],
-        super::qmp::COMMAND_TIMEOUT,
+        reply_wait(super::qmp::COMMAND_TIMEOUT, deadline),
     )?;
     if let Some(Err(e)) = replies.into_iter().next() {
         return Err(e.into());
@@ -426,14 +449,20 @@ pub fn capture_memfd(q: &mut Qmp) -> Result<Option<Frame>, CaptureError> {
         .map_err(CaptureError::Screen)
 }
 
-/// Captures the screen through a temporary file in `dir`, removed on every path.
-pub fn capture_file(q: &mut Qmp, dir: &Path) -> Result<Frame, CaptureError> {
+/// Captures the screen through a temporary file in `dir`, removed on every path; the
+/// command ends by `deadline` when one is given.
+pub fn capture_file(
+    q: &mut Qmp,
+    dir: &Path,
+    deadline: Option<Instant>,
+) -> Result<Frame, CaptureError> {
     std::fs::create_dir_all(dir)
         .map_err(|e| CaptureError::Io(format!("cannot create {}: {e}", dir.display())))?;
     let file = TempCapture::new(dir, "ppm");
-    q.execute(
+    q.execute_within(
         "screendump",
         Some(json!({"filename": file.0.display().to_string()})),
+        reply_wait(super::qmp::COMMAND_TIMEOUT, deadline),
     )?;
     let data = std::fs::read(&file.0)
         .map_err(|e| CaptureError::Io(format!("QEMU wrote no screenshot: {e}")))?;
@@ -592,5 +621,38 @@ pub(crate) mod tests {
         // Sealed: a writer that kept its descriptor can no longer change it.
         let mut keep = keep;
         assert!(std::io::Write::write_all(&mut keep, b"more").is_err());
+    }
+
+    #[test]
+    fn a_capture_with_a_deadline_ends_by_it_when_the_monitor_stalls() {
+        use std::io::{BufRead, BufReader, Write};
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        // A QEMU 7.2 that greets, negotiates, and then never answers (query-status first).
+        let qemu = std::thread::spawn(move || {
+            let mut w = theirs.try_clone().unwrap();
+            let greeting =
+                r#"{"QMP": {"version": {"qemu": {"major": 7, "minor": 2, "micro": 0}}}}"#;
+            writeln!(w, "{greeting}").unwrap();
+            let mut lines = BufReader::new(theirs).lines();
+            let negotiate: serde_json::Value =
+                serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+            writeln!(w, "{}", json!({"return": {}, "id": negotiate["id"]})).unwrap();
+            // Hold the connection until the client gives up.
+            for _ in lines {}
+        });
+        let mut q = Qmp::from_stream(ours, Duration::from_secs(2)).unwrap();
+        let dir = std::env::temp_dir().join(format!("mcq-shot-{}", std::process::id()));
+        let t = Instant::now();
+        let got = capture_by(&mut q, &dir, Some(t + Duration::from_millis(300)));
+        let took = t.elapsed();
+        assert!(
+            matches!(got, Err(CaptureError::Qmp(QmpError::Timeout(_)))),
+            "{:?}",
+            got.err()
+        );
+        assert!(took < Duration::from_secs(2), "took {took:?}");
+        drop(q);
+        qemu.join().unwrap();
+        assert!(!dir.exists(), "nothing was written");
     }
 }

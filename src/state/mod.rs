@@ -6,5 +6,6 @@ pub mod extract;
 pub mod paths;
 pub mod registry;
 pub mod roots;
+pub mod tail;
 pub mod tar;
 pub mod tree;

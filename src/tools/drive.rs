@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 use super::object;
 use crate::b64;
 use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use crate::ops::screen::{self as ops_screen, Wait};
 use crate::ops::session::{self, SessionError};
 use crate::qemu::qmp::{Qmp, QmpError};
 use crate::qemu::screen::{self, Bounds, CaptureError, Frame};
@@ -168,14 +169,14 @@ fn screenshot(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     };
     let bounds = bounds(args, save_to.is_none())?;
     let rec = live(&name)?;
-    // The monitor is held for the capture only; scaling and encoding happen after it.
-    let frame = session::monitor(&name, &rec, |q| capture(q, &name))?;
-    let shot = screen::render(&frame, &bounds)
-        .map_err(|e| ToolError::new(format!("screenshot of {name:?} failed: {e}")))?;
-    let png = &shot.png;
+    let got = ops_screen::capture(&name, &rec, &bounds, Wait::Queue).map_err(|e| match e {
+        CaptureError::Qmp(e) => ToolError::new(session::explain_qmp(&name, &rec, &e)),
+        other => ToolError::new(format!("screenshot of {name:?} failed: {other}")),
+    })?;
+    let (shot, png) = (&got.shot, &got.shot.png);
     let mut out = json!({
         "name": name, "width": png.width, "height": png.height, "scale": shot.scale,
-        "screen_width": frame.width, "screen_height": frame.height,
+        "screen_width": got.screen_width, "screen_height": got.screen_height,
         "bytes": png.data.len(), "format": "png", "path": null
     });
     if let Some(p) = save_to {

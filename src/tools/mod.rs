@@ -21,6 +21,7 @@ pub mod lifecycle;
 pub mod params;
 pub mod prepare;
 pub mod pull;
+pub mod resources;
 pub mod sandbox;
 pub mod serial;
 pub mod snapshot;

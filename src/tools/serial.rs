@@ -1,7 +1,6 @@
 //! The serial console: read the tail of its log, type into it, wait for text to appear.
 
-use std::fs::File;
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -13,6 +12,7 @@ use crate::ops::records::lookup;
 use crate::qemu::sock;
 use crate::qemu::vm;
 use crate::state::registry::Record;
+use crate::state::tail;
 
 /// The most of the log ever read by one call.
 pub const WINDOW: u64 = 256 * 1024;
@@ -28,16 +28,6 @@ fn log_path(name: &str, rec: &Record) -> Result<PathBuf, ToolError> {
                  vm_screenshot instead"
             ))
         })
-}
-
-/// Reads `[from, to)` of the file, at most WINDOW bytes from its end.
-fn read_range(path: &Path, from: u64, to: u64) -> std::io::Result<Vec<u8>> {
-    let start = from.max(to.saturating_sub(WINDOW));
-    let mut f = File::open(path)?;
-    f.seek(SeekFrom::Start(start))?;
-    let mut buf = Vec::with_capacity((to - start) as usize);
-    f.take(to - start).read_to_end(&mut buf)?;
-    Ok(buf)
 }
 
 fn file_len(path: &Path) -> u64 {
@@ -90,26 +80,16 @@ pub const READ: ToolDef = ToolDef {
 
 fn read(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     let name = args.str("name")?.to_string();
-    let tail = args.i64_or("tail_lines", 50)?;
-    if tail < 1 {
+    let want = args.i64_or("tail_lines", 50)?;
+    if want < 1 {
         return Err(ToolError::new("tail_lines must be at least 1"));
     }
     let rec = lookup(&name)?;
     let path = log_path(&name, &rec)?;
-    let size = file_len(&path);
-    let bytes = read_range(&path, 0, size)
+    let read = tail::read_last(&path, WINDOW)
         .map_err(|e| ToolError::new(format!("cannot read {}: {e}", path.display())))?;
-    let text = String::from_utf8_lossy(&bytes);
-    let all: Vec<&str> = text.split('\n').collect();
-    let all = if all.last() == Some(&"") {
-        &all[..all.len() - 1]
-    } else {
-        &all[..]
-    };
-    let lines: Vec<String> = all[all.len().saturating_sub(tail as usize)..]
-        .iter()
-        .map(|l| clean(l))
-        .collect();
+    let size = read.size;
+    let lines = read.last_lines(usize::try_from(want).unwrap_or(usize::MAX));
     Ok(ToolOutput::json(json!({
         "name": name, "text": lines.join("\n"), "lines": lines, "log_size": size, "offset": size
     })))
@@ -280,12 +260,11 @@ fn wait(ctx: &ToolCtx, args: &Args) -> ToolResult {
             from = 0; // the log was truncated or replaced
         }
         if size > from {
-            let base = from.max(size.saturating_sub(WINDOW));
-            let buf = read_range(&path, from, size)
+            let read = tail::read_span(&path, from, Some(size), WINDOW)
                 .map_err(|e| ToolError::new(format!("cannot read {}: {e}", path.display())))?;
-            if let Some((line, end)) = find_line(&buf, &pattern) {
+            if let Some((line, end)) = find_line(&read.data, &pattern) {
                 return Ok(ToolOutput::json(json!({
-                    "name": name, "line": line, "offset": base + end as u64,
+                    "name": name, "line": line, "offset": read.start + end as u64,
                     "elapsed_ms": started.elapsed().as_millis() as u64,
                 })));
             }
@@ -295,7 +274,9 @@ fn wait(ctx: &ToolCtx, args: &Args) -> ToolResult {
         ctx.check_cancel()?;
         let now = Instant::now();
         if now >= deadline {
-            let tail = read_range(&path, size.saturating_sub(300), size).unwrap_or_default();
+            let tail = tail::read_span(&path, 0, Some(size), 300)
+                .map(|t| t.data)
+                .unwrap_or_default();
             return Err(ToolError::new(format!(
                 "{:?} did not appear on the serial console of {name:?} within {} s; the last \
                  output was: {:?}",

@@ -1,27 +1,26 @@
 //! The server's resource side: `resources/*` requests on the workers, 2026-07-28
 //! `subscriptions/listen` streams, and the watch that notices when the resource list changes.
 
-use super::*;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use serde_json::{json, Map, Value};
+
+use super::state::Server;
+use crate::mcp::era::Era;
+use crate::mcp::protocol::{
+    error_response, invalid_request, method_not_found, notification, response, rpc_error,
+};
+use crate::mcp::resources;
+use crate::mcp::subscriptions;
+use crate::mcp::workers::Job;
+
+/// How often the watch thread looks for resource list changes (each tool call also looks when
+/// it ends, before its answer).
+const WATCH_INTERVAL: Duration = Duration::from_millis(500);
 
 impl Server {
-    /// Registers `id` as in flight (the key cancellation finds it by); the error for an id
-    /// already in flight, a tool call's or a listen stream's.
-    pub(super) fn claim(&self, id: &Value) -> Result<Arc<AtomicBool>, jsonrpc_core::Error> {
-        let key = id.to_string();
-        let mut map = match self.inflight.lock() {
-            Ok(m) => m,
-            Err(p) => p.into_inner(),
-        };
-        if map.contains_key(&key) || self.subs.is_open(&key) {
-            return Err(invalid_request(format!(
-                "request id {key} is already in flight; use a fresh id"
-            )));
-        }
-        let cancel = Arc::new(AtomicBool::new(false));
-        map.insert(key, cancel.clone());
-        Ok(cancel)
-    }
-
     /// `resources/list`, `resources/templates/list` (answered at once) and `resources/read`
     /// (on a worker: a screen capture takes up to a few seconds, and must not hold up the
     /// reader).

@@ -3,25 +3,27 @@
 //! `mcqemu://vm/{name}/screen`. VMs adopted with `attach_vm` have no serial log, so only their
 //! screen is listed.
 //!
-//! The one place in `mcp/` that reaches below the tools: it reads the registry, the serial log
-//! and the screen with the same public functions the tools use (`vm_serial_read`,
-//! `vm_screenshot`), bounded so that a wedged QEMU cannot hold up `resources/read`: the screen
-//! is captured through QMP within [`SCREEN_BUDGET`].
+//! The MCP adapter of the resources, beside the tools: the server (`mcp::resources`) knows
+//! only the [`Provider`] that [`provider`] hands to it. The serial log is read with the tail
+//! reader `vm_serial_read` uses ([`crate::state::tail`]), the screen captured by the capture
+//! `vm_screenshot` uses ([`crate::ops::screen`]), with its inline bounds, but within
+//! [`SCREEN_BUDGET`] so that a wedged QEMU cannot hold up `resources/read`.
 
-use std::fs::File;
-use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::resources::{Provider, ReadError};
+use crate::mcp::resources::{Provider, ReadError};
 use crate::ops::records;
+use crate::ops::screen::{self, Wait};
 use crate::ops::session::explain_qmp;
-use crate::qemu::qmp::{self, QmpError};
-use crate::qemu::screen::{self, TempCapture};
+use crate::qemu::qmp::QmpError;
+use crate::qemu::screen::CaptureError;
 use crate::qemu::vm::{self, Status};
 use crate::state::registry::{valid_name, Record};
+use crate::state::tail;
 
 /// Where every URI of a VM resource starts.
 pub const PREFIX: &str = "mcqemu://vm/";
@@ -30,7 +32,7 @@ pub const SERIAL_TEMPLATE: &str = "mcqemu://vm/{name}/serial";
 /// The URI template of a VM's screen.
 pub const SCREEN_TEMPLATE: &str = "mcqemu://vm/{name}/screen";
 /// How much of the end of a serial log a read returns (the same window as `vm_serial_read`).
-pub const SERIAL_WINDOW: u64 = crate::tools::serial::WINDOW;
+pub const SERIAL_WINDOW: u64 = super::serial::WINDOW;
 /// The longest a screen read takes, the wait for the monitor included.
 pub const SCREEN_BUDGET: Duration = Duration::from_secs(4);
 /// The longest a screen read waits for the monitor (another call may hold it, QEMU may be
@@ -105,30 +107,11 @@ fn record(name: &str) -> Result<Record, ReadError> {
 /// The last [`SERIAL_WINDOW`] bytes of the log at `path` as text, starting at a line when the
 /// log is longer. A log not written yet reads as empty text.
 fn serial_tail(path: &Path) -> std::io::Result<String> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = match File::options()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
-        .open(path)
-    {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(String::new()),
-        Err(e) => return Err(e),
-    };
-    let meta = f.metadata()?;
-    if !meta.is_file() {
-        return Err(std::io::Error::other("not a regular file"));
+    match tail::read_last(path, SERIAL_WINDOW) {
+        Ok(t) => Ok(t.from_line().text()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(String::new()),
+        Err(e) => Err(e),
     }
-    let start = meta.len().saturating_sub(SERIAL_WINDOW);
-    f.seek(SeekFrom::Start(start))?;
-    let mut buf = Vec::with_capacity((meta.len() - start) as usize);
-    f.take(SERIAL_WINDOW).read_to_end(&mut buf)?;
-    if start > 0 {
-        if let Some(nl) = buf.iter().position(|b| *b == b'\n') {
-            buf.drain(..=nl);
-        }
-    }
-    Ok(String::from_utf8_lossy(&buf).into_owned())
 }
 
 fn read_serial(uri: &str, name: &str) -> Result<Vec<Value>, ReadError> {
@@ -175,43 +158,29 @@ fn read_screen(uri: &str, name: &str) -> Result<Vec<Value>, ReadError> {
                 .unwrap_or_else(|| "its QEMU process is stopped".into())
         )));
     }
-    let deadline = Instant::now() + SCREEN_BUDGET;
-    let dir = vm::state_dir(name);
-    std::fs::create_dir_all(&dir)
-        .map_err(|e| ReadError::Failed(format!("cannot create {}: {e}", dir.display())))?;
-    let file = TempCapture::new(&dir, "ppm");
-    let target = file.0.display().to_string();
-    qmp::with_session_within(&vm::qmp_socket(&rec), MONITOR_WAIT, |q| {
-        let left = deadline
-            .saturating_duration_since(Instant::now())
-            .max(Duration::from_millis(1));
-        q.execute_within("screendump", Some(json!({ "filename": target })), left)
-    })
-    .map_err(|e: QmpError| ReadError::Failed(monitor_failure(name, &rec, &e)))?;
-    let data = std::fs::read(&file.0).map_err(|e| {
-        ReadError::Failed(format!(
-            "the screen of VM {name:?} could not be read: QEMU wrote no capture ({e}); retry"
-        ))
-    })?;
-    // Bounded as vm_screenshot's inline image: clients hand a resource to the model as is.
-    let bounds = screen::Bounds {
-        max_width: None,
-        max_height: None,
-        max_edge: Some(screen::DEFAULT_MAX_EDGE),
-        max_bytes: Some(screen::DEFAULT_MAX_BYTES),
+    let wait = Wait::Within {
+        monitor: MONITOR_WAIT,
+        all: SCREEN_BUDGET,
     };
-    let shot = screen::Frame::from_ppm(data)
-        .and_then(|frame| screen::render(&frame, &bounds))
-        .map_err(|e| {
-            ReadError::Failed(format!("the screen of VM {name:?} could not be read: {e}"))
-        })?;
+    // Bounded as vm_screenshot's inline image: clients hand a resource to the model as is.
+    let got = screen::capture(name, &rec, &screen::INLINE, wait).map_err(|e| {
+        ReadError::Failed(match e {
+            CaptureError::Qmp(e) => monitor_failure(name, &rec, &e),
+            other => format!("the screen of VM {name:?} could not be read: {other}; retry"),
+        })
+    })?;
     Ok(vec![json!({
-        "uri": uri, "mimeType": "image/png", "blob": crate::b64::encode(&shot.png.data)
+        "uri": uri, "mimeType": "image/png", "blob": crate::b64::encode(&got.shot.png.data)
     })])
 }
 
 /// Each VM's serial console log and screen, from the registry of this process's state folder.
 pub struct VmResources;
+
+/// The resources the server offers (`mcp::server::serve_stdio` takes them).
+pub fn provider() -> Arc<dyn Provider> {
+    Arc::new(VmResources)
+}
 
 impl Provider for VmResources {
     fn list(&self) -> Vec<Value> {
