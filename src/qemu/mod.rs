@@ -12,6 +12,7 @@ pub mod process;
 pub mod qcow2;
 pub mod qga;
 pub mod qmp;
+pub mod reseed_elf;
 pub mod run;
 pub mod scale;
 pub mod screen;
