@@ -21,6 +21,7 @@ pub mod pool;
 pub mod port_forward;
 pub mod quota;
 pub mod records;
+pub mod reseed;
 pub mod sandbox;
 pub mod sandbox_request;
 pub mod screen;
