@@ -396,7 +396,15 @@ fn hand_out(
     let wait = req.agent_wait();
     let t_agent = Instant::now();
     let ready = match vm::field(rec, "qga_socket") {
-        Some(sock) => guest_clock::answer_then_set(Path::new(sock), wait),
+        // x86 clones get a fresh vmgenid, whose driver reseeds the kernel's randomness at
+        // once; the virt boards have none, so the host reseeds it through the agent.
+        Some(sock) => guest_clock::answer_then_set(
+            Path::new(sock),
+            wait,
+            vm::field(rec, "arch")
+                .filter(|a| !crate::qemu::cmdline::x86(a))
+                .map(str::to_string),
+        ),
         None => Err("the clone has no guest-agent socket".to_string()),
     };
     times.agent = t_agent.elapsed();

@@ -26,15 +26,24 @@ const SYNC_SLICE: Duration = Duration::from_millis(500);
 /// How the clock was set, or why it was not.
 pub type Outcome = Result<&'static str, String>;
 
+/// The longest a clone's reseed may take (under TCG on arm64 about a second).
+const RESEED_BUDGET: Duration = Duration::from_secs(20);
+
 /// Waits at most `wait` for the agent on `sock` to first answer, then returns the thread that
 /// is setting the guest clock (it holds the agent session until done; join it to wait).
-/// An error says the agent did not answer.
-pub fn answer_then_set(sock: &Path, wait: Duration) -> Result<JoinHandle<Outcome>, String> {
+/// `reseed`: the guest's arch when its kernel randomness must also be reseeded from the host
+/// on that session (a clone of a board without vmgenid): no guest call gets the session
+/// before both are done. An error says the agent did not answer.
+pub fn answer_then_set(
+    sock: &Path,
+    wait: Duration,
+    reseed: Option<String>,
+) -> Result<JoinHandle<Outcome>, String> {
     let (tx, rx) = mpsc::channel::<()>();
     let sock = sock.to_path_buf();
     let setter = std::thread::Builder::new()
         .name("guest-clock".into())
-        .spawn(move || set_when_answered(&sock, wait, tx))
+        .spawn(move || set_when_answered(&sock, wait, reseed.as_deref(), tx))
         .map_err(|e| format!("cannot start the thread that sets the guest clock: {e}"))?;
     // The thread sends once the agent answered, or ends (dropping the sender) when it never
     // did; its own loop is bounded by `wait`, this one bounds the wait for it as well.
@@ -49,17 +58,33 @@ pub fn answer_then_set(sock: &Path, wait: Duration) -> Result<JoinHandle<Outcome
 
 /// The thread's body: resyncs with the agent until it answers (or `wait` ends), signals
 /// `answered` while holding the session, then sets the clock on that same session.
-fn set_when_answered(sock: &Path, wait: Duration, answered: mpsc::Sender<()>) -> Outcome {
+fn set_when_answered(
+    sock: &Path,
+    wait: Duration,
+    reseed: Option<&str>,
+    answered: mpsc::Sender<()>,
+) -> Outcome {
     let deadline = Instant::now() + wait;
     loop {
         let slice = SYNC_SLICE
             .min(deadline.saturating_duration_since(Instant::now()))
             .max(Duration::from_millis(50));
         let mut synced = false;
-        let r = qga::with_agent(sock, slice, |q| {
+        let r = qga::with_agent(sock, slice, |q| -> Result<&'static str, QgaError> {
             synced = true;
             let _ = answered.send(());
-            set(q)
+            let how = set(q)?;
+            if let Some(arch) = reseed {
+                let budget = Instant::now() + RESEED_BUDGET;
+                let done = super::reseed::reseed_on(q, arch, budget)
+                    .unwrap_or_else(|e| Err(e.to_string()));
+                if let Err(why) = done {
+                    let why = format!("the guest's kernel randomness was not reseeded: {why}");
+                    crate::log::stderr("warn", &format!("{}: {why}", sock.display()));
+                    note_in_record(sock, "reseed_warning", &why);
+                }
+            }
+            Ok(how)
         });
         match r {
             Ok(how) => return Ok(how),
@@ -69,7 +94,7 @@ fn set_when_answered(sock: &Path, wait: Duration, answered: mpsc::Sender<()>) ->
                      set it with guest_exec (date -u -s @SECONDS)"
                 );
                 crate::log::stderr("warn", &format!("{}: {why}", sock.display()));
-                note_in_record(sock, &why);
+                note_in_record(sock, "clock_warning", &why);
                 return Err(why);
             }
             Err(_) if Instant::now() >= deadline => {
@@ -83,14 +108,14 @@ fn set_when_answered(sock: &Path, wait: Duration, answered: mpsc::Sender<()>) ->
     }
 }
 
-/// Keeps `why` as `clock_warning` in the record of the VM whose agent is on `sock` (vm_info
-/// shows it): sandbox_vm has answered before the clock is set.
-fn note_in_record(sock: &Path, why: &str) {
+/// Keeps `why` as `key` in the record of the VM whose agent is on `sock` (vm_info shows it):
+/// sandbox_vm has answered before the clock is set.
+fn note_in_record(sock: &Path, key: &'static str, why: &str) {
     let (sock, why) = (sock.display().to_string(), why.to_string());
     let _ = vm::registry().update(move |vms| {
         for rec in vms.values_mut() {
             if rec.get("qga_socket").and_then(Value::as_str) == Some(sock.as_str()) {
-                rec.insert("clock_warning".into(), json!(why));
+                rec.insert(key.into(), json!(why));
             }
         }
         Ok::<_, RegistryError>(())
