@@ -151,20 +151,7 @@ pub fn unseen_seed_reason(name: &str, datasource: &str) -> String {
 
 /// The last `lines` lines of a serial log, joined with ` | ` (bounded: its last 4 KiB).
 pub fn tail(path: &Path, lines: usize) -> String {
-    let text = std::fs::read(path).map(|b| {
-        let start = b.len().saturating_sub(4096);
-        String::from_utf8_lossy(&b[start..]).into_owned()
-    });
-    match text {
-        Ok(t) => t
-            .lines()
-            .rev()
-            .take(lines)
-            .collect::<Vec<_>>()
-            .into_iter()
-            .rev()
-            .collect::<Vec<_>>()
-            .join(" | "),
-        Err(_) => "(no serial log)".into(),
-    }
+    crate::state::tail::read_last(path, 4096)
+        .map(|t| t.last_lines(lines).join(" | "))
+        .unwrap_or_else(|_| "(no serial log)".into())
 }

@@ -153,21 +153,7 @@ fn to_add(specs: &[String], current: &[Forward]) -> Result<Vec<Forward>, String>
 
 /// vm_port_forward: removes, then adds, live; the record follows what QEMU took.
 pub fn apply(req: &Request) -> Result<Outcome, String> {
-    let rec =
-        super::records::lookup_live(&req.name, "start it first").map_err(|e| e.to_string())?;
-    if rec.get("no_net").and_then(Value::as_bool) == Some(true) {
-        return Err(format!(
-            "VM {:?} was launched with no_net=true: it has no network to forward into",
-            req.name
-        ));
-    }
-    if !vm::spawned(&rec) {
-        return Err(format!(
-            "VM {:?} was adopted with attach_vm: its network is not one mcqemu made; forward \
-             with its own QEMU monitor",
-            req.name
-        ));
-    }
+    let rec = forwardable(&req.name)?;
     let current = parse_recorded(&vm::forwards(&rec));
     let removing: Vec<Forward> = req
         .remove
@@ -180,48 +166,10 @@ pub fn apply(req: &Request) -> Result<Outcome, String> {
         .cloned()
         .collect();
     let adding = to_add(&req.add, &left)?;
-    let done = session::monitor(&req.name, &rec, |q| {
-        let (mut removed, mut added) = (Vec::new(), Vec::new());
-        for f in &removing {
-            let out = q.hmp(
-                &format!("hostfwd_remove {NETDEV} tcp:{}:{}", f.addr, f.host),
-                Duration::from_secs(10),
-            )?;
-            if !out.contains("removed") {
-                let why = format!(
-                    "QEMU did not remove the forward from {}:{}: {}",
-                    f.addr,
-                    f.host,
-                    out.trim()
-                );
-                return Ok((removed, added, Some(why)));
-            }
-            removed.push(f.clone());
-        }
-        for f in &adding {
-            let out = q.hmp(
-                &format!(
-                    "hostfwd_add {NETDEV} tcp:{}:{}-:{}",
-                    f.addr, f.host, f.guest
-                ),
-                Duration::from_secs(10),
-            )?;
-            if !out.trim().is_empty() {
-                let why = format!(
-                    "QEMU could not forward host port {}:{} (in use by another program?): {}",
-                    f.addr,
-                    f.host,
-                    out.trim()
-                );
-                return Ok((removed, added, Some(why)));
-            }
-            added.push(f.clone());
-        }
-        Ok((removed, added, None))
-    })
-    .map_err(|e| e.to_string())?;
+    let (removed, added, failure) =
+        session::monitor(&req.name, &rec, |q| Ok(change_live(q, &removing, &adding)?))
+            .map_err(|e| e.to_string())?;
     // Whatever QEMU took is recorded, even when a later step failed.
-    let (removed, added, failure) = done;
     let mut now: Vec<Forward> = current
         .iter()
         .filter(|f| !removed.contains(f))
@@ -241,6 +189,69 @@ pub fn apply(req: &Request) -> Result<Outcome, String> {
         removed: removed.iter().map(shown).collect(),
         port_forwards: now.iter().map(shown).collect(),
     })
+}
+
+/// The record of running VM `name`, when it has a network mcqemu made.
+fn forwardable(name: &str) -> Result<crate::state::registry::Record, String> {
+    let rec = super::records::lookup_live(name, "start it first").map_err(|e| e.to_string())?;
+    if rec.get("no_net").and_then(Value::as_bool) == Some(true) {
+        return Err(format!(
+            "VM {name:?} was launched with no_net=true: it has no network to forward into"
+        ));
+    }
+    if !vm::spawned(&rec) {
+        return Err(format!(
+            "VM {name:?} was adopted with attach_vm: its network is not one mcqemu made; forward \
+             with its own QEMU monitor"
+        ));
+    }
+    Ok(rec)
+}
+
+/// What QEMU removed and added, in order, and why it stopped early (if it did).
+type Changed = (Vec<Forward>, Vec<Forward>, Option<String>);
+
+/// Removes, then adds, forwards through the monitor, stopping at the first QEMU refuses.
+fn change_live(
+    q: &mut crate::qemu::qmp::Qmp,
+    removing: &[Forward],
+    adding: &[Forward],
+) -> Result<Changed, crate::qemu::qmp::QmpError> {
+    let (mut removed, mut added) = (Vec::new(), Vec::new());
+    for f in removing {
+        let out = q.hmp(
+            &format!("hostfwd_remove {NETDEV} tcp:{}:{}", f.addr, f.host),
+            Duration::from_secs(10),
+        )?;
+        if !out.contains("removed") {
+            let why = format!(
+                "QEMU did not remove the forward from {}:{}: {}",
+                f.addr,
+                f.host,
+                out.trim()
+            );
+            return Ok((removed, added, Some(why)));
+        }
+        removed.push(f.clone());
+    }
+    for f in adding {
+        let cmd = format!(
+            "hostfwd_add {NETDEV} tcp:{}:{}-:{}",
+            f.addr, f.host, f.guest
+        );
+        let out = q.hmp(&cmd, Duration::from_secs(10))?;
+        if !out.trim().is_empty() {
+            let why = format!(
+                "QEMU could not forward host port {}:{} (in use by another program?): {}",
+                f.addr,
+                f.host,
+                out.trim()
+            );
+            return Ok((removed, added, Some(why)));
+        }
+        added.push(f.clone());
+    }
+    Ok((removed, added, None))
 }
 
 fn record(name: &str, now: &[Forward]) -> Result<(), String> {
