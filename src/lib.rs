@@ -1,13 +1,20 @@
 //! mcqemu: an MCP server that lets LLM agents run QEMU virtual machines.
 //!
-//! Layers, each knowing only the ones below it:
-//! - [`mcp`]: the protocol (framing, lifecycle, dispatch, progress, cancellation). Knows
-//!   nothing of QEMU.
-//! - [`tools`]: one module per tool group, saying what each MCP tool means in terms of the
-//!   layers below.
-//! - [`qemu`]: talking to QEMU and its tooling (qemu-img today).
-//! - [`net`]: HTTP downloads for `image_download`.
-//! - [`state`]: where things live on disk.
+//! Layers, each knowing only the ones below it (no circles between modules, nor between the
+//! files of one):
+//! - [`mcp`]: the protocol (framing, eras, dispatch, workers, progress, cancellation,
+//!   resources' protocol side). Knows nothing of QEMU: the CLI hands it the tools and the
+//!   resource provider.
+//! - [`tools`]: the MCP adapters, one module per tool group (and `tools/resources.rs` for the
+//!   VM resources): schemas, typed requests built from a call's arguments, result shapes;
+//!   `tools/boundary.rs` is where operation errors become tool errors.
+//! - [`ops`]: the operations, in typed requests and results, run under a [`ops::work::Work`]
+//!   (cancellation, progress, log) and failing with [`ops::error::OpError`]; no MCP.
+//! - [`qemu`], [`host`], [`cloudinit`], [`net`]: QEMU and its tooling; what this host can run;
+//!   cloud-init seeds; HTTP downloads.
+//! - [`state`]: where things live on disk (paths, the registry, the roots, tails and trees).
+//!
+//! [`cli`] wires them: `serve` hands [`tools::ALL`] and the resource provider to the server.
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 #![deny(clippy::print_stdout)]

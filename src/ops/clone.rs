@@ -341,7 +341,7 @@ fn launch_clone(
         cloud_init,
         uefi_vars_from: None,
     };
-    launch::launch(ctx, lr)
+    Ok(launch::launch(ctx, lr)?.to_json())
 }
 
 /// Where a clone's time went, step by step (the bench prints each step's share).

@@ -117,6 +117,49 @@ struct LaunchedRecord<'a> {
     created_at: String,
 }
 
+/// What a launch started: launch_vm's result (sandboxes and clones add to it).
+#[derive(Debug, Clone, Serialize)]
+pub struct Launched {
+    /// The VM's name.
+    pub name: String,
+    /// QEMU's run state right after start (`running`, or `inmigrate` for a clone).
+    pub status: String,
+    /// QEMU's PID.
+    pub pid: Option<i32>,
+    /// The accelerator QEMU really uses.
+    pub accel: String,
+    /// Guest architecture.
+    pub arch: String,
+    /// The concrete machine type.
+    pub machine: String,
+    /// The version QEMU announced on its monitor.
+    pub qemu_version: String,
+    /// The forwards, resolved (auto host ports chosen).
+    pub port_forwards: Value,
+    /// The monitor's socket.
+    pub qmp_socket: String,
+    /// The guest agent's socket.
+    pub qga_socket: String,
+    /// The serial console's log.
+    pub serial_log: String,
+    /// What the caller should know (a TCG fallback, a slow monitor).
+    pub warnings: Vec<String>,
+    /// A sandbox's details.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<Value>,
+    /// The seed's instance id and path.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cloud_init: Option<Value>,
+}
+
+impl Launched {
+    /// The result as JSON, for callers that add their own fields.
+    pub fn to_json(&self) -> Value {
+        serde_json::to_value(self)
+            .unwrap_or_else(|e| json!({"name": self.name, "error": e.to_string()}))
+    }
+}
+
 /// Everything a launch needs beyond the spec, shared by launch_vm and sandbox_vm.
 pub struct LaunchRequest {
     /// The spec (sockets and pidfile are filled in by [`launch`]).
@@ -185,7 +228,7 @@ fn copy_uefi_vars(req: &LaunchRequest) -> Result<(), OpError> {
 
 /// Reserves the name, starts QEMU, and records the VM. On failure the reservation is dropped.
 /// Returns launch_vm's result.
-pub fn launch(ctx: &dyn Work, mut req: LaunchRequest) -> Result<Value, OpError> {
+pub fn launch(ctx: &dyn Work, mut req: LaunchRequest) -> Result<Launched, OpError> {
     let name = req.spec.name.clone();
     let rt = vm::runtime_dir(&name);
     let sd = vm::state_dir(&name);
@@ -259,7 +302,7 @@ fn start_reserved(
     req: &LaunchRequest,
     rt: &Path,
     sd: &Path,
-) -> Result<Value, OpError> {
+) -> Result<Launched, OpError> {
     prepare_dirs(&req.spec, rt, sd)?;
     copy_uefi_vars(req)?;
     ctx.check_cancel()?;
@@ -284,26 +327,22 @@ fn start_reserved(
         vms.insert(name_c, rec);
         Ok::<_, RegistryError>(())
     })?;
-    let mut out = json!({
-        "name": s.name,
-        "status": status,
-        "pid": started.pid,
-        "accel": actual_accel,
-        "arch": s.arch,
-        "machine": s.machine,
-        "qemu_version": version,
-        "port_forwards": forwards_json(&s.forwards),
-        "qmp_socket": s.qmp_socket.display().to_string(),
-        "qga_socket": s.qga_socket.display().to_string(),
-        "serial_log": s.serial_log.display().to_string(),
-        "warnings": warnings,
-    });
-    for key in ["sandbox", "cloud_init"] {
-        if let Some(v) = req.extra_record.get(key) {
-            out[key] = v.clone();
-        }
-    }
-    Ok(out)
+    Ok(Launched {
+        name: s.name.clone(),
+        status,
+        pid: started.pid,
+        accel: actual_accel,
+        arch: s.arch.clone(),
+        machine: s.machine.clone(),
+        qemu_version: version,
+        port_forwards: forwards_json(&s.forwards),
+        qmp_socket: s.qmp_socket.display().to_string(),
+        qga_socket: s.qga_socket.display().to_string(),
+        serial_log: s.serial_log.display().to_string(),
+        warnings,
+        sandbox: req.extra_record.get("sandbox").cloned(),
+        cloud_init: req.extra_record.get("cloud_init").cloned(),
+    })
 }
 
 /// The VM's runtime folder (private) and state folder; stale sockets of a dead QEMU removed,

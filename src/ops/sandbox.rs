@@ -131,7 +131,7 @@ fn launch_overlay(
         "overlay": overlay.display().to_string(), "allow_network": req.allow_network,
     });
     lr.extra_record.insert("sandbox".into(), sb);
-    let mut out = launch::launch(ctx, lr)?;
+    let mut out = launch::launch(ctx, lr)?.to_json();
     out["overlay"] = json!(overlay.display().to_string());
     out["base_image"] = json!(base.display().to_string());
     Ok(out)

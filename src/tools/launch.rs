@@ -49,7 +49,7 @@ fn launch_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let name = vm_name_arg(args)?;
     let disks = checked_disks(&name, &args.str_list("disks")?)?;
     let req = request(&launch_args(args)?, &name, disks)?;
-    let mut out = launch(ctx, req)?;
+    let mut out = launch(ctx, req)?.to_json();
     if args.bool_or("wait_cloud_init", false)? {
         let wait = args.opt_f64("wait_cloud_init_s")?.unwrap_or(600.0);
         let waited =

@@ -201,14 +201,8 @@ fn build(ctx: &ToolCtx, args: &Args, name: &str, dir: &Path) -> Result<Value, To
     };
     let launched = launch::launch(ctx, req)?;
     // What really runs: the accelerator QEMU reports, the version it announced.
-    meta.accel = launched["accel"]
-        .as_str()
-        .unwrap_or(&meta.accel)
-        .to_string();
-    meta.qemu_version = launched["qemu_version"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
+    meta.accel = launched.accel;
+    meta.qemu_version = launched.qemu_version;
     let result = prepare_and_save(ctx, args, &vm_name, dir, meta);
     // The template VM never runs again, whatever happened.
     let _ = stop::stop(ctx, &vm_name, true, Duration::ZERO);
