@@ -23,7 +23,7 @@ pub struct Host {
     pub cpus: u64,
     /// MemTotal in MiB.
     pub mem_total_mb: Option<u64>,
-    /// The server's cgroup memory limit in MiB.
+    /// The smallest cgroup memory limit on the server's cgroup path (v2 or v1), in MiB.
     pub cgroup_memory_max_mb: Option<u64>,
     /// Whether the server runs as root.
     pub root: bool,
