@@ -38,7 +38,11 @@ pub fn cgroup_memory_limit_mb(sysfs: &Path, proc_cgroup: &str) -> Option<u64> {
         }
     }
     if let Some(rel) = cgroup_v1_memory_path(proc_cgroup) {
-        limits.extend(along_path(&sysfs.join("memory"), rel, "memory.limit_in_bytes"));
+        limits.extend(along_path(
+            &sysfs.join("memory"),
+            rel,
+            "memory.limit_in_bytes",
+        ));
     }
     limits.into_iter().min()
 }
@@ -67,7 +71,10 @@ pub fn cgroup_v1_memory_path(text: &str) -> Option<&str> {
     text.lines().find_map(|l| {
         let mut it = l.splitn(3, ':');
         let (_, controllers, path) = (it.next()?, it.next()?, it.next()?);
-        controllers.split(',').any(|c| c == "memory").then_some(path)
+        controllers
+            .split(',')
+            .any(|c| c == "memory")
+            .then_some(path)
     })
 }
 
@@ -182,7 +189,10 @@ mod tests {
             "v1-limit",
             &[
                 ("memory/memory.limit_in_bytes", "9223372036854771712\n"),
-                ("memory/docker/memory.limit_in_bytes", "9223372036854771712\n"),
+                (
+                    "memory/docker/memory.limit_in_bytes",
+                    "9223372036854771712\n",
+                ),
                 ("memory/docker/abc/memory.limit_in_bytes", "1073741824\n"),
             ],
         );

@@ -11,6 +11,7 @@ pub mod decide;
 pub mod kvm;
 pub mod limits;
 pub mod run;
+pub mod seabios;
 
 use std::sync::OnceLock;
 
