@@ -4,6 +4,7 @@
 //! network-config, all written into a small ISO 9660 image labelled `cidata`.
 
 pub mod console;
+pub mod final_message;
 pub mod iso;
 pub mod yaml;
 
@@ -200,10 +201,11 @@ impl CloudInit {
         })
     }
 
-    /// The `user-data` file.
+    /// The `user-data` file (verbatim user-data with its own `final_message` gets mcqemu's
+    /// end-of-cloud-init line added: [`final_message`]).
     pub fn user_data(&self) -> String {
         match &self.user_data {
-            UserData::Raw(s) => s.clone(),
+            UserData::Raw(s) => final_message::user_data(s),
             UserData::Config(cfg) => {
                 format!(
                     "#cloud-config\n{}",
