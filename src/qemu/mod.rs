@@ -5,6 +5,7 @@ pub mod encode;
 pub mod extra_args;
 pub mod firmware;
 pub mod forwards;
+pub mod frame;
 pub mod img;
 pub mod keys;
 pub mod migrate;
