@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use super::download::Algo;
+use super::digest::Algo;
 
 /// Why a download was refused or failed. Every failure after the checks has already removed
 /// the temporary file.
