@@ -83,14 +83,7 @@ fn temp_for(dest: &Path) -> PathBuf {
 /// Downloads per `req`. On any error `dest` is untouched; the temporary file is removed, except
 /// that a resumable download interrupted by the network keeps it for the next attempt.
 pub fn download(req: &Request, watch: &dyn Watcher) -> Result<Done, DownloadError> {
-    check_url(req.url)?;
-    if !req.overwrite && req.dest.exists() {
-        return Err(DownloadError::Exists(req.dest.to_path_buf()));
-    }
-    req.dest
-        .parent()
-        .filter(|p| p.is_dir())
-        .ok_or_else(|| DownloadError::NoFolder(req.dest.to_path_buf()))?;
+    check_target(req)?;
     let (tmp, meta) = if req.resume {
         partial_for(req.dest)
     } else {
@@ -103,96 +96,139 @@ pub fn download(req: &Request, watch: &dyn Watcher) -> Result<Done, DownloadErro
     } else {
         None
     };
-    let earlier = if req.resume {
-        resumable(&tmp, &meta, req.url)
-    } else {
-        None
-    };
-    if req.resume && earlier.is_none() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    let range = earlier.as_ref().map(|(n, v)| (*n, v.as_deref()));
-    let (mut resp, mut final_url) = get(req.url, range)?;
-    let mut from = 0;
-    match (resp.status().as_u16(), &earlier) {
-        // The server continues where the last attempt stopped.
-        (206, Some((n, _))) if range_start(&resp) == Some(*n) => from = *n,
-        // Anything else (the file changed, ranges unsupported, a range past the end): start
-        // again from the first byte.
-        (200, _) => {}
-        _ => {
-            drop(resp);
-            let _ = std::fs::remove_file(&tmp);
-            (resp, final_url) = get(req.url, None)?;
-            if resp.status().as_u16() != 200 {
-                let e = ureq::Error::StatusCode(resp.status().as_u16());
-                return Err(request_error(req.url, e));
-            }
-        }
-    }
+    let (resp, final_url, from) = respond(req, &tmp, &meta)?;
     let status = resp.status().as_u16();
-    let total: Option<u64> = header(&resp, "Content-Length")
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .map(|len| len + from);
-    if let (Some(t), Some(max)) = (total, req.max_bytes) {
-        if t > max {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(DownloadError::TooBig { size: t, max });
-        }
-    }
+    let total = sized(req, &resp, from, &tmp)?;
     if req.resume {
         let validator = header(&resp, "ETag").or_else(|| header(&resp, "Last-Modified"));
         let info = serde_json::json!({"url": req.url, "validator": validator});
         // Never through a symlink left at that name.
         let _ = crate::state::beneath::write_replace(&meta, info.to_string().as_bytes());
     }
-    let result = stream(
-        Box::new(resp.into_body().into_reader()),
-        &tmp,
-        from,
-        total,
-        req,
-        watch,
-    );
-    let (bytes, digest) = match result {
-        Ok(r) => r,
-        Err(e) => {
-            let keep = req.resume
-                && matches!(
-                    e,
-                    DownloadError::Connection { .. }
-                        | DownloadError::Stopped(_)
-                        | DownloadError::Short { .. }
-                );
-            if !keep {
-                let _ = std::fs::remove_file(&tmp);
-                let _ = std::fs::remove_file(&meta);
-                return Err(e);
-            }
-            return Err(DownloadError::Kept {
-                error: Box::new(e),
-                part: tmp,
-            });
-        }
+    let body = Box::new(resp.into_body().into_reader());
+    let (bytes, digest) =
+        stream(body, &tmp, from, total, req, watch).map_err(|e| failed(req, e, &tmp, &meta))?;
+    place(req, &tmp, &meta, &digest)?;
+    Ok(Done {
+        bytes,
+        digest,
+        status,
+        final_url,
+        resumed_from: from,
+    })
+}
+
+/// The URL's scheme, and a target that is free (unless overwritten) in a folder that exists.
+fn check_target(req: &Request) -> Result<(), DownloadError> {
+    check_url(req.url)?;
+    if !req.overwrite && req.dest.exists() {
+        return Err(DownloadError::Exists(req.dest.to_path_buf()));
+    }
+    req.dest
+        .parent()
+        .filter(|p| p.is_dir())
+        .ok_or_else(|| DownloadError::NoFolder(req.dest.to_path_buf()))?;
+    Ok(())
+}
+
+/// The response to stream from, its final URL and the bytes of `tmp` it continues after: a
+/// resumable download asks for the rest of a kept part, and starts over from the first byte
+/// when the server does not continue exactly there.
+fn respond(
+    req: &Request,
+    tmp: &Path,
+    meta: &Path,
+) -> Result<(ureq::http::Response<ureq::Body>, String, u64), DownloadError> {
+    let earlier = if req.resume {
+        resumable(tmp, meta, req.url)
+    } else {
+        None
     };
+    if req.resume && earlier.is_none() {
+        let _ = std::fs::remove_file(tmp);
+    }
+    let range = earlier.as_ref().map(|(n, v)| (*n, v.as_deref()));
+    let (resp, final_url) = get(req.url, range)?;
+    match (resp.status().as_u16(), &earlier) {
+        // The server continues where the last attempt stopped.
+        (206, Some((n, _))) if range_start(&resp) == Some(*n) => Ok((resp, final_url, *n)),
+        // Anything else (the file changed, ranges unsupported, a range past the end): start
+        // again from the first byte.
+        (200, _) => Ok((resp, final_url, 0)),
+        _ => {
+            drop(resp);
+            let _ = std::fs::remove_file(tmp);
+            let (resp, final_url) = get(req.url, None)?;
+            if resp.status().as_u16() != 200 {
+                let e = ureq::Error::StatusCode(resp.status().as_u16());
+                return Err(request_error(req.url, e));
+            }
+            Ok((resp, final_url, 0))
+        }
+    }
+}
+
+/// The whole file's size when the server says it, refused (and `tmp` removed) over the cap.
+fn sized(
+    req: &Request,
+    resp: &ureq::http::Response<ureq::Body>,
+    from: u64,
+    tmp: &Path,
+) -> Result<Option<u64>, DownloadError> {
+    let total: Option<u64> = header(resp, "Content-Length")
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(|len| len + from);
+    if let (Some(t), Some(max)) = (total, req.max_bytes) {
+        if t > max {
+            let _ = std::fs::remove_file(tmp);
+            return Err(DownloadError::TooBig { size: t, max });
+        }
+    }
+    Ok(total)
+}
+
+/// A failed stream's error, after the part is removed, or kept when a resumable download was
+/// interrupted by the network.
+fn failed(req: &Request, e: DownloadError, tmp: &Path, meta: &Path) -> DownloadError {
+    let keep = req.resume
+        && matches!(
+            e,
+            DownloadError::Connection { .. }
+                | DownloadError::Stopped(_)
+                | DownloadError::Short { .. }
+        );
+    if !keep {
+        let _ = std::fs::remove_file(tmp);
+        let _ = std::fs::remove_file(meta);
+        return e;
+    }
+    DownloadError::Kept {
+        error: Box::new(e),
+        part: tmp.to_path_buf(),
+    }
+}
+
+/// Checks the complete file's digest and moves it to the target (a link when the target must
+/// not be replaced); on failure nothing is left behind.
+fn place(req: &Request, tmp: &Path, meta: &Path, digest: &str) -> Result<(), DownloadError> {
     let discard = || {
-        let _ = std::fs::remove_file(&tmp);
-        let _ = std::fs::remove_file(&meta);
+        let _ = std::fs::remove_file(tmp);
+        let _ = std::fs::remove_file(meta);
     };
     if let Some(want) = &req.expect {
-        if *want != digest {
+        if want != digest {
             discard();
             return Err(DownloadError::Checksum {
                 algo: req.algo,
                 want: want.clone(),
-                got: digest,
+                got: digest.to_string(),
             });
         }
     }
     let placed = if req.overwrite {
-        std::fs::rename(&tmp, req.dest)
+        std::fs::rename(tmp, req.dest)
     } else {
-        std::fs::hard_link(&tmp, req.dest).and_then(|_| std::fs::remove_file(&tmp))
+        std::fs::hard_link(tmp, req.dest).and_then(|_| std::fs::remove_file(tmp))
     };
     if let Err(error) = placed {
         discard();
@@ -202,15 +238,9 @@ pub fn download(req: &Request, watch: &dyn Watcher) -> Result<Done, DownloadErro
         });
     }
     if req.resume {
-        let _ = std::fs::remove_file(&meta);
+        let _ = std::fs::remove_file(meta);
     }
-    Ok(Done {
-        bytes,
-        digest,
-        status,
-        final_url,
-        resumed_from: from,
-    })
+    Ok(())
 }
 
 /// Reads `body` on its own thread and hands chunks over a small channel, so the download loop
@@ -242,63 +272,66 @@ fn spawn_reader(
     Ok(rx)
 }
 
-/// Writes the body after the first `from` bytes already in `tmp` (0: a new file), hashing the
-/// whole file as it goes.
-fn stream(
-    body: Box<dyn Read + Send + Sync>,
+/// An I/O error on `path` during `op`, as a download error.
+fn file_error<'a>(
+    op: &'static str,
+    path: &'a Path,
+) -> impl Fn(std::io::Error) -> DownloadError + 'a {
+    move |error| DownloadError::File {
+        op,
+        path: path.to_path_buf(),
+        error,
+    }
+}
+
+/// Opens `tmp` to write at byte `from`: a new file (0), or the kept part cut to `from` bytes
+/// after they went into `ctx`, so the digest covers the whole file.
+fn open_part(
     tmp: &Path,
     from: u64,
-    total: Option<u64>,
-    req: &Request,
-    watch: &dyn Watcher,
-) -> Result<(u64, String), DownloadError> {
-    let file_error = |op: &'static str| {
-        move |error: std::io::Error| DownloadError::File {
-            op,
-            path: tmp.to_path_buf(),
-            error,
-        }
-    };
-    let mut ctx = ring::digest::Context::new(req.algo.ring());
-    let mut file = if from > 0 {
-        // The kept part is hashed first, so the digest covers the whole file.
-        let mut kept = File::options()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(tmp)
-            .map_err(file_error("read"))?;
-        let mut buf = vec![0u8; 1024 * 1024];
-        let mut read = 0u64;
-        while read < from {
-            let n = kept.read(&mut buf).map_err(file_error("read"))?;
-            if n == 0 {
-                break;
-            }
-            let n = n.min((from - read) as usize);
-            ctx.update(&buf[..n]);
-            read += n as u64;
-        }
-        let f = File::options()
-            .write(true)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(tmp)
-            .map_err(file_error("open"))?;
-        f.set_len(from).map_err(file_error("truncate"))?;
-        let mut f = f;
-        std::io::Seek::seek(&mut f, std::io::SeekFrom::Start(from)).map_err(file_error("seek"))?;
-        f
-    } else {
+    ctx: &mut ring::digest::Context,
+) -> Result<File, DownloadError> {
+    if from == 0 {
         // Never through a symlink someone left at the temporary name.
-        File::options()
+        return File::options()
             .write(true)
             .create(true)
             .truncate(true)
             .custom_flags(libc::O_NOFOLLOW)
             .open(tmp)
-            .map_err(file_error("create"))?
-    };
-    let chunks = spawn_reader(body)?;
-    // The digest is computed on its own thread while the next chunk is written.
+            .map_err(file_error("create", tmp));
+    }
+    let mut kept = File::options()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(tmp)
+        .map_err(file_error("read", tmp))?;
+    let mut buf = vec![0u8; 1024 * 1024];
+    let mut read = 0u64;
+    while read < from {
+        let n = kept.read(&mut buf).map_err(file_error("read", tmp))?;
+        if n == 0 {
+            break;
+        }
+        let n = n.min((from - read) as usize);
+        ctx.update(&buf[..n]);
+        read += n as u64;
+    }
+    let mut f = File::options()
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(tmp)
+        .map_err(file_error("open", tmp))?;
+    f.set_len(from).map_err(file_error("truncate", tmp))?;
+    std::io::Seek::seek(&mut f, std::io::SeekFrom::Start(from)).map_err(file_error("seek", tmp))?;
+    Ok(f)
+}
+
+/// A hashing thread: where its chunks go, and its hex digest once that sender is dropped.
+type Hasher = (mpsc::SyncSender<Vec<u8>>, std::thread::JoinHandle<String>);
+
+/// Hashes the chunks sent to it on its own thread, while the next chunk is written.
+fn spawn_hasher(mut ctx: ring::digest::Context) -> Result<Hasher, DownloadError> {
     let (htx, hrx) = mpsc::sync_channel::<Vec<u8>>(8);
     let hasher = std::thread::Builder::new()
         .name("download-hash".into())
@@ -309,6 +342,23 @@ fn stream(
             hex(ctx.finish().as_ref())
         })
         .map_err(DownloadError::Thread)?;
+    Ok((htx, hasher))
+}
+
+/// Writes the body after the first `from` bytes already in `tmp` (0: a new file), hashing the
+/// whole file as it goes.
+fn stream(
+    body: Box<dyn Read + Send + Sync>,
+    tmp: &Path,
+    from: u64,
+    total: Option<u64>,
+    req: &Request,
+    watch: &dyn Watcher,
+) -> Result<(u64, String), DownloadError> {
+    let mut ctx = ring::digest::Context::new(req.algo.ring());
+    let mut file = open_part(tmp, from, &mut ctx)?;
+    let chunks = spawn_reader(body)?;
+    let (htx, hasher) = spawn_hasher(ctx)?;
     let mut done: u64 = from;
     watch.progress(done, total);
     loop {
@@ -324,14 +374,13 @@ fn stream(
         if buf.is_empty() {
             break;
         }
-        let n = buf.len();
-        done += n as u64;
+        done += buf.len() as u64;
         if let Some(max) = req.max_bytes {
             if done > max {
                 return Err(DownloadError::PassedMax(max));
             }
         }
-        file.write_all(&buf[..n]).map_err(file_error("write"))?;
+        file.write_all(&buf).map_err(file_error("write", tmp))?;
         if htx.send(buf).is_err() {
             return Err(DownloadError::Stopped(done));
         }
@@ -343,7 +392,7 @@ fn stream(
             return Err(DownloadError::Short { done, total: t });
         }
     }
-    file.sync_all().map_err(file_error("flush"))?;
+    file.sync_all().map_err(file_error("flush", tmp))?;
     let digest = hasher.join().map_err(|_| DownloadError::Stopped(done))?;
     Ok((done, digest))
 }
