@@ -295,16 +295,18 @@ mod tests {
 
     #[test]
     fn the_marker_line_after_a_custom_final_message_is_the_end_of_cloud_init() {
-        let console = "[   44.9] cloud-init[612]: all set, up after 44.80 s\r\n\
-            [   44.9] cloud-init[612]: MCQEMU-CLOUD-INIT-FINISHED v. 22.4.2 | DataSourceNoCloud \
-            [seed=/dev/sr0][dsmode=net] | 44.80\r\n";
+        // A real console (Debian 12's cloud-init 22.4.2, final_message "custom done after
+        // $UPTIME s" in verbatim user-data): the caller's text, then mcqemu's line.
+        let console = "[  114.014945] cloud-init[538]: custom done after 114.00 s\r\n\
+            [  114.018664] cloud-init[538]: MCQEMU-CLOUD-INIT-FINISHED v. 22.4.2 | \
+            DataSourceNoCloud [seed=/dev/sr0][dsmode=net] | 114.00\r\n";
         let f = finished(console).unwrap();
         assert_eq!(f.version, "22.4.2");
         assert_eq!(
             f.datasource,
             "DataSourceNoCloud [seed=/dev/sr0][dsmode=net]"
         );
-        assert_eq!(f.uptime_s, Some(44.8));
+        assert_eq!(f.uptime_s, Some(114.0));
         let none =
             finished("cloud-init[5]: MCQEMU-CLOUD-INIT-FINISHED v. 23.1 | DataSourceNone | 9.5")
                 .unwrap();
@@ -313,11 +315,13 @@ mod tests {
 
     #[test]
     fn a_failed_module_or_status_error_ends_a_wait() {
-        // cc_scripts_user's own warning comes first, before the generic one.
+        // cc_scripts_user's own warning comes first, before the generic one (a real console:
+        // cloud-init 22.4.2, runcmd `exit 3`).
         assert_eq!(
             fatal(
-                "[   41.0] cloud-init[612]: 2026-12-01 10:00:00,000 - cc_scripts_user.py[WARNING]: \
-                 Failed to run module scripts-user (scripts in /var/lib/cloud/instance/scripts)"
+                "[  113.739406] cloud-init[538]: 2026-12-02 00:59:01,327 - cc_scripts_user.py\
+                 [WARNING]: Failed to run module scripts-user (scripts in \
+                 /var/lib/cloud/instance/scripts)"
             ),
             Some(Fatal::CloudInitModule("scripts-user".into()))
         );
