@@ -4,7 +4,8 @@
 
 use std::path::Path;
 
-use crate::host::{binaries, decide};
+use crate::host::binaries::{self, Qemu, Version};
+use crate::host::{decide, seabios, Host};
 use crate::qemu::{firmware, img};
 use crate::state::paths;
 
@@ -35,119 +36,180 @@ fn writable(dir: &Path) -> Result<(), String> {
 
 /// Runs every check.
 pub fn checks() -> Vec<Check> {
-    let mut out = Vec::new();
     let host = crate::host::get();
+    let mut out = emulator_checks(host);
+    out.push(host_check(host));
+    out.push(qemu_img_check());
+    out.push(kvm_check(host));
+    out.extend(dir_checks());
+    out.push(seccomp_check(host));
+    out.push(roots_check());
+    out.push(registry_check());
+    out
+}
+
+fn row(name: impl Into<String>, status: &'static str, detail: String, essential: bool) -> Check {
+    Check {
+        name: name.into(),
+        status,
+        detail,
+        essential,
+    }
+}
+
+/// One row per QEMU system emulator (a warning for a missing x86_64 or host one), the
+/// x86_64 one followed by the SeaBIOS it loads; a FAIL when there is none at all.
+fn emulator_checks(host: &Host) -> Vec<Check> {
+    let mut out = Vec::new();
     let mut any_system = false;
     for arch in ARCHES {
         let Ok(qemu) = binaries::find(arch) else {
             if *arch == "x86_64" || *arch == host.arch {
-                out.push(Check {
-                    name: format!("qemu-system-{arch}"),
-                    status: "warn",
-                    detail: format!(
-                        "not installed (Debian: apt-get install {})",
-                        binaries::debian_package(arch)
-                    ),
-                    essential: false,
-                });
+                let detail = format!(
+                    "not installed (Debian: apt-get install {})",
+                    binaries::debian_package(arch)
+                );
+                out.push(row(format!("qemu-system-{arch}"), "warn", detail, false));
             }
             continue;
         };
         any_system = true;
-        // Why not KVM is the kvm row's to say.
-        let accel = decide::accel(host, arch, "auto").map_or("?", |(a, _)| a);
-        let default_machine = crate::ops::launch::ARCHES
-            .iter()
-            .find(|a| a.0 == *arch)
-            .map(|a| a.1);
-        let machine = default_machine
-            .map(|m| match decide::concrete_machine(&qemu, m) {
-                Ok(c) => format!("{m} = {c}"),
-                Err(e) => e,
-            })
-            .unwrap_or_else(|| format!("{} machine types", qemu.machines.len()));
-        let firmware = match default_machine.map(|m| firmware::find_uefi(arch, m)) {
-            Some(Ok(fw)) => format!(
-                "UEFI {} ({}, from {})",
-                fw.code.display(),
-                fw.format,
-                fw.source
-            ),
-            Some(Err(_)) => "no UEFI firmware (firmware=bios only)".into(),
-            None => "firmware not looked up".into(),
-        };
-        out.push(Check {
-            name: format!("qemu-system-{arch}"),
-            status: "ok",
-            detail: format!(
-                "{} {}; accel auto = {accel}; {machine}; {firmware}",
-                qemu.path.display(),
-                qemu.version_string()
-            ),
-            essential: false,
-        });
+        out.push(emulator_check(host, arch, &qemu));
+        if *arch == "x86_64" {
+            out.push(seabios_check(
+                qemu.version,
+                seabios::probe(&qemu.path).as_ref(),
+            ));
+        }
     }
     if !any_system {
-        out.push(Check {
-            name: "qemu-system-*".into(),
-            status: "FAIL",
-            detail: "no QEMU system emulator found; VMs cannot be launched (Debian: apt-get \
-                     install qemu-system-x86; or set MCQEMU_QEMU_DIR)"
-                .into(),
-            essential: true,
-        });
+        let detail = "no QEMU system emulator found; VMs cannot be launched (Debian: apt-get \
+                      install qemu-system-x86; or set MCQEMU_QEMU_DIR)";
+        out.push(row("qemu-system-*", "FAIL", detail.into(), true));
     }
-    out.push(Check {
-        name: "host".into(),
-        status: "ok",
-        detail: format!(
-            "{}, {} CPUs, memory quota {} MiB (MemTotal {}{}), {}",
-            host.arch,
-            host.cpus,
-            decide::memory_limit_mb(host),
-            host.mem_total_mb.map_or("?".into(), |m| format!("{m} MiB")),
-            host.cgroup_memory_max_mb
-                .map_or(String::new(), |m| format!(", cgroup limit {m} MiB")),
-            if host.root {
-                "running as root".to_string()
-            } else {
-                format!(
-                    "unprivileged (host ports from {} up)",
-                    host.unprivileged_port_start
-                )
-            }
+    out
+}
+
+/// The emulator for `arch`: its path and version, the accelerator, machine and firmware a
+/// launch would take.
+fn emulator_check(host: &Host, arch: &str, qemu: &Qemu) -> Check {
+    // Why not KVM is the kvm row's to say.
+    let accel = decide::accel(host, arch, "auto").map_or("?", |(a, _)| a);
+    let default_machine = crate::ops::launch::ARCHES
+        .iter()
+        .find(|a| a.0 == arch)
+        .map(|a| a.1);
+    let machine = default_machine
+        .map(|m| match decide::concrete_machine(qemu, m) {
+            Ok(c) => format!("{m} = {c}"),
+            Err(e) => e,
+        })
+        .unwrap_or_else(|| format!("{} machine types", qemu.machines.len()));
+    let firmware = match default_machine.map(|m| firmware::find_uefi(arch, m)) {
+        Some(Ok(fw)) => format!(
+            "UEFI {} ({}, from {})",
+            fw.code.display(),
+            fw.format,
+            fw.source
         ),
-        essential: false,
-    });
+        Some(Err(_)) => "no UEFI firmware (firmware=bios only)".into(),
+        None => "firmware not looked up".into(),
+    };
+    let detail = format!(
+        "{} {}; accel auto = {accel}; {machine}; {firmware}",
+        qemu.path.display(),
+        qemu.version_string()
+    );
+    row(format!("qemu-system-{arch}"), "ok", detail, false)
+}
+
+/// The SeaBIOS an x86 QEMU of version `qemu` loads (`found`: the first `bios-256k.bin` on its
+/// data path): a warning, with the fix, when the pair stalls q35 boots.
+fn seabios_check(qemu: Version, found: Option<&seabios::Found>) -> Check {
+    let (a, b, c) = qemu;
+    let fix = "install seabios >= 1.16.3 (Debian bookworm: apt-get install -t bookworm-backports \
+               seabios), or put a folder with a newer bios-256k.bin first on QEMU's data path \
+               (-L DIR, e.g. in a wrapper in MCQEMU_QEMU_DIR as .ci/fetch-qemu10 writes)";
+    let Some(found) = found else {
+        let detail = format!(
+            "QEMU {a}.{b}.{c} finds no {} on its data path (qemu-system-x86_64 -L help): x86 \
+             guests cannot boot with firmware=bios; {fix}",
+            seabios::BIOS_FILE
+        );
+        return row("seabios", "warn", detail, false);
+    };
+    let path = found.path.display();
+    let text = found.version.as_ref().map_or("?", |v| v.1.as_str());
+    let (status, detail) = match seabios::pairing(qemu, found.version.as_ref().map(|v| v.0)) {
+        seabios::Pairing::Fine => ("ok", format!("{path} (SeaBIOS {text})")),
+        seabios::Pairing::Stalls => (
+            "warn",
+            format!(
+                "{path} is SeaBIOS {text}, older than 1.16.3, and QEMU {a}.{b}.{c} is 8.2 or \
+                 later: every q35 boot waits about 32 s in the firmware; {fix}"
+            ),
+        ),
+        seabios::Pairing::Unknown => (
+            "warn",
+            format!(
+                "no SeaBIOS version found in {path}; QEMU {a}.{b}.{c} needs SeaBIOS >= 1.16.3 \
+                 or every q35 boot waits about 32 s in the firmware; if it is older, {fix}"
+            ),
+        ),
+    };
+    row("seabios", status, detail, false)
+}
+
+/// The host's CPUs and memory quota (with the cgroup limit it comes from) and who runs.
+fn host_check(host: &Host) -> Check {
+    let detail = format!(
+        "{}, {} CPUs, memory quota {} MiB (MemTotal {}{}), {}",
+        host.arch,
+        host.cpus,
+        decide::memory_limit_mb(host),
+        host.mem_total_mb.map_or("?".into(), |m| format!("{m} MiB")),
+        host.cgroup_memory_max_mb
+            .map_or(String::new(), |m| format!(", cgroup limit {m} MiB")),
+        if host.root {
+            "running as root".to_string()
+        } else {
+            format!(
+                "unprivileged (host ports from {} up)",
+                host.unprivileged_port_start
+            )
+        }
+    );
+    row("host", "ok", detail, false)
+}
+
+fn qemu_img_check() -> Check {
     match img::version() {
-        Ok(v) => out.push(Check {
-            name: "qemu-img".into(),
-            status: "ok",
-            detail: v,
-            essential: true,
-        }),
-        Err(e) => out.push(Check {
-            name: "qemu-img".into(),
-            status: "FAIL",
-            detail: e.to_string(),
-            essential: true,
-        }),
+        Ok(v) => row("qemu-img", "ok", v, true),
+        Err(e) => row("qemu-img", "FAIL", e.to_string(), true),
     }
-    match crate::host::get().kvm {
-        Ok(()) => out.push(Check {
-            name: "kvm".into(),
-            status: "ok",
-            detail: "usable for real guests (hardware virtualization present)".into(),
-            essential: false,
-        }),
-        Err(why) => out.push(Check {
-            name: "kvm".into(),
-            status: "warn",
-            detail: format!("{why}; guests run under TCG (slower)"),
-            essential: false,
-        }),
+}
+
+fn kvm_check(host: &Host) -> Check {
+    match &host.kvm {
+        Ok(()) => row(
+            "kvm",
+            "ok",
+            "usable for real guests (hardware virtualization present)".into(),
+            false,
+        ),
+        Err(why) => row(
+            "kvm",
+            "warn",
+            format!("{why}; guests run under TCG (slower)"),
+            false,
+        ),
     }
+}
+
+/// The state and runtime folders, each created if missing and written to.
+fn dir_checks() -> Vec<Check> {
     let (runtime, why) = paths::runtime_choice();
+    let mut out = Vec::new();
     for (name, dir, why) in [
         ("state dir", paths::state_dir(), "writable"),
         ("runtime dir", runtime, why),
@@ -157,54 +219,32 @@ pub fn checks() -> Vec<Check> {
         } else {
             writable(&dir)
         };
-        match ready {
-            Ok(()) => out.push(Check {
-                name: name.into(),
-                status: "ok",
-                detail: format!("{} ({why})", dir.display()),
-                essential: true,
-            }),
-            Err(e) => out.push(Check {
-                name: name.into(),
-                status: "FAIL",
-                detail: e,
-                essential: true,
-            }),
-        }
+        out.push(match ready {
+            Ok(()) => row(name, "ok", format!("{} ({why})", dir.display()), true),
+            Err(e) => row(name, "FAIL", e, true),
+        });
     }
+    out
+}
+
+fn seccomp_check(host: &Host) -> Check {
     let own = binaries::find(&host.arch)
         .map(|q| q.path.display().to_string())
         .unwrap_or_else(|_| "qemu-system-x86_64".into());
     let (status, detail) = seccomp_support(&own);
-    out.push(Check {
-        name: "seccomp".into(),
-        status,
-        detail,
-        essential: status == "FAIL",
-    });
+    row("seccomp", status, detail, status == "FAIL")
+}
+
+fn roots_check() -> Check {
     match crate::state::roots::set_operator_roots(&crate::state::roots::env_roots()) {
-        Ok(()) => out.push(Check {
-            name: "roots".into(),
-            status: "ok",
-            detail: crate::state::roots::summary(),
-            essential: false,
-        }),
-        Err(e) => out.push(Check {
-            name: "roots".into(),
-            status: "FAIL",
-            detail: format!("MCQEMU_ROOTS: {e}"),
-            essential: true,
-        }),
+        Ok(()) => row("roots", "ok", crate::state::roots::summary(), false),
+        Err(e) => row("roots", "FAIL", format!("MCQEMU_ROOTS: {e}"), true),
     }
-    let reg = paths::registry_file();
-    let (status, detail) = registry_health(&reg);
-    out.push(Check {
-        name: "registry".into(),
-        status,
-        detail,
-        essential: false,
-    });
-    out
+}
+
+fn registry_check() -> Check {
+    let (status, detail) = registry_health(&paths::registry_file());
+    row("registry", status, detail, false)
 }
 
 /// Whether `binary` accepts the seccomp sandbox every VM runs in: a QEMU without seccomp
@@ -311,5 +351,42 @@ pub fn run_doctor() -> i32 {
         1
     } else {
         0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn found(version: &str) -> seabios::Found {
+        let mut image = b"\x55\xaa\0".to_vec();
+        image.extend_from_slice(version.as_bytes());
+        image.push(0);
+        seabios::Found {
+            path: "/usr/share/seabios/bios-256k.bin".into(),
+            version: seabios::parse_version(&image),
+        }
+    }
+
+    #[test]
+    fn warns_of_qemu_10_with_bookworms_seabios_and_says_the_fix() {
+        let c = seabios_check((10, 0, 2), Some(&found("1.16.2-debian-1.16.2-1")));
+        assert_eq!(c.status, "warn");
+        assert!(c.detail.contains("1.16.2-debian-1.16.2-1"), "{}", c.detail);
+        assert!(c.detail.contains("32 s"), "{}", c.detail);
+        assert!(c.detail.contains("bookworm-backports"), "{}", c.detail);
+        assert!(c.detail.contains("-L"), "{}", c.detail);
+        assert!(!c.essential);
+    }
+
+    #[test]
+    fn a_fixed_seabios_or_an_older_qemu_is_fine() {
+        let newer = seabios_check((10, 0, 2), Some(&found("1.16.3-debian-1.16.3-2~bpo12+1")));
+        assert_eq!(newer.status, "ok", "{}", newer.detail);
+        let older_qemu = seabios_check((7, 2, 22), Some(&found("1.16.2-debian-1.16.2-1")));
+        assert_eq!(older_qemu.status, "ok", "{}", older_qemu.detail);
+        let unreadable = seabios_check((9, 2, 0), Some(&found("?-20240101_000000-builder")));
+        assert_eq!(unreadable.status, "warn");
+        assert_eq!(seabios_check((7, 2, 22), None).status, "warn");
     }
 }

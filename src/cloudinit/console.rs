@@ -8,6 +8,8 @@
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
+use super::final_message;
+
 /// Most bytes one poll reads: the final message is one short line, and a console that wrote
 /// more since the last poll has scrolled past anything older that matters.
 const READ_CAP: u64 = 64 * 1024;
@@ -39,6 +41,9 @@ pub fn finished(text: &str) -> Option<Finished> {
 }
 
 fn parse_line(line: &str) -> Option<Finished> {
+    if let Some(f) = parse_marker(line) {
+        return Some(f);
+    }
     let at = line.find("Cloud-init v. ")?;
     let rest = &line[at + "Cloud-init v. ".len()..];
     let (version, rest) = rest.split_once(" finished at ")?;
@@ -56,6 +61,22 @@ fn parse_line(line: &str) -> Option<Finished> {
         .and_then(|u| u.trim().parse().ok());
     Some(Finished {
         version: version.trim().to_string(),
+        datasource,
+        uptime_s,
+    })
+}
+
+/// The line mcqemu adds after a caller's own `final_message`
+/// (`MCQEMU-CLOUD-INIT-FINISHED v. VERSION | DATASOURCE | UPTIME`).
+fn parse_marker(line: &str) -> Option<Finished> {
+    let at = line.find(final_message::MARKER)?;
+    let rest = line[at + final_message::MARKER.len()..].trim_start();
+    let mut fields = rest.strip_prefix("v. ")?.split(final_message::SEP);
+    let version = fields.next()?.trim().to_string();
+    let datasource = fields.next()?.trim().to_string();
+    let uptime_s = fields.next().and_then(|u| u.trim().parse().ok());
+    Some(Finished {
+        version,
         datasource,
         uptime_s,
     })
@@ -87,6 +108,9 @@ impl Fatal {
                 \"You are in rescue mode\")"
                 .into(),
             Fatal::Panic(why) => format!("the guest's kernel panicked: {why}"),
+            Fatal::CloudInitModule(m) if m.is_empty() => {
+                "cloud-init reported an error in the guest (cloud-init status: error)".into()
+            }
             Fatal::CloudInitModule(m) => {
                 format!("cloud-init's module {m} failed in the guest (cloud-init status: error)")
             }
@@ -108,8 +132,25 @@ pub fn fatal(line: &str) -> Option<Fatal> {
             .trim();
         return Some(Fatal::Panic(why.chars().take(200).collect()));
     }
-    // cloud-init logs WARNING and above to the console: "Running module runcmd (<module
-    // 'cloudinit.config.cc_runcmd' ...>) failed", one line per failed module.
+    cloud_init_failure(line)
+}
+
+/// A cloud-init failure in `line`: cloud-init logs WARNING and above to the console, a failed
+/// module as "Running module runcmd (<module 'cloudinit.config.cc_runcmd' ...>) failed" (all
+/// versions, after the module's own message: the script modules say "Failed to run module
+/// scripts-user (scripts in /var/lib/cloud/instance/scripts)"); `cloud-init status` prints
+/// "status: error" (a module name then is unknown: empty).
+fn cloud_init_failure(line: &str) -> Option<Fatal> {
+    if let Some(at) = line.find("Failed to run module ") {
+        let module = line[at + "Failed to run module ".len()..]
+            .split_whitespace()
+            .next()?;
+        return Some(Fatal::CloudInitModule(module.chars().take(64).collect()));
+    }
+    let trimmed = line.trim_end();
+    if trimmed.ends_with("status: error") && trimmed.contains("cloud-init") {
+        return Some(Fatal::CloudInitModule(String::new()));
+    }
     let at = line.find("Running module ")?;
     let rest = &line[at + "Running module ".len()..];
     if !rest.trim_end().ends_with(") failed") && !rest.trim_end().ends_with("failed") {
@@ -250,6 +291,61 @@ mod tests {
         assert_eq!(fatal("Running module runcmd (<module ...>) ok"), None);
         assert_eq!(fatal("Reached target emergency.target"), None);
         assert_eq!(fatal(NOCLOUD), None);
+    }
+
+    #[test]
+    fn the_marker_line_after_a_custom_final_message_is_the_end_of_cloud_init() {
+        // A real console (Debian 12's cloud-init 22.4.2, final_message "custom done after
+        // $UPTIME s" in verbatim user-data): the caller's text, then mcqemu's line.
+        let console = "[  114.014945] cloud-init[538]: custom done after 114.00 s\r\n\
+            [  114.018664] cloud-init[538]: MCQEMU-CLOUD-INIT-FINISHED v. 22.4.2 | \
+            DataSourceNoCloud [seed=/dev/sr0][dsmode=net] | 114.00\r\n";
+        let f = finished(console).unwrap();
+        assert_eq!(f.version, "22.4.2");
+        assert_eq!(
+            f.datasource,
+            "DataSourceNoCloud [seed=/dev/sr0][dsmode=net]"
+        );
+        assert_eq!(f.uptime_s, Some(114.0));
+        let none =
+            finished("cloud-init[5]: MCQEMU-CLOUD-INIT-FINISHED v. 23.1 | DataSourceNone | 9.5")
+                .unwrap();
+        assert!(none.no_datasource());
+    }
+
+    #[test]
+    fn a_failed_module_or_status_error_ends_a_wait() {
+        // cc_scripts_user's own warning comes first, before the generic one (a real console:
+        // cloud-init 22.4.2, runcmd `exit 3`).
+        assert_eq!(
+            fatal(
+                "[  113.739406] cloud-init[538]: 2026-12-02 00:59:01,327 - cc_scripts_user.py\
+                 [WARNING]: Failed to run module scripts-user (scripts in \
+                 /var/lib/cloud/instance/scripts)"
+            ),
+            Some(Fatal::CloudInitModule("scripts-user".into()))
+        );
+        assert_eq!(
+            fatal(
+                "[   41.0] cloud-init[612]: 2026-12-01 10:00:00,000 - cc_scripts_per_once.py\
+                 [WARNING]: Failed to run module scripts-per-once (per-once in \
+                 /var/lib/cloud/scripts/per-once)"
+            ),
+            Some(Fatal::CloudInitModule("scripts-per-once".into()))
+        );
+        assert_eq!(
+            fatal("[   60.2] cloud-init[700]: status: error"),
+            Some(Fatal::CloudInitModule(String::new()))
+        );
+        assert_eq!(
+            fatal("cloud-init status: error"),
+            Some(Fatal::CloudInitModule(String::new()))
+        );
+        assert!(Fatal::CloudInitModule(String::new())
+            .describe()
+            .contains("status: error"));
+        assert_eq!(fatal("sshd[700]: status: error reading key"), None);
+        assert_eq!(fatal("cloud-init[700]: status: done"), None);
     }
 
     #[test]

@@ -261,6 +261,38 @@ pub fn write(
     files: &[(&str, &[u8])],
     unix_time: i64,
 ) -> Result<Vec<u8>, IsoError> {
+    check_inputs(volume_id, files)?;
+    let date = Date::from_unix(unix_time);
+    // Where each file's data starts.
+    let mut extents = Vec::with_capacity(files.len());
+    let mut next = FIRST_FILE;
+    for (_, data) in files {
+        extents.push(next);
+        next += data.len().div_ceil(SECTOR).max(1);
+    }
+    let total = next;
+    let mut img = vec![0u8; total * SECTOR];
+    let (root, jroot) = root_folders(files, &extents, date)?;
+    put(&mut img, ROOT * SECTOR, &root);
+    put(&mut img, JROOT * SECTOR, &jroot);
+    path_tables(&mut img);
+    for (sector, joliet) in [(PVD, false), (SVD, true)] {
+        let d = volume_descriptor(joliet, volume_id, total, date);
+        put(&mut img, sector * SECTOR, &d);
+    }
+    let term = TERMINATOR * SECTOR;
+    img[term] = 255;
+    img[term + 1..term + 6].copy_from_slice(b"CD001");
+    img[term + 6] = 1;
+
+    for ((_, data), extent) in files.iter().zip(&extents) {
+        put(&mut img, extent * SECTOR, data);
+    }
+    Ok(img)
+}
+
+/// The label, the number of files, their names (8.3-able, unique) and sizes.
+fn check_inputs(volume_id: &str, files: &[(&str, &[u8])]) -> Result<(), IsoError> {
     if volume_id.is_empty() || volume_id.chars().count() > 16 || !volume_id.is_ascii() {
         return Err(IsoError::BadVolumeId(volume_id.to_string()));
     }
@@ -282,18 +314,16 @@ pub fn write(
             )));
         }
     }
-    let date = Date::from_unix(unix_time);
-    // Where each file's data starts.
-    let mut extents = Vec::with_capacity(files.len());
-    let mut next = FIRST_FILE;
-    for (_, data) in files {
-        extents.push(next);
-        next += data.len().div_ceil(SECTOR).max(1);
-    }
-    let total = next;
-    let mut img = vec![0u8; total * SECTOR];
+    Ok(())
+}
 
-    // The two root folders.
+/// The two root folders (ISO 9660 with Rock Ridge, and Joliet), one record per file at its
+/// extent; an error when they do not fit one sector each.
+fn root_folders(
+    files: &[(&str, &[u8])],
+    extents: &[usize],
+    date: Date,
+) -> Result<(Vec<u8>, Vec<u8>), IsoError> {
     let mut taken = Vec::new();
     let mut root = Vec::new();
     let mut jroot = Vec::new();
@@ -308,7 +338,7 @@ pub fn write(
     root.extend(record(ROOT, SECTOR, true, date, &[1], &px(0o40755, 2)));
     jroot.extend(record(JROOT, SECTOR, true, date, &[0], &[]));
     jroot.extend(record(JROOT, SECTOR, true, date, &[1], &[]));
-    for ((name, data), extent) in files.iter().zip(&extents) {
+    for ((name, data), extent) in files.iter().zip(extents) {
         let iso = iso_name(name, &mut taken);
         let su = [px(0o100644, 1), nm(name)].concat();
         root.extend(record(
@@ -326,10 +356,11 @@ pub fn write(
             "the file names do not fit one folder sector".into(),
         ));
     }
-    put(&mut img, ROOT * SECTOR, &root);
-    put(&mut img, JROOT * SECTOR, &jroot);
+    Ok((root, jroot))
+}
 
-    // Path tables: one entry each, the root.
+/// The path tables: one entry each, the root.
+fn path_tables(img: &mut [u8]) {
     for (at, extent, big) in [
         (L_PATH, ROOT, false),
         (M_PATH, ROOT, true),
@@ -347,58 +378,48 @@ pub fn write(
             1u16.to_le_bytes()
         };
         let entry = [&[1u8, 0][..], &loc, &parent, &[0, 0]].concat();
-        put(&mut img, at * SECTOR, &entry);
+        put(img, at * SECTOR, &entry);
     }
+}
 
-    // Volume descriptors.
-    for (sector, joliet) in [(PVD, false), (SVD, true)] {
-        let base = sector * SECTOR;
-        let mut d = vec![0u8; SECTOR];
-        d[0] = if joliet { 2 } else { 1 };
-        d[1..6].copy_from_slice(b"CD001");
-        d[6] = 1;
-        d[8..40].copy_from_slice(&padded("LINUX", 32, joliet));
-        d[40..72].copy_from_slice(&padded(volume_id, 32, joliet));
-        d[80..88].copy_from_slice(&both32(total as u32));
-        if joliet {
-            d[88..91].copy_from_slice(b"%/E");
-        }
-        d[120..124].copy_from_slice(&both16(1));
-        d[124..128].copy_from_slice(&both16(1));
-        d[128..132].copy_from_slice(&both16(SECTOR as u16));
-        d[132..140].copy_from_slice(&both32(10));
-        let (l, m, r) = if joliet {
-            (JL_PATH, JM_PATH, JROOT)
-        } else {
-            (L_PATH, M_PATH, ROOT)
-        };
-        d[140..144].copy_from_slice(&(l as u32).to_le_bytes());
-        d[148..152].copy_from_slice(&(m as u32).to_be_bytes());
-        let root_rec = record(r, SECTOR, true, date, &[0], &[]);
-        d[156..156 + 34].copy_from_slice(&root_rec[..34]);
-        for (from, to) in [(190, 318), (318, 446), (446, 574), (574, 702)] {
-            d[from..to].copy_from_slice(&padded("", to - from, joliet));
-        }
-        d[574..702].copy_from_slice(&padded("MCQEMU", 128, joliet));
-        for (from, to) in [(702, 739), (739, 776), (776, 813)] {
-            d[from..to].copy_from_slice(&padded("", to - from, joliet));
-        }
-        d[813..830].copy_from_slice(&date.long());
-        d[830..847].copy_from_slice(&date.long());
-        d[847..863].copy_from_slice(b"0000000000000000");
-        d[864..880].copy_from_slice(b"0000000000000000");
-        d[881] = 1;
-        put(&mut img, base, &d);
+/// The primary (`joliet` false) or Joliet supplementary volume descriptor.
+fn volume_descriptor(joliet: bool, volume_id: &str, total: usize, date: Date) -> Vec<u8> {
+    let mut d = vec![0u8; SECTOR];
+    d[0] = if joliet { 2 } else { 1 };
+    d[1..6].copy_from_slice(b"CD001");
+    d[6] = 1;
+    d[8..40].copy_from_slice(&padded("LINUX", 32, joliet));
+    d[40..72].copy_from_slice(&padded(volume_id, 32, joliet));
+    d[80..88].copy_from_slice(&both32(total as u32));
+    if joliet {
+        d[88..91].copy_from_slice(b"%/E");
     }
-    let term = TERMINATOR * SECTOR;
-    img[term] = 255;
-    img[term + 1..term + 6].copy_from_slice(b"CD001");
-    img[term + 6] = 1;
-
-    for ((_, data), extent) in files.iter().zip(&extents) {
-        put(&mut img, extent * SECTOR, data);
+    d[120..124].copy_from_slice(&both16(1));
+    d[124..128].copy_from_slice(&both16(1));
+    d[128..132].copy_from_slice(&both16(SECTOR as u16));
+    d[132..140].copy_from_slice(&both32(10));
+    let (l, m, r) = if joliet {
+        (JL_PATH, JM_PATH, JROOT)
+    } else {
+        (L_PATH, M_PATH, ROOT)
+    };
+    d[140..144].copy_from_slice(&(l as u32).to_le_bytes());
+    d[148..152].copy_from_slice(&(m as u32).to_be_bytes());
+    let root_rec = record(r, SECTOR, true, date, &[0], &[]);
+    d[156..156 + 34].copy_from_slice(&root_rec[..34]);
+    for (from, to) in [(190, 318), (318, 446), (446, 574), (574, 702)] {
+        d[from..to].copy_from_slice(&padded("", to - from, joliet));
     }
-    Ok(img)
+    d[574..702].copy_from_slice(&padded("MCQEMU", 128, joliet));
+    for (from, to) in [(702, 739), (739, 776), (776, 813)] {
+        d[from..to].copy_from_slice(&padded("", to - from, joliet));
+    }
+    d[813..830].copy_from_slice(&date.long());
+    d[830..847].copy_from_slice(&date.long());
+    d[847..863].copy_from_slice(b"0000000000000000");
+    d[864..880].copy_from_slice(b"0000000000000000");
+    d[881] = 1;
+    d
 }
 
 #[cfg(test)]

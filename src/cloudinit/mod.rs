@@ -4,6 +4,7 @@
 //! network-config, all written into a small ISO 9660 image labelled `cidata`.
 
 pub mod console;
+pub mod final_message;
 pub mod iso;
 pub mod yaml;
 
@@ -112,15 +113,7 @@ impl CloudInit {
             .map(|h| string(h, "hostname"))
             .transpose()?;
         if let Some(h) = &hostname {
-            let ok = !h.is_empty()
-                && h.len() <= 63
-                && h.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
-                && !h.starts_with('-');
-            if !ok {
-                return err(format!(
-                    "hostname {h:?} is not a host name (1-63 of A-Z a-z 0-9 -, not starting with -)"
-                ));
-            }
+            check_hostname(h)?;
         }
         let network_config = match m.get("network_config") {
             None | Some(Value::Null) => None,
@@ -143,56 +136,7 @@ impl CloudInit {
                 network_config,
             });
         }
-        let mut cfg = Map::new();
-        if let Some(h) = &hostname {
-            cfg.insert("hostname".into(), json!(h));
-            cfg.insert("fqdn".into(), json!(h));
-        }
-        if let Some(users) = m.get("users") {
-            let list = users
-                .as_array()
-                .ok_or_else(|| ConfigError("users must be an array of objects".into()))?;
-            // "default" keeps the image's own default user beside the new ones.
-            let mut out = vec![json!("default")];
-            for (i, u) in list.iter().enumerate() {
-                out.push(Value::Object(user(u, &format!("users[{i}]"))?));
-            }
-            cfg.insert("users".into(), Value::Array(out));
-        }
-        if let Some(k) = m.get("ssh_authorized_keys") {
-            cfg.insert(
-                "ssh_authorized_keys".into(),
-                Value::Array(strings(k, "ssh_authorized_keys")?),
-            );
-        }
-        if let Some(p) = m.get("packages") {
-            cfg.insert("packages".into(), Value::Array(strings(p, "packages")?));
-        }
-        if let Some(r) = m.get("runcmd") {
-            let list = r
-                .as_array()
-                .ok_or_else(|| ConfigError("runcmd must be an array".into()))?;
-            let mut out = Vec::new();
-            for (i, c) in list.iter().enumerate() {
-                let path = format!("runcmd[{i}]");
-                out.push(match c {
-                    Value::String(_) => Value::String(string(c, &path)?),
-                    Value::Array(_) => Value::Array(strings(c, &path)?),
-                    _ => return err(format!("{path} must be a string or an array of strings")),
-                });
-            }
-            cfg.insert("runcmd".into(), Value::Array(out));
-        }
-        if let Some(w) = m.get("write_files") {
-            let list = w
-                .as_array()
-                .ok_or_else(|| ConfigError("write_files must be an array of objects".into()))?;
-            let mut out = Vec::new();
-            for (i, f) in list.iter().enumerate() {
-                out.push(Value::Object(write_file(f, &format!("write_files[{i}]"))?));
-            }
-            cfg.insert("write_files".into(), Value::Array(out));
-        }
+        let cfg = config(m, hostname.as_deref())?;
         Ok(CloudInit {
             hostname,
             user_data: UserData::Config(cfg),
@@ -200,10 +144,11 @@ impl CloudInit {
         })
     }
 
-    /// The `user-data` file.
+    /// The `user-data` file (verbatim user-data with its own `final_message` gets mcqemu's
+    /// end-of-cloud-init line added: [`final_message`]).
     pub fn user_data(&self) -> String {
         match &self.user_data {
-            UserData::Raw(s) => s.clone(),
+            UserData::Raw(s) => final_message::user_data(s),
             UserData::Config(cfg) => {
                 format!(
                     "#cloud-config\n{}",
@@ -243,6 +188,83 @@ impl CloudInit {
         }
         iso::write("cidata", &files, now)
     }
+}
+
+/// A host name: 1-63 of A-Z a-z 0-9 and -, not starting with -.
+fn check_hostname(h: &str) -> Result<(), ConfigError> {
+    let ok = !h.is_empty()
+        && h.len() <= 63
+        && h.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+        && !h.starts_with('-');
+    if !ok {
+        return err(format!(
+            "hostname {h:?} is not a host name (1-63 of A-Z a-z 0-9 -, not starting with -)"
+        ));
+    }
+    Ok(())
+}
+
+/// The `#cloud-config` document of the structured fields in `m` (checked by [`CloudInit::parse`]).
+fn config(
+    m: &Map<String, Value>,
+    hostname: Option<&str>,
+) -> Result<Map<String, Value>, ConfigError> {
+    let mut cfg = Map::new();
+    if let Some(h) = hostname {
+        cfg.insert("hostname".into(), json!(h));
+        cfg.insert("fqdn".into(), json!(h));
+    }
+    if let Some(users) = m.get("users") {
+        let list = users
+            .as_array()
+            .ok_or_else(|| ConfigError("users must be an array of objects".into()))?;
+        // "default" keeps the image's own default user beside the new ones.
+        let mut out = vec![json!("default")];
+        for (i, u) in list.iter().enumerate() {
+            out.push(Value::Object(user(u, &format!("users[{i}]"))?));
+        }
+        cfg.insert("users".into(), Value::Array(out));
+    }
+    if let Some(k) = m.get("ssh_authorized_keys") {
+        cfg.insert(
+            "ssh_authorized_keys".into(),
+            Value::Array(strings(k, "ssh_authorized_keys")?),
+        );
+    }
+    if let Some(p) = m.get("packages") {
+        cfg.insert("packages".into(), Value::Array(strings(p, "packages")?));
+    }
+    if let Some(r) = m.get("runcmd") {
+        cfg.insert("runcmd".into(), runcmd(r)?);
+    }
+    if let Some(w) = m.get("write_files") {
+        let list = w
+            .as_array()
+            .ok_or_else(|| ConfigError("write_files must be an array of objects".into()))?;
+        let mut out = Vec::new();
+        for (i, f) in list.iter().enumerate() {
+            out.push(Value::Object(write_file(f, &format!("write_files[{i}]"))?));
+        }
+        cfg.insert("write_files".into(), Value::Array(out));
+    }
+    Ok(cfg)
+}
+
+/// `runcmd`: each command a string (run by sh) or an array of strings (argv).
+fn runcmd(r: &Value) -> Result<Value, ConfigError> {
+    let list = r
+        .as_array()
+        .ok_or_else(|| ConfigError("runcmd must be an array".into()))?;
+    let mut out = Vec::new();
+    for (i, c) in list.iter().enumerate() {
+        let path = format!("runcmd[{i}]");
+        out.push(match c {
+            Value::String(_) => Value::String(string(c, &path)?),
+            Value::Array(_) => Value::Array(strings(c, &path)?),
+            _ => return err(format!("{path} must be a string or an array of strings")),
+        });
+    }
+    Ok(Value::Array(out))
 }
 
 fn user(v: &Value, path: &str) -> Result<Map<String, Value>, ConfigError> {

@@ -11,7 +11,7 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::qemu::run;
+use super::run;
 
 /// A QEMU version, comparable.
 pub type Version = (u32, u32, u32);

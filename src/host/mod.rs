@@ -1,7 +1,8 @@
 //! What this host can run, probed once per process: its architecture, whether KVM really runs
 //! guests (and for which guest architectures), its CPUs and memory with cgroup limits, who the
-//! server runs as; the QEMU emulators with their versions and machine types
-//! ([`binaries`]). Launch, templates, clones, doctor and the quotas take their decisions from
+//! server runs as; the QEMU emulators with their versions and machine types ([`binaries`],
+//! asked through [`run`], the bounded run of any external program) and the SeaBIOS they load
+//! ([`seabios`]). Launch, templates, clones, doctor and the quotas take their decisions from
 //! here ([`decide`]), as functions of a [`Host`] that tests write by hand for hosts this
 //! machine is not (x86 with KVM, aarch64, RHEL paths, QEMU 7.2 and 10.0).
 
@@ -9,6 +10,8 @@ pub mod binaries;
 pub mod decide;
 pub mod kvm;
 pub mod limits;
+pub mod run;
+pub mod seabios;
 
 use std::sync::OnceLock;
 
@@ -23,7 +26,7 @@ pub struct Host {
     pub cpus: u64,
     /// MemTotal in MiB.
     pub mem_total_mb: Option<u64>,
-    /// The server's cgroup memory limit in MiB.
+    /// The smallest cgroup memory limit on the server's cgroup path (v2 or v1), in MiB.
     pub cgroup_memory_max_mb: Option<u64>,
     /// Whether the server runs as root.
     pub root: bool,

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use super::download::Algo;
+use super::digest::Algo;
 
 /// Why a download was refused or failed. Every failure after the checks has already removed
 /// the temporary file.
@@ -113,43 +113,6 @@ pub enum DownloadError {
 impl std::fmt::Display for DownloadError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            DownloadError::Scheme(scheme) => write!(
-                f,
-                "only http and https URLs can be downloaded, not {scheme:?}; for a local file use \
-                 image_convert"
-            ),
-            DownloadError::NoHost => f.write_str("the URL has no host"),
-            DownloadError::BadSha256 => f.write_str("sha256 must be 64 hexadecimal characters"),
-            DownloadError::Exists(dest) => write!(
-                f,
-                "{} already exists; pass overwrite=true to replace it, or choose another path",
-                dest.display()
-            ),
-            DownloadError::NoFolder(dest) => write!(
-                f,
-                "the folder of {} does not exist; create it first",
-                dest.display()
-            ),
-            DownloadError::Request(msg) => f.write_str(msg),
-            DownloadError::Status { code, url } => {
-                write!(
-                    f,
-                    "the server answered HTTP {code} for {url}; check the URL"
-                )
-            }
-            DownloadError::NoLocation { status, url } => write!(
-                f,
-                "the server answered HTTP {status} for {url} without a Location to follow"
-            ),
-            DownloadError::TooManyRedirects(url) => write!(f, "too many redirects from {url}"),
-            DownloadError::RedirectRefused { from, to, why } => {
-                write!(f, "{from} redirects to {to:?}, which is refused: {why}")
-            }
-            DownloadError::TooBig { size, max } => write!(
-                f,
-                "the server says the file is {size} bytes, over max_bytes={max}; raise max_bytes \
-                 to accept it"
-            ),
             DownloadError::Thread(e) => {
                 write!(f, "could not start the download ({e}); retry shortly")
             }
@@ -198,6 +161,55 @@ impl std::fmt::Display for DownloadError {
                 "could not move the download into {}: {error}",
                 dest.display()
             ),
+            _ => self.fmt_request(f),
+        }
+    }
+}
+
+impl DownloadError {
+    /// The errors found before any byte is written: the request, the target, the server's
+    /// answer.
+    fn fmt_request(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DownloadError::Scheme(scheme) => write!(
+                f,
+                "only http and https URLs can be downloaded, not {scheme:?}; for a local file use \
+                 image_convert"
+            ),
+            DownloadError::NoHost => f.write_str("the URL has no host"),
+            DownloadError::BadSha256 => f.write_str("sha256 must be 64 hexadecimal characters"),
+            DownloadError::Exists(dest) => write!(
+                f,
+                "{} already exists; pass overwrite=true to replace it, or choose another path",
+                dest.display()
+            ),
+            DownloadError::NoFolder(dest) => write!(
+                f,
+                "the folder of {} does not exist; create it first",
+                dest.display()
+            ),
+            DownloadError::Request(msg) => f.write_str(msg),
+            DownloadError::Status { code, url } => {
+                write!(
+                    f,
+                    "the server answered HTTP {code} for {url}; check the URL"
+                )
+            }
+            DownloadError::NoLocation { status, url } => write!(
+                f,
+                "the server answered HTTP {status} for {url} without a Location to follow"
+            ),
+            DownloadError::TooManyRedirects(url) => write!(f, "too many redirects from {url}"),
+            DownloadError::RedirectRefused { from, to, why } => {
+                write!(f, "{from} redirects to {to:?}, which is refused: {why}")
+            }
+            DownloadError::TooBig { size, max } => write!(
+                f,
+                "the server says the file is {size} bytes, over max_bytes={max}; raise max_bytes \
+                 to accept it"
+            ),
+            // The transfer's own errors are written by `fmt`.
+            other => write!(f, "{other:?}"),
         }
     }
 }

@@ -3,6 +3,8 @@
 
 pub mod catalog;
 pub mod checksums;
+pub mod digest;
 pub mod download;
 pub mod error;
+pub mod http;
 pub mod resume;

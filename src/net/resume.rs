@@ -6,8 +6,8 @@ use std::fs::File;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use super::download::header;
 use super::error::DownloadError;
+use super::http::header;
 
 /// The fixed temporary name an interrupted resumable download is kept under, and the file
 /// beside it that says what it is a part of (the URL and the server's validator).

@@ -128,6 +128,19 @@ pub const SECCOMP_POLICY: &str =
 /// Builds QEMU's argv (without the binary) for a spec.
 pub fn build_argv(s: &LaunchSpec) -> Vec<String> {
     let mut a: Vec<String> = Vec::new();
+    machine_args(s, &mut a);
+    channel_args(s, &mut a);
+    display_args(s, &mut a);
+    disk_args(s, &mut a);
+    cdrom_args(s, &mut a);
+    net_args(s, &mut a);
+    boot_args(s, &mut a);
+    a.extend(s.extra_args.iter().cloned());
+    a
+}
+
+/// The VM's name, sandbox, machine (with its memory file), accelerator, CPU, memory and CPUs.
+fn machine_args(s: &LaunchSpec, a: &mut Vec<String>) {
     let mut push = |parts: &[&str]| a.extend(parts.iter().map(|x| x.to_string()));
     push(&[
         "-name",
@@ -157,6 +170,12 @@ pub fn build_argv(s: &LaunchSpec) -> Vec<String> {
         push(&["-cpu", &qopt(cpu)]);
     }
     push(&["-m", &s.memory_mb.to_string(), "-smp", &s.cpus.to_string()]);
+}
+
+/// No display; the pidfile, the silent audio backend and the host channels: QMP, the guest
+/// agent's virtio-serial port, the serial console (logged), the tablet.
+fn channel_args(s: &LaunchSpec, a: &mut Vec<String>) {
+    let mut push = |parts: &[&str]| a.extend(parts.iter().map(|x| x.to_string()));
     push(&["-display", "none", "-pidfile", &s.pidfile.to_string_lossy()]);
     // A silent audio backend of our own: without one, QEMU probes the audio drivers at start
     // (10.0 loads its PulseAudio, ALSA, JACK, OSS, SDL and Spice modules, 67 more libraries):
@@ -189,6 +208,11 @@ pub fn build_argv(s: &LaunchSpec) -> Vec<String> {
     ]);
     push(&["-serial", "chardev:mcq-serial"]);
     push(&["-device", "virtio-tablet-pci,id=mcq-tablet"]);
+}
+
+/// The virt boards' GPU and keyboard (the PC machines have VGA and PS/2 of their own).
+fn display_args(s: &LaunchSpec, a: &mut Vec<String>) {
+    let mut push = |parts: &[&str]| a.extend(parts.iter().map(|x| x.to_string()));
     let pc = x86(&s.arch);
     if !pc {
         // The virt boards have no VGA and no PS/2: a GPU that edk2 and Linux both draw on (so
@@ -197,6 +221,11 @@ pub fn build_argv(s: &LaunchSpec) -> Vec<String> {
         push(&["-device", "virtio-gpu-pci,id=mcq-gpu"]);
         push(&["-device", "virtio-keyboard-pci,id=mcq-kbd"]);
     }
+}
+
+/// The UEFI flash pair and the virtio disks.
+fn disk_args(s: &LaunchSpec, a: &mut Vec<String>) {
+    let mut push = |parts: &[&str]| a.extend(parts.iter().map(|x| x.to_string()));
     if let Some((code, vars, format)) = &s.uefi {
         let format = qopt(format);
         push(&[
@@ -221,6 +250,12 @@ pub fn build_argv(s: &LaunchSpec) -> Vec<String> {
             ),
         ]);
     }
+}
+
+/// The install ISO and the cloud-init seed, with the virtio-scsi controller either needs.
+fn cdrom_args(s: &LaunchSpec, a: &mut Vec<String>) {
+    let mut push = |parts: &[&str]| a.extend(parts.iter().map(|x| x.to_string()));
+    let pc = x86(&s.arch);
     // Installers on a PC expect the machine's own CD-ROM; the virt boards have none, so theirs
     // goes on virtio-scsi like the seed, first in the firmware's boot order.
     let scsi_iso = s.iso.is_some() && !pc;
@@ -270,6 +305,11 @@ pub fn build_argv(s: &LaunchSpec) -> Vec<String> {
             ]),
         }
     }
+}
+
+/// User-mode networking with its port forwards, or no network card at all.
+fn net_args(s: &LaunchSpec, a: &mut Vec<String>) {
+    let mut push = |parts: &[&str]| a.extend(parts.iter().map(|x| x.to_string()));
     if !s.no_net {
         let mut netdev = String::from("user,id=mcq-net0");
         if s.restrict_net {
@@ -287,6 +327,13 @@ pub fn build_argv(s: &LaunchSpec) -> Vec<String> {
     } else {
         push(&["-nic", "none"]);
     }
+}
+
+/// Direct kernel boot, the VM generation ID (PC machines only, ACPI) and a deferred incoming
+/// migration.
+fn boot_args(s: &LaunchSpec, a: &mut Vec<String>) {
+    let mut push = |parts: &[&str]| a.extend(parts.iter().map(|x| x.to_string()));
+    let pc = x86(&s.arch);
     if let Some(k) = &s.kernel {
         push(&["-kernel", &k.to_string_lossy()]);
     }
@@ -306,8 +353,6 @@ pub fn build_argv(s: &LaunchSpec) -> Vec<String> {
     if s.incoming {
         push(&["-incoming", "defer"]);
     }
-    a.extend(s.extra_args.iter().cloned());
-    a
 }
 
 #[cfg(test)]

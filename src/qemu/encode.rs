@@ -3,8 +3,8 @@
 //! threads, whose zlib streams are joined into one valid PNG (their Adler-32 checksums
 //! combined).
 
+use super::frame::{Frame, Png, ScreenError};
 use super::scale::Scaler;
-use super::screen::{Frame, Png, ScreenError};
 
 /// The PNG encoder's settings: the Sub filter (each row filtered on its own, which the
 /// segments of [`scale_encode`] rely on) and zlib level 2. Measured on one core on 1568x882
@@ -260,7 +260,7 @@ fn scale_encode_in(frame: &Frame, width: u32, height: u32, k: usize) -> Result<P
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::qemu::screen::tests::{decode, noisy};
+    use crate::qemu::frame::tests::{decode, noisy};
 
     #[test]
     fn scales_and_encodes_to_the_size_asked() {

@@ -22,112 +22,126 @@ pub struct Uefi {
     pub source: String,
 }
 
+/// (code, vars, format) triples at the paths distributions install them, most common first.
+type Known = &'static [(&'static str, &'static str, &'static str)];
+
+/// x86_64 UEFI builds.
+const X86_64: Known = &[
+    // Debian, Ubuntu
+    (
+        "/usr/share/OVMF/OVMF_CODE_4M.fd",
+        "/usr/share/OVMF/OVMF_VARS_4M.fd",
+        "raw",
+    ),
+    (
+        "/usr/share/OVMF/OVMF_CODE.fd",
+        "/usr/share/OVMF/OVMF_VARS.fd",
+        "raw",
+    ),
+    // Fedora, RHEL
+    (
+        "/usr/share/edk2/ovmf/OVMF_CODE_4M.qcow2",
+        "/usr/share/edk2/ovmf/OVMF_VARS_4M.qcow2",
+        "qcow2",
+    ),
+    (
+        "/usr/share/edk2/ovmf/OVMF_CODE.fd",
+        "/usr/share/edk2/ovmf/OVMF_VARS.fd",
+        "raw",
+    ),
+    // Arch
+    (
+        "/usr/share/edk2/x64/OVMF_CODE.4m.fd",
+        "/usr/share/edk2/x64/OVMF_VARS.4m.fd",
+        "raw",
+    ),
+    (
+        "/usr/share/edk2-ovmf/x64/OVMF_CODE.fd",
+        "/usr/share/edk2-ovmf/x64/OVMF_VARS.fd",
+        "raw",
+    ),
+    // openSUSE
+    (
+        "/usr/share/qemu/ovmf-x86_64-code.bin",
+        "/usr/share/qemu/ovmf-x86_64-vars.bin",
+        "raw",
+    ),
+];
+
+/// A 32-bit guest CPU cannot run x64 firmware: the ia32 builds.
+const I386: Known = &[
+    (
+        "/usr/share/OVMF/OVMF32_CODE_4M.fd",
+        "/usr/share/OVMF/OVMF32_VARS_4M.fd",
+        "raw",
+    ),
+    (
+        "/usr/share/edk2/ovmf-ia32/OVMF_CODE.fd",
+        "/usr/share/edk2/ovmf-ia32/OVMF_VARS.fd",
+        "raw",
+    ),
+    (
+        "/usr/share/edk2/ia32/OVMF_CODE.fd",
+        "/usr/share/edk2/ia32/OVMF_VARS.fd",
+        "raw",
+    ),
+    (
+        "/usr/share/qemu/ovmf-ia32-code.bin",
+        "/usr/share/qemu/ovmf-ia32-vars.bin",
+        "raw",
+    ),
+];
+
+/// aarch64 UEFI builds.
+const AARCH64: Known = &[
+    (
+        "/usr/share/AAVMF/AAVMF_CODE.fd",
+        "/usr/share/AAVMF/AAVMF_VARS.fd",
+        "raw",
+    ),
+    (
+        "/usr/share/edk2/aarch64/QEMU_EFI-pflash.qcow2",
+        "/usr/share/edk2/aarch64/vars-template-pflash.qcow2",
+        "qcow2",
+    ),
+    (
+        "/usr/share/edk2/aarch64/QEMU_EFI-pflash.raw",
+        "/usr/share/edk2/aarch64/vars-template-pflash.raw",
+        "raw",
+    ),
+    (
+        "/usr/share/edk2/aarch64/QEMU_CODE.fd",
+        "/usr/share/edk2/aarch64/QEMU_VARS.fd",
+        "raw",
+    ),
+    (
+        "/usr/share/qemu/aavmf-aarch64-code.bin",
+        "/usr/share/qemu/aavmf-aarch64-vars.bin",
+        "raw",
+    ),
+];
+
+/// riscv64 UEFI builds.
+const RISCV64: Known = &[
+    (
+        "/usr/share/qemu-efi-riscv64/RISCV_VIRT_CODE.fd",
+        "/usr/share/qemu-efi-riscv64/RISCV_VIRT_VARS.fd",
+        "raw",
+    ),
+    (
+        "/usr/share/edk2/riscv/RISCV_VIRT_CODE.fd",
+        "/usr/share/edk2/riscv/RISCV_VIRT_VARS.fd",
+        "raw",
+    ),
+];
+
 /// Known (code, vars, format) triples per architecture, most common first.
-fn known_paths(arch: &str) -> &'static [(&'static str, &'static str, &'static str)] {
+fn known_paths(arch: &str) -> Known {
     match arch {
-        "x86_64" => &[
-            // Debian, Ubuntu
-            (
-                "/usr/share/OVMF/OVMF_CODE_4M.fd",
-                "/usr/share/OVMF/OVMF_VARS_4M.fd",
-                "raw",
-            ),
-            (
-                "/usr/share/OVMF/OVMF_CODE.fd",
-                "/usr/share/OVMF/OVMF_VARS.fd",
-                "raw",
-            ),
-            // Fedora, RHEL
-            (
-                "/usr/share/edk2/ovmf/OVMF_CODE_4M.qcow2",
-                "/usr/share/edk2/ovmf/OVMF_VARS_4M.qcow2",
-                "qcow2",
-            ),
-            (
-                "/usr/share/edk2/ovmf/OVMF_CODE.fd",
-                "/usr/share/edk2/ovmf/OVMF_VARS.fd",
-                "raw",
-            ),
-            // Arch
-            (
-                "/usr/share/edk2/x64/OVMF_CODE.4m.fd",
-                "/usr/share/edk2/x64/OVMF_VARS.4m.fd",
-                "raw",
-            ),
-            (
-                "/usr/share/edk2-ovmf/x64/OVMF_CODE.fd",
-                "/usr/share/edk2-ovmf/x64/OVMF_VARS.fd",
-                "raw",
-            ),
-            // openSUSE
-            (
-                "/usr/share/qemu/ovmf-x86_64-code.bin",
-                "/usr/share/qemu/ovmf-x86_64-vars.bin",
-                "raw",
-            ),
-        ],
-        // A 32-bit guest CPU cannot run x64 firmware: the ia32 builds.
-        "i386" => &[
-            (
-                "/usr/share/OVMF/OVMF32_CODE_4M.fd",
-                "/usr/share/OVMF/OVMF32_VARS_4M.fd",
-                "raw",
-            ),
-            (
-                "/usr/share/edk2/ovmf-ia32/OVMF_CODE.fd",
-                "/usr/share/edk2/ovmf-ia32/OVMF_VARS.fd",
-                "raw",
-            ),
-            (
-                "/usr/share/edk2/ia32/OVMF_CODE.fd",
-                "/usr/share/edk2/ia32/OVMF_VARS.fd",
-                "raw",
-            ),
-            (
-                "/usr/share/qemu/ovmf-ia32-code.bin",
-                "/usr/share/qemu/ovmf-ia32-vars.bin",
-                "raw",
-            ),
-        ],
-        "aarch64" => &[
-            (
-                "/usr/share/AAVMF/AAVMF_CODE.fd",
-                "/usr/share/AAVMF/AAVMF_VARS.fd",
-                "raw",
-            ),
-            (
-                "/usr/share/edk2/aarch64/QEMU_EFI-pflash.qcow2",
-                "/usr/share/edk2/aarch64/vars-template-pflash.qcow2",
-                "qcow2",
-            ),
-            (
-                "/usr/share/edk2/aarch64/QEMU_EFI-pflash.raw",
-                "/usr/share/edk2/aarch64/vars-template-pflash.raw",
-                "raw",
-            ),
-            (
-                "/usr/share/edk2/aarch64/QEMU_CODE.fd",
-                "/usr/share/edk2/aarch64/QEMU_VARS.fd",
-                "raw",
-            ),
-            (
-                "/usr/share/qemu/aavmf-aarch64-code.bin",
-                "/usr/share/qemu/aavmf-aarch64-vars.bin",
-                "raw",
-            ),
-        ],
-        "riscv64" => &[
-            (
-                "/usr/share/qemu-efi-riscv64/RISCV_VIRT_CODE.fd",
-                "/usr/share/qemu-efi-riscv64/RISCV_VIRT_VARS.fd",
-                "raw",
-            ),
-            (
-                "/usr/share/edk2/riscv/RISCV_VIRT_CODE.fd",
-                "/usr/share/edk2/riscv/RISCV_VIRT_VARS.fd",
-                "raw",
-            ),
-        ],
+        "x86_64" => X86_64,
+        "i386" => I386,
+        "aarch64" => AARCH64,
+        "riscv64" => RISCV64,
         _ => &[],
     }
 }

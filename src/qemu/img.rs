@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::run::{run, RunError};
+use crate::host::run::{run, RunError};
 
 /// Bound for quick qemu-img operations (info, create, snapshot, resize).
 pub const QUICK: Duration = Duration::from_secs(120);

@@ -1,111 +1,14 @@
 //! The `extra_args` policy: what an operator may add to a QEMU command line, checked for
 //! every spelling QEMU accepts.
 
+mod options;
+
 use super::cmdline::{qopt, split_opts};
 use crate::state::roots::Access;
-
-/// Options that are refused outright in `extra_args`, with the reason.
-const DENIED: &[(&str, &str)] = &[
-    ("virtfs", "host filesystem passthrough"),
-    ("fsdev", "host filesystem passthrough"),
-    ("runas", "changes the user QEMU runs as"),
-    ("run-with", "changes QEMU's user or root"),
-    ("chroot", "changes QEMU's root"),
-    ("monitor", "mcqemu owns the monitor"),
-    ("qmp", "mcqemu owns the QMP channel"),
-    ("qmp-pretty", "mcqemu owns the QMP channel"),
-    ("mon", "mcqemu owns the monitor"),
-    ("pidfile", "mcqemu owns the pidfile"),
-    ("daemonize", "mcqemu daemonizes QEMU itself"),
-    ("serial", "mcqemu owns the serial console"),
-    (
-        "readconfig",
-        "a config file can carry any option past this policy",
-    ),
-    (
-        "set",
-        "rewrites options after this policy checked them, mcqemu's own channels included",
-    ),
-    ("plugin", "loads host code into QEMU"),
-    (
-        "sandbox",
-        "mcqemu runs every QEMU in its seccomp sandbox, which extra_args cannot change",
-    ),
-    ("hda", "host block devices"),
-    ("hdb", "host block devices"),
-    ("hdc", "host block devices"),
-    ("hdd", "host block devices"),
-    ("cdrom", "host block devices"),
-    ("fda", "host block devices"),
-    ("fdb", "host block devices"),
-    ("pflash", "host block devices"),
-    ("mtdblock", "host block devices"),
-    ("sd", "host block devices"),
-];
-
-/// Options whose value names a drive; refused when it reaches a host device.
-const DRIVE_OPTS: &[&str] = &["drive", "blockdev"];
-
-/// Options taking no value (the rest take one): every such option of QEMU 7.2's system
-/// emulators (`qemu-system-* -help`), so that what follows one is read as QEMU reads it.
-const FLAG_OPTS: &[&str] = &[
-    "daemonize",
-    "S",
-    "snapshot",
-    "no-reboot",
-    "no-shutdown",
-    "nographic",
-    "enable-kvm",
-    "no-user-config",
-    "nodefaults",
-    "full-screen",
-    "no-hpet",
-    "no-acpi",
-    "s",
-    "h",
-    "help",
-    "version",
-    "audio-help",
-    "mem-prealloc",
-    "usb",
-    "portrait",
-    "win2k-hack",
-    "no-fd-bootchk",
-    "singlestep",
-    "xen-attach",
-    "xen-domid-restrict",
-    "only-migratable",
-    "enable-sync-profile",
-    "async-teardown",
-    "preconfig",
-    "semihosting",
-    "old-param",
-];
-
-/// Options whose whole value is a host file or folder QEMU reads.
-const READ_FILE_OPTS: &[&str] = &["kernel", "initrd", "dtb", "bios", "option-rom", "L"];
-/// Options whose whole value is a host file QEMU writes (or maps for writing).
-const WRITE_FILE_OPTS: &[&str] = &["D", "mem-path"];
-/// Options whose value is free text for the guest, where a `/` names no host file.
-const TEXT_OPTS: &[&str] = &["append", "name", "k", "boot", "uuid"];
-/// Keys whose value is a host path (`file=`, `path=`, ...): written unless [`reads_only`].
-const FILE_KEYS: &[&str] = &[
-    "file",
-    "filename",
-    "path",
-    "mem-path",
-    "logfile",
-    "romfile",
-    "dtb",
-    "data",
-    "dir",
-    "sock",
-    "addr.path",
-    "x509-dir",
-    "tftp",
-];
-/// Keys whose value makes QEMU start a host program.
-const HOST_PROGRAM_KEYS: &[&str] = &["smb"];
+use options::{
+    CHARDEV_SPEC_OPTS, DENIED, DRIVE_OPTS, FILE_KEYS, FLAG_OPTS, HOST_PROGRAM_KEYS, READ_FILE_OPTS,
+    TEXT_KEYS, TEXT_OPTS, WRITE_FILE_OPTS,
+};
 
 /// True for a value QEMU might open as a host path: with a `/`, or `.`/`..`/`~` forms (a
 /// relative name resolves against QEMU's working folder).
@@ -121,17 +24,6 @@ fn has_file_key(value: &str) -> bool {
             .is_some_and(|(k, _)| FILE_KEYS.contains(&k.trim().to_ascii_lowercase().as_str()))
     })
 }
-
-/// Keys that name guest-side or textual things even when they contain a `/`.
-const TEXT_KEYS: &[&str] = &[
-    "name",
-    "id",
-    "serial",
-    "mount_tag",
-    "vendor",
-    "product",
-    "version",
-];
 
 /// True when `opt`'s `key` names a file QEMU only reads.
 fn reads_only(opt: &str, key: &str, value: &str) -> bool {
@@ -158,9 +50,6 @@ pub struct HostFile {
     /// For a `-drive` image: the format it is opened as (always given: never probed).
     pub image_format: Option<String>,
 }
-
-/// Options whose value is a character-device spec, where `pipe:` talks to host FIFOs.
-const CHARDEV_SPEC_OPTS: &[&str] = &["parallel", "debugcon", "gdb"];
 
 /// Why `extra_args` were refused.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,0 +1,188 @@
+//! One captured screen and the PNG made of it: the strictly parsed binary PPM QEMU's
+//! `screendump` writes (header parser with a dimension cap), the frame's pixels, and the errors
+//! of reading and encoding them. Below both the capture ([`super::screen`]) and the encoder
+//! ([`super::encode`]).
+
+/// Largest screen accepted from a PPM (QEMU's own limit is far below).
+pub const MAX_DIM: u32 = 16384;
+
+/// A PNG in memory with its size.
+pub struct Png {
+    /// The encoded bytes.
+    pub data: Vec<u8>,
+    /// Width in pixels.
+    pub width: u32,
+    /// Height in pixels.
+    pub height: u32,
+}
+
+/// Why a capture could not be read or converted.
+#[derive(Debug)]
+pub enum ScreenError {
+    /// The data does not start with `P6`.
+    NotP6,
+    /// The header ends before its three numbers.
+    TruncatedHeader,
+    /// A header field is not a number of at most six digits.
+    BadNumber,
+    /// A maximum sample value other than 255.
+    Maxval(u32),
+    /// Zero or over [`MAX_DIM`] pixels wide or high.
+    Dimensions(u32, u32),
+    /// No whitespace between the header and the pixels.
+    BadHeader,
+    /// Fewer pixel bytes than the header promises.
+    TruncatedPixels,
+    /// The PNG encoder failed.
+    Encode(png::EncodingError),
+}
+
+impl std::fmt::Display for ScreenError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ScreenError::NotP6 => f.write_str("not a binary PPM (P6)"),
+            ScreenError::TruncatedHeader => f.write_str("truncated PPM header"),
+            ScreenError::BadNumber => f.write_str("bad number in PPM header"),
+            ScreenError::Maxval(maxval) => write!(f, "unsupported PPM maxval {maxval}"),
+            ScreenError::Dimensions(width, height) => {
+                write!(f, "PPM dimensions {width}x{height} out of range")
+            }
+            ScreenError::BadHeader => f.write_str("bad PPM header"),
+            ScreenError::TruncatedPixels => f.write_str("truncated PPM pixel data"),
+            ScreenError::Encode(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for ScreenError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ScreenError::Encode(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+fn ppm_token(data: &[u8], pos: &mut usize) -> Result<u32, ScreenError> {
+    loop {
+        match data.get(*pos) {
+            Some(b'#') => {
+                while data.get(*pos).is_some_and(|b| *b != b'\n') {
+                    *pos += 1;
+                }
+            }
+            Some(b) if b.is_ascii_whitespace() => *pos += 1,
+            Some(_) => break,
+            None => return Err(ScreenError::TruncatedHeader),
+        }
+    }
+    let start = *pos;
+    while data.get(*pos).is_some_and(u8::is_ascii_digit) {
+        *pos += 1;
+    }
+    if start == *pos || *pos - start > 6 {
+        return Err(ScreenError::BadNumber);
+    }
+    std::str::from_utf8(&data[start..*pos])
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or(ScreenError::BadNumber)
+}
+
+/// Parses a binary PPM header (P6, maxval 255): width, height and where the pixels start.
+pub fn ppm_header(data: &[u8]) -> Result<(u32, u32, usize), ScreenError> {
+    if data.len() < 2 || &data[..2] != b"P6" {
+        return Err(ScreenError::NotP6);
+    }
+    let mut pos = 2;
+    let width = ppm_token(data, &mut pos)?;
+    let height = ppm_token(data, &mut pos)?;
+    let maxval = ppm_token(data, &mut pos)?;
+    if maxval != 255 {
+        return Err(ScreenError::Maxval(maxval));
+    }
+    if width == 0 || height == 0 || width > MAX_DIM || height > MAX_DIM {
+        return Err(ScreenError::Dimensions(width, height));
+    }
+    if !data.get(pos).is_some_and(u8::is_ascii_whitespace) {
+        return Err(ScreenError::BadHeader);
+    }
+    Ok((width, height, pos + 1))
+}
+
+/// One captured screen: RGB pixels, 8 bits per channel, rows packed (the PPM's own buffer,
+/// not copied).
+pub struct Frame {
+    /// Width in pixels.
+    pub width: u32,
+    /// Height in pixels.
+    pub height: u32,
+    data: Vec<u8>,
+    offset: usize,
+}
+
+impl Frame {
+    /// The frame a binary PPM (P6, maxval 255) holds.
+    pub fn from_ppm(data: Vec<u8>) -> Result<Frame, ScreenError> {
+        let (width, height, offset) = ppm_header(&data)?;
+        if data.len() - offset < width as usize * height as usize * 3 {
+            return Err(ScreenError::TruncatedPixels);
+        }
+        Ok(Frame {
+            width,
+            height,
+            data,
+            offset,
+        })
+    }
+
+    /// A frame of `width` x `height` RGB pixels.
+    pub fn from_rgb(width: u32, height: u32, pixels: Vec<u8>) -> Result<Frame, ScreenError> {
+        if width == 0 || height == 0 || width > MAX_DIM || height > MAX_DIM {
+            return Err(ScreenError::Dimensions(width, height));
+        }
+        if pixels.len() < width as usize * height as usize * 3 {
+            return Err(ScreenError::TruncatedPixels);
+        }
+        Ok(Frame {
+            width,
+            height,
+            data: pixels,
+            offset: 0,
+        })
+    }
+
+    /// The pixels, `width * height * 3` bytes.
+    pub fn pixels(&self) -> &[u8] {
+        &self.data[self.offset..self.offset + self.width as usize * self.height as usize * 3]
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub(crate) fn decode(data: &[u8]) -> (u32, u32, Vec<u8>) {
+        let mut r = png::Decoder::new(std::io::Cursor::new(data))
+            .read_info()
+            .unwrap();
+        let mut buf = vec![0; r.output_buffer_size().unwrap()];
+        let info = r.next_frame(&mut buf).unwrap();
+        buf.truncate(info.buffer_size());
+        (info.width, info.height, buf)
+    }
+
+    /// A frame with detail everywhere (noise), whose PNG cannot be small.
+    pub(crate) fn noisy(w: u32, h: u32) -> Frame {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let px = (0..w as usize * h as usize * 3)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                (seed >> 32) as u8
+            })
+            .collect();
+        Frame::from_rgb(w, h, px).unwrap()
+    }
+}
