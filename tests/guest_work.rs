@@ -152,16 +152,22 @@ fn env_cwd_live_output_and_background_processes() {
     let handle = started["handle"].as_str().unwrap().to_string();
     assert!(started["pid"].as_i64().unwrap() > 0, "{started}");
     eprintln!("background start round trip: {started_in:?}");
-    let st = status(s, &handle, 0, 0, 5.0);
-    assert_eq!(st["running"], json!(true), "{st}");
-    let first_out = st["stdout"].as_str().unwrap().to_string();
-    assert!(first_out.starts_with("out-1\n"), "{st}");
-    assert!(!first_out.contains("err-"), "{st}");
-    assert!(
-        st["stderr"].as_str().unwrap().starts_with("err-1\n"),
-        "{st}"
-    );
-    let (o, e) = (offsets(&st).0, offsets(&st).1);
+    // The two streams are read one after the other, so a wait that ends on the first output
+    // may see one stream's first line before the other's: read on by offsets until both.
+    let (mut first_out, mut first_err) = (String::new(), String::new());
+    let (mut o, mut e) = (0, 0);
+    let give_up = Instant::now() + Duration::from_secs(30);
+    while first_out.is_empty() || first_err.is_empty() {
+        assert!(Instant::now() < give_up, "{first_out:?} {first_err:?}");
+        let st = status(s, &handle, o, e, 5.0);
+        assert_eq!(st["running"], json!(true), "{st}");
+        first_out.push_str(st["stdout"].as_str().unwrap());
+        first_err.push_str(st["stderr"].as_str().unwrap());
+        (o, e) = offsets(&st);
+    }
+    assert!(first_out.starts_with("out-1\n"), "{first_out:?}");
+    assert!(!first_out.contains("err-"), "{first_out:?}");
+    assert!(first_err.starts_with("err-1\n"), "{first_err:?}");
     std::thread::sleep(Duration::from_millis(800));
     let st2 = status(s, &handle, o, e, 5.0);
     let next = st2["stdout"].as_str().unwrap();
