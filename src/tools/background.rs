@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::object;
-use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use super::{object, presets};
+use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::ops::background::{self as bg, BgError};
 
 impl From<BgError> for ToolError {
@@ -64,12 +64,7 @@ pub const STATUS: ToolDef = ToolDef {
                          "stdout_next_offset", "stderr_next_offset"]
         })
     },
-    annotations: Annotations {
-        read_only: true,
-        destructive: false,
-        idempotent: true,
-        open_world: false,
-    },
+    annotations: presets::READ_ONLY,
     handler: status,
 };
 
@@ -121,12 +116,7 @@ pub const KILL: ToolDef = ToolDef {
             "required": ["name", "handle", "pid", "signalled", "forced"]
         })
     },
-    annotations: Annotations {
-        read_only: false,
-        destructive: true,
-        idempotent: true,
-        open_world: false,
-    },
+    annotations: presets::DESTRUCTIVE_IDEMPOTENT,
     handler: kill,
 };
 

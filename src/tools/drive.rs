@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::object;
+use super::{object, presets};
 use crate::b64;
-use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::ops::session::{self, SessionError};
 use crate::qemu::qmp::{Qmp, QmpError};
 use crate::qemu::screen::{self, Bounds, CaptureError, Frame};
@@ -112,12 +112,7 @@ pub const SCREENSHOT: ToolDef = ToolDef {
             ]
         })
     },
-    annotations: Annotations {
-        read_only: true,
-        destructive: false,
-        idempotent: true,
-        open_world: false,
-    },
+    annotations: presets::READ_ONLY,
     handler: screenshot,
 };
 
@@ -305,12 +300,7 @@ pub const CLICK: ToolDef = ToolDef {
             "required": ["name", "x", "y", "button"]
         })
     },
-    annotations: Annotations {
-        read_only: false,
-        destructive: true,
-        idempotent: false,
-        open_world: false,
-    },
+    annotations: presets::DESTRUCTIVE,
     handler: click,
 };
 
@@ -424,12 +414,7 @@ pub const MOUSE_MOVE: ToolDef = ToolDef {
             "required": ["name", "dx", "dy", "commands"]
         })
     },
-    annotations: Annotations {
-        read_only: false,
-        destructive: true,
-        idempotent: false,
-        open_world: false,
-    },
+    annotations: presets::DESTRUCTIVE,
     handler: mouse_move,
 };
 

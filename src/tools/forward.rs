@@ -3,8 +3,8 @@
 
 use serde_json::json;
 
-use super::object;
-use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use super::{object, presets};
+use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::ops::port_forward as pf;
 
 const DESCRIPTION: &str = "Add and remove host port forwards on a running VM (its user \
@@ -41,12 +41,7 @@ pub const FORWARD: ToolDef = ToolDef {
             "required": ["name", "added", "removed", "port_forwards"]
         })
     },
-    annotations: Annotations {
-        read_only: false,
-        destructive: false,
-        idempotent: false,
-        open_world: false,
-    },
+    annotations: presets::ADDITIVE,
     handler: forward,
 };
 

@@ -4,9 +4,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::object;
+use super::{object, presets};
 use crate::b64;
-use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::ops::guest::{self as guest_ops, with_guest};
 use crate::ops::{background, guest_stream, listing, spool};
 use crate::qemu::qga::{Qga, QgaError};
@@ -45,12 +45,7 @@ pub const PING: ToolDef = ToolDef {
             "required": ["name", "ok"]
         })
     },
-    annotations: Annotations {
-        read_only: true,
-        destructive: false,
-        idempotent: true,
-        open_world: false,
-    },
+    annotations: presets::READ_ONLY,
     handler: ping,
 };
 
@@ -87,12 +82,7 @@ pub const INFO: ToolDef = ToolDef {
             "required": ["name", "version", "enabled_commands", "disabled_commands"]
         })
     },
-    annotations: Annotations {
-        read_only: true,
-        destructive: false,
-        idempotent: true,
-        open_world: false,
-    },
+    annotations: presets::READ_ONLY,
     handler: info,
 };
 
@@ -166,12 +156,7 @@ pub const EXEC: ToolDef = ToolDef {
             "required": ["name", "pid"]
         })
     },
-    annotations: Annotations {
-        read_only: false,
-        destructive: true,
-        idempotent: false,
-        open_world: false,
-    },
+    annotations: presets::DESTRUCTIVE,
     handler: exec,
 };
 
@@ -282,12 +267,7 @@ pub const FILE_READ: ToolDef = ToolDef {
             "required": ["path", "content", "encoding", "size", "truncated"]
         })
     },
-    annotations: Annotations {
-        read_only: true,
-        destructive: false,
-        idempotent: true,
-        open_world: false,
-    },
+    annotations: presets::READ_ONLY,
     handler: file_read,
 };
 
@@ -408,12 +388,7 @@ pub const LIST_DIR: ToolDef = ToolDef {
             "required": ["name", "path", "entries", "truncated"]
         })
     },
-    annotations: Annotations {
-        read_only: true,
-        destructive: false,
-        idempotent: true,
-        open_world: false,
-    },
+    annotations: presets::READ_ONLY,
     handler: list_dir,
 };
 
@@ -463,12 +438,7 @@ pub const FILE_WRITE: ToolDef = ToolDef {
             "required": ["path", "bytes_written"]
         })
     },
-    annotations: Annotations {
-        read_only: false,
-        destructive: true,
-        idempotent: false,
-        open_world: false,
-    },
+    annotations: presets::DESTRUCTIVE,
     handler: file_write,
 };
 

@@ -29,7 +29,8 @@ const INFO_BUDGET: Duration = Duration::from_millis(4500);
 
 use serde_json::{json, Value};
 
-use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolOutput, ToolResult};
+use super::presets;
+use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolOutput, ToolResult};
 use crate::ops::records::lookup;
 use crate::ops::session::explain_qmp;
 use crate::qemu::qmp::{self, QmpError};
@@ -86,12 +87,7 @@ pub const LIST: ToolDef = ToolDef {
             "required": ["vms", "registry_warnings"]
         })
     },
-    annotations: Annotations {
-        read_only: true,
-        destructive: false,
-        idempotent: true,
-        open_world: false,
-    },
+    annotations: presets::READ_ONLY,
     handler: list_vms,
 };
 
@@ -216,12 +212,7 @@ pub const INFO: ToolDef = ToolDef {
             "required": ["name", "status", "record"]
         })
     },
-    annotations: Annotations {
-        read_only: true,
-        destructive: false,
-        idempotent: true,
-        open_world: false,
-    },
+    annotations: presets::READ_ONLY,
     handler: vm_info,
 };
 

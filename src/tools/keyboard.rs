@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::object;
-use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use super::{object, presets};
+use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::ops::records;
 use crate::ops::session;
 use crate::qemu::keys::{self, KeyEvent};
@@ -61,12 +61,7 @@ pub const SEND_KEYS: ToolDef = ToolDef {
             "required": ["name", "sent"]
         })
     },
-    annotations: Annotations {
-        read_only: false,
-        destructive: true,
-        idempotent: false,
-        open_world: false,
-    },
+    annotations: presets::DESTRUCTIVE,
     handler: send_keys,
 };
 
@@ -152,12 +147,7 @@ pub const TYPE_TEXT: ToolDef = ToolDef {
             "required": ["name", "characters"]
         })
     },
-    annotations: Annotations {
-        read_only: false,
-        destructive: true,
-        idempotent: false,
-        open_world: false,
-    },
+    annotations: presets::DESTRUCTIVE,
     handler: type_text,
 };
 

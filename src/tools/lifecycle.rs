@@ -7,8 +7,8 @@ use serde_json::{json, Value};
 
 use crate::ops::records;
 // Until drive.rs names them in `ops`.
-use super::{object, path_arg, vm_name_arg};
-use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use super::{object, path_arg, presets, vm_name_arg};
+use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 pub use crate::ops::records::{lookup, lookup_live};
 use crate::ops::session;
 use crate::qemu::qmp::{self, QmpError};
@@ -42,12 +42,7 @@ pub const PAUSE: ToolDef = ToolDef {
     description: PAUSE_DESCRIPTION,
     input_schema: name_only,
     output_schema: run_state_out,
-    annotations: Annotations {
-        read_only: false,
-        destructive: false,
-        idempotent: true,
-        open_world: false,
-    },
+    annotations: presets::IDEMPOTENT,
     handler: |_ctx, args| run_state_change(args, "stop"),
 };
 
@@ -60,12 +55,7 @@ pub const RESUME: ToolDef = ToolDef {
     description: RESUME_DESCRIPTION,
     input_schema: name_only,
     output_schema: run_state_out,
-    annotations: Annotations {
-        read_only: false,
-        destructive: false,
-        idempotent: true,
-        open_world: false,
-    },
+    annotations: presets::IDEMPOTENT,
     handler: |_ctx, args| run_state_change(args, "cont"),
 };
 
@@ -118,12 +108,7 @@ pub const ATTACH: ToolDef = ToolDef {
             "required": ["name", "status", "qmp_socket"]
         })
     },
-    annotations: Annotations {
-        read_only: false,
-        destructive: false,
-        idempotent: false,
-        open_world: false,
-    },
+    annotations: presets::ADDITIVE,
     handler: attach_vm,
 };
 
@@ -243,12 +228,7 @@ pub const FORGET: ToolDef = ToolDef {
             "required": ["name", "forgotten"]
         })
     },
-    annotations: Annotations {
-        read_only: false,
-        destructive: true,
-        idempotent: false,
-        open_world: false,
-    },
+    annotations: presets::DESTRUCTIVE,
     handler: forget_vm,
 };
 

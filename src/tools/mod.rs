@@ -20,6 +20,7 @@ pub mod launch;
 pub mod lifecycle;
 pub mod params;
 pub mod prepare;
+pub mod presets;
 pub mod pull;
 pub mod sandbox;
 pub mod serial;

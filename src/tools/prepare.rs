@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::params;
 use super::{object, path_arg};
+use super::{params, presets};
 use crate::cloudinit::CloudInit;
-use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::ops::agent::AgentWait;
 use crate::ops::guest_run;
 use crate::ops::launch_args::LaunchArgs;
@@ -91,12 +91,7 @@ pub const PREPARE: ToolDef = ToolDef {
             "required": ["dest", "source", "format", "bytes"]
         })
     },
-    annotations: Annotations {
-        read_only: false,
-        destructive: true,
-        idempotent: false,
-        open_world: true,
-    },
+    annotations: presets::DESTRUCTIVE_OPEN_WORLD,
     handler: prepare,
 };
 

@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
-use super::checked_image;
 use super::object;
-use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use super::{checked_image, presets};
+use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::net::download::{Algo, DownloadError};
 use crate::net::{catalog, checksums, download};
 use crate::ops::watch::CtxWatch;
@@ -117,12 +117,7 @@ pub const PULL: ToolDef = ToolDef {
             "required": ["path", "url", "source", "bytes", "algorithm", "digest", "verified"]
         })
     },
-    annotations: Annotations {
-        read_only: false,
-        destructive: true,
-        idempotent: false,
-        open_world: true,
-    },
+    annotations: presets::DESTRUCTIVE_OPEN_WORLD,
     handler: pull,
 };
 
@@ -453,12 +448,7 @@ pub const CATALOG: ToolDef = ToolDef {
             "required": ["images"]
         })
     },
-    annotations: Annotations {
-        read_only: true,
-        destructive: false,
-        idempotent: true,
-        open_world: false,
-    },
+    annotations: presets::READ_ONLY,
     handler: list_catalog,
 };
 

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::object;
-use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use super::{object, presets};
+use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::ops::records::lookup;
 use crate::qemu::sock;
 use crate::qemu::vm;
@@ -79,12 +79,7 @@ pub const READ: ToolDef = ToolDef {
             "required": ["name", "lines", "text", "log_size", "offset"]
         })
     },
-    annotations: Annotations {
-        read_only: true,
-        destructive: false,
-        idempotent: true,
-        open_world: false,
-    },
+    annotations: presets::READ_ONLY,
     handler: read,
 };
 
@@ -145,12 +140,7 @@ pub const WRITE: ToolDef = ToolDef {
             "required": ["name", "bytes"]
         })
     },
-    annotations: Annotations {
-        read_only: false,
-        destructive: true,
-        idempotent: false,
-        open_world: false,
-    },
+    annotations: presets::DESTRUCTIVE,
     handler: write,
 };
 
@@ -232,12 +222,7 @@ pub const WAIT: ToolDef = ToolDef {
             "required": ["name", "line", "offset"]
         })
     },
-    annotations: Annotations {
-        read_only: true,
-        destructive: false,
-        idempotent: false,
-        open_world: false,
-    },
+    annotations: presets::READ_ONLY_WAIT,
     handler: wait,
 };
 

@@ -5,9 +5,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::{check_tag, object};
+use super::{check_tag, object, presets};
 use crate::clock;
-use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::ops::session;
 use crate::qemu::qmp::{Qmp, QmpError};
 use crate::state::registry::Record;
@@ -197,12 +197,7 @@ pub const CREATE: ToolDef = ToolDef {
     description: CREATE_DESCRIPTION,
     input_schema: tag_in,
     output_schema: op_out,
-    annotations: Annotations {
-        read_only: false,
-        destructive: false,
-        idempotent: false,
-        open_world: false,
-    },
+    annotations: presets::ADDITIVE,
     handler: |ctx, args| snapshot_op(ctx, args, Op::Save),
 };
 
@@ -217,12 +212,7 @@ pub const RESTORE: ToolDef = ToolDef {
     description: RESTORE_DESCRIPTION,
     input_schema: tag_in,
     output_schema: op_out,
-    annotations: Annotations {
-        read_only: false,
-        destructive: true,
-        idempotent: true,
-        open_world: false,
-    },
+    annotations: presets::DESTRUCTIVE_IDEMPOTENT,
     handler: |ctx, args| snapshot_op(ctx, args, Op::Load),
 };
 
@@ -235,12 +225,7 @@ pub const DELETE: ToolDef = ToolDef {
     description: DELETE_DESCRIPTION,
     input_schema: tag_in,
     output_schema: op_out,
-    annotations: Annotations {
-        read_only: false,
-        destructive: true,
-        idempotent: false,
-        open_world: false,
-    },
+    annotations: presets::DESTRUCTIVE,
     handler: |ctx, args| snapshot_op(ctx, args, Op::Delete),
 };
 
@@ -372,12 +357,7 @@ pub const LIST: ToolDef = ToolDef {
             "required": ["name", "snapshots"]
         })
     },
-    annotations: Annotations {
-        read_only: true,
-        destructive: false,
-        idempotent: true,
-        open_world: false,
-    },
+    annotations: presets::READ_ONLY,
     handler: list,
 };
 

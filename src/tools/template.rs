@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Map, Value};
 
 use super::params::{self, launch_args};
-use super::{checked_image, object};
-use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use super::{checked_image, object, presets};
+use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::ops::agent::{self, AgentWait};
 use crate::ops::disk_size;
 use crate::ops::guest_run;
@@ -90,12 +90,7 @@ pub const CREATE: ToolDef = ToolDef {
             "required": ["name", "path", "memory_mb", "save_ms"]
         })
     },
-    annotations: Annotations {
-        read_only: false,
-        destructive: false,
-        idempotent: false,
-        open_world: false,
-    },
+    annotations: presets::ADDITIVE,
     handler: create,
 };
 

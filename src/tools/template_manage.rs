@@ -5,8 +5,8 @@ use std::path::Path;
 
 use serde_json::json;
 
-use super::object;
-use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use super::{object, presets};
+use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::ops::pool;
 use crate::ops::templates::{clones_of, dir_of, load, meta_of, remove_dir, templates_dir};
 use crate::state::registry::valid_name;
@@ -27,12 +27,7 @@ pub const LIST: ToolDef = ToolDef {
             "required": ["templates"]
         })
     },
-    annotations: Annotations {
-        read_only: true,
-        destructive: false,
-        idempotent: true,
-        open_world: false,
-    },
+    annotations: presets::READ_ONLY,
     handler: list,
 };
 
@@ -122,12 +117,7 @@ pub const POOL: ToolDef = ToolDef {
             "required": ["name", "pool", "pool_ready"]
         })
     },
-    annotations: Annotations {
-        read_only: false,
-        destructive: false,
-        idempotent: true,
-        open_world: false,
-    },
+    annotations: presets::IDEMPOTENT,
     handler: set_pool,
 };
 
@@ -159,12 +149,7 @@ pub const DELETE: ToolDef = ToolDef {
             "required": ["name", "deleted"]
         })
     },
-    annotations: Annotations {
-        read_only: false,
-        destructive: true,
-        idempotent: false,
-        open_world: false,
-    },
+    annotations: presets::DESTRUCTIVE,
     handler: delete,
 };
 
