@@ -35,7 +35,7 @@ pub const STATUS: ToolDef = ToolDef {
     input_schema: || {
         object(
             json!({
-                "name": {"type": "string", "minLength": 1},
+                "name": presets::name_schema(),
                 "handle": {"type": "string", "minLength": 1,
                            "description": "From guest_exec with background=true."},
                 "stdout_offset": {"type": "integer", "minimum": 0, "default": 0},
@@ -96,7 +96,7 @@ pub const KILL: ToolDef = ToolDef {
     input_schema: || {
         object(
             json!({
-                "name": {"type": "string", "minLength": 1},
+                "name": presets::name_schema(),
                 "handle": {"type": "string", "minLength": 1},
                 "signal": {"type": "string", "minLength": 1, "default": "TERM"}
             }),

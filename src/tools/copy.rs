@@ -71,7 +71,7 @@ fn result(name: &str, c: Copied) -> ToolOutput {
 
 fn input_schema(first: &str, second: &str) -> Value {
     let mut props = serde_json::Map::new();
-    props.insert("name".into(), json!({"type": "string", "minLength": 1}));
+    props.insert("name".into(), presets::name_schema());
     for (key, what) in [(first, "source"), (second, "destination")] {
         let side = if key.starts_with("host") {
             "host"

@@ -61,7 +61,7 @@ pub const SCREENSHOT: ToolDef = ToolDef {
     input_schema: || {
         object(
             json!({
-                "name": {"type": "string", "minLength": 1},
+                "name": presets::name_schema(),
                 "path": {
                     "type": "string",
                     "description": "Save the PNG here instead of returning it inline."
@@ -271,7 +271,7 @@ pub const CLICK: ToolDef = ToolDef {
     input_schema: || {
         object(
             json!({
-                "name": {"type": "string", "minLength": 1},
+                "name": presets::name_schema(),
                 "x": {"type": "integer", "minimum": 0},
                 "y": {"type": "integer", "minimum": 0},
                 "scale": scale_param(),
@@ -377,7 +377,7 @@ pub const MOUSE_MOVE: ToolDef = ToolDef {
     input_schema: || {
         object(
             json!({
-                "name": {"type": "string", "minLength": 1},
+                "name": presets::name_schema(),
                 "dx": {
                     "type": "integer", "minimum": -MAX_DELTA, "maximum": MAX_DELTA, "default": 0
                 },

@@ -21,7 +21,7 @@ pub const FORWARD: ToolDef = ToolDef {
     input_schema: || {
         object(
             json!({
-                "name": {"type": "string", "minLength": 1},
+                "name": presets::name_schema(),
                 "add": {"type": "array", "items": {"type": "string", "minLength": 1},
                         "default": []},
                 "remove": {"type": "array", "items": {"type": "string", "minLength": 1},

@@ -18,13 +18,6 @@ const FILE_CHUNK: usize = 1024 * 1024 - 1;
 /// Cap on guest_file_read's max_bytes.
 pub const MAX_READ: i64 = 8 * 1024 * 1024;
 
-fn name_schema() -> Value {
-    object(
-        json!({"name": {"type": "string", "minLength": 1}}),
-        &["name"],
-    )
-}
-
 const PING_DESCRIPTION: &str = "Check that qemu-guest-agent answers inside the VM. The agent can \
     answer before the guest has finished booting.";
 
@@ -33,7 +26,7 @@ pub const PING: ToolDef = ToolDef {
     name: "guest_ping",
     title: "Ping the guest agent",
     description: PING_DESCRIPTION,
-    input_schema: name_schema,
+    input_schema: presets::name_only,
     output_schema: || {
         json!({
             "type": "object",
@@ -68,7 +61,7 @@ pub const INFO: ToolDef = ToolDef {
     name: "guest_info",
     title: "Describe the guest agent",
     description: INFO_DESCRIPTION,
-    input_schema: name_schema,
+    input_schema: presets::name_only,
     output_schema: || {
         json!({
             "type": "object",
@@ -107,7 +100,7 @@ pub const EXEC: ToolDef = ToolDef {
     input_schema: || {
         object(
             json!({
-                "name": {"type": "string", "minLength": 1},
+                "name": presets::name_schema(),
                 "command": {
                     "type": "string", "minLength": 1,
                     "description": "Program path or name (searched in the guest's PATH)."
@@ -236,7 +229,7 @@ pub const FILE_READ: ToolDef = ToolDef {
     input_schema: || {
         object(
             json!({
-                "name": {"type": "string", "minLength": 1},
+                "name": presets::name_schema(),
                 "path": {"type": "string", "minLength": 1},
                 "max_bytes": {
                     "type": "integer", "minimum": 1, "maximum": MAX_READ, "default": 1048576
@@ -368,7 +361,7 @@ pub const LIST_DIR: ToolDef = ToolDef {
     input_schema: || {
         object(
             json!({
-                "name": {"type": "string", "minLength": 1},
+                "name": presets::name_schema(),
                 "path": {"type": "string", "minLength": 1,
                          "description": "An absolute folder path in the guest."},
                 "max_entries": {"type": "integer", "minimum": 1,
@@ -417,7 +410,7 @@ pub const FILE_WRITE: ToolDef = ToolDef {
     input_schema: || {
         object(
             json!({
-                "name": {"type": "string", "minLength": 1},
+                "name": presets::name_schema(),
                 "path": {"type": "string", "minLength": 1},
                 "content": {"type": "string"},
                 "append": {"type": "boolean", "default": false},

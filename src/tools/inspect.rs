@@ -184,14 +184,7 @@ pub const INFO: ToolDef = ToolDef {
     name: "vm_info",
     title: "Describe a VM",
     description: INFO_DESCRIPTION,
-    input_schema: || {
-        json!({
-            "type": "object",
-            "properties": {"name": {"type": "string", "minLength": 1}},
-            "required": ["name"],
-            "additionalProperties": false
-        })
-    },
+    input_schema: presets::name_only,
     output_schema: || {
         json!({
             "type": "object",

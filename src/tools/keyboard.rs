@@ -37,7 +37,7 @@ pub const SEND_KEYS: ToolDef = ToolDef {
     input_schema: || {
         object(
             json!({
-                "name": {"type": "string", "minLength": 1},
+                "name": presets::name_schema(),
                 "keys": {
                     "type": "array",
                     "items": {"type": "string"},
@@ -128,7 +128,7 @@ pub const TYPE_TEXT: ToolDef = ToolDef {
     input_schema: || {
         object(
             json!({
-                "name": {"type": "string", "minLength": 1},
+                "name": presets::name_schema(),
                 "text": {"type": "string", "maxLength": MAX_TEXT},
                 "enter": {"type": "boolean", "default": false},
                 "delay_ms": {"type": "integer", "minimum": 0, "maximum": 1000, "default": 30}

@@ -25,13 +25,6 @@ fn run_state_out() -> Value {
     })
 }
 
-fn name_only() -> Value {
-    object(
-        json!({"name": {"type": "string", "minLength": 1}}),
-        &["name"],
-    )
-}
-
 const PAUSE_DESCRIPTION: &str = "Freeze a running VM's vCPUs (QMP stop); reports the resulting \
     run state. The guest agent does not answer while paused.";
 
@@ -40,7 +33,7 @@ pub const PAUSE: ToolDef = ToolDef {
     name: "pause_vm",
     title: "Pause a VM",
     description: PAUSE_DESCRIPTION,
-    input_schema: name_only,
+    input_schema: presets::name_only,
     output_schema: run_state_out,
     annotations: presets::IDEMPOTENT,
     handler: |_ctx, args| run_state_change(args, "stop"),
@@ -53,7 +46,7 @@ pub const RESUME: ToolDef = ToolDef {
     name: "resume_vm",
     title: "Resume a VM",
     description: RESUME_DESCRIPTION,
-    input_schema: name_only,
+    input_schema: presets::name_only,
     output_schema: run_state_out,
     annotations: presets::IDEMPOTENT,
     handler: |_ctx, args| run_state_change(args, "cont"),
@@ -211,7 +204,7 @@ pub const FORGET: ToolDef = ToolDef {
     input_schema: || {
         object(
             json!({
-                "name": {"type": "string", "minLength": 1},
+                "name": presets::name_schema(),
                 "force": {"type": "boolean", "default": false}
             }),
             &["name"],

@@ -63,12 +63,7 @@ pub const DESTROY: ToolDef = ToolDef {
     name: "sandbox_destroy",
     title: "Destroy a sandbox",
     description: DESTROY_DESCRIPTION,
-    input_schema: || {
-        object(
-            json!({"name": {"type": "string", "minLength": 1}}),
-            &["name"],
-        )
-    },
+    input_schema: presets::name_only,
     output_schema: || {
         json!({
             "type": "object",

@@ -60,7 +60,7 @@ pub const READ: ToolDef = ToolDef {
     input_schema: || {
         object(
             json!({
-                "name": {"type": "string", "minLength": 1},
+                "name": presets::name_schema(),
                 "tail_lines": {"type": "integer", "minimum": 1, "maximum": 100000, "default": 50}
             }),
             &["name"],
@@ -122,7 +122,7 @@ pub const WRITE: ToolDef = ToolDef {
     input_schema: || {
         object(
             json!({
-                "name": {"type": "string", "minLength": 1},
+                "name": presets::name_schema(),
                 "text": {"type": "string", "maxLength": MAX_TEXT},
                 "enter": {"type": "boolean", "default": false}
             }),
@@ -202,7 +202,7 @@ pub const WAIT: ToolDef = ToolDef {
     input_schema: || {
         object(
             json!({
-                "name": {"type": "string", "minLength": 1},
+                "name": presets::name_schema(),
                 "pattern": {"type": "string", "minLength": 1, "maxLength": 4096},
                 "timeout": {"type": "number", "minimum": 0, "maximum": 3600, "default": 30},
                 "offset": {"type": "integer", "minimum": 0}

@@ -162,7 +162,7 @@ fn no_disk(name: &str) -> ToolError {
 fn tag_in() -> Value {
     object(
         json!({
-            "name": {"type": "string", "minLength": 1},
+            "name": presets::name_schema(),
             "tag": {
                 "type": "string", "minLength": 1, "maxLength": 64,
                 "description": "1-64 of A-Z a-z 0-9 _ . -, starting with a letter or digit."
@@ -329,12 +329,7 @@ pub const LIST: ToolDef = ToolDef {
     name: "vm_snapshot_list",
     title: "List a VM's live snapshots",
     description: LIST_DESCRIPTION,
-    input_schema: || {
-        object(
-            json!({"name": {"type": "string", "minLength": 1}}),
-            &["name"],
-        )
-    },
+    input_schema: presets::name_only,
     output_schema: || {
         json!({
             "type": "object",

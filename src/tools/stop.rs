@@ -21,7 +21,7 @@ pub const STOP: ToolDef = ToolDef {
     input_schema: || {
         object(
             json!({
-                "name": {"type": "string", "minLength": 1},
+                "name": presets::name_schema(),
                 "force": {"type": "boolean", "default": false},
                 "timeout": {
                     "type": "number", "minimum": 0, "maximum": 3600, "default": 30,

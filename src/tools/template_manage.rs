@@ -102,7 +102,7 @@ pub const POOL: ToolDef = ToolDef {
     input_schema: || {
         object(
             json!({
-                "name": {"type": "string", "minLength": 1},
+                "name": presets::name_schema(),
                 "size": {"type": "integer", "minimum": 0, "maximum": pool::MAX_POOL,
                          "description": "Clones to keep ready; 0 ends the pool."}
             }),
@@ -135,12 +135,7 @@ pub const DELETE: ToolDef = ToolDef {
     name: "template_delete",
     title: "Delete a sandbox template",
     description: DELETE_DESCRIPTION,
-    input_schema: || {
-        object(
-            json!({"name": {"type": "string", "minLength": 1}}),
-            &["name"],
-        )
-    },
+    input_schema: presets::name_only,
     output_schema: || {
         json!({
             "type": "object",
