@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::{object, presets};
+use super::{object, presets, vm_name_arg};
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::ops::background::{self as bg, BgError};
 
@@ -75,7 +75,7 @@ fn offset(args: &Args, key: &str) -> Result<u64, ToolError> {
 
 fn status(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let req = bg::StatusRequest {
-        name: args.str("name")?.to_string(),
+        name: vm_name_arg(args)?,
         handle: args.str("handle")?.to_string(),
         stdout_offset: offset(args, "stdout_offset")?,
         stderr_offset: offset(args, "stderr_offset")?,
@@ -129,7 +129,7 @@ fn kill(_ctx: &ToolCtx, args: &Args) -> ToolResult {
         ))
     })?;
     let req = bg::KillRequest {
-        name: args.str("name")?.to_string(),
+        name: vm_name_arg(args)?,
         handle: args.str("handle")?.to_string(),
         signal,
     };

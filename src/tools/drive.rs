@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::{object, presets};
+use super::{object, presets, vm_name_arg};
 use crate::b64;
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::ops::session::{self, SessionError};
@@ -156,7 +156,7 @@ fn bounds(args: &Args, inline: bool) -> Result<Bounds, ToolError> {
 }
 
 fn screenshot(_ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let name = args.str("name")?.to_string();
+    let name = vm_name_arg(args)?;
     let save_to: Option<PathBuf> = match args.opt_str("path")? {
         Some(_) => Some(super::path_arg(args, "path", Access::Write)?),
         None => None,
@@ -313,7 +313,7 @@ pub fn abs_axis(pos: u32, size: u32) -> i64 {
 }
 
 fn click(_ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let name = args.str("name")?.to_string();
+    let name = vm_name_arg(args)?;
     let x = args.opt_i64("x")?.unwrap_or(-1);
     let y = args.opt_i64("y")?.unwrap_or(-1);
     let scale = scale_arg(args)?;
@@ -435,7 +435,7 @@ pub fn rel_steps(dx: i64, dy: i64, step: i64) -> Vec<(i64, i64)> {
 }
 
 fn mouse_move(ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let name = args.str("name")?.to_string();
+    let name = vm_name_arg(args)?;
     let dx = args.i64_or("dx", 0)?;
     let dy = args.i64_or("dy", 0)?;
     let scale = scale_arg(args)?;

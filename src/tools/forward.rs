@@ -3,7 +3,7 @@
 
 use serde_json::json;
 
-use super::{object, presets};
+use super::{object, presets, vm_name_arg};
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::ops::port_forward as pf;
 
@@ -47,7 +47,7 @@ pub const FORWARD: ToolDef = ToolDef {
 
 fn forward(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     let req = pf::Request {
-        name: args.str("name")?.to_string(),
+        name: vm_name_arg(args)?,
         add: args.str_list("add")?,
         remove: args.str_list("remove")?,
     };

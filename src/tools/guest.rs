@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::{object, presets};
+use super::{object, presets, vm_name_arg};
 use crate::b64;
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::ops::guest::{self as guest_ops, with_guest};
@@ -43,7 +43,7 @@ pub const PING: ToolDef = ToolDef {
 };
 
 fn ping(_ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let name = args.str("name")?;
+    let name = &vm_name_arg(args)?;
     let t = Instant::now();
     with_guest(name, "guest-ping", |q| {
         q.execute_within("guest-ping", None, Duration::from_secs(5))
@@ -80,7 +80,7 @@ pub const INFO: ToolDef = ToolDef {
 };
 
 fn info(_ctx: &ToolCtx, args: &Args) -> ToolResult {
-    Ok(guest_ops::info(args.str("name")?).map(ToolOutput::json)?)
+    Ok(guest_ops::info(&vm_name_arg(args)?).map(ToolOutput::json)?)
 }
 
 const EXEC_DESCRIPTION: &str = "Run a program inside the guest through the agent (not a shell: \
@@ -183,7 +183,7 @@ fn exec(ctx: &ToolCtx, args: &Args) -> ToolResult {
         spool::check_cwd(c).map_err(ToolError::new)?;
     }
     let (name, command, stdin) = (
-        args.str("name")?,
+        &vm_name_arg(args)?,
         args.str("command")?,
         args.opt_str("stdin")?,
     );
@@ -265,7 +265,7 @@ pub const FILE_READ: ToolDef = ToolDef {
 };
 
 fn file_read(_ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let name = args.str("name")?;
+    let name = &vm_name_arg(args)?;
     let path = args.str("path")?;
     let max = args.i64_or("max_bytes", 1_048_576)?.clamp(1, MAX_READ) as usize;
     let encoding = args.str_or("encoding", "utf-8")?;
@@ -387,7 +387,7 @@ pub const LIST_DIR: ToolDef = ToolDef {
 
 fn list_dir(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     let req = listing::Request {
-        name: args.str("name")?.to_string(),
+        name: vm_name_arg(args)?,
         path: args.str("path")?.to_string(),
         max_entries: args
             .i64_or("max_entries", 1000)?
@@ -436,7 +436,7 @@ pub const FILE_WRITE: ToolDef = ToolDef {
 };
 
 fn file_write(_ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let name = args.str("name")?;
+    let name = &vm_name_arg(args)?;
     let path = args.str("path")?;
     let append = args.bool_or("append", false)?;
     let content = args.str("content")?;

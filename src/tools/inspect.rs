@@ -29,7 +29,7 @@ const INFO_BUDGET: Duration = Duration::from_millis(4500);
 
 use serde_json::{json, Value};
 
-use super::presets;
+use super::{presets, vm_name_arg};
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolOutput, ToolResult};
 use crate::ops::records::lookup;
 use crate::ops::session::explain_qmp;
@@ -210,7 +210,7 @@ pub const INFO: ToolDef = ToolDef {
 };
 
 fn vm_info(_ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let name = args.str("name")?.to_string();
+    let name = vm_name_arg(args)?;
     let rec = lookup(&name)?;
     // One QMP session answers everything; only when the process already settles the status
     // (or the session fails) is the status measured separately.

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::{object, presets};
+use super::{object, presets, vm_name_arg};
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::ops::records;
 use crate::ops::session;
@@ -80,7 +80,7 @@ fn live(name: &str) -> Result<Record, ToolError> {
 }
 
 fn send_keys(ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let name = args.str("name")?.to_string();
+    let name = vm_name_arg(args)?;
     let specs = args.str_list("keys")?;
     if specs.is_empty() {
         return Err(ToolError::new(
@@ -166,7 +166,7 @@ pub fn batches(chars: &[Vec<KeyEvent>]) -> Vec<Vec<KeyEvent>> {
 }
 
 fn type_text(ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let name = args.str("name")?.to_string();
+    let name = vm_name_arg(args)?;
     let mut text = args.str("text")?.to_string();
     if text.chars().count() > MAX_TEXT {
         return Err(ToolError::new(format!(

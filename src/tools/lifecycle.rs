@@ -53,7 +53,7 @@ pub const RESUME: ToolDef = ToolDef {
 };
 
 fn run_state_change(args: &Args, cmd: &str) -> ToolResult {
-    let name = args.str("name")?.to_string();
+    let name = vm_name_arg(args)?;
     let rec = lookup_live(&name, "launch it with launch_vm")?;
     let st = session::monitor(&name, &rec, |q| {
         q.execute(cmd, None)?;
@@ -226,7 +226,7 @@ pub const FORGET: ToolDef = ToolDef {
 };
 
 fn forget_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let name = args.str("name")?.to_string();
+    let name = vm_name_arg(args)?;
     let was_running = records::forget(&name, args.bool_or("force", false)?)?;
     ctx.log.log(
         "notice",

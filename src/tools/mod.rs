@@ -112,15 +112,24 @@ pub fn object(props: Value, required: &[&str]) -> Value {
     })
 }
 
-/// The `name` parameter, checked against `^[A-Za-z0-9][A-Za-z0-9_.-]{0,47}$`.
+/// The `name` parameter naming a VM, checked against `^[A-Za-z0-9][A-Za-z0-9_.-]{0,47}$`.
 pub fn vm_name_arg(args: &Args) -> Result<String, ToolError> {
+    name_arg(args, "VM")
+}
+
+/// The `name` parameter naming a template, checked like a VM name (it names its folder).
+pub fn template_name_arg(args: &Args) -> Result<String, ToolError> {
+    name_arg(args, "template")
+}
+
+fn name_arg(args: &Args, what: &str) -> Result<String, ToolError> {
     let name = args.str("name")?;
     if crate::state::registry::valid_name(name) {
         Ok(name.to_string())
     } else {
         Err(ToolError::new(format!(
-            "invalid VM name {name:?}: use 1-48 characters from A-Z a-z 0-9 _ . -, starting with \
-             a letter or digit"
+            "invalid {what} name {name:?}: use 1-48 characters from A-Z a-z 0-9 _ . -, starting \
+             with a letter or digit"
         )))
     }
 }

@@ -70,3 +70,60 @@ pub fn name_schema() -> Value {
 pub fn name_only() -> Value {
     super::object(json!({"name": name_schema()}), &["name"])
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{json, Map, Value};
+
+    use crate::mcp::tool::{Args, ToolCtx};
+
+    /// A name that is no VM's: it would leave the state folder if used in a path.
+    const BAD: &str = "../escape";
+
+    /// Plausible values for a tool's other required parameters, so only the name is wrong.
+    fn arguments(schema: &Value) -> Map<String, Value> {
+        let mut args = Map::new();
+        for key in schema["required"].as_array().into_iter().flatten() {
+            let key = key.as_str().unwrap_or_default();
+            let value = match schema["properties"][key]["type"].as_str() {
+                Some("integer") => json!(0),
+                Some("array") => json!([]),
+                _ => json!("a"),
+            };
+            args.insert(key.to_string(), value);
+        }
+        args.insert("name".into(), json!(BAD));
+        args
+    }
+
+    /// Every tool that takes a name refuses an invalid one, with one message, before it looks
+    /// anything up.
+    #[test]
+    fn every_tool_taking_a_name_refuses_an_invalid_one() {
+        let ctx = ToolCtx::detached();
+        let mut checked = 0;
+        for tool in super::super::ALL {
+            let schema = (tool.input_schema)();
+            let required = schema["required"].as_array().cloned().unwrap_or_default();
+            if !required.contains(&json!("name")) {
+                continue;
+            }
+            let what = if tool.name.starts_with("template_") {
+                "template"
+            } else {
+                "VM"
+            };
+            let err = match (tool.handler)(&ctx, &Args(arguments(&schema))) {
+                Ok(_) => panic!("{} took the name {BAD:?}", tool.name),
+                Err(e) => e.0,
+            };
+            let want = format!(
+                "invalid {what} name {BAD:?}: use 1-48 characters from A-Z a-z 0-9 _ . -, \
+                 starting with a letter or digit"
+            );
+            assert_eq!(err, want, "{}", tool.name);
+            checked += 1;
+        }
+        assert_eq!(checked, 34);
+    }
+}

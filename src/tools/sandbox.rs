@@ -4,7 +4,7 @@
 use serde_json::json;
 
 use super::params::{self, sandbox_request};
-use super::{object, presets};
+use super::{object, presets, vm_name_arg};
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolOutput, ToolResult};
 use crate::ops::sandbox;
 
@@ -82,5 +82,5 @@ pub const DESTROY: ToolDef = ToolDef {
 };
 
 fn destroy(ctx: &ToolCtx, args: &Args) -> ToolResult {
-    Ok(sandbox::destroy(ctx, args.str("name")?).map(ToolOutput::json)?)
+    Ok(sandbox::destroy(ctx, &vm_name_arg(args)?).map(ToolOutput::json)?)
 }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::{object, presets};
+use super::{object, presets, vm_name_arg};
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::ops::records::lookup;
 use crate::qemu::sock;
@@ -84,7 +84,7 @@ pub const READ: ToolDef = ToolDef {
 };
 
 fn read(_ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let name = args.str("name")?.to_string();
+    let name = vm_name_arg(args)?;
     let tail = args.i64_or("tail_lines", 50)?;
     if tail < 1 {
         return Err(ToolError::new("tail_lines must be at least 1"));
@@ -145,7 +145,7 @@ pub const WRITE: ToolDef = ToolDef {
 };
 
 fn write(_ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let name = args.str("name")?.to_string();
+    let name = vm_name_arg(args)?;
     let mut text = args.str("text")?.to_string();
     if text.chars().count() > MAX_TEXT {
         return Err(ToolError::new(format!(
@@ -246,7 +246,7 @@ pub fn find_line(buf: &[u8], pattern: &[u8]) -> Option<(String, usize)> {
 }
 
 fn wait(ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let name = args.str("name")?.to_string();
+    let name = vm_name_arg(args)?;
     let pattern = args.str("pattern")?.as_bytes().to_vec();
     let timeout =
         Duration::from_secs_f64(args.opt_f64("timeout")?.unwrap_or(30.0).clamp(0.0, 3600.0));

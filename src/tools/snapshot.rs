@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::{check_tag, object, presets};
+use super::{check_tag, object, presets, vm_name_arg};
 use crate::clock;
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::ops::session;
@@ -230,7 +230,7 @@ pub const DELETE: ToolDef = ToolDef {
 };
 
 fn snapshot_op(ctx: &ToolCtx, args: &Args, op: Op) -> ToolResult {
-    let name = args.str("name")?.to_string();
+    let name = vm_name_arg(args)?;
     let tag = args.str("tag")?.to_string();
     check_tag(&tag)?;
     let rec = live(&name)?;
@@ -357,7 +357,7 @@ pub const LIST: ToolDef = ToolDef {
 };
 
 fn list(_ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let name = args.str("name")?.to_string();
+    let name = vm_name_arg(args)?;
     let rec = live(&name)?;
     let (nodes, snaps) = session::monitor(&name, &rec, |q| Ok(snapshot_nodes(q)?))?;
     if nodes.is_empty() {

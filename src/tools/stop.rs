@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::{object, presets};
+use super::{object, presets, vm_name_arg};
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::ops::stop;
 
@@ -54,7 +54,7 @@ fn stop_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
         Duration::from_secs_f64(args.opt_f64("timeout")?.unwrap_or(30.0).clamp(0.0, 3600.0));
     stop::stop(
         ctx,
-        args.str("name")?,
+        &vm_name_arg(args)?,
         args.bool_or("force", false)?,
         timeout,
     )

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Map, Value};
 
 use super::params::{self, launch_args};
-use super::{checked_image, object, presets};
+use super::{checked_image, object, presets, template_name_arg};
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::ops::agent::{self, AgentWait};
 use crate::ops::disk_size;
@@ -22,7 +22,7 @@ use crate::ops::templates::{
 };
 use crate::ops::{records, stop};
 use crate::qemu::{img, migrate, vm};
-use crate::state::registry::{valid_name, Record};
+use crate::state::registry::Record;
 use crate::state::roots::{self, Access};
 
 fn setup_schema() -> Value {
@@ -96,13 +96,7 @@ pub const CREATE: ToolDef = ToolDef {
 
 fn create(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let started = Instant::now();
-    let name = args.str("name")?.to_string();
-    if !valid_name(&name) {
-        return Err(ToolError::new(format!(
-            "invalid template name {name:?}: use 1-48 characters from A-Z a-z 0-9 _ . -, \
-             starting with a letter or digit"
-        )));
-    }
+    let name = template_name_arg(args)?;
     let dir = dir_of(&name);
     end_stale_build(ctx, &name)?;
     if meta_of(&dir).exists() {

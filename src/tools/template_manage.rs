@@ -5,11 +5,10 @@ use std::path::Path;
 
 use serde_json::json;
 
-use super::{object, presets};
+use super::{object, presets, template_name_arg};
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::ops::pool;
 use crate::ops::templates::{clones_of, dir_of, load, meta_of, remove_dir, templates_dir};
-use crate::state::registry::valid_name;
 
 const LIST_DESCRIPTION: &str = "List the templates: name, base image, memory, size on disk, \
     when saved, and the clones alive now.";
@@ -122,7 +121,7 @@ pub const POOL: ToolDef = ToolDef {
 };
 
 fn set_pool(ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let name = args.str("name")?.to_string();
+    let name = template_name_arg(args)?;
     let size = args.i64_or("size", 0)?.max(0) as u64;
     pool::set_size(ctx, &name, size)?;
     Ok(ToolOutput::json(json!({
@@ -149,10 +148,7 @@ pub const DELETE: ToolDef = ToolDef {
 };
 
 fn delete(ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let name = args.str("name")?.to_string();
-    if !valid_name(&name) {
-        return Err(ToolError::new(format!("invalid template name {name:?}")));
-    }
+    let name = template_name_arg(args)?;
     let dir = dir_of(&name);
     if !dir.is_dir() {
         return Err(ToolError::new(format!(
