@@ -237,51 +237,14 @@ fn snapshot_op(ctx: &ToolCtx, args: &Args, op: Op) -> ToolResult {
     let started = Instant::now();
     ctx.log.log(
         "notice",
-        &format!(
-            "snapshot {} of {name}: {tag}",
-            match op {
-                Op::Save => "save",
-                Op::Load => "load",
-                Op::Delete => "delete",
-            }
-        ),
+        &format!("snapshot {} of {name}: {tag}", op.verb()),
     );
     let status = session::monitor(&name, &rec, |q| {
         let (nodes, snaps) = snapshot_nodes(q)?;
         if nodes.is_empty() {
             return Err(no_disk(&name).into());
         }
-        let exists = snaps.iter().any(|s| s["name"] == tag.as_str());
-        let tags: Vec<&str> = snaps.iter().filter_map(|s| s["name"].as_str()).collect();
-        let (cmd, args) = match op {
-            Op::Save if exists => {
-                return Err(ToolError::new(format!(
-                    "snapshot {tag:?} already exists in VM {name:?}; delete it first or choose \
-                     another tag"
-                ))
-                .into())
-            }
-            Op::Load | Op::Delete if !exists => {
-                return Err(ToolError::new(format!(
-                    "VM {name:?} has no snapshot {tag:?}; existing tags: [{}]",
-                    tags.join(", ")
-                ))
-                .into())
-            }
-            Op::Save => (
-                "snapshot-save",
-                json!({
-                    "tag": tag, "vmstate": nodes[0], "devices": nodes
-                }),
-            ),
-            Op::Load => (
-                "snapshot-load",
-                json!({
-                    "tag": tag, "vmstate": nodes[0], "devices": nodes
-                }),
-            ),
-            Op::Delete => ("snapshot-delete", json!({"tag": tag, "devices": nodes})),
-        };
+        let (cmd, args) = job_for(op, &name, &tag, &nodes, &snaps)?;
         let verdict = match run_job(ctx, q, cmd, args) {
             // QEMU before 6.0 has no snapshot jobs: fall back to HMP and read its text.
             Err(QmpError::Command { class, .. }) if class == "CommandNotFound" => {
@@ -297,28 +260,75 @@ fn snapshot_op(ctx: &ToolCtx, args: &Args, op: Op) -> ToolResult {
             .to_string();
         match verdict {
             Verdict::Done => Ok(status),
-            Verdict::Refused(e) => {
-                let hint = if matches!(op, Op::Load) && status != "running" {
-                    format!(
-                        " The VM is now {status}: restore another snapshot, or resume_vm it as it \
-                         is"
-                    )
-                } else {
-                    String::new()
-                };
-                Err(ToolError::new(format!("QEMU refused {cmd} of {tag:?}: {e}.{hint}")).into())
-            }
+            Verdict::Refused(e) => Err(refused(op, cmd, &tag, &status, &e).into()),
         }
     })?;
-    let action = match op {
-        Op::Save => "created",
-        Op::Load => "restored",
-        Op::Delete => "deleted",
-    };
     Ok(ToolOutput::json(json!({
-        "name": name, "tag": tag, "action": action, "status": status,
+        "name": name, "tag": tag, "action": op.action(), "status": status,
         "duration_ms": started.elapsed().as_millis() as u64
     })))
+}
+
+impl Op {
+    /// The word the log uses.
+    fn verb(self) -> &'static str {
+        match self {
+            Op::Save => "save",
+            Op::Load => "load",
+            Op::Delete => "delete",
+        }
+    }
+
+    /// The word the result uses.
+    fn action(self) -> &'static str {
+        match self {
+            Op::Save => "created",
+            Op::Load => "restored",
+            Op::Delete => "deleted",
+        }
+    }
+}
+
+/// The QMP job command and arguments for `op` on `nodes`, or why it cannot run: saving over
+/// an existing tag, loading or deleting one that is not there (`snaps` is QEMU's list).
+fn job_for(
+    op: Op,
+    name: &str,
+    tag: &str,
+    nodes: &[String],
+    snaps: &[Value],
+) -> Result<(&'static str, Value), ToolError> {
+    let exists = snaps.iter().any(|s| s["name"] == tag);
+    let tags: Vec<&str> = snaps.iter().filter_map(|s| s["name"].as_str()).collect();
+    match op {
+        Op::Save if exists => Err(ToolError::new(format!(
+            "snapshot {tag:?} already exists in VM {name:?}; delete it first or choose another \
+             tag"
+        ))),
+        Op::Load | Op::Delete if !exists => Err(ToolError::new(format!(
+            "VM {name:?} has no snapshot {tag:?}; existing tags: [{}]",
+            tags.join(", ")
+        ))),
+        Op::Save => Ok((
+            "snapshot-save",
+            json!({"tag": tag, "vmstate": nodes[0], "devices": nodes}),
+        )),
+        Op::Load => Ok((
+            "snapshot-load",
+            json!({"tag": tag, "vmstate": nodes[0], "devices": nodes}),
+        )),
+        Op::Delete => Ok(("snapshot-delete", json!({"tag": tag, "devices": nodes}))),
+    }
+}
+
+/// QEMU's refusal of `cmd`, with what to do when a failed load left the VM stopped.
+fn refused(op: Op, cmd: &str, tag: &str, status: &str, e: &str) -> ToolError {
+    let hint = if matches!(op, Op::Load) && status != "running" {
+        format!(" The VM is now {status}: restore another snapshot, or resume_vm it as it is")
+    } else {
+        String::new()
+    };
+    ToolError::new(format!("QEMU refused {cmd} of {tag:?}: {e}.{hint}"))
 }
 
 const LIST_DESCRIPTION: &str = "List the live snapshots of a running VM: tag, id, saved VM state \
