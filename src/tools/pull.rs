@@ -294,55 +294,8 @@ fn dest_for(path: Option<&str>, file_name: &str) -> Result<PathBuf, ToolError> {
 fn pull(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let path = args.opt_str("path")?;
     let overwrite = args.bool_or("overwrite", false)?;
-    let (entry, plan, unverifiable) = match (args.opt_str("image")?, args.opt_str("url")?) {
-        (Some(name), None) => {
-            let e = catalog::find(name).ok_or_else(|| {
-                ToolError::new(format!(
-                    "no catalog image {name:?}; image_catalog lists: {}",
-                    catalog::names().join(", ")
-                ))
-            })?;
-            let (plan, unverifiable) = plan_entry(e)?;
-            (Some(e), plan, unverifiable)
-        }
-        (None, Some(url)) => {
-            let sums = args.opt_str("checksums_url")?.ok_or_else(|| {
-                ToolError::new(
-                    "url needs checksums_url: the publisher's checksum file that lists it \
-                     (every pulled image is verified)",
-                )
-            })?;
-            let plan = vec![Candidate {
-                kind: "url",
-                url: url.to_string(),
-                fetch: url.to_string(),
-                check: Check::Sums(sums.to_string()),
-            }];
-            (None, plan, None)
-        }
-        (Some(_), Some(_)) => return Err(ToolError::new("give image or url, not both")),
-        (None, None) => {
-            return Err(ToolError::new(
-                "give image (a catalog entry; image_catalog lists them) or url + checksums_url",
-            ))
-        }
-    };
-    // Every URL and destination is checked before the first request.
-    let mut sources = Vec::new();
-    for what in plan {
-        let fetch = &what.fetch;
-        download::check_url(fetch)?;
-        if let Check::Sums(sums) = &what.check {
-            download::check_url(sums)?;
-        }
-        let file_name = url_file_name(fetch).ok_or_else(|| {
-            ToolError::new(format!(
-                "{fetch} names no file to look up in the checksum file"
-            ))
-        })?;
-        let dest = dest_for(path, &file_name)?;
-        sources.push(Source { what, dest });
-    }
+    let (entry, plan, unverifiable) = plan_for(args)?;
+    let sources = checked_sources(plan, path)?;
     let name = entry.map(|e| e.name);
     let mut gone: Option<(String, u16)> = None;
     for (i, src) in sources.iter().enumerate() {
@@ -358,22 +311,7 @@ fn pull(ctx: &ToolCtx, args: &Args) -> ToolResult {
                     return Err(e.into());
                 }
                 let name = name.unwrap_or_default();
-                let next = match unverifiable {
-                    Some(latest) => format!(
-                        "the catalog knows no checksum file for {name}'s moving URL {latest}: \
-                         pull it with url + checksums_url (the publisher's checksum file that \
-                         lists it)"
-                    ),
-                    None => format!(
-                        "{name} has no moving URL to fall back to: pull a current image with \
-                         url + checksums_url"
-                    ),
-                };
-                return Err(ToolError::new(format!(
-                    "{} answered HTTP {code}: the publisher has removed the dated image the \
-                     catalog pins for {name} (the catalog needs a newer pin); {next}",
-                    src.what.fetch
-                )));
+                return Err(pin_gone(name, unverifiable, &src.what.fetch, code));
             }
         }
     }
@@ -381,6 +319,88 @@ fn pull(ctx: &ToolCtx, args: &Args) -> ToolResult {
         "the catalog entry {} has no source to pull",
         name.unwrap_or_default()
     )))
+}
+
+/// What to try, in order: a catalog entry's sources (and its moving URL when the catalog
+/// knows no checksum file for it), or one URL checked against its publisher's checksum file.
+type Plan = (
+    Option<&'static catalog::Entry>,
+    Vec<Candidate>,
+    Option<&'static str>,
+);
+
+/// The plan `image` or `url` + `checksums_url` asks for.
+fn plan_for(args: &Args) -> Result<Plan, ToolError> {
+    match (args.opt_str("image")?, args.opt_str("url")?) {
+        (Some(name), None) => {
+            let e = catalog::find(name).ok_or_else(|| {
+                ToolError::new(format!(
+                    "no catalog image {name:?}; image_catalog lists: {}",
+                    catalog::names().join(", ")
+                ))
+            })?;
+            let (plan, unverifiable) = plan_entry(e)?;
+            Ok((Some(e), plan, unverifiable))
+        }
+        (None, Some(url)) => {
+            let sums = args.opt_str("checksums_url")?.ok_or_else(|| {
+                ToolError::new(
+                    "url needs checksums_url: the publisher's checksum file that lists it \
+                     (every pulled image is verified)",
+                )
+            })?;
+            let plan = vec![Candidate {
+                kind: "url",
+                url: url.to_string(),
+                fetch: url.to_string(),
+                check: Check::Sums(sums.to_string()),
+            }];
+            Ok((None, plan, None))
+        }
+        (Some(_), Some(_)) => Err(ToolError::new("give image or url, not both")),
+        (None, None) => Err(ToolError::new(
+            "give image (a catalog entry; image_catalog lists them) or url + checksums_url",
+        )),
+    }
+}
+
+/// Every URL and destination of the plan, checked before the first request.
+fn checked_sources(plan: Vec<Candidate>, path: Option<&str>) -> Result<Vec<Source>, ToolError> {
+    let mut sources = Vec::new();
+    for what in plan {
+        let fetch = &what.fetch;
+        download::check_url(fetch)?;
+        if let Check::Sums(sums) = &what.check {
+            download::check_url(sums)?;
+        }
+        let file_name = url_file_name(fetch).ok_or_else(|| {
+            ToolError::new(format!(
+                "{fetch} names no file to look up in the checksum file"
+            ))
+        })?;
+        let dest = dest_for(path, &file_name)?;
+        sources.push(Source { what, dest });
+    }
+    Ok(sources)
+}
+
+/// The pinned image `fetch` of catalog entry `name` is gone (HTTP `code`) and nothing is left
+/// to try: what happened, and how to pull a current image instead.
+fn pin_gone(name: &str, unverifiable: Option<&str>, fetch: &str, code: u16) -> ToolError {
+    let next = match unverifiable {
+        Some(latest) => format!(
+            "the catalog knows no checksum file for {name}'s moving URL {latest}: pull it with \
+             url + checksums_url (the publisher's checksum file that lists it)"
+        ),
+        None => format!(
+            "{name} has no moving URL to fall back to: pull a current image with url + \
+             checksums_url"
+        ),
+    };
+    ToolError::new(format!(
+        "{fetch} answered HTTP {code}: the publisher has removed the dated image the catalog \
+         pins for {name} (the catalog needs a newer pin); {next}"
+    ))
 }
 
 /// Writes the record beside the image and builds the result.
