@@ -23,6 +23,7 @@ pub mod prepare;
 pub mod presets;
 pub mod pull;
 pub mod sandbox;
+pub mod screenshot;
 pub mod serial;
 pub mod snapshot;
 pub mod stop;
@@ -47,7 +48,7 @@ pub static ALL: &[ToolDef] = &[
     snapshot::RESTORE,
     snapshot::DELETE,
     snapshot::LIST,
-    drive::SCREENSHOT,
+    screenshot::SCREENSHOT,
     keyboard::SEND_KEYS,
     keyboard::TYPE_TEXT,
     drive::CLICK,
