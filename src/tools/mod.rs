@@ -13,6 +13,7 @@ pub mod drive;
 pub mod forward;
 pub mod guest;
 pub mod image;
+pub mod image_catalog;
 pub mod image_snapshot;
 pub mod inspect;
 pub mod keyboard;
@@ -66,7 +67,7 @@ pub static ALL: &[ToolDef] = &[
     image_snapshot::SNAPSHOT_DELETE,
     download::DOWNLOAD,
     pull::PULL,
-    pull::CATALOG,
+    image_catalog::CATALOG,
     prepare::PREPARE,
     sandbox::SANDBOX,
     sandbox::DESTROY,
