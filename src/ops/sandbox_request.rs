@@ -5,7 +5,7 @@ use std::time::Duration;
 use super::error::OpError;
 use super::launch_args::LaunchArgs;
 use crate::qemu::vm;
-use crate::state::registry::valid_name;
+use crate::state::registry::{invalid_name, valid_name};
 
 /// sandbox_vm's request: a sandbox on `base_image` (an overlay) or a clone of `template`.
 #[derive(Debug, Clone, Default)]
@@ -46,10 +46,7 @@ impl SandboxRequest {
 pub fn checked_name(name: Option<&str>) -> Result<String, OpError> {
     match name {
         Some(n) if valid_name(n) => Ok(n.to_string()),
-        Some(n) => Err(OpError::new(format!(
-            "invalid VM name {n:?}: use 1-48 characters from A-Z a-z 0-9 _ . -, starting with a \
-             letter or digit"
-        ))),
+        Some(n) => Err(OpError::new(invalid_name("VM", n))),
         None => Ok(first_free_name()),
     }
 }

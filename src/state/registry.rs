@@ -96,6 +96,14 @@ pub fn valid_name(name: &str) -> bool {
         && name.len() <= 48
 }
 
+/// The one message for a name [`valid_name`] refuses; `what`: "VM" or "template".
+pub fn invalid_name(what: &str, name: &str) -> String {
+    format!(
+        "invalid {what} name {name:?}: use 1-48 characters from A-Z a-z 0-9 _ . -, starting with \
+         a letter or digit"
+    )
+}
+
 /// Why a registry file as a whole is unusable.
 #[derive(Debug)]
 pub enum ParseError {

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::object;
-use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use super::{object, presets, vm_name_arg};
+use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::ops::background::{self as bg, BgError};
 
 impl From<BgError> for ToolError {
@@ -35,7 +35,7 @@ pub const STATUS: ToolDef = ToolDef {
     input_schema: || {
         object(
             json!({
-                "name": {"type": "string", "minLength": 1},
+                "name": presets::name_schema(),
                 "handle": {"type": "string", "minLength": 1,
                            "description": "From guest_exec with background=true."},
                 "stdout_offset": {"type": "integer", "minimum": 0, "default": 0},
@@ -64,12 +64,7 @@ pub const STATUS: ToolDef = ToolDef {
                          "stdout_next_offset", "stderr_next_offset"]
         })
     },
-    annotations: Annotations {
-        read_only: true,
-        destructive: false,
-        idempotent: true,
-        open_world: false,
-    },
+    annotations: presets::READ_ONLY,
     handler: status,
 };
 
@@ -80,7 +75,7 @@ fn offset(args: &Args, key: &str) -> Result<u64, ToolError> {
 
 fn status(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let req = bg::StatusRequest {
-        name: args.str("name")?.to_string(),
+        name: vm_name_arg(args)?,
         handle: args.str("handle")?.to_string(),
         stdout_offset: offset(args, "stdout_offset")?,
         stderr_offset: offset(args, "stderr_offset")?,
@@ -101,7 +96,7 @@ pub const KILL: ToolDef = ToolDef {
     input_schema: || {
         object(
             json!({
-                "name": {"type": "string", "minLength": 1},
+                "name": presets::name_schema(),
                 "handle": {"type": "string", "minLength": 1},
                 "signal": {"type": "string", "minLength": 1, "default": "TERM"}
             }),
@@ -121,12 +116,7 @@ pub const KILL: ToolDef = ToolDef {
             "required": ["name", "handle", "pid", "signalled", "forced"]
         })
     },
-    annotations: Annotations {
-        read_only: false,
-        destructive: true,
-        idempotent: true,
-        open_world: false,
-    },
+    annotations: presets::DESTRUCTIVE_IDEMPOTENT,
     handler: kill,
 };
 
@@ -139,7 +129,7 @@ fn kill(_ctx: &ToolCtx, args: &Args) -> ToolResult {
         ))
     })?;
     let req = bg::KillRequest {
-        name: args.str("name")?.to_string(),
+        name: vm_name_arg(args)?,
         handle: args.str("handle")?.to_string(),
         signal,
     };

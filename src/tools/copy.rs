@@ -3,8 +3,8 @@
 
 use serde_json::{json, Value};
 
-use super::{object, vm_name_arg};
-use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use super::{object, presets, vm_name_arg};
+use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::ops::guest_stream::Watch;
 use crate::ops::tree_copy::{self, Copied, CopyIn, CopyOut};
 
@@ -71,7 +71,7 @@ fn result(name: &str, c: Copied) -> ToolOutput {
 
 fn input_schema(first: &str, second: &str) -> Value {
     let mut props = serde_json::Map::new();
-    props.insert("name".into(), json!({"type": "string", "minLength": 1}));
+    props.insert("name".into(), presets::name_schema());
     for (key, what) in [(first, "source"), (second, "destination")] {
         let side = if key.starts_with("host") {
             "host"
@@ -91,13 +91,6 @@ fn input_schema(first: &str, second: &str) -> Value {
     object(Value::Object(props), &["name", first, second])
 }
 
-const ANNOTATIONS: Annotations = Annotations {
-    read_only: false,
-    destructive: true,
-    idempotent: true,
-    open_world: false,
-};
-
 const IN_DESCRIPTION: &str = "Copy a host file or a whole folder tree into the guest at \
     guest_path, as one tar stream through the guest agent. Modes and mtimes are kept; symlinks \
     are copied as links, never followed; hidden names (.git, .ssh) inside the tree are left out, \
@@ -113,7 +106,7 @@ pub const COPY_IN: ToolDef = ToolDef {
     description: IN_DESCRIPTION,
     input_schema: || input_schema("host_path", "guest_path"),
     output_schema,
-    annotations: ANNOTATIONS,
+    annotations: presets::DESTRUCTIVE_IDEMPOTENT,
     handler: copy_in,
 };
 
@@ -145,7 +138,7 @@ pub const COPY_OUT: ToolDef = ToolDef {
     description: OUT_DESCRIPTION,
     input_schema: || input_schema("guest_path", "host_path"),
     output_schema,
-    annotations: ANNOTATIONS,
+    annotations: presets::DESTRUCTIVE_IDEMPOTENT,
     handler: copy_out,
 };
 

@@ -2,8 +2,8 @@
 
 use serde_json::json;
 
-use super::path_arg;
-use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolOutput, ToolResult};
+use super::{path_arg, presets};
+use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolOutput, ToolResult};
 use crate::net::download::{self, Request};
 use crate::ops::watch::CtxWatch;
 use crate::state::roots::Access;
@@ -60,12 +60,7 @@ pub const DOWNLOAD: ToolDef = ToolDef {
             "required": ["path", "bytes", "sha256", "verified"]
         })
     },
-    annotations: Annotations {
-        read_only: false,
-        destructive: true,
-        idempotent: false,
-        open_world: true,
-    },
+    annotations: presets::DESTRUCTIVE_OPEN_WORLD,
     handler: run,
 };
 

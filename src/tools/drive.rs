@@ -1,203 +1,19 @@
-//! See and drive: screenshots and the mouse through QMP (the keyboard is in
-//! [`super::keyboard`]).
+//! Drive the mouse: vm_click through the absolute tablet and vm_mouse_move through the
+//! relative mouse (the keyboard is in [`super::keyboard`], the screen in [`super::screenshot`]).
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::object;
-use crate::b64;
-use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
-use crate::ops::screen::{self as ops_screen, Wait};
-use crate::ops::session::{self, SessionError};
+use super::screenshot::{capture, live, Session};
+use super::{object, presets, vm_name_arg};
+use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use crate::ops::session;
 use crate::qemu::qmp::{Qmp, QmpError};
-use crate::qemu::screen::{self, Bounds, CaptureError, Frame};
-use crate::qemu::vm;
-use crate::state::registry::Record;
-use crate::state::roots::Access;
+use crate::qemu::screen;
 
 /// Largest |dx| or |dy| for vm_mouse_move.
 pub const MAX_DELTA: i64 = 20000;
-
-/// A VM that must be running, for the screen, keyboard and mouse tools.
-pub fn live(name: &str) -> Result<Record, ToolError> {
-    Ok(crate::ops::records::lookup_live(name, "launch it first")?)
-}
-
-/// The monitor session of a screen/keyboard/mouse tool: failures explained for VM `name`.
-type Session<T> = Result<T, SessionError<QmpError>>;
-
-/// Captures the screen within an open session (see [`screen::capture`]: a pipe, or a
-/// temporary file in the VM's state folder, removed on every path).
-fn capture(q: &mut Qmp, name: &str) -> Session<Frame> {
-    screen::capture(q, &vm::state_dir(name)).map_err(|e| match e {
-        CaptureError::Qmp(e) => SessionError::Channel(e),
-        other => ToolError::new(format!("screenshot of {name:?} failed: {other}")).into(),
-    })
-}
-
-/// Largest `max_edge`, `max_width` and `max_height`: the largest screen a capture accepts.
-const MAX_BOUND: i64 = screen::MAX_DIM as i64;
-
-/// Smallest `max_bytes`.
-const MIN_BYTES: i64 = 16 * 1024;
-
-const SCREENSHOT_DESCRIPTION: &str = "Capture the VM's screen as a PNG image. Returned inline \
-    (MCP image content), a screen whose longer edge is over 1568 px is scaled down to 1568 \
-    (area averaging, as hosts reject or shrink larger images), and the PNG is kept within \
-    max_bytes (750000: its base64 stays within 1 MB) by scaling it further if needed; \
-    max_edge, max_width and max_height set other bounds (max_edge 16384 returns the full \
-    screen). The result gives the image's width and height, the screen's (screen_width, \
-    screen_height) and scale (the image's size divided by the screen's). To click or point at \
-    something seen in a scaled image, pass that scale to vm_click or vm_mouse_move with \
-    coordinates read off the image. With path, the PNG is saved to that file instead, at the \
-    screen's full size unless bounds are given. Works on paused VMs.";
-
-/// `vm_screenshot`.
-pub const SCREENSHOT: ToolDef = ToolDef {
-    name: "vm_screenshot",
-    title: "Screenshot a VM",
-    description: SCREENSHOT_DESCRIPTION,
-    input_schema: || {
-        object(
-            json!({
-                "name": {"type": "string", "minLength": 1},
-                "path": {
-                    "type": "string",
-                    "description": "Save the PNG here instead of returning it inline."
-                },
-                "max_edge": {
-                    "type": "integer", "minimum": screen::MIN_EDGE, "maximum": MAX_BOUND,
-                    "description": "Largest longer edge of the image (inline default 1568 when \
-                        neither max_width nor max_height is given; with path, none)."
-                },
-                "max_width": {
-                    "type": "integer", "minimum": screen::MIN_EDGE, "maximum": MAX_BOUND,
-                    "description": "Largest image width."
-                },
-                "max_height": {
-                    "type": "integer", "minimum": screen::MIN_EDGE, "maximum": MAX_BOUND,
-                    "description": "Largest image height."
-                },
-                "max_bytes": {
-                    "type": "integer", "minimum": MIN_BYTES,
-                    "description": "Largest PNG in bytes: a larger one is scaled down until it \
-                        fits (inline default 750000; with path, none)."
-                }
-            }),
-            &["name"],
-        )
-    },
-    output_schema: || {
-        json!({
-            "type": "object",
-            "properties": {
-                "name": {"type": "string"},
-                "width": {"type": "integer", "description": "The image's width."},
-                "height": {"type": "integer", "description": "The image's height."},
-                "scale": {
-                    "type": "number",
-                    "description": "The image's size divided by the screen's: 1 for the full \
-                        screen. Pass it to vm_click / vm_mouse_move with coordinates read off \
-                        this image."
-                },
-                "screen_width": {"type": "integer"},
-                "screen_height": {"type": "integer"},
-                "bytes": {"type": "integer"},
-                "format": {"type": "string"},
-                "path": {"type": ["string", "null"]}
-            },
-            "required": [
-                "name", "width", "height", "scale", "screen_width", "screen_height", "bytes"
-            ]
-        })
-    },
-    annotations: Annotations {
-        read_only: true,
-        destructive: false,
-        idempotent: true,
-        open_world: false,
-    },
-    handler: screenshot,
-};
-
-/// A positive integer argument no larger than `max`, if given.
-fn bound_arg(args: &Args, key: &str, min: i64, max: i64) -> Result<Option<u32>, ToolError> {
-    match args.opt_i64(key)? {
-        None => Ok(None),
-        Some(v) if (min..=max).contains(&v) => Ok(Some(v as u32)),
-        Some(v) => Err(ToolError::new(format!(
-            "{key} must be between {min} and {max}, not {v}; nothing was captured"
-        ))),
-    }
-}
-
-/// The screenshot's bounds from its arguments: inline, the longer edge defaults to
-/// [`screen::DEFAULT_MAX_EDGE`] unless a width or height bound is given, and the PNG to
-/// [`screen::DEFAULT_MAX_BYTES`]; saved to a file, only the bounds given apply.
-fn bounds(args: &Args, inline: bool) -> Result<Bounds, ToolError> {
-    let max_width = bound_arg(args, "max_width", i64::from(screen::MIN_EDGE), MAX_BOUND)?;
-    let max_height = bound_arg(args, "max_height", i64::from(screen::MIN_EDGE), MAX_BOUND)?;
-    let mut max_edge = bound_arg(args, "max_edge", i64::from(screen::MIN_EDGE), MAX_BOUND)?;
-    if inline && max_edge.is_none() && max_width.is_none() && max_height.is_none() {
-        max_edge = Some(screen::DEFAULT_MAX_EDGE);
-    }
-    let max_bytes = match args.opt_i64("max_bytes")? {
-        Some(v) if v < MIN_BYTES => {
-            return Err(ToolError::new(format!(
-                "max_bytes must be at least {MIN_BYTES}, not {v}; nothing was captured"
-            )))
-        }
-        Some(v) => Some(usize::try_from(v).unwrap_or(usize::MAX)),
-        None if inline => Some(screen::DEFAULT_MAX_BYTES),
-        None => None,
-    };
-    Ok(Bounds {
-        max_width,
-        max_height,
-        max_edge,
-        max_bytes,
-    })
-}
-
-fn screenshot(_ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let name = args.str("name")?.to_string();
-    let save_to: Option<PathBuf> = match args.opt_str("path")? {
-        Some(_) => Some(super::path_arg(args, "path", Access::Write)?),
-        None => None,
-    };
-    let bounds = bounds(args, save_to.is_none())?;
-    let rec = live(&name)?;
-    let got = ops_screen::capture(&name, &rec, &bounds, Wait::Queue).map_err(|e| match e {
-        CaptureError::Qmp(e) => ToolError::new(session::explain_qmp(&name, &rec, &e)),
-        other => ToolError::new(format!("screenshot of {name:?} failed: {other}")),
-    })?;
-    let (shot, png) = (&got.shot, &got.shot.png);
-    let mut out = json!({
-        "name": name, "width": png.width, "height": png.height, "scale": shot.scale,
-        "screen_width": got.screen_width, "screen_height": got.screen_height,
-        "bytes": png.data.len(), "format": "png", "path": null
-    });
-    if let Some(p) = save_to {
-        // A temporary file beside the target, renamed into place, all relative to the folder
-        // opened beneath its root: no symlink is followed, and a failed write leaves nothing.
-        crate::state::beneath::write_replace(&p, &png.data).map_err(|e| {
-            ToolError::new(format!(
-                "cannot save the screenshot to {}: {e}",
-                p.display()
-            ))
-        })?;
-        out["path"] = json!(p.display().to_string());
-        return Ok(ToolOutput::json(out));
-    }
-    Ok(ToolOutput {
-        structured: out,
-        extra: vec![
-            json!({"type": "image", "data": b64::encode(&png.data), "mimeType": "image/png"}),
-        ],
-    })
-}
 
 /// The `scale` parameter of vm_click and vm_mouse_move.
 fn scale_param() -> Value {
@@ -277,7 +93,7 @@ pub const CLICK: ToolDef = ToolDef {
     input_schema: || {
         object(
             json!({
-                "name": {"type": "string", "minLength": 1},
+                "name": presets::name_schema(),
                 "x": {"type": "integer", "minimum": 0},
                 "y": {"type": "integer", "minimum": 0},
                 "scale": scale_param(),
@@ -306,12 +122,7 @@ pub const CLICK: ToolDef = ToolDef {
             "required": ["name", "x", "y", "button"]
         })
     },
-    annotations: Annotations {
-        read_only: false,
-        destructive: true,
-        idempotent: false,
-        open_world: false,
-    },
+    annotations: presets::DESTRUCTIVE,
     handler: click,
 };
 
@@ -324,7 +135,7 @@ pub fn abs_axis(pos: u32, size: u32) -> i64 {
 }
 
 fn click(_ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let name = args.str("name")?.to_string();
+    let name = vm_name_arg(args)?;
     let x = args.opt_i64("x")?.unwrap_or(-1);
     let y = args.opt_i64("y")?.unwrap_or(-1);
     let scale = scale_arg(args)?;
@@ -388,7 +199,7 @@ pub const MOUSE_MOVE: ToolDef = ToolDef {
     input_schema: || {
         object(
             json!({
-                "name": {"type": "string", "minLength": 1},
+                "name": presets::name_schema(),
                 "dx": {
                     "type": "integer", "minimum": -MAX_DELTA, "maximum": MAX_DELTA, "default": 0
                 },
@@ -425,12 +236,7 @@ pub const MOUSE_MOVE: ToolDef = ToolDef {
             "required": ["name", "dx", "dy", "commands"]
         })
     },
-    annotations: Annotations {
-        read_only: false,
-        destructive: true,
-        idempotent: false,
-        open_world: false,
-    },
+    annotations: presets::DESTRUCTIVE,
     handler: mouse_move,
 };
 
@@ -451,10 +257,42 @@ pub fn rel_steps(dx: i64, dy: i64, step: i64) -> Vec<(i64, i64)> {
 }
 
 fn mouse_move(ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let name = args.str("name")?.to_string();
+    let name = vm_name_arg(args)?;
     let dx = args.i64_or("dx", 0)?;
     let dy = args.i64_or("dy", 0)?;
     let scale = scale_arg(args)?;
+    let (sdx, sdy) = screen_delta(dx, dy, scale)?;
+    // Relative motion needs a relative mouse (a PC's PS/2 one); the virt boards have only the
+    // absolute tablet, where this motion would go nowhere.
+    let rec = live(&name)?;
+    if crate::ops::records::input(&rec, "relative_pointer").is_none() {
+        return Err(ToolError::new(format!(
+            "VM {name:?} has no relative mouse (machine {}), so the motion would go nowhere; \
+             use vm_click with x and y (the absolute tablet) instead",
+            rec.get("machine").and_then(Value::as_str).unwrap_or("?")
+        )));
+    }
+    let step = args.i64_or("step", 32)?.clamp(1, 120);
+    let home = args.opt_str("home")?.map(str::to_string);
+    let click_btn = args.opt_str("click")?.map(str::to_string);
+    let double = args.bool_or("double", false)?;
+    let plan = move_plan(home.as_deref(), sdx, sdy, step);
+    let commands = plan.len();
+    session::monitor(&name, &rec, |q| {
+        send_moves(ctx, q, &plan)?;
+        if let Some(b) = &click_btn {
+            click_cmds(q, b, double)?;
+        }
+        Ok(())
+    })?;
+    Ok(ToolOutput::json(json!({
+        "name": name, "dx": dx, "dy": dy, "screen_dx": sdx, "screen_dy": sdy,
+        "commands": commands, "home": home, "click": click_btn
+    })))
+}
+
+/// (dx, dy) of a screenshot at `scale` in screen pixels; either past [`MAX_DELTA`] is refused.
+fn screen_delta(dx: i64, dy: i64, scale: f64) -> Result<(i64, i64), ToolError> {
     if dx.abs() > MAX_DELTA || dy.abs() > MAX_DELTA {
         return Err(ToolError::new(format!(
             "|dx| and |dy| must be at most {MAX_DELTA}; nothing was sent"
@@ -470,24 +308,15 @@ fn mouse_move(ctx: &ToolCtx, args: &Args) -> ToolResult {
              nothing was sent"
         )));
     }
-    // Relative motion needs a relative mouse (a PC's PS/2 one); the virt boards have only the
-    // absolute tablet, where this motion would go nowhere.
-    let rec = live(&name)?;
-    if crate::ops::records::input(&rec, "relative_pointer").is_none() {
-        return Err(ToolError::new(format!(
-            "VM {name:?} has no relative mouse (machine {}), so the motion would go nowhere; \
-             use vm_click with x and y (the absolute tablet) instead",
-            rec.get("machine").and_then(Value::as_str).unwrap_or("?")
-        )));
-    }
-    let step = args.i64_or("step", 32)?.clamp(1, 120);
-    let home = args.opt_str("home")?.map(str::to_string);
-    let click_btn = args.opt_str("click")?.map(str::to_string);
-    let double = args.bool_or("double", false)?;
+    Ok((sdx, sdy))
+}
+
+/// The relative steps to send: far towards the `home` corner first (if asked), then the move.
+fn move_plan(home: Option<&str>, sdx: i64, sdy: i64, step: i64) -> Vec<(i64, i64)> {
     let mut plan = Vec::new();
-    if let Some(h) = &home {
+    if let Some(h) = home {
         let far = 4000;
-        let (hx, hy) = match h.as_str() {
+        let (hx, hy) = match h {
             "top-left" => (-far, -far),
             "top-right" => (far, -far),
             "bottom-left" => (-far, far),
@@ -496,45 +325,35 @@ fn mouse_move(ctx: &ToolCtx, args: &Args) -> ToolResult {
         plan.extend(rel_steps(hx, hy, step));
     }
     plan.extend(rel_steps(sdx, sdy, step));
-    let commands = plan.len();
-    session::monitor(&name, &rec, |q| {
-        for (i, (sx, sy)) in plan.iter().enumerate() {
-            q.execute(
-                "input-send-event",
-                Some(json!({"events": [
-                    {"type": "rel", "data": {"axis": "x", "value": sx}},
-                    {"type": "rel", "data": {"axis": "y", "value": sy}}
-                ]})),
-            )?;
-            if i % 64 == 63 && ctx.cancelled() {
-                return Err(ToolError::new("cancelled").into());
-            }
+    plan
+}
+
+/// Sends the steps, one command each (a cancel is noticed every 64), then flushes QEMU's
+/// held-back motion.
+fn send_moves(ctx: &ToolCtx, q: &mut Qmp, plan: &[(i64, i64)]) -> Session<()> {
+    let rel = |x: i64, y: i64| {
+        json!({"events": [
+            {"type": "rel", "data": {"axis": "x", "value": x}},
+            {"type": "rel", "data": {"axis": "y", "value": y}}
+        ]})
+    };
+    for (i, (sx, sy)) in plan.iter().enumerate() {
+        q.execute("input-send-event", Some(rel(*sx, *sy)))?;
+        if i % 64 == 63 && ctx.cancelled() {
+            return Err(ToolError::new("cancelled").into());
         }
-        if !plan.is_empty() {
-            // QEMU holds back motion while the PS/2 queue is full and sends it with the next
-            // event: give the guest time to drain, then flush with empty motion, so all of it
-            // arrives (and before any click, not merged into it).
-            for _ in 0..2 {
-                std::thread::sleep(MOUSE_PACE);
-                q.execute(
-                    "input-send-event",
-                    Some(json!({"events": [
-                        {"type": "rel", "data": {"axis": "x", "value": 0}},
-                        {"type": "rel", "data": {"axis": "y", "value": 0}}
-                    ]})),
-                )?;
-            }
+    }
+    if !plan.is_empty() {
+        // QEMU holds back motion while the PS/2 queue is full and sends it with the next
+        // event: give the guest time to drain, then flush with empty motion, so all of it
+        // arrives (and before any click, not merged into it).
+        for _ in 0..2 {
             std::thread::sleep(MOUSE_PACE);
+            q.execute("input-send-event", Some(rel(0, 0)))?;
         }
-        if let Some(b) = &click_btn {
-            click_cmds(q, b, double)?;
-        }
-        Ok(())
-    })?;
-    Ok(ToolOutput::json(json!({
-        "name": name, "dx": dx, "dy": dy, "screen_dx": sdx, "screen_dy": sdy,
-        "commands": commands, "home": home, "click": click_btn
-    })))
+        std::thread::sleep(MOUSE_PACE);
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -575,22 +394,6 @@ mod tests {
         }
         // Full size: unchanged.
         assert_eq!(to_screen(719, 720, 720), 719);
-    }
-
-    #[test]
-    fn inline_screenshots_are_bounded_by_default_and_files_are_not() {
-        let args = |v: Value| Args(v.as_object().unwrap().clone());
-        let b = bounds(&args(json!({"name": "a"})), true).unwrap();
-        assert_eq!(b.max_edge, Some(screen::DEFAULT_MAX_EDGE));
-        assert_eq!(b.max_bytes, Some(screen::DEFAULT_MAX_BYTES));
-        let b = bounds(&args(json!({"name": "a"})), false).unwrap();
-        assert_eq!(b, Bounds::default());
-        // A width or height bound replaces the default edge; bytes keep theirs.
-        let b = bounds(&args(json!({"name": "a", "max_width": 1024})), true).unwrap();
-        assert_eq!((b.max_width, b.max_edge), (Some(1024), None));
-        assert_eq!(b.max_bytes, Some(screen::DEFAULT_MAX_BYTES));
-        assert!(bounds(&args(json!({"max_edge": 5})), true).is_err());
-        assert!(bounds(&args(json!({"max_bytes": 100})), true).is_err());
     }
 
     #[test]

@@ -3,8 +3,8 @@
 
 use serde_json::json;
 
-use super::object;
-use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use super::{object, presets, vm_name_arg};
+use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::ops::port_forward as pf;
 
 const DESCRIPTION: &str = "Add and remove host port forwards on a running VM (its user \
@@ -21,7 +21,7 @@ pub const FORWARD: ToolDef = ToolDef {
     input_schema: || {
         object(
             json!({
-                "name": {"type": "string", "minLength": 1},
+                "name": presets::name_schema(),
                 "add": {"type": "array", "items": {"type": "string", "minLength": 1},
                         "default": []},
                 "remove": {"type": "array", "items": {"type": "string", "minLength": 1},
@@ -41,18 +41,13 @@ pub const FORWARD: ToolDef = ToolDef {
             "required": ["name", "added", "removed", "port_forwards"]
         })
     },
-    annotations: Annotations {
-        read_only: false,
-        destructive: false,
-        idempotent: false,
-        open_world: false,
-    },
+    annotations: presets::ADDITIVE,
     handler: forward,
 };
 
 fn forward(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     let req = pf::Request {
-        name: args.str("name")?.to_string(),
+        name: vm_name_arg(args)?,
         add: args.str_list("add")?,
         remove: args.str_list("remove")?,
     };

@@ -4,9 +4,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::object;
+use super::{object, presets, vm_name_arg};
 use crate::b64;
-use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::ops::guest::{self as guest_ops, with_guest};
 use crate::ops::{background, guest_stream, listing, spool};
 use crate::qemu::qga::{Qga, QgaError};
@@ -18,13 +18,6 @@ const FILE_CHUNK: usize = 1024 * 1024 - 1;
 /// Cap on guest_file_read's max_bytes.
 pub const MAX_READ: i64 = 8 * 1024 * 1024;
 
-fn name_schema() -> Value {
-    object(
-        json!({"name": {"type": "string", "minLength": 1}}),
-        &["name"],
-    )
-}
-
 const PING_DESCRIPTION: &str = "Check that qemu-guest-agent answers inside the VM. The agent can \
     answer before the guest has finished booting.";
 
@@ -33,7 +26,7 @@ pub const PING: ToolDef = ToolDef {
     name: "guest_ping",
     title: "Ping the guest agent",
     description: PING_DESCRIPTION,
-    input_schema: name_schema,
+    input_schema: presets::name_only,
     output_schema: || {
         json!({
             "type": "object",
@@ -45,17 +38,12 @@ pub const PING: ToolDef = ToolDef {
             "required": ["name", "ok"]
         })
     },
-    annotations: Annotations {
-        read_only: true,
-        destructive: false,
-        idempotent: true,
-        open_world: false,
-    },
+    annotations: presets::READ_ONLY,
     handler: ping,
 };
 
 fn ping(_ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let name = args.str("name")?;
+    let name = &vm_name_arg(args)?;
     let t = Instant::now();
     with_guest(name, "guest-ping", |q| {
         q.execute_within("guest-ping", None, Duration::from_secs(5))
@@ -73,7 +61,7 @@ pub const INFO: ToolDef = ToolDef {
     name: "guest_info",
     title: "Describe the guest agent",
     description: INFO_DESCRIPTION,
-    input_schema: name_schema,
+    input_schema: presets::name_only,
     output_schema: || {
         json!({
             "type": "object",
@@ -87,17 +75,12 @@ pub const INFO: ToolDef = ToolDef {
             "required": ["name", "version", "enabled_commands", "disabled_commands"]
         })
     },
-    annotations: Annotations {
-        read_only: true,
-        destructive: false,
-        idempotent: true,
-        open_world: false,
-    },
+    annotations: presets::READ_ONLY,
     handler: info,
 };
 
 fn info(_ctx: &ToolCtx, args: &Args) -> ToolResult {
-    Ok(guest_ops::info(args.str("name")?).map(ToolOutput::json)?)
+    Ok(guest_ops::info(&vm_name_arg(args)?).map(ToolOutput::json)?)
 }
 
 const EXEC_DESCRIPTION: &str = "Run a program inside the guest through the agent (not a shell: \
@@ -117,7 +100,7 @@ pub const EXEC: ToolDef = ToolDef {
     input_schema: || {
         object(
             json!({
-                "name": {"type": "string", "minLength": 1},
+                "name": presets::name_schema(),
                 "command": {
                     "type": "string", "minLength": 1,
                     "description": "Program path or name (searched in the guest's PATH)."
@@ -166,12 +149,7 @@ pub const EXEC: ToolDef = ToolDef {
             "required": ["name", "pid"]
         })
     },
-    annotations: Annotations {
-        read_only: false,
-        destructive: true,
-        idempotent: false,
-        open_world: false,
-    },
+    annotations: presets::DESTRUCTIVE,
     handler: exec,
 };
 
@@ -205,7 +183,7 @@ fn exec(ctx: &ToolCtx, args: &Args) -> ToolResult {
         spool::check_cwd(c).map_err(ToolError::new)?;
     }
     let (name, command, stdin) = (
-        args.str("name")?,
+        &vm_name_arg(args)?,
         args.str("command")?,
         args.opt_str("stdin")?,
     );
@@ -251,7 +229,7 @@ pub const FILE_READ: ToolDef = ToolDef {
     input_schema: || {
         object(
             json!({
-                "name": {"type": "string", "minLength": 1},
+                "name": presets::name_schema(),
                 "path": {"type": "string", "minLength": 1},
                 "max_bytes": {
                     "type": "integer", "minimum": 1, "maximum": MAX_READ, "default": 1048576
@@ -282,17 +260,12 @@ pub const FILE_READ: ToolDef = ToolDef {
             "required": ["path", "content", "encoding", "size", "truncated"]
         })
     },
-    annotations: Annotations {
-        read_only: true,
-        destructive: false,
-        idempotent: true,
-        open_world: false,
-    },
+    annotations: presets::READ_ONLY,
     handler: file_read,
 };
 
 fn file_read(_ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let name = args.str("name")?;
+    let name = &vm_name_arg(args)?;
     let path = args.str("path")?;
     let max = args.i64_or("max_bytes", 1_048_576)?.clamp(1, MAX_READ) as usize;
     let encoding = args.str_or("encoding", "utf-8")?;
@@ -388,7 +361,7 @@ pub const LIST_DIR: ToolDef = ToolDef {
     input_schema: || {
         object(
             json!({
-                "name": {"type": "string", "minLength": 1},
+                "name": presets::name_schema(),
                 "path": {"type": "string", "minLength": 1,
                          "description": "An absolute folder path in the guest."},
                 "max_entries": {"type": "integer", "minimum": 1,
@@ -408,18 +381,13 @@ pub const LIST_DIR: ToolDef = ToolDef {
             "required": ["name", "path", "entries", "truncated"]
         })
     },
-    annotations: Annotations {
-        read_only: true,
-        destructive: false,
-        idempotent: true,
-        open_world: false,
-    },
+    annotations: presets::READ_ONLY,
     handler: list_dir,
 };
 
 fn list_dir(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     let req = listing::Request {
-        name: args.str("name")?.to_string(),
+        name: vm_name_arg(args)?,
         path: args.str("path")?.to_string(),
         max_entries: args
             .i64_or("max_entries", 1000)?
@@ -442,7 +410,7 @@ pub const FILE_WRITE: ToolDef = ToolDef {
     input_schema: || {
         object(
             json!({
-                "name": {"type": "string", "minLength": 1},
+                "name": presets::name_schema(),
                 "path": {"type": "string", "minLength": 1},
                 "content": {"type": "string"},
                 "append": {"type": "boolean", "default": false},
@@ -463,17 +431,12 @@ pub const FILE_WRITE: ToolDef = ToolDef {
             "required": ["path", "bytes_written"]
         })
     },
-    annotations: Annotations {
-        read_only: false,
-        destructive: true,
-        idempotent: false,
-        open_world: false,
-    },
+    annotations: presets::DESTRUCTIVE,
     handler: file_write,
 };
 
 fn file_write(_ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let name = args.str("name")?;
+    let name = &vm_name_arg(args)?;
     let path = args.str("path")?;
     let append = args.bool_or("append", false)?;
     let content = args.str("content")?;

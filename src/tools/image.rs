@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use serde_json::{json, Value};
 
 use super::params::{out_object, path_schema, snapshot_item_schema, snapshots_of};
-use super::{checked_image, object, path_arg};
-use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use super::{checked_image, object, path_arg, presets};
+use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::ops::checks::{must_exist, refuse_in_use};
 use crate::qemu::img::{self, ImgError, FORMATS};
 use crate::state::roots::{self, Access};
@@ -105,12 +105,7 @@ pub const CREATE: ToolDef = ToolDef {
         )
     },
     output_schema: || out_object(image_out_props(), &["path", "format", "virtual_size"]),
-    annotations: Annotations {
-        read_only: false,
-        destructive: true,
-        idempotent: false,
-        open_world: false,
-    },
+    annotations: presets::DESTRUCTIVE,
     handler: create,
 };
 
@@ -198,12 +193,7 @@ pub const INFO: ToolDef = ToolDef {
         });
         out_object(props, &["path", "format", "info"])
     },
-    annotations: Annotations {
-        read_only: true,
-        destructive: false,
-        idempotent: true,
-        open_world: false,
-    },
+    annotations: presets::READ_ONLY,
     handler: info,
 };
 
@@ -270,12 +260,7 @@ pub const CONVERT: ToolDef = ToolDef {
         props["compressed"] = json!({"type": "boolean"});
         out_object(props, &["path", "source", "format"])
     },
-    annotations: Annotations {
-        read_only: false,
-        destructive: true,
-        idempotent: false,
-        open_world: false,
-    },
+    annotations: presets::DESTRUCTIVE,
     handler: convert,
 };
 
@@ -362,12 +347,7 @@ pub const RESIZE: ToolDef = ToolDef {
         props["new_size"] = json!({"type": "integer"});
         out_object(props, &["path", "old_size", "new_size"])
     },
-    annotations: Annotations {
-        read_only: false,
-        destructive: true,
-        idempotent: false,
-        open_world: false,
-    },
+    annotations: presets::DESTRUCTIVE,
     handler: resize,
 };
 

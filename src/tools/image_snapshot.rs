@@ -4,8 +4,8 @@
 use serde_json::{json, Value};
 
 use super::params::{out_object, path_schema, snapshot_item_schema, snapshots_of, tag_schema};
-use super::{check_tag, checked_image, object, path_arg};
-use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use super::{check_tag, checked_image, object, path_arg, presets};
+use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::ops::checks::refuse_in_use;
 use crate::qemu::img::{self, SnapshotOp};
 use crate::state::roots::Access;
@@ -51,12 +51,7 @@ pub const SNAPSHOT_LIST: ToolDef = ToolDef {
     description: SNAPSHOT_LIST_DESCRIPTION,
     input_schema: || object(json!({"path": path_schema("The image.")}), &["path"]),
     output_schema: snapshot_list_out,
-    annotations: Annotations {
-        read_only: true,
-        destructive: false,
-        idempotent: true,
-        open_world: false,
-    },
+    annotations: presets::READ_ONLY,
     handler: snapshot_list,
 };
 
@@ -79,12 +74,7 @@ pub const SNAPSHOT_CREATE: ToolDef = ToolDef {
     description: SNAPSHOT_CREATE_DESCRIPTION,
     input_schema: snapshot_in_schema,
     output_schema: snapshot_op_out,
-    annotations: Annotations {
-        read_only: false,
-        destructive: false,
-        idempotent: false,
-        open_world: false,
-    },
+    annotations: presets::ADDITIVE,
     handler: |ctx, args| snapshot_op(ctx, args, SnapshotOp::Create),
 };
 
@@ -98,12 +88,7 @@ pub const SNAPSHOT_APPLY: ToolDef = ToolDef {
     description: SNAPSHOT_APPLY_DESCRIPTION,
     input_schema: snapshot_in_schema,
     output_schema: snapshot_op_out,
-    annotations: Annotations {
-        read_only: false,
-        destructive: true,
-        idempotent: true,
-        open_world: false,
-    },
+    annotations: presets::DESTRUCTIVE_IDEMPOTENT,
     handler: |ctx, args| snapshot_op(ctx, args, SnapshotOp::Apply),
 };
 
@@ -117,12 +102,7 @@ pub const SNAPSHOT_DELETE: ToolDef = ToolDef {
     description: SNAPSHOT_DELETE_DESCRIPTION,
     input_schema: snapshot_in_schema,
     output_schema: snapshot_op_out,
-    annotations: Annotations {
-        read_only: false,
-        destructive: true,
-        idempotent: false,
-        open_world: false,
-    },
+    annotations: presets::DESTRUCTIVE,
     handler: |ctx, args| snapshot_op(ctx, args, SnapshotOp::Delete),
 };
 

@@ -6,6 +6,16 @@ use std::sync::mpsc;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use serde_json::{json, Value};
+
+use super::{presets, vm_name_arg};
+use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolOutput, ToolResult};
+use crate::ops::records::lookup;
+use crate::ops::session::explain_qmp;
+use crate::qemu::qmp::{self, QmpError};
+use crate::qemu::vm::{self, Measured, Status};
+use crate::state::registry::{Record, Vms};
+
 /// What a running QEMU cannot change (vCPUs are never hot-plugged by mcqemu).
 #[derive(Clone, Debug)]
 struct StaticFacts {
@@ -26,15 +36,6 @@ fn static_facts() -> &'static FactsCache {
 
 /// How long vm_info may spend on QMP: a wedged QEMU is reported, not waited for.
 const INFO_BUDGET: Duration = Duration::from_millis(4500);
-
-use serde_json::{json, Value};
-
-use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolOutput, ToolResult};
-use crate::ops::records::lookup;
-use crate::ops::session::explain_qmp;
-use crate::qemu::qmp::{self, QmpError};
-use crate::qemu::vm::{self, Measured, Status};
-use crate::state::registry::Vms;
 
 const SUMMARY_FIELDS: &[&str] = &[
     "source",
@@ -86,12 +87,7 @@ pub const LIST: ToolDef = ToolDef {
             "required": ["vms", "registry_warnings"]
         })
     },
-    annotations: Annotations {
-        read_only: true,
-        destructive: false,
-        idempotent: true,
-        open_world: false,
-    },
+    annotations: presets::READ_ONLY,
     handler: list_vms,
 };
 
@@ -188,14 +184,7 @@ pub const INFO: ToolDef = ToolDef {
     name: "vm_info",
     title: "Describe a VM",
     description: INFO_DESCRIPTION,
-    input_schema: || {
-        json!({
-            "type": "object",
-            "properties": {"name": {"type": "string", "minLength": 1}},
-            "required": ["name"],
-            "additionalProperties": false
-        })
-    },
+    input_schema: presets::name_only,
     output_schema: || {
         json!({
             "type": "object",
@@ -216,17 +205,12 @@ pub const INFO: ToolDef = ToolDef {
             "required": ["name", "status", "record"]
         })
     },
-    annotations: Annotations {
-        read_only: true,
-        destructive: false,
-        idempotent: true,
-        open_world: false,
-    },
+    annotations: presets::READ_ONLY,
     handler: vm_info,
 };
 
 fn vm_info(_ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let name = args.str("name")?.to_string();
+    let name = vm_name_arg(args)?;
     let rec = lookup(&name)?;
     // One QMP session answers everything; only when the process already settles the status
     // (or the session fails) is the status measured separately.
@@ -249,19 +233,46 @@ fn vm_info(_ctx: &ToolCtx, args: &Args) -> ToolResult {
         }
         return Ok(ToolOutput::json(out));
     }
+    match ask_live(&rec) {
+        Ok((status, block, facts)) => {
+            out["status"] = status.get("status").cloned().unwrap_or(json!("unknown"));
+            out["vcpus"] = json!(facts.vcpus);
+            out["accel"] = json!(facts.accel);
+            out["qemu_version"] = json!(facts.version);
+            if let Some(m) = facts.memory_mb {
+                out["memory_mb"] = json!(m);
+            }
+            out["block_devices"] = json!(block_devices(&block));
+        }
+        Err(e) => {
+            // The session failed: say why without another wait (busy, unresponsive, exited).
+            let m = match vm::measure_process(&rec) {
+                Some(settled) => settled,
+                None => vm::classify(&rec, &e, INFO_BUDGET),
+            };
+            out["status"] = json!(m.status);
+            out["detail"] = json!(m.detail.unwrap_or_else(|| explain_qmp(&name, &rec, &e)));
+        }
+    }
+    Ok(ToolOutput::json(out))
+}
+
+/// One QMP session within [`INFO_BUDGET`]: the run state, the block devices and the static
+/// facts (asked once per QEMU process, then cached).
+fn ask_live(rec: &Record) -> Result<(Value, Value, StaticFacts), QmpError> {
     let deadline = Instant::now() + INFO_BUDGET;
     let left = || {
         deadline
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(1))
     };
-    let sock = vm::qmp_socket(&rec);
-    let key = (sock.clone(), vm::pid(&rec));
+    let sock = vm::qmp_socket(rec);
+    let key = (sock.clone(), vm::pid(rec));
     let cached = static_facts()
         .lock()
         .ok()
         .and_then(|m| m.get(&key).cloned());
-    let live = qmp::with_session_within(&sock, INFO_BUDGET, |q| {
+    let (status, block, facts) = qmp::with_session_within(&sock, INFO_BUDGET, |q| {
         // What cannot change while this QEMU runs is asked once per process; the rest goes
         // out in one pipelined round trip.
         let mut cmds: Vec<(&str, Option<Value>)> =
@@ -278,75 +289,70 @@ fn vm_info(_ctx: &ToolCtx, args: &Args) -> ToolResult {
         let block = replies.next().unwrap_or(Err(QmpError::Closed))?;
         let facts = match &cached {
             Some(f) => f.clone(),
-            None => {
-                let cpus = replies.next().unwrap_or(Err(QmpError::Closed))?;
-                let kvm = replies.next().unwrap_or(Err(QmpError::Closed))?;
-                let mem = replies.next().and_then(Result::ok);
-                StaticFacts {
-                    vcpus: cpus.as_array().map(Vec::len),
-                    accel: if kvm.get("enabled").and_then(Value::as_bool) == Some(true) {
-                        "kvm"
-                    } else {
-                        "tcg"
-                    },
-                    memory_mb: mem
-                        .as_ref()
-                        .and_then(|m| m.get("base-memory"))
-                        .and_then(Value::as_u64)
-                        .map(|b| b / (1024 * 1024)),
-                    version: q.version.clone(),
-                }
-            }
+            None => facts_from(&mut replies, &q.version)?,
         };
         Ok::<_, QmpError>((status, block, facts))
-    });
-    match live {
-        Ok((status, block, facts)) => {
-            if cached.is_none() {
-                if let Ok(mut m) = static_facts().lock() {
-                    // Bounded: entries of VMs long gone are dropped when the map grows.
-                    if m.len() > 1024 {
-                        m.clear();
-                    }
-                    m.insert(key, facts.clone());
-                }
-            }
-            out["status"] = status.get("status").cloned().unwrap_or(json!("unknown"));
-            out["vcpus"] = json!(facts.vcpus);
-            out["accel"] = json!(facts.accel);
-            out["qemu_version"] = json!(facts.version);
-            if let Some(m) = facts.memory_mb {
-                out["memory_mb"] = json!(m);
-            }
-            let devs: Vec<Value> = block
-                .as_array()
-                .map(|a| {
-                    a.iter()
-                        .filter(|d| d.get("inserted").is_some())
-                        .map(|d| {
-                            let ins = &d["inserted"];
-                            json!({
-                                "device": d.get("device").cloned().unwrap_or(Value::Null),
-                                "qdev": d.get("qdev").cloned().unwrap_or(Value::Null),
-                                "file": ins.get("file").cloned().unwrap_or(Value::Null),
-                                "format": ins.get("drv").cloned().unwrap_or(Value::Null),
-                                "read_only": ins.get("ro").cloned().unwrap_or(Value::Null),
-                            })
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
-            out["block_devices"] = json!(devs);
-        }
-        Err(e) => {
-            // The session failed: say why without another wait (busy, unresponsive, exited).
-            let m = match vm::measure_process(&rec) {
-                Some(settled) => settled,
-                None => vm::classify(&rec, &e, INFO_BUDGET),
-            };
-            out["status"] = json!(m.status);
-            out["detail"] = json!(m.detail.unwrap_or_else(|| explain_qmp(&name, &rec, &e)));
-        }
+    })?;
+    if cached.is_none() {
+        remember(key, &facts);
     }
-    Ok(ToolOutput::json(out))
+    Ok((status, block, facts))
+}
+
+/// The static facts from the replies to query-cpus-fast, query-kvm and
+/// query-memory-size-summary (the last may fail: memory is then unknown).
+fn facts_from(
+    replies: &mut impl Iterator<Item = Result<Value, QmpError>>,
+    version: &str,
+) -> Result<StaticFacts, QmpError> {
+    let cpus = replies.next().unwrap_or(Err(QmpError::Closed))?;
+    let kvm = replies.next().unwrap_or(Err(QmpError::Closed))?;
+    let mem = replies.next().and_then(Result::ok);
+    Ok(StaticFacts {
+        vcpus: cpus.as_array().map(Vec::len),
+        accel: if kvm.get("enabled").and_then(Value::as_bool) == Some(true) {
+            "kvm"
+        } else {
+            "tcg"
+        },
+        memory_mb: mem
+            .as_ref()
+            .and_then(|m| m.get("base-memory"))
+            .and_then(Value::as_u64)
+            .map(|b| b / (1024 * 1024)),
+        version: version.to_string(),
+    })
+}
+
+/// Caches one QEMU's static facts.
+fn remember(key: (PathBuf, Option<i32>), facts: &StaticFacts) {
+    if let Ok(mut m) = static_facts().lock() {
+        // Bounded: entries of VMs long gone are dropped when the map grows.
+        if m.len() > 1024 {
+            m.clear();
+        }
+        m.insert(key, facts.clone());
+    }
+}
+
+/// query-block's devices that hold a medium, in vm_info's shape.
+fn block_devices(block: &Value) -> Vec<Value> {
+    block
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter(|d| d.get("inserted").is_some())
+                .map(|d| {
+                    let ins = &d["inserted"];
+                    json!({
+                        "device": d.get("device").cloned().unwrap_or(Value::Null),
+                        "qdev": d.get("qdev").cloned().unwrap_or(Value::Null),
+                        "file": ins.get("file").cloned().unwrap_or(Value::Null),
+                        "format": ins.get("drv").cloned().unwrap_or(Value::Null),
+                        "read_only": ins.get("ro").cloned().unwrap_or(Value::Null),
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }

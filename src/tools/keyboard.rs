@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::object;
-use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use super::{object, presets, vm_name_arg};
+use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::ops::records;
 use crate::ops::session;
 use crate::qemu::keys::{self, KeyEvent};
@@ -37,7 +37,7 @@ pub const SEND_KEYS: ToolDef = ToolDef {
     input_schema: || {
         object(
             json!({
-                "name": {"type": "string", "minLength": 1},
+                "name": presets::name_schema(),
                 "keys": {
                     "type": "array",
                     "items": {"type": "string"},
@@ -61,12 +61,7 @@ pub const SEND_KEYS: ToolDef = ToolDef {
             "required": ["name", "sent"]
         })
     },
-    annotations: Annotations {
-        read_only: false,
-        destructive: true,
-        idempotent: false,
-        open_world: false,
-    },
+    annotations: presets::DESTRUCTIVE,
     handler: send_keys,
 };
 
@@ -85,7 +80,7 @@ fn live(name: &str) -> Result<Record, ToolError> {
 }
 
 fn send_keys(ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let name = args.str("name")?.to_string();
+    let name = vm_name_arg(args)?;
     let specs = args.str_list("keys")?;
     if specs.is_empty() {
         return Err(ToolError::new(
@@ -133,7 +128,7 @@ pub const TYPE_TEXT: ToolDef = ToolDef {
     input_schema: || {
         object(
             json!({
-                "name": {"type": "string", "minLength": 1},
+                "name": presets::name_schema(),
                 "text": {"type": "string", "maxLength": MAX_TEXT},
                 "enter": {"type": "boolean", "default": false},
                 "delay_ms": {"type": "integer", "minimum": 0, "maximum": 1000, "default": 30}
@@ -152,12 +147,7 @@ pub const TYPE_TEXT: ToolDef = ToolDef {
             "required": ["name", "characters"]
         })
     },
-    annotations: Annotations {
-        read_only: false,
-        destructive: true,
-        idempotent: false,
-        open_world: false,
-    },
+    annotations: presets::DESTRUCTIVE,
     handler: type_text,
 };
 
@@ -176,7 +166,7 @@ pub fn batches(chars: &[Vec<KeyEvent>]) -> Vec<Vec<KeyEvent>> {
 }
 
 fn type_text(ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let name = args.str("name")?.to_string();
+    let name = vm_name_arg(args)?;
     let mut text = args.str("text")?.to_string();
     if text.chars().count() > MAX_TEXT {
         return Err(ToolError::new(format!(

@@ -5,8 +5,8 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::params::{launch_args, launch_out, launch_props};
-use super::{object, vm_name_arg};
-use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolOutput, ToolResult};
+use super::{object, presets, vm_name_arg};
+use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolOutput, ToolResult};
 use crate::ops::guest_run::{agent_then_cloud_init, cloud_init_problem};
 use crate::ops::launch::launch;
 use crate::ops::launch_args::{checked_disks, request};
@@ -36,12 +36,7 @@ pub const LAUNCH: ToolDef = ToolDef {
         object(props, &["name"])
     },
     output_schema: launch_out,
-    annotations: Annotations {
-        read_only: false,
-        destructive: false,
-        idempotent: false,
-        open_world: false,
-    },
+    annotations: presets::ADDITIVE,
     handler: launch_vm,
 };
 

@@ -7,8 +7,8 @@ use serde_json::{json, Value};
 
 use crate::ops::records;
 // Until drive.rs names them in `ops`.
-use super::{object, path_arg, vm_name_arg};
-use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use super::{object, path_arg, presets, vm_name_arg};
+use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 pub use crate::ops::records::{lookup, lookup_live};
 use crate::ops::session;
 use crate::qemu::qmp::{self, QmpError};
@@ -25,13 +25,6 @@ fn run_state_out() -> Value {
     })
 }
 
-fn name_only() -> Value {
-    object(
-        json!({"name": {"type": "string", "minLength": 1}}),
-        &["name"],
-    )
-}
-
 const PAUSE_DESCRIPTION: &str = "Freeze a running VM's vCPUs (QMP stop); reports the resulting \
     run state. The guest agent does not answer while paused.";
 
@@ -40,14 +33,9 @@ pub const PAUSE: ToolDef = ToolDef {
     name: "pause_vm",
     title: "Pause a VM",
     description: PAUSE_DESCRIPTION,
-    input_schema: name_only,
+    input_schema: presets::name_only,
     output_schema: run_state_out,
-    annotations: Annotations {
-        read_only: false,
-        destructive: false,
-        idempotent: true,
-        open_world: false,
-    },
+    annotations: presets::IDEMPOTENT,
     handler: |_ctx, args| run_state_change(args, "stop"),
 };
 
@@ -58,19 +46,14 @@ pub const RESUME: ToolDef = ToolDef {
     name: "resume_vm",
     title: "Resume a VM",
     description: RESUME_DESCRIPTION,
-    input_schema: name_only,
+    input_schema: presets::name_only,
     output_schema: run_state_out,
-    annotations: Annotations {
-        read_only: false,
-        destructive: false,
-        idempotent: true,
-        open_world: false,
-    },
+    annotations: presets::IDEMPOTENT,
     handler: |_ctx, args| run_state_change(args, "cont"),
 };
 
 fn run_state_change(args: &Args, cmd: &str) -> ToolResult {
-    let name = args.str("name")?.to_string();
+    let name = vm_name_arg(args)?;
     let rec = lookup_live(&name, "launch it with launch_vm")?;
     let st = session::monitor(&name, &rec, |q| {
         q.execute(cmd, None)?;
@@ -118,12 +101,7 @@ pub const ATTACH: ToolDef = ToolDef {
             "required": ["name", "status", "qmp_socket"]
         })
     },
-    annotations: Annotations {
-        read_only: false,
-        destructive: false,
-        idempotent: false,
-        open_world: false,
-    },
+    annotations: presets::ADDITIVE,
     handler: attach_vm,
 };
 
@@ -226,7 +204,7 @@ pub const FORGET: ToolDef = ToolDef {
     input_schema: || {
         object(
             json!({
-                "name": {"type": "string", "minLength": 1},
+                "name": presets::name_schema(),
                 "force": {"type": "boolean", "default": false}
             }),
             &["name"],
@@ -243,17 +221,12 @@ pub const FORGET: ToolDef = ToolDef {
             "required": ["name", "forgotten"]
         })
     },
-    annotations: Annotations {
-        read_only: false,
-        destructive: true,
-        idempotent: false,
-        open_world: false,
-    },
+    annotations: presets::DESTRUCTIVE,
     handler: forget_vm,
 };
 
 fn forget_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let name = args.str("name")?.to_string();
+    let name = vm_name_arg(args)?;
     let was_running = records::forget(&name, args.bool_or("force", false)?)?;
     ctx.log.log(
         "notice",

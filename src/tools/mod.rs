@@ -13,6 +13,7 @@ pub mod drive;
 pub mod forward;
 pub mod guest;
 pub mod image;
+pub mod image_catalog;
 pub mod image_snapshot;
 pub mod inspect;
 pub mod keyboard;
@@ -20,9 +21,11 @@ pub mod launch;
 pub mod lifecycle;
 pub mod params;
 pub mod prepare;
+pub mod presets;
 pub mod pull;
 pub mod resources;
 pub mod sandbox;
+pub mod screenshot;
 pub mod serial;
 pub mod snapshot;
 pub mod stop;
@@ -47,7 +50,7 @@ pub static ALL: &[ToolDef] = &[
     snapshot::RESTORE,
     snapshot::DELETE,
     snapshot::LIST,
-    drive::SCREENSHOT,
+    screenshot::SCREENSHOT,
     keyboard::SEND_KEYS,
     keyboard::TYPE_TEXT,
     drive::CLICK,
@@ -65,7 +68,7 @@ pub static ALL: &[ToolDef] = &[
     image_snapshot::SNAPSHOT_DELETE,
     download::DOWNLOAD,
     pull::PULL,
-    pull::CATALOG,
+    image_catalog::CATALOG,
     prepare::PREPARE,
     sandbox::SANDBOX,
     sandbox::DESTROY,
@@ -112,15 +115,23 @@ pub fn object(props: Value, required: &[&str]) -> Value {
     })
 }
 
-/// The `name` parameter, checked against `^[A-Za-z0-9][A-Za-z0-9_.-]{0,47}$`.
+/// The `name` parameter naming a VM, checked against `^[A-Za-z0-9][A-Za-z0-9_.-]{0,47}$`.
 pub fn vm_name_arg(args: &Args) -> Result<String, ToolError> {
+    name_arg(args, "VM")
+}
+
+/// The `name` parameter naming a template, checked like a VM name (it names its folder).
+pub fn template_name_arg(args: &Args) -> Result<String, ToolError> {
+    name_arg(args, "template")
+}
+
+fn name_arg(args: &Args, what: &str) -> Result<String, ToolError> {
     let name = args.str("name")?;
     if crate::state::registry::valid_name(name) {
         Ok(name.to_string())
     } else {
-        Err(ToolError::new(format!(
-            "invalid VM name {name:?}: use 1-48 characters from A-Z a-z 0-9 _ . -, starting with \
-             a letter or digit"
+        Err(ToolError::new(crate::state::registry::invalid_name(
+            what, name,
         )))
     }
 }

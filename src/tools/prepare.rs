@@ -5,14 +5,15 @@
 //! new instance, the guest is shut down cleanly, and the overlay is flattened into a compact
 //! `dest`.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::params;
 use super::{object, path_arg};
+use super::{params, presets};
 use crate::cloudinit::CloudInit;
-use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::ops::agent::AgentWait;
 use crate::ops::guest_run;
 use crate::ops::launch_args::LaunchArgs;
@@ -91,82 +92,25 @@ pub const PREPARE: ToolDef = ToolDef {
             "required": ["dest", "source", "format", "bytes"]
         })
     },
-    annotations: Annotations {
-        read_only: false,
-        destructive: true,
-        idempotent: false,
-        open_world: true,
-    },
+    annotations: presets::DESTRUCTIVE_OPEN_WORLD,
     handler: prepare,
 };
 
 fn prepare(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let started = std::time::Instant::now();
-    let source = path_arg(args, "source", Access::Read)?;
-    let dest = path_arg(args, "dest", Access::Write)?;
-    if dest == source {
-        return Err(ToolError::new(
-            "dest and source are the same file; choose another dest",
-        ));
-    }
-    if dest.exists() && !args.bool_or("overwrite", false)? {
-        return Err(ToolError::new(format!(
-            "{} already exists; pass overwrite=true to replace it",
-            dest.display()
-        )));
-    }
+    let (source, dest) = source_and_dest(args)?;
     let timeout = args
         .opt_f64("timeout_s")?
         .unwrap_or(1200.0)
         .clamp(30.0, 7200.0);
-    // The caller's cloud_init, checked, with the agent's installation added to its runcmd.
-    let mut ci = match args.0.get("cloud_init") {
-        None | Some(Value::Null) => json!({}),
-        Some(v) => v.clone(),
-    };
-    CloudInit::parse(&ci)?;
-    if ci.get("user_data").is_some() {
-        return Err(ToolError::new(
-            "image_prepare adds its own runcmd to install the guest agent, so it takes the \
-             structured cloud_init fields, not raw user_data",
-        ));
-    }
-    if let Some(m) = ci.as_object_mut() {
-        let runcmd = m.entry("runcmd").or_insert_with(|| json!([]));
-        if let Some(list) = runcmd.as_array_mut() {
-            list.push(json!(["sh", "-c", AGENT_SETUP]));
-        }
-    }
+    let ci = seed_with_agent(args)?;
     let name = format!(
         "prepare-{}-{}",
         std::process::id(),
         crate::clock::now_secs()
     );
-
     // 1. Boot on an overlay, wait for the agent and for cloud-init.
-    let text = |k: &str| args.opt_str(k).map(|v| v.map(str::to_string));
-    let req = SandboxRequest {
-        name: Some(name.clone()),
-        base_image: Some(source.display().to_string()),
-        disk_size: text("disk_size")?,
-        launch: LaunchArgs {
-            memory_mb: args.opt_i64("memory_mb")?,
-            cpus: args.opt_i64("cpus")?,
-            arch: text("arch")?,
-            firmware: text("firmware")?,
-            kernel: text("kernel")?,
-            initrd: text("initrd")?,
-            append: text("append")?,
-            port_forwards: Some(Vec::new()),
-            cloud_init: Some(ci),
-            ..LaunchArgs::default()
-        },
-        allow_network: args.bool_or("allow_network", true)?,
-        wait_agent_s: Some(timeout),
-        wait_cloud_init: true,
-        wait_cloud_init_s: Some(timeout),
-        ..SandboxRequest::default()
-    };
+    let req = boot_request(args, &name, &source, ci, timeout)?;
     ctx.progress_now(0.0, None, "booting the source image on an overlay");
     let booted = crate::ops::sandbox::boot(ctx, &req).map_err(ToolError::from);
     let result = booted.and_then(|(out, waited, _)| {
@@ -188,14 +132,84 @@ fn prepare(ctx: &ToolCtx, args: &Args) -> ToolResult {
     Ok(ToolOutput::json(out))
 }
 
+/// `source` and `dest`, checked against the roots; dest is neither the source nor, without
+/// overwrite, an existing file.
+fn source_and_dest(args: &Args) -> Result<(PathBuf, PathBuf), ToolError> {
+    let source = path_arg(args, "source", Access::Read)?;
+    let dest = path_arg(args, "dest", Access::Write)?;
+    if dest == source {
+        return Err(ToolError::new(
+            "dest and source are the same file; choose another dest",
+        ));
+    }
+    if dest.exists() && !args.bool_or("overwrite", false)? {
+        return Err(ToolError::new(format!(
+            "{} already exists; pass overwrite=true to replace it",
+            dest.display()
+        )));
+    }
+    Ok((source, dest))
+}
+
+/// The caller's cloud_init, checked, with the agent's installation added to its runcmd.
+fn seed_with_agent(args: &Args) -> Result<Value, ToolError> {
+    let mut ci = match args.0.get("cloud_init") {
+        None | Some(Value::Null) => json!({}),
+        Some(v) => v.clone(),
+    };
+    CloudInit::parse(&ci)?;
+    if ci.get("user_data").is_some() {
+        return Err(ToolError::new(
+            "image_prepare adds its own runcmd to install the guest agent, so it takes the \
+             structured cloud_init fields, not raw user_data",
+        ));
+    }
+    if let Some(m) = ci.as_object_mut() {
+        let runcmd = m.entry("runcmd").or_insert_with(|| json!([]));
+        if let Some(list) = runcmd.as_array_mut() {
+            list.push(json!(["sh", "-c", AGENT_SETUP]));
+        }
+    }
+    Ok(ci)
+}
+
+/// The temporary sandbox that boots `source` on an overlay with seed `ci`, waiting up to
+/// `timeout` for its agent and for cloud-init.
+fn boot_request(
+    args: &Args,
+    name: &str,
+    source: &Path,
+    ci: Value,
+    timeout: f64,
+) -> Result<SandboxRequest, ToolError> {
+    let text = |k: &str| args.opt_str(k).map(|v| v.map(str::to_string));
+    Ok(SandboxRequest {
+        name: Some(name.to_string()),
+        base_image: Some(source.display().to_string()),
+        disk_size: text("disk_size")?,
+        launch: LaunchArgs {
+            memory_mb: args.opt_i64("memory_mb")?,
+            cpus: args.opt_i64("cpus")?,
+            arch: text("arch")?,
+            firmware: text("firmware")?,
+            kernel: text("kernel")?,
+            initrd: text("initrd")?,
+            append: text("append")?,
+            port_forwards: Some(Vec::new()),
+            cloud_init: Some(ci),
+            ..LaunchArgs::default()
+        },
+        allow_network: args.bool_or("allow_network", true)?,
+        wait_agent_s: Some(timeout),
+        wait_cloud_init: true,
+        wait_cloud_init_s: Some(timeout),
+        ..SandboxRequest::default()
+    })
+}
+
 /// Steps 2-4: the agent and OS reported, the instance cleaned, the guest stopped, the overlay
 /// flattened into `dest`.
-fn finish(
-    ctx: &ToolCtx,
-    name: &str,
-    booted: &Value,
-    dest: &std::path::Path,
-) -> Result<Value, ToolError> {
+fn finish(ctx: &ToolCtx, name: &str, booted: &Value, dest: &Path) -> Result<Value, ToolError> {
     if booted["agent_ready"] != json!(true) {
         let serial = crate::ops::destroy::serial_tail(booted, 8);
         if let Some(ds) = booted["cloud_init"]["console"]["datasource"].as_str() {
@@ -242,14 +256,9 @@ fn finish(
             .unwrap_or_default(),
         std::process::id()
     ));
-    let converted = img::convert(
-        std::path::Path::new(&overlay),
-        "qcow2",
-        &tmp,
-        "qcow2",
-        false,
-        &|| ctx.cancelled(),
-    );
+    let converted = img::convert(Path::new(&overlay), "qcow2", &tmp, "qcow2", false, &|| {
+        ctx.cancelled()
+    });
     if let Err(e) = converted.map_err(ToolError::from).and_then(|()| {
         std::fs::rename(&tmp, dest)
             .map_err(|e| ToolError::new(format!("cannot place {}: {e}", dest.display())))

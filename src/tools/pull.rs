@@ -1,14 +1,15 @@
-//! `image_pull` and `image_catalog`: distribution cloud images downloaded and verified (against
-//! the catalog's pinned digest, or the publisher's own checksum file), resumable, and checked
-//! like any untrusted image before they are offered for use.
+//! `image_pull`: distribution cloud images downloaded and verified (against the catalog's
+//! pinned digest, or the publisher's own checksum file), resumable, and checked like any
+//! untrusted image before they are offered for use. `image_catalog` is in
+//! [`super::image_catalog`].
 
 use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
-use super::checked_image;
 use super::object;
-use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use super::{checked_image, presets};
+use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::net::download::{Algo, DownloadError};
 use crate::net::{catalog, checksums, download};
 use crate::ops::watch::CtxWatch;
@@ -32,7 +33,7 @@ pub fn url_file_name(url: &str) -> Option<String> {
 }
 
 /// The record kept beside a pulled image: what was verified, and when.
-fn sidecar(image: &Path) -> PathBuf {
+pub(super) fn sidecar(image: &Path) -> PathBuf {
     let name = image
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -117,12 +118,7 @@ pub const PULL: ToolDef = ToolDef {
             "required": ["path", "url", "source", "bytes", "algorithm", "digest", "verified"]
         })
     },
-    annotations: Annotations {
-        read_only: false,
-        destructive: true,
-        idempotent: false,
-        open_world: true,
-    },
+    annotations: presets::DESTRUCTIVE_OPEN_WORLD,
     handler: pull,
 };
 
@@ -299,55 +295,8 @@ fn dest_for(path: Option<&str>, file_name: &str) -> Result<PathBuf, ToolError> {
 fn pull(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let path = args.opt_str("path")?;
     let overwrite = args.bool_or("overwrite", false)?;
-    let (entry, plan, unverifiable) = match (args.opt_str("image")?, args.opt_str("url")?) {
-        (Some(name), None) => {
-            let e = catalog::find(name).ok_or_else(|| {
-                ToolError::new(format!(
-                    "no catalog image {name:?}; image_catalog lists: {}",
-                    catalog::names().join(", ")
-                ))
-            })?;
-            let (plan, unverifiable) = plan_entry(e)?;
-            (Some(e), plan, unverifiable)
-        }
-        (None, Some(url)) => {
-            let sums = args.opt_str("checksums_url")?.ok_or_else(|| {
-                ToolError::new(
-                    "url needs checksums_url: the publisher's checksum file that lists it \
-                     (every pulled image is verified)",
-                )
-            })?;
-            let plan = vec![Candidate {
-                kind: "url",
-                url: url.to_string(),
-                fetch: url.to_string(),
-                check: Check::Sums(sums.to_string()),
-            }];
-            (None, plan, None)
-        }
-        (Some(_), Some(_)) => return Err(ToolError::new("give image or url, not both")),
-        (None, None) => {
-            return Err(ToolError::new(
-                "give image (a catalog entry; image_catalog lists them) or url + checksums_url",
-            ))
-        }
-    };
-    // Every URL and destination is checked before the first request.
-    let mut sources = Vec::new();
-    for what in plan {
-        let fetch = &what.fetch;
-        download::check_url(fetch)?;
-        if let Check::Sums(sums) = &what.check {
-            download::check_url(sums)?;
-        }
-        let file_name = url_file_name(fetch).ok_or_else(|| {
-            ToolError::new(format!(
-                "{fetch} names no file to look up in the checksum file"
-            ))
-        })?;
-        let dest = dest_for(path, &file_name)?;
-        sources.push(Source { what, dest });
-    }
+    let (entry, plan, unverifiable) = plan_for(args)?;
+    let sources = checked_sources(plan, path)?;
     let name = entry.map(|e| e.name);
     let mut gone: Option<(String, u16)> = None;
     for (i, src) in sources.iter().enumerate() {
@@ -363,22 +312,7 @@ fn pull(ctx: &ToolCtx, args: &Args) -> ToolResult {
                     return Err(e.into());
                 }
                 let name = name.unwrap_or_default();
-                let next = match unverifiable {
-                    Some(latest) => format!(
-                        "the catalog knows no checksum file for {name}'s moving URL {latest}: \
-                         pull it with url + checksums_url (the publisher's checksum file that \
-                         lists it)"
-                    ),
-                    None => format!(
-                        "{name} has no moving URL to fall back to: pull a current image with \
-                         url + checksums_url"
-                    ),
-                };
-                return Err(ToolError::new(format!(
-                    "{} answered HTTP {code}: the publisher has removed the dated image the \
-                     catalog pins for {name} (the catalog needs a newer pin); {next}",
-                    src.what.fetch
-                )));
+                return Err(pin_gone(name, unverifiable, &src.what.fetch, code));
             }
         }
     }
@@ -386,6 +320,88 @@ fn pull(ctx: &ToolCtx, args: &Args) -> ToolResult {
         "the catalog entry {} has no source to pull",
         name.unwrap_or_default()
     )))
+}
+
+/// What to try, in order: a catalog entry's sources (and its moving URL when the catalog
+/// knows no checksum file for it), or one URL checked against its publisher's checksum file.
+type Plan = (
+    Option<&'static catalog::Entry>,
+    Vec<Candidate>,
+    Option<&'static str>,
+);
+
+/// The plan `image` or `url` + `checksums_url` asks for.
+fn plan_for(args: &Args) -> Result<Plan, ToolError> {
+    match (args.opt_str("image")?, args.opt_str("url")?) {
+        (Some(name), None) => {
+            let e = catalog::find(name).ok_or_else(|| {
+                ToolError::new(format!(
+                    "no catalog image {name:?}; image_catalog lists: {}",
+                    catalog::names().join(", ")
+                ))
+            })?;
+            let (plan, unverifiable) = plan_entry(e)?;
+            Ok((Some(e), plan, unverifiable))
+        }
+        (None, Some(url)) => {
+            let sums = args.opt_str("checksums_url")?.ok_or_else(|| {
+                ToolError::new(
+                    "url needs checksums_url: the publisher's checksum file that lists it \
+                     (every pulled image is verified)",
+                )
+            })?;
+            let plan = vec![Candidate {
+                kind: "url",
+                url: url.to_string(),
+                fetch: url.to_string(),
+                check: Check::Sums(sums.to_string()),
+            }];
+            Ok((None, plan, None))
+        }
+        (Some(_), Some(_)) => Err(ToolError::new("give image or url, not both")),
+        (None, None) => Err(ToolError::new(
+            "give image (a catalog entry; image_catalog lists them) or url + checksums_url",
+        )),
+    }
+}
+
+/// Every URL and destination of the plan, checked before the first request.
+fn checked_sources(plan: Vec<Candidate>, path: Option<&str>) -> Result<Vec<Source>, ToolError> {
+    let mut sources = Vec::new();
+    for what in plan {
+        let fetch = &what.fetch;
+        download::check_url(fetch)?;
+        if let Check::Sums(sums) = &what.check {
+            download::check_url(sums)?;
+        }
+        let file_name = url_file_name(fetch).ok_or_else(|| {
+            ToolError::new(format!(
+                "{fetch} names no file to look up in the checksum file"
+            ))
+        })?;
+        let dest = dest_for(path, &file_name)?;
+        sources.push(Source { what, dest });
+    }
+    Ok(sources)
+}
+
+/// The pinned image `fetch` of catalog entry `name` is gone (HTTP `code`) and nothing is left
+/// to try: what happened, and how to pull a current image instead.
+fn pin_gone(name: &str, unverifiable: Option<&str>, fetch: &str, code: u16) -> ToolError {
+    let next = match unverifiable {
+        Some(latest) => format!(
+            "the catalog knows no checksum file for {name}'s moving URL {latest}: pull it with \
+             url + checksums_url (the publisher's checksum file that lists it)"
+        ),
+        None => format!(
+            "{name} has no moving URL to fall back to: pull a current image with url + \
+             checksums_url"
+        ),
+    };
+    ToolError::new(format!(
+        "{fetch} answered HTTP {code}: the publisher has removed the dated image the catalog \
+         pins for {name} (the catalog needs a newer pin); {next}"
+    ))
 }
 
 /// Writes the record beside the image and builds the result.
@@ -414,100 +430,6 @@ fn finish(src: &Source, p: Pulled, image: Option<&str>, gone: Option<(String, u1
         "resumed_from": p.done.resumed_from,
         "format": p.format,
     })
-}
-
-const CATALOG_DESCRIPTION: &str = "List the built-in catalog of distribution cloud images \
-    (Debian, Ubuntu, Fedora, Alpine, Rocky, AlmaLinux, CentOS Stream, Arch; x86_64 and \
-    aarch64) that image_pull takes by name. Each has a pinned source (a dated URL and its \
-    digest, pulled first) and, where the publisher has one, a latest source (a moving URL and \
-    the checksum file that lists it; pulled when the dated URL is gone; a latest source \
-    without a checksum file is shown, not pulled by name). For each: whether it is already \
-    pulled into the default folder, from which source, its path, size, and the digest \
-    verified at pull time.";
-
-/// `image_catalog`.
-pub const CATALOG: ToolDef = ToolDef {
-    name: "image_catalog",
-    title: "List pullable cloud images",
-    description: CATALOG_DESCRIPTION,
-    input_schema: || json!({"type": "object", "properties": {}, "additionalProperties": false}),
-    output_schema: || {
-        json!({
-            "type": "object",
-            "properties": {"images": {"type": "array", "items": {"type": "object", "properties": {
-                "name": {"type": "string"}, "title": {"type": "string"},
-                "arch": {"type": "string"}, "firmware": {"type": "string"},
-                "pinned": {"type": ["object", "null"], "properties": {
-                    "url": {"type": "string"}, "digest": {"type": "string"},
-                    "checksums_url": {"type": ["string", "null"]}
-                }},
-                "latest": {"type": ["object", "null"], "properties": {
-                    "url": {"type": "string"}, "checksums_url": {"type": ["string", "null"]}
-                }},
-                "pulled": {"type": "boolean"},
-                "source": {"type": ["string", "null"], "enum": ["pinned", "latest", null]},
-                "path": {"type": ["string", "null"]},
-                "size": {"type": ["integer", "null"]}, "digest": {"type": ["string", "null"]},
-                "algorithm": {"type": ["string", "null"]}, "pulled_at": {"type": ["string", "null"]}
-            }, "required": ["name", "pinned", "latest", "pulled"]}}},
-            "required": ["images"]
-        })
-    },
-    annotations: Annotations {
-        read_only: true,
-        destructive: false,
-        idempotent: true,
-        open_world: false,
-    },
-    handler: list_catalog,
-};
-
-/// The image pulled from `url` into `dir`, when its record says so: path, size and record.
-fn pulled_from(dir: &Path, url: &str) -> Option<(PathBuf, u64, Value)> {
-    let file = dir.join(url_file_name(url)?);
-    let meta = std::fs::metadata(&file).ok()?;
-    let record: Value = serde_json::from_slice(&std::fs::read(sidecar(&file)).ok()?).ok()?;
-    let ours = record["url"] == url || record["catalog_url"] == url;
-    ours.then_some((file, meta.len(), record))
-}
-
-fn list_catalog(_ctx: &ToolCtx, _args: &Args) -> ToolResult {
-    let dir = images_dir();
-    let images: Vec<Value> = catalog::ENTRIES
-        .iter()
-        .map(|e| {
-            let found = [
-                e.pinned.map(|p| ("pinned", p.url)),
-                e.latest.map(|l| ("latest", l.url)),
-            ]
-            .into_iter()
-            .flatten()
-            .find_map(|(kind, url)| pulled_from(&dir, url).map(|f| (kind, f)));
-            let (source, path, size, record) = match found {
-                Some((kind, (file, size, record))) => (
-                    Some(kind),
-                    Some(file.display().to_string()),
-                    Some(size),
-                    Some(record),
-                ),
-                None => (None, None, None, None),
-            };
-            json!({
-                "name": e.name, "title": e.title, "arch": e.arch, "firmware": e.firmware,
-                "pinned": e.pinned.map(|p| json!({
-                    "url": p.url, "digest": p.digest, "checksums_url": p.checksums_url,
-                })),
-                "latest": e.latest.map(|l| json!({
-                    "url": l.url, "checksums_url": l.checksums_url,
-                })),
-                "pulled": source.is_some(), "source": source, "path": path, "size": size,
-                "digest": record.as_ref().and_then(|r| r.get("digest").cloned()),
-                "algorithm": record.as_ref().and_then(|r| r.get("algorithm").cloned()),
-                "pulled_at": record.as_ref().and_then(|r| r.get("pulled_at").cloned()),
-            })
-        })
-        .collect();
-    Ok(ToolOutput::json(json!({ "images": images })))
 }
 
 #[cfg(test)]

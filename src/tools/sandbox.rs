@@ -3,9 +3,9 @@
 
 use serde_json::json;
 
-use super::object;
 use super::params::{self, sandbox_request};
-use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolOutput, ToolResult};
+use super::{object, presets, vm_name_arg};
+use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolOutput, ToolResult};
 use crate::ops::sandbox;
 
 const SANDBOX_DESCRIPTION: &str = "Create a qcow2 overlay on base_image (the base is never \
@@ -45,12 +45,7 @@ pub const SANDBOX: ToolDef = ToolDef {
             "required": ["name", "status", "agent_ready", "overlay", "base_image"]
         })
     },
-    annotations: Annotations {
-        read_only: false,
-        destructive: false,
-        idempotent: false,
-        open_world: false,
-    },
+    annotations: presets::ADDITIVE,
     handler: sandbox_vm,
 };
 
@@ -68,12 +63,7 @@ pub const DESTROY: ToolDef = ToolDef {
     name: "sandbox_destroy",
     title: "Destroy a sandbox",
     description: DESTROY_DESCRIPTION,
-    input_schema: || {
-        object(
-            json!({"name": {"type": "string", "minLength": 1}}),
-            &["name"],
-        )
-    },
+    input_schema: presets::name_only,
     output_schema: || {
         json!({
             "type": "object",
@@ -87,15 +77,10 @@ pub const DESTROY: ToolDef = ToolDef {
             "required": ["name", "destroyed", "deleted", "errors"]
         })
     },
-    annotations: Annotations {
-        read_only: false,
-        destructive: true,
-        idempotent: false,
-        open_world: false,
-    },
+    annotations: presets::DESTRUCTIVE,
     handler: destroy,
 };
 
 fn destroy(ctx: &ToolCtx, args: &Args) -> ToolResult {
-    Ok(crate::ops::destroy::destroy(ctx, args.str("name")?).map(ToolOutput::json)?)
+    Ok(crate::ops::destroy::destroy(ctx, &vm_name_arg(args)?).map(ToolOutput::json)?)
 }

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::object;
-use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use super::{object, presets, vm_name_arg};
+use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::ops::records::lookup;
 use crate::qemu::sock;
 use crate::qemu::vm;
@@ -50,7 +50,7 @@ pub const READ: ToolDef = ToolDef {
     input_schema: || {
         object(
             json!({
-                "name": {"type": "string", "minLength": 1},
+                "name": presets::name_schema(),
                 "tail_lines": {"type": "integer", "minimum": 1, "maximum": 100000, "default": 50}
             }),
             &["name"],
@@ -69,17 +69,12 @@ pub const READ: ToolDef = ToolDef {
             "required": ["name", "lines", "text", "log_size", "offset"]
         })
     },
-    annotations: Annotations {
-        read_only: true,
-        destructive: false,
-        idempotent: true,
-        open_world: false,
-    },
+    annotations: presets::READ_ONLY,
     handler: read,
 };
 
 fn read(_ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let name = args.str("name")?.to_string();
+    let name = vm_name_arg(args)?;
     let want = args.i64_or("tail_lines", 50)?;
     if want < 1 {
         return Err(ToolError::new("tail_lines must be at least 1"));
@@ -107,7 +102,7 @@ pub const WRITE: ToolDef = ToolDef {
     input_schema: || {
         object(
             json!({
-                "name": {"type": "string", "minLength": 1},
+                "name": presets::name_schema(),
                 "text": {"type": "string", "maxLength": MAX_TEXT},
                 "enter": {"type": "boolean", "default": false}
             }),
@@ -125,17 +120,12 @@ pub const WRITE: ToolDef = ToolDef {
             "required": ["name", "bytes"]
         })
     },
-    annotations: Annotations {
-        read_only: false,
-        destructive: true,
-        idempotent: false,
-        open_world: false,
-    },
+    annotations: presets::DESTRUCTIVE,
     handler: write,
 };
 
 fn write(_ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let name = args.str("name")?.to_string();
+    let name = vm_name_arg(args)?;
     let mut text = args.str("text")?.to_string();
     if text.chars().count() > MAX_TEXT {
         return Err(ToolError::new(format!(
@@ -192,7 +182,7 @@ pub const WAIT: ToolDef = ToolDef {
     input_schema: || {
         object(
             json!({
-                "name": {"type": "string", "minLength": 1},
+                "name": presets::name_schema(),
                 "pattern": {"type": "string", "minLength": 1, "maxLength": 4096},
                 "timeout": {"type": "number", "minimum": 0, "maximum": 3600, "default": 30},
                 "offset": {"type": "integer", "minimum": 0}
@@ -212,12 +202,7 @@ pub const WAIT: ToolDef = ToolDef {
             "required": ["name", "line", "offset"]
         })
     },
-    annotations: Annotations {
-        read_only: true,
-        destructive: false,
-        idempotent: false,
-        open_world: false,
-    },
+    annotations: presets::READ_ONLY_WAIT,
     handler: wait,
 };
 
@@ -241,7 +226,7 @@ pub fn find_line(buf: &[u8], pattern: &[u8]) -> Option<(String, usize)> {
 }
 
 fn wait(ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let name = args.str("name")?.to_string();
+    let name = vm_name_arg(args)?;
     let pattern = args.str("pattern")?.as_bytes().to_vec();
     let timeout =
         Duration::from_secs_f64(args.opt_f64("timeout")?.unwrap_or(30.0).clamp(0.0, 3600.0));

@@ -5,9 +5,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::{check_tag, object};
+use super::{check_tag, object, presets, vm_name_arg};
 use crate::clock;
-use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::ops::session;
 use crate::qemu::qmp::{Qmp, QmpError};
 use crate::state::registry::Record;
@@ -162,7 +162,7 @@ fn no_disk(name: &str) -> ToolError {
 fn tag_in() -> Value {
     object(
         json!({
-            "name": {"type": "string", "minLength": 1},
+            "name": presets::name_schema(),
             "tag": {
                 "type": "string", "minLength": 1, "maxLength": 64,
                 "description": "1-64 of A-Z a-z 0-9 _ . -, starting with a letter or digit."
@@ -197,12 +197,7 @@ pub const CREATE: ToolDef = ToolDef {
     description: CREATE_DESCRIPTION,
     input_schema: tag_in,
     output_schema: op_out,
-    annotations: Annotations {
-        read_only: false,
-        destructive: false,
-        idempotent: false,
-        open_world: false,
-    },
+    annotations: presets::ADDITIVE,
     handler: |ctx, args| snapshot_op(ctx, args, Op::Save),
 };
 
@@ -217,12 +212,7 @@ pub const RESTORE: ToolDef = ToolDef {
     description: RESTORE_DESCRIPTION,
     input_schema: tag_in,
     output_schema: op_out,
-    annotations: Annotations {
-        read_only: false,
-        destructive: true,
-        idempotent: true,
-        open_world: false,
-    },
+    annotations: presets::DESTRUCTIVE_IDEMPOTENT,
     handler: |ctx, args| snapshot_op(ctx, args, Op::Load),
 };
 
@@ -235,68 +225,26 @@ pub const DELETE: ToolDef = ToolDef {
     description: DELETE_DESCRIPTION,
     input_schema: tag_in,
     output_schema: op_out,
-    annotations: Annotations {
-        read_only: false,
-        destructive: true,
-        idempotent: false,
-        open_world: false,
-    },
+    annotations: presets::DESTRUCTIVE,
     handler: |ctx, args| snapshot_op(ctx, args, Op::Delete),
 };
 
 fn snapshot_op(ctx: &ToolCtx, args: &Args, op: Op) -> ToolResult {
-    let name = args.str("name")?.to_string();
+    let name = vm_name_arg(args)?;
     let tag = args.str("tag")?.to_string();
     check_tag(&tag)?;
     let rec = live(&name)?;
     let started = Instant::now();
     ctx.log.log(
         "notice",
-        &format!(
-            "snapshot {} of {name}: {tag}",
-            match op {
-                Op::Save => "save",
-                Op::Load => "load",
-                Op::Delete => "delete",
-            }
-        ),
+        &format!("snapshot {} of {name}: {tag}", op.verb()),
     );
     let status = session::monitor(&name, &rec, |q| {
         let (nodes, snaps) = snapshot_nodes(q)?;
         if nodes.is_empty() {
             return Err(no_disk(&name).into());
         }
-        let exists = snaps.iter().any(|s| s["name"] == tag.as_str());
-        let tags: Vec<&str> = snaps.iter().filter_map(|s| s["name"].as_str()).collect();
-        let (cmd, args) = match op {
-            Op::Save if exists => {
-                return Err(ToolError::new(format!(
-                    "snapshot {tag:?} already exists in VM {name:?}; delete it first or choose \
-                     another tag"
-                ))
-                .into())
-            }
-            Op::Load | Op::Delete if !exists => {
-                return Err(ToolError::new(format!(
-                    "VM {name:?} has no snapshot {tag:?}; existing tags: [{}]",
-                    tags.join(", ")
-                ))
-                .into())
-            }
-            Op::Save => (
-                "snapshot-save",
-                json!({
-                    "tag": tag, "vmstate": nodes[0], "devices": nodes
-                }),
-            ),
-            Op::Load => (
-                "snapshot-load",
-                json!({
-                    "tag": tag, "vmstate": nodes[0], "devices": nodes
-                }),
-            ),
-            Op::Delete => ("snapshot-delete", json!({"tag": tag, "devices": nodes})),
-        };
+        let (cmd, args) = job_for(op, &name, &tag, &nodes, &snaps)?;
         let verdict = match run_job(ctx, q, cmd, args) {
             // QEMU before 6.0 has no snapshot jobs: fall back to HMP and read its text.
             Err(QmpError::Command { class, .. }) if class == "CommandNotFound" => {
@@ -312,28 +260,75 @@ fn snapshot_op(ctx: &ToolCtx, args: &Args, op: Op) -> ToolResult {
             .to_string();
         match verdict {
             Verdict::Done => Ok(status),
-            Verdict::Refused(e) => {
-                let hint = if matches!(op, Op::Load) && status != "running" {
-                    format!(
-                        " The VM is now {status}: restore another snapshot, or resume_vm it as it \
-                         is"
-                    )
-                } else {
-                    String::new()
-                };
-                Err(ToolError::new(format!("QEMU refused {cmd} of {tag:?}: {e}.{hint}")).into())
-            }
+            Verdict::Refused(e) => Err(refused(op, cmd, &tag, &status, &e).into()),
         }
     })?;
-    let action = match op {
-        Op::Save => "created",
-        Op::Load => "restored",
-        Op::Delete => "deleted",
-    };
     Ok(ToolOutput::json(json!({
-        "name": name, "tag": tag, "action": action, "status": status,
+        "name": name, "tag": tag, "action": op.action(), "status": status,
         "duration_ms": started.elapsed().as_millis() as u64
     })))
+}
+
+impl Op {
+    /// The word the log uses.
+    fn verb(self) -> &'static str {
+        match self {
+            Op::Save => "save",
+            Op::Load => "load",
+            Op::Delete => "delete",
+        }
+    }
+
+    /// The word the result uses.
+    fn action(self) -> &'static str {
+        match self {
+            Op::Save => "created",
+            Op::Load => "restored",
+            Op::Delete => "deleted",
+        }
+    }
+}
+
+/// The QMP job command and arguments for `op` on `nodes`, or why it cannot run: saving over
+/// an existing tag, loading or deleting one that is not there (`snaps` is QEMU's list).
+fn job_for(
+    op: Op,
+    name: &str,
+    tag: &str,
+    nodes: &[String],
+    snaps: &[Value],
+) -> Result<(&'static str, Value), ToolError> {
+    let exists = snaps.iter().any(|s| s["name"] == tag);
+    let tags: Vec<&str> = snaps.iter().filter_map(|s| s["name"].as_str()).collect();
+    match op {
+        Op::Save if exists => Err(ToolError::new(format!(
+            "snapshot {tag:?} already exists in VM {name:?}; delete it first or choose another \
+             tag"
+        ))),
+        Op::Load | Op::Delete if !exists => Err(ToolError::new(format!(
+            "VM {name:?} has no snapshot {tag:?}; existing tags: [{}]",
+            tags.join(", ")
+        ))),
+        Op::Save => Ok((
+            "snapshot-save",
+            json!({"tag": tag, "vmstate": nodes[0], "devices": nodes}),
+        )),
+        Op::Load => Ok((
+            "snapshot-load",
+            json!({"tag": tag, "vmstate": nodes[0], "devices": nodes}),
+        )),
+        Op::Delete => Ok(("snapshot-delete", json!({"tag": tag, "devices": nodes}))),
+    }
+}
+
+/// QEMU's refusal of `cmd`, with what to do when a failed load left the VM stopped.
+fn refused(op: Op, cmd: &str, tag: &str, status: &str, e: &str) -> ToolError {
+    let hint = if matches!(op, Op::Load) && status != "running" {
+        format!(" The VM is now {status}: restore another snapshot, or resume_vm it as it is")
+    } else {
+        String::new()
+    };
+    ToolError::new(format!("QEMU refused {cmd} of {tag:?}: {e}.{hint}"))
 }
 
 const LIST_DESCRIPTION: &str = "List the live snapshots of a running VM: tag, id, saved VM state \
@@ -344,12 +339,7 @@ pub const LIST: ToolDef = ToolDef {
     name: "vm_snapshot_list",
     title: "List a VM's live snapshots",
     description: LIST_DESCRIPTION,
-    input_schema: || {
-        object(
-            json!({"name": {"type": "string", "minLength": 1}}),
-            &["name"],
-        )
-    },
+    input_schema: presets::name_only,
     output_schema: || {
         json!({
             "type": "object",
@@ -372,17 +362,12 @@ pub const LIST: ToolDef = ToolDef {
             "required": ["name", "snapshots"]
         })
     },
-    annotations: Annotations {
-        read_only: true,
-        destructive: false,
-        idempotent: true,
-        open_world: false,
-    },
+    annotations: presets::READ_ONLY,
     handler: list,
 };
 
 fn list(_ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let name = args.str("name")?.to_string();
+    let name = vm_name_arg(args)?;
     let rec = live(&name)?;
     let (nodes, snaps) = session::monitor(&name, &rec, |q| Ok(snapshot_nodes(q)?))?;
     if nodes.is_empty() {

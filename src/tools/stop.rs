@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::object;
-use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use super::{object, presets, vm_name_arg};
+use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::ops::stop;
 
 const STOP_DESCRIPTION: &str = "Stop a VM. Graceful by default: ACPI power-down, then wait up to \
@@ -21,7 +21,7 @@ pub const STOP: ToolDef = ToolDef {
     input_schema: || {
         object(
             json!({
-                "name": {"type": "string", "minLength": 1},
+                "name": presets::name_schema(),
                 "force": {"type": "boolean", "default": false},
                 "timeout": {
                     "type": "number", "minimum": 0, "maximum": 3600, "default": 30,
@@ -45,12 +45,7 @@ pub const STOP: ToolDef = ToolDef {
             "required": ["name", "status", "method"]
         })
     },
-    annotations: Annotations {
-        read_only: false,
-        destructive: true,
-        idempotent: true,
-        open_world: false,
-    },
+    annotations: presets::DESTRUCTIVE_IDEMPOTENT,
     handler: stop_vm,
 };
 
@@ -59,7 +54,7 @@ fn stop_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
         Duration::from_secs_f64(args.opt_f64("timeout")?.unwrap_or(30.0).clamp(0.0, 3600.0));
     stop::stop(
         ctx,
-        args.str("name")?,
+        &vm_name_arg(args)?,
         args.bool_or("force", false)?,
         timeout,
     )

@@ -3,18 +3,18 @@
 //! ([`crate::ops::clone`]) in well under a second instead of booting. `template_list` and
 //! `template_delete` are in [`super::template_manage`].
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 
 use super::params::{self, launch_args};
-use super::{checked_image, object};
-use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use super::{checked_image, object, presets, template_name_arg};
+use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::ops::agent::{self, AgentWait};
 use crate::ops::disk_size;
 use crate::ops::guest_run;
-use crate::ops::launch;
+use crate::ops::launch::{self, LaunchRequest};
 use crate::ops::launch_args::request as launch_request;
 use crate::ops::templates::{
     dir_of, disk_of, ensure_blank_overlay, meta_of, ram_of, remove_dir, seed_of, state_of, vars_of,
@@ -22,7 +22,7 @@ use crate::ops::templates::{
 };
 use crate::ops::{records, stop};
 use crate::qemu::{img, migrate, vm};
-use crate::state::registry::{valid_name, Record};
+use crate::state::registry::Record;
 use crate::state::roots::{self, Access};
 
 fn setup_schema() -> Value {
@@ -90,24 +90,13 @@ pub const CREATE: ToolDef = ToolDef {
             "required": ["name", "path", "memory_mb", "save_ms"]
         })
     },
-    annotations: Annotations {
-        read_only: false,
-        destructive: false,
-        idempotent: false,
-        open_world: false,
-    },
+    annotations: presets::ADDITIVE,
     handler: create,
 };
 
 fn create(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let started = Instant::now();
-    let name = args.str("name")?.to_string();
-    if !valid_name(&name) {
-        return Err(ToolError::new(format!(
-            "invalid template name {name:?}: use 1-48 characters from A-Z a-z 0-9 _ . -, \
-             starting with a letter or digit"
-        )));
-    }
+    let name = template_name_arg(args)?;
     let dir = dir_of(&name);
     end_stale_build(ctx, &name)?;
     if meta_of(&dir).exists() {
@@ -135,7 +124,39 @@ fn create(ctx: &ToolCtx, args: &Args) -> ToolResult {
 }
 
 fn build(ctx: &ToolCtx, args: &Args, name: &str, dir: &Path) -> Result<Value, ToolError> {
-    // The template's own disk: an overlay over the base (never written), or an empty one.
+    let base = template_disk(args, dir)?;
+    ctx.progress_phase("booting the template guest");
+    // The guest boots like a sandbox, with its RAM in the template's file; the template's
+    // own parameters (setup, pool, waits, disk_size) are not the QEMU's.
+    let mut la = launch_args(args)?;
+    la.port_forwards = Some(Vec::new());
+    la.memory_mb = la.memory_mb.or(Some(512));
+    let vm_name = format!("template-{name}");
+    let mut req = launch_request(&la, &vm_name, vec![(disk_of(dir), "qcow2".into())])?;
+    req.spec.restrict_net = !args.bool_or("allow_network", false)?;
+    req.spec.memory_file = Some((ram_of(dir), true));
+    req.spec.vmgenid = Some(new_guid());
+    let mut sb = Map::new();
+    sb.insert("template_build".into(), json!(name));
+    sb.insert("builder_pid".into(), json!(std::process::id()));
+    req.extra_record.insert("sandbox".into(), Value::Object(sb));
+    let mut meta = template_meta(name, base, &req);
+    let launched = launch::launch(ctx, req)?;
+    // What really runs: the accelerator QEMU reports, the version it announced.
+    meta.accel = launched.accel;
+    meta.qemu_version = launched.qemu_version;
+    let result = prepare_and_save(ctx, args, &vm_name, dir, meta);
+    // The template VM never runs again, whatever happened.
+    let _ = stop::stop(ctx, &vm_name, true, Duration::ZERO);
+    let _ = records::forget(&vm_name, false);
+    let _ = std::fs::remove_dir_all(vm::state_dir(&vm_name));
+    let _ = std::fs::remove_dir(vm::runtime_dir(&vm_name));
+    result
+}
+
+/// Makes the template's own disk: an overlay over base_image (never written), or an empty one
+/// for a kernel-booted guest. Returns the base image's path, if there is one.
+fn template_disk(args: &Args, dir: &Path) -> Result<Option<PathBuf>, ToolError> {
     let base = match args.opt_str("base_image")? {
         Some(b) => {
             let p = roots::check_str(b, Access::Read)
@@ -157,24 +178,15 @@ fn build(ctx: &ToolCtx, args: &Args, name: &str, dir: &Path) -> Result<Value, To
         Some((b, f, _)) => img::create(&disk, "qcow2", disk_size, Some((b, f)))?,
         None => img::create(&disk, "qcow2", Some(disk_size.unwrap_or(1 << 30)), None)?,
     }
-    ctx.progress_phase("booting the template guest");
-    // The guest boots like a sandbox, with its RAM in the template's file; the template's
-    // own parameters (setup, pool, waits, disk_size) are not the QEMU's.
-    let mut la = launch_args(args)?;
-    la.port_forwards = Some(Vec::new());
-    la.memory_mb = la.memory_mb.or(Some(512));
-    let vm_name = format!("template-{name}");
-    let mut req = launch_request(&la, &vm_name, vec![(disk.clone(), "qcow2".into())])?;
-    req.spec.restrict_net = !args.bool_or("allow_network", false)?;
-    req.spec.memory_file = Some((ram_of(dir), true));
-    req.spec.vmgenid = Some(new_guid());
-    let mut sb = Map::new();
-    sb.insert("template_build".into(), json!(name));
-    sb.insert("builder_pid".into(), json!(std::process::id()));
-    req.extra_record.insert("sandbox".into(), Value::Object(sb));
-    let mut meta = Template {
+    Ok(base.map(|(b, _, _)| b))
+}
+
+/// The template's record as the launch request describes it; what only the running QEMU
+/// knows (accelerator, version) and the save (size, time) are filled in later.
+fn template_meta(name: &str, base: Option<PathBuf>, req: &LaunchRequest) -> Template {
+    Template {
         name: name.to_string(),
-        base_image: base.as_ref().map(|(b, _, _)| b.display().to_string()),
+        base_image: base.map(|b| b.display().to_string()),
         memory_mb: req.spec.memory_mb,
         cpus: req.spec.cpus,
         arch: req.spec.arch.clone(),
@@ -198,18 +210,7 @@ fn build(ctx: &ToolCtx, args: &Args, name: &str, dir: &Path) -> Result<Value, To
         extra_args: req.spec.extra_args.clone(),
         created_at: String::new(),
         state_bytes: 0,
-    };
-    let launched = launch::launch(ctx, req)?;
-    // What really runs: the accelerator QEMU reports, the version it announced.
-    meta.accel = launched.accel;
-    meta.qemu_version = launched.qemu_version;
-    let result = prepare_and_save(ctx, args, &vm_name, dir, meta);
-    // The template VM never runs again, whatever happened.
-    let _ = stop::stop(ctx, &vm_name, true, Duration::ZERO);
-    let _ = records::forget(&vm_name, false);
-    let _ = std::fs::remove_dir_all(vm::state_dir(&vm_name));
-    let _ = std::fs::remove_dir(vm::runtime_dir(&vm_name));
-    result
+    }
 }
 
 /// A build VM left by a server that died mid-create (its record names the builder's PID):
@@ -239,6 +240,8 @@ fn end_stale_build(ctx: &ToolCtx, name: &str) -> Result<(), ToolError> {
     Ok(())
 }
 
+/// Readies the running build VM (agent, cloud-init, setup), saves it into the template's
+/// folder and writes the template's record last.
 fn prepare_and_save(
     ctx: &ToolCtx,
     args: &Args,
@@ -247,12 +250,56 @@ fn prepare_and_save(
     mut meta: Template,
 ) -> Result<Value, ToolError> {
     let rec = crate::ops::records::lookup(vm_name)?;
+    wait_ready(ctx, args, vm_name, &rec, meta.seed)?;
+    let ran = run_setup(ctx, args, vm_name)?;
+    if meta.seed {
+        let seed = vm::state_dir(vm_name).join("seed.iso");
+        std::fs::copy(&seed, seed_of(dir))
+            .map_err(|e| ToolError::new(format!("cannot keep the seed {}: {e}", seed.display())))?;
+    }
+    ctx.progress_phase("saving the running guest");
+    let save_start = Instant::now();
+    let tmp = dir.join("state.tmp");
+    let bytes = crate::ops::session::monitor(vm_name, &rec, |q| {
+        let bytes = migrate::save(q, &tmp, Instant::now() + Duration::from_secs(60))?;
+        let _ = q.execute_within("quit", None, Duration::from_secs(2));
+        Ok(bytes)
+    })?;
+    let save_ms = save_start.elapsed().as_millis() as u64;
+    std::fs::rename(&tmp, state_of(dir))
+        .map_err(|e| ToolError::new(format!("cannot place the saved state: {e}")))?;
+    if meta.firmware == "uefi" {
+        keep_vars(vm_name, &rec, dir)?;
+    }
+    ensure_blank_overlay(dir)?;
+    meta.state_bytes = bytes;
+    meta.created_at = crate::clock::iso8601(crate::clock::now_secs());
+    write_meta(dir, &meta)?;
+    Ok(json!({
+        "name": meta.name,
+        "path": dir.display().to_string(),
+        "memory_mb": meta.memory_mb,
+        "state_bytes": bytes,
+        "save_ms": save_ms,
+        "setup": ran,
+    }))
+}
+
+/// Waits for the build guest's agent and, with wait_cloud_init, for cloud-init; a guest that
+/// never gets there (or never saw its seed) is refused before anything is saved.
+fn wait_ready(
+    ctx: &ToolCtx,
+    args: &Args,
+    vm_name: &str,
+    rec: &Record,
+    seed: bool,
+) -> Result<(), ToolError> {
     let wait = Duration::from_secs_f64(
         args.opt_f64("wait_agent_s")?
             .unwrap_or(90.0)
             .clamp(1.0, 3600.0),
     );
-    match agent::wait_for_agent(ctx, vm_name, &rec, wait)? {
+    match agent::wait_for_agent(ctx, vm_name, rec, wait)? {
         AgentWait::Ready => {}
         AgentWait::TimedOut => {
             return Err(ToolError::new(format!(
@@ -270,7 +317,7 @@ fn prepare_and_save(
         AgentWait::NoAgent(f) => {
             return Err(ToolError::new(format!(
                 "{}; a template needs the agent (nothing was saved)",
-                agent::no_agent_reason(vm_name, &f, meta.seed)
+                agent::no_agent_reason(vm_name, &f, seed)
             )))
         }
     }
@@ -280,7 +327,7 @@ fn prepare_and_save(
             .unwrap_or(600.0)
             .clamp(0.0, 3600.0);
         let waited = guest_run::wait_cloud_init(ctx, vm_name, Duration::from_secs_f64(w))?;
-        if meta.seed && guest_run::saw_no_datasource(&waited) {
+        if seed && guest_run::saw_no_datasource(&waited) {
             let ds = waited["report"]["detail"].as_str().unwrap_or_default();
             return Err(ToolError::new(format!(
                 "{}; nothing was saved",
@@ -288,6 +335,12 @@ fn prepare_and_save(
             )));
         }
     }
+    Ok(())
+}
+
+/// Runs each setup step in the guest, in order; the first that fails ends template_create
+/// with its output. Returns what each step printed.
+fn run_setup(ctx: &ToolCtx, args: &Args, vm_name: &str) -> Result<Vec<Value>, ToolError> {
     let mut ran = Vec::new();
     let steps = args
         .0
@@ -324,41 +377,16 @@ fn prepare_and_save(
         }
         ran.push(json!({"command": command, "args": argv, "stdout": r.stdout}));
     }
-    if meta.seed {
-        let seed = vm::state_dir(vm_name).join("seed.iso");
-        std::fs::copy(&seed, seed_of(dir))
-            .map_err(|e| ToolError::new(format!("cannot keep the seed {}: {e}", seed.display())))?;
-    }
-    ctx.progress_phase("saving the running guest");
-    let save_start = Instant::now();
-    let tmp = dir.join("state.tmp");
-    let bytes = crate::ops::session::monitor(vm_name, &rec, |q| {
-        let bytes = migrate::save(q, &tmp, Instant::now() + Duration::from_secs(60))?;
-        let _ = q.execute_within("quit", None, Duration::from_secs(2));
-        Ok(bytes)
-    })?;
-    let save_ms = save_start.elapsed().as_millis() as u64;
-    std::fs::rename(&tmp, state_of(dir))
-        .map_err(|e| ToolError::new(format!("cannot place the saved state: {e}")))?;
-    if meta.firmware == "uefi" {
-        keep_vars(vm_name, &rec, dir)?;
-    }
-    ensure_blank_overlay(dir)?;
-    meta.state_bytes = bytes;
-    meta.created_at = crate::clock::iso8601(crate::clock::now_secs());
+    Ok(ran)
+}
+
+/// Writes template.json through a temporary file: its presence is what makes a template.
+fn write_meta(dir: &Path, meta: &Template) -> Result<(), ToolError> {
     let meta_tmp = dir.join(".template.json.tmp");
-    let text = serde_json::to_vec_pretty(&meta).unwrap_or_default();
+    let text = serde_json::to_vec_pretty(meta).unwrap_or_default();
     std::fs::write(&meta_tmp, text)
         .and_then(|()| std::fs::rename(&meta_tmp, meta_of(dir)))
-        .map_err(|e| ToolError::new(format!("cannot write the template's record: {e}")))?;
-    Ok(json!({
-        "name": meta.name,
-        "path": dir.display().to_string(),
-        "memory_mb": meta.memory_mb,
-        "state_bytes": bytes,
-        "save_ms": save_ms,
-        "setup": ran,
-    }))
+        .map_err(|e| ToolError::new(format!("cannot write the template's record: {e}")))
 }
 
 /// Copies the stopped build VM's UEFI variable store into the template, once its QEMU is gone

@@ -5,11 +5,10 @@ use std::path::Path;
 
 use serde_json::json;
 
-use super::object;
-use crate::mcp::tool::{Annotations, Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use super::{object, presets, template_name_arg};
+use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::ops::pool;
 use crate::ops::templates::{clones_of, dir_of, load, meta_of, remove_dir, templates_dir};
-use crate::state::registry::valid_name;
 
 const LIST_DESCRIPTION: &str = "List the templates: name, base image, memory, size on disk, \
     when saved, and the clones alive now.";
@@ -27,12 +26,7 @@ pub const LIST: ToolDef = ToolDef {
             "required": ["templates"]
         })
     },
-    annotations: Annotations {
-        read_only: true,
-        destructive: false,
-        idempotent: true,
-        open_world: false,
-    },
+    annotations: presets::READ_ONLY,
     handler: list,
 };
 
@@ -107,7 +101,7 @@ pub const POOL: ToolDef = ToolDef {
     input_schema: || {
         object(
             json!({
-                "name": {"type": "string", "minLength": 1},
+                "name": presets::name_schema(),
                 "size": {"type": "integer", "minimum": 0, "maximum": pool::MAX_POOL,
                          "description": "Clones to keep ready; 0 ends the pool."}
             }),
@@ -122,17 +116,12 @@ pub const POOL: ToolDef = ToolDef {
             "required": ["name", "pool", "pool_ready"]
         })
     },
-    annotations: Annotations {
-        read_only: false,
-        destructive: false,
-        idempotent: true,
-        open_world: false,
-    },
+    annotations: presets::IDEMPOTENT,
     handler: set_pool,
 };
 
 fn set_pool(ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let name = args.str("name")?.to_string();
+    let name = template_name_arg(args)?;
     let size = args.i64_or("size", 0)?.max(0) as u64;
     pool::set_size(ctx, &name, size)?;
     Ok(ToolOutput::json(json!({
@@ -145,12 +134,7 @@ pub const DELETE: ToolDef = ToolDef {
     name: "template_delete",
     title: "Delete a sandbox template",
     description: DELETE_DESCRIPTION,
-    input_schema: || {
-        object(
-            json!({"name": {"type": "string", "minLength": 1}}),
-            &["name"],
-        )
-    },
+    input_schema: presets::name_only,
     output_schema: || {
         json!({
             "type": "object",
@@ -159,20 +143,12 @@ pub const DELETE: ToolDef = ToolDef {
             "required": ["name", "deleted"]
         })
     },
-    annotations: Annotations {
-        read_only: false,
-        destructive: true,
-        idempotent: false,
-        open_world: false,
-    },
+    annotations: presets::DESTRUCTIVE,
     handler: delete,
 };
 
 fn delete(ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let name = args.str("name")?.to_string();
-    if !valid_name(&name) {
-        return Err(ToolError::new(format!("invalid template name {name:?}")));
-    }
+    let name = template_name_arg(args)?;
     let dir = dir_of(&name);
     if !dir.is_dir() {
         return Err(ToolError::new(format!(
