@@ -443,3 +443,49 @@ fn hand_out(
     }
     Ok((out, clock))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::launch_args::LaunchArgs;
+
+    #[test]
+    fn what_the_template_fixes_is_named_and_the_rest_passes() {
+        let mut req = SandboxRequest {
+            template: Some("t".into()),
+            name: Some("c".into()),
+            allow_network: true,
+            ..SandboxRequest::default()
+        };
+        req.launch.port_forwards = Some(vec!["8080:80".into()]);
+        assert_eq!(fixed_by_template(&req), None);
+        req.launch.memory_mb = Some(512);
+        assert_eq!(fixed_by_template(&req), Some("memory_mb"));
+        req.base_image = Some("/b.qcow2".into());
+        assert_eq!(fixed_by_template(&req), Some("base_image"));
+        let extra = SandboxRequest {
+            launch: LaunchArgs {
+                extra_args: vec!["-device".into(), "virtio-rng-pci".into()],
+                ..LaunchArgs::default()
+            },
+            ..SandboxRequest::default()
+        };
+        assert_eq!(fixed_by_template(&extra), Some("extra_args"));
+        let disk = SandboxRequest {
+            disk_size: Some("4G".into()),
+            ..SandboxRequest::default()
+        };
+        assert_eq!(fixed_by_template(&disk), Some("disk_size"));
+    }
+
+    #[test]
+    fn arch_and_firmware_must_match_the_template_when_given() {
+        assert!(check_same("t", "arch", "x86_64", None).is_ok());
+        assert!(check_same("t", "arch", "x86_64", Some("x86_64")).is_ok());
+        let e = check_same("t", "arch", "x86_64", Some("aarch64")).unwrap_err();
+        assert!(
+            e.0.contains("arch x86_64") && e.0.contains("drop arch"),
+            "{e}"
+        );
+    }
+}

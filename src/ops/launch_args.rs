@@ -245,3 +245,43 @@ fn existing(raw: Option<&str>, param: &str, what: &str) -> Result<Option<PathBuf
     }
     Ok(Some(p))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn firmware_defaults_by_arch_and_bios_on_a_virt_board_needs_a_kernel() {
+        let none = LaunchArgs::default();
+        assert_eq!(firmware_name(&none, "x86_64").unwrap(), "bios");
+        assert_eq!(firmware_name(&none, "aarch64").unwrap(), "uefi");
+        let bios = LaunchArgs {
+            firmware: Some("bios".into()),
+            ..LaunchArgs::default()
+        };
+        let e = firmware_name(&bios, "aarch64").unwrap_err();
+        assert!(e.0.contains("firmware=\"uefi\""), "{e}");
+        let kernel = LaunchArgs {
+            kernel: Some("/k".into()),
+            ..bios.clone()
+        };
+        assert_eq!(firmware_name(&kernel, "aarch64").unwrap(), "bios");
+    }
+
+    #[test]
+    fn forwards_need_a_network() {
+        let a = LaunchArgs {
+            no_net: true,
+            port_forwards: Some(vec!["auto:22".into()]),
+            ..LaunchArgs::default()
+        };
+        assert!(forwards(&a).unwrap_err().0.contains("no_net"));
+        let ok = LaunchArgs {
+            port_forwards: Some(vec!["auto:22".into()]),
+            ..LaunchArgs::default()
+        };
+        let f = forwards(&ok).unwrap();
+        assert_eq!((f.len(), f[0].guest, f[0].auto), (1, 22, true));
+        assert!(forwards(&LaunchArgs::default()).unwrap().is_empty());
+    }
+}

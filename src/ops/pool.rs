@@ -458,6 +458,30 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_pooled_clone_fits_only_a_plain_request() {
+        let plain = SandboxRequest {
+            template: Some("t".into()),
+            name: Some("c".into()),
+            wait_agent_s: Some(5.0),
+            ..SandboxRequest::default()
+        };
+        assert!(fits(&plain));
+        let open = SandboxRequest {
+            allow_network: true,
+            ..plain.clone()
+        };
+        assert!(!fits(&open));
+        let mut forwards = plain.clone();
+        forwards.launch.port_forwards = Some(Vec::new());
+        assert!(!fits(&forwards), "an explicit [] is not the pool's auto:22");
+        let mut seeded = plain.clone();
+        seeded.launch.cloud_init = Some(json!({"hostname": "x"}));
+        assert!(!fits(&seeded));
+        seeded.launch.cloud_init = Some(Value::Null);
+        assert!(fits(&seeded), "a null cloud_init is none");
+    }
+
+    #[test]
     fn paths_move_with_their_folder_and_nothing_else_does() {
         let pairs = [(PathBuf::from("/s/vms/pool-1"), PathBuf::from("/s/vms/box"))];
         let v = json!({
