@@ -72,6 +72,22 @@ pub fn agent_then_cloud_init(ctx: &dyn Work, name: &str, wait: Duration) -> Resu
     )))
 }
 
+/// Adds a [`wait_cloud_init`] report to a launch result: beside what the launch recorded in
+/// `cloud_init` (instance id, seed), and its problem, if any, to `warnings`.
+pub fn report_cloud_init(out: &mut Value, waited: Value) {
+    if let (Some(problem), Some(w)) = (cloud_init_problem(&waited), out["warnings"].as_array_mut())
+    {
+        w.push(json!(problem));
+    }
+    match (
+        out.get_mut("cloud_init").and_then(Value::as_object_mut),
+        waited,
+    ) {
+        (Some(launched), Value::Object(w)) => launched.extend(w),
+        (_, w) => out["cloud_init"] = w,
+    }
+}
+
 /// What a [`wait_cloud_init`] report says went wrong, when cloud-init finished with status
 /// `error` (a module failed) or `degraded` (newer cloud-init's recoverable errors): its own
 /// error lines, for a warning the caller cannot miss.

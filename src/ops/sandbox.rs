@@ -168,19 +168,7 @@ fn wait_ready(
     out["agent_wait_ms"] = json!(started.elapsed().as_millis() as u64);
     if ready && req.wait_cloud_init {
         let waited = cloud_init_step(ctx, name, seeded, req.cloud_init_wait())?;
-        if let (Some(problem), Some(w)) = (
-            guest_run::cloud_init_problem(&waited),
-            out["warnings"].as_array_mut(),
-        ) {
-            w.push(json!(problem));
-        }
-        match (
-            out.get_mut("cloud_init").and_then(Value::as_object_mut),
-            waited,
-        ) {
-            (Some(launched), Value::Object(w)) => launched.extend(w),
-            (_, w) => out["cloud_init"] = w,
-        }
+        guest_run::report_cloud_init(&mut out, waited);
     }
     Ok((out, waited, wait))
 }

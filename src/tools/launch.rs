@@ -2,12 +2,12 @@
 
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde_json::json;
 
 use super::params::{launch_args, launch_out, launch_props};
 use super::{object, presets, vm_name_arg};
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolOutput, ToolResult};
-use crate::ops::guest_run::{agent_then_cloud_init, cloud_init_problem};
+use crate::ops::guest_run::{agent_then_cloud_init, report_cloud_init};
 use crate::ops::launch::launch;
 use crate::ops::launch_args::{checked_disks, request};
 
@@ -49,18 +49,7 @@ fn launch_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
         let wait = args.opt_f64("wait_cloud_init_s")?.unwrap_or(600.0);
         let waited =
             agent_then_cloud_init(ctx, &name, Duration::from_secs_f64(wait.clamp(0.0, 3600.0)))?;
-        if let (Some(problem), Some(w)) =
-            (cloud_init_problem(&waited), out["warnings"].as_array_mut())
-        {
-            w.push(json!(problem));
-        }
-        match (
-            out.get_mut("cloud_init").and_then(Value::as_object_mut),
-            waited,
-        ) {
-            (Some(launched), Value::Object(w)) => launched.extend(w),
-            (_, w) => out["cloud_init"] = w,
-        }
+        report_cloud_init(&mut out, waited);
     }
     Ok(ToolOutput::json(out))
 }
