@@ -34,8 +34,10 @@ pub fn split_opts(s: &str) -> Vec<String> {
     out
 }
 
-/// Everything `launch_vm` decided, ready to become an argv.
-#[derive(Debug, Clone, Default)]
+/// Everything `launch_vm` decided, ready to become an argv. Kept in the VM's record (`spec`),
+/// so that a fork or a resume starts a QEMU with exactly the same devices.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct LaunchSpec {
     /// VM name.
     pub name: String,
@@ -90,10 +92,17 @@ pub struct LaunchSpec {
     /// Guest RAM in this file (templates and their clones), shared (`share=on`: writes go to
     /// the file, as a template's do) or private (a clone's copy-on-write view of it).
     pub memory_file: Option<(PathBuf, bool)>,
+    /// The id of that memory's backend, which names its RAM block in a migration stream: the
+    /// machine's own (`pc.ram`) for a copy of a VM that booted without a memory file, None for
+    /// `mcq-ram` (templates and their clones).
+    pub memory_id: Option<String>,
     /// A vmgenid device with this GUID (`auto` for a fresh one per clone).
     pub vmgenid: Option<String>,
     /// Start waiting for a migration stream (`-incoming defer`) instead of booting.
     pub incoming: bool,
+    /// Stay stopped after the incoming state is loaded (`-S`): the QEMU that receives a
+    /// running guest's memory for a fork or a suspend never runs it.
+    pub start_paused: bool,
 }
 
 /// The device a NoCloud seed is attached as.
@@ -125,6 +134,9 @@ pub fn x86(arch: &str) -> bool {
 pub const SECCOMP_POLICY: &str =
     "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny";
 
+/// The memory backend's id for templates and their clones.
+pub const MEMORY_ID: &str = "mcq-ram";
+
 /// Builds QEMU's argv (without the binary) for a spec.
 pub fn build_argv(s: &LaunchSpec) -> Vec<String> {
     let mut a: Vec<String> = Vec::new();
@@ -147,12 +159,13 @@ fn machine_args(s: &LaunchSpec, a: &mut Vec<String>) {
         &format!("guest={},process=mcqemu-{}", qopt(&s.name), qopt(&s.name)),
     ]);
     push(&["-sandbox", SECCOMP_POLICY]);
+    let id = qopt(s.memory_id.as_deref().unwrap_or(MEMORY_ID));
     match &s.memory_file {
         Some((file, shared)) => {
             push(&[
                 "-object",
                 &format!(
-                    "memory-backend-file,id=mcq-ram,size={}M,mem-path={},share={}",
+                    "memory-backend-file,id={id},size={}M,mem-path={},share={}",
                     s.memory_mb,
                     p(file),
                     if *shared { "on" } else { "off" }
@@ -160,7 +173,7 @@ fn machine_args(s: &LaunchSpec, a: &mut Vec<String>) {
             ]);
             push(&[
                 "-machine",
-                &format!("{},memory-backend=mcq-ram", qopt(&s.machine)),
+                &format!("{},memory-backend={id}", qopt(&s.machine)),
             ]);
         }
         None => push(&["-machine", &qopt(&s.machine)]),
@@ -349,6 +362,9 @@ fn boot_args(s: &LaunchSpec, a: &mut Vec<String>) {
             "-device",
             &format!("vmgenid,id=mcq-vmgenid,guid={}", qopt(guid)),
         ]);
+    }
+    if s.start_paused {
+        push(&["-S"]);
     }
     if s.incoming {
         push(&["-incoming", "defer"]);
