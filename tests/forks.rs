@@ -113,10 +113,11 @@ fn a_running_sandbox_forks_four_ways_and_each_copy_goes_its_own_way() {
         .call_ok_within("sandbox_fork", json!({"name": "p", "count": 4}), STEP);
     eprintln!(
         "sandbox_fork x4 of a {MEMORY_MB} MiB sandbox: {:?} round trip, parent paused {} ms, \
-         capture {} ms, first ready {} ms, all ready {} ms, ram {} bytes, state {} bytes",
+         capture {} ms ({}), first ready {} ms, all ready {} ms, ram {} bytes, state {} bytes",
         t.elapsed(),
         f["parent_paused_ms"],
         f["capture_ms"],
+        f["capture_steps_ms"],
         f["first_ready_ms"],
         f["all_ready_ms"],
         f["ram_bytes"],
@@ -302,4 +303,53 @@ fn a_suspended_sandbox_survives_a_server_restart_and_resumes_where_it_was() {
     let d = s.call_ok_within("sandbox_destroy", json!({"name": "s"}), STEP);
     assert_eq!(d["destroyed"], json!(true), "{d}");
     assert!(!lab.vm_dir("s").exists());
+}
+
+#[test]
+fn template_delete_is_refused_while_a_fork_of_its_clone_stands_on_its_disk() {
+    let (mut lab, _base) = lab_with_base("tfork");
+    let g = test_guest();
+    let t = lab.srv().call_ok_within(
+        "template_create",
+        json!({"name": "t", "kernel": g.kernel, "initrd": g.initrd, "append": g.append,
+               "memory_mb": MEMORY_MB, "cpus": 1, "wait_agent_s": 180}),
+        BOOT,
+    );
+    assert_eq!(t["name"], json!("t"), "{t}");
+    let c = lab.srv().call_tool_within(
+        "sandbox_vm",
+        json!({"name": "clone", "template": "t", "wait_agent_s": 120}),
+        STEP,
+    );
+    lab.track(&c);
+    tool_ok(&c, "sandbox_vm from the template");
+    sh(lab.srv(), "clone", SETUP);
+    let f = lab.srv().call_ok_within(
+        "sandbox_fork",
+        json!({"name": "clone", "names": ["forked"]}),
+        STEP,
+    );
+    lab.killer.track(&f["copies"][0]);
+    assert_eq!(seen(lab.srv(), "forked"), "VALUE\nD");
+    let d = lab
+        .srv()
+        .call_ok_within("sandbox_destroy", json!({"name": "clone"}), STEP);
+    assert_eq!(d["destroyed"], json!(true), "{d}");
+    // The fork still runs on the clone's frozen disk, over the template's.
+    let (a, b) = counts(lab.srv(), "forked");
+    assert!(b > a, "{a} -> {b}");
+    let e = lab.srv().call_err("template_delete", json!({"name": "t"}));
+    assert!(e.contains("forked"), "{e}");
+    // Suspended, it still stands on the template's disk.
+    lab.srv()
+        .call_ok_within("sandbox_suspend", json!({"name": "forked"}), STEP);
+    let e = lab.srv().call_err("template_delete", json!({"name": "t"}));
+    assert!(e.contains("forked"), "{e}");
+    let d = lab
+        .srv()
+        .call_ok_within("sandbox_destroy", json!({"name": "forked"}), STEP);
+    assert_eq!(d["destroyed"], json!(true), "{d}");
+    assert_eq!(forks_left(&lab), Vec::<String>::new());
+    let r = lab.srv().call_ok("template_delete", json!({"name": "t"}));
+    assert_eq!(r["deleted"], json!(true), "{r}");
 }

@@ -58,6 +58,9 @@ pub struct Captured {
     pub state_bytes: u64,
     /// Bytes of memory written to `ram` (the pages the guest touched).
     pub ram_bytes: u64,
+    /// Where the time went: the live copy (`copy`), the receiver's save (`save`), the memory
+    /// written out (`write`), in ms.
+    pub steps_ms: [u64; 3],
     /// The memory backend id the copies must use.
     pub memory_id: String,
     /// Whether the guest was running when captured (a paused one stays stopped).
@@ -128,6 +131,7 @@ pub fn capture(ctx: &dyn Work, plan: &Plan) -> Result<Captured, OpError> {
         ctx.progress_phase("copying the running guest");
         copy_guest(plan, &recv, &disks, was_running, deadline)
     });
+    let copy_ms = started.elapsed().as_millis() as u64;
     let paused_ms = match copied {
         Ok(ms) => ms,
         Err(e) => {
@@ -139,10 +143,14 @@ pub fn capture(ctx: &dyn Work, plan: &Plan) -> Result<Captured, OpError> {
         }
     };
     ctx.progress_phase("saving the copy");
+    let t_save = Instant::now();
     let state_bytes = save_receiver(&recv, &plan.dest.join("state"), deadline)?;
     drop(recv);
-    let ram_bytes = scratch.finish(&plan.dest.join("ram"))?;
+    let save_ms = t_save.elapsed().as_millis() as u64;
+    let t_write = Instant::now();
+    let ram_bytes = scratch.finish(&plan.dest.join("ram"), plan.then == Then::Quit)?;
     Ok(Captured {
+        steps_ms: [copy_ms, save_ms, t_write.elapsed().as_millis() as u64],
         paused_ms,
         total_ms: started.elapsed().as_millis() as u64,
         state_bytes,

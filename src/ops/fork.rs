@@ -51,6 +51,8 @@ pub struct Forked {
     pub parent_paused_ms: u64,
     /// The capture of the parent (its copy into the frozen state).
     pub capture_ms: u64,
+    /// The capture's steps: the live copy, the receiver's save, the memory written out.
+    pub capture_steps_ms: Value,
     /// From the call to the first copy's agent answering.
     pub first_ready_ms: u64,
     /// From the call to the last copy's agent answering.
@@ -112,6 +114,8 @@ pub fn fork(ctx: &dyn Work, req: &ForkRequest) -> Result<Forked, OpError> {
         copies,
         parent_paused_ms: captured.paused_ms,
         capture_ms: captured.total_ms,
+        capture_steps_ms: json!({"copy": captured.steps_ms[0], "save": captured.steps_ms[1],
+                                 "write": captured.steps_ms[2]}),
         state_bytes: captured.state_bytes,
         ram_bytes: captured.ram_bytes,
         frozen: dest.display().to_string(),

@@ -52,14 +52,20 @@ impl Scratch {
         &self.path
     }
 
-    /// Puts the memory at `to` (written without zero pages when it was in /dev/shm); returns
-    /// the bytes it takes on disk.
-    pub fn finish(self, to: &Path) -> Result<u64, OpError> {
+    /// Puts the memory at `to` (written without zero pages when it was in /dev/shm, flushed
+    /// to the disk when `durable`: a suspend must survive a host reboot, a fork's copies die
+    /// with the host anyway); returns the bytes it takes on disk.
+    pub fn finish(self, to: &Path, durable: bool) -> Result<u64, OpError> {
         if !self.temporary {
+            if durable {
+                std::fs::File::open(to)
+                    .and_then(|f| f.sync_all())
+                    .map_err(|e| OpError::new(format!("cannot flush {}: {e}", to.display())))?;
+            }
             return Ok(allocated(to));
         }
         let _ = std::fs::remove_file(to);
-        sparse::copy_without_zeros(&self.path, to).map_err(|e| {
+        sparse::copy_without_zeros(&self.path, to, durable).map_err(|e| {
             OpError::new(format!(
                 "cannot write the guest's memory to {}: {e}",
                 to.display()
