@@ -161,4 +161,23 @@ mod tests {
         // Relaunching a name does not count its old record.
         assert!(admit(&vms, "b", 1, 1, limits).is_ok());
     }
+
+    #[test]
+    fn a_forks_copies_are_admitted_together_or_not_at_all() {
+        let limits = Limits {
+            max_vms: 3,
+            max_memory_mb: 1000,
+            max_cpus: 2,
+        };
+        let mut vms = Vms::new();
+        vms.insert("p".into(), live_record(200));
+        assert!(admit_many(&vms, "c1", 2, 200, 1, limits).is_ok());
+        let e = admit_many(&vms, "c1", 3, 200, 1, limits).unwrap_err();
+        assert!(
+            e.0.contains("3 more") && e.0.contains("MCQEMU_MAX_VMS"),
+            "{e}"
+        );
+        let e = admit_many(&vms, "c1", 2, 500, 1, limits).unwrap_err();
+        assert!(e.0.contains("2 VMs of memory_mb=500"), "{e}");
+    }
 }

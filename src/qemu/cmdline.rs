@@ -466,4 +466,45 @@ mod tests {
         assert!(!argv.contains("virtio-scsi"), "{argv}");
         assert!(argv.contains("file=/s/seed.iso,format=raw,media=cdrom,readonly=on,id=mcq-seed"));
     }
+
+    /// What a fork's receiver and copies need: their memory backend under the parent's RAM
+    /// id, `-S`, and a spec that survives the record as JSON.
+    #[test]
+    fn a_copy_maps_its_memory_under_the_parents_ram_id_and_the_spec_round_trips() {
+        let spec = LaunchSpec {
+            name: "copy".into(),
+            machine: "pc-q35-7.2".into(),
+            accel: "tcg".into(),
+            arch: "x86_64".into(),
+            memory_mb: 256,
+            cpus: 1,
+            memory_file: Some((PathBuf::from("/f/ram"), false)),
+            memory_id: Some("pc.ram".into()),
+            incoming: true,
+            start_paused: true,
+            ..Default::default()
+        };
+        let argv = build_argv(&spec).join(" ");
+        assert!(
+            argv.contains("memory-backend-file,id=pc.ram,size=256M,mem-path=/f/ram,share=off"),
+            "{argv}"
+        );
+        assert!(argv.contains("pc-q35-7.2,memory-backend=pc.ram"), "{argv}");
+        assert!(argv.contains(" -S -incoming defer"), "{argv}");
+        let back: LaunchSpec =
+            serde_json::from_value(serde_json::to_value(&spec).unwrap()).unwrap();
+        assert_eq!(build_argv(&back), build_argv(&spec));
+        let template = LaunchSpec {
+            memory_id: None,
+            start_paused: false,
+            ..spec
+        };
+        let argv = build_argv(&template).join(" ");
+        assert!(
+            argv.contains("id=mcq-ram,") && !argv.contains(" -S "),
+            "{argv}"
+        );
+        let old: LaunchSpec = serde_json::from_value(serde_json::json!({"name": "old"})).unwrap();
+        assert_eq!(old.memory_id, None);
+    }
 }
