@@ -20,6 +20,7 @@ pub mod guest_stream;
 pub mod launch;
 pub mod launch_args;
 pub mod listing;
+pub mod pointer;
 pub mod pool;
 pub mod port_forward;
 pub mod quota;

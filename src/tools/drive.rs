@@ -100,7 +100,8 @@ pub const CLICK: ToolDef = ToolDef {
                 "button": {
                     "type": "string", "enum": ["left", "right", "middle"], "default": "left"
                 },
-                "double": {"type": "boolean", "default": false}
+                "double": {"type": "boolean", "default": false},
+                "hold": super::pointer::hold_param()
             }),
             &["name", "x", "y"],
         )
@@ -116,6 +117,7 @@ pub const CLICK: ToolDef = ToolDef {
                 "screen_x": {"type": "integer", "description": "The screen pixel clicked."},
                 "screen_y": {"type": "integer"},
                 "button": {"type": "string"},
+                "hold": {"type": "array", "items": {"type": "string"}},
                 "screen_width": {"type": "integer"},
                 "screen_height": {"type": "integer"}
             },
@@ -126,13 +128,7 @@ pub const CLICK: ToolDef = ToolDef {
     handler: click,
 };
 
-/// Maps a screen pixel to QEMU's absolute axis range 0..=32767.
-pub fn abs_axis(pos: u32, size: u32) -> i64 {
-    if size <= 1 {
-        return 0;
-    }
-    (i64::from(pos) * 32767) / i64::from(size - 1)
-}
+pub use crate::ops::pointer::abs_axis;
 
 fn click(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     let name = vm_name_arg(args)?;
@@ -141,6 +137,7 @@ fn click(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     let scale = scale_arg(args)?;
     let button = args.str_or("button", "left")?.to_string();
     let double = args.bool_or("double", false)?;
+    let hold = super::pointer::hold_arg(args)?;
     let rec = live(&name)?;
     // The image the coordinates were read from: the screen at `scale`, sized as vm_screenshot
     // sized it, so that its pixels map back exactly.
@@ -165,7 +162,9 @@ fn click(_ctx: &ToolCtx, args: &Args) -> ToolResult {
                 {"type": "abs", "data": {"axis": "y", "value": abs_axis(sy as u32, h)}}
             ]})),
         )?;
+        press_keys(q, &hold, true)?;
         click_cmds(q, &button, double)?;
+        press_keys(q, &hold, false)?;
         Ok((w, h, sx, sy))
     })?;
     if sx < 0 {
@@ -181,8 +180,25 @@ fn click(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     }
     Ok(ToolOutput::json(json!({
         "name": name, "x": x, "y": y, "scale": scale, "screen_x": sx, "screen_y": sy,
-        "button": button, "screen_width": w, "screen_height": h
+        "button": button, "hold": hold, "screen_width": w, "screen_height": h
     })))
+}
+
+/// Presses (or releases) the `hold` modifiers around a click, paced like the buttons.
+fn press_keys(q: &mut Qmp, hold: &[&str], down: bool) -> Result<(), QmpError> {
+    if hold.is_empty() {
+        return Ok(());
+    }
+    let events: Vec<Value> = hold
+        .iter()
+        .map(
+            |k| json!({"type": "key", "data": {"down": down, "key": {"type": "qcode", "data": k}}}),
+        )
+        .collect();
+    std::thread::sleep(MOUSE_PACE);
+    q.execute("input-send-event", Some(json!({ "events": events })))?;
+    std::thread::sleep(MOUSE_PACE);
+    Ok(())
 }
 
 const MOUSE_MOVE_DESCRIPTION: &str = "Relative (PS/2-style) mouse motion for guests without a \

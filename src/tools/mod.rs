@@ -21,6 +21,7 @@ pub mod keyboard;
 pub mod launch;
 pub mod lifecycle;
 pub mod params;
+pub mod pointer;
 pub mod prepare;
 pub mod presets;
 pub mod pull;
@@ -56,6 +57,8 @@ pub static ALL: &[ToolDef] = &[
     keyboard::TYPE_TEXT,
     drive::CLICK,
     drive::MOUSE_MOVE,
+    pointer::DRAG,
+    pointer::SCROLL,
     serial::READ,
     serial::WRITE,
     serial::WAIT,

@@ -15,6 +15,7 @@
 //!   `qemu-img info`.
 //! - `guest.rs`: the test guest ([`test_guest`]).
 //! - `cloud.rs`: the test cloud image, Debian with cloud-init ([`test_cloud_image`]).
+//! - `desktop.rs`: the desktop image (Xorg, openbox, a Tk program logging its input).
 //! - `stock.rs`: the stock-shaped cloud image (GPT, GRUB, the cloud kernel, no agent).
 //! - `qemu10.rs`: QEMU 10.0 unpacked beside the system's 7.2.
 //! - `cli.rs`: bounded runs of the `mcqemu` CLI and of external programs.
@@ -31,6 +32,7 @@ pub mod b64;
 mod cli;
 mod cloud;
 pub mod cloud_guest;
+pub mod desktop;
 pub mod dirlock;
 pub mod evdev;
 mod files;

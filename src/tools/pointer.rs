@@ -1,0 +1,293 @@
+//! Pointer gestures beyond a click: vm_drag (button down at one point, moves, up at another)
+//! and vm_scroll (wheel clicks at a point), both through the absolute tablet and with
+//! modifier keys optionally held (`hold`); the plans are [`crate::ops::pointer`]'s. The
+//! coordinates and `scale` mean what they mean for vm_click ([`super::drive`]).
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use super::drive::to_screen;
+use super::screenshot::{capture, live};
+use super::{object, presets, vm_name_arg};
+use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use crate::ops::pointer::{self, Point, Step, Wheel};
+use crate::ops::session;
+use crate::qemu::screen;
+
+/// The `hold` parameter, shared with vm_click.
+pub fn hold_param() -> Value {
+    json!({
+        "type": "array", "items": {"type": "string"}, "maxItems": pointer::MAX_HOLD,
+        "description": "Modifier keys held down from before the first button change to after \
+            the last (shift-click, ctrl-drag): shift, ctrl, alt, altgr, win, or their _r keys."
+    })
+}
+
+/// The `hold` argument, checked: modifiers only.
+pub fn hold_arg(args: &Args) -> Result<Vec<&'static str>, ToolError> {
+    let names = args.opt_str_list("hold")?.unwrap_or_default();
+    Ok(pointer::modifiers(&names)?)
+}
+
+fn scale_param() -> Value {
+    json!({
+        "type": "number", "minimum": 0.0001, "maximum": 1,
+        "description": "The scale of the vm_screenshot the coordinates were read from: they are \
+            then pixels of that image. Default 1: screen pixels."
+    })
+}
+
+fn scale_arg(args: &Args) -> Result<f64, ToolError> {
+    match args.opt_f64("scale")? {
+        None => Ok(1.0),
+        Some(s) if (0.0001..=1.0).contains(&s) => Ok(s),
+        Some(s) => Err(ToolError::new(format!(
+            "scale must be between 0.0001 and 1 (as vm_screenshot returns it), not {s}; nothing \
+             was sent"
+        ))),
+    }
+}
+
+/// Maps image pixel (x, y) of a screenshot at `scale` of a `w`x`h` screen to the screen pixel
+/// under it; None when it is outside that image.
+pub fn screen_point(x: i64, y: i64, scale: f64, w: u32, h: u32) -> Option<Point> {
+    let (iw, ih) = screen::scaled_size(w, h, scale);
+    if x < 0 || y < 0 || x >= i64::from(iw) || y >= i64::from(ih) {
+        return None;
+    }
+    Some(Point {
+        x: to_screen(x, iw, w) as u32,
+        y: to_screen(y, ih, h) as u32,
+    })
+}
+
+fn outside(x: i64, y: i64, scale: f64, w: u32, h: u32) -> ToolError {
+    let (iw, ih) = screen::scaled_size(w, h, scale);
+    ToolError::new(if scale < 1.0 {
+        format!(
+            "({x}, {y}) is outside the {iw}x{ih} screenshot (scale {scale}) of the {w}x{h} \
+             screen; nothing was sent"
+        )
+    } else {
+        format!("({x}, {y}) is outside the {w}x{h} screen; nothing was sent")
+    })
+}
+
+/// Resolves the points against the current screen size and sends the plan `make` builds from
+/// them; returns the screen size and the screen points.
+fn send_at(
+    ctx: &ToolCtx,
+    name: &str,
+    points: &[(i64, i64)],
+    scale: f64,
+    make: impl FnOnce(&[Point], (u32, u32)) -> Vec<Step>,
+) -> Result<((u32, u32), Vec<Point>, usize), ToolError> {
+    let rec = live(name)?;
+    let out = session::monitor(name, &rec, |q| {
+        let frame = capture(q, name)?;
+        let (w, h) = (frame.width, frame.height);
+        drop(frame);
+        let mut pts = Vec::new();
+        for &(x, y) in points {
+            match screen_point(x, y, scale, w, h) {
+                Some(p) => pts.push(p),
+                None => return Err(outside(x, y, scale, w, h).into()),
+            }
+        }
+        let plan = make(&pts, (w, h));
+        let done = pointer::run(q, &plan, &|| ctx.cancelled())?;
+        if !done {
+            return Err(ToolError::new("cancelled (buttons and keys released)").into());
+        }
+        Ok(((w, h), pts, pointer::commands(&plan)))
+    })?;
+    Ok(out)
+}
+
+const DRAG_DESCRIPTION: &str = "Drag with the absolute tablet: move to (x, y), press button, \
+    move in steps to (to_x, to_y), release; hold keeps modifier keys down throughout (e.g. \
+    [\"ctrl\"] for a ctrl-drag). Coordinates are screen pixels, or, with scale (as a \
+    vm_screenshot returned it), pixels of that screenshot. Use it for sliders, text selection, \
+    moving windows and drawing.";
+
+/// `vm_drag`.
+pub const DRAG: ToolDef = ToolDef {
+    name: "vm_drag",
+    title: "Drag the mouse in a VM",
+    description: DRAG_DESCRIPTION,
+    input_schema: || {
+        object(
+            json!({
+                "name": presets::name_schema(),
+                "x": {"type": "integer", "minimum": 0},
+                "y": {"type": "integer", "minimum": 0},
+                "to_x": {"type": "integer", "minimum": 0},
+                "to_y": {"type": "integer", "minimum": 0},
+                "scale": scale_param(),
+                "button": {
+                    "type": "string", "enum": ["left", "right", "middle"], "default": "left"
+                },
+                "hold": hold_param(),
+                "steps": {
+                    "type": "integer", "minimum": 1, "maximum": pointer::MAX_STEPS,
+                    "default": 12, "description": "Moves between press and release."
+                },
+                "step_ms": {"type": "integer", "minimum": 1, "maximum": 1000, "default": 20}
+            }),
+            &["name", "x", "y", "to_x", "to_y"],
+        )
+    },
+    output_schema: || {
+        json!({
+            "type": "object",
+            "properties": {
+                "name": {"type": "string"},
+                "from": {"type": "array", "items": {"type": "integer"},
+                         "description": "The screen pixel pressed on."},
+                "to": {"type": "array", "items": {"type": "integer"},
+                       "description": "The screen pixel released on."},
+                "button": {"type": "string"},
+                "hold": {"type": "array", "items": {"type": "string"}},
+                "commands": {"type": "integer"},
+                "screen_width": {"type": "integer"},
+                "screen_height": {"type": "integer"}
+            },
+            "required": ["name", "from", "to", "button", "commands"]
+        })
+    },
+    annotations: presets::DESTRUCTIVE,
+    handler: drag,
+};
+
+fn drag(ctx: &ToolCtx, args: &Args) -> ToolResult {
+    let name = vm_name_arg(args)?;
+    let coord = |k: &str| -> Result<i64, ToolError> { Ok(args.opt_i64(k)?.unwrap_or(-1)) };
+    let (x, y, tx, ty) = (coord("x")?, coord("y")?, coord("to_x")?, coord("to_y")?);
+    let scale = scale_arg(args)?;
+    let button = args.str_or("button", "left")?.to_string();
+    if !["left", "right", "middle"].contains(&button.as_str()) {
+        return Err(ToolError::new(format!(
+            "button must be left, right or middle, not {button:?}; nothing was sent"
+        )));
+    }
+    let hold = hold_arg(args)?;
+    let steps = args
+        .i64_or("steps", 12)?
+        .clamp(1, i64::from(pointer::MAX_STEPS)) as u32;
+    let pause = Duration::from_millis(args.i64_or("step_ms", 20)?.clamp(1, 1000) as u64);
+    let ((w, h), pts, commands) = send_at(ctx, &name, &[(x, y), (tx, ty)], scale, |p, s| {
+        pointer::drag_plan(p[0], p[1], s, &button, &hold, steps, pause)
+    })?;
+    Ok(ToolOutput::json(json!({
+        "name": name, "from": [pts[0].x, pts[0].y], "to": [pts[1].x, pts[1].y],
+        "button": button, "hold": hold, "commands": commands,
+        "screen_width": w, "screen_height": h
+    })))
+}
+
+const SCROLL_DESCRIPTION: &str = "Turn the mouse wheel at (x, y) with the absolute tablet: \
+    clicks notches towards direction (down: towards the end of a list or page). hold keeps \
+    modifier keys down (e.g. [\"ctrl\"] to zoom). Coordinates as for vm_click (scale: that of \
+    the vm_screenshot they were read from).";
+
+/// `vm_scroll`.
+pub const SCROLL: ToolDef = ToolDef {
+    name: "vm_scroll",
+    title: "Scroll the mouse wheel in a VM",
+    description: SCROLL_DESCRIPTION,
+    input_schema: || {
+        object(
+            json!({
+                "name": presets::name_schema(),
+                "x": {"type": "integer", "minimum": 0},
+                "y": {"type": "integer", "minimum": 0},
+                "scale": scale_param(),
+                "direction": {"type": "string", "enum": ["up", "down"], "default": "down"},
+                "clicks": {
+                    "type": "integer", "minimum": 1, "maximum": pointer::MAX_STEPS, "default": 1
+                },
+                "hold": hold_param()
+            }),
+            &["name", "x", "y"],
+        )
+    },
+    output_schema: || {
+        json!({
+            "type": "object",
+            "properties": {
+                "name": {"type": "string"},
+                "at": {"type": "array", "items": {"type": "integer"},
+                       "description": "The screen pixel scrolled at."},
+                "direction": {"type": "string"},
+                "clicks": {"type": "integer"},
+                "hold": {"type": "array", "items": {"type": "string"}},
+                "screen_width": {"type": "integer"},
+                "screen_height": {"type": "integer"}
+            },
+            "required": ["name", "at", "direction", "clicks"]
+        })
+    },
+    annotations: presets::DESTRUCTIVE,
+    handler: scroll,
+};
+
+fn scroll(ctx: &ToolCtx, args: &Args) -> ToolResult {
+    let name = vm_name_arg(args)?;
+    let x = args.opt_i64("x")?.unwrap_or(-1);
+    let y = args.opt_i64("y")?.unwrap_or(-1);
+    let scale = scale_arg(args)?;
+    let dir = match args.str_or("direction", "down")? {
+        "up" => Wheel::Up,
+        "down" => Wheel::Down,
+        d => {
+            return Err(ToolError::new(format!(
+                "direction must be up or down, not {d:?}; nothing was sent"
+            )))
+        }
+    };
+    let clicks = args.i64_or("clicks", 1)?;
+    if !(1..=i64::from(pointer::MAX_STEPS)).contains(&clicks) {
+        return Err(ToolError::new(format!(
+            "clicks must be 1 to {}, not {clicks}; nothing was sent",
+            pointer::MAX_STEPS
+        )));
+    }
+    let hold = hold_arg(args)?;
+    let ((w, h), pts, _) = send_at(ctx, &name, &[(x, y)], scale, |p, s| {
+        pointer::scroll_plan(p[0], s, dir, clicks as u32, &hold)
+    })?;
+    Ok(ToolOutput::json(json!({
+        "name": name, "at": [pts[0].x, pts[0].y],
+        "direction": if dir == Wheel::Up { "up" } else { "down" }, "clicks": clicks,
+        "hold": hold, "screen_width": w, "screen_height": h
+    })))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn screenshot_points_map_to_screen_pixels_and_outside_ones_are_refused() {
+        // A 1920x1080 screen shown at 1568 px wide.
+        let s = 1568.0 / 1920.0;
+        assert_eq!(
+            screen_point(0, 0, s, 1920, 1080),
+            Some(Point { x: 0, y: 0 })
+        );
+        assert_eq!(
+            screen_point(784, 441, s, 1920, 1080),
+            Some(Point { x: 960, y: 540 })
+        );
+        assert_eq!(screen_point(1568, 0, s, 1920, 1080), None);
+        assert_eq!(screen_point(-1, 0, 1.0, 1280, 800), None);
+        assert_eq!(
+            screen_point(1279, 799, 1.0, 1280, 800),
+            Some(Point { x: 1279, y: 799 })
+        );
+        assert!(outside(1568, 0, s, 1920, 1080)
+            .to_string()
+            .contains("screenshot (scale"));
+    }
+}
