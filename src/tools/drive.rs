@@ -63,7 +63,7 @@ const MOUSE_PACE: Duration = Duration::from_millis(20);
 fn click_cmds(q: &mut Qmp, button: &str, double: bool) -> Result<(), QmpError> {
     for i in 0..if double { 2 } else { 1 } {
         if i > 0 {
-            std::thread::sleep(MOUSE_PACE);
+            std::thread::sleep(crate::ops::pointer::CLICK_GAP);
         }
         // Down and up in separate commands: in one command both are lost on PS/2 and USB tablets.
         q.execute(

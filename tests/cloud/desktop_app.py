@@ -88,7 +88,6 @@ class App:
             self.bind_common(name, w[name])
         c = w["canvas"]
         c.bind("<B1-Motion>", self.on_motion, add="+")
-        c.bind("<ButtonPress-3>", self.on_menu, add="+")
         w["entry"].focus_set()
 
     def bind_common(self, name, widget):
@@ -103,6 +102,10 @@ class App:
                     rec["moves"] = self.drag["moves"]
                     self.drag = None
                 self.emit(**rec)
+                # One binding per event and widget: a <ButtonPress-3> of its own would
+                # replace this one for the right button.
+                if kind == "press" and name == "canvas" and e.num == 3:
+                    self.on_menu(e)
             return handler
         widget.bind("<ButtonPress>", pointer("press"), add="+")
         widget.bind("<ButtonRelease>", pointer("release"), add="+")
