@@ -74,15 +74,22 @@ fn outside(x: i64, y: i64, scale: f64, w: u32, h: u32) -> ToolError {
     })
 }
 
+/// What a gesture did: the screen's size, the screen pixels used, the commands sent.
+struct Sent {
+    screen: (u32, u32),
+    points: Vec<Point>,
+    commands: usize,
+}
+
 /// Resolves the points against the current screen size and sends the plan `make` builds from
-/// them; returns the screen size and the screen points.
+/// them.
 fn send_at(
     ctx: &ToolCtx,
     name: &str,
     points: &[(i64, i64)],
     scale: f64,
     make: impl FnOnce(&[Point], (u32, u32)) -> Vec<Step>,
-) -> Result<((u32, u32), Vec<Point>, usize), ToolError> {
+) -> Result<Sent, ToolError> {
     let rec = live(name)?;
     let out = session::monitor(name, &rec, |q| {
         let frame = capture(q, name)?;
@@ -100,7 +107,11 @@ fn send_at(
         if !done {
             return Err(ToolError::new("cancelled (buttons and keys released)").into());
         }
-        Ok(((w, h), pts, pointer::commands(&plan)))
+        Ok(Sent {
+            screen: (w, h),
+            points: pts,
+            commands: pointer::commands(&plan),
+        })
     })?;
     Ok(out)
 }
@@ -176,13 +187,14 @@ fn drag(ctx: &ToolCtx, args: &Args) -> ToolResult {
         .i64_or("steps", 12)?
         .clamp(1, i64::from(pointer::MAX_STEPS)) as u32;
     let pause = Duration::from_millis(args.i64_or("step_ms", 20)?.clamp(1, 1000) as u64);
-    let ((w, h), pts, commands) = send_at(ctx, &name, &[(x, y), (tx, ty)], scale, |p, s| {
+    let sent = send_at(ctx, &name, &[(x, y), (tx, ty)], scale, |p, s| {
         pointer::drag_plan(p[0], p[1], s, &button, &hold, steps, pause)
     })?;
     Ok(ToolOutput::json(json!({
-        "name": name, "from": [pts[0].x, pts[0].y], "to": [pts[1].x, pts[1].y],
-        "button": button, "hold": hold, "commands": commands,
-        "screen_width": w, "screen_height": h
+        "name": name, "from": [sent.points[0].x, sent.points[0].y],
+        "to": [sent.points[1].x, sent.points[1].y],
+        "button": button, "hold": hold, "commands": sent.commands,
+        "screen_width": sent.screen.0, "screen_height": sent.screen.1
     })))
 }
 
@@ -254,13 +266,13 @@ fn scroll(ctx: &ToolCtx, args: &Args) -> ToolResult {
         )));
     }
     let hold = hold_arg(args)?;
-    let ((w, h), pts, _) = send_at(ctx, &name, &[(x, y)], scale, |p, s| {
+    let sent = send_at(ctx, &name, &[(x, y)], scale, |p, s| {
         pointer::scroll_plan(p[0], s, dir, clicks as u32, &hold)
     })?;
     Ok(ToolOutput::json(json!({
-        "name": name, "at": [pts[0].x, pts[0].y],
+        "name": name, "at": [sent.points[0].x, sent.points[0].y],
         "direction": if dir == Wheel::Up { "up" } else { "down" }, "clicks": clicks,
-        "hold": hold, "screen_width": w, "screen_height": h
+        "hold": hold, "screen_width": sent.screen.0, "screen_height": sent.screen.1
     })))
 }
 
