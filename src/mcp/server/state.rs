@@ -19,8 +19,9 @@ use crate::mcp::tool::{Logger, ToolDef};
 use crate::mcp::transport::Output;
 use crate::mcp::workers::Workers;
 
-/// Tools per `tools/list` page unless `MCQEMU_TOOLS_PAGE_SIZE` says otherwise.
-const DEFAULT_PAGE_SIZE: usize = 50;
+/// Tools per `tools/list` page unless `MCQEMU_TOOLS_PAGE_SIZE` says otherwise: more than there
+/// are, so that clients that do not follow cursors still see every tool.
+const DEFAULT_PAGE_SIZE: usize = 100;
 
 /// The server state shared by the reader, the workers and the signal thread.
 pub struct Server {
