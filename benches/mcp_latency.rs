@@ -43,7 +43,8 @@
 //! image_prepare of the stock-shaped Debian image, cold boots of the prepared image and clones
 //! of a template of it. The arm64 section (`mcp_latency/arm64.rs`, name `arm64`) times the
 //! aarch64 test guest under TCG: cold sandbox_vm boots, guest_exec, vm_screenshot and clones
-//! of a template of it.
+//! of a template of it. The desktop section (`mcp_latency/desktop.rs`, name `desktop`) boots the
+//! desktop test image and times boot to desktop, key to screen change and the pointer tools.
 
 #[path = "mcp_latency/arm64.rs"]
 mod arm64;
@@ -51,6 +52,8 @@ mod arm64;
 mod clones;
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "mcp_latency/desktop.rs"]
+mod desktop;
 #[path = "mcp_latency/forks.rs"]
 mod forks;
 #[path = "mcp_latency/guest.rs"]
@@ -187,6 +190,11 @@ fn run() -> Res<()> {
     // 8. The aarch64 test guest under TCG: cold boots, exec, screenshot, a template's clones.
     if wanted("arm64") {
         arm64::arm64_rows(&mut table, &dirs, &image);
+    }
+
+    // 9. The desktop image: boot to desktop, key to screen change, pointer gestures.
+    if wanted("desktop") {
+        desktop::desktop_rows(&mut table, &dirs);
     }
 
     table.footer();

@@ -475,19 +475,46 @@ fn drive_1920(s: &mut Server, ev: &mut Events, ready: &Value) {
     ev.wait(s, m, "scaled scroll", |v| {
         is(v, "yview", "list") && v["first"].as_f64() > Some(0.0)
     });
+
+    // A scaled shift+ctrl drag on the canvas: pressed and released on the screen pixels under
+    // the screenshot's, both modifiers held.
+    let (x0, y0, _, _) = rect(ready, "canvas");
+    let (ax, ay) = (((x0 + 50) as f64 * k) as i64, ((y0 + 50) as f64 * k) as i64);
+    let m = ev.mark();
+    let d = call(
+        s,
+        "vm_drag",
+        json!({"x": ax, "y": ay, "to_x": ax + 200, "to_y": ay + 150, "scale": k,
+               "hold": ["shift", "ctrl"]}),
+    );
+    let rel = ev.wait(s, m, "scaled drag release", |v| {
+        is(v, "release", "canvas") && v["button"] == 1
+    });
+    let from = &d["from"];
+    let local = |i: usize, o: i64| from[i].as_i64().unwrap() - o;
+    assert_eq!(
+        rel["drag_from"],
+        json!([local(0, x0), local(1, y0)]),
+        "{rel} {d}"
+    );
+    assert_eq!(rel["root"], d["to"], "{rel}");
+    assert!(has_mod(&rel, "control") && has_mod(&rel, "shift"), "{rel}");
 }
 
-/// Key-to-screen-change latency: a key typed into the field, screenshots polled until the
-/// frame differs (printed for the README; no timed assert).
+/// Key-to-screen-change latency: a key typed into the field (whose cursor does not blink:
+/// nothing else changes the screen), then full screenshots until one differs. Printed for
+/// the README (no timed assert): the vm_type_text call, and from its start to the first
+/// changed screenshot's return.
 fn key_latency(s: &mut Server, ev: &mut Events, ready: &Value) {
     let (ex, ey) = centre(ready, "entry");
     call(s, "vm_click", json!({"x": ex, "y": ey}));
     let mut samples = Vec::new();
-    for ch in ["x", "y", "z"] {
+    for ch in ["x", "y", "z", "w", "v"] {
         let before = screenshot(s, json!({})).rgb;
         let m = ev.mark();
         let t = Instant::now();
         call(s, "vm_type_text", json!({"text": ch}));
+        let typed = t.elapsed().as_millis();
         let mut polls = 0;
         loop {
             polls += 1;
@@ -499,10 +526,10 @@ fn key_latency(s: &mut Server, ev: &mut Events, ready: &Value) {
                 "the screen did not change after typing {ch:?}"
             );
         }
-        samples.push((t.elapsed().as_millis(), polls));
+        samples.push((typed, t.elapsed().as_millis(), polls));
         ev.wait(s, m, "latency key", |v| {
             is(v, "key", "entry") && v["char"] == ch
         });
     }
-    eprintln!("key to screen change (ms, screenshots polled): {samples:?}");
+    eprintln!("key to screen change (type ms, changed screenshot ms, screenshots): {samples:?}");
 }

@@ -68,7 +68,8 @@ class App:
         self.text = tk.StringVar(r)
         self.text.trace_add("write", lambda *_: self.emit(event="text", widget="entry",
                                                            value=self.text.get()))
-        w["entry"] = tk.Entry(r, textvariable=self.text, font=font)
+        # A steady insertion cursor: a blinking one would change the screen by itself.
+        w["entry"] = tk.Entry(r, textvariable=self.text, font=font, insertofftime=0)
         w["scale"] = tk.Scale(r, from_=0, to=100, orient="horizontal", length=600,
                               sliderlength=40, width=24, font=font, bg="#30a030",
                               command=lambda v: self.emit(event="scale", widget="scale",

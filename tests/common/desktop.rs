@@ -38,11 +38,15 @@ pub struct DesktopImage {
 
 /// The desktop test image, built once per process; fails the test when it cannot be built.
 pub fn test_desktop_image() -> DesktopImage {
+    try_test_desktop_image().unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Builds the desktop image once per process into `<workspace>/target/test-desktop/<key>/`
+/// (cached there across runs, keyed by the scripts and the package versions), under the
+/// builders' lock; an `Err` when it cannot be built (not root, a tool missing).
+pub fn try_test_desktop_image() -> Result<DesktopImage, String> {
     static IMAGE: OnceLock<Result<DesktopImage, String>> = OnceLock::new();
-    IMAGE
-        .get_or_init(build)
-        .clone()
-        .unwrap_or_else(|e| panic!("{e}"))
+    IMAGE.get_or_init(build).clone()
 }
 
 fn build() -> Result<DesktopImage, String> {
