@@ -129,12 +129,12 @@ fn held(hold: &[&str], inner: Vec<Step>) -> Vec<Step> {
 }
 
 /// Presses and releases `btn` `count` times (a double click is 2), each change its own
-/// command, paced.
-fn presses(btn: &str, count: u32) -> Vec<Step> {
+/// command, paced, `gap` between one release and the next press.
+fn presses(btn: &str, count: u32, gap: Duration) -> Vec<Step> {
     let mut plan = Vec::new();
     for i in 0..count {
         if i > 0 {
-            plan.push(Step::Pause(CLICK_GAP));
+            plan.push(Step::Pause(gap));
         }
         plan.extend([button(btn, true), Step::Pause(PACE), button(btn, false)]);
     }
@@ -150,7 +150,7 @@ pub fn click_plan(
     hold: &[&str],
 ) -> Vec<Step> {
     let mut plan = vec![move_to(at, screen), Step::Pause(PACE)];
-    plan.extend(held(hold, presses(btn, count.clamp(1, 3))));
+    plan.extend(held(hold, presses(btn, count.clamp(1, 3), CLICK_GAP)));
     plan
 }
 
@@ -202,7 +202,9 @@ pub fn scroll_plan(
         Wheel::Down => "wheel-down",
     };
     let mut plan = vec![move_to(at, screen), Step::Pause(PACE)];
-    plan.extend(held(hold, presses(btn, clicks.clamp(1, MAX_STEPS))));
+    // Wheel notches are relative motion to the guest (REL_WHEEL), not buttons: no bounce
+    // filter applies, so the short pace is enough (3 notches: 3 presses seen by Tk).
+    plan.extend(held(hold, presses(btn, clicks.clamp(1, MAX_STEPS), PACE)));
     plan
 }
 
