@@ -248,7 +248,9 @@ fn a_desktop_driven_by_screenshots_clicks_drags_wheel_and_keys() {
     );
     assert_eq!(ready["screen"], json!([1280, 800]), "{ready}");
 
-    drive_1280(&mut s, &mut ev, &ready);
+    clicks_1280(&mut s, &mut ev, &ready);
+    drag_and_wheel_1280(&mut s, &mut ev, &ready);
+    modifiers_and_typing_1280(&mut s, &mut ev, &ready);
     key_latency(&mut s, &mut ev, &ready);
 
     let mark = ev.mark();
@@ -269,7 +271,7 @@ fn a_desktop_driven_by_screenshots_clicks_drags_wheel_and_keys() {
 }
 
 /// At 1280x800, screenshots unscaled (and one at max_edge 640, scale 0.5).
-fn drive_1280(s: &mut Server, ev: &mut Events, ready: &Value) {
+fn clicks_1280(s: &mut Server, ev: &mut Events, ready: &Value) {
     // The full-size screenshot shows the buttons where the program put them.
     let shot = screenshot(s, json!({}));
     assert_eq!((shot.w, shot.h, shot.scale), (1280, 800, 1.0));
@@ -322,7 +324,10 @@ fn drive_1280(s: &mut Server, ev: &mut Events, ready: &Value) {
     ev.wait(s, m, "menu entry Paste chosen", |v| {
         is(v, "menu", "") && v["item"] == "Paste"
     });
+}
 
+/// At 1280x800: a slider dragged, a list scrolled both ways.
+fn drag_and_wheel_1280(s: &mut Server, ev: &mut Events, ready: &Value) {
     // Drag the slider from 0 to the middle.
     let from = &ready["widgets"]["scale_slider"]["0"];
     let to = &ready["widgets"]["scale_slider"]["50"];
@@ -372,7 +377,10 @@ fn drive_1280(s: &mut Server, ev: &mut Events, ready: &Value) {
     ev.wait(s, m, "list back at the top", |v| {
         is(v, "yview", "list") && v["first"] == 0.0
     });
+}
 
+/// At 1280x800: shift-click, ctrl-drag and typing.
+fn modifiers_and_typing_1280(s: &mut Server, ev: &mut Events, ready: &Value) {
     // Shift-click: item 02, then shift-click on item 06 selects 02..06 (extended selection).
     let row = |item: &str| ready["widgets"]["list_rows"][item].clone();
     let (i2, i6) = (row("item 02"), row("item 06"));
