@@ -1,6 +1,6 @@
 //! Computer use on a real desktop, end to end (TCG): the desktop test image (Xorg, openbox and a
 //! full-screen Tk program that logs every input event it receives; `tests/common/desktop.rs`)
-//! booted once as a sandbox, then driven only through the tools an agent has: vm_screenshot
+//! booted once as a sandbox (1 vCPU, 512 MiB), then driven only through the tools an agent has: vm_screenshot
 //! (widgets found by their colour in unscaled and scaled screenshots), vm_click (single,
 //! double, right, shift), vm_drag (a slider; a ctrl-drag on a canvas), vm_scroll (a list) and
 //! vm_type_text (a text field). Each gesture is checked through the program's own record of
@@ -230,7 +230,7 @@ fn a_desktop_driven_by_screenshots_clicks_drags_wheel_and_keys() {
     let r = s.call_tool_within(
         "sandbox_vm",
         json!({"name": VM, "base_image": image.disk, "kernel": image.kernel,
-               "initrd": image.initrd, "append": image.append, "memory_mb": 1024, "cpus": 1,
+               "initrd": image.initrd, "append": image.append, "memory_mb": 512, "cpus": 1,
                "wait_agent_s": 240}),
         BOOT,
     );
