@@ -280,6 +280,34 @@ fn scroll(ctx: &ToolCtx, args: &Args) -> ToolResult {
 mod tests {
     use super::*;
 
+    fn refusal(tool: &ToolDef, args: Value) -> String {
+        let map = args.as_object().cloned().unwrap_or_default();
+        match (tool.handler)(&ToolCtx::detached(), &Args(map)) {
+            Ok(_) => panic!("{} took {args}", tool.name),
+            Err(e) => e.0,
+        }
+    }
+
+    #[test]
+    fn bad_gestures_are_refused_before_any_vm_is_looked_up() {
+        let at = json!({"name": "no-such-vm", "x": 1, "y": 1, "to_x": 2, "to_y": 2});
+        let mut a = at.clone();
+        a["hold"] = json!(["a"]);
+        assert!(refusal(&DRAG, a).contains("not a modifier"));
+        let mut a = at.clone();
+        a["button"] = json!("wheel-up");
+        assert!(refusal(&DRAG, a).contains("left, right or middle"));
+        let mut a = at.clone();
+        a["direction"] = json!("left");
+        assert!(refusal(&SCROLL, a).contains("up or down"));
+        let mut a = at.clone();
+        a["clicks"] = json!(0);
+        assert!(refusal(&SCROLL, a).contains("clicks must be"));
+        let mut a = at.clone();
+        a["scale"] = json!(2);
+        assert!(refusal(&SCROLL, a).contains("scale must be"));
+    }
+
     #[test]
     fn screenshot_points_map_to_screen_pixels_and_outside_ones_are_refused() {
         // A 1920x1080 screen shown at 1568 px wide.
