@@ -340,6 +340,7 @@ fn launch_clone(
         firmware: t.firmware.clone(),
         cloud_init,
         uefi_vars_from: None,
+        egress: Vec::new(),
     };
     Ok(launch::launch(ctx, lr)?.to_json())
 }

@@ -9,6 +9,7 @@ pub mod checks;
 pub mod clone;
 pub mod destroy;
 pub mod disk_size;
+pub mod egress;
 pub mod error;
 pub mod guest;
 pub mod guest_clock;
