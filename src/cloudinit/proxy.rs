@@ -49,6 +49,9 @@ mod tests {
         assert!(ud.contains("https_proxy=http://10.0.2.2:3128"));
         assert!(ud.contains("\"proxy\": \"http://10.0.2.2:3128\""), "{ud}");
         let raw = CloudInit::parse(&json!({"user_data": "#!/bin/sh\ntrue\n"})).unwrap();
-        assert_eq!(raw.clone().with_proxy("http://p").user_data(), raw.user_data());
+        assert_eq!(
+            raw.clone().with_proxy("http://p").user_data(),
+            raw.user_data()
+        );
     }
 }

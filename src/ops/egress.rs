@@ -35,7 +35,9 @@ impl Started {
     /// The namespaces a QEMU joins, opened afresh for each spawn.
     pub fn join(&self) -> Result<Join, OpError> {
         Join::open(self.pid, self.tid).map_err(|e| {
-            OpError::new(format!("the egress proxy of this VM is gone ({e}); launch again"))
+            OpError::new(format!(
+                "the egress proxy of this VM is gone ({e}); launch again"
+            ))
         })
     }
 
@@ -114,7 +116,14 @@ fn wait_ready(mut child: Child, rt: &Path, log: &Path) -> Result<Started, OpErro
             let _ = child.kill();
             let _ = child.wait();
             let text = std::fs::read_to_string(log).unwrap_or_default();
-            let tail: String = text.chars().rev().take(600).collect::<Vec<_>>().into_iter().rev().collect();
+            let tail: String = text
+                .chars()
+                .rev()
+                .take(600)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect();
             return Err(OpError::new(format!(
                 "the egress proxy for allow_network rules did not start: {}. Nothing was \
                  started; allow_network true or false needs no proxy",
@@ -164,11 +173,7 @@ pub fn info(name: &str, rec: &Record) -> Option<Value> {
 /// The proxy variables a guest program of a VM with rules gets, under any `env` the caller
 /// gave (an explicit variable wins).
 pub fn guest_env(name: &str, mut env: Vec<(String, String)>) -> Vec<(String, String)> {
-    let has_rules = vm::registry()
-        .load()
-        .get(name)
-        .and_then(rules_of)
-        .is_some();
+    let has_rules = vm::registry().load().get(name).and_then(rules_of).is_some();
     if has_rules {
         for (k, v) in proxy_env() {
             if !env.iter().any(|(e, _)| e == k) {

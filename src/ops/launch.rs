@@ -316,16 +316,24 @@ fn start_reserved(
     ctx.check_cancel()?;
     let proxy = match req.egress.is_empty() {
         true => None,
-        false => Some(egress::start(&req.spec.name, &req.egress, &req.spec.forwards)?),
+        false => Some(egress::start(
+            &req.spec.name,
+            &req.egress,
+            &req.spec.forwards,
+        )?),
     };
     let spawned = spawn_with_fallback(req, &sd.join("qemu.log"), proxy.as_ref());
     let (started, spec, fallback_note) = match (spawned, proxy) {
         (Ok(s), p) => {
-            p.map(egress::Started::keep);
+            if let Some(p) = p {
+                p.keep();
+            }
             s
         }
         (Err(e), p) => {
-            p.map(egress::Started::abandon);
+            if let Some(p) = p {
+                p.abandon();
+            }
             return Err(e);
         }
     };

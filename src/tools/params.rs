@@ -7,9 +7,9 @@ use serde_json::{json, Value};
 
 use crate::clock;
 use crate::mcp::tool::{Args, ToolError};
+use crate::net::egress::rules::Rule;
 use crate::ops::checks::checked_path;
 use crate::ops::launch::{ARCHES, DEFAULT_CPUS, DEFAULT_FIRMWARE, DEFAULT_MEMORY_MB};
-use crate::net::egress::rules::Rule;
 use crate::ops::launch_args::{egress_rules, LaunchArgs};
 use crate::ops::sandbox_request::SandboxRequest;
 use crate::state::roots::Access;

@@ -127,7 +127,10 @@ impl Join {
         })
     }
 
-    /// Joins them: for a forked child before exec (setns only, async-signal-safe).
+    /// Joins them, then empties the capability bounding set, so that the program executed
+    /// next has no capability even when it runs as root (a root QEMU would otherwise hold
+    /// them all inside the namespace, and its proxy, holding none, could not watch it). For
+    /// a forked child before exec: syscalls only, async-signal-safe.
     pub fn enter(&self) -> std::io::Result<()> {
         for (f, kind) in [
             (&self.user, libc::CLONE_NEWUSER),
@@ -137,6 +140,10 @@ impl Join {
             if unsafe { libc::setns(f.as_raw_fd(), kind) } != 0 {
                 return Err(std::io::Error::last_os_error());
             }
+        }
+        for cap in 0..64 {
+            // SAFETY: prctl with integer arguments; capabilities past the last are EINVAL.
+            unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) };
         }
         Ok(())
     }

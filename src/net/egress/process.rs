@@ -89,7 +89,9 @@ fn run(c: &Config) -> Result<(), String> {
     netns::drop_privileges()?;
     let counters = Counters::new(&c.state);
     let writer = counters.clone();
-    spawn("egress-stats", move || writer.writer(Duration::from_millis(200)))?;
+    spawn("egress-stats", move || {
+        writer.writer(Duration::from_millis(200))
+    })?;
     for &(addr, port) in &c.forwards {
         let l = TcpListener::bind((addr, port))
             .map_err(|e| format!("cannot listen on {addr}:{port} for a port forward: {e}"))?;
@@ -203,7 +205,9 @@ fn watch_qemu(runtime: &Path, tid: i32) {
                     .ok()
                     .and_then(|t| t.trim().parse::<i32>().ok());
                 match pid {
-                    Some(p) if ours.is_some() && netns::net_ns_id(&format!("/proc/{p}")) == ours => {
+                    Some(p)
+                        if ours.is_some() && netns::net_ns_id(&format!("/proc/{p}")) == ours =>
+                    {
                         seen = Some(p)
                     }
                     _ if started.elapsed() > QEMU_WAIT || !runtime.is_dir() => return,
@@ -238,8 +242,16 @@ mod tests {
     #[test]
     fn arguments_parse_and_bad_ones_are_refused() {
         let a = |v: &[&str]| parse_args(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>());
-        let c = a(&["--runtime", "/r", "--state", "/s", "--rule", "x.org", "--forward",
-                    "127.0.0.1:2222"])
+        let c = a(&[
+            "--runtime",
+            "/r",
+            "--state",
+            "/s",
+            "--rule",
+            "x.org",
+            "--forward",
+            "127.0.0.1:2222",
+        ])
         .unwrap();
         assert_eq!((c.rules.len(), c.forwards[0].1), (1, 2222));
         assert!(a(&["--runtime", "/r"]).is_err());

@@ -38,7 +38,9 @@ pub struct Shared {
 /// Serves one guest connection, counting it in `shared.active` while it lasts.
 pub fn serve(guest: TcpStream, shared: Shared) {
     if shared.active.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
-        shared.counters.refused("(connection)", "too many connections");
+        shared
+            .counters
+            .refused("(connection)", "too many connections");
         let mut g = guest;
         let reason = format!("more than {MAX_CONNECTIONS} connections at once");
         let _ = g.write_all(&answer(503, &reason));
@@ -147,8 +149,12 @@ mod tests {
     fn refusals_say_why() {
         let rules = parse_rules(&["localhost:8080".into()]).unwrap();
         assert!(check(&rules, "localhost", 8080).is_ok());
-        assert!(check(&rules, "localhost", 8081).unwrap_err().contains("rules"));
-        assert!(check(&rules, "127.0.0.1", 8080).unwrap_err().contains("IP address"));
+        assert!(check(&rules, "localhost", 8081)
+            .unwrap_err()
+            .contains("rules"));
+        assert!(check(&rules, "127.0.0.1", 8080)
+            .unwrap_err()
+            .contains("IP address"));
         assert!(check(&rules, "bad name", 8080).is_err());
     }
 }

@@ -183,7 +183,9 @@ mod tests {
         assert!(head.ends_with("Connection: close\r\n\r\n") && !head.contains("keep-alive"));
         let d = parse(b"GET http://[::1]?q HTTP/1.0\r\n\r\n").unwrap();
         assert_eq!((d.host.as_str(), d.port), ("[::1]", 80));
-        assert!(String::from_utf8(d.origin_head).unwrap().starts_with("GET /?q HTTP/1.0"));
+        assert!(String::from_utf8(d.origin_head)
+            .unwrap()
+            .starts_with("GET /?q HTTP/1.0"));
     }
 
     #[test]
@@ -208,6 +210,8 @@ mod tests {
         assert!(head.ends_with(b"\r\n\r\n") && rest == b"TLS");
         let long = vec![b'a'; MAX_HEAD + 10];
         assert!(read_head(&mut &long[..]).unwrap_err().contains("longer"));
-        assert!(String::from_utf8(answer(403, "no")).unwrap().contains("Content-Length: 24\r\n"));
+        assert!(String::from_utf8(answer(403, "no"))
+            .unwrap()
+            .contains("Content-Length: 24\r\n"));
     }
 }

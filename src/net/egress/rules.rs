@@ -205,7 +205,10 @@ mod tests {
     #[test]
     fn rules_parse_in_their_three_forms_and_write_back() {
         let r = Rule::parse("Example.COM").unwrap();
-        assert_eq!((r.host.clone(), r.port), (Host::Name("example.com".into()), None));
+        assert_eq!(
+            (r.host.clone(), r.port),
+            (Host::Name("example.com".into()), None)
+        );
         assert_eq!(Rule::parse("localhost:8080").unwrap().port, Some(8080));
         assert_eq!(
             Rule::parse("*.pypi.org").unwrap().host,
@@ -219,9 +222,24 @@ mod tests {
     #[test]
     fn malformed_rules_are_refused_with_the_reason() {
         for bad in [
-            "", "http://x.org", "x.org/path", "x.org:0", "x.org:70000", "x.org:", "a..b",
-            "*", "*.", "a.*.b", "-a.org", "user@x.org", "x.org:+80", "127.1", "0x7f.1",
-            "[::1", "[zz]", "a b",
+            "",
+            "http://x.org",
+            "x.org/path",
+            "x.org:0",
+            "x.org:70000",
+            "x.org:",
+            "a..b",
+            "*",
+            "*.",
+            "a.*.b",
+            "-a.org",
+            "user@x.org",
+            "x.org:+80",
+            "127.1",
+            "0x7f.1",
+            "[::1",
+            "[zz]",
+            "a b",
         ] {
             assert!(Rule::parse(bad).is_err(), "{bad:?} accepted");
         }
