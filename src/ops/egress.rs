@@ -64,6 +64,7 @@ impl Started {
 pub fn start(name: &str, rules: &[Rule], forwards: &[Forward]) -> Result<Started, OpError> {
     let rt = vm::runtime_dir(name);
     let sd = vm::state_dir(name);
+    end_stale(&rt);
     let _ = std::fs::remove_file(rt.join(READY_FILE));
     let _ = std::fs::remove_file(rt.join("qemu.pid"));
     let exe = std::env::current_exe()
@@ -134,14 +135,31 @@ fn wait_ready(mut child: Child, rt: &Path, log: &Path) -> Result<Started, OpErro
     }
 }
 
+/// A proxy of an earlier run of this VM that has not yet noticed its QEMU ended: ended now,
+/// so that the host ports of its forwards are free again.
+fn end_stale(rt: &Path) {
+    let Some((pid, _)) = ready(rt) else {
+        return;
+    };
+    // SAFETY: kill(2) on a PID whose command line said it is an egress proxy.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while ready(rt).is_some() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// The ready file of a VM's proxy: its PID and network thread, when it names a live one.
 fn ready(rt: &Path) -> Option<(i32, i32)> {
     let text = std::fs::read_to_string(rt.join(READY_FILE)).ok()?;
     let v: Value = serde_json::from_str(&text).ok()?;
     let pid = v.get("pid")?.as_i64()? as i32;
     let tid = v.get("netns_tid")?.as_i64()? as i32;
-    let alive = std::fs::read(format!("/proc/{pid}/cmdline"))
-        .is_ok_and(|c| c.windows(12).any(|w| w == b"egress-proxy"));
+    // Its own: a proxy process whose arguments name this runtime folder (not a reused PID).
+    let own: Vec<u8> = format!("\0--runtime\0{}\0", rt.display()).into_bytes();
+    let alive = std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+        c.windows(12).any(|w| w == b"egress-proxy") && c.windows(own.len()).any(|w| w == own)
+    });
     alive.then_some((pid, tid))
 }
 

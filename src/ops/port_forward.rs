@@ -194,6 +194,13 @@ pub fn apply(req: &Request) -> Result<Outcome, String> {
 /// The record of running VM `name`, when it has a network mcqemu made.
 fn forwardable(name: &str) -> Result<crate::state::registry::Record, String> {
     let rec = super::records::lookup_live(name, "start it first").map_err(|e| e.to_string())?;
+    if super::egress::rules_of(&rec).is_some() {
+        return Err(format!(
+            "VM {name:?} has allow_network rules: its network is its egress proxy's, whose \
+             port forwards are fixed at launch (port_forwards); relaunch it with the forwards \
+             it needs"
+        ));
+    }
     if rec.get("no_net").and_then(Value::as_bool) == Some(true) {
         return Err(format!(
             "VM {name:?} was launched with no_net=true: it has no network to forward into"
