@@ -42,7 +42,8 @@
 //! image_prepare of the stock-shaped Debian image, cold boots of the prepared image and clones
 //! of a template of it. The arm64 section (`mcp_latency/arm64.rs`, name `arm64`) times the
 //! aarch64 test guest under TCG: cold sandbox_vm boots, guest_exec, vm_screenshot and clones
-//! of a template of it.
+//! of a template of it. The egress section (`mcp_latency/egress.rs`, name `egress`) compares
+//! requests through a sandbox's egress proxy with direct ones.
 
 #[path = "mcp_latency/arm64.rs"]
 mod arm64;
@@ -50,6 +51,8 @@ mod arm64;
 mod clones;
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "mcp_latency/egress.rs"]
+mod egress;
 #[path = "mcp_latency/guest.rs"]
 mod guest;
 #[path = "mcp_latency/pools.rs"]
@@ -184,6 +187,11 @@ fn run() -> Res<()> {
     // 8. The aarch64 test guest under TCG: cold boots, exec, screenshot, a template's clones.
     if wanted("arm64") {
         arm64::arm64_rows(&mut table, &dirs, &image);
+    }
+
+    // 9. Egress: requests through a sandbox's egress proxy against direct ones.
+    if wanted("egress") {
+        egress::egress_rows(&mut table, &dirs, &image);
     }
 
     table.footer();

@@ -106,6 +106,34 @@ fn check_from_guest(s: &mut Server, allowed: u16, other: u16) {
     );
 }
 
+/// The sandbox's port forward (auto:22) still works: the proxy listens on the host port and
+/// relays into the VM's network, to QEMU's forward there.
+fn forward_reaches_the_guest(s: &mut Server, sb: &Value) {
+    use std::io::Read;
+    let host_port = sb["port_forwards"][0]["host"].as_u64().unwrap();
+    s.call_ok(
+        "guest_exec",
+        json!({"name": "egress", "command": "sh", "background": true,
+        "args": ["-c", "echo hello-forward | nc -l -p 22"]}),
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut got = String::new();
+        if let Ok(mut c) = std::net::TcpStream::connect(("127.0.0.1", host_port as u16)) {
+            c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let _ = c.read_to_string(&mut got);
+        }
+        if got.contains("hello-forward") {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "port forward {host_port} never answered: {got:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 fn egress_info(s: &mut Server) -> Value {
     let info = s.call_ok("vm_info", json!({"name": "egress"}));
     assert_eq!(
@@ -180,6 +208,7 @@ fn a_sandbox_reaches_only_the_names_it_was_allowed() {
     );
 
     check_from_guest(&mut s, pa, pb);
+    forward_reaches_the_guest(&mut s, &sb);
     // An explicit env wins over the proxy guest_exec adds.
     let r = s.call_ok(
         "guest_exec",
