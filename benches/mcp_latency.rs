@@ -32,8 +32,9 @@
 //! guest is bounded.
 //!
 //! The templates section (`mcp_latency/templates.rs`) makes a template of the test guest once
-//! and times sandbox_vm clones of it (one after another, and four at once), a clone's Pss, and
-//! cold sandbox_vm boots of the same guest beside them; its own knobs are listed there.
+//! and times sandbox_vm clones of it (one after another, and four at once), a clone's Pss,
+//! forks, suspends and resumes of a clone (`mcp_latency/forks.rs`), and cold sandbox_vm boots
+//! of the same guest beside them; its own knobs are listed there.
 //! `MCQEMU_BENCH_SECTIONS` (e.g. `templates`, or `vm,templates`) runs only the listed slow
 //! sections; the server rows always run.
 //!
@@ -53,6 +54,8 @@ mod clones;
 mod common;
 #[path = "mcp_latency/egress.rs"]
 mod egress;
+#[path = "mcp_latency/forks.rs"]
+mod forks;
 #[path = "mcp_latency/guest.rs"]
 mod guest;
 #[path = "mcp_latency/pools.rs"]

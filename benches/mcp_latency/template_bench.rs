@@ -65,6 +65,14 @@ impl TemplateBench<'_> {
         let four = self.concurrent_rows(table, server)?;
         crate::pools::pool_rows(table, server, self.killer, self.qemu.template, self.clones)?;
         self.pss_row(table, server)?;
+        crate::forks::fork_rows(
+            table,
+            server,
+            self.killer,
+            self.qemu.template,
+            self.rounds,
+            clone_ready,
+        )?;
         let cold = self.cold_rows(table, server, base_image, clone_round_trip)?;
         Ok(Medians {
             clone_ready,

@@ -115,6 +115,10 @@ pub fn destroy(ctx: &dyn Work, name: &str) -> Result<Value, OpError> {
             errors.push(e.to_string());
         }
     }
+    // Frozen fork states that no VM stands on any more go with their last user.
+    for problem in super::frozen::collect() {
+        ctx.log("warning", &problem);
+    }
     let destroyed = files_gone && errors.is_empty();
     Ok(json!({
         "name": name, "destroyed": destroyed, "stopped": stopped, "deleted": deleted,

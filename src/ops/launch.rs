@@ -118,6 +118,8 @@ struct LaunchedRecord<'a> {
     input: Value,
     qemu_version: &'a str,
     created_at: String,
+    /// The whole spec that runs: a fork's copies and a resume start the same devices from it.
+    spec: Value,
 }
 
 /// What a launch started: launch_vm's result (sandboxes and clones add to it).
@@ -268,6 +270,12 @@ pub fn launch(ctx: &dyn Work, mut req: LaunchRequest) -> Result<Launched, OpErro
     vm::registry().update(|vms| {
         quota::admit(vms, &name, memory_mb, cpus, limits)?;
         if let Some(old) = vms.get(&name) {
+            if old.contains_key("suspended") && !extra.contains_key("resumed_from") {
+                return Err(OpError::new(format!(
+                    "a VM named {name:?} is suspended; sandbox_resume it, or sandbox_destroy it \
+                     first, or choose another name"
+                )));
+            }
             let m = measure(old);
             if m.alive() {
                 return Err(OpError::new(format!(
@@ -516,5 +524,6 @@ fn launched_record(
         input: super::records::input_devices(&s.arch, &s.machine, &s.extra_args),
         qemu_version: version,
         created_at: crate::clock::iso8601(crate::clock::now_secs()),
+        spec: serde_json::to_value(s).unwrap_or(Value::Null),
     })
 }

@@ -107,6 +107,7 @@ pub fn request(
     disks: Vec<(PathBuf, String)>,
 ) -> Result<LaunchRequest, OpError> {
     let arch = a.arch.clone().unwrap_or_else(|| default_arch().to_string());
+    let pc = x86(&arch);
     let qemu = binaries::find(&arch).map_err(OpError::new)?;
     let machine = machine(a, &arch, &qemu)?;
     let requested = requested_accel(a);
@@ -150,6 +151,9 @@ pub fn request(
         initrd: existing(a.initrd.as_deref(), "initrd", "initrd")?,
         append: a.append.clone(),
         extra_args: a.extra_args.clone(),
+        // A fresh generation ID at every start, on the machines that have the device: a fork's
+        // copies and a resumed sandbox then tell the guest it was copied (it reseeds at once).
+        vmgenid: pc.then(|| "auto".to_string()),
         ..LaunchSpec::default()
     };
     if spec.initrd.is_some() && spec.kernel.is_none() {

@@ -5,12 +5,15 @@
 
 pub mod agent;
 pub mod background;
+pub mod capture;
 pub mod checks;
 pub mod clone;
 pub mod destroy;
 pub mod disk_size;
 pub mod egress;
 pub mod error;
+pub mod fork;
+pub mod frozen;
 pub mod guest;
 pub mod guest_clock;
 pub mod guest_run;
@@ -25,10 +28,12 @@ pub mod records;
 pub mod reseed;
 pub mod sandbox;
 pub mod sandbox_request;
+pub mod scratch;
 pub mod screen;
 pub mod session;
 pub mod spool;
 pub mod stop;
+pub mod suspend;
 pub mod templates;
 pub mod tree_copy;
 pub mod watch;

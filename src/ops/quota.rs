@@ -61,6 +61,18 @@ pub fn admit(
     cpus: u64,
     limits: Limits,
 ) -> Result<(), OpError> {
+    admit_many(vms, name, 1, memory_mb, cpus, limits)
+}
+
+/// [`admit`] for `count` VMs alike at once (a fork's copies, checked before any starts).
+pub fn admit_many(
+    vms: &Vms,
+    name: &str,
+    count: u64,
+    memory_mb: u64,
+    cpus: u64,
+    limits: Limits,
+) -> Result<(), OpError> {
     if cpus > limits.max_cpus {
         return Err(OpError::new(format!(
             "cpus={cpus} is more than this host's {} CPUs; ask for at most {}",
@@ -71,10 +83,11 @@ pub fn admit(
         .iter()
         .filter(|(n, r)| n.as_str() != name && counts(r))
         .collect();
-    if running.len() as u64 >= limits.max_vms {
+    if running.len() as u64 + count > limits.max_vms {
         return Err(OpError::new(format!(
-            "{} VMs are running, the most allowed (MCQEMU_MAX_VMS={}); stop one with stop_vm \
-             or sandbox_destroy first, or ask the operator to raise MCQEMU_MAX_VMS",
+            "{} VMs are running and {count} more would pass the most allowed \
+             (MCQEMU_MAX_VMS={}); stop one with stop_vm or sandbox_destroy first, or ask the \
+             operator to raise MCQEMU_MAX_VMS",
             running.len(),
             limits.max_vms
         )));
@@ -83,9 +96,13 @@ pub fn admit(
         .iter()
         .filter_map(|(_, r)| r.get("memory_mb").and_then(Value::as_u64))
         .sum();
-    if used.saturating_add(memory_mb) > limits.max_memory_mb {
+    if used.saturating_add(memory_mb.saturating_mul(count)) > limits.max_memory_mb {
+        let what = match count {
+            1 => format!("memory_mb={memory_mb}"),
+            n => format!("{n} VMs of memory_mb={memory_mb}"),
+        };
         return Err(OpError::new(format!(
-            "memory_mb={memory_mb} does not fit: running VMs already use {used} MiB of the \
+            "{what} does not fit: running VMs already use {used} MiB of the \
              {} MiB allowed (MCQEMU_MAX_MEMORY_MB); ask for less, stop a VM, or ask the \
              operator to raise MCQEMU_MAX_MEMORY_MB",
             limits.max_memory_mb
@@ -143,5 +160,24 @@ mod tests {
         assert!(e.contains("MCQEMU_MAX_VMS"), "{e}");
         // Relaunching a name does not count its old record.
         assert!(admit(&vms, "b", 1, 1, limits).is_ok());
+    }
+
+    #[test]
+    fn a_forks_copies_are_admitted_together_or_not_at_all() {
+        let limits = Limits {
+            max_vms: 3,
+            max_memory_mb: 1000,
+            max_cpus: 2,
+        };
+        let mut vms = Vms::new();
+        vms.insert("p".into(), live_record(200));
+        assert!(admit_many(&vms, "c1", 2, 200, 1, limits).is_ok());
+        let e = admit_many(&vms, "c1", 3, 200, 1, limits).unwrap_err();
+        assert!(
+            e.0.contains("3 more") && e.0.contains("MCQEMU_MAX_VMS"),
+            "{e}"
+        );
+        let e = admit_many(&vms, "c1", 2, 500, 1, limits).unwrap_err();
+        assert!(e.0.contains("2 VMs of memory_mb=500"), "{e}");
     }
 }

@@ -31,6 +31,23 @@ pub fn lookup_live(name: &str, what_next: &str) -> Result<Record, OpError> {
     }
 }
 
+/// The launch spec a VM runs, as its record keeps it (a fork's copies and a resume start the
+/// same devices from it).
+pub fn spec_of(name: &str, rec: &Record) -> Result<crate::qemu::cmdline::LaunchSpec, OpError> {
+    let spec = rec.get("spec").filter(|s| s.is_object()).ok_or_else(|| {
+        OpError::new(format!(
+            "VM {name:?} was started by an mcqemu that did not keep its launch spec, so it \
+             cannot be copied or saved; sandbox_destroy it and start it again"
+        ))
+    })?;
+    serde_json::from_value(spec.clone()).map_err(|e| {
+        OpError::new(format!(
+            "the launch spec in VM {name:?}'s record is damaged ({e}); it cannot be copied or \
+             saved"
+        ))
+    })
+}
+
 /// The error for a VM whose launch (by this or another server) has not finished: its record
 /// has no PID or final sockets yet, so stopping or pausing it now would act on nothing.
 pub fn being_launched(name: &str) -> OpError {

@@ -125,6 +125,11 @@ pub fn agent<T>(
 /// Maps a QMP error for a VM to words for the agent, checking the process instead of guessing.
 pub fn explain_qmp(name: &str, rec: &Record, e: &QmpError) -> String {
     let proc_alive = vm::pid(rec).map(process::alive);
+    if rec.contains_key("suspended") {
+        return format!(
+            "VM {name:?} is suspended (saved to disk, no QEMU); sandbox_resume it first"
+        );
+    }
     match e {
         QmpError::NoGreeting if proc_alive != Some(false) => format!(
             "another operation holds the monitor of VM {name:?} (QEMU serves one QMP client at a \
@@ -164,9 +169,12 @@ pub fn explain_agent(name: &str, rec: &Record, cmd: &str, e: &QgaError) -> OpErr
                 })
                 .unwrap_or(m.status)
             } else {
-                Status::Stopped
+                m.status
             };
             let msg = match state {
+                Status::Suspended => format!(
+                    "VM {name:?} is suspended (saved to disk, no QEMU); sandbox_resume it first"
+                ),
                 Status::Stopped => {
                     format!("VM {name:?} is not running; launch it (or sandbox_vm) first")
                 }

@@ -219,7 +219,8 @@ pub fn load(name: &str) -> Result<Template, OpError> {
     }
 }
 
-/// Names of the live clones of template `name`.
+/// Names of the VMs that stand on template `name`'s disk: its live clones, their forks and
+/// the suspended ones among them.
 pub fn clones_of(name: &str) -> Vec<String> {
     vm::registry()
         .load()
@@ -229,7 +230,8 @@ pub fn clones_of(name: &str) -> Vec<String> {
                 .and_then(|s| s.get("template"))
                 .and_then(Value::as_str)
                 == Some(name)
-                && vm::measure_process(r).is_none_or(|m| m.alive())
+                && vm::measure_process(r)
+                    .is_none_or(|m| m.alive() || m.status == vm::Status::Suspended)
         })
         .map(|(n, _)| n)
         .collect()

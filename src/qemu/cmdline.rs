@@ -34,8 +34,10 @@ pub fn split_opts(s: &str) -> Vec<String> {
     out
 }
 
-/// Everything `launch_vm` decided, ready to become an argv.
-#[derive(Debug, Clone, Default)]
+/// Everything `launch_vm` decided, ready to become an argv. Kept in the VM's record (`spec`),
+/// so that a fork or a resume starts a QEMU with exactly the same devices.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct LaunchSpec {
     /// VM name.
     pub name: String,
@@ -94,10 +96,17 @@ pub struct LaunchSpec {
     /// Guest RAM in this file (templates and their clones), shared (`share=on`: writes go to
     /// the file, as a template's do) or private (a clone's copy-on-write view of it).
     pub memory_file: Option<(PathBuf, bool)>,
+    /// The id of that memory's backend, which names its RAM block in a migration stream: the
+    /// machine's own (`pc.ram`) for a copy of a VM that booted without a memory file, None for
+    /// `mcq-ram` (templates and their clones).
+    pub memory_id: Option<String>,
     /// A vmgenid device with this GUID (`auto` for a fresh one per clone).
     pub vmgenid: Option<String>,
     /// Start waiting for a migration stream (`-incoming defer`) instead of booting.
     pub incoming: bool,
+    /// Stay stopped after the incoming state is loaded (`-S`): the QEMU that receives a
+    /// running guest's memory for a fork or a suspend never runs it.
+    pub start_paused: bool,
 }
 
 /// The device a NoCloud seed is attached as.
@@ -129,6 +138,9 @@ pub fn x86(arch: &str) -> bool {
 pub const SECCOMP_POLICY: &str =
     "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny";
 
+/// The memory backend's id for templates and their clones.
+pub const MEMORY_ID: &str = "mcq-ram";
+
 /// Builds QEMU's argv (without the binary) for a spec.
 pub fn build_argv(s: &LaunchSpec) -> Vec<String> {
     let mut a: Vec<String> = Vec::new();
@@ -151,12 +163,13 @@ fn machine_args(s: &LaunchSpec, a: &mut Vec<String>) {
         &format!("guest={},process=mcqemu-{}", qopt(&s.name), qopt(&s.name)),
     ]);
     push(&["-sandbox", SECCOMP_POLICY]);
+    let id = qopt(s.memory_id.as_deref().unwrap_or(MEMORY_ID));
     match &s.memory_file {
         Some((file, shared)) => {
             push(&[
                 "-object",
                 &format!(
-                    "memory-backend-file,id=mcq-ram,size={}M,mem-path={},share={}",
+                    "memory-backend-file,id={id},size={}M,mem-path={},share={}",
                     s.memory_mb,
                     p(file),
                     if *shared { "on" } else { "off" }
@@ -164,7 +177,7 @@ fn machine_args(s: &LaunchSpec, a: &mut Vec<String>) {
             ]);
             push(&[
                 "-machine",
-                &format!("{},memory-backend=mcq-ram", qopt(&s.machine)),
+                &format!("{},memory-backend={id}", qopt(&s.machine)),
             ]);
         }
         None => push(&["-machine", &qopt(&s.machine)]),
@@ -359,6 +372,9 @@ fn boot_args(s: &LaunchSpec, a: &mut Vec<String>) {
             &format!("vmgenid,id=mcq-vmgenid,guid={}", qopt(guid)),
         ]);
     }
+    if s.start_paused {
+        push(&["-S"]);
+    }
     if s.incoming {
         push(&["-incoming", "defer"]);
     }
@@ -458,5 +474,46 @@ mod tests {
         let argv = build_argv(&spec).join(" ");
         assert!(!argv.contains("virtio-scsi"), "{argv}");
         assert!(argv.contains("file=/s/seed.iso,format=raw,media=cdrom,readonly=on,id=mcq-seed"));
+    }
+
+    /// What a fork's receiver and copies need: their memory backend under the parent's RAM
+    /// id, `-S`, and a spec that survives the record as JSON.
+    #[test]
+    fn a_copy_maps_its_memory_under_the_parents_ram_id_and_the_spec_round_trips() {
+        let spec = LaunchSpec {
+            name: "copy".into(),
+            machine: "pc-q35-7.2".into(),
+            accel: "tcg".into(),
+            arch: "x86_64".into(),
+            memory_mb: 256,
+            cpus: 1,
+            memory_file: Some((PathBuf::from("/f/ram"), false)),
+            memory_id: Some("pc.ram".into()),
+            incoming: true,
+            start_paused: true,
+            ..Default::default()
+        };
+        let argv = build_argv(&spec).join(" ");
+        assert!(
+            argv.contains("memory-backend-file,id=pc.ram,size=256M,mem-path=/f/ram,share=off"),
+            "{argv}"
+        );
+        assert!(argv.contains("pc-q35-7.2,memory-backend=pc.ram"), "{argv}");
+        assert!(argv.contains(" -S -incoming defer"), "{argv}");
+        let back: LaunchSpec =
+            serde_json::from_value(serde_json::to_value(&spec).unwrap()).unwrap();
+        assert_eq!(build_argv(&back), build_argv(&spec));
+        let template = LaunchSpec {
+            memory_id: None,
+            start_paused: false,
+            ..spec
+        };
+        let argv = build_argv(&template).join(" ");
+        assert!(
+            argv.contains("id=mcq-ram,") && !argv.contains(" -S "),
+            "{argv}"
+        );
+        let old: LaunchSpec = serde_json::from_value(serde_json::json!({"name": "old"})).unwrap();
+        assert_eq!(old.memory_id, None);
     }
 }

@@ -15,7 +15,7 @@ pub struct PortSpec {
 }
 
 /// A resolved forward, as stored and reported.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Forward {
     /// Host address.
     pub addr: Ipv4Addr,

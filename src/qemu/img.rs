@@ -154,6 +154,31 @@ pub fn create(
     exec(&args, QUICK, &|| false).map(|_| ())
 }
 
+/// Creates a qcow2 overlay of `size` bytes over `backing` (of `backing_format`) without opening
+/// it (`-u`): for a backing file that a running QEMU still holds locked.
+pub fn create_overlay_unopened(
+    path: &Path,
+    backing: &Path,
+    backing_format: &str,
+    size: u64,
+) -> Result<(), ImgError> {
+    let size_s = size.to_string();
+    let args = [
+        os("create"),
+        os("-q"),
+        os("-f"),
+        os("qcow2"),
+        os("-u"),
+        os("-b"),
+        backing.as_os_str(),
+        os("-F"),
+        os(backing_format),
+        path.as_os_str(),
+        os(&size_s),
+    ];
+    exec(&args, QUICK, &|| false).map(|_| ())
+}
+
 /// Converts `src` (of `src_format`) into `dest` as `format`.
 pub fn convert(
     src: &Path,

@@ -1,5 +1,6 @@
 //! Talking to QEMU and its tooling.
 
+pub mod blockdev;
 pub mod cmdline;
 pub mod encode;
 pub mod extra_args;
@@ -8,6 +9,7 @@ pub mod forwards;
 pub mod frame;
 pub mod img;
 pub mod keys;
+pub mod live_migrate;
 pub mod migrate;
 pub mod process;
 pub mod qcow2;

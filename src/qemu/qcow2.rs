@@ -1,5 +1,6 @@
-//! The one field of a qcow2 header mcqemu reads itself: the backing file's name, so that a
-//! template's blank overlay is known to point at that template's disk before clones copy it.
+//! The two fields of a qcow2 header mcqemu reads itself: the backing file's name, so that a
+//! template's blank overlay is known to point at that template's disk before clones copy it,
+//! and the virtual size, for an overlay made without opening a backing file a QEMU holds.
 
 use std::io::Read;
 use std::path::Path;
@@ -34,6 +35,16 @@ pub fn backing_of(path: &Path) -> Option<String> {
         .read_to_end(&mut head)
         .ok()?;
     backing_name(&head)
+}
+
+/// The virtual size in a qcow2 header; None when the file is not qcow2.
+pub fn virtual_size(path: &Path) -> Option<u64> {
+    let mut head = [0u8; 32];
+    std::fs::File::open(path).ok()?.read_exact(&mut head).ok()?;
+    if head[..4] != MAGIC {
+        return None;
+    }
+    Some(u64::from_be_bytes(head[24..32].try_into().ok()?))
 }
 
 #[cfg(test)]

@@ -80,6 +80,8 @@ pub enum Status {
     Unresponsive,
     /// The QEMU process is stopped (SIGSTOP, state T in /proc).
     Frozen,
+    /// Saved to disk by sandbox_suspend, no QEMU: sandbox_resume brings it back.
+    Suspended,
     /// Another QEMU run state (inmigrate, prelaunch, shutdown, guest-panicked, ...).
     RunState(String),
 }
@@ -105,6 +107,7 @@ impl Status {
             Status::Unreachable => "unreachable",
             Status::Unresponsive => "unresponsive",
             Status::Frozen => "frozen",
+            Status::Suspended => "suspended",
             Status::RunState(s) => s,
         }
     }
@@ -138,7 +141,7 @@ impl Measured {
 
     /// True when a QEMU process for this VM is still there in any state.
     pub fn alive(&self) -> bool {
-        self.status != Status::Stopped
+        !matches!(self.status, Status::Stopped | Status::Suspended)
     }
 }
 
@@ -160,6 +163,12 @@ pub fn measure_process(rec: &Record) -> Option<Measured> {
         return Some(Measured::new(
             Status::Stopped,
             Some("an interrupted launch".into()),
+        ));
+    }
+    if rec.contains_key("suspended") {
+        return Some(Measured::new(
+            Status::Suspended,
+            Some("saved to disk; sandbox_resume brings it back".into()),
         ));
     }
     let p = pid(rec)?;

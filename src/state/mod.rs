@@ -6,6 +6,7 @@ pub mod extract;
 pub mod paths;
 pub mod registry;
 pub mod roots;
+pub mod sparse;
 pub mod tail;
 pub mod tar;
 pub mod tree;

@@ -10,6 +10,7 @@ pub mod boundary;
 pub mod copy;
 pub mod download;
 pub mod drive;
+pub mod fork;
 pub mod forward;
 pub mod guest;
 pub mod image;
@@ -72,6 +73,9 @@ pub static ALL: &[ToolDef] = &[
     prepare::PREPARE,
     sandbox::SANDBOX,
     sandbox::DESTROY,
+    fork::FORK,
+    fork::SUSPEND,
+    fork::RESUME,
     template::CREATE,
     template_manage::LIST,
     template_manage::POOL,

@@ -85,8 +85,12 @@ pub fn allow_network_arg(args: &Args) -> Result<(Option<bool>, Vec<Rule>), ToolE
 /// The `allow_network` parameter of sandbox_vm and launch_vm.
 pub fn allow_network_schema(default: bool) -> Value {
     json!({
-        "type": ["boolean", "array"], "items": {"type": "string"}, "default": default,
-        "maxItems": crate::net::egress::rules::MAX_RULES,
+        "anyOf": [
+            {"type": "boolean"},
+            {"type": "array", "items": {"type": "string"},
+             "maxItems": crate::net::egress::rules::MAX_RULES}
+        ],
+        "default": default,
         "description": "Guest-initiated network: true (all), false (none; port forwards still \
             work), or a list of rules: \"host\", \"host:port\", \"*.domain\" (ports 80 and \
             443 unless given). With rules the guest reaches only an HTTP proxy (vm_info's \

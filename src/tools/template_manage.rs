@@ -166,7 +166,8 @@ fn delete(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let clones = clones_of(&name);
     if !clones.is_empty() {
         return Err(ToolError::new(format!(
-            "template {name:?} still has live clones {clones:?}; sandbox_destroy them first"
+            "template {name:?} still has clones (or forks of them, running or suspended) that \
+             stand on its disk: {clones:?}; sandbox_destroy them first"
         )));
     }
     let errors = remove_dir(&dir);
