@@ -25,9 +25,13 @@ fn sandbox_args(base: &Path, rules: Value) -> Value {
 /// `sh -c script` in the guest (guest_exec adds the proxy to its environment): exit code,
 /// stdout and stderr.
 fn sh(s: &mut Server, script: &str) -> (i64, String, String) {
+    sh_in(s, "egress", script)
+}
+
+fn sh_in(s: &mut Server, vm: &str, script: &str) -> (i64, String, String) {
     let r = s.call_ok_within(
         "guest_exec",
-        json!({"name": "egress", "command": "sh", "args": ["-c", script], "timeout": 30}),
+        json!({"name": vm, "command": "sh", "args": ["-c", script], "timeout": 30}),
         SLOW,
     );
     let text = |k: &str| r[k].as_str().unwrap_or_default().to_string();
@@ -257,4 +261,71 @@ fn a_sandbox_reaches_only_the_names_it_was_allowed() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(!pid_alive(pid), "the egress proxy outlived its VM");
+}
+
+/// A clone of a template (made without rules) gets its rules at start: the proxy and the empty
+/// network come with the clone, and its warm pool is not used for it.
+#[test]
+fn a_template_clone_reaches_only_the_names_it_was_allowed() {
+    test_guest();
+    let a = HttpServer::start(vec![("/hello", Route::body(b"allowed-A".to_vec()))]);
+    let b = HttpServer::start(vec![("/hello", Route::body(b"other-B".to_vec()))]);
+    let port = |h: &HttpServer| {
+        let url = h.url("");
+        url.trim_end_matches('/')
+            .rsplit(':')
+            .next()
+            .unwrap()
+            .parse::<u16>()
+            .unwrap()
+    };
+    let (pa, pb) = (port(&a), port(&b));
+    let mut lab = Lab::new("egress-tpl");
+    let g = test_guest();
+    let s = lab.srv();
+    s.call_ok_within(
+        "template_create",
+        json!({"name": "egress-tpl", "kernel": g.kernel, "initrd": g.initrd, "append": g.append,
+               "memory_mb": 128, "cpus": 1, "wait_agent_s": 120}),
+        SLOW,
+    );
+    let r = s.call_tool_within(
+        "sandbox_vm",
+        json!({"template": "egress-tpl", "name": "egress-clone",
+               "allow_network": [format!("localhost:{pa}")]}),
+        SLOW,
+    );
+    lab.track(&r);
+    let c = tool_ok(&r, "sandbox_vm");
+    assert_eq!(
+        c["egress"]["egress_proxy"],
+        json!("http://10.0.2.2:3128"),
+        "{c}"
+    );
+    let s = lab.srv();
+    let (rc, out, err) = sh_in(
+        s,
+        "egress-clone",
+        &format!("wget -q -O - http://localhost:{pa}/hello"),
+    );
+    assert_eq!((rc, out.as_str()), (0, "allowed-A"), "{err}");
+    let (rc, _, err) = sh_in(
+        s,
+        "egress-clone",
+        &format!("wget -q -O - http://localhost:{pb}/hello"),
+    );
+    assert!(rc != 0 && err.contains("403"), "{err}");
+    let (rc, out, _) = sh_in(
+        s,
+        "egress-clone",
+        &format!("wget -Y off -q -T 5 -O - http://10.0.2.2:{pb}/hello"),
+    );
+    assert!(rc != 0 && out.is_empty(), "direct from the clone: {out}");
+    assert!(
+        b.hits().is_empty(),
+        "the other server was reached: {:?}",
+        b.hits()
+    );
+    s.call_ok_within("sandbox_destroy", json!({"name": "egress-clone"}), SLOW);
+    s.call_ok("template_delete", json!({"name": "egress-tpl"}));
 }

@@ -6,17 +6,21 @@
 //! added latency the difference per request; then one 64 MiB download each way.
 //! `MCQEMU_BENCH_EGRESS_N` requests per loop (default 100).
 
-use std::path::Path;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
 use crate::common::{try_test_guest, HttpServer, Route, Server, VmKiller};
-use crate::report::Table;
+use crate::report::{Stats, Table};
 use crate::{env_count, structured, Dirs, Res, ToolCalls};
 
 const BOOT_TIMEOUT: Duration = Duration::from_secs(200);
 const LOOP_TIMEOUT: Duration = Duration::from_secs(600);
+/// Rounds of each measure (alternating proxy and direct); medians are reported.
+const ROUNDS: usize = 3;
 /// The large body's size.
 const BIG: usize = 64 << 20;
 
@@ -26,7 +30,7 @@ pub fn egress_rows(table: &mut Table, dirs: &Dirs, base_image: &Path) {
     let name = "egress section";
     let killer = VmKiller::new(dirs.tmp.path());
     let outcome = dirs.server().and_then(|mut s| {
-        let r = rows(table, &mut s, &killer, base_image);
+        let r = rows(table, &mut s, &killer, base_image, dirs.tmp.path());
         for vm in ["bench-egress-proxy", "bench-egress-direct"] {
             let _ = s.tool_within("sandbox_destroy", json!({"name": vm}), BOOT_TIMEOUT);
         }
@@ -36,7 +40,7 @@ pub fn egress_rows(table: &mut Table, dirs: &Dirs, base_image: &Path) {
     killer.kill_all();
 }
 
-fn rows(table: &mut Table, s: &mut Server, killer: &VmKiller, base: &Path) -> Res<()> {
+fn rows(table: &mut Table, s: &mut Server, killer: &VmKiller, base: &Path, tmp: &Path) -> Res<()> {
     let n = env_count("MCQEMU_BENCH_EGRESS_N", 100);
     let big = vec![b'x'; BIG];
     let http = HttpServer::start(vec![
@@ -50,6 +54,8 @@ fn rows(table: &mut Table, s: &mut Server, killer: &VmKiller, base: &Path) -> Re
         .next()
         .and_then(|p| p.parse().ok())
         .ok_or("no port in the HTTP server's URL")?;
+    let host = host_rows(table, tmp.join("egress-host"), port, 500);
+    table.or_error("egress proxy on the host", host);
     let proxied = boot(
         s,
         killer,
@@ -61,23 +67,43 @@ fn rows(table: &mut Table, s: &mut Server, killer: &VmKiller, base: &Path) -> Re
     let via_proxy = format!("http://localhost:{port}/r");
     let straight = format!("http://10.0.2.2:{port}/r");
     for parallel in [1usize, 4] {
-        let p = requests(s, &proxied, &via_proxy, n, parallel)?;
-        let d = requests(s, &direct, &straight, n, parallel)?;
+        let (mut ps, mut ds) = (Vec::new(), Vec::new());
+        for _ in 0..ROUNDS {
+            ps.push(requests(s, &proxied, &via_proxy, n, parallel)?);
+            ds.push(requests(s, &direct, &straight, n, parallel)?);
+        }
+        let (p, d) = (median(ps), median(ds));
         let total = (n * parallel) as f64;
         let (rp, rd) = (total / p.as_secs_f64(), total / d.as_secs_f64());
         let added = (p.as_secs_f64() - d.as_secs_f64()) / total * 1000.0;
         table.note(&format!(
-            "{parallel} loop(s) x {n} wget: proxy {rp:.0} req/s, direct {rd:.0} req/s; \
+            "{parallel} loop(s) x {n} wget, median of {ROUNDS}: proxy {rp:.0} req/s, direct {rd:.0} req/s; \
              added {added:+.2} ms per request ({:.1} s vs {:.1} s)",
             p.as_secs_f64(),
             d.as_secs_f64()
         ));
     }
-    let p = requests(s, &proxied, &format!("http://localhost:{port}/big"), 1, 1)?;
-    let d = requests(s, &direct, &format!("http://10.0.2.2:{port}/big"), 1, 1)?;
+    let (mut ps, mut ds) = (Vec::new(), Vec::new());
+    for _ in 0..ROUNDS {
+        ps.push(requests(
+            s,
+            &proxied,
+            &format!("http://localhost:{port}/big"),
+            1,
+            1,
+        )?);
+        ds.push(requests(
+            s,
+            &direct,
+            &format!("http://10.0.2.2:{port}/big"),
+            1,
+            1,
+        )?);
+    }
+    let (p, d) = (median(ps), median(ds));
     let mbps = |t: Duration| BIG as f64 / t.as_secs_f64() / 1e6;
     table.note(&format!(
-        "one {} MiB download: proxy {:.0} MB/s, direct {:.0} MB/s ({:.2} s vs {:.2} s)",
+        "one {} MiB download, median of {ROUNDS}: proxy {:.0} MB/s, direct {:.0} MB/s ({:.2} s vs {:.2} s)",
         BIG >> 20,
         mbps(p),
         mbps(d),
@@ -91,6 +117,66 @@ fn rows(table: &mut Table, s: &mut Server, killer: &VmKiller, base: &Path) -> Re
         e["allowed"], e["refused"]
     ));
     Ok(())
+}
+
+/// The proxy's own cost without a guest: its connection handler (the one the VM's proxy runs)
+/// on a loopback listener, timed against the HTTP server straight, `n` requests each.
+fn host_rows(table: &mut Table, dir: PathBuf, port: u16, n: usize) -> Res<()> {
+    use mcqemu::net::egress::{proxy, rules, stats::Counters};
+    use std::sync::{atomic::AtomicUsize, Arc};
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    let pport = listener.local_addr().map_err(|e| e.to_string())?.port();
+    let shared = proxy::Shared {
+        rules: Arc::new(rules::parse_rules(&[format!("localhost:{port}")])?),
+        counters: Counters::new(&dir),
+        active: Arc::new(AtomicUsize::new(0)),
+    };
+    std::thread::spawn(move || {
+        for c in listener.incoming().flatten() {
+            let s = shared.clone();
+            std::thread::spawn(move || proxy::serve(c, s));
+        }
+    });
+    let via = format!("GET http://localhost:{port}/r HTTP/1.1\r\nHost: localhost\r\n\r\n");
+    let straight = "GET /r HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+    let p = Stats::of(fetch_n(pport, &via, n)?);
+    let d = Stats::of(fetch_n(port, straight, n)?);
+    table.time_row("egress proxy on the host: one request", n, &p, None);
+    table.time_row("the same request straight", n, &d, None);
+    table.note(&format!(
+        "added {:+.3} ms per request (median); {:.0} vs {:.0} requests/s one after another",
+        (p.median.as_secs_f64() - d.median.as_secs_f64()) * 1000.0,
+        1.0 / p.median.as_secs_f64(),
+        1.0 / d.median.as_secs_f64()
+    ));
+    Ok(())
+}
+
+fn fetch_n(port: u16, request: &str, n: usize) -> Res<Vec<Duration>> {
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t0 = Instant::now();
+        let mut c = TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
+        c.set_read_timeout(Some(Duration::from_secs(10)))
+            .map_err(|e| e.to_string())?;
+        c.write_all(request.as_bytes()).map_err(|e| e.to_string())?;
+        let mut body = Vec::new();
+        c.read_to_end(&mut body).map_err(|e| e.to_string())?;
+        out.push(t0.elapsed());
+        if !body.ends_with(b"ok") {
+            return Err(format!(
+                "unexpected answer: {}",
+                String::from_utf8_lossy(&body)
+            ));
+        }
+    }
+    Ok(out)
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
 }
 
 fn boot(s: &mut Server, killer: &VmKiller, base: &Path, name: &str, net: Value) -> Res<String> {

@@ -55,13 +55,6 @@ pub fn create(ctx: &dyn Work, req: &SandboxRequest) -> Result<Value, OpError> {
 /// [`create`] without its verdict on the agent: the sandbox as launched and how the wait for
 /// its agent ended (image_prepare says itself what a guest without an agent means).
 pub fn boot(ctx: &dyn Work, req: &SandboxRequest) -> Result<(Value, AgentWait, Duration), OpError> {
-    if req.template.is_some() && !req.launch.egress.is_empty() {
-        return Err(OpError::new(
-            "allow_network rules are not available for template clones yet (a clone's saved \
-             network cannot move into the egress proxy's); boot from base_image with the \
-             rules, or give the clone allow_network true or false",
-        ));
-    }
     match &req.template {
         Some(t) => boot_clone(ctx, req, t),
         None => boot_overlay(ctx, req),
@@ -135,22 +128,13 @@ fn launch_overlay(
     let mut lr = launch_args::request(&la, name, vec![(overlay.to_path_buf(), "qcow2".into())])?;
     let sb = json!({
         "base_image": base.display().to_string(), "base_format": base_fmt,
-        "overlay": overlay.display().to_string(), "allow_network": allow_network_json(req),
+        "overlay": overlay.display().to_string(), "allow_network": req.allow_network_json(),
     });
     lr.extra_record.insert("sandbox".into(), sb);
     let mut out = launch::launch(ctx, lr)?.to_json();
     out["overlay"] = json!(overlay.display().to_string());
     out["base_image"] = json!(base.display().to_string());
     Ok(out)
-}
-
-/// The sandbox's `allow_network` as its record keeps it: a boolean, or the rules.
-fn allow_network_json(req: &SandboxRequest) -> Value {
-    if req.launch.egress.is_empty() {
-        return json!(req.allow_network);
-    }
-    let rules: Vec<String> = req.launch.egress.iter().map(|r| r.text()).collect();
-    json!(rules)
 }
 
 /// Waits for a launched sandbox's agent (and, when asked, cloud-init); a seed the guest never

@@ -63,6 +63,15 @@ fn parse_args(args: &[String]) -> Result<Config, String> {
 
 /// The subcommand's entry: 0 when its VM ended, 2 on a start-up failure (written to stderr).
 pub fn main(args: &[String]) -> i32 {
+    if args == ["--probe"] {
+        return match probe() {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("{e}");
+                2
+            }
+        };
+    }
     match parse_args(args).and_then(|c| run(&c)) {
         Ok(()) => 0,
         Err(e) => {
@@ -70,6 +79,14 @@ pub fn main(args: &[String]) -> i32 {
             2
         }
     }
+}
+
+/// Can this host make a VM's empty network (for `mcqemu doctor`)?
+fn probe() -> Result<(), String> {
+    netns::enter_user_namespace()?;
+    std::thread::spawn(netns::enter_net_namespace)
+        .join()
+        .map_err(|_| "the probe thread panicked".to_string())?
 }
 
 /// A request to the thread inside the VM's network: connect to 127.0.0.1:port there.
