@@ -253,6 +253,47 @@ fn a_sandbox_reaches_only_the_names_it_was_allowed() {
         b.hits()
     );
 
+    // A fork's copy gets a proxy of its own with the same rules; so does a resumed sandbox.
+    let f = s.call_ok_within("sandbox_fork", json!({"name": "egress"}), SLOW);
+    lab.killer.track(&f["copies"][0]);
+    let copy = f["copies"][0]["name"].as_str().unwrap().to_string();
+    let (rc, out, err) = sh_in(
+        &mut s,
+        &copy,
+        &format!("wget -q -O - http://localhost:{pa}/hello"),
+    );
+    assert_eq!((rc, out.as_str()), (0, "allowed-A"), "from the fork: {err}");
+    let (rc, _, err) = sh_in(
+        &mut s,
+        &copy,
+        &format!("wget -q -O - http://localhost:{pb}/hello"),
+    );
+    assert!(rc != 0 && err.contains("403"), "from the fork: {err}");
+    let ci = s.call_ok("vm_info", json!({"name": copy}));
+    assert_eq!(ci["egress"]["proxy_running"], json!(true), "{ci}");
+    assert_ne!(ci["egress"]["proxy_pid"], e["proxy_pid"], "{ci}");
+    s.call_ok_within("sandbox_destroy", json!({"name": copy}), SLOW);
+    s.call_ok_within("sandbox_suspend", json!({"name": "egress"}), SLOW);
+    let r = s.call_ok_within("sandbox_resume", json!({"name": "egress"}), SLOW);
+    lab.killer.track(&r);
+    let (rc, out, err) = sh(&mut s, &format!("wget -q -O - http://localhost:{pa}/hello"));
+    assert_eq!(
+        (rc, out.as_str()),
+        (0, "allowed-A"),
+        "after a resume: {err}"
+    );
+    let (rc, out, _) = sh(
+        &mut s,
+        &format!("wget -Y off -q -T 5 -O - http://10.0.2.2:{pa}/hello"),
+    );
+    assert!(rc != 0 && out.is_empty(), "direct after a resume: {out}");
+    assert!(
+        b.hits().is_empty(),
+        "the other server was reached: {:?}",
+        b.hits()
+    );
+    let e = egress_info(&mut s);
+
     // The proxy ends with its VM.
     let pid = e["proxy_pid"].as_i64().unwrap() as i32;
     s.call_ok_within("sandbox_destroy", json!({"name": "egress"}), SLOW);

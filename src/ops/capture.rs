@@ -308,6 +308,12 @@ fn start_receiver(
     r.pidfile = dir.join("qemu.pid");
     r.disks = disks.receiver.clone();
     r.forwards = Vec::new();
+    // A VM with allow_network rules runs in its proxy's empty network; the receiver, which
+    // runs in the host's, gets a restricted one (it never runs the guest either).
+    if r.jailed_net {
+        r.jailed_net = false;
+        r.restrict_net = true;
+    }
     r.memory_file = Some((scratch.path().to_path_buf(), true));
     r.memory_id = Some(memory_id.to_string());
     r.incoming = true;

@@ -174,6 +174,14 @@ pub fn rules_of(rec: &Record) -> Option<Vec<String>> {
     )
 }
 
+/// The record's rules, parsed again (for a fork's copies and a resume, which get a proxy of
+/// their own with the same rules).
+pub fn rules_from(rec: &Record) -> Result<Vec<Rule>, OpError> {
+    let list = rules_of(rec).unwrap_or_default();
+    crate::net::egress::rules::parse_rules(&list)
+        .map_err(|e| OpError::new(format!("the record's allow_network rules: {e}")))
+}
+
 /// What vm_info says of a VM's egress: its rules, the proxy's URL and whether it runs, and
 /// its counters (None for a VM without rules).
 pub fn info(name: &str, rec: &Record) -> Option<Value> {

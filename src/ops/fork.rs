@@ -163,13 +163,6 @@ fn copy_names(req: &ForkRequest) -> Result<Vec<String>, OpError> {
 /// The spec of a sandbox that can be forked: running (or paused) under this mcqemu, on one
 /// qcow2 overlay in its own folder, not a template's build.
 pub fn forkable(name: &str, rec: &Record) -> Result<LaunchSpec, OpError> {
-    if super::egress::rules_of(rec).is_some() {
-        return Err(OpError::new(format!(
-            "VM {name:?} has allow_network rules: its copies would need egress proxies of their \
-             own, which forks and suspends do not start yet; start another sandbox_vm with the \
-             same rules instead"
-        )));
-    }
     let sb = rec
         .get("sandbox")
         .and_then(Value::as_object)
@@ -392,7 +385,7 @@ fn launch_copy(ctx: &dyn Work, p: &Parent, name: &str) -> Result<Value, OpError>
         firmware: vm::field(p.rec, "firmware").unwrap_or("bios").to_string(),
         cloud_init: None,
         uefi_vars_from: None,
-        egress: Vec::new(),
+        egress: super::egress::rules_from(p.rec)?,
     };
     match launch::launch(ctx, lr) {
         Ok(l) => Ok(l.to_json()),

@@ -160,7 +160,7 @@ pub fn resume(ctx: &dyn Work, name: &str, wait: Duration) -> Result<Value, OpErr
         firmware: vm::field(&rec, "firmware").unwrap_or("bios").to_string(),
         cloud_init: None,
         uefi_vars_from: None,
-        egress: Vec::new(),
+        egress: super::egress::rules_from(&rec)?,
     };
     let t_launch = Instant::now();
     let launched = launch::launch(ctx, lr).inspect_err(|_| put_back(name, &rec))?;
