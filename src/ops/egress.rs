@@ -85,7 +85,9 @@ pub fn start(name: &str, rules: &[Rule], forwards: &[Forward]) -> Result<Started
     for f in forwards {
         cmd.arg("--forward").arg(format!("{}:{}", f.addr, f.host));
     }
-    cmd.stdin(Stdio::null())
+    // Nothing of the server's environment (an MCP client's keys, say) reaches the proxy.
+    cmd.env_clear()
+        .stdin(Stdio::null())
         .stdout(Stdio::from(log))
         .stderr(Stdio::from(log2));
     // SAFETY: setsid is async-signal-safe and touches no memory of the parent.

@@ -86,7 +86,7 @@ pub fn parse(head: &[u8]) -> Result<Request, String> {
     } else {
         path.to_string()
     };
-    let origin_head = origin_head(method, &path, version, lines);
+    let origin_head = origin_head(method, &path, version, authority, lines);
     Ok(Request {
         method: method.into(),
         host,
@@ -119,12 +119,13 @@ fn host_port(auth: &str, default: Option<u16>) -> Result<(String, u16), String> 
     Ok((host.to_string(), port))
 }
 
-/// The head for the origin: origin-form target, proxy and hop-by-hop headers dropped, one
-/// request per connection.
+/// The head for the origin: origin-form target, proxy and hop-by-hop headers dropped, a Host
+/// header (the URL's authority) when the request had none, one request per connection.
 fn origin_head<'a>(
     method: &str,
     path: &str,
     version: &str,
+    authority: &str,
     headers: impl Iterator<Item = &'a str>,
 ) -> Vec<u8> {
     const DROP: [&str; 5] = [
@@ -135,12 +136,17 @@ fn origin_head<'a>(
         "upgrade",
     ];
     let mut out = format!("{method} {path} {version}\r\n");
+    let mut has_host = false;
     for line in headers.filter(|l| !l.is_empty()) {
         let name = line.split(':').next().unwrap_or_default().trim();
+        has_host |= name.eq_ignore_ascii_case("host");
         if !DROP.iter().any(|d| name.eq_ignore_ascii_case(d)) {
             out.push_str(line);
             out.push_str("\r\n");
         }
+    }
+    if !has_host {
+        out.push_str(&format!("Host: {authority}\r\n"));
     }
     out.push_str("Connection: close\r\n\r\n");
     out.into_bytes()
@@ -183,9 +189,11 @@ mod tests {
         assert!(head.ends_with("Connection: close\r\n\r\n") && !head.contains("keep-alive"));
         let d = parse(b"GET http://[::1]?q HTTP/1.0\r\n\r\n").unwrap();
         assert_eq!((d.host.as_str(), d.port), ("[::1]", 80));
-        assert!(String::from_utf8(d.origin_head)
-            .unwrap()
-            .starts_with("GET /?q HTTP/1.0"));
+        let head = String::from_utf8(d.origin_head).unwrap();
+        assert!(
+            head.starts_with("GET /?q HTTP/1.0\r\nHost: [::1]\r\n"),
+            "{head}"
+        );
     }
 
     #[test]
