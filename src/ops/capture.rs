@@ -92,6 +92,7 @@ impl Receiver {
     /// The receiver's folder (in the VM's runtime folder), made empty; no QEMU yet.
     fn new(name: &str) -> Result<Receiver, OpError> {
         let dir = vm::runtime_dir(name).join("capture");
+        end_stale(&dir);
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)
             .map_err(|e| OpError::new(format!("cannot create {}: {e}", dir.display())))?;
@@ -110,6 +111,18 @@ impl Receiver {
             dir,
             pid: None,
         })
+    }
+}
+
+/// Ends a receiver a server that died mid-capture left waiting in `dir` (it would wait for a
+/// stream forever).
+fn end_stale(dir: &Path) {
+    let pid = std::fs::read_to_string(dir.join("qemu.pid"))
+        .ok()
+        .and_then(|t| t.trim().parse::<i32>().ok());
+    if let Some(pid) = pid.filter(|p| process::is_our_vm(*p, &dir.join("qmp.sock"))) {
+        process::signal(pid, libc::SIGKILL);
+        process::wait_dead(pid, Duration::from_secs(5));
     }
 }
 
