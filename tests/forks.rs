@@ -183,6 +183,18 @@ fn a_running_sandbox_forks_four_ways_and_each_copy_goes_its_own_way() {
     assert_eq!(seen(lab.srv(), "grandchild"), "ONE\n1");
     let (a, b) = counts(lab.srv(), "grandchild");
     assert!(b > a, "grandchild counter {a} -> {b}");
+    // The parent forked again, on top of its first fork.
+    let again = lab.srv().call_ok_within(
+        "sandbox_fork",
+        json!({"name": "p", "names": ["second"]}),
+        STEP,
+    );
+    lab.killer.track(&again["copies"][0]);
+    assert_eq!(seen(lab.srv(), "second"), "VALUE\nD");
+    let d = lab
+        .srv()
+        .call_ok_within("sandbox_destroy", json!({"name": "second"}), STEP);
+    assert_eq!(d["destroyed"], json!(true), "{d}");
     refusals(&mut lab);
     // Destroying everything leaves no frozen state behind.
     for n in [

@@ -20,7 +20,9 @@ pub const INSTRUCTIONS: &str = concat!(
     "3. Boot a kernel and read its serial console: launch_vm with kernel, initrd and append \
      (console=ttyS0); then vm_serial_wait for a string, vm_serial_read for the tail.\n",
     "Many fast sandboxes of one kind: template_create once (a base image plus setup commands), \
-     then sandbox_vm {\"template\": NAME} starts a clone in well under a second.\n",
+     then sandbox_vm {\"template\": NAME} starts a clone in well under a second. \
+     sandbox_fork copies a running sandbox N ways; sandbox_suspend/sandbox_resume park one on \
+     disk.\n",
     "Roots: every host path (disks, ISOs, kernels, images, screenshot files) must lie inside the \
      roots, which are the client's roots or the operator's --root folders; a refusal names \
      them.\n",

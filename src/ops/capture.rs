@@ -45,6 +45,9 @@ pub struct Plan<'a> {
     pub dest: &'a Path,
     /// Fork or suspend.
     pub then: Then,
+    /// For a fork: the new overlay (a path never used before) the VM's first disk moves onto.
+    /// QEMU reopens images by the name it opened them with, so no file it holds is renamed.
+    pub next_overlay: Option<PathBuf>,
 }
 
 /// What a capture made and measured.
@@ -73,6 +76,8 @@ struct Disks {
     receiver: Vec<(PathBuf, String)>,
     frozen: Option<PathBuf>,
     next: Option<PathBuf>,
+    /// Set once the VM writes to `next`: its files are then kept whatever happens.
+    switched: std::cell::Cell<bool>,
 }
 
 /// A receiving QEMU: ended, and its folder removed, whatever happens.
@@ -87,6 +92,7 @@ impl Receiver {
     /// The receiver's folder (in the VM's runtime folder), made empty; no QEMU yet.
     fn new(name: &str) -> Result<Receiver, OpError> {
         let dir = vm::runtime_dir(name).join("capture");
+        end_stale(&dir);
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)
             .map_err(|e| OpError::new(format!("cannot create {}: {e}", dir.display())))?;
@@ -105,6 +111,18 @@ impl Receiver {
             dir,
             pid: None,
         })
+    }
+}
+
+/// Ends a receiver a server that died mid-capture left waiting in `dir` (it would wait for a
+/// stream forever).
+fn end_stale(dir: &Path) {
+    let pid = std::fs::read_to_string(dir.join("qemu.pid"))
+        .ok()
+        .and_then(|t| t.trim().parse::<i32>().ok());
+    if let Some(pid) = pid.filter(|p| process::is_our_vm(*p, &dir.join("qmp.sock"))) {
+        process::signal(pid, libc::SIGKILL);
+        process::wait_dead(pid, Duration::from_secs(5));
     }
 }
 
@@ -226,12 +244,13 @@ fn prepare_disks(plan: &Plan, dir: &Path) -> Result<Disks, OpError> {
         receiver: Vec::new(),
         frozen: None,
         next: None,
+        switched: std::cell::Cell::new(false),
     };
     let result = (|| {
         for (i, (path, format)) in plan.spec.disks.iter().enumerate() {
             let size = disk_size(path, format)?;
             let mut backing = path.clone();
-            if i == 0 && plan.then == Then::RunOn {
+            if let (0, Some(next)) = (i, &plan.next_overlay) {
                 let frozen = plan.dest.join("disk.qcow2");
                 std::fs::hard_link(path, &frozen).map_err(|e| {
                     OpError::new(format!(
@@ -241,10 +260,8 @@ fn prepare_disks(plan: &Plan, dir: &Path) -> Result<Disks, OpError> {
                     ))
                 })?;
                 disks.frozen = Some(frozen.clone());
-                let next = path.with_extension("next.qcow2");
-                let _ = std::fs::remove_file(&next);
-                img::create_overlay_unopened(&next, &frozen, "qcow2", size)?;
-                disks.next = Some(next);
+                img::create_overlay_unopened(next, &frozen, "qcow2", size)?;
+                disks.next = Some(next.clone());
                 backing = frozen;
             }
             let own = dir.join(format!("disk{i}.qcow2"));
@@ -278,10 +295,14 @@ fn disk_size(path: &Path, format: &str) -> Result<u64, OpError> {
 }
 
 impl Disks {
-    /// Removes what [`prepare_disks`] made, before any switchover.
+    /// Removes what [`prepare_disks`] made (the frozen disk and the new overlay only when the
+    /// VM has not moved onto them).
     fn undo(&self) {
         for (p, _) in &self.receiver {
             let _ = std::fs::remove_file(p);
+        }
+        if self.switched.get() {
+            return;
         }
         for p in [&self.frozen, &self.next].into_iter().flatten() {
             let _ = std::fs::remove_file(p);
@@ -355,9 +376,8 @@ fn copy_guest(
         .map_err(|e| OpError::new(format!("the receiving QEMU did not answer: {e}")))?;
     live_migrate::listen(&mut rq, &recv.migration, deadline)
         .map_err(|e| OpError::new(format!("the receiving QEMU refused the copy: {e}")))?;
-    let mut switched = false;
-    let result = session::monitor(plan.name, plan.rec, |q| {
-        let mut at_switchover = |q: &mut Qmp| freeze(q, plan, disks, &mut switched);
+    session::monitor(plan.name, plan.rec, |q| {
+        let mut at_switchover = |q: &mut Qmp| freeze(q, plan, disks);
         let sent = live_migrate::send(q, &recv.migration, deadline, &mut at_switchover)?;
         let t = Instant::now();
         match plan.then {
@@ -370,23 +390,18 @@ fn copy_guest(
             }
         }
         Ok(sent.downtime_ms + t.elapsed().as_millis() as u64)
-    });
-    if switched {
-        settle_overlay(plan, disks)?;
-    }
-    result
+    })
 }
 
 /// At the switchover (the guest stopped): the first disk moves onto its new overlay and the UEFI
 /// variables are copied as they are now.
-/// `switched` is set once the disk has moved.
-fn freeze(q: &mut Qmp, plan: &Plan, disks: &Disks, switched: &mut bool) -> Result<(), QmpError> {
+fn freeze(q: &mut Qmp, plan: &Plan, disks: &Disks) -> Result<(), QmpError> {
     let Some(next) = &disks.next else {
         return Ok(());
     };
     let node = format!("mcq-top-{}-{}", crate::clock::now_secs(), seq());
     blockdev::snapshot_onto(q, "mcq-disk0", next, &node)?;
-    *switched = true;
+    disks.switched.set(true);
     if let Some((_, vars, _)) = &plan.spec.uefi {
         crate::state::copy::private(vars, &plan.dest.join("uefi-vars.fd")).map_err(|e| {
             QmpError::Garbage(format!(
@@ -401,21 +416,6 @@ fn freeze(q: &mut Qmp, plan: &Plan, disks: &Disks, switched: &mut bool) -> Resul
 fn seq() -> u64 {
     static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-}
-
-/// Gives the VM's new overlay the name its old one had: the record and a later start of the
-/// VM find its disk where they always did (the old file lives on as the frozen `disk.qcow2`).
-fn settle_overlay(plan: &Plan, disks: &Disks) -> Result<(), OpError> {
-    let (Some(next), Some((own, _))) = (&disks.next, plan.spec.disks.first()) else {
-        return Ok(());
-    };
-    std::fs::rename(next, own).map_err(|e| {
-        OpError::new(format!(
-            "the VM now writes to {} but it could not be renamed to {}: {e}",
-            next.display(),
-            own.display()
-        ))
-    })
 }
 
 /// Waits for the receiver to hold the whole guest, saves its devices without RAM into `to`,

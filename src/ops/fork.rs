@@ -19,7 +19,7 @@ use super::work::Work;
 use super::{frozen, guest_clock, quota, session, templates};
 use crate::qemu::cmdline::{x86, LaunchSpec};
 use crate::qemu::forwards::resolve_forwards;
-use crate::qemu::{migrate, qcow2, vm};
+use crate::qemu::{blockdev, migrate, vm};
 use crate::state::registry::{valid_name, Record, RegistryError};
 
 /// Most copies one call makes.
@@ -77,15 +77,17 @@ pub fn fork(ctx: &dyn Work, req: &ForkRequest) -> Result<Forked, OpError> {
     std::fs::create_dir_all(&dest)
         .map_err(|e| OpError::new(format!("cannot create {}: {e}", dest.display())))?;
     let seed = keep_seed(&spec, &dest)?;
+    let next = next_overlay(&req.name);
     let plan = Plan {
         name: &req.name,
         rec: &rec,
         spec: &spec,
         dest: &dest,
         then: Then::RunOn,
+        next_overlay: Some(next.clone()),
     };
     let captured = capture::capture(ctx, &plan);
-    settle_parent(&req.name, &spec, &dest, &id);
+    settle_parent(&req.name, &rec, &next, &id);
     let captured = match captured {
         Ok(c) => c,
         Err(e) => {
@@ -248,30 +250,69 @@ fn keep_seed(spec: &LaunchSpec, dest: &Path) -> Result<Option<PathBuf>, OpError>
     Ok(Some(kept))
 }
 
-/// Records in the parent's record that its disk now stands on the frozen state, when it does
-/// (judged by its overlay's backing file, whatever the capture returned).
-fn settle_parent(name: &str, spec: &LaunchSpec, dest: &Path, id: &str) {
-    let frozen_disk = dest.join("disk.qcow2");
-    let moved = spec.disks.first().is_some_and(|(overlay, _)| {
-        qcow2::backing_of(overlay).is_some_and(|b| Path::new(&b) == frozen_disk)
-    });
-    if !moved {
+/// The parent's next overlay: a new name in its own folder (never one QEMU has open).
+fn next_overlay(name: &str) -> PathBuf {
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    vm::state_dir(name).join(format!(
+        "overlay-{}-{}-{seq}.qcow2",
+        crate::clock::now_secs(),
+        std::process::id()
+    ))
+}
+
+/// When the parent's QEMU now writes to `next` (asked of QEMU itself, whatever the capture
+/// returned), its record says so: its disk, its overlay, its spec, and the frozen state its
+/// disk now stands on.
+fn settle_parent(name: &str, rec: &Record, next: &Path, id: &str) {
+    let runs_on = session::monitor(name, rec, |q| Ok(blockdev::top_file(q, "mcq-disk0")?));
+    if runs_on.ok().as_deref().map(Path::new) != Some(next) {
         return;
     }
-    let (n, id) = (name.to_string(), id.to_string());
+    let (n, id, next) = (name.to_string(), id.to_string(), next.display().to_string());
     let _ = vm::registry().update(move |vms| {
-        if let Some(sb) = vms
-            .get_mut(&n)
-            .and_then(|r| r.get_mut("sandbox"))
-            .and_then(Value::as_object_mut)
-        {
-            let chain = sb.entry("chain").or_insert_with(|| json!([]));
-            if let Some(a) = chain.as_array_mut() {
-                a.push(json!(id));
-            }
+        if let Some(r) = vms.get_mut(&n) {
+            moved_onto(r, &next, &id);
         }
         Ok::<_, RegistryError>(())
     });
+}
+
+/// A record's first disk moved onto overlay `next`, over frozen state `id`.
+fn moved_onto(r: &mut Record, next: &str, id: &str) {
+    let old = r
+        .get("disks")
+        .and_then(|d| d.get(0))
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    if let Some(d) = r.get_mut("disks").and_then(Value::as_array_mut) {
+        if let Some(first) = d.first_mut() {
+            *first = json!(next);
+        }
+    }
+    if let (Some(old), Some(f)) = (
+        old,
+        r.get_mut("disk_formats").and_then(Value::as_object_mut),
+    ) {
+        f.remove(&old);
+        f.insert(next.to_string(), json!("qcow2"));
+    }
+    if let Some(d) = r
+        .get_mut("spec")
+        .and_then(|s| s.get_mut("disks"))
+        .and_then(Value::as_array_mut)
+    {
+        if let Some(first) = d.first_mut() {
+            *first = json!([next, "qcow2"]);
+        }
+    }
+    if let Some(sb) = r.get_mut("sandbox").and_then(Value::as_object_mut) {
+        sb.insert("overlay".into(), json!(next));
+        let chain = sb.entry("chain").or_insert_with(|| json!([]));
+        if let Some(a) = chain.as_array_mut() {
+            a.push(json!(id));
+        }
+    }
 }
 
 /// What every copy starts from.
@@ -478,6 +519,22 @@ mod tests {
         assert!(e.0.contains("named twice"), "{e}");
         let e = copy_names(&req(1, Some(vec!["../x"]))).unwrap_err();
         assert!(e.0.contains("name"), "{e}");
+    }
+
+    #[test]
+    fn a_moved_disk_is_recorded_everywhere_the_record_names_it() {
+        let mut r: Record = serde_json::from_value(json!({
+            "disks": ["/s/old.qcow2"], "disk_formats": {"/s/old.qcow2": "qcow2"},
+            "spec": {"disks": [["/s/old.qcow2", "qcow2"]]},
+            "sandbox": {"overlay": "/s/old.qcow2", "chain": ["a"]}
+        }))
+        .unwrap();
+        moved_onto(&mut r, "/s/new.qcow2", "b");
+        assert_eq!(r["disks"], json!(["/s/new.qcow2"]));
+        assert_eq!(r["disk_formats"], json!({"/s/new.qcow2": "qcow2"}));
+        assert_eq!(r["spec"]["disks"], json!([["/s/new.qcow2", "qcow2"]]));
+        assert_eq!(r["sandbox"]["overlay"], json!("/s/new.qcow2"));
+        assert_eq!(r["sandbox"]["chain"], json!(["a", "b"]));
     }
 
     #[test]

@@ -76,6 +76,7 @@ pub fn suspend(ctx: &dyn Work, name: &str) -> Result<Value, OpError> {
         spec: &spec,
         dest: &dest,
         then: Then::Quit,
+        next_overlay: None,
     };
     let captured = match capture::capture(ctx, &plan) {
         Ok(c) => c,

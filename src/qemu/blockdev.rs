@@ -10,6 +10,15 @@ use super::qmp::{Qmp, QmpError};
 
 /// The node name of the top image of drive `drive` (its `-drive id`).
 pub fn top_node(q: &mut Qmp, drive: &str) -> Result<String, QmpError> {
+    inserted(q, drive, "node-name")
+}
+
+/// The file name of the top image of drive `drive`, as QEMU opened it.
+pub fn top_file(q: &mut Qmp, drive: &str) -> Result<String, QmpError> {
+    inserted(q, drive, "file")
+}
+
+fn inserted(q: &mut Qmp, drive: &str, key: &str) -> Result<String, QmpError> {
     let blocks = q.execute("query-block", None)?;
     blocks
         .as_array()
@@ -17,7 +26,7 @@ pub fn top_node(q: &mut Qmp, drive: &str) -> Result<String, QmpError> {
         .flatten()
         .find(|b| b.get("device").and_then(Value::as_str) == Some(drive))
         .and_then(|b| b.get("inserted"))
-        .and_then(|i| i.get("node-name"))
+        .and_then(|i| i.get(key))
         .and_then(Value::as_str)
         .map(str::to_string)
         .ok_or_else(|| {

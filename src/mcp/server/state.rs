@@ -20,7 +20,7 @@ use crate::mcp::transport::Output;
 use crate::mcp::workers::Workers;
 
 /// Tools per `tools/list` page unless `MCQEMU_TOOLS_PAGE_SIZE` says otherwise.
-const DEFAULT_PAGE_SIZE: usize = 50;
+const DEFAULT_PAGE_SIZE: usize = 100;
 
 /// The server state shared by the reader, the workers and the signal thread.
 pub struct Server {
