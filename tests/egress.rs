@@ -100,14 +100,30 @@ fn check_from_guest(s: &mut Server, allowed: u16, other: u16) {
             "direct to host port {port}: {out}"
         );
     }
-    let (rc, out, _) = sh(
-        s,
-        "wget -Y off -q -T 5 -O - http://192.0.2.1/ 2>&1; echo rc=$?",
-    );
-    assert!(
-        rc == 0 && !out.contains("rc=0"),
-        "direct to the world: {out}"
-    );
+    // Nor to this machine's own outside address (what the world would be, without leaving it).
+    if let Some((addr, listener)) = outside_listener() {
+        let script = format!("wget -Y off -q -T 5 -O - http://{addr}/ 2>&1; echo rc=$?");
+        let (rc, out, _) = sh(s, &script);
+        assert!(rc == 0 && !out.contains("rc=0"), "direct to {addr}: {out}");
+        listener.set_nonblocking(true).unwrap();
+        assert!(
+            listener.accept().is_err(),
+            "the guest reached {addr} directly"
+        );
+    }
+}
+
+/// A listener on this machine's non-loopback address (found without sending a packet), if it
+/// has one.
+fn outside_listener() -> Option<(std::net::SocketAddr, std::net::TcpListener)> {
+    let probe = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    probe.connect("192.0.2.1:9").ok()?;
+    let ip = probe.local_addr().ok()?.ip();
+    if ip.is_loopback() || ip.is_unspecified() {
+        return None;
+    }
+    let l = std::net::TcpListener::bind((ip, 0)).ok()?;
+    Some((l.local_addr().ok()?, l))
 }
 
 /// The sandbox's port forward (auto:22) still works: the proxy listens on the host port and
