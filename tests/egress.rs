@@ -126,15 +126,14 @@ fn outside_listener() -> Option<(std::net::SocketAddr, std::net::TcpListener)> {
     Some((l.local_addr().ok()?, l))
 }
 
-/// The sandbox's port forward (auto:22) still works: the proxy listens on the host port and
-/// relays into the VM's network, to QEMU's forward there.
-fn forward_reaches_the_guest(s: &mut Server, sb: &Value) {
+/// A port forward still works: the proxy listens on the host port and relays into the VM's
+/// network, to QEMU's forward there.
+fn forward_reaches_the_guest(s: &mut Server, host_port: u64, guest_port: u64) {
     use std::io::Read;
-    let host_port = sb["port_forwards"][0]["host"].as_u64().unwrap();
+    let script = format!("echo hello-forward | nc -l -p {guest_port}");
     s.call_ok(
         "guest_exec",
-        json!({"name": "egress", "command": "sh", "background": true,
-        "args": ["-c", "echo hello-forward | nc -l -p 22"]}),
+        json!({"name": "egress", "command": "sh", "background": true, "args": ["-c", script]}),
     );
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -228,7 +227,20 @@ fn a_sandbox_reaches_only_the_names_it_was_allowed() {
     );
 
     check_from_guest(&mut s, pa, pb);
-    forward_reaches_the_guest(&mut s, &sb);
+    // The sandbox's own forward (auto:22), and one added live and removed.
+    forward_reaches_the_guest(&mut s, sb["port_forwards"][0]["host"].as_u64().unwrap(), 22);
+    let added = s.call_ok(
+        "vm_port_forward",
+        json!({"name": "egress", "add": ["auto:8080"]}),
+    );
+    let live = added["added"][0]["host"].as_u64().unwrap();
+    forward_reaches_the_guest(&mut s, live, 8080);
+    s.call_ok(
+        "vm_port_forward",
+        json!({"name": "egress", "remove": [live.to_string()]}),
+    );
+    let gone = std::net::TcpStream::connect(("127.0.0.1", live as u16));
+    assert!(gone.is_err(), "{live} is still forwarded");
     // An explicit env wins over the proxy guest_exec adds.
     let r = s.call_ok(
         "guest_exec",

@@ -4,6 +4,7 @@
 //! folder, and ends once the QEMU that joined its network has ended (or none came).
 
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicUsize;
 use std::sync::mpsc;
@@ -12,9 +13,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
+use super::forwards::{control_loop, Dial, Forwards, CONTROL_SOCKET};
 use super::netns;
 use super::proxy::{self, Shared};
-use super::relay::{relay, Limits};
 use super::rules::{parse_rules, Rule};
 use super::stats::Counters;
 
@@ -89,9 +90,6 @@ fn probe() -> Result<(), String> {
         .map_err(|_| "the probe thread panicked".to_string())?
 }
 
-/// A request to the thread inside the VM's network: connect to 127.0.0.1:port there.
-type Dial = (u16, mpsc::Sender<std::io::Result<TcpStream>>);
-
 fn run(c: &Config) -> Result<(), String> {
     netns::enter_user_namespace()?;
     let (ready_tx, ready_rx) = mpsc::channel();
@@ -109,12 +107,15 @@ fn run(c: &Config) -> Result<(), String> {
     spawn("egress-stats", move || {
         writer.writer(Duration::from_millis(200))
     })?;
+    let forwards = Forwards::new(dial_tx);
     for &(addr, port) in &c.forwards {
-        let l = TcpListener::bind((addr, port))
-            .map_err(|e| format!("cannot listen on {addr}:{port} for a port forward: {e}"))?;
-        let dial = dial_tx.clone();
-        spawn("egress-forward", move || forward_loop(l, port, dial))?;
+        forwards.add(addr, port)?;
     }
+    let control_path = c.runtime.join(CONTROL_SOCKET);
+    let _ = std::fs::remove_file(&control_path);
+    let control = UnixListener::bind(&control_path)
+        .map_err(|e| format!("cannot listen on {}: {e}", control_path.display()))?;
+    spawn("egress-control", move || control_loop(control, forwards))?;
     let shared = Shared {
         rules: Arc::new(c.rules.clone()),
         counters: counters.clone(),
@@ -129,6 +130,7 @@ fn run(c: &Config) -> Result<(), String> {
     watch_qemu(&c.runtime, tid);
     counters.save_if_changed();
     let _ = std::fs::remove_file(&ready);
+    let _ = std::fs::remove_file(&control_path);
     Ok(())
 }
 
@@ -168,38 +170,6 @@ fn accept_loop(listener: TcpListener, shared: Shared) {
         let _ = std::thread::Builder::new()
             .name("egress-conn".into())
             .spawn(move || proxy::serve(conn, s));
-    }
-}
-
-/// A port forward: host `listener` ⇄ QEMU's forward listening on `port` in the VM's network.
-fn forward_loop(listener: TcpListener, port: u16, dial: mpsc::Sender<Dial>) {
-    let active = Arc::new(AtomicUsize::new(0));
-    for conn in listener.incoming() {
-        let Ok(conn) = conn else {
-            std::thread::sleep(Duration::from_millis(50));
-            continue;
-        };
-        let (tx, rx) = mpsc::channel();
-        if dial.send((port, tx)).is_err() {
-            return;
-        }
-        let Ok(Ok(inner)) = rx.recv_timeout(Duration::from_secs(10)) else {
-            continue;
-        };
-        let active = active.clone();
-        let _ = std::thread::Builder::new()
-            .name("egress-fwd".into())
-            .spawn(move || {
-                use std::sync::atomic::Ordering::SeqCst;
-                if active.fetch_add(1, SeqCst) < proxy::MAX_CONNECTIONS {
-                    let limits = Limits {
-                        idle: None,
-                        max_bytes: u64::MAX,
-                    };
-                    relay(conn, inner, limits);
-                }
-                active.fetch_sub(1, SeqCst);
-            });
     }
 }
 
