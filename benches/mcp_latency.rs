@@ -43,8 +43,10 @@
 //! image_prepare of the stock-shaped Debian image, cold boots of the prepared image and clones
 //! of a template of it. The arm64 section (`mcp_latency/arm64.rs`, name `arm64`) times the
 //! aarch64 test guest under TCG: cold sandbox_vm boots, guest_exec, vm_screenshot and clones
-//! of a template of it. The desktop section (`mcp_latency/desktop.rs`, name `desktop`) boots the
-//! desktop test image and times boot to desktop, key to screen change and the pointer tools.
+//! of a template of it. The egress section (`mcp_latency/egress.rs`, name `egress`) compares
+//! requests through a sandbox's egress proxy with direct ones. The desktop section
+//! (`mcp_latency/desktop.rs`, name `desktop`) boots the desktop test image and times boot to
+//! desktop, key to screen change and the pointer tools.
 
 #[path = "mcp_latency/arm64.rs"]
 mod arm64;
@@ -54,6 +56,8 @@ mod clones;
 mod common;
 #[path = "mcp_latency/desktop.rs"]
 mod desktop;
+#[path = "mcp_latency/egress.rs"]
+mod egress;
 #[path = "mcp_latency/forks.rs"]
 mod forks;
 #[path = "mcp_latency/guest.rs"]
@@ -192,7 +196,12 @@ fn run() -> Res<()> {
         arm64::arm64_rows(&mut table, &dirs, &image);
     }
 
-    // 9. The desktop image: boot to desktop, key to screen change, pointer gestures.
+    // 9. Egress: requests through a sandbox's egress proxy against direct ones.
+    if wanted("egress") {
+        egress::egress_rows(&mut table, &dirs, &image);
+    }
+
+    // 10. The desktop image: boot to desktop, key to screen change, pointer gestures.
     if wanted("desktop") {
         desktop::desktop_rows(&mut table, &dirs);
     }

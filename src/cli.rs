@@ -19,6 +19,7 @@ USAGE:
     mcqemu call TOOL ['{json}' | -]     run one tool and print its structured result
                    [--out FILE]         save image content (screenshots) to FILE
     mcqemu doctor                       check the host: QEMU, qemu-img, KVM, firmware, folders
+    mcqemu egress-proxy ...             (internal) one VM's egress proxy, started with it
     mcqemu --version | --help
 
 EXIT STATUS (call): 0 success, 1 tool error, 2 usage error.
@@ -70,6 +71,7 @@ pub fn main(args: Vec<String>) -> i32 {
         Some("tools") => list_tools(&args[1..]),
         Some("call") => call(&args[1..]),
         Some("doctor") => crate::doctor::run_doctor(),
+        Some("egress-proxy") => crate::net::egress::process::main(&args[1..]),
         Some(other) => usage(&format!("unknown command {other:?}")),
     }
 }

@@ -43,6 +43,7 @@ pub fn checks() -> Vec<Check> {
     out.push(kvm_check(host));
     out.extend(dir_checks());
     out.push(seccomp_check(host));
+    out.push(egress_check());
     out.push(roots_check());
     out.push(registry_check());
     out
@@ -233,6 +234,34 @@ fn seccomp_check(host: &Host) -> Check {
         .unwrap_or_else(|_| "qemu-system-x86_64".into());
     let (status, detail) = seccomp_support(&own);
     row("seccomp", status, detail, status == "FAIL")
+}
+
+/// allow_network rules need an unprivileged user namespace with a network namespace in it.
+fn egress_check() -> Check {
+    let out = std::env::current_exe().and_then(|exe| {
+        std::process::Command::new(exe)
+            .args(["egress-proxy", "--probe"])
+            .stdin(std::process::Stdio::null())
+            .output()
+    });
+    match out {
+        Ok(o) if o.status.success() => row(
+            "egress",
+            "ok",
+            "allow_network rules work (an unprivileged user and network namespace)".into(),
+            false,
+        ),
+        Ok(o) => row(
+            "egress",
+            "warn",
+            format!(
+                "allow_network rules will be refused: {}",
+                String::from_utf8_lossy(&o.stderr).trim()
+            ),
+            false,
+        ),
+        Err(e) => row("egress", "warn", format!("cannot probe: {e}"), false),
+    }
 }
 
 fn roots_check() -> Check {

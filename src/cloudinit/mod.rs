@@ -6,6 +6,7 @@
 pub mod console;
 pub mod final_message;
 pub mod iso;
+mod proxy;
 pub mod yaml;
 
 use serde_json::{json, Map, Value};

@@ -5,6 +5,7 @@ pub mod catalog;
 pub mod checksums;
 pub mod digest;
 pub mod download;
+pub mod egress;
 pub mod error;
 pub mod http;
 pub mod resume;

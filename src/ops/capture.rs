@@ -92,6 +92,7 @@ impl Receiver {
     /// The receiver's folder (in the VM's runtime folder), made empty; no QEMU yet.
     fn new(name: &str) -> Result<Receiver, OpError> {
         let dir = vm::runtime_dir(name).join("capture");
+        end_stale(&dir);
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)
             .map_err(|e| OpError::new(format!("cannot create {}: {e}", dir.display())))?;
@@ -110,6 +111,18 @@ impl Receiver {
             dir,
             pid: None,
         })
+    }
+}
+
+/// Ends a receiver a server that died mid-capture left waiting in `dir` (it would wait for a
+/// stream forever).
+fn end_stale(dir: &Path) {
+    let pid = std::fs::read_to_string(dir.join("qemu.pid"))
+        .ok()
+        .and_then(|t| t.trim().parse::<i32>().ok());
+    if let Some(pid) = pid.filter(|p| process::is_our_vm(*p, &dir.join("qmp.sock"))) {
+        process::signal(pid, libc::SIGKILL);
+        process::wait_dead(pid, Duration::from_secs(5));
     }
 }
 
@@ -316,6 +329,12 @@ fn start_receiver(
     r.pidfile = dir.join("qemu.pid");
     r.disks = disks.receiver.clone();
     r.forwards = Vec::new();
+    // A VM with allow_network rules runs in its proxy's empty network; the receiver, which
+    // runs in the host's, gets a restricted one (it never runs the guest either).
+    if r.jailed_net {
+        r.jailed_net = false;
+        r.restrict_net = true;
+    }
     r.memory_file = Some((scratch.path().to_path_buf(), true));
     r.memory_id = Some(memory_id.to_string());
     r.incoming = true;
@@ -327,13 +346,19 @@ fn start_receiver(
         r.uefi = Some((code.clone(), own, format.clone()));
     }
     let log = dir.join("qemu.log");
-    let started =
-        process::spawn_detached(&r.binary, &build_argv(&r), &r.pidfile, &r.qmp_socket, &log)
-            .map_err(|e| {
-                OpError::new(format!(
-                    "the QEMU that receives the copy did not start: {e}"
-                ))
-            })?;
+    let started = process::spawn_detached(
+        &r.binary,
+        &build_argv(&r),
+        &r.pidfile,
+        &r.qmp_socket,
+        &log,
+        None,
+    )
+    .map_err(|e| {
+        OpError::new(format!(
+            "the QEMU that receives the copy did not start: {e}"
+        ))
+    })?;
     recv.pid = started.pid;
     Ok(())
 }

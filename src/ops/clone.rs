@@ -21,6 +21,7 @@ use super::work::Work;
 use super::{guest_clock, templates as template};
 use crate::cloudinit::CloudInit;
 use crate::host::{self, binaries, decide};
+use crate::net::egress::process::GUEST_URL;
 use crate::qemu::cmdline::LaunchSpec;
 use crate::qemu::forwards::resolve_forwards;
 use crate::qemu::{migrate, vm};
@@ -310,6 +311,7 @@ fn launch_clone(
         disks: vec![(made.overlay.clone(), "qcow2".into())],
         no_net: t.no_net,
         restrict_net: !req.allow_network,
+        jailed_net: !req.launch.egress.is_empty(),
         forwards: resolve_forwards(&forwards)?,
         kernel: t.kernel.as_ref().map(PathBuf::from),
         initrd: t.initrd.as_ref().map(PathBuf::from),
@@ -327,8 +329,8 @@ fn launch_clone(
     let tdisk = template::disk_of(tdir);
     let sb = json!({
         "base_image": tdisk.display().to_string(), "base_format": "qcow2",
-        "overlay": made.overlay.display().to_string(), "allow_network": req.allow_network,
-        "template": template_name,
+        "overlay": made.overlay.display().to_string(),
+        "allow_network": req.allow_network_json(), "template": template_name,
     });
     let mut extra = fields;
     extra.insert("sandbox".into(), sb);
@@ -338,8 +340,12 @@ fn launch_clone(
         accel_note: None,
         kvm_fallback: false,
         firmware: t.firmware.clone(),
-        cloud_init,
+        cloud_init: match req.launch.egress.is_empty() {
+            true => cloud_init,
+            false => cloud_init.map(|c| c.with_proxy(GUEST_URL)),
+        },
         uefi_vars_from: None,
+        egress: req.launch.egress.clone(),
     };
     Ok(launch::launch(ctx, lr)?.to_json())
 }

@@ -426,6 +426,7 @@ fn launch_copy(ctx: &dyn Work, p: &Parent, name: &str) -> Result<Value, OpError>
         firmware: vm::field(p.rec, "firmware").unwrap_or("bios").to_string(),
         cloud_init: None,
         uefi_vars_from: None,
+        egress: super::egress::rules_from(p.rec)?,
     };
     match launch::launch(ctx, lr) {
         Ok(l) => Ok(l.to_json()),

@@ -8,11 +8,14 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 use serde_json::{json, Map, Value};
 
+use super::egress;
 use super::error::OpError;
 use super::quota;
 use super::work::Work;
 use crate::cloudinit::CloudInit;
 use crate::host::decide;
+use crate::net::egress::process::GUEST_URL;
+use crate::net::egress::rules::Rule;
 use crate::qemu::cmdline::{self, x86, LaunchSpec};
 use crate::qemu::forwards::Forward;
 use crate::qemu::qmp::{self, QmpError};
@@ -152,6 +155,9 @@ pub struct Launched {
     /// The seed's instance id and path.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cloud_init: Option<Value>,
+    /// The egress rules and the proxy's URL in the guest.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub egress: Option<Value>,
 }
 
 impl Launched {
@@ -179,6 +185,8 @@ pub struct LaunchRequest {
     /// The firmware's pristine UEFI variable store, copied to the VM's own (`spec.uefi`) once
     /// the name is reserved, when the VM has none yet.
     pub uefi_vars_from: Option<PathBuf>,
+    /// `allow_network` rules: the VM gets an egress proxy and an empty network of its own.
+    pub egress: Vec<Rule>,
 }
 
 /// Writes the launch's cloud-init seed into the VM's folder (`seed.iso`, replaced at every
@@ -314,7 +322,29 @@ fn start_reserved(
     prepare_dirs(&req.spec, rt, sd)?;
     copy_uefi_vars(req)?;
     ctx.check_cancel()?;
-    let (started, spec, fallback_note) = spawn_with_fallback(req, &sd.join("qemu.log"))?;
+    let proxy = match req.egress.is_empty() {
+        true => None,
+        false => Some(egress::start(
+            &req.spec.name,
+            &req.egress,
+            &req.spec.forwards,
+        )?),
+    };
+    let spawned = spawn_with_fallback(req, &sd.join("qemu.log"), proxy.as_ref());
+    let (started, spec, fallback_note) = match (spawned, proxy) {
+        (Ok(s), p) => {
+            if let Some(p) = p {
+                p.keep();
+            }
+            s
+        }
+        (Err(e), p) => {
+            if let Some(p) = p {
+                p.abandon();
+            }
+            return Err(e);
+        }
+    };
     let s = &spec;
     let mut warnings: Vec<String> = started.warning.into_iter().collect();
     warnings.extend(fallback_note);
@@ -329,6 +359,13 @@ fn start_reserved(
     let mut rec = launched_record(req, s, started.pid, &actual_accel, &version);
     for (k, v) in &req.extra_record {
         rec.insert(k.clone(), v.clone());
+    }
+    let egress_rec = (!req.egress.is_empty()).then(|| {
+        let rules: Vec<String> = req.egress.iter().map(Rule::text).collect();
+        json!({"rules": rules, "egress_proxy": GUEST_URL})
+    });
+    if let Some(e) = &egress_rec {
+        rec.insert("egress".into(), e.clone());
     }
     let name_c = s.name.clone();
     vm::registry().update(move |vms| {
@@ -350,6 +387,7 @@ fn start_reserved(
         warnings,
         sandbox: req.extra_record.get("sandbox").cloned(),
         cloud_init: req.extra_record.get("cloud_init").cloned(),
+        egress: egress_rec,
     })
 }
 
@@ -387,17 +425,18 @@ fn prepare_dirs(s: &LaunchSpec, rt: &Path, sd: &Path) -> Result<(), OpError> {
 fn spawn_with_fallback(
     req: &LaunchRequest,
     log: &Path,
+    proxy: Option<&egress::Started>,
 ) -> Result<(process::Started, LaunchSpec, Option<String>), OpError> {
-    let spawn = |s: &LaunchSpec| {
+    let spawn = |s: &LaunchSpec, enter: Option<process::PreExec>| {
         let argv = cmdline::build_argv(s);
         crate::log::stderr(
             "info",
             &format!("launching VM {}: {} {}", s.name, s.binary, argv.join(" ")),
         );
-        process::spawn_detached(&s.binary, &argv, &s.pidfile, &s.qmp_socket, log)
+        process::spawn_detached(&s.binary, &argv, &s.pidfile, &s.qmp_socket, log, enter)
     };
     let s = &req.spec;
-    match spawn(s) {
+    match spawn(s, enter_for(proxy)?) {
         Ok(started) => Ok((started, s.clone(), None)),
         Err(e @ process::SpawnError::Failed { .. }) if req.kvm_fallback && s.accel == "kvm" => {
             let tcg = LaunchSpec {
@@ -409,10 +448,19 @@ fn spawn_with_fallback(
                 "KVM failed to start this guest ({e}); it runs under TCG instead (emulated, \
                  slower)"
             );
-            Ok((spawn(&tcg)?, tcg, Some(note)))
+            Ok((spawn(&tcg, enter_for(proxy)?)?, tcg, Some(note)))
         }
         Err(e) => Err(e.into()),
     }
+}
+
+/// What QEMU's child does before exec to run in the empty network of the VM's egress proxy.
+fn enter_for(proxy: Option<&egress::Started>) -> Result<Option<process::PreExec>, OpError> {
+    let Some(p) = proxy else {
+        return Ok(None);
+    };
+    let join = p.join()?;
+    Ok(Some(Box::new(move || join.enter())))
 }
 
 /// The accelerator QEMU really uses, its run state and its version, asked right after start.

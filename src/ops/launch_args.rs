@@ -12,6 +12,8 @@ use super::error::OpError;
 use super::launch::{default_arch, default_firmware, LaunchRequest, ARCHES, DEFAULT_MEMORY_MB};
 use crate::cloudinit::CloudInit;
 use crate::host::{self, binaries, decide};
+use crate::net::egress::process::GUEST_URL;
+use crate::net::egress::rules::{parse_rules, Rule};
 use crate::qemu::cmdline::{x86, LaunchSpec};
 use crate::qemu::extra_args::check_extra_args;
 use crate::qemu::firmware;
@@ -53,6 +55,9 @@ pub struct LaunchArgs {
     pub port_forwards: Option<Vec<String>>,
     /// The `cloud_init` parameter as given (parsed and checked here).
     pub cloud_init: Option<Value>,
+    /// `allow_network` rules (already parsed): the VM reaches only these names, through its
+    /// egress proxy.
+    pub egress: Vec<Rule>,
 }
 
 impl LaunchArgs {
@@ -109,6 +114,11 @@ pub fn request(
     let (accel, accel_note) =
         decide::accel(host::get(), &arch, &requested).map_err(OpError::new)?;
     check_extra(&a.extra_args)?;
+    if a.no_net && !a.egress.is_empty() {
+        return Err(OpError::new(
+            "allow_network rules need a network; drop no_net=true or the rules",
+        ));
+    }
     let forwards = forwards(a)?;
     let firmware = firmware_name(a, &arch)?;
     let (uefi, uefi_vars_from) = if firmware == "uefi" {
@@ -135,6 +145,7 @@ pub fn request(
         uefi,
         no_net: a.no_net,
         restrict_net: a.restrict_net,
+        jailed_net: !a.egress.is_empty(),
         forwards,
         kernel: existing(a.kernel.as_deref(), "kernel", "kernel")?,
         initrd: existing(a.initrd.as_deref(), "initrd", "initrd")?,
@@ -154,8 +165,22 @@ pub fn request(
         accel_note,
         kvm_fallback: requested == "auto",
         firmware,
-        cloud_init: a.cloud_init()?,
+        cloud_init: match a.egress.is_empty() {
+            true => a.cloud_init()?,
+            false => a.cloud_init()?.map(|c| c.with_proxy(GUEST_URL)),
+        },
         uefi_vars_from,
+        egress: a.egress.clone(),
+    })
+}
+
+/// `allow_network` as a list of rules, parsed; the error says which rule is wrong and how.
+pub fn egress_rules(list: &[String]) -> Result<Vec<Rule>, OpError> {
+    parse_rules(list).map_err(|e| {
+        OpError::new(format!(
+            "allow_network: {e}. Rules are \"host\", \"host:port\" or \"*.domain\" (ports 80 \
+             and 443 unless given); nothing was started"
+        ))
     })
 }
 

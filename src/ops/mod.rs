@@ -10,6 +10,7 @@ pub mod checks;
 pub mod clone;
 pub mod destroy;
 pub mod disk_size;
+pub mod egress;
 pub mod error;
 pub mod fork;
 pub mod frozen;

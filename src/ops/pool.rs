@@ -123,6 +123,7 @@ pub fn fits(req: &SandboxRequest) -> bool {
     req.launch.cloud_init.as_ref().is_none_or(Value::is_null)
         && req.launch.port_forwards.is_none()
         && !req.allow_network
+        && req.launch.egress.is_empty()
 }
 
 /// Takes a ready pooled clone of `template` for VM `name`: its record and folders become

@@ -5,6 +5,7 @@
 
 use std::collections::HashSet;
 use std::net::Ipv4Addr;
+use std::path::Path;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -12,6 +13,7 @@ use serde_json::{json, Value};
 
 use super::session;
 use crate::host::{self, decide};
+use crate::net::egress::forwards::{ask, CONTROL_SOCKET};
 use crate::qemu::forwards::{parse_forward, Forward};
 use crate::qemu::vm;
 
@@ -166,9 +168,15 @@ pub fn apply(req: &Request) -> Result<Outcome, String> {
         .cloned()
         .collect();
     let adding = to_add(&req.add, &left)?;
-    let (removed, added, failure) =
-        session::monitor(&req.name, &rec, |q| Ok(change_live(q, &removing, &adding)?))
-            .map_err(|e| e.to_string())?;
+    // A VM with allow_network rules: QEMU's forwards listen inside its proxy's network, the
+    // proxy listens on the host.
+    let proxy = super::egress::rules_of(&rec)
+        .is_some()
+        .then(|| vm::runtime_dir(&req.name).join(CONTROL_SOCKET));
+    let (removed, added, failure) = session::monitor(&req.name, &rec, |q| {
+        Ok(change_live(q, proxy.as_deref(), &removing, &adding)?)
+    })
+    .map_err(|e| e.to_string())?;
     // Whatever QEMU took is recorded, even when a later step failed.
     let mut now: Vec<Forward> = current
         .iter()
@@ -214,13 +222,22 @@ type Changed = (Vec<Forward>, Vec<Forward>, Option<String>);
 /// Removes, then adds, forwards through the monitor, stopping at the first QEMU refuses.
 fn change_live(
     q: &mut crate::qemu::qmp::Qmp,
+    proxy: Option<&Path>,
     removing: &[Forward],
     adding: &[Forward],
 ) -> Result<Changed, crate::qemu::qmp::QmpError> {
     let (mut removed, mut added) = (Vec::new(), Vec::new());
+    let inside = |f: &Forward| match proxy {
+        Some(_) => Ipv4Addr::LOCALHOST,
+        None => f.addr,
+    };
+    let ask = |verb: &str, f: &Forward| match proxy {
+        Some(sock) => ask(sock, &format!("{verb} {}:{}", f.addr, f.host)),
+        None => Ok(()),
+    };
     for f in removing {
         let out = q.hmp(
-            &format!("hostfwd_remove {NETDEV} tcp:{}:{}", f.addr, f.host),
+            &format!("hostfwd_remove {NETDEV} tcp:{}:{}", inside(f), f.host),
             Duration::from_secs(10),
         )?;
         if !out.contains("removed") {
@@ -233,14 +250,24 @@ fn change_live(
             return Ok((removed, added, Some(why)));
         }
         removed.push(f.clone());
+        if let Err(e) = ask("remove", f) {
+            let why = format!("the egress proxy kept {}:{}: {e}", f.addr, f.host);
+            return Ok((removed, added, Some(why)));
+        }
     }
     for f in adding {
+        if let Err(e) = ask("add", f) {
+            return Ok((removed, added, Some(e)));
+        }
         let cmd = format!(
             "hostfwd_add {NETDEV} tcp:{}:{}-:{}",
-            f.addr, f.host, f.guest
+            inside(f),
+            f.host,
+            f.guest
         );
         let out = q.hmp(&cmd, Duration::from_secs(10))?;
         if !out.trim().is_empty() {
+            let _ = ask("remove", f);
             let why = format!(
                 "QEMU could not forward host port {}:{} (in use by another program?): {}",
                 f.addr,

@@ -128,7 +128,7 @@ fn launch_overlay(
     let mut lr = launch_args::request(&la, name, vec![(overlay.to_path_buf(), "qcow2".into())])?;
     let sb = json!({
         "base_image": base.display().to_string(), "base_format": base_fmt,
-        "overlay": overlay.display().to_string(), "allow_network": req.allow_network,
+        "overlay": overlay.display().to_string(), "allow_network": req.allow_network_json(),
     });
     lr.extra_record.insert("sandbox".into(), sb);
     let mut out = launch::launch(ctx, lr)?.to_json();

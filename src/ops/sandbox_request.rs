@@ -36,6 +36,15 @@ impl SandboxRequest {
         Duration::from_secs_f64(self.wait_agent_s.unwrap_or(90.0).clamp(0.0, 3600.0))
     }
 
+    /// `allow_network` as the sandbox's record keeps it: a boolean, or the rules.
+    pub fn allow_network_json(&self) -> serde_json::Value {
+        if self.launch.egress.is_empty() {
+            return serde_json::json!(self.allow_network);
+        }
+        let rules: Vec<String> = self.launch.egress.iter().map(|r| r.text()).collect();
+        serde_json::json!(rules)
+    }
+
     /// How long to wait for cloud-init, once the agent answers.
     pub fn cloud_init_wait(&self) -> Duration {
         Duration::from_secs_f64(self.wait_cloud_init_s.unwrap_or(600.0).clamp(0.0, 3600.0))

@@ -22,6 +22,7 @@ pub struct Scratch {
 impl Scratch {
     /// A scratch file for `memory_mb` of guest memory whose capture ends in folder `dest`.
     pub fn new(dest: &Path, memory_mb: u64) -> Result<Scratch, OpError> {
+        remove_stale();
         let need = (memory_mb << 20) + SHM_SPARE;
         if free_bytes(Path::new(SHM)).is_some_and(|free| free >= need) {
             static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -83,6 +84,29 @@ impl Drop for Scratch {
     }
 }
 
+/// Removes the scratch files of servers that died mid-capture (named after their PID).
+fn remove_stale() {
+    let Ok(entries) = std::fs::read_dir(SHM) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let pid = name
+            .strip_prefix("mcqemu-")
+            .filter(|_| name.ends_with(".ram"))
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|p| p.parse::<i32>().ok());
+        let owned = e.metadata().is_ok_and(|m| {
+            use std::os::unix::fs::MetadataExt;
+            // SAFETY: geteuid has no preconditions.
+            m.is_file() && m.uid() == unsafe { libc::geteuid() }
+        });
+        if pid.is_some_and(|p| owned && !crate::qemu::process::alive(p)) {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
 fn create_private(path: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
     std::fs::OpenOptions::new()
@@ -112,4 +136,28 @@ fn free_bytes(dir: &Path) -> Option<u64> {
         return None;
     }
     Some(st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A scratch file left by a dead server goes at the next capture; a live one's stays.
+    #[test]
+    fn scratch_files_of_dead_servers_are_removed() {
+        if !Path::new(SHM).is_dir() {
+            return;
+        }
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let stale = Path::new(SHM).join(format!("mcqemu-{dead}-1-0.ram"));
+        let live = Path::new(SHM).join(format!("mcqemu-{}-1-999.ram", std::process::id()));
+        std::fs::write(&stale, b"x").unwrap();
+        std::fs::write(&live, b"x").unwrap();
+        remove_stale();
+        assert!(!stale.exists());
+        assert!(live.exists());
+        let _ = std::fs::remove_file(&live);
+    }
 }

@@ -161,6 +161,7 @@ pub fn resume(ctx: &dyn Work, name: &str, wait: Duration) -> Result<Value, OpErr
         firmware: vm::field(&rec, "firmware").unwrap_or("bios").to_string(),
         cloud_init: None,
         uefi_vars_from: None,
+        egress: super::egress::rules_from(&rec)?,
     };
     let t_launch = Instant::now();
     let launched = launch::launch(ctx, lr).inspect_err(|_| put_back(name, &rec))?;
@@ -177,7 +178,10 @@ pub fn resume(ctx: &dyn Work, name: &str, wait: Duration) -> Result<Value, OpErr
     let t_agent = Instant::now();
     let agent = match (&launched.qga_socket, paused) {
         (_, true) => Err("the sandbox was paused when suspended; resume_vm lets it run".into()),
-        (sock, false) => guest_clock::answer_then_set(Path::new(sock), wait, None).map(|_| ()),
+        // The clock is set before the sandbox is handed back: qemu-ga answers nothing else
+        // while its hwclock runs, and a resumed sandbox's first call should not wait on it.
+        (sock, false) => guest_clock::answer_then_set(Path::new(sock), wait, None)
+            .map(|setter| setter.join().map(|_| ()).unwrap_or(())),
     };
     let ms = |d: Duration| (d.as_secs_f64() * 10000.0).round() / 10.0;
     let mut out = launched.to_json();

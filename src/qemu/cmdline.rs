@@ -67,6 +67,10 @@ pub struct LaunchSpec {
     pub restrict_net: bool,
     /// Resolved port forwards.
     pub forwards: Vec<Forward>,
+    /// The network is an empty namespace of the VM's egress proxy (allow_network rules): no
+    /// slirp restriction (nothing outside is reachable), forwards listen on its loopback and
+    /// the proxy listens on the host for them.
+    pub jailed_net: bool,
     /// Direct kernel boot.
     pub kernel: Option<PathBuf>,
     /// Initial ramdisk.
@@ -325,11 +329,16 @@ fn net_args(s: &LaunchSpec, a: &mut Vec<String>) {
     let mut push = |parts: &[&str]| a.extend(parts.iter().map(|x| x.to_string()));
     if !s.no_net {
         let mut netdev = String::from("user,id=mcq-net0");
-        if s.restrict_net {
+        if s.restrict_net && !s.jailed_net {
             netdev.push_str(",restrict=on");
         }
         for f in &s.forwards {
-            netdev.push_str(&format!(",hostfwd=tcp:{}:{}-:{}", f.addr, f.host, f.guest));
+            let addr = if s.jailed_net {
+                std::net::Ipv4Addr::LOCALHOST
+            } else {
+                f.addr
+            };
+            netdev.push_str(&format!(",hostfwd=tcp:{addr}:{}-:{}", f.host, f.guest));
         }
         push(&[
             "-netdev",

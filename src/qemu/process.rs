@@ -75,6 +75,10 @@ impl std::error::Error for SpawnError {
     }
 }
 
+/// What a child runs between fork and exec (async-signal-safe calls only), e.g. joining the
+/// namespaces of a VM's egress proxy.
+pub type PreExec = Box<dyn Fn() -> std::io::Result<()> + Send + Sync>;
+
 /// Starts `binary argv...` detached: in its own session, stdin on /dev/null, stdout and stderr
 /// into `log`, and ready once something listens on `ready_socket` (QEMU's QMP socket). QEMU's
 /// own `-daemonize` cannot be used: it forks after QEMU has entered its seccomp sandbox, which
@@ -86,6 +90,7 @@ pub fn spawn_detached(
     pidfile: &Path,
     ready_socket: &Path,
     log: &Path,
+    enter: Option<PreExec>,
 ) -> Result<Started, SpawnError> {
     let _ = std::fs::remove_file(pidfile);
     let log_file = std::fs::File::create(log).map_err(SpawnError::Wait)?;
@@ -97,9 +102,12 @@ pub fn spawn_detached(
         .stderr(Stdio::from(log_err));
     // SAFETY: setsid is async-signal-safe and touches no memory of the parent.
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
             libc::setsid();
-            Ok(())
+            match &enter {
+                Some(f) => f(),
+                None => Ok(()),
+            }
         });
     }
     let mut child = cmd.spawn().map_err(|error| {

@@ -177,7 +177,7 @@ fn exec(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let timeout =
         Duration::from_secs_f64(args.opt_f64("timeout")?.unwrap_or(30.0).clamp(1.0, 3600.0));
     let argv = args.str_list("args")?;
-    let env = env_arg(args)?;
+    let env = crate::ops::egress::guest_env(&vm_name_arg(args)?, env_arg(args)?);
     let cwd = args.opt_str("cwd")?;
     if let Some(c) = cwd {
         spool::check_cwd(c).map_err(ToolError::new)?;

@@ -200,6 +200,8 @@ pub const INFO: ToolDef = ToolDef {
                 "accel": {"type": ["string", "null"]},
                 "qemu_version": {"type": ["string", "null"]},
                 "seccomp": {"type": ["string", "null"]},
+                "egress_proxy": {"type": "string"},
+                "egress": {"type": "object"},
                 "detail": {"type": "string"}
             },
             "required": ["name", "status", "record"]
@@ -227,6 +229,10 @@ fn vm_info(_ctx: &ToolCtx, args: &Args) -> ToolResult {
         "qemu_version": rec.get("qemu_version").cloned().unwrap_or(Value::Null),
         "seccomp": vm::pid(&rec).and_then(crate::qemu::process::seccomp),
     });
+    if let Some(e) = crate::ops::egress::info(&name, &rec) {
+        out["egress_proxy"] = e["egress_proxy"].clone();
+        out["egress"] = e;
+    }
     if let Some(m) = settled {
         if let Some(d) = &m.detail {
             out["detail"] = json!(d);

@@ -7,9 +7,10 @@ use serde_json::{json, Value};
 
 use crate::clock;
 use crate::mcp::tool::{Args, ToolError};
+use crate::net::egress::rules::Rule;
 use crate::ops::checks::checked_path;
 use crate::ops::launch::{ARCHES, DEFAULT_CPUS, DEFAULT_FIRMWARE, DEFAULT_MEMORY_MB};
-use crate::ops::launch_args::LaunchArgs;
+use crate::ops::launch_args::{egress_rules, LaunchArgs};
 use crate::ops::sandbox_request::SandboxRequest;
 use crate::state::roots::Access;
 
@@ -28,7 +29,7 @@ pub fn sandbox_request(args: &Args) -> Result<SandboxRequest, ToolError> {
         base_image: text("base_image")?,
         disk_size: text("disk_size")?,
         launch: launch_args(args)?,
-        allow_network: args.bool_or("allow_network", false)?,
+        allow_network: allow_network_arg(args)?.0.unwrap_or(false),
         wait_agent_s: args.opt_f64("wait_agent_s")?,
         wait_cloud_init: args.bool_or("wait_cloud_init", false)?,
         wait_cloud_init_s: args.opt_f64("wait_cloud_init_s")?,
@@ -38,6 +39,7 @@ pub fn sandbox_request(args: &Args) -> Result<SandboxRequest, ToolError> {
 /// launch_vm's parameters (which sandbox_vm, template_create and image_prepare share), typed.
 pub fn launch_args(args: &Args) -> Result<LaunchArgs, ToolError> {
     let text = |k: &str| args.opt_str(k).map(|v| v.map(str::to_string));
+    let (allow, egress) = allow_network_arg(args)?;
     Ok(LaunchArgs {
         arch: text("arch")?,
         machine: text("machine")?,
@@ -51,9 +53,51 @@ pub fn launch_args(args: &Args) -> Result<LaunchArgs, ToolError> {
         append: text("append")?,
         extra_args: args.str_list("extra_args")?,
         no_net: args.bool_or("no_net", false)?,
-        restrict_net: args.bool_or("restrict_net", false)?,
+        restrict_net: args.bool_or("restrict_net", false)? || allow == Some(false),
         port_forwards: args.opt_str_list("port_forwards")?,
         cloud_init: args.get("cloud_init").cloned(),
+        egress,
+    })
+}
+
+/// `allow_network`: true, false, or a list of egress rules, parsed here so that a malformed
+/// rule is refused before anything starts. A list (even empty) keeps the network restricted;
+/// a non-empty one adds the VM's egress proxy.
+pub fn allow_network_arg(args: &Args) -> Result<(Option<bool>, Vec<Rule>), ToolError> {
+    match args.get("allow_network") {
+        None => Ok((None, Vec::new())),
+        Some(Value::Bool(b)) => Ok((Some(*b), Vec::new())),
+        Some(Value::Array(items)) => {
+            let list = items
+                .iter()
+                .map(|v| v.as_str().map(str::to_string))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| ToolError::new("allow_network rules must be strings"))?;
+            Ok((Some(false), egress_rules(&list)?))
+        }
+        Some(_) => Err(ToolError::new(
+            "allow_network must be true, false, or a list of rules (\"host\", \"host:port\", \
+             \"*.domain\")",
+        )),
+    }
+}
+
+/// The `allow_network` parameter of sandbox_vm and launch_vm.
+pub fn allow_network_schema(default: bool) -> Value {
+    json!({
+        "anyOf": [
+            {"type": "boolean"},
+            {"type": "array", "items": {"type": "string"},
+             "maxItems": crate::net::egress::rules::MAX_RULES}
+        ],
+        "default": default,
+        "description": "Guest-initiated network: true (all), false (none; port forwards still \
+            work), or a list of rules: \"host\", \"host:port\", \"*.domain\" (ports 80 and \
+            443 unless given). With rules the guest reaches only an HTTP proxy (vm_info's \
+            egress_proxy, http://10.0.2.2:3128; plain HTTP by absolute URL, HTTPS by CONNECT) \
+            that lets through the names the rules allow and answers 403 to the rest; an IP \
+            address passes only a rule that is that address. guest_exec and cloud_init seeds \
+            get http_proxy/https_proxy set."
     })
 }
 
@@ -125,6 +169,7 @@ pub fn launch_props() -> Value {
                             otherwise."
         },
         "no_net": {"type": "boolean", "default": false, "description": "No network card at all."},
+        "allow_network": allow_network_schema(true),
         "restrict_net": {
             "type": "boolean", "default": false,
             "description": "Block guest-initiated traffic (port forwards still work)."
@@ -221,7 +266,7 @@ pub fn sandbox_props() -> Value {
             "items": {"type": "string"},
             "description": "null means [\"auto:22\"]; [] means none."
         },
-        "allow_network": {"type": "boolean", "default": false},
+        "allow_network": allow_network_schema(false),
         "wait_agent_s": {"type": "number", "minimum": 0, "maximum": 3600, "default": 90},
         "kernel": {"type": "string"},
         "initrd": {"type": "string"},

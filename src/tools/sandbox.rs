@@ -11,8 +11,9 @@ use crate::ops::sandbox;
 const SANDBOX_DESCRIPTION: &str = "Create a qcow2 overlay on base_image (the base is never \
     modified), launch a VM on it, and wait up to wait_agent_s seconds for qemu-guest-agent to \
     answer, with progress. Then use guest_exec / guest_file_* and finally sandbox_destroy. \
-    Guest-initiated network traffic is blocked unless allow_network=true (port forwards still \
-    work; default forwards one auto host port to guest port 22). The agent can answer before the \
+    Guest-initiated network traffic is blocked unless allow_network=true, or limited to the \
+    names in allow_network rules (an HTTP/HTTPS proxy, see allow_network); port forwards still \
+    work; default forwards one auto host port to guest port 22. The agent can answer before the \
     guest has finished booting. kernel/initrd/append boot a kernel directly (the base image then \
     serves as a data disk).";
 

@@ -19,8 +19,7 @@ use crate::mcp::tool::{Logger, ToolDef};
 use crate::mcp::transport::Output;
 use crate::mcp::workers::Workers;
 
-/// Tools per `tools/list` page unless `MCQEMU_TOOLS_PAGE_SIZE` says otherwise: more than there
-/// are, so that clients that do not follow cursors still see every tool.
+/// Tools per `tools/list` page unless `MCQEMU_TOOLS_PAGE_SIZE` says otherwise.
 const DEFAULT_PAGE_SIZE: usize = 100;
 
 /// The server state shared by the reader, the workers and the signal thread.
