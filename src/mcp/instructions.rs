@@ -16,7 +16,8 @@ pub const INSTRUCTIONS: &str = concat!(
      the guest agent), sandbox_vm; then guest_exec, guest_file_read, guest_file_write; \
      sandbox_destroy at the end.\n",
     "2. Drive a desktop or an installer: launch_vm with iso (a disk from image_create); look with \
-     vm_screenshot, act with vm_click, vm_type_text, vm_send_keys.\n",
+     vm_screenshot, act with vm_click, vm_type_text, vm_send_keys, and after each action \
+     vm_screen_wait (returns the screen once it changed and held still).\n",
     "3. Boot a kernel and read its serial console: launch_vm with kernel, initrd and append \
      (console=ttyS0); then vm_serial_wait for a string, vm_serial_read for the tail.\n",
     "Many fast sandboxes of one kind: template_create once (a base image plus setup commands), \

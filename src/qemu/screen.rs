@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 pub use super::encode::{encode, scale_encode};
-pub use super::frame::{ppm_header, Frame, Png, ScreenError, MAX_DIM};
+pub use super::frame::{ppm_header, Frame, Png, Rect, ScreenError, MAX_DIM};
 use super::qmp::{Qmp, QmpError};
 
 /// The longer edge an inline screenshot is scaled down to by default: hosts reject or shrink
