@@ -27,6 +27,9 @@ pub const POLL: Duration = Duration::from_millis(100);
 /// Longest wait a call may ask for.
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(600);
 
+/// Captures in a row that may fail on the host's side before the wait fails.
+const MAX_FAILED_POLLS: u32 = 3;
+
 /// Longest one poll's monitor session may take (a frozen QEMU ends the wait after it).
 const POLL_BUDGET: Duration = Duration::from_secs(10);
 
@@ -147,27 +150,38 @@ pub fn wait(
     // The latest distinct frames (region digest, frame), newest last: what a settled set is.
     let mut recent: VecDeque<(u64, Arc<Frame>)> = VecDeque::new();
     let mut polls = 0u32;
+    let mut failed = 0u32;
     loop {
         work.check_cancel()?;
         let tick = Instant::now();
         let budget = deadline
             .saturating_duration_since(tick)
             .clamp(Duration::from_secs(1), POLL_BUDGET);
-        let (status, running, frame) =
-            poll(name, rec, budget).map_err(|e| explain(name, rec, e, started.elapsed()))?;
+        let (status, running, frame) = match poll(name, rec, budget) {
+            Ok(got) => {
+                failed = 0;
+                got
+            }
+            // A capture that failed on this host's side (not the monitor's): the next poll
+            // takes another.
+            Err(CaptureError::Io(e)) if failed < MAX_FAILED_POLLS => {
+                failed += 1;
+                work.log(
+                    "warning",
+                    &format!("screen wait on {name:?}: {e}; polling again"),
+                );
+                std::thread::sleep(POLL);
+                continue;
+            }
+            Err(e) => return Err(explain(name, rec, e, started.elapsed())),
+        };
         polls += 1;
         if !running {
             return Err(not_running(name, &status));
         }
         let digest = frame.digest(req.region);
         let frame = Arc::new(frame);
-        if recent.back().is_none_or(|(d, _)| *d != digest) {
-            recent.retain(|(d, _)| *d != digest);
-            recent.push_back((digest, frame.clone()));
-            if recent.len() > 3 {
-                recent.pop_front();
-            }
-        }
+        keep_recent(&mut recent, digest, &frame);
         let at_ms = started.elapsed().as_millis() as u64;
         if let Verdict::Settled(set) = watch.observe(at_ms, digest) {
             let frames = set
@@ -178,21 +192,8 @@ pub fn wait(
         }
         let now = Instant::now();
         if now >= deadline {
-            let moved = watch.moved();
-            let changed = moved && !watch.baseline().contains(&digest);
-            let reason = if moved {
-                format!(
-                    "the screen changed but did not hold still for {} ms within {} s",
-                    req.stable_ms,
-                    req.timeout.as_secs_f64()
-                )
-            } else {
-                format!(
-                    "the screen did not change within {} s",
-                    req.timeout.as_secs_f64()
-                )
-            };
-            let facts = (changed, !moved, at_ms, polls);
+            let (changed, stable, reason) = timed_out(&watch, digest, req);
+            let facts = (changed, stable, at_ms, polls);
             return outcome(name, vec![frame], req, facts, Some(reason));
         }
         let said = if watch.moved() {
@@ -208,6 +209,33 @@ pub fn wait(
         let next = (tick + POLL).min(deadline);
         std::thread::sleep(next.saturating_duration_since(Instant::now()));
     }
+}
+
+/// Keeps `frame` (region digest `digest`) among the latest 3 distinct frames, newest last.
+fn keep_recent(recent: &mut VecDeque<(u64, Arc<Frame>)>, digest: u64, frame: &Arc<Frame>) {
+    if recent.back().is_none_or(|(d, _)| *d != digest) {
+        recent.retain(|(d, _)| *d != digest);
+        recent.push_back((digest, frame.clone()));
+        if recent.len() > 3 {
+            recent.pop_front();
+        }
+    }
+}
+
+/// (changed, stable, reason) of a wait that timed out on a frame with digest `digest`.
+fn timed_out(watch: &Watch, digest: u64, req: &WaitRequest) -> (bool, bool, String) {
+    let moved = watch.moved();
+    let changed = moved && !watch.baseline().contains(&digest);
+    let secs = req.timeout.as_secs_f64();
+    let reason = if moved {
+        format!(
+            "the screen changed but did not hold still for {} ms within {secs} s",
+            req.stable_ms
+        )
+    } else {
+        format!("the screen did not change within {secs} s")
+    };
+    (changed, !moved, reason)
 }
 
 /// The outcome from the final `frames` (the returned one first), remembered as the VM's
