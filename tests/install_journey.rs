@@ -10,9 +10,9 @@
 //! the journey ends there (the README says how to go on by hand where the mirror serves them).
 //!
 //! Measured under TCG (1 vCPU, 1 GiB): the language menu 53 s after launch_vm on an idle host
-//! (GRUB reading the 40 MB initrd through the BIOS is ~20-35 s of it), the hostname question
-//! 88 s, the shell's answer on the serial console ~110 s; 93 / 175 / 200 s with the host's two
-//! cores loaded by other builds (load 6).
+//! (GRUB reading the 40 MB initrd through the BIOS is 20-37 s of it), the hostname question
+//! 88 s; with the host's two cores loaded by other builds (load 4-6), 93-102 s, 175-191 s,
+//! and the shell's answer on the serial console at 200-215 s.
 //!
 //! Screens are told apart without reading text: each is a settled screen (vm_screen_wait) that
 //! differs from the one before, and the installer's own screens are its colours (QEMU's VGA
