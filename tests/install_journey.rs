@@ -9,10 +9,10 @@
 //! boot line; this project's machines' route to deb.debian.org answers 404 for .udeb files, so
 //! the journey ends there (the README says how to go on by hand where the mirror serves them).
 //!
-//! Measured under TCG (1 vCPU, 1 GiB): the language menu 53 s after launch_vm on an idle host
-//! (GRUB reading the 40 MB initrd through the BIOS is 20-37 s of it), the hostname question
-//! 88 s; with the host's two cores loaded by other builds (load 4-6), 93-102 s, 175-191 s,
-//! and the shell's answer on the serial console at 200-215 s.
+//! Measured under TCG (1 vCPU, 1 GiB), launch_vm to: the language menu 39-53 s on a quiet host
+//! (GRUB reading the 40 MB initrd through the BIOS is 16-37 s of it), the hostname question
+//! 85-88 s, the shell's answer on the serial console 104-107 s; with the host's two cores
+//! loaded by other builds (load 4-6), 93-102 s, 175-191 s and 200-215 s.
 //!
 //! Screens are told apart without reading text: each is a settled screen (vm_screen_wait) that
 //! differs from the one before, and the installer's own screens are its colours (QEMU's VGA
@@ -176,15 +176,24 @@ impl Journey {
         self.wait_prompt(label, 1500, within);
     }
 
-    /// Types a name into one of the installer's fields, one character a call: typed in one
-    /// vm_type_text call (at delay_ms 30 or 200, or 4 characters a call), characters went
-    /// missing in its newt entry fields under TCG ("mcq-journey" arrived as "mcq-j",
-    /// "mcq-journe", "mcq-jouney"), while its shell got every character of a 130-character
-    /// line typed in one call.
+    /// Types a name (lower-case letters, digits, '-' and '.') into one of the installer's
+    /// fields as key presses (vm_send_keys: each held 100 ms, 50 ms apart). Typed with
+    /// vm_type_text, characters went missing in its newt entry fields under TCG, in one call
+    /// (delay_ms 30 or 200), 4 characters a call or one ("mcq-journey" arrived as "mcq-j",
+    /// "mcq-journe", "mcq-jouney", "mq-jouney"), while its shell got every character of a
+    /// 130-character line typed in one call.
     fn type_name(&mut self, text: &str) {
-        for c in text.chars() {
-            self.type_line(&c.to_string());
-        }
+        let keys: Vec<String> = text
+            .chars()
+            .map(|c| match c {
+                '-' => "minus".to_string(),
+                '.' => "dot".to_string(),
+                c => c.to_string(),
+            })
+            .collect();
+        self.lab
+            .srv()
+            .call_ok("vm_send_keys", json!({"name": self.name, "keys": keys}));
     }
 
     /// Types `text` in one vm_type_text call.
