@@ -9,7 +9,8 @@
 //! the test guest, [`VmKiller`]), through its `try_` helpers, which return a readable error
 //! instead of panicking. Its own files: this one (the server rows), `mcp_latency/report.rs`
 //! (statistics and the printed table), `mcp_latency/vm.rs` (the diskless VM rows and the VM
-//! cleanup) and `mcp_latency/guest.rs` (the test-guest and sandbox_vm rows).
+//! cleanup), `mcp_latency/guest.rs` (the test-guest and sandbox_vm rows) and
+//! `mcp_latency/screen_wait.rs` (the vm_screen_wait row, on the same guest).
 //!
 //! Adding a row: build what it needs (a warm [`Server`], a file in [`TempDir`]), then call
 //! `bench.time("name", Some(target), || { ...; Ok(()) })`, or `bench.measure(...)` when the
@@ -68,6 +69,8 @@ mod pools;
 mod pull;
 #[path = "mcp_latency/report.rs"]
 mod report;
+#[path = "mcp_latency/screen_wait.rs"]
+mod screen_wait;
 #[path = "mcp_latency/stock.rs"]
 mod stock;
 #[path = "mcp_latency/template_bench.rs"]

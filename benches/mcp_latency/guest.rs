@@ -237,6 +237,8 @@ pub fn guest_rows(vb: &VmBench, table: &mut Table, g: &Guest) -> Res<()> {
          ({png_bytes} PNG bytes)"
     ));
 
+    crate::screen_wait::screen_wait_row(vb, table, &mut server, name)?;
+
     vb.slow.time(
         table,
         "vm_type_text 10 chars (delay_ms 30)",

@@ -16,16 +16,15 @@ pub const INSTRUCTIONS: &str = concat!(
      the guest agent), sandbox_vm; then guest_exec, guest_file_read, guest_file_write; \
      sandbox_destroy at the end.\n",
     "2. Drive a desktop or an installer: launch_vm with iso (a disk from image_create); look with \
-     vm_screenshot, act with vm_click, vm_type_text, vm_send_keys.\n",
+     vm_screenshot, act with vm_click, vm_drag, vm_scroll, vm_type_text, vm_send_keys; after \
+     each action vm_screen_wait returns the screen once it has settled.\n",
     "3. Boot a kernel and read its serial console: launch_vm with kernel, initrd and append \
      (console=ttyS0); then vm_serial_wait for a string, vm_serial_read for the tail.\n",
     "Many fast sandboxes of one kind: template_create once (a base image plus setup commands), \
      then sandbox_vm {\"template\": NAME} starts a clone in well under a second. \
-     sandbox_fork copies a running sandbox N ways; sandbox_suspend/sandbox_resume park one on \
-     disk.\n",
-    "Roots: every host path (disks, ISOs, kernels, images, screenshot files) must lie inside the \
-     roots, which are the client's roots or the operator's --root folders; a refusal names \
-     them.\n",
+     sandbox_fork copies a running one; sandbox_suspend/sandbox_resume park one on disk.\n",
+    "Roots: every host path (disks, ISOs, kernels, images, screenshots) must lie inside the \
+     roots: the client's roots or the operator's --root folders; a refusal names them.\n",
     "Long calls (image_pull, image_prepare, sandbox_vm, template_create, guest_exec) report \
      progress when the request carries a progressToken, and stop when cancelled.\n",
     "Resources: mcqemu://vm/{name}/serial (last 256 KiB of the console log) and \

@@ -1,10 +1,11 @@
 //! A VM's screen as a bounded PNG: the one capture `vm_screenshot` and the screen resource
 //! share. The monitor is held for the capture only; scaling and encoding happen after it.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::qemu::qmp;
-use crate::qemu::screen::{self, Bounds, CaptureError, Shot};
+use crate::qemu::screen::{self, Bounds, CaptureError, Frame, ScreenError, Shot};
 use crate::qemu::vm;
 use crate::state::registry::Record;
 
@@ -33,8 +34,12 @@ pub const INLINE: Bounds = Bounds {
     max_bytes: Some(screen::DEFAULT_MAX_BYTES),
 };
 
-/// A captured screen: its size, and the PNG within the bounds asked for.
+/// A captured screen: its size, its digest, and the PNG within the bounds asked for.
 pub struct Capture {
+    /// The captured frame, full size.
+    pub frame: Arc<Frame>,
+    /// The frame's digest ([`Frame::digest`] of the whole screen): what `hash` reports.
+    pub hash: u64,
     /// The screen's width in pixels.
     pub screen_width: u32,
     /// The screen's height in pixels.
@@ -53,21 +58,46 @@ pub fn capture(
     bounds: &Bounds,
     wait: Wait,
 ) -> Result<Capture, CaptureError> {
+    let frame = grab(name, rec, wait)?;
+    finish(Arc::new(frame), bounds).map_err(CaptureError::Screen)
+}
+
+/// The screen of VM `name` as QEMU dumps it, unscaled and unencoded (see [`capture`]).
+pub fn grab(name: &str, rec: &Record, wait: Wait) -> Result<Frame, CaptureError> {
     let dir = vm::state_dir(name);
     let socket = vm::qmp_socket(rec);
-    let frame = match wait {
-        Wait::Queue => qmp::with_session(&socket, |q| screen::capture(q, &dir))?,
+    match wait {
+        Wait::Queue => qmp::with_session(&socket, |q| screen::capture(q, &dir)),
         Wait::Within { monitor, all } => {
             let deadline = Instant::now() + all;
             qmp::with_session_within(&socket, monitor.min(all), |q| {
                 screen::capture_by(q, &dir, Some(deadline))
-            })?
+            })
         }
-    };
-    let shot = screen::render(&frame, bounds).map_err(CaptureError::Screen)?;
+    }
+}
+
+/// A captured frame made into a [`Capture`]: scaled and encoded within `bounds`, and digested.
+pub fn finish(frame: Arc<Frame>, bounds: &Bounds) -> Result<Capture, ScreenError> {
+    let shot = screen::render(&frame, bounds)?;
     Ok(Capture {
         screen_width: frame.width,
         screen_height: frame.height,
+        hash: frame.digest(None),
+        frame,
         shot,
     })
+}
+
+/// A digest as the tools show it: 16 lower-case hex digits.
+pub fn hash_text(hash: u64) -> String {
+    format!("{hash:016x}")
+}
+
+/// A digest from its text ([`hash_text`]); `None` when it is not 1-16 hex digits.
+pub fn parse_hash(text: &str) -> Option<u64> {
+    if text.is_empty() || text.len() > 16 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    u64::from_str_radix(text, 16).ok()
 }

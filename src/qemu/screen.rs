@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 pub use super::encode::{encode, scale_encode};
-pub use super::frame::{ppm_header, Frame, Png, ScreenError, MAX_DIM};
+pub use super::frame::{ppm_header, Frame, Png, Rect, ScreenError, MAX_DIM};
 use super::qmp::{Qmp, QmpError};
 
 /// The longer edge an inline screenshot is scaled down to by default: hosts reject or shrink
@@ -225,13 +225,30 @@ fn memfd() -> std::io::Result<(std::fs::File, std::fs::File)> {
     Ok((file, write_only))
 }
 
+/// Seals `file` against writes and resizing. F_SEAL_WRITE fails with EBUSY while a page of
+/// the file has an extra reference (a pin, or a page not yet out of another CPU's LRU batch;
+/// seen once in ~800 screendumps of vm_screen_wait on a loaded 2-core host), so then
+/// F_SEAL_FUTURE_WRITE takes its place: it refuses every later write(2) and writable mapping
+/// just the same, and checks no page references.
+fn seal(file: &std::fs::File) -> std::io::Result<()> {
+    let base = libc::F_SEAL_SEAL | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+    for write_seal in [libc::F_SEAL_WRITE, libc::F_SEAL_FUTURE_WRITE] {
+        // SAFETY: fcntl on a descriptor owned by `file`, with an integer argument.
+        if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, base | write_seal) } == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EBUSY) {
+            return Err(e);
+        }
+    }
+    Err(std::io::Error::from_raw_os_error(libc::EBUSY))
+}
+
 /// Reads the PPM QEMU wrote into `file`, sealed first (no more writes, no resizing): what is
 /// read is what QEMU wrote, however QEMU behaves from then on.
 fn read_memfd(mut file: std::fs::File) -> Result<Vec<u8>, CaptureError> {
-    let seals = libc::F_SEAL_SEAL | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE;
-    // SAFETY: fcntl on a descriptor owned by `file`, with an integer argument.
-    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
-        let e = std::io::Error::last_os_error();
+    if let Err(e) = seal(&file) {
         return Err(CaptureError::Io(format!(
             "cannot seal the screen dump: {e}"
         )));

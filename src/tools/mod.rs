@@ -27,6 +27,8 @@ pub mod presets;
 pub mod pull;
 pub mod resources;
 pub mod sandbox;
+pub mod screen_params;
+pub mod screen_wait;
 pub mod screenshot;
 pub mod serial;
 pub mod snapshot;
@@ -53,6 +55,7 @@ pub static ALL: &[ToolDef] = &[
     snapshot::DELETE,
     snapshot::LIST,
     screenshot::SCREENSHOT,
+    screen_wait::SCREEN_WAIT,
     keyboard::SEND_KEYS,
     keyboard::TYPE_TEXT,
     drive::CLICK,

@@ -5,13 +5,13 @@ use std::path::PathBuf;
 
 use serde_json::json;
 
-use super::{object, presets, vm_name_arg};
+use super::{object, presets, screen_params, vm_name_arg};
 use crate::b64;
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::ops::screen::{self as ops_screen, Wait};
 use crate::ops::session::{self, SessionError};
 use crate::qemu::qmp::{Qmp, QmpError};
-use crate::qemu::screen::{self, Bounds, CaptureError, Frame};
+use crate::qemu::screen::{self, CaptureError, Frame};
 use crate::qemu::vm;
 use crate::state::registry::Record;
 use crate::state::roots::Access;
@@ -33,19 +33,14 @@ pub fn capture(q: &mut Qmp, name: &str) -> Session<Frame> {
     })
 }
 
-/// Largest `max_edge`, `max_width` and `max_height`: the largest screen a capture accepts.
-const MAX_BOUND: i64 = screen::MAX_DIM as i64;
-
-/// Smallest `max_bytes`.
-const MIN_BYTES: i64 = 16 * 1024;
-
 const SCREENSHOT_DESCRIPTION: &str = "Capture the VM's screen as a PNG image. Returned inline \
     (MCP image content), a screen whose longer edge is over 1568 px is scaled down to 1568 \
     (area averaging, as hosts reject or shrink larger images), and the PNG is kept within \
     max_bytes (750000: its base64 stays within 1 MB) by scaling it further if needed; \
     max_edge, max_width and max_height set other bounds (max_edge 16384 returns the full \
     screen). The result gives the image's width and height, the screen's (screen_width, \
-    screen_height) and scale (the image's size divided by the screen's). To click or point at \
+    screen_height), scale (the image's size divided by the screen's) and hash (a digest of the \
+    screen's pixels, for vm_screen_wait's since). To click or point at \
     something seen in a scaled image, pass that scale to vm_click or vm_mouse_move with \
     coordinates read off the image. With path, the PNG is saved to that file instead, at the \
     screen's full size unless bounds are given. Works on paused VMs.";
@@ -63,24 +58,10 @@ pub const SCREENSHOT: ToolDef = ToolDef {
                     "type": "string",
                     "description": "Save the PNG here instead of returning it inline."
                 },
-                "max_edge": {
-                    "type": "integer", "minimum": screen::MIN_EDGE, "maximum": MAX_BOUND,
-                    "description": "Largest longer edge of the image (inline default 1568 when \
-                        neither max_width nor max_height is given; with path, none)."
-                },
-                "max_width": {
-                    "type": "integer", "minimum": screen::MIN_EDGE, "maximum": MAX_BOUND,
-                    "description": "Largest image width."
-                },
-                "max_height": {
-                    "type": "integer", "minimum": screen::MIN_EDGE, "maximum": MAX_BOUND,
-                    "description": "Largest image height."
-                },
-                "max_bytes": {
-                    "type": "integer", "minimum": MIN_BYTES,
-                    "description": "Largest PNG in bytes: a larger one is scaled down until it \
-                        fits (inline default 750000; with path, none)."
-                }
+                "max_edge": screen_params::max_edge_schema(),
+                "max_width": screen_params::max_width_schema(),
+                "max_height": screen_params::max_height_schema(),
+                "max_bytes": screen_params::max_bytes_schema(),
             }),
             &["name"],
         )
@@ -101,6 +82,10 @@ pub const SCREENSHOT: ToolDef = ToolDef {
                 "screen_width": {"type": "integer"},
                 "screen_height": {"type": "integer"},
                 "bytes": {"type": "integer"},
+                "hash": {
+                    "type": "string",
+                    "description": "A digest of the screen's pixels: vm_screen_wait's since."
+                },
                 "format": {"type": "string"},
                 "path": {"type": ["string", "null"]}
             },
@@ -113,52 +98,13 @@ pub const SCREENSHOT: ToolDef = ToolDef {
     handler: screenshot,
 };
 
-/// A positive integer argument no larger than `max`, if given.
-fn bound_arg(args: &Args, key: &str, min: i64, max: i64) -> Result<Option<u32>, ToolError> {
-    match args.opt_i64(key)? {
-        None => Ok(None),
-        Some(v) if (min..=max).contains(&v) => Ok(Some(v as u32)),
-        Some(v) => Err(ToolError::new(format!(
-            "{key} must be between {min} and {max}, not {v}; nothing was captured"
-        ))),
-    }
-}
-
-/// The screenshot's bounds from its arguments: inline, the longer edge defaults to
-/// [`screen::DEFAULT_MAX_EDGE`] unless a width or height bound is given, and the PNG to
-/// [`screen::DEFAULT_MAX_BYTES`]; saved to a file, only the bounds given apply.
-fn bounds(args: &Args, inline: bool) -> Result<Bounds, ToolError> {
-    let max_width = bound_arg(args, "max_width", i64::from(screen::MIN_EDGE), MAX_BOUND)?;
-    let max_height = bound_arg(args, "max_height", i64::from(screen::MIN_EDGE), MAX_BOUND)?;
-    let mut max_edge = bound_arg(args, "max_edge", i64::from(screen::MIN_EDGE), MAX_BOUND)?;
-    if inline && max_edge.is_none() && max_width.is_none() && max_height.is_none() {
-        max_edge = Some(screen::DEFAULT_MAX_EDGE);
-    }
-    let max_bytes = match args.opt_i64("max_bytes")? {
-        Some(v) if v < MIN_BYTES => {
-            return Err(ToolError::new(format!(
-                "max_bytes must be at least {MIN_BYTES}, not {v}; nothing was captured"
-            )))
-        }
-        Some(v) => Some(usize::try_from(v).unwrap_or(usize::MAX)),
-        None if inline => Some(screen::DEFAULT_MAX_BYTES),
-        None => None,
-    };
-    Ok(Bounds {
-        max_width,
-        max_height,
-        max_edge,
-        max_bytes,
-    })
-}
-
 fn screenshot(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     let name = vm_name_arg(args)?;
     let save_to: Option<PathBuf> = match args.opt_str("path")? {
         Some(_) => Some(super::path_arg(args, "path", Access::Write)?),
         None => None,
     };
-    let bounds = bounds(args, save_to.is_none())?;
+    let bounds = screen_params::bounds(args, save_to.is_none())?;
     let rec = live(&name)?;
     // The one capture path (the screen resource takes it too): the monitor is held for the
     // capture only; scaling and encoding happen after it.
@@ -170,8 +116,10 @@ fn screenshot(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     let mut out = json!({
         "name": name, "width": png.width, "height": png.height, "scale": shot.scale,
         "screen_width": got.screen_width, "screen_height": got.screen_height,
-        "bytes": png.data.len(), "format": "png", "path": null
+        "bytes": png.data.len(), "format": "png", "path": null,
+        "hash": ops_screen::hash_text(got.hash)
     });
+    crate::ops::screen_memory::remember(&name, vec![got.frame.clone()]);
     if let Some(p) = save_to {
         // A temporary file beside the target, renamed into place, all relative to the folder
         // opened beneath its root: no symlink is followed, and a failed write leaves nothing.
@@ -190,27 +138,4 @@ fn screenshot(_ctx: &ToolCtx, args: &Args) -> ToolResult {
             json!({"type": "image", "data": b64::encode(&png.data), "mimeType": "image/png"}),
         ],
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use serde_json::Value;
-
-    use super::*;
-
-    #[test]
-    fn inline_screenshots_are_bounded_by_default_and_files_are_not() {
-        let args = |v: Value| Args(v.as_object().unwrap().clone());
-        let b = bounds(&args(json!({"name": "a"})), true).unwrap();
-        assert_eq!(b.max_edge, Some(screen::DEFAULT_MAX_EDGE));
-        assert_eq!(b.max_bytes, Some(screen::DEFAULT_MAX_BYTES));
-        let b = bounds(&args(json!({"name": "a"})), false).unwrap();
-        assert_eq!(b, Bounds::default());
-        // A width or height bound replaces the default edge; bytes keep theirs.
-        let b = bounds(&args(json!({"name": "a", "max_width": 1024})), true).unwrap();
-        assert_eq!((b.max_width, b.max_edge), (Some(1024), None));
-        assert_eq!(b.max_bytes, Some(screen::DEFAULT_MAX_BYTES));
-        assert!(bounds(&args(json!({"max_edge": 5})), true).is_err());
-        assert!(bounds(&args(json!({"max_bytes": 100})), true).is_err());
-    }
 }

@@ -16,6 +16,7 @@
 //! - `guest.rs`: the test guest ([`test_guest`]).
 //! - `cloud.rs`: the test cloud image, Debian with cloud-init ([`test_cloud_image`]).
 //! - `desktop.rs`: the desktop image (Xorg, openbox, a Tk program logging its input).
+//! - `installer.rs`: the Debian 12 installer ISO ([`test_installer`]).
 //! - `stock.rs`: the stock-shaped cloud image (GPT, GRUB, the cloud kernel, no agent).
 //! - `qemu10.rs`: QEMU 10.0 unpacked beside the system's 7.2.
 //! - `cli.rs`: bounded runs of the `mcqemu` CLI and of external programs.
@@ -38,6 +39,7 @@ pub mod evdev;
 mod files;
 mod guest;
 mod http;
+mod installer;
 mod lab;
 mod qemu;
 pub mod qemu10;
@@ -50,6 +52,6 @@ mod tools;
 // part of the re-export unused.
 #[allow(unused_imports)]
 pub use self::{
-    cli::*, cloud::*, files::*, guest::*, http::*, lab::*, qemu::*, security::*, server::*,
-    tools::*,
+    cli::*, cloud::*, files::*, guest::*, http::*, installer::*, lab::*, qemu::*, security::*,
+    server::*, tools::*,
 };

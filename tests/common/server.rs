@@ -503,11 +503,19 @@ impl Drop for Server {
 }
 
 /// The roots a test server gets unless a test sets `MCQEMU_ROOTS` itself: the temporary folder
-/// (where every test keeps its files) and the test-guest cache under `target/`.
+/// (where every test keeps its files) and the test-guest and installer-ISO caches under
+/// `target/`.
 pub fn test_roots() -> String {
     let guest = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("target")
         .join("test-guest");
     let _ = std::fs::create_dir_all(&guest);
-    format!("{}:{}", std::env::temp_dir().display(), guest.display())
+    let installer = super::installer::installer_dir();
+    let _ = std::fs::create_dir_all(&installer);
+    format!(
+        "{}:{}:{}",
+        std::env::temp_dir().display(),
+        guest.display(),
+        installer.display()
+    )
 }
