@@ -11,6 +11,16 @@ use super::error::OpError;
 use crate::qemu::keys;
 use crate::qemu::qmp::{Qmp, QmpError};
 
+/// Maps a coordinate of a scaled image of the screen (`image` pixels along this axis for
+/// `screen` screen pixels) to the screen pixel under the image pixel's centre.
+pub fn to_screen(pos: i64, image: u32, screen: u32) -> i64 {
+    if image >= screen || image == 0 {
+        return pos;
+    }
+    let p = ((pos as f64 + 0.5) * f64::from(screen) / f64::from(image)).floor() as i64;
+    p.min(i64::from(screen) - 1)
+}
+
 /// Pause between commands the guest must see separately: QEMU's PS/2 mouse queue holds four
 /// packets, and a button change that finds it full is merged into the next one (the tablet's
 /// virtqueue is larger, but the guest must still see a down before its up).

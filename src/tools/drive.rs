@@ -8,6 +8,7 @@ use serde_json::{json, Value};
 use super::screenshot::{capture, live, Session};
 use super::{object, presets, vm_name_arg};
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use crate::ops::pointer::to_screen;
 use crate::ops::session;
 use crate::qemu::qmp::{Qmp, QmpError};
 use crate::qemu::screen;
@@ -39,16 +40,6 @@ fn scale_arg(args: &Args) -> Result<f64, ToolError> {
              screen's, as vm_screenshot returns it), not {s}; nothing was sent"
         ))),
     }
-}
-
-/// Maps a coordinate of a scaled image of the screen (`image` pixels along this axis for
-/// `screen` screen pixels) to the screen pixel under the image pixel's centre.
-pub fn to_screen(pos: i64, image: u32, screen: u32) -> i64 {
-    if image >= screen || image == 0 {
-        return pos;
-    }
-    let p = ((pos as f64 + 0.5) * f64::from(screen) / f64::from(image)).floor() as i64;
-    p.min(i64::from(screen) - 1)
 }
 
 fn button_event(button: &str, down: bool) -> Value {
@@ -101,7 +92,7 @@ pub const CLICK: ToolDef = ToolDef {
                     "type": "string", "enum": ["left", "right", "middle"], "default": "left"
                 },
                 "double": {"type": "boolean", "default": false},
-                "hold": super::pointer::hold_param()
+                "hold": super::params::hold_param()
             }),
             &["name", "x", "y"],
         )
@@ -137,7 +128,7 @@ fn click(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     let scale = scale_arg(args)?;
     let button = args.str_or("button", "left")?.to_string();
     let double = args.bool_or("double", false)?;
-    let hold = super::pointer::hold_arg(args)?;
+    let hold = super::params::hold_arg(args)?;
     let rec = live(&name)?;
     // The image the coordinates were read from: the screen at `scale`, sized as vm_screenshot
     // sized it, so that its pixels map back exactly.

@@ -357,3 +357,18 @@ pub fn snapshots_of(info: &Value) -> Vec<Value> {
         })
         .unwrap_or_default()
 }
+
+/// The `hold` parameter, shared with vm_click.
+pub fn hold_param() -> Value {
+    json!({
+        "type": "array", "items": {"type": "string"}, "maxItems": crate::ops::pointer::MAX_HOLD,
+        "description": "Modifier keys held down from before the first button change to after \
+            the last (shift-click, ctrl-drag): shift, ctrl, alt, altgr, win, or their _r keys."
+    })
+}
+
+/// The `hold` argument, checked: modifiers only.
+pub fn hold_arg(args: &Args) -> Result<Vec<&'static str>, ToolError> {
+    let names = args.opt_str_list("hold")?.unwrap_or_default();
+    Ok(crate::ops::pointer::modifiers(&names)?)
+}

@@ -7,28 +7,12 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::drive::to_screen;
 use super::screenshot::{capture, live};
 use super::{object, presets, vm_name_arg};
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
-use crate::ops::pointer::{self, Point, Step, Wheel};
+use crate::ops::pointer::{self, to_screen, Point, Step, Wheel};
 use crate::ops::session;
 use crate::qemu::screen;
-
-/// The `hold` parameter, shared with vm_click.
-pub fn hold_param() -> Value {
-    json!({
-        "type": "array", "items": {"type": "string"}, "maxItems": pointer::MAX_HOLD,
-        "description": "Modifier keys held down from before the first button change to after \
-            the last (shift-click, ctrl-drag): shift, ctrl, alt, altgr, win, or their _r keys."
-    })
-}
-
-/// The `hold` argument, checked: modifiers only.
-pub fn hold_arg(args: &Args) -> Result<Vec<&'static str>, ToolError> {
-    let names = args.opt_str_list("hold")?.unwrap_or_default();
-    Ok(pointer::modifiers(&names)?)
-}
 
 fn scale_param() -> Value {
     json!({
@@ -139,7 +123,7 @@ pub const DRAG: ToolDef = ToolDef {
                 "button": {
                     "type": "string", "enum": ["left", "right", "middle"], "default": "left"
                 },
-                "hold": hold_param(),
+                "hold": super::params::hold_param(),
                 "steps": {
                     "type": "integer", "minimum": 1, "maximum": pointer::MAX_STEPS,
                     "default": 12, "description": "Moves between press and release."
@@ -182,7 +166,7 @@ fn drag(ctx: &ToolCtx, args: &Args) -> ToolResult {
             "button must be left, right or middle, not {button:?}; nothing was sent"
         )));
     }
-    let hold = hold_arg(args)?;
+    let hold = super::params::hold_arg(args)?;
     let steps = args
         .i64_or("steps", 12)?
         .clamp(1, i64::from(pointer::MAX_STEPS)) as u32;
@@ -219,7 +203,7 @@ pub const SCROLL: ToolDef = ToolDef {
                 "clicks": {
                     "type": "integer", "minimum": 1, "maximum": pointer::MAX_STEPS, "default": 1
                 },
-                "hold": hold_param()
+                "hold": super::params::hold_param()
             }),
             &["name", "x", "y"],
         )
@@ -265,7 +249,7 @@ fn scroll(ctx: &ToolCtx, args: &Args) -> ToolResult {
             pointer::MAX_STEPS
         )));
     }
-    let hold = hold_arg(args)?;
+    let hold = super::params::hold_arg(args)?;
     let sent = send_at(ctx, &name, &[(x, y)], scale, |p, s| {
         pointer::scroll_plan(p[0], s, dir, clicks as u32, &hold)
     })?;
