@@ -63,8 +63,9 @@ fn loopback_up() -> Result<(), String> {
         pad: [0; 22],
     };
     req.name[..2].copy_from_slice(b"lo");
+    // The request's type is c_ulong in glibc and c_int in musl: `as _` fits either.
     // SAFETY: SIOCSIFFLAGS reads a struct ifreq, which `req` lays out; fd is ours.
-    let rc = unsafe { libc::ioctl(fd, libc::SIOCSIFFLAGS, &mut req as *mut IfFlags) };
+    let rc = unsafe { libc::ioctl(fd, libc::SIOCSIFFLAGS as _, &mut req as *mut IfFlags) };
     let err = std::io::Error::last_os_error();
     // SAFETY: closing the fd opened above.
     unsafe { libc::close(fd) };
