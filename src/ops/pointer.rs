@@ -21,6 +21,19 @@ pub fn to_screen(pos: i64, image: u32, screen: u32) -> i64 {
     p.min(i64::from(screen) - 1)
 }
 
+/// Maps image pixel (x, y) of a screenshot at `scale` of a `w`x`h` screen to the screen pixel
+/// under it; None when it is outside that image.
+pub fn screen_point(x: i64, y: i64, scale: f64, w: u32, h: u32) -> Option<Point> {
+    let (iw, ih) = crate::qemu::screen::scaled_size(w, h, scale);
+    if x < 0 || y < 0 || x >= i64::from(iw) || y >= i64::from(ih) {
+        return None;
+    }
+    Some(Point {
+        x: to_screen(x, iw, w) as u32,
+        y: to_screen(y, ih, h) as u32,
+    })
+}
+
 /// Pause between commands the guest must see separately: QEMU's PS/2 mouse queue holds four
 /// packets, and a button change that finds it full is merged into the next one (the tablet's
 /// virtqueue is larger, but the guest must still see a down before its up).

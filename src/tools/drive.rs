@@ -5,43 +5,18 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
+use super::params::{outside_screenshot, scale_arg, scale_param};
 use super::screenshot::{capture, live, Session};
 use super::{object, presets, vm_name_arg};
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
-use crate::ops::pointer::to_screen;
+use crate::ops::pointer::screen_point;
 use crate::ops::session;
 use crate::qemu::qmp::{Qmp, QmpError};
-use crate::qemu::screen;
 
 /// Largest |dx| or |dy| for vm_mouse_move.
 pub const MAX_DELTA: i64 = 20000;
 
 /// The `scale` parameter of vm_click and vm_mouse_move.
-fn scale_param() -> Value {
-    json!({
-        "type": "number", "minimum": MIN_SCALE, "maximum": 1,
-        "description": "The scale of the vm_screenshot the coordinates were read from (as it \
-            returned it): they are then pixels of that image, mapped to the screen. Default 1: \
-            screen pixels."
-    })
-}
-
-/// Smallest `scale` accepted (below any vm_screenshot gives: a 32 px image of a 16384 px screen
-/// is 0.0019).
-const MIN_SCALE: f64 = 0.0001;
-
-/// The `scale` argument: 1 when absent.
-fn scale_arg(args: &Args) -> Result<f64, ToolError> {
-    match args.opt_f64("scale")? {
-        None => Ok(1.0),
-        Some(s) if (MIN_SCALE..=1.0).contains(&s) => Ok(s),
-        Some(s) => Err(ToolError::new(format!(
-            "scale must be between {MIN_SCALE} and 1 (a screenshot's size divided by the \
-             screen's, as vm_screenshot returns it), not {s}; nothing was sent"
-        ))),
-    }
-}
-
 fn button_event(button: &str, down: bool) -> Value {
     json!({"type": "btn", "data": {"down": down, "button": button}})
 }
@@ -132,43 +107,29 @@ fn click(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     let rec = live(&name)?;
     // The image the coordinates were read from: the screen at `scale`, sized as vm_screenshot
     // sized it, so that its pixels map back exactly.
-    let within = |w: u32, h: u32| {
-        let (iw, ih) = screen::scaled_size(w, h, scale);
-        let inside = x >= 0 && y >= 0 && x < i64::from(iw) && y < i64::from(ih);
-        (inside, iw, ih)
-    };
-    let (w, h, sx, sy) = session::monitor(&name, &rec, |q| {
+    let (w, h, at) = session::monitor(&name, &rec, |q| {
         let frame = capture(q, &name)?;
         let (w, h) = (frame.width, frame.height);
         drop(frame);
-        let (inside, iw, ih) = within(w, h);
-        if !inside {
-            return Ok((w, h, -1, -1));
-        }
-        let (sx, sy) = (to_screen(x, iw, w), to_screen(y, ih, h));
+        let Some(at) = screen_point(x, y, scale, w, h) else {
+            return Ok((w, h, None));
+        };
         q.execute(
             "input-send-event",
             Some(json!({"events": [
-                {"type": "abs", "data": {"axis": "x", "value": abs_axis(sx as u32, w)}},
-                {"type": "abs", "data": {"axis": "y", "value": abs_axis(sy as u32, h)}}
+                {"type": "abs", "data": {"axis": "x", "value": abs_axis(at.x, w)}},
+                {"type": "abs", "data": {"axis": "y", "value": abs_axis(at.y, h)}}
             ]})),
         )?;
         press_keys(q, &hold, true)?;
         click_cmds(q, &button, double)?;
         press_keys(q, &hold, false)?;
-        Ok((w, h, sx, sy))
+        Ok((w, h, Some(at)))
     })?;
-    if sx < 0 {
-        let (_, iw, ih) = within(w, h);
-        return Err(ToolError::new(if scale < 1.0 {
-            format!(
-                "({x}, {y}) is outside the {iw}x{ih} screenshot (scale {scale}) of the {w}x{h} \
-                 screen; nothing was sent"
-            )
-        } else {
-            format!("({x}, {y}) is outside the {w}x{h} screen; nothing was sent")
-        }));
-    }
+    let Some(at) = at else {
+        return Err(outside_screenshot(x, y, scale, w, h));
+    };
+    let (sx, sy) = (at.x, at.y);
     Ok(ToolOutput::json(json!({
         "name": name, "x": x, "y": y, "scale": scale, "screen_x": sx, "screen_y": sy,
         "button": button, "hold": hold, "screen_width": w, "screen_height": h
@@ -366,6 +327,8 @@ fn send_moves(ctx: &ToolCtx, q: &mut Qmp, plan: &[(i64, i64)]) -> Session<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::pointer::to_screen;
+    use crate::qemu::screen;
 
     #[test]
     fn relative_steps_sum_and_stay_small() {

@@ -372,3 +372,42 @@ pub fn hold_arg(args: &Args) -> Result<Vec<&'static str>, ToolError> {
     let names = args.opt_str_list("hold")?.unwrap_or_default();
     Ok(crate::ops::pointer::modifiers(&names)?)
 }
+
+/// The `scale` parameter of the pointer tools.
+pub fn scale_param() -> Value {
+    json!({
+        "type": "number", "minimum": MIN_SCALE, "maximum": 1,
+        "description": "The scale of the vm_screenshot the coordinates were read from (as it \
+            returned it): they are then pixels of that image, mapped to the screen. Default 1: \
+            screen pixels."
+    })
+}
+
+/// Smallest `scale` accepted (below any vm_screenshot gives: a 32 px image of a 16384 px screen
+/// is 0.0019).
+const MIN_SCALE: f64 = 0.0001;
+
+/// The `scale` argument: 1 when absent.
+pub fn scale_arg(args: &Args) -> Result<f64, ToolError> {
+    match args.opt_f64("scale")? {
+        None => Ok(1.0),
+        Some(s) if (MIN_SCALE..=1.0).contains(&s) => Ok(s),
+        Some(s) => Err(ToolError::new(format!(
+            "scale must be between {MIN_SCALE} and 1 (a screenshot's size divided by the \
+             screen's, as vm_screenshot returns it), not {s}; nothing was sent"
+        ))),
+    }
+}
+
+/// The error for a point outside the screenshot (or screen) it was read from.
+pub fn outside_screenshot(x: i64, y: i64, scale: f64, w: u32, h: u32) -> ToolError {
+    let (iw, ih) = crate::qemu::screen::scaled_size(w, h, scale);
+    ToolError::new(if scale < 1.0 {
+        format!(
+            "({x}, {y}) is outside the {iw}x{ih} screenshot (scale {scale}) of the {w}x{h} \
+             screen; nothing was sent"
+        )
+    } else {
+        format!("({x}, {y}) is outside the {w}x{h} screen; nothing was sent")
+    })
+}

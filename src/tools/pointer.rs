@@ -5,58 +5,14 @@
 
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde_json::json;
 
+use super::params::{outside_screenshot as outside, scale_arg, scale_param};
 use super::screenshot::{capture, live};
 use super::{object, presets, vm_name_arg};
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
-use crate::ops::pointer::{self, to_screen, Point, Step, Wheel};
+use crate::ops::pointer::{self, screen_point, Point, Step, Wheel};
 use crate::ops::session;
-use crate::qemu::screen;
-
-fn scale_param() -> Value {
-    json!({
-        "type": "number", "minimum": 0.0001, "maximum": 1,
-        "description": "The scale of the vm_screenshot the coordinates were read from: they are \
-            then pixels of that image. Default 1: screen pixels."
-    })
-}
-
-fn scale_arg(args: &Args) -> Result<f64, ToolError> {
-    match args.opt_f64("scale")? {
-        None => Ok(1.0),
-        Some(s) if (0.0001..=1.0).contains(&s) => Ok(s),
-        Some(s) => Err(ToolError::new(format!(
-            "scale must be between 0.0001 and 1 (as vm_screenshot returns it), not {s}; nothing \
-             was sent"
-        ))),
-    }
-}
-
-/// Maps image pixel (x, y) of a screenshot at `scale` of a `w`x`h` screen to the screen pixel
-/// under it; None when it is outside that image.
-pub fn screen_point(x: i64, y: i64, scale: f64, w: u32, h: u32) -> Option<Point> {
-    let (iw, ih) = screen::scaled_size(w, h, scale);
-    if x < 0 || y < 0 || x >= i64::from(iw) || y >= i64::from(ih) {
-        return None;
-    }
-    Some(Point {
-        x: to_screen(x, iw, w) as u32,
-        y: to_screen(y, ih, h) as u32,
-    })
-}
-
-fn outside(x: i64, y: i64, scale: f64, w: u32, h: u32) -> ToolError {
-    let (iw, ih) = screen::scaled_size(w, h, scale);
-    ToolError::new(if scale < 1.0 {
-        format!(
-            "({x}, {y}) is outside the {iw}x{ih} screenshot (scale {scale}) of the {w}x{h} \
-             screen; nothing was sent"
-        )
-    } else {
-        format!("({x}, {y}) is outside the {w}x{h} screen; nothing was sent")
-    })
-}
 
 /// What a gesture did: the screen's size, the screen pixels used, the commands sent.
 struct Sent {
@@ -263,6 +219,7 @@ fn scroll(ctx: &ToolCtx, args: &Args) -> ToolResult {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Value;
 
     fn refusal(tool: &ToolDef, args: Value) -> String {
         let map = args.as_object().cloned().unwrap_or_default();
