@@ -176,24 +176,16 @@ impl Journey {
         self.wait_prompt(label, 1500, within);
     }
 
-    /// Types a name (lower-case letters, digits, '-' and '.') into one of the installer's
-    /// fields as key presses (vm_send_keys: each held 100 ms, 50 ms apart). Typed with
-    /// vm_type_text, characters went missing in its newt entry fields under TCG, in one call
-    /// (delay_ms 30 or 200), 4 characters a call or one ("mcq-journey" arrived as "mcq-j",
-    /// "mcq-journe", "mcq-jouney", "mq-jouney"), while its shell got every character of a
-    /// 130-character line typed in one call.
+    /// Types a name into one of the installer's fields in one vm_type_text call, right after
+    /// the vm_send_keys that cleared the field. Before both tools sent their keys the same way
+    /// (ops::keyboard), the clear's last backspaces were still queued in QEMU when the name
+    /// went past them, and deleted some of it ("mcq-journey" arrived as "mcq-j", "mcq-jouney").
     fn type_name(&mut self, text: &str) {
-        let keys: Vec<String> = text
-            .chars()
-            .map(|c| match c {
-                '-' => "minus".to_string(),
-                '.' => "dot".to_string(),
-                c => c.to_string(),
-            })
-            .collect();
-        self.lab
-            .srv()
-            .call_ok("vm_send_keys", json!({"name": self.name, "keys": keys}));
+        self.lab.srv().call_ok_within(
+            "vm_type_text",
+            json!({"name": self.name, "text": text}),
+            STEP,
+        );
     }
 
     /// Types `text` in one vm_type_text call.
