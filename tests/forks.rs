@@ -22,12 +22,16 @@ const STEP: Duration = Duration::from_secs(180);
 /// Guest memory of every sandbox here.
 const MEMORY_MB: u64 = 256;
 
-/// The counting process, the tmpfs value, the disk's first sector and a web server on 8080
-/// serving the tmpfs.
+/// The counting process (its file replaced whole, so a reader never sees it half-written),
+/// the tmpfs value, the disk's first sector and a web server on 8080 serving the tmpfs.
 const SETUP: &str = "mkdir -p /t && mount -t tmpfs t /t && echo VALUE > /t/v && chmod 755 /t && chmod 644 /t/v && \
     head -c 512 /dev/zero | tr '\\000' D | dd of=/dev/vda bs=512 count=1 conv=fsync 2>/dev/null || exit 1; \
-    (i=0; while :; do i=$((i+1)); echo $i > /t/count; sleep 0.1; done) </dev/null >/dev/null 2>&1 & \
+    (i=0; while :; do i=$((i+1)); echo $i > /t/c.new && mv /t/c.new /t/count; sleep 0.1; done) </dev/null >/dev/null 2>&1 & \
     busybox httpd -p 8080 -h /t </dev/null >/dev/null 2>&1; sleep 0.5; cat /t/count";
+
+/// One fork test at a time: three at once on two cores were seen to crash a copy's kernel
+/// about once in a hundred copies (the cause is not found yet).
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn lab_with_base(label: &str) -> (Lab, std::path::PathBuf) {
     test_guest();
@@ -80,12 +84,31 @@ fn counts(s: &mut Server, name: &str) -> (u64, u64) {
 }
 
 /// What the guest sees: the tmpfs value and the first byte of its disk (page cache dropped).
+/// A failed read shows as its error in place of the value.
 fn seen(s: &mut Server, name: &str) -> String {
     sh(
         s,
         name,
-        "echo 3 > /proc/sys/vm/drop_caches; cat /t/v; dd if=/dev/vda bs=1 count=1 2>/dev/null",
+        "echo 3 > /proc/sys/vm/drop_caches; cat /t/v 2>&1; dd if=/dev/vda bs=1 count=1 2>/dev/null",
     )
+}
+
+/// Asserts what `name` sees ([`seen`]); a mismatch also shows the guest's tmpfs and its
+/// kernel's last words.
+fn assert_seen(s: &mut Server, name: &str, want: &str) {
+    let got = seen(s, name);
+    if got != want {
+        let why = sh(
+            s,
+            name,
+            "ls -la /t; grep ' /t ' /proc/mounts; dmesg | tail -n 20",
+        );
+        let serial = s.call_ok("vm_serial_read", json!({"name": name, "tail_lines": 120}));
+        panic!(
+            "{name} sees {got:?}, not {want:?}\n{why}\nits serial console:\n{}",
+            serial["text"].as_str().unwrap_or_default()
+        );
+    }
 }
 
 fn vm_status(s: &mut Server, name: &str) -> Option<String> {
@@ -104,6 +127,7 @@ fn forks_left(lab: &Lab) -> Vec<String> {
 
 #[test]
 fn a_running_sandbox_forks_four_ways_and_each_copy_goes_its_own_way() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let (mut lab, base) = lab_with_base("fork");
     sandbox(&mut lab, "p", &base);
     let before = counts(lab.srv(), "p").1;
@@ -140,7 +164,7 @@ fn a_running_sandbox_forks_four_ways_and_each_copy_goes_its_own_way() {
     assert!(f["parent_paused_ms"].as_u64().is_some(), "{f}");
     for c in &copies {
         assert_eq!(vm_status(lab.srv(), c).as_deref(), Some("running"), "{c}");
-        assert_eq!(seen(lab.srv(), c), "VALUE\nD", "{c}");
+        assert_seen(lab.srv(), c, "VALUE\nD");
         let (a, b) = counts(lab.srv(), c);
         assert!(
             a >= before && b > a,
@@ -157,9 +181,9 @@ fn a_running_sandbox_forks_four_ways_and_each_copy_goes_its_own_way() {
         "echo ONE > /t/v && head -c 512 /dev/zero | tr '\\000' 1 | dd of=/dev/vda bs=512 \
          count=1 conv=fsync 2>/dev/null",
     );
-    assert_eq!(seen(lab.srv(), "p-fork-1"), "ONE\n1");
+    assert_seen(lab.srv(), "p-fork-1", "ONE\n1");
     for other in ["p", "p-fork-2", "p-fork-3", "p-fork-4"] {
-        assert_eq!(seen(lab.srv(), other), "VALUE\nD", "{other}");
+        assert_seen(lab.srv(), other, "VALUE\nD");
     }
     // Each copy draws its own randomness.
     let mut draws: Vec<String> = copies
@@ -180,7 +204,7 @@ fn a_running_sandbox_forks_four_ways_and_each_copy_goes_its_own_way() {
         STEP,
     );
     lab.killer.track(&ff["copies"][0]);
-    assert_eq!(seen(lab.srv(), "grandchild"), "ONE\n1");
+    assert_seen(lab.srv(), "grandchild", "ONE\n1");
     let (a, b) = counts(lab.srv(), "grandchild");
     assert!(b > a, "grandchild counter {a} -> {b}");
     // The parent forked again, on top of its first fork.
@@ -190,7 +214,7 @@ fn a_running_sandbox_forks_four_ways_and_each_copy_goes_its_own_way() {
         STEP,
     );
     lab.killer.track(&again["copies"][0]);
-    assert_eq!(seen(lab.srv(), "second"), "VALUE\nD");
+    assert_seen(lab.srv(), "second", "VALUE\nD");
     let d = lab
         .srv()
         .call_ok_within("sandbox_destroy", json!({"name": "second"}), STEP);
@@ -269,6 +293,7 @@ fn http_get(port: u64, path: &str) -> String {
 
 #[test]
 fn a_suspended_sandbox_survives_a_server_restart_and_resumes_where_it_was() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let (mut lab, base) = lab_with_base("susp");
     let sb = sandbox(&mut lab, "s", &base);
     let port = sb["port_forwards"][0]["host"].as_u64().unwrap();
@@ -304,7 +329,7 @@ fn a_suspended_sandbox_survives_a_server_restart_and_resumes_where_it_was() {
     eprintln!("sandbox_resume: {} ms ({})", r["resume_ms"], r["steps_ms"]);
     assert_eq!(r["status"], json!("running"), "{r}");
     assert_eq!(r["port_forwards"][0]["host"].as_u64(), Some(port), "{r}");
-    assert_eq!(seen(&mut s, "s"), "VALUE\nD");
+    assert_seen(&mut s, "s", "VALUE\nD");
     let (a, b) = counts(&mut s, "s");
     assert!(a >= before && b > a, "counter {before} -> {a} -> {b}");
     assert_eq!(http_get(port, "/v"), "VALUE\n");
@@ -319,6 +344,7 @@ fn a_suspended_sandbox_survives_a_server_restart_and_resumes_where_it_was() {
 
 #[test]
 fn template_delete_is_refused_while_a_fork_of_its_clone_stands_on_its_disk() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let (mut lab, _base) = lab_with_base("tfork");
     let g = test_guest();
     let t = lab.srv().call_ok_within(
@@ -342,7 +368,7 @@ fn template_delete_is_refused_while_a_fork_of_its_clone_stands_on_its_disk() {
         STEP,
     );
     lab.killer.track(&f["copies"][0]);
-    assert_eq!(seen(lab.srv(), "forked"), "VALUE\nD");
+    assert_seen(lab.srv(), "forked", "VALUE\nD");
     let d = lab
         .srv()
         .call_ok_within("sandbox_destroy", json!({"name": "clone"}), STEP);
