@@ -29,8 +29,9 @@ const SETUP: &str = "mkdir -p /t && mount -t tmpfs t /t && echo VALUE > /t/v && 
     (i=0; while :; do i=$((i+1)); echo $i > /t/c.new && mv /t/c.new /t/count; sleep 0.1; done) </dev/null >/dev/null 2>&1 & \
     busybox httpd -p 8080 -h /t </dev/null >/dev/null 2>&1; sleep 0.5; cat /t/count";
 
-/// One fork test at a time: three at once on two cores were seen to crash a copy's kernel
-/// about once in a hundred copies (the cause is not found yet).
+/// One fork test at a time: each runs up to seven TCG guests, too many at once for two cores.
+/// (A copy's kernel was seen to crash about once in fifty copies with or without this; issue
+/// 26 stays open on it.)
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn lab_with_base(label: &str) -> (Lab, std::path::PathBuf) {

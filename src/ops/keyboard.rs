@@ -7,15 +7,12 @@
 //! after therefore interleaved: in the Debian installer, the last of 16 backspaces that cleared
 //! a field arrived after the first characters typed into it and deleted them (QEMU's trace
 //! showed the guest reading every scancode, in that interleaved order). Planned as plain
-//! [`Step`]s, so the order and pacing are unit-tested, then sent by [`run`].
+//! [`Step`]s, so the order and pacing are unit-tested, then sent by [`super::input::run`].
 
 use std::time::Duration;
 
-use serde_json::{json, Value};
-
-use super::pointer::Step;
+use super::input::{key_event, Step};
 use crate::qemu::keys::KeyEvent;
-use crate::qemu::qmp::{Qmp, QmpError};
 
 /// Key events per command: QEMU's PS/2 keyboard queue holds 16 bytes and drops what does not
 /// fit before the guest reads it; a typed character is one byte per event (no extended keys).
@@ -26,10 +23,6 @@ const CHORD_KEYS_PER_COMMAND: usize = 8;
 /// The shortest pause after a command of key events: the guest must drain the keyboard queue
 /// before the next command arrives, or keys are lost (measured: 0 ms loses keys under TCG).
 pub const MIN_GAP: Duration = Duration::from_millis(10);
-
-fn key_event(q: &str, down: bool) -> Value {
-    json!({"type": "key", "data": {"down": down, "key": {"type": "qcode", "data": q}}})
-}
 
 /// Presses (or releases) `keys` in order, at most [`CHORD_KEYS_PER_COMMAND`] a command.
 fn chord_edge(plan: &mut Vec<Step>, keys: &[&str], down: bool) {
@@ -86,54 +79,12 @@ pub fn text_plan(chars: &[Vec<KeyEvent>], gap: Duration) -> Vec<Step> {
         .collect()
 }
 
-/// What [`run`] sent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Sent {
-    /// Commands sent.
-    pub commands: usize,
-    /// False when `cancelled` stopped it early (keys already down were still released).
-    pub complete: bool,
-}
-
-/// Sends the plan in order. `cancelled` is asked after each command; once it answers yes,
-/// only commands that release keys are still sent, so no key stays down.
-pub fn run(q: &mut Qmp, plan: &[Step], cancelled: &dyn Fn() -> bool) -> Result<Sent, QmpError> {
-    let mut sent = Sent {
-        commands: 0,
-        complete: true,
-    };
-    for step in plan {
-        match step {
-            Step::Pause(d) if sent.complete => std::thread::sleep(*d),
-            Step::Pause(_) => {}
-            Step::Send(events) => {
-                if !sent.complete && !releases_only(events) {
-                    continue;
-                }
-                q.execute("input-send-event", Some(json!({ "events": events })))?;
-                sent.commands += 1;
-                if sent.complete && cancelled() {
-                    sent.complete = false;
-                }
-            }
-        }
-    }
-    Ok(sent)
-}
-
-fn releases_only(events: &[Value]) -> bool {
-    events.iter().all(|e| e["data"]["down"] == json!(false))
-}
-
-/// Commands in a plan.
-pub fn commands(plan: &[Step]) -> usize {
-    plan.iter().filter(|s| matches!(s, Step::Send(_))).count()
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::input::commands;
     use super::*;
     use crate::qemu::keys;
+    use serde_json::json;
 
     /// The plan as text: "+a" a press, "-a" a release, "|" a command boundary, "~N" a pause.
     fn show(plan: &[Step]) -> String {

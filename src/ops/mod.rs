@@ -18,6 +18,7 @@ pub mod guest;
 pub mod guest_clock;
 pub mod guest_run;
 pub mod guest_stream;
+pub mod input;
 pub mod keyboard;
 pub mod launch;
 pub mod launch_args;

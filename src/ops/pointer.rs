@@ -1,15 +1,16 @@
 //! Pointer gestures as QMP `input-send-event` command sequences: a click, a drag (button down at
 //! one point, moves, up at another) and wheel turns, each optionally with modifier keys held
 //! from before the first button change to after the last. Planned as plain [`Step`]s (so the
-//! order and pacing are unit-tested) and then sent by [`run`].
+//! order and pacing are unit-tested) and then sent by [`super::input::run`].
 
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde_json::json;
 
 use super::error::OpError;
+use super::input::key_event;
+pub use super::input::Step;
 use crate::qemu::keys;
-use crate::qemu::qmp::{Qmp, QmpError};
 
 /// Maps a coordinate of a scaled image of the screen (`image` pixels along this axis for
 /// `screen` screen pixels) to the screen pixel under the image pixel's centre.
@@ -56,15 +57,6 @@ pub const MAX_STEPS: u32 = 200;
 const MODIFIERS: &[&str] = &[
     "shift", "shift_r", "ctrl", "ctrl_r", "alt", "alt_r", "altgr", "meta_l", "meta_r",
 ];
-
-/// One thing to do: send these events in one command, or wait.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Step {
-    /// One `input-send-event` command with these events.
-    Send(Vec<Value>),
-    /// A pause.
-    Pause(Duration),
-}
 
 /// A point on a screen of a given size (screen pixels).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,11 +123,7 @@ fn button(name: &str, down: bool) -> Step {
 }
 
 fn keys_event(hold: &[&str], down: bool) -> Step {
-    Step::Send(
-        hold.iter()
-            .map(|k| json!({"type": "key", "data": {"down": down, "key": {"type": "qcode", "data": k}}}))
-            .collect(),
-    )
+    Step::Send(hold.iter().map(|k| key_event(k, down)).collect())
 }
 
 /// Wraps `inner` in the modifiers' presses and releases (reverse order), each paced.
@@ -231,41 +219,11 @@ pub fn scroll_plan(
     plan
 }
 
-/// The number of commands a plan sends.
-pub fn commands(plan: &[Step]) -> usize {
-    plan.iter().filter(|s| matches!(s, Step::Send(_))).count()
-}
-
-/// Sends the plan in order. `cancelled` is asked between steps; a cancel stops sending but
-/// still releases any button and modifier the plan pressed, so that the guest is not left
-/// with a key or button held down.
-pub fn run(q: &mut Qmp, plan: &[Step], cancelled: &dyn Fn() -> bool) -> Result<bool, QmpError> {
-    let mut stopped = false;
-    for step in plan {
-        match step {
-            Step::Pause(d) => std::thread::sleep(*d),
-            Step::Send(events) => {
-                if stopped && !releases(events) {
-                    continue;
-                }
-                q.execute("input-send-event", Some(json!({ "events": events })))?;
-            }
-        }
-        if !stopped && cancelled() {
-            stopped = true;
-        }
-    }
-    Ok(!stopped)
-}
-
-/// Whether a command only releases buttons or keys.
-fn releases(events: &[Value]) -> bool {
-    events.iter().all(|e| e["data"]["down"] == json!(false))
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::input::commands;
     use super::*;
+    use serde_json::Value;
 
     fn sends(plan: &[Step]) -> Vec<Vec<Value>> {
         plan.iter()
@@ -389,16 +347,6 @@ mod tests {
             .0
             .contains("not a modifier"));
         assert!(modifiers(&list(&["shift", "ctrl", "alt", "altgr", "meta_l"])).is_err());
-    }
-
-    #[test]
-    fn only_releases_are_sent_after_a_cancel() {
-        assert!(releases(&[
-            json!({"type": "btn", "data": {"down": false, "button": "left"}})
-        ]));
-        assert!(!releases(&[
-            json!({"type": "abs", "data": {"axis": "x", "value": 1}})
-        ]));
     }
 
     #[test]

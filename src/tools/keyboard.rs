@@ -7,6 +7,7 @@ use serde_json::{json, Value};
 
 use super::{object, presets, vm_name_arg};
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use crate::ops::input;
 use crate::ops::keyboard;
 use crate::ops::records;
 use crate::ops::session;
@@ -94,13 +95,13 @@ fn send_keys(ctx: &ToolCtx, args: &Args) -> ToolResult {
         Duration::from_millis(delay),
     );
     let sent = session::monitor(&name, &rec, |q| {
-        Ok(keyboard::run(q, &plan, &|| ctx.cancelled())?)
+        Ok(input::run(q, &plan, &|| ctx.cancelled())?)
     })?;
     if !sent.complete {
         return Err(ToolError::new(format!(
             "cancelled after {} of {} key commands (keys pressed were released)",
             sent.commands,
-            keyboard::commands(&plan)
+            input::commands(&plan)
         )));
     }
     Ok(ToolOutput::json(
@@ -160,9 +161,9 @@ fn type_text(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let events = keys::type_events(&text)?;
     let plan = keyboard::text_plan(&events, gap);
     let rec = live(&name)?;
-    let commands = keyboard::commands(&plan);
+    let commands = input::commands(&plan);
     let sent = session::monitor(&name, &rec, |q| {
-        Ok(keyboard::run(q, &plan, &|| ctx.cancelled())?)
+        Ok(input::run(q, &plan, &|| ctx.cancelled())?)
     })?;
     if !sent.complete {
         return Err(ToolError::new(format!(

@@ -11,7 +11,8 @@ use super::params::{outside_screenshot as outside, scale_arg, scale_param};
 use super::screenshot::{capture, live};
 use super::{object, presets, vm_name_arg};
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
-use crate::ops::pointer::{self, screen_point, Point, Step, Wheel};
+use crate::ops::input::{self, Step};
+use crate::ops::pointer::{self, screen_point, Point, Wheel};
 use crate::ops::session;
 
 /// What a gesture did: the screen's size, the screen pixels used, the commands sent.
@@ -43,14 +44,14 @@ fn send_at(
             }
         }
         let plan = make(&pts, (w, h));
-        let done = pointer::run(q, &plan, &|| ctx.cancelled())?;
-        if !done {
+        let sent = input::run(q, &plan, &|| ctx.cancelled())?;
+        if !sent.complete {
             return Err(ToolError::new("cancelled (buttons and keys released)").into());
         }
         Ok(Sent {
             screen: (w, h),
             points: pts,
-            commands: pointer::commands(&plan),
+            commands: sent.commands,
         })
     })?;
     Ok(out)
