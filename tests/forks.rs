@@ -30,8 +30,6 @@ const SETUP: &str = "mkdir -p /t && mount -t tmpfs t /t && echo VALUE > /t/v && 
     busybox httpd -p 8080 -h /t </dev/null >/dev/null 2>&1; sleep 0.5; cat /t/count";
 
 /// One fork test at a time: each runs up to seven TCG guests, too many at once for two cores.
-/// (A copy's kernel was seen to crash about once in fifty copies with or without this; issue
-/// 26 stays open on it.)
 static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn lab_with_base(label: &str) -> (Lab, std::path::PathBuf) {
@@ -127,7 +125,6 @@ fn forks_left(lab: &Lab) -> Vec<String> {
 }
 
 #[test]
-#[ignore = "known defect, issue 26 open: a fork copy's kernel sometimes crashes right after it starts (NULL dereference in the scheduler, then a reboot via panic=-1)"]
 fn a_running_sandbox_forks_four_ways_and_each_copy_goes_its_own_way() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let (mut lab, base) = lab_with_base("fork");
@@ -345,7 +342,6 @@ fn a_suspended_sandbox_survives_a_server_restart_and_resumes_where_it_was() {
 }
 
 #[test]
-#[ignore = "known defect, issue 26 open: a fork copy's kernel sometimes crashes right after it starts"]
 fn template_delete_is_refused_while_a_fork_of_its_clone_stands_on_its_disk() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let (mut lab, _base) = lab_with_base("tfork");

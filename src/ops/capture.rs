@@ -51,7 +51,7 @@ pub struct Plan<'a> {
 }
 
 /// What a capture made and measured.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Captured {
     /// How long the guest was stopped (QEMU's count, the disk step and the restart included).
     pub paused_ms: u64,
@@ -68,6 +68,9 @@ pub struct Captured {
     pub memory_id: String,
     /// Whether the guest was running when captured (a paused one stays stopped).
     pub was_running: bool,
+    /// Whether it was copied while it ran or stopped for the whole copy (a QEMU whose dirty
+    /// tracking loses writes: [`live_migrate::copy_for`]).
+    pub copy: live_migrate::Method,
 }
 
 /// The files of a capture's disks: each disk's overlay for the receiver and, for a fork, the
@@ -141,14 +144,23 @@ impl Drop for Receiver {
 pub fn capture(ctx: &dyn Work, plan: &Plan) -> Result<Captured, OpError> {
     let started = Instant::now();
     let deadline = started + BUDGET;
-    let (memory_id, was_running) = look(plan)?;
+    let Look {
+        memory_id,
+        was_running,
+        copy,
+        vmgenid,
+    } = look(plan)?;
     let scratch = Scratch::new(plan.dest, plan.spec.memory_mb)?;
     let mut recv = Receiver::new(plan.name)?;
     let disks = prepare_disks(plan, &recv.dir)?;
-    let copied = start_receiver(plan, &mut recv, &scratch, &disks, &memory_id).and_then(|()| {
-        ctx.progress_phase("copying the running guest");
-        copy_guest(plan, &recv, &disks, was_running, deadline)
-    });
+    let copied = start_receiver(plan, &mut recv, &scratch, &disks, &memory_id, vmgenid)
+        .and_then(|()| {
+            ctx.progress_phase(match copy {
+                live_migrate::Method::Live => "copying the running guest",
+                live_migrate::Method::Stopped => "copying the guest, stopped",
+            });
+            copy_guest(plan, &recv, &disks, (was_running, copy), deadline)
+        });
     let copy_ms = started.elapsed().as_millis() as u64;
     let paused_ms = match copied {
         Ok(ms) => ms,
@@ -175,6 +187,7 @@ pub fn capture(ctx: &dyn Work, plan: &Plan) -> Result<Captured, OpError> {
         ram_bytes,
         memory_id,
         was_running,
+        copy,
     })
 }
 
@@ -190,9 +203,21 @@ fn ensure_running(plan: &Plan) {
     });
 }
 
-/// The id of the VM's memory backend (the machine's own RAM id when it has no memory file)
-/// and whether the guest runs; refuses a VM that cannot migrate, naming why.
-fn look(plan: &Plan) -> Result<(String, bool), OpError> {
+/// What the capture needs to know of the running VM.
+struct Look {
+    /// The id of its memory backend (the machine's own RAM id when it has no memory file).
+    memory_id: String,
+    /// Whether the guest runs.
+    was_running: bool,
+    /// How its QEMU can copy it soundly.
+    copy: live_migrate::Method,
+    /// Its generation ID, which the receiver takes too (else the receiver's would be written
+    /// into the frozen memory).
+    vmgenid: Option<String>,
+}
+
+/// Looks at the VM; refuses one that cannot migrate, naming why.
+fn look(plan: &Plan) -> Result<Look, OpError> {
     let spec = plan.spec;
     session::monitor(plan.name, plan.rec, |q| {
         let blocked = live_migrate::blockers(q)?;
@@ -206,12 +231,26 @@ fn look(plan: &Plan) -> Result<(String, bool), OpError> {
         }
         let running = q.execute("query-status", None)?;
         let running = running.get("running").and_then(Value::as_bool) == Some(true);
-        let id = match (&spec.memory_id, &spec.memory_file) {
+        let memory_id = match (&spec.memory_id, &spec.memory_file) {
             (Some(id), _) => id.clone(),
             (None, Some(_)) => MEMORY_ID.to_string(),
             (None, None) => default_ram_id(q, &spec.machine)?,
         };
-        Ok((id, running))
+        let (version, kvm) = live_migrate::engine(q)?;
+        let vmgenid = match &spec.vmgenid {
+            Some(_) => q
+                .execute("query-vm-generation-id", None)?
+                .get("guid")
+                .and_then(Value::as_str)
+                .map(str::to_string),
+            None => None,
+        };
+        Ok(Look {
+            memory_id,
+            was_running: running,
+            copy: live_migrate::copy_for(version, kvm),
+            vmgenid,
+        })
     })
 }
 
@@ -310,14 +349,15 @@ impl Disks {
     }
 }
 
-/// Starts the receiving QEMU: the VM's own devices, its memory the shared scratch file, no
-/// forwards, stopped (`-S`) and waiting for the stream.
+/// Starts the receiving QEMU: the VM's own devices and generation ID, its memory the shared
+/// scratch file, no forwards, stopped (`-S`) and waiting for the stream.
 fn start_receiver(
     plan: &Plan,
     recv: &mut Receiver,
     scratch: &Scratch,
     disks: &Disks,
     memory_id: &str,
+    vmgenid: Option<String>,
 ) -> Result<(), OpError> {
     let dir = &recv.dir;
     let mut r = plan.spec.clone();
@@ -334,6 +374,9 @@ fn start_receiver(
     if r.jailed_net {
         r.jailed_net = false;
         r.restrict_net = true;
+    }
+    if vmgenid.is_some() {
+        r.vmgenid = vmgenid;
     }
     r.memory_file = Some((scratch.path().to_path_buf(), true));
     r.memory_id = Some(memory_id.to_string());
@@ -363,13 +406,14 @@ fn start_receiver(
     Ok(())
 }
 
-/// Copies the running guest into the receiver; at the switchover freezes its disk (a fork),
-/// then lets it run on or quits it. Returns how long the guest was stopped, in ms.
+/// Copies the guest (running or stopped, `how`) into the receiver; at the switchover freezes
+/// its disk (a fork), then lets it run on or quits it. Returns how long the guest was stopped,
+/// in ms.
 fn copy_guest(
     plan: &Plan,
     recv: &Receiver,
     disks: &Disks,
-    was_running: bool,
+    (was_running, how): (bool, live_migrate::Method),
     deadline: Instant,
 ) -> Result<u64, OpError> {
     let mut rq = Qmp::connect(&recv.qmp, Duration::from_secs(10))
@@ -378,7 +422,7 @@ fn copy_guest(
         .map_err(|e| OpError::new(format!("the receiving QEMU refused the copy: {e}")))?;
     session::monitor(plan.name, plan.rec, |q| {
         let mut at_switchover = |q: &mut Qmp| freeze(q, plan, disks);
-        let sent = live_migrate::send(q, &recv.migration, deadline, &mut at_switchover)?;
+        let sent = live_migrate::send(q, &recv.migration, deadline, how, &mut at_switchover)?;
         let t = Instant::now();
         match plan.then {
             Then::RunOn if was_running => {

@@ -19,7 +19,7 @@ use super::work::Work;
 use super::{frozen, guest_clock, quota, session, templates};
 use crate::qemu::cmdline::{x86, LaunchSpec};
 use crate::qemu::forwards::resolve_forwards;
-use crate::qemu::{blockdev, migrate, vm};
+use crate::qemu::{blockdev, live_migrate, migrate, vm};
 use crate::state::registry::{valid_name, Record, RegistryError};
 
 /// Most copies one call makes.
@@ -49,6 +49,9 @@ pub struct Forked {
     pub copies: Vec<Value>,
     /// How long the parent was stopped.
     pub parent_paused_ms: u64,
+    /// `live` (stopped only for the last dirty pages) or `stopped` (for the whole copy: a
+    /// QEMU whose live copies lose writes).
+    pub copied: &'static str,
     /// The capture of the parent (its copy into the frozen state).
     pub capture_ms: u64,
     /// The capture's steps: the live copy, the receiver's save, the memory written out.
@@ -115,6 +118,10 @@ pub fn fork(ctx: &dyn Work, req: &ForkRequest) -> Result<Forked, OpError> {
         all_ready_ms: ready(|c| c["ready_at_ms"].as_u64()).max().unwrap_or(0),
         copies,
         parent_paused_ms: captured.paused_ms,
+        copied: match captured.copy {
+            live_migrate::Method::Live => "live",
+            live_migrate::Method::Stopped => "stopped",
+        },
         capture_ms: captured.total_ms,
         capture_steps_ms: json!({"copy": captured.steps_ms[0], "save": captured.steps_ms[1],
                                  "write": captured.steps_ms[2]}),

@@ -2,6 +2,13 @@
 //! socket, with a stop before the switchover (`pause-before-switchover`) at which the caller
 //! freezes the guest's disk at the same instant as its memory. sandbox_fork and sandbox_suspend
 //! capture a VM this way; the guest is stopped only for the last dirty pages and the disk step.
+//!
+//! Except where QEMU's dirty tracking loses writes: under TCG before QEMU 9.0, a guest store
+//! through a TLB entry cached before a dirty-bitmap sync marks no page dirty (fixed upstream by
+//! 03bfc2188f, "physmem: Fix migration dirty bitmap coherency with TCG memory access"), so a
+//! live copy misses pages the guest wrote during it: measured on 7.2, 4 of 9 captures of a busy
+//! guest held 15-22 pages unlike the stopped guest's, and a fork's kernel crashed on them. There
+//! the guest is stopped for the whole copy ([`Method::Stopped`]); see [`copy_for`].
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -14,6 +21,40 @@ use super::qmp::{Qmp, QmpError};
 const MAX_BANDWIDTH: u64 = 64 * 1024 * 1024 * 1024;
 /// The stop QEMU aims at for the last dirty pages, in ms (the default is 300).
 const DOWNTIME_LIMIT_MS: u64 = 50;
+
+/// How the guest is copied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    /// While it runs; stopped only for the last dirty pages.
+    Live,
+    /// Stopped from the start: every page goes once, nothing depends on dirty tracking.
+    Stopped,
+}
+
+/// The copy a QEMU of `version` (major, minor) can make soundly: live under KVM (the kernel
+/// tracks dirty pages) or from QEMU 9.0 on; stopped under TCG before 9.0, whose dirty tracking
+/// loses writes (see the module's comment).
+pub fn copy_for(version: (u64, u64), kvm: bool) -> Method {
+    if kvm || version >= (9, 0) {
+        Method::Live
+    } else {
+        Method::Stopped
+    }
+}
+
+/// The running QEMU's version (major, minor) and whether it runs the guest under KVM.
+pub fn engine(q: &mut Qmp) -> Result<((u64, u64), bool), QmpError> {
+    let v = q.execute("query-version", None)?;
+    let n = |k: &str| {
+        v.get("qemu")
+            .and_then(|q| q.get(k))
+            .and_then(Value::as_u64)
+            .unwrap_or(0)
+    };
+    let kvm = q.execute("query-kvm", None)?;
+    let kvm = kvm.get("enabled").and_then(Value::as_bool) == Some(true);
+    Ok(((n("major"), n("minor")), kvm))
+}
 
 /// What the sender measured.
 #[derive(Debug, Clone, Copy, Default)]
@@ -98,14 +139,16 @@ pub fn wait_received(q: &mut Qmp, deadline: Instant) -> Result<(), QmpError> {
     }
 }
 
-/// Sends the guest to the QEMU listening on `socket` while it runs; once QEMU has stopped it
-/// for the switchover, `at_switchover` runs (the guest stopped, its disks still usable), then
-/// the last state goes. The guest is left stopped (`postmigrate`): the caller lets it run on
-/// (`cont`) or quits it. A failure cancels the migration, which lets a running guest run on.
+/// Sends the guest to the QEMU listening on `socket`, while it runs or stopped first (`how`);
+/// once QEMU has stopped it for the switchover, `at_switchover` runs (the guest stopped, its
+/// disks still usable), then the last state goes. The guest is left stopped (`postmigrate`):
+/// the caller lets it run on (`cont`) or quits it. A failure cancels the migration and lets a
+/// guest that ran run on.
 pub fn send(
     q: &mut Qmp,
     socket: &Path,
     deadline: Instant,
+    how: Method,
     at_switchover: &mut dyn FnMut(&mut Qmp) -> Result<(), QmpError>,
 ) -> Result<Sent, QmpError> {
     q.execute(
@@ -119,9 +162,22 @@ pub fn send(
         "migrate-set-parameters",
         Some(json!({"max-bandwidth": MAX_BANDWIDTH, "downtime-limit": DOWNTIME_LIMIT_MS})),
     )?;
-    let result = run(q, socket, deadline, at_switchover);
+    let stopped_at = match how {
+        Method::Stopped if running(q)? => {
+            q.execute("stop", None)?;
+            Some(Instant::now())
+        }
+        _ => None,
+    };
+    let mut result = run(q, socket, deadline, at_switchover);
     if result.is_err() {
         let _ = q.execute_within("migrate_cancel", None, Duration::from_secs(2));
+        if stopped_at.is_some() {
+            let _ = q.execute_within("cont", None, Duration::from_secs(2));
+        }
+    }
+    if let (Ok(sent), Some(t)) = (&mut result, stopped_at) {
+        sent.downtime_ms = sent.downtime_ms.max(t.elapsed().as_millis() as u64);
     }
     let _ = q.execute_within(
         "migrate-set-capabilities",
@@ -131,6 +187,11 @@ pub fn send(
         Duration::from_secs(2),
     );
     result
+}
+
+fn running(q: &mut Qmp) -> Result<bool, QmpError> {
+    let st = q.execute("query-status", None)?;
+    Ok(st.get("running").and_then(Value::as_bool) == Some(true))
 }
 
 fn run(
@@ -174,5 +235,21 @@ fn measured(st: &Value) -> Sent {
         downtime_ms: n(st.get("downtime")),
         total_ms: n(st.get("total-time")),
         ram_bytes: n(st.get("ram").and_then(|r| r.get("transferred"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_copy_is_stopped_only_where_dirty_tracking_loses_writes() {
+        assert_eq!(copy_for((7, 2), false), Method::Stopped);
+        assert_eq!(copy_for((8, 2), false), Method::Stopped);
+        assert_eq!(copy_for((9, 0), false), Method::Live);
+        assert_eq!(copy_for((10, 0), false), Method::Live);
+        assert_eq!(copy_for((7, 2), true), Method::Live);
+        // A QEMU that names no version is taken for an old one.
+        assert_eq!(copy_for((0, 0), false), Method::Stopped);
     }
 }

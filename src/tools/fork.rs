@@ -12,7 +12,8 @@ use crate::ops::suspend;
 
 const FORK_DESCRIPTION: &str = "Make count live copies of a running sandbox as it is now: \
     memory, disk and running processes. The sandbox is paused only for the last step of the \
-    copy (parent_paused_ms) and runs on. Each copy is an ordinary sandbox (listed, counted in \
+    copy (parent_paused_ms; for the whole copy under TCG before QEMU 9.0, whose live copies \
+    lose writes: copied says which) and runs on. Each copy is an ordinary sandbox (listed, counted in \
     the quotas, removed with sandbox_destroy) with its own disk overlay on a frozen copy of the \
     parent's disk, its own generation ID, clock and randomness, and the parent's guest ports \
     forwarded from new host ports. Copies share the memory they have not changed. Forks of \
@@ -45,6 +46,7 @@ pub const FORK: ToolDef = ToolDef {
                 "parent": {"type": "string"},
                 "copies": {"type": "array", "items": {"type": "object"}},
                 "parent_paused_ms": {"type": "integer"},
+                "copied": {"type": "string", "enum": ["live", "stopped"]},
                 "capture_ms": {"type": "integer"},
                 "first_ready_ms": {"type": "integer"},
                 "all_ready_ms": {"type": "integer"},
