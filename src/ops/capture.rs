@@ -153,8 +153,8 @@ pub fn capture(ctx: &dyn Work, plan: &Plan) -> Result<Captured, OpError> {
     let scratch = Scratch::new(plan.dest, plan.spec.memory_mb)?;
     let mut recv = Receiver::new(plan.name)?;
     let disks = prepare_disks(plan, &recv.dir)?;
-    let copied = start_receiver(plan, &mut recv, &scratch, &disks, &memory_id, vmgenid)
-        .and_then(|()| {
+    let copied =
+        start_receiver(plan, &mut recv, &scratch, &disks, &memory_id, vmgenid).and_then(|()| {
             ctx.progress_phase(match copy {
                 live_migrate::Method::Live => "copying the running guest",
                 live_migrate::Method::Stopped => "copying the guest, stopped",
@@ -242,6 +242,7 @@ fn look(plan: &Plan) -> Result<Look, OpError> {
                 .execute("query-vm-generation-id", None)?
                 .get("guid")
                 .and_then(Value::as_str)
+                .filter(|g| is_guid(g))
                 .map(str::to_string),
             None => None,
         };
@@ -252,6 +253,16 @@ fn look(plan: &Plan) -> Result<Look, OpError> {
             vmgenid,
         })
     })
+}
+
+/// A GUID as QEMU prints one (8-4-4-4-12 hex digits): nothing else reaches the receiver's
+/// command line.
+fn is_guid(g: &str) -> bool {
+    let parts: Vec<&str> = g.split('-').collect();
+    parts.iter().map(|p| p.len()).eq([8, 4, 4, 4, 12])
+        && parts
+            .iter()
+            .all(|p| p.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 /// The RAM id QEMU gives machine `machine` when no memory backend is named (`pc.ram`).
@@ -472,4 +483,17 @@ fn save_receiver(recv: &Receiver, to: &Path, deadline: Instant) -> Result<u64, O
     let bytes = migrate::save(&mut rq, to, deadline).map_err(fail)?;
     let _ = rq.execute_within("quit", None, Duration::from_secs(2));
     Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_guid_is_taken_for_the_receiver() {
+        assert!(is_guid("7741a676-0102-8b4c-a9a1-87e7760e230a"));
+        assert!(!is_guid("7741a676-0102-8b4c-a9a1-87e7760e230"));
+        assert!(!is_guid("7741a676-0102-8b4c-a9a1-87e7760e230a,x=y"));
+        assert!(!is_guid("auto"));
+    }
 }
