@@ -236,6 +236,70 @@ fn a_running_sandbox_forks_four_ways_and_each_copy_goes_its_own_way() {
     assert_eq!(forks_left(&lab), Vec::<String>::new());
 }
 
+/// A writer that checks its own work: one awk process (no exec, so no address-space switch
+/// between its writes) rewrites the 256 KiB file /w/f in tmpfs with lines "N" round after
+/// round, and first reads back the previous round, noting in /w/log any line it did not
+/// write and stopping. In a copy whose memory missed some of the parent's writes, the first
+/// read-back after the start finds the stale pages.
+const WRITER: &str = r#"mkdir -p /w && mount -t tmpfs w /w || exit 1
+awk 'BEGIN { f = "/w/f"; for (i = 1; ; i++) {
+  if (i > 1) { n = 0; bad = 0
+    while ((getline l < f) > 0) { n++; if (l + 0 != i - 1) bad++ }
+    close(f)
+    if (bad || n != 64) { print "round " i ": " bad " of " n " lines unlike what was written" > "/w/log"; close("/w/log"); exit 1 } }
+  for (k = 0; k < 64; k++) printf "%4095d\n", i > f
+  close(f) } }' </dev/null >/dev/null 2>&1 &
+echo $! > /w/pid; sleep 1; kill -0 $(cat /w/pid)"#;
+
+/// After a second: the writer's log (empty when every read-back matched) and whether it
+/// still runs.
+const CHECK: &str = "sleep 1; cat /w/log 2>/dev/null; kill -0 $(cat /w/pid) && echo writing; \
+    dmesg | grep -E 'Oops|BUG:|general protection' | head -n 3; true";
+
+/// A busy sandbox forked three times over: every copy holds each write its parent made, even
+/// those made while the copy was being taken, and its writer runs on. (The lost writes of a
+/// live copy under TCG before QEMU 9.0 depend on timing: this test did not meet them in 18
+/// forced live copies, so the guard against them is the capture's choice of a stopped copy there, not this.)
+#[test]
+fn a_busy_sandbox_is_copied_whole() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let (mut lab, base) = lab_with_base("busy");
+    sandbox(&mut lab, "b", &base);
+    sh(lab.srv(), "b", WRITER);
+    for round in 0..3 {
+        let names: Vec<String> = (1..=2).map(|i| format!("b-{round}-{i}")).collect();
+        let f =
+            lab.srv()
+                .call_ok_within("sandbox_fork", json!({"name": "b", "names": names}), STEP);
+        eprintln!(
+            "busy fork {round}: copied {}, parent paused {} ms",
+            f["copied"], f["parent_paused_ms"]
+        );
+        for c in f["copies"].as_array().unwrap() {
+            lab.killer.track(c);
+        }
+        for n in &names {
+            let out = sh(lab.srv(), n, CHECK);
+            assert_eq!(
+                out, "writing",
+                "{n} (copied {}) lost writes its parent made",
+                f["copied"]
+            );
+            let d = lab
+                .srv()
+                .call_ok_within("sandbox_destroy", json!({"name": n}), STEP);
+            assert_eq!(d["destroyed"], json!(true), "{d}");
+        }
+    }
+    let out = sh(lab.srv(), "b", CHECK);
+    assert_eq!(out, "writing", "the parent's own writer");
+    let d = lab
+        .srv()
+        .call_ok_within("sandbox_destroy", json!({"name": "b"}), STEP);
+    assert_eq!(d["destroyed"], json!(true), "{d}");
+    assert_eq!(forks_left(&lab), Vec::<String>::new());
+}
+
 /// count 0 or 17, an unknown VM, a taken name, and a fork past MCQEMU_MAX_VMS: refused
 /// before anything starts.
 fn refusals(lab: &mut Lab) {

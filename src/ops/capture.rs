@@ -390,6 +390,8 @@ fn start_receiver(
         r.vmgenid = vmgenid;
     }
     r.memory_file = Some((scratch.path().to_path_buf(), true));
+    // In /dev/shm the pages are allocated before the guest stops; a file on disk stays sparse.
+    r.memory_prealloc = scratch.in_memory();
     r.memory_id = Some(memory_id.to_string());
     r.incoming = true;
     r.start_paused = true;

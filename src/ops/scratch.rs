@@ -53,6 +53,11 @@ impl Scratch {
         &self.path
     }
 
+    /// Whether it is in /dev/shm (memory), not the destination file on disk.
+    pub fn in_memory(&self) -> bool {
+        self.temporary
+    }
+
     /// Puts the memory at `to` (written without zero pages when it was in /dev/shm, flushed
     /// to the disk when `durable`: a suspend must survive a host reboot, a fork's copies die
     /// with the host anyway); returns the bytes it takes on disk.

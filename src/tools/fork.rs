@@ -29,7 +29,8 @@ pub const FORK: ToolDef = ToolDef {
             json!({
                 "name": presets::name_schema(),
                 "count": {"type": "integer", "minimum": 1, "maximum": MAX_COPIES, "default": 1,
-                          "description": "How many copies."},
+                          "description": "How many copies (default: one per name in names, \
+                              else 1)."},
                 "names": {"type": "array", "items": presets::name_schema(),
                           "description": "The copies' names, one per copy (default: \
                               NAME-fork-1, NAME-fork-2, ...)."},
@@ -62,11 +63,14 @@ pub const FORK: ToolDef = ToolDef {
 };
 
 fn sandbox_fork(ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let count = args.i64_or("count", 1)?;
+    let names = args.opt_str_list("names")?;
+    // Names alone say how many copies.
+    let given = names.as_ref().map_or(1, |n| n.len() as i64);
+    let count = args.i64_or("count", given)?;
     let req = ForkRequest {
         name: vm_name_arg(args)?,
         count: usize::try_from(count).unwrap_or(0),
-        names: args.opt_str_list("names")?,
+        names,
         wait_agent: wait(args, 60.0)?,
     };
     let forked = fork::fork(ctx, &req)?;
