@@ -384,7 +384,8 @@ fn a_suspended_sandbox_survives_a_server_restart_and_resumes_where_it_was() {
         .srv()
         .call_err("guest_exec", json!({"name": "s", "command": "true"}));
     assert!(e.contains("suspended"), "{e}");
-    // A new server finds it suspended and resumes it.
+    // A new server finds it suspended and resumes it, some seconds later.
+    std::thread::sleep(Duration::from_secs(5));
     let mut s = lab.spawn_server();
     assert_eq!(vm_status(&mut s, "s").as_deref(), Some("suspended"));
     let r = s.call_ok_within("sandbox_resume", json!({"name": "s"}), STEP);
@@ -392,6 +393,17 @@ fn a_suspended_sandbox_survives_a_server_restart_and_resumes_where_it_was() {
     eprintln!("sandbox_resume: {} ms ({})", r["resume_ms"], r["steps_ms"]);
     assert_eq!(r["status"], json!("running"), "{r}");
     assert_eq!(r["port_forwards"][0]["host"].as_u64(), Some(port), "{r}");
+    // Its clock is the host's, though it slept through the restart and the wait above: the
+    // first guest call (which waits for the clock to be set) reads it.
+    let guest_now: u64 = sh(&mut s, "s", "date +%s").parse().unwrap_or(0);
+    let host_now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!(
+        guest_now.abs_diff(host_now) <= 2,
+        "the resumed guest's clock says {guest_now}, the host's {host_now}"
+    );
     assert_seen(&mut s, "s", "VALUE\nD");
     let (a, b) = counts(&mut s, "s");
     assert!(a >= before && b > a, "counter {before} -> {a} -> {b}");

@@ -178,10 +178,10 @@ pub fn resume(ctx: &dyn Work, name: &str, wait: Duration) -> Result<Value, OpErr
     let t_agent = Instant::now();
     let agent = match (&launched.qga_socket, paused) {
         (_, true) => Err("the sandbox was paused when suspended; resume_vm lets it run".into()),
-        // The clock is set before the sandbox is handed back: qemu-ga answers nothing else
-        // while its hwclock runs, and a resumed sandbox's first call should not wait on it.
-        (sock, false) => guest_clock::answer_then_set(Path::new(sock), wait, None)
-            .map(|setter| setter.join().map(|_| ()).unwrap_or(())),
+        // Ready when the agent answers, as a clone is: the clock is set on that same agent
+        // session in the background, so the first guest call waits for it (~70-100 ms of
+        // hwclock) and sees the host's time.
+        (sock, false) => guest_clock::answer_then_set(Path::new(sock), wait, None).map(drop),
     };
     let ms = |d: Duration| (d.as_secs_f64() * 10000.0).round() / 10.0;
     let mut out = launched.to_json();
