@@ -218,6 +218,21 @@ fn a_running_sandbox_forks_four_ways_and_each_copy_goes_its_own_way() {
         .srv()
         .call_ok_within("sandbox_destroy", json!({"name": "second"}), STEP);
     assert_eq!(d["destroyed"], json!(true), "{d}");
+    // The parent's record follows its disk onto the overlay each fork gave it: suspended and
+    // resumed (which starts a QEMU from the record), it has what it wrote after the forks.
+    sh(
+        lab.srv(),
+        "p",
+        "head -c 512 /dev/zero | tr '\\000' P | dd of=/dev/vda bs=512 count=1 conv=fsync \
+         2>/dev/null",
+    );
+    lab.srv()
+        .call_ok_within("sandbox_suspend", json!({"name": "p"}), STEP);
+    let r = lab
+        .srv()
+        .call_ok_within("sandbox_resume", json!({"name": "p"}), STEP);
+    lab.killer.track(&r);
+    assert_seen(lab.srv(), "p", "VALUE\nP");
     refusals(&mut lab);
     // Destroying everything leaves no frozen state behind.
     for n in [

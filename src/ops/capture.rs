@@ -45,9 +45,10 @@ pub struct Plan<'a> {
     pub dest: &'a Path,
     /// Fork or suspend.
     pub then: Then,
-    /// For a fork: the new overlay (a path never used before) the VM's first disk moves onto.
-    /// QEMU reopens images by the name it opened them with, so no file it holds is renamed.
-    pub next_overlay: Option<PathBuf>,
+    /// For a fork: the new overlay (a path never used before) the VM's first disk moves onto,
+    /// and the node name (one its QEMU has not used) it gets there. QEMU reopens images by the
+    /// name it opened them with, so no file it holds is renamed.
+    pub next_overlay: Option<(PathBuf, String)>,
 }
 
 /// What a capture made and measured.
@@ -300,7 +301,7 @@ fn prepare_disks(plan: &Plan, dir: &Path) -> Result<Disks, OpError> {
         for (i, (path, format)) in plan.spec.disks.iter().enumerate() {
             let size = disk_size(path, format)?;
             let mut backing = path.clone();
-            if let (0, Some(next)) = (i, &plan.next_overlay) {
+            if let (0, Some((next, _))) = (i, &plan.next_overlay) {
                 let frozen = plan.dest.join("disk.qcow2");
                 std::fs::hard_link(path, &frozen).map_err(|e| {
                     OpError::new(format!(
@@ -453,11 +454,10 @@ fn copy_guest(
 /// At the switchover (the guest stopped): the first disk moves onto its new overlay and the UEFI
 /// variables are copied as they are now.
 fn freeze(q: &mut Qmp, plan: &Plan, disks: &Disks) -> Result<(), QmpError> {
-    let Some(next) = &disks.next else {
+    let (Some(next), Some((_, node))) = (&disks.next, &plan.next_overlay) else {
         return Ok(());
     };
-    let node = format!("mcq-top-{}-{}", crate::clock::now_secs(), seq());
-    blockdev::snapshot_onto(q, "mcq-disk0", next, &node)?;
+    blockdev::snapshot_onto(q, "mcq-disk0", next, node)?;
     disks.switched.set(true);
     if let Some((_, vars, _)) = &plan.spec.uefi {
         crate::state::copy::private(vars, &plan.dest.join("uefi-vars.fd")).map_err(|e| {
@@ -468,11 +468,6 @@ fn freeze(q: &mut Qmp, plan: &Plan, disks: &Disks) -> Result<(), QmpError> {
         })?;
     }
     Ok(())
-}
-
-fn seq() -> u64 {
-    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Waits for the receiver to hold the whole guest, saves its devices without RAM into `to`,

@@ -81,16 +81,19 @@ pub fn fork(ctx: &dyn Work, req: &ForkRequest) -> Result<Forked, OpError> {
         .map_err(|e| OpError::new(format!("cannot create {}: {e}", dest.display())))?;
     let seed = keep_seed(&spec, &dest)?;
     let next = next_overlay(&req.name);
+    let node = session::monitor(&req.name, &rec, |q| {
+        Ok(blockdev::free_node_name(q, "mcq-top")?)
+    })?;
     let plan = Plan {
         name: &req.name,
         rec: &rec,
         spec: &spec,
         dest: &dest,
         then: Then::RunOn,
-        next_overlay: Some(next.clone()),
+        next_overlay: Some((next.clone(), node.clone())),
     };
     let captured = capture::capture(ctx, &plan);
-    settle_parent(&req.name, &rec, &next, &id);
+    settle_parent(&req.name, &rec, (&next, &node), &id);
     let captured = match captured {
         Ok(c) => c,
         Err(e) => {
@@ -268,12 +271,13 @@ fn next_overlay(name: &str) -> PathBuf {
     ))
 }
 
-/// When the parent's QEMU now writes to `next` (asked of QEMU itself, whatever the capture
-/// returned), its record says so: its disk, its overlay, its spec, and the frozen state its
-/// disk now stands on.
-fn settle_parent(name: &str, rec: &Record, next: &Path, id: &str) {
-    let runs_on = session::monitor(name, rec, |q| Ok(blockdev::top_file(q, "mcq-disk0")?));
-    if runs_on.ok().as_deref().map(Path::new) != Some(next) {
+/// When the parent's QEMU now writes to overlay `next` (its top node is the one the fork
+/// added: asked of QEMU itself, whatever the capture returned), its record says so: its disk,
+/// its overlay, its spec, and the frozen state its disk now stands on. Without this a restart
+/// or a resume of the parent would open the disk it had before the fork.
+fn settle_parent(name: &str, rec: &Record, (next, node): (&Path, &str), id: &str) {
+    let top = session::monitor(name, rec, |q| Ok(blockdev::top_node(q, "mcq-disk0")?));
+    if top.ok().as_deref() != Some(node) {
         return;
     }
     let (n, id, next) = (name.to_string(), id.to_string(), next.display().to_string());
