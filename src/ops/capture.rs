@@ -45,10 +45,20 @@ pub struct Plan<'a> {
     pub dest: &'a Path,
     /// Fork or suspend.
     pub then: Then,
-    /// For a fork: the new overlay (a path never used before) the VM's first disk moves onto,
-    /// and the node name (one its QEMU has not used) it gets there. QEMU reopens images by the
-    /// name it opened them with, so no file it holds is renamed.
-    pub next_overlay: Option<(PathBuf, String)>,
+    /// For a fork: where the VM's first disk moves.
+    pub next_overlay: Option<Move>,
+}
+
+/// A fork's move of the VM's first disk onto a new overlay.
+#[derive(Debug, Clone)]
+pub struct Move {
+    /// The overlay, a path never used before (QEMU reopens images by the name it opened them
+    /// with, so no file it holds is renamed).
+    pub overlay: PathBuf,
+    /// Its node name, one the VM's QEMU has not used.
+    pub node: String,
+    /// The node it goes on: the disk's top now.
+    pub onto: String,
 }
 
 /// What a capture made and measured.
@@ -301,7 +311,7 @@ fn prepare_disks(plan: &Plan, dir: &Path) -> Result<Disks, OpError> {
         for (i, (path, format)) in plan.spec.disks.iter().enumerate() {
             let size = disk_size(path, format)?;
             let mut backing = path.clone();
-            if let (0, Some((next, _))) = (i, &plan.next_overlay) {
+            if let (0, Some(Move { overlay: next, .. })) = (i, &plan.next_overlay) {
                 let frozen = plan.dest.join("disk.qcow2");
                 std::fs::hard_link(path, &frozen).map_err(|e| {
                     OpError::new(format!(
@@ -454,10 +464,10 @@ fn copy_guest(
 /// At the switchover (the guest stopped): the first disk moves onto its new overlay and the UEFI
 /// variables are copied as they are now.
 fn freeze(q: &mut Qmp, plan: &Plan, disks: &Disks) -> Result<(), QmpError> {
-    let (Some(next), Some((_, node))) = (&disks.next, &plan.next_overlay) else {
+    let (Some(next), Some(m)) = (&disks.next, &plan.next_overlay) else {
         return Ok(());
     };
-    blockdev::snapshot_onto(q, "mcq-disk0", next, node)?;
+    blockdev::snapshot_onto(q, &m.onto, next, &m.node)?;
     disks.switched.set(true);
     if let Some((_, vars, _)) = &plan.spec.uefi {
         crate::state::copy::private(vars, &plan.dest.join("uefi-vars.fd")).map_err(|e| {

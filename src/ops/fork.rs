@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use serde_json::{json, Map, Value};
 
-use super::capture::{self, Captured, Plan, Then};
+use super::capture::{self, Captured, Move, Plan, Then};
 use super::destroy::{destroy_quietly, overlay_path};
 use super::error::OpError;
 use super::launch::{self, LaunchRequest};
@@ -80,20 +80,17 @@ pub fn fork(ctx: &dyn Work, req: &ForkRequest) -> Result<Forked, OpError> {
     std::fs::create_dir_all(&dest)
         .map_err(|e| OpError::new(format!("cannot create {}: {e}", dest.display())))?;
     let seed = keep_seed(&spec, &dest)?;
-    let next = next_overlay(&req.name);
-    let node = session::monitor(&req.name, &rec, |q| {
-        Ok(blockdev::free_node_name(q, "mcq-top")?)
-    })?;
+    let next = next_move(&req.name, &rec)?;
     let plan = Plan {
         name: &req.name,
         rec: &rec,
         spec: &spec,
         dest: &dest,
         then: Then::RunOn,
-        next_overlay: Some((next.clone(), node.clone())),
+        next_overlay: Some(next.clone()),
     };
     let captured = capture::capture(ctx, &plan);
-    settle_parent(&req.name, &rec, (&next, &node), &id);
+    settle_parent(&req.name, &rec, &next, &id);
     let captured = match captured {
         Ok(c) => c,
         Err(e) => {
@@ -260,27 +257,40 @@ fn keep_seed(spec: &LaunchSpec, dest: &Path) -> Result<Option<PathBuf>, OpError>
     Ok(Some(kept))
 }
 
-/// The parent's next overlay: a new name in its own folder (never one QEMU has open).
-fn next_overlay(name: &str) -> PathBuf {
+/// Where the parent's disk moves: a new overlay in its own folder (never a name QEMU has
+/// open), under a node name its QEMU has not used, onto its disk's top node now. Asked before
+/// the guest stops.
+fn next_move(name: &str, rec: &Record) -> Result<Move, OpError> {
     static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    vm::state_dir(name).join(format!(
+    let overlay = vm::state_dir(name).join(format!(
         "overlay-{}-{}-{seq}.qcow2",
         crate::clock::now_secs(),
         std::process::id()
-    ))
+    ));
+    session::monitor(name, rec, |q| {
+        Ok(Move {
+            overlay: overlay.clone(),
+            node: blockdev::free_node_name(q, "mcq-top")?,
+            onto: blockdev::top_node(q, "mcq-disk0")?,
+        })
+    })
 }
 
 /// When the parent's QEMU now writes to overlay `next` (its top node is the one the fork
 /// added: asked of QEMU itself, whatever the capture returned), its record says so: its disk,
 /// its overlay, its spec, and the frozen state its disk now stands on. Without this a restart
 /// or a resume of the parent would open the disk it had before the fork.
-fn settle_parent(name: &str, rec: &Record, (next, node): (&Path, &str), id: &str) {
+fn settle_parent(name: &str, rec: &Record, next: &Move, id: &str) {
     let top = session::monitor(name, rec, |q| Ok(blockdev::top_node(q, "mcq-disk0")?));
-    if top.ok().as_deref() != Some(node) {
+    if top.ok() != Some(next.node.clone()) {
         return;
     }
-    let (n, id, next) = (name.to_string(), id.to_string(), next.display().to_string());
+    let (n, id, next) = (
+        name.to_string(),
+        id.to_string(),
+        next.overlay.display().to_string(),
+    );
     let _ = vm::registry().update(move |vms| {
         if let Some(r) = vms.get_mut(&n) {
             moved_onto(r, &next, &id);
