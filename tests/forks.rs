@@ -206,14 +206,21 @@ fn a_running_sandbox_forks_four_ways_and_each_copy_goes_its_own_way() {
     assert_seen(lab.srv(), "grandchild", "ONE\n1");
     let (a, b) = counts(lab.srv(), "grandchild");
     assert!(b > a, "grandchild counter {a} -> {b}");
-    // The parent forked again, on top of its first fork.
+    // The parent forked again, on top of its first fork: the copy has what the parent wrote
+    // to its disk since.
+    sh(
+        lab.srv(),
+        "p",
+        "head -c 512 /dev/zero | tr '\\000' Q | dd of=/dev/vda bs=512 count=1 conv=fsync \
+         2>/dev/null",
+    );
     let again = lab.srv().call_ok_within(
         "sandbox_fork",
         json!({"name": "p", "names": ["second"]}),
         STEP,
     );
     lab.killer.track(&again["copies"][0]);
-    assert_seen(lab.srv(), "second", "VALUE\nD");
+    assert_seen(lab.srv(), "second", "VALUE\nQ");
     let d = lab
         .srv()
         .call_ok_within("sandbox_destroy", json!({"name": "second"}), STEP);
