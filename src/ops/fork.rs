@@ -75,12 +75,12 @@ pub fn fork(ctx: &dyn Work, req: &ForkRequest) -> Result<Forked, OpError> {
     let rec = lookup(&req.name)?;
     let spec = forkable(&req.name, &rec)?;
     admit(&names, &spec)?;
+    let next = next_move(&req.name, &rec)?;
     let id = frozen::new_id(&req.name);
     let dest = frozen::dir_of(&id);
     std::fs::create_dir_all(&dest)
         .map_err(|e| OpError::new(format!("cannot create {}: {e}", dest.display())))?;
     let seed = keep_seed(&spec, &dest)?;
-    let next = next_move(&req.name, &rec)?;
     let plan = Plan {
         name: &req.name,
         rec: &rec,
