@@ -268,12 +268,11 @@ fn next_move(name: &str, rec: &Record) -> Result<Move, OpError> {
         crate::clock::now_secs(),
         std::process::id()
     ));
-    session::monitor(name, rec, |q| {
-        Ok(Move {
-            overlay: overlay.clone(),
-            node: blockdev::free_node_name(q, "mcq-top")?,
-            onto: blockdev::top_node(q, "mcq-disk0")?,
-        })
+    let onto = session::monitor(name, rec, |q| Ok(blockdev::top_node(q, "mcq-disk0")?))?;
+    Ok(Move {
+        overlay,
+        node: blockdev::next_node_name(&onto, "mcq-top"),
+        onto,
     })
 }
 

@@ -31,18 +31,18 @@ fn inserted(q: &mut Qmp, drive: &str, key: &str) -> Result<String, QmpError> {
         })
 }
 
-/// A node name `PREFIX-N` this QEMU has not used (the first such N): node names are a QEMU's
-/// own, so asking it is what keeps them apart (a name made of the clock and a counter repeated
-/// itself when a second server, or the CLI, forked the same VM within a second).
-pub fn free_node_name(q: &mut Qmp, prefix: &str) -> Result<String, QmpError> {
-    let nodes = q.execute("query-named-block-nodes", Some(json!({"flat": true})))?;
-    let used: Vec<&str> = nodes
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|n| n.get("node-name").and_then(Value::as_str))
-        .collect();
-    Ok(free_name(&used, prefix))
+/// The node name for an overlay put on node `top`: `PREFIX-N+1` when `top` is `PREFIX-N`,
+/// else `PREFIX-1`. Only [`snapshot_onto`] makes `PREFIX-` nodes and always on top, so the top
+/// holds the highest N in its QEMU. (Named from the clock and a counter, names repeated when a
+/// second server or the CLI forked the same VM within a second; asking QEMU for all its node
+/// names costs a reply that grows with the square of the chain's depth: 636 KB, 90 ms, at 56.)
+pub fn next_node_name(top: &str, prefix: &str) -> String {
+    let n = top
+        .strip_prefix(prefix)
+        .and_then(|rest| rest.strip_prefix('-'))
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or(0);
+    format!("{prefix}-{}", n.saturating_add(1))
 }
 
 /// Puts the qcow2 `overlay` (made beforehand, its header naming the current top image as its
@@ -70,24 +70,19 @@ pub fn snapshot_onto(q: &mut Qmp, top: &str, overlay: &Path, node: &str) -> Resu
     Ok(())
 }
 
-/// `PREFIX-N` for the first N from 1 not in `used`.
-fn free_name(used: &[&str], prefix: &str) -> String {
-    (1u64..)
-        .map(|n| format!("{prefix}-{n}"))
-        .find(|name| !used.contains(&name.as_str()))
-        .unwrap_or_else(|| prefix.to_string())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn a_new_node_takes_the_first_free_name() {
-        assert_eq!(free_name(&[], "mcq-top"), "mcq-top-1");
+    fn a_new_node_is_named_one_past_the_top() {
+        assert_eq!(next_node_name("mcq-disk0-node", "mcq-top"), "mcq-top-1");
+        assert_eq!(next_node_name("#block123", "mcq-top"), "mcq-top-1");
+        assert_eq!(next_node_name("mcq-top-7", "mcq-top"), "mcq-top-8");
+        // A name of the older clock-and-counter kind is not taken for a number.
         assert_eq!(
-            free_name(&["mcq-disk0", "mcq-top-1", "mcq-top-3"], "mcq-top"),
-            "mcq-top-2"
+            next_node_name("mcq-top-1796227046-0", "mcq-top"),
+            "mcq-top-1"
         );
     }
 }
