@@ -430,6 +430,42 @@ fn a_sandbox_in_emergency_mode_fails_at_once_naming_it() {
     assert!(!cg::vm_names(&mut s).contains(&"emerg".to_string()));
 }
 
+// A cloud-init module that fails leaves a usable guest: the sandbox stays, with a warning
+// naming the module. write_files runs early in boot (cloud-init's init stage), runcmd late.
+#[test]
+fn a_sandbox_whose_cloud_init_module_fails_comes_up_with_a_warning() {
+    let image = test_cloud_image();
+    let (lab, mut s) = cloud_lab("modfail");
+    let cloud_init = json!({
+        "hostname": "mcq-modfail",
+        "write_files": [{"path": "/proc/mcq-cannot/be-written", "content": "x"}],
+        "runcmd": ["false"],
+    });
+    let mut args = cloud_sandbox_args(&image, "modfail", &image.disk, cloud_init);
+    args["cpus"] = json!(1);
+    let sb = cloud_sandbox(&lab, &mut s, args);
+    let failed: Vec<&str> = sb["cloud_init"]["failed_modules"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no failed_modules: {sb}"))
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    // cloud-init names the module write-files (cc_write_files).
+    assert!(failed.contains(&"write-files"), "{sb}");
+    assert!(failed.iter().any(|m| m.starts_with("scripts")), "{sb}");
+    assert!(
+        sb["cloud_init"]["status"]
+            .as_str()
+            .is_some_and(|st| st.starts_with("error")),
+        "{sb}"
+    );
+    let warnings = sb["warnings"].to_string();
+    assert!(warnings.contains("write-files"), "{warnings}");
+    // The guest is the caller's to look into: its agent answers and the rest was applied.
+    assert_eq!(sh(&mut s, "modfail", "hostname").trim(), "mcq-modfail");
+    cg::destroy(&mut s, "modfail");
+}
+
 #[test]
 fn launch_vm_waits_for_cloud_init_and_names_a_failed_module() {
     let image = test_cloud_image();

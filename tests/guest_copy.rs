@@ -55,17 +55,6 @@ fn refused(e: &mut Lab, tool: &str, args: Value) -> String {
     e.srv().call_err_within(tool, args, SLOW)
 }
 
-/// A folder outside every root of the lab's server (its roots are the temp folder and the
-/// test-guest cache).
-fn outside_dir(label: &str) -> PathBuf {
-    let d = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("target")
-        .join(format!("guest-copy-{label}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
 /// `sha256  ./path` lines of every regular file under `root`, sorted, as sha256sum prints.
 fn host_manifest(root: &Path) -> String {
     fn walk(dir: &Path, rel: &str, out: &mut Vec<String>) {
@@ -127,10 +116,12 @@ fn make_tree(src: &Path, secret: &Path) -> usize {
 #[test]
 fn copy_in_and_out_of_a_guest() {
     test_guest();
-    let mut e = Lab::new("copy");
+    let mut e = Lab::confined("copy");
     let vm = "cp";
     boot(&mut e, vm);
-    let out = outside_dir("outside");
+    // Outside every root of a confined lab's server, wherever the checkout is; removed on drop.
+    let outside = TempDir::new("guest-copy-outside");
+    let out = outside.path().to_path_buf();
     let secret = out.join("secret.txt");
     std::fs::write(&secret, b"HOST-SECRET-MARKER\n").unwrap();
     let src = e.dir.subdir("src");
@@ -140,7 +131,6 @@ fn copy_in_and_out_of_a_guest() {
     roots_checks(&mut e, vm, &src, &secret, &out);
     cap_checks(&mut e, vm, &src);
     copy_out_checks(&mut e, vm, &out);
-    let _ = std::fs::remove_dir_all(&out);
 }
 
 /// A tree in as one archive (exact content, modes, links as links, the hidden file and the

@@ -179,22 +179,44 @@ fn a_warm_pool_hands_out_ready_clones_refills_and_survives_a_restart() {
         s.call_ok_within("sandbox_destroy", json!({"name": vm}), CALL);
     }
 
-    // A pooled clone whose QEMU died is never handed out.
+    // Pooled clones whose QEMUs were just killed are never handed out, even when the take
+    // comes at once (before the processes are gone, before the keeper's next round): the
+    // take gets a fresh clone, and the dead ones' records and folders go.
     wait_ready(&mut s, "tp", 2);
     let victims = pooled(&lab);
     for (_, pid) in &victims {
         lab.killer.track(&json!({"pid": pid}));
     }
-    // SAFETY: kill(2) on a QEMU this test's server started.
-    unsafe { libc::kill(victims[0].1, libc::SIGKILL) };
-    assert!(wait_pid_dead(victims[0].1, Duration::from_secs(10)));
+    for (_, pid) in &victims {
+        // SAFETY: kill(2) on a QEMU this test's server started.
+        unsafe { libc::kill(*pid, libc::SIGKILL) };
+    }
     let live = take(&lab, &mut s, "w5", "tp");
-    assert_ne!(
-        live["pid"],
-        json!(victims[0].1),
-        "a dead pooled clone was handed out"
-    );
+    for (_, pid) in &victims {
+        assert_ne!(
+            live["pid"],
+            json!(pid),
+            "a dead pooled clone was handed out: {live}"
+        );
+    }
     assert_eq!(sh(&mut s, "w5", "cat /root/marker"), format!("{MARKER}\n"));
+    let gone = Instant::now();
+    loop {
+        let names: Vec<String> = pooled(&lab).into_iter().map(|(n, _)| n).collect();
+        let left: Vec<&String> = victims
+            .iter()
+            .map(|(n, _)| n)
+            .filter(|n| names.contains(n) || lab.vm_dir(n).exists())
+            .collect();
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            gone.elapsed() < Duration::from_secs(20),
+            "the dead pooled clones {left:?} kept their records or folders"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     s.call_ok_within("sandbox_destroy", json!({"name": "w5"}), CALL);
 
     // A restarted server adopts the pool: the same clones, no more started. (The keeper may

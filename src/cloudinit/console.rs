@@ -92,8 +92,6 @@ pub enum Fatal {
     Rescue,
     /// A kernel panic, with its reason as printed.
     Panic(String),
-    /// A cloud-init module failed (cloud-init's `status: error`): the module's name.
-    CloudInitModule(String),
 }
 
 impl Fatal {
@@ -108,12 +106,6 @@ impl Fatal {
                 \"You are in rescue mode\")"
                 .into(),
             Fatal::Panic(why) => format!("the guest's kernel panicked: {why}"),
-            Fatal::CloudInitModule(m) if m.is_empty() => {
-                "cloud-init reported an error in the guest (cloud-init status: error)".into()
-            }
-            Fatal::CloudInitModule(m) => {
-                format!("cloud-init's module {m} failed in the guest (cloud-init status: error)")
-            }
         }
     }
 }
@@ -132,32 +124,51 @@ pub fn fatal(line: &str) -> Option<Fatal> {
             .trim();
         return Some(Fatal::Panic(why.chars().take(200).collect()));
     }
-    cloud_init_failure(line)
+    None
 }
+
+/// A cloud-init module that failed, as the console said it. Not a reason to give up on the
+/// guest: a resize that cannot grow a whole-disk file system or a write_files entry that
+/// cannot be written leaves a guest whose agent answers, and the caller needs that agent to
+/// see what went wrong.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModuleFailure {
+    /// The module's name (`resizefs`, `write_files`, `scripts-user`); empty when cloud-init
+    /// only said `status: error`.
+    pub module: String,
+    /// cloud-init's own line, as printed (cut to [`LINE_CAP`] characters).
+    pub line: String,
+}
+
+/// Most characters of a console line kept in a [`ModuleFailure`].
+const LINE_CAP: usize = 300;
 
 /// A cloud-init failure in `line`: cloud-init logs WARNING and above to the console, a failed
 /// module as "Running module runcmd (<module 'cloudinit.config.cc_runcmd' ...>) failed" (all
 /// versions, after the module's own message: the script modules say "Failed to run module
 /// scripts-user (scripts in /var/lib/cloud/instance/scripts)"); `cloud-init status` prints
 /// "status: error" (a module name then is unknown: empty).
-fn cloud_init_failure(line: &str) -> Option<Fatal> {
+pub fn module_failure(line: &str) -> Option<ModuleFailure> {
+    let failure = |module: &str| ModuleFailure {
+        module: module.chars().take(64).collect(),
+        line: line.trim().chars().take(LINE_CAP).collect(),
+    };
     if let Some(at) = line.find("Failed to run module ") {
         let module = line[at + "Failed to run module ".len()..]
             .split_whitespace()
             .next()?;
-        return Some(Fatal::CloudInitModule(module.chars().take(64).collect()));
+        return Some(failure(module));
     }
     let trimmed = line.trim_end();
     if trimmed.ends_with("status: error") && trimmed.contains("cloud-init") {
-        return Some(Fatal::CloudInitModule(String::new()));
+        return Some(failure(""));
     }
     let at = line.find("Running module ")?;
     let rest = &line[at + "Running module ".len()..];
     if !rest.trim_end().ends_with(") failed") && !rest.trim_end().ends_with("failed") {
         return None;
     }
-    let module = rest.split_whitespace().next()?;
-    Some(Fatal::CloudInitModule(module.chars().take(64).collect()))
+    Some(failure(rest.split_whitespace().next()?))
 }
 
 /// What one poll of the console found.
@@ -167,6 +178,8 @@ pub struct Seen {
     pub finished: Option<Finished>,
     /// Something that ends the wait at once, if it came (the first of them).
     pub fatal: Option<Fatal>,
+    /// cloud-init modules that failed, in the order the console named them.
+    pub failures: Vec<ModuleFailure>,
 }
 
 /// Follows a VM's serial log from a point on, for cloud-init's final message.
@@ -205,6 +218,10 @@ impl Watch {
         Seen {
             finished: finished(&done),
             fatal: done.split(['\n', '\r']).find_map(fatal),
+            failures: done
+                .split(['\n', '\r'])
+                .filter_map(module_failure)
+                .collect(),
         }
     }
 
@@ -265,7 +282,7 @@ mod tests {
     }
 
     #[test]
-    fn emergency_rescue_panics_and_failed_modules_end_a_wait() {
+    fn emergency_rescue_and_panics_end_a_wait_and_failed_modules_do_not() {
         assert_eq!(
             fatal("You are in emergency mode. After logging in, type \"journalctl -xb\""),
             Some(Fatal::Emergency)
@@ -280,15 +297,15 @@ mod tests {
                 "VFS: Unable to mount root fs on unknown".into()
             ))
         );
+        let generic = "[   40.1] cloud-init[612]: 2026-12-01 10:00:00,000 - util.py[WARNING]: \
+            Running module scripts-user (<module 'cloudinit.config.cc_scripts_user' from \
+            '/usr/lib/python3/dist-packages/cloudinit/config/cc_scripts_user.py'>) failed";
+        assert_eq!(fatal(generic), None);
+        assert_eq!(module_failure(generic).unwrap().module, "scripts-user");
         assert_eq!(
-            fatal(
-                "[   40.1] cloud-init[612]: 2026-12-01 10:00:00,000 - util.py[WARNING]: Running \
-                 module scripts-user (<module 'cloudinit.config.cc_scripts_user' from \
-                 '/usr/lib/python3/dist-packages/cloudinit/config/cc_scripts_user.py'>) failed"
-            ),
-            Some(Fatal::CloudInitModule("scripts-user".into()))
+            module_failure("Running module runcmd (<module ...>) ok"),
+            None
         );
-        assert_eq!(fatal("Running module runcmd (<module ...>) ok"), None);
         assert_eq!(fatal("Reached target emergency.target"), None);
         assert_eq!(fatal(NOCLOUD), None);
     }
@@ -314,38 +331,41 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_module_or_status_error_ends_a_wait() {
+    fn a_failed_module_or_status_error_is_noted_with_its_line() {
         // cc_scripts_user's own warning comes first, before the generic one (a real console:
         // cloud-init 22.4.2, runcmd `exit 3`).
+        let own = "[  113.739406] cloud-init[538]: 2026-12-02 00:59:01,327 - cc_scripts_user.py\
+            [WARNING]: Failed to run module scripts-user (scripts in \
+            /var/lib/cloud/instance/scripts)";
+        let f = module_failure(own).unwrap();
+        assert_eq!(f.module, "scripts-user");
+        assert_eq!(f.line, own.trim());
         assert_eq!(
-            fatal(
-                "[  113.739406] cloud-init[538]: 2026-12-02 00:59:01,327 - cc_scripts_user.py\
-                 [WARNING]: Failed to run module scripts-user (scripts in \
-                 /var/lib/cloud/instance/scripts)"
-            ),
-            Some(Fatal::CloudInitModule("scripts-user".into()))
-        );
-        assert_eq!(
-            fatal(
+            module_failure(
                 "[   41.0] cloud-init[612]: 2026-12-01 10:00:00,000 - cc_scripts_per_once.py\
                  [WARNING]: Failed to run module scripts-per-once (per-once in \
                  /var/lib/cloud/scripts/per-once)"
-            ),
-            Some(Fatal::CloudInitModule("scripts-per-once".into()))
+            )
+            .unwrap()
+            .module,
+            "scripts-per-once"
         );
         assert_eq!(
-            fatal("[   60.2] cloud-init[700]: status: error"),
-            Some(Fatal::CloudInitModule(String::new()))
+            module_failure("[   60.2] cloud-init[700]: status: error")
+                .unwrap()
+                .module,
+            ""
         );
-        assert_eq!(
-            fatal("cloud-init status: error"),
-            Some(Fatal::CloudInitModule(String::new()))
+        assert!(
+            module_failure(&format!("cloud-init status: error{}", " ".repeat(1000)))
+                .unwrap()
+                .line
+                .chars()
+                .count()
+                <= LINE_CAP
         );
-        assert!(Fatal::CloudInitModule(String::new())
-            .describe()
-            .contains("status: error"));
-        assert_eq!(fatal("sshd[700]: status: error reading key"), None);
-        assert_eq!(fatal("cloud-init[700]: status: done"), None);
+        assert_eq!(module_failure("sshd[700]: status: error reading key"), None);
+        assert_eq!(module_failure("cloud-init[700]: status: done"), None);
     }
 
     #[test]

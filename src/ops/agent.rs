@@ -1,6 +1,8 @@
-//! Waiting for a guest's agent: polled in short slices, ended early when QEMU dies or when
-//! cloud-init's final message on the serial console says it finished without the agent; and
-//! what such a guest tells the caller (the cause and the fix).
+//! Waiting for a guest's agent: polled in short slices, ended early when QEMU dies, when the
+//! console says the guest cannot go on (emergency or rescue mode, a kernel panic), or when
+//! cloud-init's final message says it finished without the agent; cloud-init modules that
+//! failed on the way are noted, not fatal; and what such a guest tells the caller (the cause
+//! and the fix).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -26,21 +28,117 @@ pub enum AgentWait {
     /// a seed that installs it never seen or failed).
     NoAgent(console::Finished),
     /// The console said the guest cannot go on by itself (emergency or rescue mode, a kernel
-    /// panic, a failed cloud-init module) and the agent did not answer after it.
+    /// panic) and the agent did not answer after it.
     Fatal(console::Fatal),
+}
+
+/// What the console said about cloud-init while the wait went on.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CloudInitSeen {
+    /// Modules that failed (a module named twice is kept once).
+    pub failures: Vec<console::ModuleFailure>,
+    /// cloud-init's final message, if it came.
+    pub finished: Option<console::Finished>,
+}
+
+impl CloudInitSeen {
+    fn note(&mut self, seen: &console::Seen) {
+        for f in &seen.failures {
+            // The module's own warning and cloud-init's generic one name it twice; a bare
+            // "status: error" adds nothing once a module is named.
+            let known = self.failures.iter().any(|k| k.module == f.module)
+                || (f.module.is_empty() && !self.failures.is_empty());
+            if !known && self.failures.len() < 16 {
+                self.failures.push(f.clone());
+            }
+        }
+        if self.finished.is_none() {
+            self.finished.clone_from(&seen.finished);
+        }
+    }
+
+    /// The failed modules' names.
+    pub fn failed_modules(&self) -> Vec<String> {
+        self.failures
+            .iter()
+            .filter(|f| !f.module.is_empty())
+            .map(|f| f.module.clone())
+            .collect()
+    }
+
+    /// cloud-init's state as far as the console tells: `error` once a module failed, `done`
+    /// once it finished, else `running`.
+    pub fn status(&self) -> &'static str {
+        match (self.failures.is_empty(), &self.finished) {
+            (false, _) => "error",
+            (true, Some(_)) => "done",
+            (true, None) => "running",
+        }
+    }
+
+    /// One warning per failed module, quoting cloud-init's line.
+    pub fn warnings(&self, vm: &str) -> Vec<String> {
+        self.failures
+            .iter()
+            .map(|f| {
+                let what = if f.module.is_empty() {
+                    "cloud-init reported an error".to_string()
+                } else {
+                    format!("cloud-init's module {} failed", f.module)
+                };
+                format!(
+                    "{what} in VM {vm:?} (the console says: {:?}); the VM is up, but what \
+                     that module does may not have happened: guest_exec `cloud-init status \
+                     --long` says more",
+                    f.line
+                )
+            })
+            .collect()
+    }
+
+    /// Adds what was seen to a launch result: `warnings`, and `status` and `failed_modules`
+    /// in its `cloud_init` object (made when the launch had none and cloud-init spoke).
+    pub fn add_to(&self, out: &mut serde_json::Value, vm: &str) {
+        use serde_json::{json, Value};
+        if let Some(w) = out["warnings"].as_array_mut() {
+            w.extend(self.warnings(vm).into_iter().map(Value::from));
+        }
+        let spoke = !self.failures.is_empty() || self.finished.is_some();
+        if !out["cloud_init"].is_object() && !spoke {
+            return;
+        }
+        if !out["cloud_init"].is_object() {
+            out["cloud_init"] = json!({});
+        }
+        out["cloud_init"]["status"] = json!(self.status());
+        out["cloud_init"]["failed_modules"] = json!(self.failed_modules());
+    }
 }
 
 /// How long the agent may take to answer once cloud-init has finished: whatever cloud-init
 /// installs or enables has started by then.
 const AFTER_CLOUD_INIT: Duration = Duration::from_secs(10);
 
-/// Polls the agent in short slices until it answers, QEMU dies, cloud-init finishes without it
-/// (read from the serial console), or `wait` runs out.
+/// Polls the agent in short slices until it answers, QEMU dies, the console says the guest
+/// cannot go on, cloud-init finishes without it (read from the serial console), or `wait` runs
+/// out; with what the console said about cloud-init meanwhile.
 pub fn wait_for_agent(
     ctx: &dyn Work,
     name: &str,
     rec: &crate::state::registry::Record,
     wait: Duration,
+) -> Result<(AgentWait, CloudInitSeen), OpError> {
+    let mut saw = CloudInitSeen::default();
+    let how = wait_noting(ctx, name, rec, wait, &mut saw)?;
+    Ok((how, saw))
+}
+
+fn wait_noting(
+    ctx: &dyn Work,
+    name: &str,
+    rec: &crate::state::registry::Record,
+    wait: Duration,
+    saw: &mut CloudInitSeen,
 ) -> Result<AgentWait, OpError> {
     let Some(sock_path) = vm::field(rec, "qga_socket").map(PathBuf::from) else {
         return Ok(AgentWait::TimedOut);
@@ -70,13 +168,14 @@ pub fn wait_for_agent(
         let probe = qga::with_agent(&sock_path, slice, |q| {
             q.execute_within("guest-ping", None, slice.max(Duration::from_millis(50)))
         });
-        if probe.is_ok() {
-            return Ok(AgentWait::Ready);
-        }
         let seen = console
             .as_mut()
             .map(console::Watch::poll_all)
             .unwrap_or_default();
+        saw.note(&seen);
+        if probe.is_ok() {
+            return Ok(AgentWait::Ready);
+        }
         if let Some(fatal) = seen.fatal {
             // Checked once more: the console's word alone does not end a wait for an agent
             // that answers.

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use super::agent::AgentWait;
+use super::agent::{AgentWait, CloudInitSeen};
 use super::error::OpError;
 use super::work::Work;
 
@@ -47,16 +47,23 @@ pub fn saw_no_datasource(waited: &Value) -> bool {
 }
 
 /// launch_vm's `wait_cloud_init`: waits for VM `name`'s agent, then for cloud-init, within
-/// `wait` in all. Whatever keeps the agent from answering is an error that says so (the VM
-/// keeps running: launch_vm's VMs are the caller's).
-pub fn agent_then_cloud_init(ctx: &dyn Work, name: &str, wait: Duration) -> Result<Value, OpError> {
+/// `wait` in all; with what the console said about cloud-init while the agent was awaited.
+/// Whatever keeps the agent from answering is an error that says so (the VM keeps running:
+/// launch_vm's VMs are the caller's).
+pub fn agent_then_cloud_init(
+    ctx: &dyn Work,
+    name: &str,
+    wait: Duration,
+) -> Result<(Value, CloudInitSeen), OpError> {
     let start = Instant::now();
     let rec = super::records::lookup(name)?;
     let seeded = rec.get("cloud_init").is_some();
-    let why = match super::agent::wait_for_agent(ctx, name, &rec, wait)? {
+    let (how, saw) = super::agent::wait_for_agent(ctx, name, &rec, wait)?;
+    let why = match how {
         AgentWait::Ready => {
             let left = wait.saturating_sub(start.elapsed());
-            return wait_cloud_init(ctx, name, left);
+            let waited = wait_cloud_init(ctx, name, left)?;
+            return Ok((waited, saw));
         }
         AgentWait::TimedOut => format!(
             "the guest agent of VM {name:?} did not answer within {} s (wait_cloud_init_s), so \
@@ -73,11 +80,19 @@ pub fn agent_then_cloud_init(ctx: &dyn Work, name: &str, wait: Duration) -> Resu
 }
 
 /// Adds a [`wait_cloud_init`] report to a launch result: beside what the launch recorded in
-/// `cloud_init` (instance id, seed), and its problem, if any, to `warnings`.
-pub fn report_cloud_init(out: &mut Value, waited: Value) {
+/// `cloud_init` (instance id, seed), and its problem, if any, to `warnings` (once: a module
+/// the console already named has its warning).
+pub fn report_cloud_init(out: &mut Value, mut waited: Value, saw: &CloudInitSeen) {
+    add_failed_modules(&mut waited, saw);
+    let named = saw.failed_modules();
+    let new = waited["failed_modules"]
+        .as_array()
+        .is_some_and(|m| m.iter().any(|x| !named.iter().any(|n| x == n)));
     if let (Some(problem), Some(w)) = (cloud_init_problem(&waited), out["warnings"].as_array_mut())
     {
-        w.push(json!(problem));
+        if new || named.is_empty() {
+            w.push(json!(problem));
+        }
     }
     match (
         out.get_mut("cloud_init").and_then(Value::as_object_mut),
@@ -86,6 +101,46 @@ pub fn report_cloud_init(out: &mut Value, waited: Value) {
         (Some(launched), Value::Object(w)) => launched.extend(w),
         (_, w) => out["cloud_init"] = w,
     }
+}
+
+/// Sets a [`wait_cloud_init`] report's `failed_modules`: the modules its errors name and those
+/// the console named while the agent was awaited.
+pub fn add_failed_modules(waited: &mut Value, saw: &CloudInitSeen) {
+    let mut modules = saw.failed_modules();
+    let had: Vec<String> = waited["failed_modules"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(String::from)
+        .collect();
+    for m in had.into_iter().chain(report_modules(&waited["report"])) {
+        if !modules.contains(&m) {
+            modules.push(m);
+        }
+    }
+    waited["failed_modules"] = json!(modules);
+}
+
+/// The modules `cloud-init status --format json`'s errors name: each error reads
+/// `('module-name', SomeError(...))`.
+fn report_modules(report: &Value) -> Vec<String> {
+    report["errors"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .filter_map(|e| {
+            let rest = e.trim_start().strip_prefix("('")?;
+            let name = &rest[..rest.find('\'')?];
+            let plain = !name.is_empty()
+                && name.len() <= 64
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+            plain.then(|| name.to_string())
+        })
+        .collect()
 }
 
 /// What a [`wait_cloud_init`] report says went wrong, when cloud-init finished with status
@@ -210,5 +265,25 @@ mod tests {
         assert_eq!(cloud_init_problem(&done), None);
         let long = json!({"status": "error", "report": {"errors": ["é".repeat(900)]}});
         assert!(cloud_init_problem(&long).unwrap().len() < 1200);
+    }
+
+    #[test]
+    fn the_failed_modules_are_read_from_the_errors_and_the_console() {
+        let report: Value = serde_json::from_str(FAILED).unwrap();
+        let mut waited = json!({"finished": true, "status": "error", "report": report});
+        let saw = CloudInitSeen {
+            failures: vec![crate::cloudinit::console::ModuleFailure {
+                module: "resizefs".into(),
+                line: "Running module resizefs (...) failed".into(),
+            }],
+            finished: None,
+        };
+        add_failed_modules(&mut waited, &saw);
+        assert_eq!(
+            waited["failed_modules"],
+            json!(["resizefs", "package-update-upgrade-install"])
+        );
+        let odd = json!({"errors": ["('a b', X)", "no quote", "('', Y)", 3]});
+        assert!(report_modules(&odd).is_empty());
     }
 }

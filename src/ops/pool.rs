@@ -23,8 +23,8 @@ use super::error::OpError;
 use super::sandbox_request::SandboxRequest;
 use super::work::Work;
 use super::{clone, destroy, templates};
-use crate::qemu::qga;
 use crate::qemu::vm::{self, Status};
+use crate::qemu::{qga, qmp};
 use crate::state::registry::{Record, RegistryError};
 
 /// The record field that marks a pooled clone (its template's name).
@@ -127,14 +127,25 @@ pub fn fits(req: &SandboxRequest) -> bool {
 }
 
 /// Takes a ready pooled clone of `template` for VM `name`: its record and folders become
-/// `name`'s. None when the pool has none ready (the caller starts a fresh clone).
+/// `name`'s. None when the pool has none ready (the caller starts a fresh clone). A claimed
+/// clone whose QEMU does not answer now (killed since the keeper's last round) is destroyed
+/// and the next one is tried: the registry alone is never trusted with a take.
 pub fn take(template: &str, name: &str) -> Result<Option<Value>, OpError> {
     let started = Instant::now();
-    {
-        let taken = claim(template, name)?;
-        let Some((old, rec)) = taken else {
+    // Each failed try removes one pooled clone, so a pool is tried through at most once.
+    for _ in 0..=MAX_POOL {
+        let Some((old, rec)) = claim(template, name)? else {
             return Ok(None);
         };
+        if let Err(why) = answers(&rec) {
+            crate::log::stderr(
+                "warn",
+                &format!("pooled clone {old} of template {template} is dead ({why}); removed"),
+            );
+            destroy::destroy_quietly(&super::work::Detached, name);
+            wake();
+            continue;
+        }
         // The agent answered when the clone joined the pool, and the keeper pings every ready
         // one each round: the taker reaches it by its new path, so no connection kept under
         // the old one may hold the agent's single channel.
@@ -143,31 +154,60 @@ pub fn take(template: &str, name: &str) -> Result<Option<Value>, OpError> {
             qga::release_idle(Path::new(&unrewrite(old_sock, &pairs)));
         }
         wake();
-        let mut out = json!({
-            "name": name,
-            "status": "running",
-            "pid": rec.get("pid").cloned().unwrap_or(Value::Null),
-            "accel": rec.get("accel").cloned().unwrap_or(Value::Null),
-            "arch": rec.get("arch").cloned().unwrap_or(Value::Null),
-            "machine": rec.get("machine").cloned().unwrap_or(Value::Null),
-            "qemu_version": rec.get("qemu_version").cloned().unwrap_or(Value::Null),
-            "port_forwards": rec.get("port_forwards").cloned().unwrap_or(json!([])),
-            "qmp_socket": rec.get("qmp_socket").cloned().unwrap_or(Value::Null),
-            "qga_socket": rec.get("qga_socket").cloned().unwrap_or(Value::Null),
-            "serial_log": rec.get("serial_log").cloned().unwrap_or(Value::Null),
-            "warnings": [],
-            "template": template,
-            "pooled": true,
-            "agent_ready": true,
-            "ready_ms": started.elapsed().as_millis() as u64,
-        });
-        if let Some(sb) = rec.get("sandbox") {
-            out["sandbox"] = sb.clone();
-            out["overlay"] = sb.get("overlay").cloned().unwrap_or(Value::Null);
-            out["base_image"] = sb.get("base_image").cloned().unwrap_or(Value::Null);
-        }
-        Ok(Some(out))
+        return Ok(Some(taken(template, name, &rec, started)));
     }
+    Ok(None)
+}
+
+/// How long a take waits for a claimed clone's monitor: a live QEMU answers in well under a
+/// millisecond; one being killed accepts the connection and then says nothing.
+const TAKE_CHECK: Duration = Duration::from_millis(500);
+
+/// Whether a claimed clone's QEMU runs now: its process alive as ours, its monitor answering
+/// and its guest running.
+fn answers(rec: &Record) -> Result<(), String> {
+    if !runs(rec) {
+        return Err("its QEMU process is gone".into());
+    }
+    let status = qmp::with_session_within(&vm::qmp_socket(rec), TAKE_CHECK, |q| {
+        q.execute_within("query-status", None, TAKE_CHECK)
+    })
+    .map_err(|e: qmp::QmpError| format!("its monitor did not answer: {e}"))?;
+    match status.get("status").and_then(Value::as_str) {
+        Some("running") => Ok(()),
+        other => Err(format!(
+            "its guest is {}",
+            other.unwrap_or("in no known state")
+        )),
+    }
+}
+
+/// sandbox_vm's result for a clone taken from the pool.
+fn taken(template: &str, name: &str, rec: &Record, started: Instant) -> Value {
+    let mut out = json!({
+        "name": name,
+        "status": "running",
+        "pid": rec.get("pid").cloned().unwrap_or(Value::Null),
+        "accel": rec.get("accel").cloned().unwrap_or(Value::Null),
+        "arch": rec.get("arch").cloned().unwrap_or(Value::Null),
+        "machine": rec.get("machine").cloned().unwrap_or(Value::Null),
+        "qemu_version": rec.get("qemu_version").cloned().unwrap_or(Value::Null),
+        "port_forwards": rec.get("port_forwards").cloned().unwrap_or(json!([])),
+        "qmp_socket": rec.get("qmp_socket").cloned().unwrap_or(Value::Null),
+        "qga_socket": rec.get("qga_socket").cloned().unwrap_or(Value::Null),
+        "serial_log": rec.get("serial_log").cloned().unwrap_or(Value::Null),
+        "warnings": [],
+        "template": template,
+        "pooled": true,
+        "agent_ready": true,
+        "ready_ms": started.elapsed().as_millis() as u64,
+    });
+    if let Some(sb) = rec.get("sandbox") {
+        out["sandbox"] = sb.clone();
+        out["overlay"] = sb.get("overlay").cloned().unwrap_or(Value::Null);
+        out["base_image"] = sb.get("base_image").cloned().unwrap_or(Value::Null);
+    }
+    out
 }
 
 /// Under the registry lock: the oldest live, unfrozen pooled clone of `template` is renamed

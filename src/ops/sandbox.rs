@@ -149,8 +149,9 @@ fn wait_ready(
     let rec = lookup(name)?;
     let started = Instant::now();
     let seeded = rec.get("cloud_init").is_some();
-    let waited = wait_for_agent(ctx, name, &rec, wait)?;
+    let (waited, saw) = wait_for_agent(ctx, name, &rec, wait)?;
     let ready = waited == AgentWait::Ready;
+    saw.add_to(&mut out, name);
     if let AgentWait::NoAgent(f) = &waited {
         if seeded && f.no_datasource() {
             destroy_quietly(ctx, name);
@@ -168,7 +169,7 @@ fn wait_ready(
     out["agent_wait_ms"] = json!(started.elapsed().as_millis() as u64);
     if ready && req.wait_cloud_init {
         let waited = cloud_init_step(ctx, name, seeded, req.cloud_init_wait())?;
-        guest_run::report_cloud_init(&mut out, waited);
+        guest_run::report_cloud_init(&mut out, waited, &saw);
     }
     Ok((out, waited, wait))
 }

@@ -47,9 +47,9 @@ fn launch_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let mut out = launch(ctx, req)?.to_json();
     if args.bool_or("wait_cloud_init", false)? {
         let wait = args.opt_f64("wait_cloud_init_s")?.unwrap_or(600.0);
-        let waited =
+        let (waited, saw) =
             agent_then_cloud_init(ctx, &name, Duration::from_secs_f64(wait.clamp(0.0, 3600.0)))?;
-        report_cloud_init(&mut out, waited);
+        report_cloud_init(&mut out, waited, &saw);
     }
     Ok(ToolOutput::json(out))
 }

@@ -87,7 +87,8 @@ pub const PREPARE: ToolDef = ToolDef {
                 "dest": {"type": "string"}, "source": {"type": "string"},
                 "format": {"type": "string"}, "bytes": {"type": "integer"},
                 "agent_version": {"type": ["string", "null"]}, "os": {"type": "object"},
-                "cloud_init": {"type": "object"}, "duration_ms": {"type": "integer"}
+                "cloud_init": {"type": "object"}, "duration_ms": {"type": "integer"},
+                "warnings": {"type": "array", "items": {"type": "string"}}
             },
             "required": ["dest", "source", "format", "bytes"]
         })
@@ -274,5 +275,6 @@ fn finish(ctx: &ToolCtx, name: &str, booted: &Value, dest: &Path) -> Result<Valu
         "agent_version": info.get("version").cloned().unwrap_or(Value::Null),
         "os": info.get("os").cloned().unwrap_or(json!({})),
         "cloud_init": booted.get("cloud_init").cloned().unwrap_or(json!({})),
+        "warnings": booted.get("warnings").cloned().unwrap_or(json!([])),
     }))
 }

@@ -14,7 +14,9 @@ const SANDBOX_DESCRIPTION: &str = "Create a qcow2 overlay on base_image (the bas
     Guest-initiated network traffic is blocked unless allow_network=true, or limited to the \
     names in allow_network rules (an HTTP/HTTPS proxy, see allow_network); port forwards still \
     work; default forwards one auto host port to guest port 22. The agent can answer before the \
-    guest has finished booting. kernel/initrd/append boot a kernel directly (the base image then \
+    guest has finished booting. A cloud-init module that fails (a resizefs, a write_files entry) \
+    does not remove the sandbox: it is a warning quoting cloud-init's line, and cloud_init says \
+    status and failed_modules. kernel/initrd/append boot a kernel directly (the base image then \
     serves as a data disk).";
 
 /// `sandbox_vm`.

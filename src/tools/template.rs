@@ -85,7 +85,9 @@ pub const CREATE: ToolDef = ToolDef {
                 "name": {"type": "string"}, "path": {"type": "string"},
                 "memory_mb": {"type": "integer"}, "state_bytes": {"type": "integer"},
                 "save_ms": {"type": "integer"}, "setup": {"type": "array"},
-                "duration_ms": {"type": "integer"}
+                "duration_ms": {"type": "integer"},
+                "warnings": {"type": "array", "items": {"type": "string"}},
+                "cloud_init": {"type": "object"}
             },
             "required": ["name", "path", "memory_mb", "save_ms"]
         })
@@ -250,7 +252,7 @@ fn prepare_and_save(
     mut meta: Template,
 ) -> Result<Value, ToolError> {
     let rec = crate::ops::records::lookup(vm_name)?;
-    wait_ready(ctx, args, vm_name, &rec, meta.seed)?;
+    let ready = wait_ready(ctx, args, vm_name, &rec, meta.seed)?;
     let ran = run_setup(ctx, args, vm_name)?;
     if meta.seed {
         let seed = vm::state_dir(vm_name).join("seed.iso");
@@ -275,31 +277,40 @@ fn prepare_and_save(
     meta.state_bytes = bytes;
     meta.created_at = crate::clock::iso8601(crate::clock::now_secs());
     write_meta(dir, &meta)?;
-    Ok(json!({
+    let mut out = json!({
         "name": meta.name,
         "path": dir.display().to_string(),
         "memory_mb": meta.memory_mb,
         "state_bytes": bytes,
         "save_ms": save_ms,
         "setup": ran,
-    }))
+        "warnings": ready["warnings"],
+    });
+    if ready["cloud_init"].is_object() {
+        out["cloud_init"] = ready["cloud_init"].clone();
+    }
+    Ok(out)
 }
 
 /// Waits for the build guest's agent and, with wait_cloud_init, for cloud-init; a guest that
-/// never gets there (or never saw its seed) is refused before anything is saved.
+/// never gets there (or never saw its seed) is refused before anything is saved. Returns
+/// `warnings` (a cloud-init module that failed) and what is known of `cloud_init`.
 fn wait_ready(
     ctx: &ToolCtx,
     args: &Args,
     vm_name: &str,
     rec: &Record,
     seed: bool,
-) -> Result<(), ToolError> {
+) -> Result<Value, ToolError> {
     let wait = Duration::from_secs_f64(
         args.opt_f64("wait_agent_s")?
             .unwrap_or(90.0)
             .clamp(1.0, 3600.0),
     );
-    match agent::wait_for_agent(ctx, vm_name, rec, wait)? {
+    let (how, saw) = agent::wait_for_agent(ctx, vm_name, rec, wait)?;
+    let mut ready = json!({"warnings": []});
+    saw.add_to(&mut ready, vm_name);
+    match how {
         AgentWait::Ready => {}
         AgentWait::TimedOut => {
             return Err(ToolError::new(format!(
@@ -334,8 +345,9 @@ fn wait_ready(
                 agent::unseen_seed_reason(vm_name, ds)
             )));
         }
+        guest_run::report_cloud_init(&mut ready, waited, &saw);
     }
-    Ok(())
+    Ok(ready)
 }
 
 /// Runs each setup step in the guest, in order; the first that fails ends template_create

@@ -37,6 +37,19 @@ impl Lab {
         lab
     }
 
+    /// [`Lab::new`] whose server may reach only the lab's own folder and the test-guest cache,
+    /// so that a folder made anywhere else is outside every root, wherever the checkout is
+    /// (a checkout under /tmp lies inside the usual test roots).
+    pub fn confined(label: &str) -> Lab {
+        let mut lab = Lab::without_server(label, 1);
+        let guest = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("target")
+            .join("test-guest");
+        let roots = format!("{}:{}", lab.dir.path().display(), guest.display());
+        lab.server = Some(lab.spawn_server_with(&[("MCQEMU_ROOTS", &roots)]));
+        lab
+    }
+
     /// `slots` guest slots and the folders, but no server: for tests that start (and stop)
     /// their own, possibly several at once on the same registry ([`Lab::spawn_server`]).
     pub fn without_server(label: &str, slots: usize) -> Lab {
