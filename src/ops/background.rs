@@ -118,10 +118,13 @@ pub struct Status {
 
 /// The process of `handle` as recorded.
 #[derive(Debug, Clone)]
-struct Known {
-    pid: i64,
-    command: String,
-    ended: Option<(Option<i64>, Option<i64>)>,
+pub struct Known {
+    /// The guest PID.
+    pub pid: i64,
+    /// The command as started.
+    pub command: String,
+    /// Its exit code and signal, once it ended.
+    pub ended: Option<(Option<i64>, Option<i64>)>,
 }
 
 /// Starts a background process.
@@ -355,7 +358,9 @@ pub fn status(req: &StatusRequest, cancelled: &dyn Fn() -> bool) -> Result<Statu
     }
 }
 
-fn shape(
+/// A status call's result from what the guest's output files gave (`o`, `e`): offsets that
+/// never go backwards past what was asked for, output past the kept window counted as dropped.
+pub fn shape(
     req: &StatusRequest,
     k: &Known,
     running: bool,

@@ -35,7 +35,7 @@ pub const MAX_OUTPUT: usize = 1024 * 1024;
 
 /// Decodes one captured stream, capped at [`MAX_OUTPUT`]; true when it was cut here or by the
 /// agent.
-fn decode_stream(v: &Value, data: &str, flag: &str) -> (String, bool) {
+pub fn decode_stream(v: &Value, data: &str, flag: &str) -> (String, bool) {
     let mut bytes = v
         .get(data)
         .and_then(Value::as_str)

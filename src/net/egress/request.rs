@@ -51,6 +51,16 @@ pub fn parse(head: &[u8]) -> Result<Request, String> {
     let text = std::str::from_utf8(head).map_err(|_| "request head is not UTF-8".to_string())?;
     let mut lines = text.split("\r\n");
     let first = lines.next().unwrap_or_default();
+    // HTTP has no control characters in a head but CRLF and a header value's tabs: a bare LF
+    // or a NUL passed on would be a header of the guest's making at the origin.
+    if first.chars().any(|c| c.is_control())
+        || text
+            .split("\r\n")
+            .skip(1)
+            .any(|l| l.chars().any(|c| c.is_control() && c != '\t'))
+    {
+        return Err("control characters in the request head".into());
+    }
     let mut parts = first.split(' ');
     let (Some(method), Some(target), Some(version), None) =
         (parts.next(), parts.next(), parts.next(), parts.next())
@@ -173,6 +183,19 @@ pub fn answer(status: u16, reason: &str) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn control_characters_in_a_head_are_refused() {
+        // Found by the egress fuzz target: NULs in the host of an absolute URL.
+        let nul = parse(b"GET http://Examp\0\0\0\x12OM./ HTTP/1.1\r\n\r\n");
+        assert!(nul.unwrap_err().contains("control characters"));
+        let lf = parse(b"GET http://a\nX-Evil:1/ HTTP/1.1\r\nHost: a\r\n\r\n");
+        assert!(lf.is_err());
+        let header = parse(b"GET http://a/ HTTP/1.1\r\nX: a\nb\r\n\r\n");
+        assert!(header.is_err());
+        let tab = parse(b"GET http://a/ HTTP/1.1\r\nX:\tvalue\r\n\r\n");
+        assert!(tab.is_ok(), "{tab:?}");
+    }
 
     #[test]
     fn connect_and_absolute_urls_parse() {
