@@ -142,7 +142,6 @@ pub fn start(req: &StartRequest) -> Result<Started, BgError> {
         cwd: req.cwd.as_deref(),
         spool: Some(&id),
         session: true,
-        hand_back: false,
     };
     let (pid, ended) =
         with_guest(&req.name, "guest-exec", |q| start_in(q, &launch)).map_err(err)??;

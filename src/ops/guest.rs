@@ -136,7 +136,6 @@ pub fn run_program(
     let slot = live.then(spool::Slot::take);
     let launch = Launch {
         spool: slot.as_ref().map(|s| s.id.as_str()).or(launch.spool),
-        hand_back: live,
         ..launch.clone()
     };
     let started = Instant::now();
@@ -222,8 +221,12 @@ impl Run<'_> {
                 crate::qemu::qga::COMMAND_TIMEOUT,
             )?;
             if status.get("exited").and_then(Value::as_bool) == Some(true) {
-                // A live run's wrapper hands the output back in the capture.
-                return Ok(Some(status));
+                return Ok(Some(match &self.live {
+                    Some(l) if spool::wrapper_refusal(&status).is_none() => {
+                        with_spooled_output(q, status, &l.id)?
+                    }
+                    _ => status,
+                }));
             }
             self.report(q, pid)?;
             let now = Instant::now();
@@ -285,15 +288,9 @@ impl Run<'_> {
             )));
         }
         if Instant::now() >= self.deadline {
-            // A live run's program is the child of its wrapper (that pid).
-            let stop = if self.live.is_some() {
-                format!("guest_exec command=\"pkill\" args=[\"-P\", \"{pid}\"]")
-            } else {
-                format!("guest_exec command=\"kill\" args=[\"{pid}\"]")
-            };
             return Err(OpError::new(format!(
                 "{command} did not finish within {} s; it is still running in the guest as pid \
-                 {pid} (stop it with {stop})",
+                 {pid} (stop it with guest_exec command=\"kill\" args=[\"{pid}\"])",
                 self.timeout.as_secs_f64()
             )));
         }
@@ -304,6 +301,21 @@ impl Run<'_> {
 /// A live run's output is read from the call's first half second on (a call done sooner
 /// says nothing, and reads nothing it would not report).
 const MIN_QUIET: Duration = Duration::from_millis(450);
+
+/// The final status of a spooled run with its output files in place of the capture (both
+/// capped past [`MAX_OUTPUT`]), the files emptied for the slot's next run.
+fn with_spooled_output(q: &mut Qga, mut status: Value, id: &str) -> Result<Value, QgaError> {
+    let (out, err) = spool::paths(id);
+    for (path, data, flag) in [
+        (out, "out-data", "out-truncated"),
+        (err, "err-data", "err-truncated"),
+    ] {
+        let (bytes, cut) = spool::read_and_empty(q, &path, MAX_OUTPUT)?;
+        status[data] = json!(b64::encode(&bytes));
+        status[flag] = json!(cut);
+    }
+    Ok(status)
+}
 
 /// The agent's version, the guest OS and the agent commands enabled: guest_info's result.
 pub fn info(name: &str) -> Result<Value, OpError> {

@@ -22,35 +22,19 @@ const WRAPPER_FAILED: i64 = 125;
 /// What the wrapper's refusal of `cwd` starts with on stderr.
 const CWD_MARK: &str = "mcqemu-wrapper: cwd ";
 
-/// The wrapper: `sh -c WRAPPER mcqemu-exec DIR ID CWD MODE N K=V... COMMAND ARGS...`. DIR
-/// empty: the output stays the agent's (captured as usual). MODE `1`: a new session (setsid)
-/// so that a kill reaches the program's children too (background processes); `h`: the
-/// program runs as the wrapper's child and, once it ends, the wrapper hands what it wrote
-/// (up to [`HAND_BACK`] bytes a stream) back through the agent's own capture and empties the
-/// files, so a live run that ends needs no file round trip; a program killed by a signal
-/// has the wrapper end by the same signal.
+/// The wrapper: `sh -c WRAPPER mcqemu-exec DIR ID CWD BG N K=V... COMMAND ARGS...`. DIR empty:
+/// the output stays the agent's (captured as usual); BG non-empty: a new session (setsid) so
+/// that a kill reaches the program's children too.
 const WRAPPER: &str = r#"d=$1 id=$2 cwd=$3 bg=$4 n=$5; shift 5
 while [ "$n" -gt 0 ]; do export "$1"; shift; n=$((n-1)); done
 if [ -n "$cwd" ]; then cd "$cwd" 2>/dev/null || { echo "mcqemu-wrapper: cwd $cwd is not a folder" >&2; exit 125; }; fi
 if [ -n "$d" ]; then
   [ -d "$d" ] || mkdir -m 0700 "$d" 2>/dev/null
   if [ -L "$d" ] || [ ! -d "$d" ] || [ ! -O "$d" ]; then echo "mcqemu-wrapper: $d is not the agent user's own folder" >&2; exit 125; fi
-  o=$d/$id.out e=$d/$id.err
-  if [ "$bg" = h ]; then
-    "$@" >"$o" 2>"$e"; r=$?
-    if [ -s "$o" ]; then head -c 1048577 "$o"; : >"$o"; fi
-    if [ -s "$e" ]; then head -c 1048577 "$e" >&2; : >"$e"; fi
-    if [ "$r" -gt 128 ] && [ "$r" -lt 160 ]; then kill -"$((r-128))" $$ 2>/dev/null; fi
-    exit "$r"
-  fi
-  if [ "$bg" = 1 ] && command -v setsid >/dev/null 2>&1; then exec setsid "$@" >"$o" 2>"$e"; fi
-  exec "$@" >"$o" 2>"$e"
+  if [ -n "$bg" ] && command -v setsid >/dev/null 2>&1; then exec setsid "$@" >"$d/$id.out" 2>"$d/$id.err"; fi
+  exec "$@" >"$d/$id.out" 2>"$d/$id.err"
 fi
 exec "$@""#;
-
-/// Most bytes of each stream a hand-back returns: one past guest_exec's cap, so the result
-/// knows it was cut.
-pub const HAND_BACK: usize = super::guest::MAX_OUTPUT + 1;
 
 /// How one program is to be started.
 #[derive(Debug, Clone, Default)]
@@ -69,8 +53,6 @@ pub struct Launch<'a> {
     pub spool: Option<&'a str>,
     /// A new session for the program (background processes).
     pub session: bool,
-    /// With a spool: the output comes back in the final status too (live foreground runs).
-    pub hand_back: bool,
 }
 
 impl Launch<'_> {
@@ -91,12 +73,7 @@ impl Launch<'_> {
                 self.spool.map_or(String::new(), |_| GUEST_DIR.to_string()),
                 self.spool.unwrap_or_default().to_string(),
                 self.cwd.unwrap_or_default().to_string(),
-                match (self.session, self.hand_back) {
-                    (true, _) => "1",
-                    (false, true) => "h",
-                    (false, false) => "",
-                }
-                .to_string(),
+                if self.session { "1" } else { "" }.to_string(),
                 self.env.len().to_string(),
             ];
             a.extend(self.env.iter().map(|(k, v)| format!("{k}={v}")));
