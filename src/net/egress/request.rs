@@ -81,7 +81,10 @@ pub fn parse(head: &[u8]) -> Result<Request, String> {
     }
     let rest = match target.get(..7) {
         Some(s) if s.eq_ignore_ascii_case("http://") => &target[7..],
-        _ if target.len() > 8 && target[..8].eq_ignore_ascii_case("https://") => {
+        _ if target
+            .get(..8)
+            .is_some_and(|s| s.eq_ignore_ascii_case("https://")) =>
+        {
             return Err("https:// URLs go through CONNECT (set https_proxy)".into())
         }
         _ => return Err(format!("{target:?} is not an absolute http:// URL")),
@@ -193,6 +196,10 @@ mod tests {
         assert!(lf.is_err());
         let header = parse(b"GET http://a/ HTTP/1.1\r\nX: a\nb\r\n\r\n");
         assert!(header.is_err());
+        // Found by the egress fuzz target: a multi-byte character across the 8th byte of the
+        // target panicked the https:// check.
+        let split = parse("GET hp://Ex\u{fffd}le.COM./h HTTP/1.1\r\n\r\n".as_bytes());
+        assert!(split.unwrap_err().contains("not an absolute http:// URL"));
         let tab = parse(b"GET http://a/ HTTP/1.1\r\nX:\tvalue\r\n\r\n");
         assert!(tab.is_ok(), "{tab:?}");
     }
