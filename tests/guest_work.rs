@@ -141,6 +141,43 @@ fn env_cwd_live_output_and_background_processes() {
         json!("")
     );
 
+    // Quick runs with a token read their slot's files in the poll that sees them end: each
+    // gets its own output (none of the run before), and one past the early read's 64 KiB
+    // is read whole by path.
+    let quick = |s: &mut Server, script: &str| {
+        let (r, _, _) = s
+            .try_call_with_token(
+                "guest_exec",
+                json!({"name": "w", "command": "sh", "args": ["-c", script]}),
+                CALL,
+            )
+            .unwrap();
+        tool_ok(&r, script)
+    };
+    let one = quick(s, "echo one; echo e1 >&2; exit 4");
+    assert_eq!(
+        (one["stdout"].clone(), one["stderr"].clone()),
+        (json!("one\n"), json!("e1\n"))
+    );
+    assert_eq!(one["exitcode"], json!(4), "{one}");
+    let two = quick(s, "echo two");
+    assert_eq!(
+        (two["stdout"].clone(), two["stderr"].clone()),
+        (json!("two\n"), json!(""))
+    );
+    let big = quick(s, "head -c 100000 /dev/zero | tr '\\0' a");
+    assert_eq!(
+        big["stdout"].as_str().map(str::len),
+        Some(100_000),
+        "{}",
+        big["stderr"]
+    );
+    let after = quick(s, "true");
+    assert_eq!(
+        (after["stdout"].clone(), after["stderr"].clone()),
+        (json!(""), json!(""))
+    );
+
     // A background process: a handle at once; output by offsets, stderr apart.
     let t = Instant::now();
     let started = s.call_ok(
