@@ -1,4 +1,4 @@
-//! Subcommands: serve (default), tools, call, doctor, --version, --help.
+//! Subcommands: serve (default), tools, call, doctor, view, --version, --help.
 
 #![allow(clippy::print_stdout)] // this subcommand's results are its stdout; `serve` prints nothing
 
@@ -19,6 +19,9 @@ USAGE:
     mcqemu call TOOL ['{json}' | -]     run one tool and print its structured result
                    [--out FILE]         save image content (screenshots) to FILE
     mcqemu doctor                       check the host: QEMU, qemu-img, KVM, firmware, folders
+    mcqemu view NAME [--open] [--port N]
+                                        the live view of VM NAME for a browser: prints a
+                                        local URL with a secret (--open starts the browser)
     mcqemu egress-proxy ...             (internal) one VM's egress proxy, started with it
     mcqemu --version | --help
 
@@ -71,6 +74,7 @@ pub fn main(args: Vec<String>) -> i32 {
         Some("tools") => list_tools(&args[1..]),
         Some("call") => call(&args[1..]),
         Some("doctor") => crate::doctor::run_doctor(),
+        Some("view") => crate::view_http::main(&args[1..]),
         Some("egress-proxy") => crate::net::egress::process::main(&args[1..]),
         Some(other) => usage(&format!("unknown command {other:?}")),
     }

@@ -32,3 +32,4 @@ pub mod ops;
 pub mod qemu;
 pub mod state;
 pub mod tools;
+pub mod view_http;

@@ -115,6 +115,7 @@ static TOOLS: [ToolDef; 3] = [
         output_schema,
         annotations: ANNOTATIONS,
         handler: echo,
+        ui: mcqemu::mcp::tool::Ui::NONE,
     },
     ToolDef {
         name: "fail",
@@ -124,6 +125,7 @@ static TOOLS: [ToolDef; 3] = [
         output_schema,
         annotations: ANNOTATIONS,
         handler: fail,
+        ui: mcqemu::mcp::tool::Ui::NONE,
     },
     ToolDef {
         name: "boom",
@@ -133,6 +135,7 @@ static TOOLS: [ToolDef; 3] = [
         output_schema,
         annotations: ANNOTATIONS,
         handler: boom,
+        ui: mcqemu::mcp::tool::Ui::NONE,
     },
 ];
 

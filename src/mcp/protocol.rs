@@ -55,6 +55,10 @@ pub fn capabilities(resources: bool) -> Value {
     let mut caps = json!({ "tools": { "listChanged": false }, "logging": {} });
     if resources {
         caps["resources"] = json!({ "listChanged": true });
+        // MCP Apps: the live view is a ui:// resource.
+        caps["extensions"] = json!({
+            "io.modelcontextprotocol/ui": { "mimeTypes": ["text/html;profile=mcp-app"] }
+        });
     }
     caps
 }

@@ -140,6 +140,7 @@ mod tests {
                 open_world: false,
             },
             handler: |_, _| Ok(super::super::tool::ToolOutput::json(json!({}))),
+            ui: crate::mcp::tool::Ui::NONE,
         }
     }
 

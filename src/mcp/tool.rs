@@ -44,12 +44,48 @@ pub struct ToolDef {
     pub annotations: Annotations,
     /// The code that runs it.
     pub handler: Handler,
+    /// Its place in MCP Apps (`_meta.ui`): the view it opens, and whether only a view may
+    /// call it.
+    pub ui: Ui,
+}
+
+/// A tool's `_meta.ui` (the MCP Apps extension, `io.modelcontextprotocol/ui`). Sent to every
+/// client: a host that renders no apps ignores it.
+#[derive(Clone, Copy, Debug)]
+pub struct Ui {
+    /// The `ui://` resource a host may render beside the tool's result.
+    pub resource: Option<&'static str>,
+    /// Only a view may call it (`visibility: ["app"]`): the model never sees it listed.
+    pub app_only: bool,
+}
+
+impl Ui {
+    /// No place in MCP Apps.
+    pub const NONE: Ui = Ui {
+        resource: None,
+        app_only: false,
+    };
+
+    /// The `_meta` object, when there is anything to say.
+    fn meta(&self) -> Option<Value> {
+        if self.resource.is_none() && !self.app_only {
+            return None;
+        }
+        let mut ui = json!({});
+        if let Some(r) = self.resource {
+            ui["resourceUri"] = json!(r);
+        }
+        if self.app_only {
+            ui["visibility"] = json!(["app"]);
+        }
+        Some(json!({"ui": ui}))
+    }
 }
 
 impl ToolDef {
     /// The definition as `tools/list` shows it.
     pub fn to_json(&self) -> Value {
-        json!({
+        let mut out = json!({
             "name": self.name,
             "title": self.title,
             "description": self.description,
@@ -62,7 +98,11 @@ impl ToolDef {
                 "idempotentHint": self.annotations.idempotent,
                 "openWorldHint": self.annotations.open_world,
             }
-        })
+        });
+        if let Some(meta) = self.ui.meta() {
+            out["_meta"] = meta;
+        }
+        out
     }
 }
 

@@ -66,6 +66,7 @@ pub const STATUS: ToolDef = ToolDef {
     },
     annotations: presets::READ_ONLY,
     handler: status,
+    ui: crate::mcp::tool::Ui::NONE,
 };
 
 fn offset(args: &Args, key: &str) -> Result<u64, ToolError> {
@@ -118,6 +119,7 @@ pub const KILL: ToolDef = ToolDef {
     },
     annotations: presets::DESTRUCTIVE_IDEMPOTENT,
     handler: kill,
+    ui: crate::mcp::tool::Ui::NONE,
 };
 
 fn kill(_ctx: &ToolCtx, args: &Args) -> ToolResult {

@@ -108,6 +108,7 @@ pub const COPY_IN: ToolDef = ToolDef {
     output_schema,
     annotations: presets::DESTRUCTIVE_IDEMPOTENT,
     handler: copy_in,
+    ui: crate::mcp::tool::Ui::NONE,
 };
 
 fn copy_in(ctx: &ToolCtx, args: &Args) -> ToolResult {
@@ -140,6 +141,7 @@ pub const COPY_OUT: ToolDef = ToolDef {
     output_schema,
     annotations: presets::DESTRUCTIVE_IDEMPOTENT,
     handler: copy_out,
+    ui: crate::mcp::tool::Ui::NONE,
 };
 
 fn copy_out(ctx: &ToolCtx, args: &Args) -> ToolResult {

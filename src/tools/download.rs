@@ -62,6 +62,7 @@ pub const DOWNLOAD: ToolDef = ToolDef {
     },
     annotations: presets::DESTRUCTIVE_OPEN_WORLD,
     handler: run,
+    ui: crate::mcp::tool::Ui::NONE,
 };
 
 fn run(ctx: &ToolCtx, args: &Args) -> ToolResult {

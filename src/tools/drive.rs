@@ -92,12 +92,14 @@ pub const CLICK: ToolDef = ToolDef {
     },
     annotations: presets::DESTRUCTIVE,
     handler: click,
+    ui: crate::mcp::tool::Ui::NONE,
 };
 
 pub use crate::ops::pointer::abs_axis;
 
 fn click(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     let name = vm_name_arg(args)?;
+    crate::ops::hold::check_agent(&name, "vm_click")?;
     let x = args.opt_i64("x")?.unwrap_or(-1);
     let y = args.opt_i64("y")?.unwrap_or(-1);
     let scale = scale_arg(args)?;
@@ -206,6 +208,7 @@ pub const MOUSE_MOVE: ToolDef = ToolDef {
     },
     annotations: presets::DESTRUCTIVE,
     handler: mouse_move,
+    ui: crate::mcp::tool::Ui::NONE,
 };
 
 /// Splits a relative move into per-command steps of at most `step` on each axis.
@@ -226,6 +229,7 @@ pub fn rel_steps(dx: i64, dy: i64, step: i64) -> Vec<(i64, i64)> {
 
 fn mouse_move(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let name = vm_name_arg(args)?;
+    crate::ops::hold::check_agent(&name, "vm_mouse_move")?;
     let dx = args.i64_or("dx", 0)?;
     let dy = args.i64_or("dy", 0)?;
     let scale = scale_arg(args)?;

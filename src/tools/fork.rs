@@ -60,6 +60,7 @@ pub const FORK: ToolDef = ToolDef {
     },
     annotations: presets::ADDITIVE,
     handler: sandbox_fork,
+    ui: presets::OPENS_VIEW,
 };
 
 fn sandbox_fork(ctx: &ToolCtx, args: &Args) -> ToolResult {
@@ -110,6 +111,7 @@ pub const SUSPEND: ToolDef = ToolDef {
     },
     annotations: presets::DESTRUCTIVE_IDEMPOTENT,
     handler: sandbox_suspend,
+    ui: crate::mcp::tool::Ui::NONE,
 };
 
 fn sandbox_suspend(ctx: &ToolCtx, args: &Args) -> ToolResult {
@@ -149,6 +151,7 @@ pub const RESUME: ToolDef = ToolDef {
     },
     annotations: presets::ADDITIVE,
     handler: sandbox_resume,
+    ui: crate::mcp::tool::Ui::NONE,
 };
 
 fn sandbox_resume(ctx: &ToolCtx, args: &Args) -> ToolResult {

@@ -43,6 +43,7 @@ pub const FORWARD: ToolDef = ToolDef {
     },
     annotations: presets::ADDITIVE,
     handler: forward,
+    ui: crate::mcp::tool::Ui::NONE,
 };
 
 fn forward(_ctx: &ToolCtx, args: &Args) -> ToolResult {

@@ -40,6 +40,7 @@ pub const PING: ToolDef = ToolDef {
     },
     annotations: presets::READ_ONLY,
     handler: ping,
+    ui: crate::mcp::tool::Ui::NONE,
 };
 
 fn ping(_ctx: &ToolCtx, args: &Args) -> ToolResult {
@@ -77,6 +78,7 @@ pub const INFO: ToolDef = ToolDef {
     },
     annotations: presets::READ_ONLY,
     handler: info,
+    ui: crate::mcp::tool::Ui::NONE,
 };
 
 fn info(_ctx: &ToolCtx, args: &Args) -> ToolResult {
@@ -151,6 +153,7 @@ pub const EXEC: ToolDef = ToolDef {
     },
     annotations: presets::DESTRUCTIVE,
     handler: exec,
+    ui: crate::mcp::tool::Ui::NONE,
 };
 
 /// guest_exec's `env`: an object of strings.
@@ -262,6 +265,7 @@ pub const FILE_READ: ToolDef = ToolDef {
     },
     annotations: presets::READ_ONLY,
     handler: file_read,
+    ui: crate::mcp::tool::Ui::NONE,
 };
 
 fn file_read(_ctx: &ToolCtx, args: &Args) -> ToolResult {
@@ -383,6 +387,7 @@ pub const LIST_DIR: ToolDef = ToolDef {
     },
     annotations: presets::READ_ONLY,
     handler: list_dir,
+    ui: crate::mcp::tool::Ui::NONE,
 };
 
 fn list_dir(_ctx: &ToolCtx, args: &Args) -> ToolResult {
@@ -433,6 +438,7 @@ pub const FILE_WRITE: ToolDef = ToolDef {
     },
     annotations: presets::DESTRUCTIVE,
     handler: file_write,
+    ui: crate::mcp::tool::Ui::NONE,
 };
 
 fn file_write(_ctx: &ToolCtx, args: &Args) -> ToolResult {

@@ -107,6 +107,7 @@ pub const CREATE: ToolDef = ToolDef {
     output_schema: || out_object(image_out_props(), &["path", "format", "virtual_size"]),
     annotations: presets::DESTRUCTIVE,
     handler: create,
+    ui: crate::mcp::tool::Ui::NONE,
 };
 
 fn create(_ctx: &ToolCtx, args: &Args) -> ToolResult {
@@ -195,6 +196,7 @@ pub const INFO: ToolDef = ToolDef {
     },
     annotations: presets::READ_ONLY,
     handler: info,
+    ui: crate::mcp::tool::Ui::NONE,
 };
 
 fn info(_ctx: &ToolCtx, args: &Args) -> ToolResult {
@@ -262,6 +264,7 @@ pub const CONVERT: ToolDef = ToolDef {
     },
     annotations: presets::DESTRUCTIVE,
     handler: convert,
+    ui: crate::mcp::tool::Ui::NONE,
 };
 
 fn convert(ctx: &ToolCtx, args: &Args) -> ToolResult {
@@ -349,6 +352,7 @@ pub const RESIZE: ToolDef = ToolDef {
     },
     annotations: presets::DESTRUCTIVE,
     handler: resize,
+    ui: crate::mcp::tool::Ui::NONE,
 };
 
 fn resize(_ctx: &ToolCtx, args: &Args) -> ToolResult {

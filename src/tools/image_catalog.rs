@@ -49,6 +49,7 @@ pub const CATALOG: ToolDef = ToolDef {
     },
     annotations: presets::READ_ONLY,
     handler: list_catalog,
+    ui: crate::mcp::tool::Ui::NONE,
 };
 
 /// The image pulled from `url` into `dir`, when its record says so: path, size and record.

@@ -53,6 +53,7 @@ pub const SNAPSHOT_LIST: ToolDef = ToolDef {
     output_schema: snapshot_list_out,
     annotations: presets::READ_ONLY,
     handler: snapshot_list,
+    ui: crate::mcp::tool::Ui::NONE,
 };
 
 fn snapshot_list(_ctx: &ToolCtx, args: &Args) -> ToolResult {
@@ -76,6 +77,7 @@ pub const SNAPSHOT_CREATE: ToolDef = ToolDef {
     output_schema: snapshot_op_out,
     annotations: presets::ADDITIVE,
     handler: |ctx, args| snapshot_op(ctx, args, SnapshotOp::Create),
+    ui: crate::mcp::tool::Ui::NONE,
 };
 
 const SNAPSHOT_APPLY_DESCRIPTION: &str = "Revert a qcow2 image that no VM is using to one of its \
@@ -90,6 +92,7 @@ pub const SNAPSHOT_APPLY: ToolDef = ToolDef {
     output_schema: snapshot_op_out,
     annotations: presets::DESTRUCTIVE_IDEMPOTENT,
     handler: |ctx, args| snapshot_op(ctx, args, SnapshotOp::Apply),
+    ui: crate::mcp::tool::Ui::NONE,
 };
 
 const SNAPSHOT_DELETE_DESCRIPTION: &str = "Delete an internal snapshot from a qcow2 image that no \
@@ -104,6 +107,7 @@ pub const SNAPSHOT_DELETE: ToolDef = ToolDef {
     output_schema: snapshot_op_out,
     annotations: presets::DESTRUCTIVE,
     handler: |ctx, args| snapshot_op(ctx, args, SnapshotOp::Delete),
+    ui: crate::mcp::tool::Ui::NONE,
 };
 
 fn snapshot_op(_ctx: &ToolCtx, args: &Args, op: SnapshotOp) -> ToolResult {

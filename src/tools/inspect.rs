@@ -77,7 +77,8 @@ pub const LIST: ToolDef = ToolDef {
                             "arch": {"type": ["string", "null"]},
                             "accel": {"type": ["string", "null"]},
                             "pid": {"type": ["integer", "null"]},
-                            "created_at": {"type": ["string", "null"]}
+                            "created_at": {"type": ["string", "null"]},
+                            "held": {"type": "object", "description": "A person's hold (vm_takeover): since when."}
                         },
                         "required": ["name", "status"]
                     }
@@ -89,6 +90,7 @@ pub const LIST: ToolDef = ToolDef {
     },
     annotations: presets::READ_ONLY,
     handler: list_vms,
+    ui: crate::mcp::tool::Ui::NONE,
 };
 
 /// How long list_vms may spend measuring, for all VMs together.
@@ -165,6 +167,9 @@ fn list_vms(_ctx: &ToolCtx, _args: &Args) -> ToolResult {
             if let Some(d) = m.detail {
                 o["detail"] = json!(d);
             }
+            if let Some(h) = crate::ops::hold::of(rec) {
+                o["held"] = json!(h);
+            }
             o
         })
         .collect();
@@ -202,13 +207,15 @@ pub const INFO: ToolDef = ToolDef {
                 "seccomp": {"type": ["string", "null"]},
                 "egress_proxy": {"type": "string"},
                 "egress": {"type": "object"},
-                "detail": {"type": "string"}
+                "detail": {"type": "string"},
+                "held": {"type": ["object", "null"], "description": "A person's hold (vm_takeover): since when."}
             },
             "required": ["name", "status", "record"]
         })
     },
     annotations: presets::READ_ONLY,
     handler: vm_info,
+    ui: crate::mcp::tool::Ui::NONE,
 };
 
 fn vm_info(_ctx: &ToolCtx, args: &Args) -> ToolResult {
@@ -228,6 +235,7 @@ fn vm_info(_ctx: &ToolCtx, args: &Args) -> ToolResult {
         "accel": rec.get("accel").cloned().unwrap_or(Value::Null),
         "qemu_version": rec.get("qemu_version").cloned().unwrap_or(Value::Null),
         "seccomp": vm::pid(&rec).and_then(crate::qemu::process::seccomp),
+        "held": crate::ops::hold::of(&rec),
     });
     if let Some(e) = crate::ops::egress::info(&name, &rec) {
         out["egress_proxy"] = e["egress_proxy"].clone();

@@ -58,6 +58,7 @@ pub const SEND_KEYS: ToolDef = ToolDef {
     },
     annotations: presets::DESTRUCTIVE,
     handler: send_keys,
+    ui: crate::mcp::tool::Ui::NONE,
 };
 
 /// A running VM that has a keyboard: keys sent to a VM without one would go nowhere, and the
@@ -76,6 +77,7 @@ fn live(name: &str) -> Result<Record, ToolError> {
 
 fn send_keys(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let name = vm_name_arg(args)?;
+    crate::ops::hold::check_agent(&name, "vm_send_keys")?;
     let specs = args.str_list("keys")?;
     if specs.is_empty() {
         return Err(ToolError::new(
@@ -144,10 +146,12 @@ pub const TYPE_TEXT: ToolDef = ToolDef {
     },
     annotations: presets::DESTRUCTIVE,
     handler: type_text,
+    ui: crate::mcp::tool::Ui::NONE,
 };
 
 fn type_text(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let name = vm_name_arg(args)?;
+    crate::ops::hold::check_agent(&name, "vm_type_text")?;
     let mut text = args.str("text")?.to_string();
     if text.chars().count() > MAX_TEXT {
         return Err(ToolError::new(format!(

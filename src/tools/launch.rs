@@ -38,6 +38,7 @@ pub const LAUNCH: ToolDef = ToolDef {
     output_schema: launch_out,
     annotations: presets::ADDITIVE,
     handler: launch_vm,
+    ui: presets::OPENS_VIEW,
 };
 
 fn launch_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {

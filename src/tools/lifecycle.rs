@@ -37,6 +37,7 @@ pub const PAUSE: ToolDef = ToolDef {
     output_schema: run_state_out,
     annotations: presets::IDEMPOTENT,
     handler: |_ctx, args| run_state_change(args, "stop"),
+    ui: crate::mcp::tool::Ui::NONE,
 };
 
 const RESUME_DESCRIPTION: &str = "Resume a paused VM (QMP cont); reports the resulting run state.";
@@ -50,6 +51,7 @@ pub const RESUME: ToolDef = ToolDef {
     output_schema: run_state_out,
     annotations: presets::IDEMPOTENT,
     handler: |_ctx, args| run_state_change(args, "cont"),
+    ui: crate::mcp::tool::Ui::NONE,
 };
 
 fn run_state_change(args: &Args, cmd: &str) -> ToolResult {
@@ -103,6 +105,7 @@ pub const ATTACH: ToolDef = ToolDef {
     },
     annotations: presets::ADDITIVE,
     handler: attach_vm,
+    ui: crate::mcp::tool::Ui::NONE,
 };
 
 fn socket_arg(args: &Args, key: &str) -> Result<Option<PathBuf>, ToolError> {
@@ -223,6 +226,7 @@ pub const FORGET: ToolDef = ToolDef {
     },
     annotations: presets::DESTRUCTIVE,
     handler: forget_vm,
+    ui: crate::mcp::tool::Ui::NONE,
 };
 
 fn forget_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {

@@ -35,6 +35,7 @@ pub mod snapshot;
 pub mod stop;
 pub mod template;
 pub mod template_manage;
+pub mod view;
 
 pub use crate::ops::checks::checked_image;
 pub use params::path_arg;
@@ -56,6 +57,10 @@ pub static ALL: &[ToolDef] = &[
     snapshot::LIST,
     screenshot::SCREENSHOT,
     screen_wait::SCREEN_WAIT,
+    view::VIEW,
+    view::TAKEOVER,
+    view::FRAME,
+    view::INPUT,
     keyboard::SEND_KEYS,
     keyboard::TYPE_TEXT,
     drive::CLICK,

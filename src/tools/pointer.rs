@@ -110,10 +110,12 @@ pub const DRAG: ToolDef = ToolDef {
     },
     annotations: presets::DESTRUCTIVE,
     handler: drag,
+    ui: crate::mcp::tool::Ui::NONE,
 };
 
 fn drag(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let name = vm_name_arg(args)?;
+    crate::ops::hold::check_agent(&name, "vm_drag")?;
     let coord = |k: &str| -> Result<i64, ToolError> { Ok(args.opt_i64(k)?.unwrap_or(-1)) };
     let (x, y, tx, ty) = (coord("x")?, coord("y")?, coord("to_x")?, coord("to_y")?);
     let scale = scale_arg(args)?;
@@ -183,10 +185,12 @@ pub const SCROLL: ToolDef = ToolDef {
     },
     annotations: presets::DESTRUCTIVE,
     handler: scroll,
+    ui: crate::mcp::tool::Ui::NONE,
 };
 
 fn scroll(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let name = vm_name_arg(args)?;
+    crate::ops::hold::check_agent(&name, "vm_scroll")?;
     let x = args.opt_i64("x")?.unwrap_or(-1);
     let y = args.opt_i64("y")?.unwrap_or(-1);
     let scale = scale_arg(args)?;

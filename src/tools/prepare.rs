@@ -95,6 +95,7 @@ pub const PREPARE: ToolDef = ToolDef {
     },
     annotations: presets::DESTRUCTIVE_OPEN_WORLD,
     handler: prepare,
+    ui: crate::mcp::tool::Ui::NONE,
 };
 
 fn prepare(ctx: &ToolCtx, args: &Args) -> ToolResult {

@@ -71,6 +71,22 @@ pub fn name_only() -> Value {
     super::object(json!({"name": name_schema()}), &["name"])
 }
 
+/// The live view's resource (an MCP App: `tools::view` has its tools, `tools::resources`
+/// serves it, `mcqemu view` serves the same page over local HTTP).
+pub const VIEW_URI: &str = "ui://mcqemu/view";
+/// Its MIME type (MCP Apps).
+pub const VIEW_MIME: &str = "text/html;profile=mcp-app";
+/// The page: script and style inline, nothing fetched from elsewhere (it works under the
+/// default content security policy of MCP Apps hosts).
+pub const VIEW_PAGE: &str = include_str!("view.html");
+
+/// The `_meta.ui` of a tool after which a person wants to look: hosts that render MCP Apps
+/// show the live view beside its result.
+pub const OPENS_VIEW: crate::mcp::tool::Ui = crate::mcp::tool::Ui {
+    resource: Some(VIEW_URI),
+    app_only: false,
+};
+
 #[cfg(test)]
 mod tests {
     use serde_json::{json, Map, Value};
@@ -124,6 +140,6 @@ mod tests {
             assert_eq!(err, want, "{}", tool.name);
             checked += 1;
         }
-        assert_eq!(checked, 40);
+        assert_eq!(checked, 44);
     }
 }

@@ -120,6 +120,7 @@ pub const PULL: ToolDef = ToolDef {
     },
     annotations: presets::DESTRUCTIVE_OPEN_WORLD,
     handler: pull,
+    ui: crate::mcp::tool::Ui::NONE,
 };
 
 /// How a source is verified.

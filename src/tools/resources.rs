@@ -73,6 +73,19 @@ fn uri_of(name: &str, kind: Kind) -> String {
     }
 }
 
+/// The live view (an MCP App): hosts that render apps show it beside vm_view, vm_screenshot,
+/// vm_screen_wait, launch_vm, sandbox_vm and sandbox_fork.
+fn view_resource() -> Value {
+    json!({
+        "uri": super::presets::VIEW_URI,
+        "name": "view",
+        "title": "Live view of a VM",
+        "description": "A VM's screen as it changes, its run state and serial console, with \
+            Take over / Hand back for the person watching (an MCP App).",
+        "mimeType": super::presets::VIEW_MIME,
+    })
+}
+
 fn serial_resource(name: &str) -> Value {
     json!({
         "uri": uri_of(name, Kind::Serial),
@@ -184,7 +197,7 @@ pub fn provider() -> Arc<dyn Provider> {
 
 impl Provider for VmResources {
     fn list(&self) -> Vec<Value> {
-        let mut out = Vec::new();
+        let mut out = vec![view_resource()];
         for (name, rec) in vm::registry().load() {
             // Pooled clones are the server's, not the caller's VMs (list_vms hides them too);
             // a VM still being launched has no console or screen yet: it appears once, when
@@ -220,6 +233,12 @@ impl Provider for VmResources {
     }
 
     fn read(&self, uri: &str) -> Result<Vec<Value>, ReadError> {
+        if uri == super::presets::VIEW_URI {
+            return Ok(vec![json!({
+                "uri": uri, "mimeType": super::presets::VIEW_MIME,
+                "text": super::presets::VIEW_PAGE,
+            })]);
+        }
         match parse(uri) {
             Some((name, Kind::Serial)) => read_serial(uri, name),
             Some((name, Kind::Screen)) => read_screen(uri, name),

@@ -50,6 +50,7 @@ pub const SANDBOX: ToolDef = ToolDef {
     },
     annotations: presets::ADDITIVE,
     handler: sandbox_vm,
+    ui: presets::OPENS_VIEW,
 };
 
 fn sandbox_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
@@ -82,6 +83,7 @@ pub const DESTROY: ToolDef = ToolDef {
     },
     annotations: presets::DESTRUCTIVE,
     handler: destroy,
+    ui: crate::mcp::tool::Ui::NONE,
 };
 
 fn destroy(ctx: &ToolCtx, args: &Args) -> ToolResult {

@@ -91,6 +91,7 @@ pub const SCREEN_WAIT: ToolDef = ToolDef {
     },
     annotations: presets::READ_ONLY_WAIT,
     handler: screen_wait,
+    ui: presets::OPENS_VIEW,
 };
 
 /// The `region` argument, if given: a non-empty rectangle.

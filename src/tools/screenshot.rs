@@ -96,6 +96,7 @@ pub const SCREENSHOT: ToolDef = ToolDef {
     },
     annotations: presets::READ_ONLY,
     handler: screenshot,
+    ui: presets::OPENS_VIEW,
 };
 
 fn screenshot(_ctx: &ToolCtx, args: &Args) -> ToolResult {

@@ -1,6 +1,5 @@
 //! The serial console: read the tail of its log, type into it, wait for text to appear.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -9,7 +8,6 @@ use serde_json::json;
 use super::{object, presets, vm_name_arg};
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::ops::records::lookup;
-use crate::qemu::sock;
 use crate::qemu::vm;
 use crate::state::registry::Record;
 use crate::state::tail;
@@ -71,6 +69,7 @@ pub const READ: ToolDef = ToolDef {
     },
     annotations: presets::READ_ONLY,
     handler: read,
+    ui: crate::mcp::tool::Ui::NONE,
 };
 
 fn read(_ctx: &ToolCtx, args: &Args) -> ToolResult {
@@ -122,10 +121,12 @@ pub const WRITE: ToolDef = ToolDef {
     },
     annotations: presets::DESTRUCTIVE,
     handler: write,
+    ui: crate::mcp::tool::Ui::NONE,
 };
 
 fn write(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     let name = vm_name_arg(args)?;
+    crate::ops::hold::check_agent(&name, "vm_serial_write")?;
     let mut text = args.str("text")?.to_string();
     if text.chars().count() > MAX_TEXT {
         return Err(ToolError::new(format!(
@@ -135,37 +136,9 @@ fn write(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     if args.bool_or("enter", false)? {
         text.push('\r');
     }
-    let rec = crate::ops::records::lookup_live(&name, "launch it first")?;
-    let sock_path = vm::field(&rec, "serial_socket")
-        .map(PathBuf::from)
-        .ok_or_else(|| {
-            ToolError::new(format!(
-                "VM {name:?} has no serial console socket (VMs adopted with attach_vm, or \
-                 launched by an older mcqemu, have none)"
-            ))
-        })?;
-    let offset = vm::field(&rec, "serial_log").map(|p| file_len(Path::new(p)));
-    let lock = sock::session_lock(&sock_path);
-    let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
-    let mut s = sock::connect(&sock_path, Duration::from_secs(5)).map_err(|e| {
-        ToolError::new(format!(
-            "cannot connect to the serial console of {name:?} ({e}); another client may hold it"
-        ))
-    })?;
-    let _ = s.set_write_timeout(Some(Duration::from_secs(10)));
-    // Paced in small pieces: the UART takes 16 bytes at a time and QEMU pulls as the guest reads.
-    for chunk in text.as_bytes().chunks(64) {
-        s.write_all(chunk).map_err(|e| {
-            ToolError::new(format!(
-                "writing to the serial console of {name:?} failed: {e}"
-            ))
-        })?;
-    }
-    let _ = s.flush();
-    // Give QEMU a moment to drain the socket before we close it.
-    std::thread::sleep(Duration::from_millis(20));
+    let w = crate::ops::serial_write::write(&name, &text)?;
     Ok(ToolOutput::json(
-        json!({"name": name, "bytes": text.len(), "offset": offset}),
+        json!({"name": w.name, "bytes": w.bytes, "offset": w.offset}),
     ))
 }
 
@@ -204,6 +177,7 @@ pub const WAIT: ToolDef = ToolDef {
     },
     annotations: presets::READ_ONLY_WAIT,
     handler: wait,
+    ui: crate::mcp::tool::Ui::NONE,
 };
 
 /// Finds `pattern` in `buf`; returns the whole line around it and the index just past that line.

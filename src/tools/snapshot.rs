@@ -199,6 +199,7 @@ pub const CREATE: ToolDef = ToolDef {
     output_schema: op_out,
     annotations: presets::ADDITIVE,
     handler: |ctx, args| snapshot_op(ctx, args, Op::Save),
+    ui: crate::mcp::tool::Ui::NONE,
 };
 
 const RESTORE_DESCRIPTION: &str = "Roll the running VM back to a live snapshot: RAM, devices and \
@@ -214,6 +215,7 @@ pub const RESTORE: ToolDef = ToolDef {
     output_schema: op_out,
     annotations: presets::DESTRUCTIVE_IDEMPOTENT,
     handler: |ctx, args| snapshot_op(ctx, args, Op::Load),
+    ui: crate::mcp::tool::Ui::NONE,
 };
 
 const DELETE_DESCRIPTION: &str = "Delete a live snapshot from the running VM's disks.";
@@ -227,6 +229,7 @@ pub const DELETE: ToolDef = ToolDef {
     output_schema: op_out,
     annotations: presets::DESTRUCTIVE,
     handler: |ctx, args| snapshot_op(ctx, args, Op::Delete),
+    ui: crate::mcp::tool::Ui::NONE,
 };
 
 fn snapshot_op(ctx: &ToolCtx, args: &Args, op: Op) -> ToolResult {
@@ -364,6 +367,7 @@ pub const LIST: ToolDef = ToolDef {
     },
     annotations: presets::READ_ONLY,
     handler: list,
+    ui: crate::mcp::tool::Ui::NONE,
 };
 
 fn list(_ctx: &ToolCtx, args: &Args) -> ToolResult {

@@ -47,6 +47,7 @@ pub const STOP: ToolDef = ToolDef {
     },
     annotations: presets::DESTRUCTIVE_IDEMPOTENT,
     handler: stop_vm,
+    ui: crate::mcp::tool::Ui::NONE,
 };
 
 fn stop_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {

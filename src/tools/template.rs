@@ -94,6 +94,7 @@ pub const CREATE: ToolDef = ToolDef {
     },
     annotations: presets::ADDITIVE,
     handler: create,
+    ui: crate::mcp::tool::Ui::NONE,
 };
 
 fn create(ctx: &ToolCtx, args: &Args) -> ToolResult {

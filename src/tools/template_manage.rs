@@ -28,6 +28,7 @@ pub const LIST: ToolDef = ToolDef {
     },
     annotations: presets::READ_ONLY,
     handler: list,
+    ui: crate::mcp::tool::Ui::NONE,
 };
 
 fn folder_bytes(dir: &Path) -> u64 {
@@ -118,6 +119,7 @@ pub const POOL: ToolDef = ToolDef {
     },
     annotations: presets::IDEMPOTENT,
     handler: set_pool,
+    ui: crate::mcp::tool::Ui::NONE,
 };
 
 fn set_pool(ctx: &ToolCtx, args: &Args) -> ToolResult {
@@ -145,6 +147,7 @@ pub const DELETE: ToolDef = ToolDef {
     },
     annotations: presets::DESTRUCTIVE,
     handler: delete,
+    ui: crate::mcp::tool::Ui::NONE,
 };
 
 fn delete(ctx: &ToolCtx, args: &Args) -> ToolResult {
