@@ -205,11 +205,16 @@ fn a_person_takes_over_types_and_hands_back() {
     // The view's input passes the hold: typed text and a chord reach the guest exactly.
     let reader = start_tty_reader(s, name, "view1");
     let typed = "Hello, view! ~`|\\ \"quoted\" 0123";
-    let r = s.call_ok(
+    // (call_keeping: the reader's answer may come first and must not be dropped.)
+    let r = tool_ok(
+        &s.call_keeping(
+            "vm_view_input",
+            json!({"name": name, "hold": secret, "events": [
+                {"type": "text", "text": typed}, {"type": "keys", "keys": ["ret"]}
+            ]}),
+            STEP,
+        ),
         "vm_view_input",
-        json!({"name": name, "hold": secret, "events": [
-            {"type": "text", "text": typed}, {"type": "keys", "keys": ["ret"]}
-        ]}),
     );
     assert_eq!(r["chords"], json!(1), "{r}");
     assert_eq!(finish_tty_reader(s, &reader), typed);
@@ -221,9 +226,13 @@ fn a_person_takes_over_types_and_hands_back() {
     );
     assert_eq!(r["released"], json!(true), "{r}");
     let reader = start_tty_reader(s, name, "view2");
-    s.call_ok(
+    tool_ok(
+        &s.call_keeping(
+            "vm_type_text",
+            json!({"name": name, "text": "agent again", "enter": true}),
+            STEP,
+        ),
         "vm_type_text",
-        json!({"name": name, "text": "agent again", "enter": true}),
     );
     assert_eq!(finish_tty_reader(s, &reader), "agent again");
     assert!(s.call_ok("vm_info", json!({"name": name}))["held"].is_null());

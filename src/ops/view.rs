@@ -228,7 +228,9 @@ fn plan(e: &Event, done: &mut Done) -> Result<Vec<super::input::Step>, OpError> 
         Event::Text { text } => {
             let events = keys::type_events(text).map_err(|e| OpError::new(e.to_string()))?;
             done.characters += events.len();
-            super::keyboard::text_plan(&events, super::keyboard::MIN_GAP)
+            // vm_type_text's default pace: the guest drains the emulated keyboard in time
+            // even on a loaded host.
+            super::keyboard::text_plan(&events, Duration::from_millis(30))
         }
         Event::Keys { keys: specs } => {
             let chords: Vec<Vec<&'static str>> = specs
@@ -236,10 +238,11 @@ fn plan(e: &Event, done: &mut Done) -> Result<Vec<super::input::Step>, OpError> 
                 .map(|s| keys::chord(s).map_err(|e| OpError::new(e.to_string())))
                 .collect::<Result<_, _>>()?;
             done.chords += chords.len();
+            // vm_send_keys' default hold and delay.
             super::keyboard::chord_plan(
                 &chords,
-                Duration::from_millis(60),
-                Duration::from_millis(30),
+                Duration::from_millis(100),
+                Duration::from_millis(50),
             )
         }
         Event::Serial { .. } => Vec::new(),
