@@ -1,0 +1,167 @@
+//! The live view in a real browser: Debian's Chromium, headless, driven by playwright-core
+//! (installed on first use under target/browser-tests/), on the page `mcqemu view` serves for a
+//! real VM (the test guest). The page draws the VM's screen, a person takes over, types a line
+//! that reaches the guest's console exactly, clicks, and hands back; the page logs no console
+//! error and asks nothing of any other origin, and the hold is gone afterwards.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use serde_json::{json, Value};
+
+/// The playwright-core the test drives Chromium with.
+const PLAYWRIGHT: &str = "1.65.1";
+const STEP: Duration = Duration::from_secs(60);
+
+/// target/browser-tests/node with playwright-core installed (once, under a lock).
+fn node_dir() -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/browser-tests");
+    let dir = root.join("node");
+    std::fs::create_dir_all(&dir).expect("create target/browser-tests/node");
+    let _lock = common::dirlock::DirLock::acquire(root.join(".install.lock")).expect("lock");
+    let manifest = dir.join("node_modules/playwright-core/package.json");
+    let have = std::fs::read(&manifest)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+        .and_then(|v| v["version"].as_str().map(String::from));
+    if have.as_deref() != Some(PLAYWRIGHT) {
+        let pkg = json!({"name": "mcqemu-browser-tests", "private": true,
+                         "type": "module", "dependencies": {"playwright-core": PLAYWRIGHT}});
+        std::fs::write(dir.join("package.json"), format!("{pkg:#}\n")).expect("package.json");
+        let st = Command::new("npm")
+            .args(["install", "--no-audit", "--no-fund", "--ignore-scripts"])
+            .current_dir(&dir)
+            .status()
+            .expect("run npm (apt-get install npm)");
+        assert!(
+            st.success(),
+            "npm install playwright-core@{PLAYWRIGHT} failed"
+        );
+    }
+    dir
+}
+
+fn chromium() -> String {
+    let c = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+    assert!(
+        Path::new(&c).exists(),
+        "no Chromium at {c}: apt-get install chromium (.ci/setup-host does), or set CHROMIUM"
+    );
+    c
+}
+
+fn boot(lab: &mut Lab, name: &str) {
+    let guest = test_guest();
+    let base = lab.srv().tmp.join("base.img");
+    std::fs::File::create(&base)
+        .and_then(|f| f.set_len(1 << 20))
+        .expect("create the base image");
+    let r = lab.srv().call_tool_within(
+        "sandbox_vm",
+        json!({
+            "base_image": base.to_str().unwrap(), "name": name, "memory_mb": 128, "cpus": 1,
+            "port_forwards": [], "wait_agent_s": 90,
+            "kernel": guest.kernel, "initrd": guest.initrd,
+            "append": format!("{} mcqemu.serial_shell=1", guest.append),
+        }),
+        Duration::from_secs(150),
+    );
+    lab.track(&r);
+    assert_eq!(tool_ok(&r, "sandbox_vm")["agent_ready"], true);
+}
+
+#[test]
+fn the_view_in_chromium_shows_the_screen_and_a_person_types_into_the_guest() {
+    let chromium = chromium();
+    let node = node_dir();
+    let mut lab = Lab::new("vbrowser");
+    let name = "vb";
+    boot(&mut lab, name);
+
+    // A guest program waiting for a line on the console the keyboard types into.
+    let s = lab.srv();
+    let offset = tool_ok(
+        &s.call_keeping(
+            "vm_serial_read",
+            json!({"name": name, "tail_lines": 1}),
+            STEP,
+        ),
+        "vm_serial_read",
+    )["offset"]
+        .as_u64()
+        .unwrap();
+    let reader = s.start_call(
+        "guest_exec",
+        json!({"name": name, "command": "sh", "timeout": 120, "args": ["-c",
+            "exec 3</dev/tty1; echo READY-vb > /dev/ttyS0; IFS= read -r line <&3; printf %s \"$line\""]}),
+    );
+    tool_ok(
+        &s.call_keeping(
+            "vm_serial_wait",
+            json!({"name": name, "pattern": "READY-vb", "timeout": 60, "offset": offset}),
+            Duration::from_secs(90),
+        ),
+        "reader ready",
+    );
+
+    let mut view = Command::new(BIN)
+        .args(["view", name])
+        .env("MCQEMU_STATE_DIR", lab.state())
+        .env("MCQEMU_RUNTIME_DIR", lab.runtime())
+        .env("MCQEMU_ROOTS", test_roots())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("mcqemu view");
+    let mut url = String::new();
+    BufReader::new(view.stdout.take().unwrap())
+        .read_line(&mut url)
+        .expect("the URL");
+    let shot = std::env::var("MCQEMU_VIEW_SHOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| lab.dir.join("view.png"));
+    let typed = "Typed in Chromium: a-Z 0-9 ~!@#";
+    // An ES module finds its imports beside itself: run a copy in the node folder.
+    let script = node.join("view_http.mjs");
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser/view_http.mjs"),
+        &script,
+    )
+    .expect("copy the browser script");
+    let out = Command::new("node")
+        .arg(&script)
+        .args([url.trim(), typed, shot.to_str().unwrap()])
+        .env("CHROMIUM", &chromium)
+        .current_dir(&node)
+        .output()
+        .expect("run node");
+    let _ = view.kill();
+    let _ = view.wait();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the browser run failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen: Value = serde_json::from_str(stdout.trim().lines().last().unwrap_or("{}"))
+        .unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    eprintln!("the view in Chromium: {seen}");
+    assert_eq!(seen["console_errors"], json!([]), "{seen}");
+    assert_eq!(seen["elsewhere"], json!([]), "{seen}");
+    assert!(seen["frames"].as_u64().unwrap_or(0) >= 1, "{seen}");
+    assert_eq!(seen["steps"]["held"], json!(true), "{seen}");
+    let png = std::fs::read(&shot).expect("the page's screenshot");
+    assert!(png.len() > 1000);
+
+    let r = lab.srv().finish_call(&reader, Duration::from_secs(150));
+    assert_eq!(tool_ok(&r, "tty reader")["stdout"], json!(typed));
+    let info = lab.srv().call_ok("vm_info", json!({"name": name}));
+    assert!(
+        info["held"].is_null(),
+        "the hold outlived the hand-back: {info}"
+    );
+}
