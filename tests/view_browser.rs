@@ -14,8 +14,18 @@ use std::time::Duration;
 use common::*;
 use serde_json::{json, Value};
 
-/// The playwright-core the test drives Chromium with.
-const PLAYWRIGHT: &str = "1.65.1";
+/// The pinned npm packages: playwright-core drives Chromium; the official MCP Apps host
+/// bridge (ext-apps, with the v2 SDK packages and zod it needs, bundled by esbuild) hosts the
+/// view; the TypeScript SDK's client talks to mcqemu.
+const PACKAGES: &[(&str, &str)] = &[
+    ("playwright-core", "1.65.1"),
+    ("@modelcontextprotocol/ext-apps", "2.0.4"),
+    ("@modelcontextprotocol/client", "2.4.0"),
+    ("@modelcontextprotocol/core", "2.4.0"),
+    ("@modelcontextprotocol/sdk", "1.32.2"),
+    ("zod", "4.6.7"),
+    ("esbuild", "0.25.12"),
+];
 const STEP: Duration = Duration::from_secs(60);
 
 /// target/browser-tests/node with playwright-core installed (once, under a lock).
@@ -125,13 +135,7 @@ fn the_view_in_chromium_shows_the_screen_and_a_person_types_into_the_guest() {
         .map(PathBuf::from)
         .unwrap_or_else(|_| lab.dir.join("view.png"));
     let typed = "Typed in Chromium: a-Z 0-9 ~!@#";
-    // An ES module finds its imports beside itself: run a copy in the node folder.
     let script = node.join("view_http.mjs");
-    std::fs::copy(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser/view_http.mjs"),
-        &script,
-    )
-    .expect("copy the browser script");
     let out = Command::new("node")
         .arg(&script)
         .args([url.trim(), typed, shot.to_str().unwrap()])
@@ -164,4 +168,77 @@ fn the_view_in_chromium_shows_the_screen_and_a_person_types_into_the_guest() {
         info["held"].is_null(),
         "the hold outlived the hand-back: {info}"
     );
+}
+
+#[test]
+fn the_view_as_an_mcp_app_under_the_official_host_bridge() {
+    let chromium = chromium();
+    let node = node_dir();
+    let mut lab = Lab::new("vapps");
+    let name = "va";
+    boot(&mut lab, name);
+    let s = lab.srv();
+    let offset = tool_ok(
+        &s.call_keeping(
+            "vm_serial_read",
+            json!({"name": name, "tail_lines": 1}),
+            STEP,
+        ),
+        "vm_serial_read",
+    )["offset"]
+        .as_u64()
+        .unwrap();
+    let reader = s.start_call(
+        "guest_exec",
+        json!({"name": name, "command": "sh", "timeout": 150, "args": ["-c",
+            "exec 3</dev/tty1; echo READY-va > /dev/ttyS0; IFS= read -r line <&3; printf %s \"$line\""]}),
+    );
+    tool_ok(
+        &s.call_keeping(
+            "vm_serial_wait",
+            json!({"name": name, "pattern": "READY-va", "timeout": 60, "offset": offset}),
+            Duration::from_secs(90),
+        ),
+        "reader ready",
+    );
+    let typed = "Typed through the host bridge 42";
+    let out = Command::new("node")
+        .arg(node.join("view_apps.mjs"))
+        .args([BIN, name, typed])
+        .env("MCQEMU_STATE_DIR", lab.state())
+        .env("MCQEMU_RUNTIME_DIR", lab.runtime())
+        .env("MCQEMU_ROOTS", test_roots())
+        .env("CHROMIUM", &chromium)
+        .current_dir(&node)
+        .output()
+        .expect("run node");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the host-bridge run failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let seen: Value = serde_json::from_str(stdout.trim().lines().last().unwrap_or("{}"))
+        .unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    eprintln!("the view under AppBridge: {seen}");
+    assert_eq!(seen["console_errors"], json!([]), "{seen}");
+    assert_eq!(seen["elsewhere"], json!([]), "{seen}");
+    assert_eq!(seen["steps"]["mime"], json!("text/html;profile=mcp-app"));
+    assert!(
+        seen["calls"]["vm_view_frame"].as_u64().unwrap_or(0) >= 1,
+        "{seen}"
+    );
+    assert!(
+        seen["calls"]["vm_view_input"].as_u64().unwrap_or(0) >= 1,
+        "{seen}"
+    );
+    let told = seen["steps"]["context"].to_string();
+    assert!(
+        told.contains("handed back") && told.contains(name),
+        "{told}"
+    );
+    assert_eq!(seen["steps"]["held_before_teardown"], json!(true), "{seen}");
+    assert_eq!(seen["steps"]["held_after_teardown"], json!(false), "{seen}");
+    let r = lab.srv().finish_call(&reader, Duration::from_secs(180));
+    assert_eq!(tool_ok(&r, "tty reader")["stdout"], json!(typed));
 }

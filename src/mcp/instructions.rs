@@ -29,6 +29,8 @@ pub const INSTRUCTIONS: &str = concat!(
      progress when the request carries a progressToken, and stop when cancelled.\n",
     "Resources: mcqemu://vm/{name}/serial (last 256 KiB of the console log) and \
      mcqemu://vm/{name}/screen (PNG).\n",
+    "A person can watch and take over (vm_view): if you need them (a password, a CAPTCHA), say \
+     so; while they hold a VM your input tools refuse.\n",
     "Failed calls are isError results that say what to do next.",
 );
 
@@ -44,6 +46,6 @@ mod tests {
             INSTRUCTIONS.len()
         );
         assert!(!INSTRUCTIONS.contains("  "), "{INSTRUCTIONS}");
-        assert_eq!(INSTRUCTIONS.lines().count(), 10);
+        assert_eq!(INSTRUCTIONS.lines().count(), 11);
     }
 }
