@@ -77,6 +77,8 @@ mod stock;
 mod template_bench;
 #[path = "mcp_latency/templates.rs"]
 mod templates;
+#[path = "mcp_latency/view.rs"]
+mod view;
 #[path = "mcp_latency/vm.rs"]
 mod vm;
 

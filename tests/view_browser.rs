@@ -28,32 +28,79 @@ const PACKAGES: &[(&str, &str)] = &[
 ];
 const STEP: Duration = Duration::from_secs(60);
 
-/// target/browser-tests/node with playwright-core installed (once, under a lock).
+fn installed(dir: &Path, package: &str) -> Option<String> {
+    let manifest = dir.join("node_modules").join(package).join("package.json");
+    let v: Value = serde_json::from_slice(&std::fs::read(manifest).ok()?).ok()?;
+    v["version"].as_str().map(String::from)
+}
+
+/// target/browser-tests/node with [`PACKAGES`] installed (once, under a lock) and the test
+/// scripts copied beside them (an ES module finds its imports beside itself).
 fn node_dir() -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/browser-tests");
     let dir = root.join("node");
     std::fs::create_dir_all(&dir).expect("create target/browser-tests/node");
     let _lock = common::dirlock::DirLock::acquire(root.join(".install.lock")).expect("lock");
-    let manifest = dir.join("node_modules/playwright-core/package.json");
-    let have = std::fs::read(&manifest)
-        .ok()
-        .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
-        .and_then(|v| v["version"].as_str().map(String::from));
-    if have.as_deref() != Some(PLAYWRIGHT) {
+    if PACKAGES
+        .iter()
+        .any(|(p, v)| installed(&dir, p).as_deref() != Some(*v))
+    {
+        let deps: serde_json::Map<String, Value> = PACKAGES
+            .iter()
+            .map(|(p, v)| (p.to_string(), json!(v)))
+            .collect();
         let pkg = json!({"name": "mcqemu-browser-tests", "private": true,
-                         "type": "module", "dependencies": {"playwright-core": PLAYWRIGHT}});
+                         "type": "module", "dependencies": deps});
         std::fs::write(dir.join("package.json"), format!("{pkg:#}\n")).expect("package.json");
+        // ext-apps names React and the v2 server as peers; the test needs neither.
         let st = Command::new("npm")
-            .args(["install", "--no-audit", "--no-fund", "--ignore-scripts"])
+            .args(["install", "--no-audit", "--no-fund", "--legacy-peer-deps"])
             .current_dir(&dir)
             .status()
             .expect("run npm (apt-get install npm)");
         assert!(
             st.success(),
-            "npm install playwright-core@{PLAYWRIGHT} failed"
+            "npm install of the browser-test packages failed"
         );
     }
+    for f in [
+        "view_http.mjs",
+        "view_apps.mjs",
+        "apps_host.js",
+        "view_bench.mjs",
+    ] {
+        std::fs::copy(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/browser")
+                .join(f),
+            dir.join(f),
+        )
+        .expect("copy a browser script");
+    }
     dir
+}
+
+/// A base64 PNG as (width, height, RGBA pixels).
+fn decode(b64: &str) -> (u32, u32, Vec<[u8; 4]>) {
+    let bytes = common::b64::b64_decode(b64);
+    let mut r = png::Decoder::new(std::io::Cursor::new(bytes))
+        .read_info()
+        .expect("a PNG");
+    let mut buf = vec![0; r.output_buffer_size().expect("size")];
+    let info = r.next_frame(&mut buf).expect("PNG data");
+    let bpp = info.line_size / info.width as usize;
+    let px = buf[..info.buffer_size()]
+        .chunks(bpp)
+        .map(|c| {
+            [
+                c[0],
+                c[1 % bpp],
+                c[2 % bpp],
+                if bpp == 4 { c[3] } else { 255 },
+            ]
+        })
+        .collect();
+    (info.width, info.height, px)
 }
 
 fn chromium() -> String {
@@ -153,7 +200,34 @@ fn the_view_in_chromium_shows_the_screen_and_a_person_types_into_the_guest() {
     );
     let seen: Value = serde_json::from_str(stdout.trim().lines().last().unwrap_or("{}"))
         .unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    let first = seen["first_frame"].as_str().unwrap_or_default().to_string();
+    let mut seen = seen;
+    seen["first_frame"] = json!(format!("({} bytes)", first.len()));
     eprintln!("the view in Chromium: {seen}");
+    // The page drew the screen vm_screenshot shows (the cursor may have blinked between).
+    let drawn = decode(
+        first
+            .strip_prefix("data:image/png;base64,")
+            .expect("a PNG data URL"),
+    );
+    // (call_keeping: the tty reader's answer may come meanwhile and must be kept.)
+    let screenshot = lab
+        .srv()
+        .call_keeping("vm_screenshot", json!({"name": name}), STEP);
+    let img = screenshot["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "image")
+        .expect("vm_screenshot's image");
+    let taken = decode(img["data"].as_str().unwrap());
+    assert_eq!((drawn.0, drawn.1), (taken.0, taken.1), "sizes differ");
+    let differ = drawn.2.iter().zip(&taken.2).filter(|(a, b)| a != b).count();
+    assert!(
+        differ * 100 <= drawn.2.len(),
+        "{differ} of {} pixels differ from vm_screenshot's",
+        drawn.2.len()
+    );
     assert_eq!(seen["console_errors"], json!([]), "{seen}");
     assert_eq!(seen["elsewhere"], json!([]), "{seen}");
     assert!(seen["frames"].as_u64().unwrap_or(0) >= 1, "{seen}");

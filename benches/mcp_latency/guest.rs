@@ -238,6 +238,7 @@ pub fn guest_rows(vb: &VmBench, table: &mut Table, g: &Guest) -> Res<()> {
     ));
 
     crate::screen_wait::screen_wait_row(vb, table, &mut server, name)?;
+    crate::view::view_rows(vb, table, &mut server, name)?;
 
     vb.slow.time(
         table,

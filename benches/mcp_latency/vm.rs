@@ -148,6 +148,16 @@ impl VmBench<'_> {
         Ok(())
     }
 
+    /// The bench's MCQEMU_STATE_DIR.
+    pub fn state(&self) -> &Path {
+        &self.dirs.state
+    }
+
+    /// The bench's MCQEMU_RUNTIME_DIR.
+    pub fn runtime(&self) -> &Path {
+        &self.dirs.runtime
+    }
+
     pub fn serial_log(&self, name: &str) -> PathBuf {
         self.dirs.state.join("vms").join(name).join("serial.log")
     }

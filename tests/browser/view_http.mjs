@@ -25,6 +25,7 @@ try {
   await page.waitForFunction(() => (document.getElementById("screen").src || "").startsWith("data:image/png"),
     null, { timeout: 60000 });
   out.steps.first_frame_ms = Date.now() - t0;
+  out.first_frame = await page.getAttribute("#screen", "src");
   await page.screenshot({ path: shot });
   await page.click("#take");
   await page.waitForSelector("#back", { state: "visible", timeout: 30000 });
