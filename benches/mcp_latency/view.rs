@@ -181,8 +181,10 @@ fn measure(
     // A screen that keeps changing (a line rewritten every 50 ms for 5 s), then one that holds
     // still for 5 s.
     let script = format!(
-        "i=0; while [ $i -lt 100 ]; do {}; sleep 0.05; i=$((i+1)); done",
-        write_row(16, "MOVING-$i")
+        "i=0; while [ $i -lt 100 ]; do if [ $((i % 2)) = 0 ]; then {}; else {}; fi; \
+         sleep 0.05; i=$((i+1)); done",
+        write_row(16, "MOVING-EVEN"),
+        write_row(16, "MOVING-ODD!")
     );
     let r = server.tool_within(
         "guest_exec",

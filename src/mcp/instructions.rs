@@ -25,12 +25,10 @@ pub const INSTRUCTIONS: &str = concat!(
      sandbox_fork copies a running one; sandbox_suspend/sandbox_resume park one on disk.\n",
     "Roots: every host path (disks, ISOs, kernels, images, screenshots) must lie inside the \
      roots: the client's roots or the operator's --root folders; a refusal names them.\n",
-    "Long calls (image_pull, image_prepare, sandbox_vm, template_create, guest_exec) report \
-     progress when the request carries a progressToken, and stop when cancelled.\n",
-    "Resources: mcqemu://vm/{name}/serial (last 256 KiB of the console log) and \
+    "Long calls report progress when given a progressToken, and stop when cancelled.\n",
+    "Resources: mcqemu://vm/{name}/serial (the console log's tail) and \
      mcqemu://vm/{name}/screen (PNG).\n",
-    "A person can watch and take over (vm_view): if you need them (a password, a CAPTCHA), say \
-     so; while they hold a VM your input tools refuse.\n",
+    "A person may watch and take over (vm_view): ask them for a password or a CAPTCHA.\n",
     "Failed calls are isError results that say what to do next.",
 );
 
