@@ -197,7 +197,7 @@ pub fn provider() -> Arc<dyn Provider> {
 
 impl Provider for VmResources {
     fn list(&self) -> Vec<Value> {
-        let mut out = vec![view_resource()];
+        let mut out = Vec::new();
         for (name, rec) in vm::registry().load() {
             // Pooled clones are the server's, not the caller's VMs (list_vms hides them too);
             // a VM still being launched has no console or screen yet: it appears once, when
@@ -210,6 +210,8 @@ impl Provider for VmResources {
             }
             out.push(screen_resource(&name));
         }
+        // The live view last: the VMs' own resources keep their places.
+        out.push(view_resource());
         out
     }
 
