@@ -210,14 +210,16 @@ fn a_person_takes_over_types_and_hands_back() {
         &s.call_keeping(
             "vm_view_input",
             json!({"name": name, "hold": secret, "events": [
+                {"type": "keys", "keys": ["ctrl-a"]},
                 {"type": "text", "text": typed}, {"type": "keys", "keys": ["ret"]}
             ]}),
             STEP,
         ),
         "vm_view_input",
     );
-    assert_eq!(r["chords"], json!(1), "{r}");
-    assert_eq!(finish_tty_reader(s, &reader), typed);
+    assert_eq!(r["chords"], json!(2), "{r}");
+    // The chord arrives as its control character (^A is no special key to a tty's line).
+    assert_eq!(finish_tty_reader(s, &reader), format!("\u{1}{typed}"));
 
     // Hand back: the agent's input works again.
     let r = s.call_ok(
