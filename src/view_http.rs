@@ -73,9 +73,9 @@ pub fn main(args: &[String]) -> i32 {
         Err(e) => return fail(&format!("cannot listen on 127.0.0.1:{port}: {e}")),
     };
     let port = listener.local_addr().map(|a| a.port()).unwrap_or(port);
-    let secret = match secret() {
+    let secret = match crate::ops::hold::new_secret() {
         Ok(s) => s,
-        Err(e) => return fail(&e),
+        Err(e) => return fail(&e.to_string()),
     };
     let url = format!("http://127.0.0.1:{port}/{secret}/");
     println!("{url}");
@@ -119,14 +119,6 @@ pub fn main(args: &[String]) -> i32 {
 fn fail(msg: &str) -> i32 {
     eprintln!("mcqemu view: {msg}");
     2
-}
-
-fn secret() -> Result<String, String> {
-    let mut buf = [0u8; 32];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut buf))
-        .map_err(|e| format!("cannot read /dev/urandom: {e}"))?;
-    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// On SIGINT, SIGTERM or SIGHUP: hands back every hold taken through this server, then exits.
@@ -220,15 +212,6 @@ fn read_request(conn: TcpStream) -> Result<Request, u16> {
     })
 }
 
-/// Compares in time independent of where the strings differ.
-fn same(a: &str, b: &str) -> bool {
-    a.len() == b.len()
-        && a.bytes()
-            .zip(b.bytes())
-            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
-            == 0
-}
-
 fn route(s: &Served, req: &Request) -> Vec<u8> {
     let hosts = [
         format!("127.0.0.1:{}", s.port),
@@ -241,7 +224,7 @@ fn route(s: &Served, req: &Request) -> Vec<u8> {
         return reply(404, "text/plain", b"not found");
     };
     let (given, tail) = rest.split_at(rest.len().min(s.secret.len()));
-    if !same(given, &s.secret) {
+    if !crate::ops::hold::same(given, &s.secret) {
         return reply(404, "text/plain", b"not found");
     }
     match (req.method.as_str(), tail) {

@@ -12,66 +12,11 @@ use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::tty::{boot_test_sandbox, finish_tty_reader, start_tty_reader};
 use common::*;
 use serde_json::{json, Value};
 
 const STEP: Duration = Duration::from_secs(60);
-
-fn boot(lab: &mut Lab, name: &str) {
-    let guest = test_guest();
-    let base = lab.srv().tmp.join("base.img");
-    std::fs::File::create(&base)
-        .and_then(|f| f.set_len(1 << 20))
-        .expect("create the base image");
-    let r = lab.srv().call_tool_within(
-        "sandbox_vm",
-        json!({
-            "base_image": base.to_str().unwrap(), "name": name, "memory_mb": 128, "cpus": 1,
-            "port_forwards": [], "wait_agent_s": 90,
-            "kernel": guest.kernel, "initrd": guest.initrd,
-            "append": format!("{} mcqemu.serial_shell=1", guest.append),
-        }),
-        Duration::from_secs(150),
-    );
-    lab.track(&r);
-    let sc = tool_ok(&r, "sandbox_vm");
-    assert_eq!(sc["agent_ready"], true, "agent never answered: {sc}");
-}
-
-/// Starts a guest program that prints the first line typed on /dev/tty1; returns its call id
-/// once it listens (it says so on the serial console).
-fn start_tty_reader(s: &mut Server, name: &str, tag: &str) -> Value {
-    let offset = tool_ok(
-        &s.call_keeping(
-            "vm_serial_read",
-            json!({"name": name, "tail_lines": 1}),
-            STEP,
-        ),
-        "vm_serial_read",
-    )["offset"]
-        .as_u64()
-        .expect("offset");
-    let script = format!(
-        "exec 3</dev/tty1; echo READY-{tag} > /dev/ttyS0; IFS= read -r line <&3; printf %s \"$line\""
-    );
-    let id = s.start_call(
-        "guest_exec",
-        json!({"name": name, "command": "sh", "args": ["-c", script], "timeout": 90}),
-    );
-    let r = s.call_keeping(
-        "vm_serial_wait",
-        json!({"name": name, "pattern": format!("READY-{tag}"), "timeout": 60, "offset": offset}),
-        Duration::from_secs(90),
-    );
-    tool_ok(&r, "reader ready");
-    id
-}
-
-fn finish_tty_reader(s: &mut Server, id: &Value) -> String {
-    let r = s.finish_call(id, Duration::from_secs(120));
-    let sc = tool_ok(&r, "tty reader");
-    sc["stdout"].as_str().expect("stdout").to_string()
-}
 
 /// The MCP Apps declarations: resource, tool `_meta`, capability.
 fn declarations(s: &mut Server) {
@@ -135,7 +80,7 @@ fn a_person_takes_over_types_and_hands_back() {
     let mut lab = Lab::new("view");
     declarations(lab.srv());
     let name = "lv";
-    boot(&mut lab, name);
+    boot_test_sandbox(&mut lab, name);
     let s = lab.srv();
 
     // The view's first frame, then a long poll that comes back unchanged when nothing moves.

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use common::tty::{boot_test_sandbox, finish_tty_reader, start_tty_reader};
 use common::*;
 use serde_json::{json, Value};
 
@@ -112,59 +113,16 @@ fn chromium() -> String {
     c
 }
 
-fn boot(lab: &mut Lab, name: &str) {
-    let guest = test_guest();
-    let base = lab.srv().tmp.join("base.img");
-    std::fs::File::create(&base)
-        .and_then(|f| f.set_len(1 << 20))
-        .expect("create the base image");
-    let r = lab.srv().call_tool_within(
-        "sandbox_vm",
-        json!({
-            "base_image": base.to_str().unwrap(), "name": name, "memory_mb": 128, "cpus": 1,
-            "port_forwards": [], "wait_agent_s": 90,
-            "kernel": guest.kernel, "initrd": guest.initrd,
-            "append": format!("{} mcqemu.serial_shell=1", guest.append),
-        }),
-        Duration::from_secs(150),
-    );
-    lab.track(&r);
-    assert_eq!(tool_ok(&r, "sandbox_vm")["agent_ready"], true);
-}
-
 #[test]
 fn the_view_in_chromium_shows_the_screen_and_a_person_types_into_the_guest() {
     let chromium = chromium();
     let node = node_dir();
     let mut lab = Lab::new("vbrowser");
     let name = "vb";
-    boot(&mut lab, name);
+    boot_test_sandbox(&mut lab, name);
 
     // A guest program waiting for a line on the console the keyboard types into.
-    let s = lab.srv();
-    let offset = tool_ok(
-        &s.call_keeping(
-            "vm_serial_read",
-            json!({"name": name, "tail_lines": 1}),
-            STEP,
-        ),
-        "vm_serial_read",
-    )["offset"]
-        .as_u64()
-        .unwrap();
-    let reader = s.start_call(
-        "guest_exec",
-        json!({"name": name, "command": "sh", "timeout": 120, "args": ["-c",
-            "exec 3</dev/tty1; echo READY-vb > /dev/ttyS0; IFS= read -r line <&3; printf %s \"$line\""]}),
-    );
-    tool_ok(
-        &s.call_keeping(
-            "vm_serial_wait",
-            json!({"name": name, "pattern": "READY-vb", "timeout": 60, "offset": offset}),
-            Duration::from_secs(90),
-        ),
-        "reader ready",
-    );
+    let reader = start_tty_reader(lab.srv(), name, "vb");
 
     let mut view = Command::new(BIN)
         .args(["view", name])
@@ -235,8 +193,7 @@ fn the_view_in_chromium_shows_the_screen_and_a_person_types_into_the_guest() {
     let png = std::fs::read(&shot).expect("the page's screenshot");
     assert!(png.len() > 1000);
 
-    let r = lab.srv().finish_call(&reader, Duration::from_secs(150));
-    assert_eq!(tool_ok(&r, "tty reader")["stdout"], json!(typed));
+    assert_eq!(finish_tty_reader(lab.srv(), &reader), typed);
     let info = lab.srv().call_ok("vm_info", json!({"name": name}));
     assert!(
         info["held"].is_null(),
@@ -250,31 +207,8 @@ fn the_view_as_an_mcp_app_under_the_official_host_bridge() {
     let node = node_dir();
     let mut lab = Lab::new("vapps");
     let name = "va";
-    boot(&mut lab, name);
-    let s = lab.srv();
-    let offset = tool_ok(
-        &s.call_keeping(
-            "vm_serial_read",
-            json!({"name": name, "tail_lines": 1}),
-            STEP,
-        ),
-        "vm_serial_read",
-    )["offset"]
-        .as_u64()
-        .unwrap();
-    let reader = s.start_call(
-        "guest_exec",
-        json!({"name": name, "command": "sh", "timeout": 150, "args": ["-c",
-            "exec 3</dev/tty1; echo READY-va > /dev/ttyS0; IFS= read -r line <&3; printf %s \"$line\""]}),
-    );
-    tool_ok(
-        &s.call_keeping(
-            "vm_serial_wait",
-            json!({"name": name, "pattern": "READY-va", "timeout": 60, "offset": offset}),
-            Duration::from_secs(90),
-        ),
-        "reader ready",
-    );
+    boot_test_sandbox(&mut lab, name);
+    let reader = start_tty_reader(lab.srv(), name, "va");
     let typed = "Typed through the host bridge 42";
     let out = Command::new("node")
         .arg(node.join("view_apps.mjs"))
@@ -313,6 +247,5 @@ fn the_view_as_an_mcp_app_under_the_official_host_bridge() {
     );
     assert_eq!(seen["steps"]["held_before_teardown"], json!(true), "{seen}");
     assert_eq!(seen["steps"]["held_after_teardown"], json!(false), "{seen}");
-    let r = lab.srv().finish_call(&reader, Duration::from_secs(180));
-    assert_eq!(tool_ok(&r, "tty reader")["stdout"], json!(typed));
+    assert_eq!(finish_tty_reader(lab.srv(), &reader), typed);
 }

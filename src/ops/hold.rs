@@ -4,7 +4,7 @@
 //! see it; the record keeps only the secret's SHA-256, never the secret (the registry is a file
 //! an agent's copy tools could reach).
 
-use serde_json::{json, Value};
+use serde_json::json;
 
 use super::error::OpError;
 use crate::qemu::vm;
@@ -22,8 +22,8 @@ pub struct Held {
     pub since_iso: String,
 }
 
-/// A new hold's secret: 32 random bytes, hex (256 bits).
-fn new_secret() -> Result<String, OpError> {
+/// A new secret: 32 random bytes, hex (256 bits): a hold's, and `mcqemu view`'s URL's.
+pub fn new_secret() -> Result<String, OpError> {
     use std::io::Read;
     let mut buf = [0u8; 32];
     std::fs::File::open("/dev/urandom")
@@ -39,6 +39,11 @@ fn hex(bytes: &[u8]) -> String {
 /// The digest a record keeps of a secret.
 fn digest(secret: &str) -> String {
     hex(ring::digest::digest(&ring::digest::SHA256, secret.as_bytes()).as_ref())
+}
+
+/// The secret's digest a record's hold keeps.
+fn digest_of(rec: &Record) -> Option<&str> {
+    rec.get(FIELD)?.get("sha256")?.as_str()
 }
 
 /// The hold on a record, if one stands.
@@ -90,11 +95,7 @@ pub fn release(name: &str, secret: &str) -> Result<bool, OpError> {
         let Some(rec) = vms.get_mut(&name) else {
             return Err(OpError::new(format!("no VM named {name:?}")));
         };
-        let Some(stored) = rec
-            .get(FIELD)
-            .and_then(|h| h.get("sha256"))
-            .and_then(Value::as_str)
-        else {
+        let Some(stored) = digest_of(rec) else {
             return Ok(false);
         };
         if !same(stored, &want) {
@@ -108,8 +109,8 @@ pub fn release(name: &str, secret: &str) -> Result<bool, OpError> {
     })
 }
 
-/// Compares two digests in time independent of where they differ.
-fn same(a: &str, b: &str) -> bool {
+/// Compares two secrets (or digests) in time independent of where they differ.
+pub fn same(a: &str, b: &str) -> bool {
     a.len() == b.len()
         && a.bytes()
             .zip(b.bytes())
@@ -140,11 +141,7 @@ pub fn check_view(name: &str, secret: Option<&str>) -> Result<(), OpError> {
     let Some(rec) = vms.get(name) else {
         return Err(OpError::new(format!("no VM named {name:?}")));
     };
-    let Some(stored) = rec
-        .get(FIELD)
-        .and_then(|h| h.get("sha256"))
-        .and_then(Value::as_str)
-    else {
+    let Some(stored) = digest_of(rec) else {
         return Ok(());
     };
     match secret {
