@@ -106,14 +106,24 @@ pub fn main(args: &[String]) -> i32 {
         let spawned = std::thread::Builder::new()
             .name("view-conn".into())
             .spawn(move || {
+                // Counted down on every way out, a panic included.
+                let _busy = Busy(&s.busy);
                 handle(&s, conn);
-                s.busy.fetch_sub(1, Ordering::SeqCst);
             });
         if spawned.is_err() {
             served.busy.fetch_sub(1, Ordering::SeqCst);
         }
     }
     0
+}
+
+/// One connection in the count of those served at once.
+struct Busy<'a>(&'a AtomicUsize);
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 fn fail(msg: &str) -> i32 {
@@ -223,7 +233,12 @@ fn route(s: &Served, req: &Request) -> Vec<u8> {
     let Some(rest) = req.path.strip_prefix('/') else {
         return reply(404, "text/plain", b"not found");
     };
-    let (given, tail) = rest.split_at(rest.len().min(s.secret.len()));
+    // By `get`: a path is any bytes a local client sends, and a split inside a character
+    // would panic.
+    let n = s.secret.len();
+    let (Some(given), Some(tail)) = (rest.get(..n), rest.get(n..)) else {
+        return reply(404, "text/plain", b"not found");
+    };
     if !crate::ops::hold::same(given, &s.secret) {
         return reply(404, "text/plain", b"not found");
     }
