@@ -7,12 +7,11 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::tty::{boot_test_sandbox, finish_tty_reader, start_tty_reader};
+use common::view::{boot_test_sandbox, finish_tty_reader, spawn_view, start_tty_reader};
 use common::*;
 use serde_json::{json, Value};
 
@@ -185,24 +184,6 @@ fn a_person_takes_over_types_and_hands_back() {
     assert!(s.call_ok("vm_info", json!({"name": name}))["held"].is_null());
 
     view_server(&lab, name);
-}
-
-/// A `mcqemu view` process on the lab's folders; its URL.
-fn spawn_view(lab: &Lab, name: &str) -> (Child, String) {
-    let mut child = Command::new(BIN)
-        .args(["view", name])
-        .env("MCQEMU_STATE_DIR", lab.state())
-        .env("MCQEMU_RUNTIME_DIR", lab.runtime())
-        .env("MCQEMU_ROOTS", test_roots())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start mcqemu view");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .expect("the URL line");
-    (child, line.trim().to_string())
 }
 
 /// One HTTP request; the status and body.

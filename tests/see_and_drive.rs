@@ -22,7 +22,6 @@ use common::evdev::*;
 use common::*;
 use serde_json::{json, Value};
 
-const LONG: Duration = Duration::from_secs(150);
 const STEP: Duration = Duration::from_secs(60);
 
 // ---------------------------------------------------------------------------------------------
@@ -379,30 +378,10 @@ type Step = fn(&mut Lab, &str);
 
 #[test]
 fn test_guest_journey_keyboard_mouse_serial_screen() {
-    let guest = test_guest();
     let mut lab = Lab::new("drv");
     let name = "drive";
-    let base = lab.srv().tmp.join("base.img");
-    std::fs::File::create(&base)
-        .and_then(|f| f.set_len(1 << 20))
-        .expect("create the base image");
     let t = Instant::now();
-    let r = lab.srv().call_tool_within(
-        "sandbox_vm",
-        json!({
-            "base_image": base.to_str().unwrap(), "name": name, "memory_mb": 128, "cpus": 1,
-            "port_forwards": [], "wait_agent_s": 90,
-            "kernel": guest.kernel, "initrd": guest.initrd,
-            "append": format!("{} mcqemu.serial_shell=1", guest.append),
-        }),
-        LONG,
-    );
-    // Track the QEMU before checking anything, so a failed check still kills it.
-    if let Some(sc) = r.get("structuredContent") {
-        lab.killer.track(sc);
-    }
-    let sc = tool_ok(&r, "sandbox_vm");
-    assert_eq!(sc["agent_ready"], true, "agent never answered: {sc}");
+    common::view::boot_test_sandbox(&mut lab, name);
     eprintln!("sandbox_vm ready in {} ms", t.elapsed().as_millis());
 
     let steps: [(&str, Step); 7] = [

@@ -6,12 +6,11 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
-use common::tty::{boot_test_sandbox, finish_tty_reader, start_tty_reader};
+use common::view::{boot_test_sandbox, finish_tty_reader, spawn_view, start_tty_reader};
 use common::*;
 use serde_json::{json, Value};
 
@@ -104,6 +103,25 @@ fn decode(b64: &str) -> (u32, u32, Vec<[u8; 4]>) {
     (info.width, info.height, px)
 }
 
+/// Runs one of the browser scripts in the node folder; the JSON line it printed last.
+fn run_node(node: &Path, script: &str, args: &[&str], env: &[(&str, &str)]) -> Value {
+    let out = Command::new("node")
+        .arg(node.join(script))
+        .args(args)
+        .envs(env.iter().copied())
+        .current_dir(node)
+        .output()
+        .expect("run node");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{script} failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(stdout.trim().lines().last().unwrap_or("{}"))
+        .unwrap_or_else(|e| panic!("{script} printed no JSON ({e}): {stdout}"))
+}
+
 fn chromium() -> String {
     let c = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
     assert!(
@@ -124,40 +142,19 @@ fn the_view_in_chromium_shows_the_screen_and_a_person_types_into_the_guest() {
     // A guest program waiting for a line on the console the keyboard types into.
     let reader = start_tty_reader(lab.srv(), name, "vb");
 
-    let mut view = Command::new(BIN)
-        .args(["view", name])
-        .env("MCQEMU_STATE_DIR", lab.state())
-        .env("MCQEMU_RUNTIME_DIR", lab.runtime())
-        .env("MCQEMU_ROOTS", test_roots())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("mcqemu view");
-    let mut url = String::new();
-    BufReader::new(view.stdout.take().unwrap())
-        .read_line(&mut url)
-        .expect("the URL");
+    let (mut view, url) = spawn_view(&lab, name);
     let shot = std::env::var("MCQEMU_VIEW_SHOT")
         .map(PathBuf::from)
         .unwrap_or_else(|_| lab.dir.join("view.png"));
     let typed = "Typed in Chromium: a-Z 0-9 ~!@#";
-    let script = node.join("view_http.mjs");
-    let out = Command::new("node")
-        .arg(&script)
-        .args([url.trim(), typed, shot.to_str().unwrap()])
-        .env("CHROMIUM", &chromium)
-        .current_dir(&node)
-        .output()
-        .expect("run node");
+    let seen = run_node(
+        &node,
+        "view_http.mjs",
+        &[url.as_str(), typed, shot.to_str().unwrap()],
+        &[("CHROMIUM", chromium.as_str())],
+    );
     let _ = view.kill();
     let _ = view.wait();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "the browser run failed: {stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let seen: Value = serde_json::from_str(stdout.trim().lines().last().unwrap_or("{}"))
-        .unwrap_or_else(|e| panic!("{e}: {stdout}"));
     let first = seen["first_frame"].as_str().unwrap_or_default().to_string();
     let mut seen = seen;
     seen["first_frame"] = json!(format!("({} bytes)", first.len()));
@@ -210,24 +207,19 @@ fn the_view_as_an_mcp_app_under_the_official_host_bridge() {
     boot_test_sandbox(&mut lab, name);
     let reader = start_tty_reader(lab.srv(), name, "va");
     let typed = "Typed through the host bridge 42";
-    let out = Command::new("node")
-        .arg(node.join("view_apps.mjs"))
-        .args([BIN, name, typed])
-        .env("MCQEMU_STATE_DIR", lab.state())
-        .env("MCQEMU_RUNTIME_DIR", lab.runtime())
-        .env("MCQEMU_ROOTS", test_roots())
-        .env("CHROMIUM", &chromium)
-        .current_dir(&node)
-        .output()
-        .expect("run node");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "the host-bridge run failed: {stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let (state, runtime) = (lab.state(), lab.runtime());
+    let roots = test_roots();
+    let seen = run_node(
+        &node,
+        "view_apps.mjs",
+        &[BIN, name, typed],
+        &[
+            ("MCQEMU_STATE_DIR", state.to_str().unwrap()),
+            ("MCQEMU_RUNTIME_DIR", runtime.to_str().unwrap()),
+            ("MCQEMU_ROOTS", roots.as_str()),
+            ("CHROMIUM", chromium.as_str()),
+        ],
     );
-    let seen: Value = serde_json::from_str(stdout.trim().lines().last().unwrap_or("{}"))
-        .unwrap_or_else(|e| panic!("{e}: {stdout}"));
     eprintln!("the view under AppBridge: {seen}");
     assert_eq!(seen["console_errors"], json!([]), "{seen}");
     assert_eq!(seen["elsewhere"], json!([]), "{seen}");

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use super::error::OpError;
 use super::hold::{self, Held};
 use super::screen::{self, Wait};
+use super::work::Work;
 use crate::qemu::screen::Bounds;
 use crate::qemu::{keys, vm};
 
@@ -60,9 +61,9 @@ pub struct Frame {
     pub png: Vec<u8>,
 }
 
-/// Waits (at most `req.wait`, or until `cancelled`) until the screen differs from `since`,
-/// then returns it scaled to `max_width`.
-pub fn frame(req: &FrameRequest, cancelled: &dyn Fn() -> bool) -> Result<Frame, OpError> {
+/// Waits (at most `req.wait`, or until the caller cancels; with progress) until the screen
+/// differs from `since`, then returns it scaled to `max_width`.
+pub fn frame(ctx: &dyn Work, req: &FrameRequest) -> Result<Frame, OpError> {
     let start = Instant::now();
     let deadline = start + req.wait.min(MAX_WAIT);
     let rec = super::records::lookup_live(&req.name, "launch it first")?;
@@ -80,7 +81,7 @@ pub fn frame(req: &FrameRequest, cancelled: &dyn Fn() -> bool) -> Result<Frame, 
         let digest = grabbed.digest(None);
         let changed = req.since != Some(digest);
         let now = Instant::now();
-        if changed || now >= deadline || cancelled() {
+        if changed || now >= deadline || ctx.cancelled() {
             let status = vm::measure_within(&rec, Duration::from_secs(1)).status;
             let held = vm::registry().load().get(&req.name).and_then(hold::of);
             let (w, h) = (grabbed.width, grabbed.height);
@@ -114,6 +115,11 @@ pub fn frame(req: &FrameRequest, cancelled: &dyn Fn() -> bool) -> Result<Frame, 
             }
             return Ok(out);
         }
+        ctx.progress(
+            start.elapsed().as_secs_f64(),
+            Some(req.wait.min(MAX_WAIT).as_secs_f64()),
+            "the screen holds still",
+        );
         std::thread::sleep(POLL.min(deadline - now));
     }
 }
@@ -178,7 +184,13 @@ pub struct Done {
 }
 
 /// Sends the person's `events` to VM `name`, in order; a hold must be passed with its secret.
-pub fn input(name: &str, secret: Option<&str>, events: &[Event]) -> Result<Done, OpError> {
+/// A cancel stops between events (and releases any key a chord held).
+pub fn input(
+    ctx: &dyn Work,
+    name: &str,
+    secret: Option<&str>,
+    events: &[Event],
+) -> Result<Done, OpError> {
     if events.len() > MAX_EVENTS {
         return Err(OpError::new(format!(
             "{} events in one batch; at most {MAX_EVENTS}",
@@ -186,18 +198,21 @@ pub fn input(name: &str, secret: Option<&str>, events: &[Event]) -> Result<Done,
         )));
     }
     hold::check_view(name, secret)?;
+    let rec = super::records::lookup_live(name, "launch it first")?;
     let mut done = Done {
         name: name.to_string(),
         ..Done::default()
     };
     for e in events {
+        ctx.check_cancel()?;
         if let Event::Serial { text } = e {
             done.serial_bytes += super::serial_write::write(name, text)?.bytes;
             continue;
         }
         let plan = plan(e, &mut done)?;
-        let rec = super::records::lookup_live(name, "launch it first")?;
-        super::session::monitor(name, &rec, |q| Ok(super::input::run(q, &plan, &|| false)?))?;
+        super::session::monitor(name, &rec, |q| {
+            Ok(super::input::run(q, &plan, &|| ctx.cancelled())?)
+        })?;
     }
     Ok(done)
 }

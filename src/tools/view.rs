@@ -157,7 +157,7 @@ fn frame(ctx: &ToolCtx, args: &Args) -> ToolResult {
         ),
         max_width: args.opt_i64("max_width")?.map(|w| w.clamp(64, 8192) as u32),
     };
-    let f = view::frame(&req, &|| ctx.cancelled())?;
+    let f = view::frame(ctx, &req)?;
     let extra = if f.png.is_empty() {
         Vec::new()
     } else {
@@ -189,12 +189,12 @@ pub const INPUT: ToolDef = ToolDef {
     ui: APP_ONLY,
 };
 
-fn input(_ctx: &ToolCtx, args: &Args) -> ToolResult {
+fn input(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let name = vm_name_arg(args)?;
     let raw = args.0.get("events").cloned().unwrap_or(json!([]));
     let events: Vec<view::Event> =
         serde_json::from_value(raw).map_err(|e| ToolError::new(format!("events: {e}")))?;
-    let done = view::input(&name, args.opt_str("hold")?, &events)?;
+    let done = view::input(ctx, &name, args.opt_str("hold")?, &events)?;
     Ok(ToolOutput::json(
         serde_json::to_value(&done).unwrap_or(Value::Null),
     ))

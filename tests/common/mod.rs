@@ -47,7 +47,7 @@ mod security;
 mod server;
 pub mod stock;
 mod tools;
-pub mod tty;
+pub mod view;
 
 // One item, so that one allow covers it: a binary that uses nothing from a module leaves that
 // part of the re-export unused.

@@ -1,12 +1,15 @@
-//! A sandbox of the test guest with a shell on its serial console, and a guest program that
-//! reports the first line typed on the console the keyboard types into (/dev/tty1): how the
-//! live-view tests check that input reaches the guest exactly.
+//! What the live-view tests share: a sandbox of the test guest with a shell on its serial
+//! console, a guest program that reports the first line typed on the console the keyboard
+//! types into (/dev/tty1), so input can be checked to arrive exactly, and a `mcqemu view`
+//! process on a lab's folders.
 
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::{test_guest, tool_ok, Lab, Server};
+use super::{test_guest, test_roots, tool_ok, Lab, Server, BIN};
 
 /// Bound of one step's call.
 const STEP: Duration = Duration::from_secs(60);
@@ -68,4 +71,22 @@ pub fn finish_tty_reader(s: &mut Server, id: &Value) -> String {
     let r = s.finish_call(id, Duration::from_secs(180));
     let sc = tool_ok(&r, "tty reader");
     sc["stdout"].as_str().expect("stdout").to_string()
+}
+
+/// A `mcqemu view NAME` process on the lab's folders, and the URL it printed.
+pub fn spawn_view(lab: &Lab, name: &str) -> (Child, String) {
+    let mut child = Command::new(BIN)
+        .args(["view", name])
+        .env("MCQEMU_STATE_DIR", lab.state())
+        .env("MCQEMU_RUNTIME_DIR", lab.runtime())
+        .env("MCQEMU_ROOTS", test_roots())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start mcqemu view");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("the view's stdout"))
+        .read_line(&mut line)
+        .expect("the URL line");
+    (child, line.trim().to_string())
 }
