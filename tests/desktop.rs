@@ -20,123 +20,9 @@ use common::*;
 use serde_json::{json, Value};
 
 const STEP: Duration = Duration::from_secs(60);
-/// Longest wait for the program to record what a gesture did.
-const SEEN: Duration = Duration::from_secs(30);
 /// Longest wait from launch to the program's first `ready` record.
 const BOOT: Duration = Duration::from_secs(300);
 const VM: &str = "desk";
-
-/// The program's event log, read through guest_file_read from where the last read ended.
-struct Events {
-    path: String,
-    offset: u64,
-    partial: String,
-    seen: Vec<Value>,
-}
-
-impl Events {
-    fn new(path: &str) -> Events {
-        Events {
-            path: path.to_string(),
-            offset: 0,
-            partial: String::new(),
-            seen: Vec::new(),
-        }
-    }
-
-    /// Reads what is new; a missing file (X not up yet) reads as nothing.
-    fn poll(&mut self, s: &mut Server) {
-        let r = s.call_tool_within(
-            "guest_file_read",
-            json!({"name": VM, "path": self.path, "offset": self.offset}),
-            STEP,
-        );
-        if r["isError"] == json!(true) {
-            return;
-        }
-        let sc = &r["structuredContent"];
-        let text = sc["content"].as_str().unwrap_or_default();
-        self.offset += sc["size"].as_u64().unwrap_or(0);
-        self.partial.push_str(text);
-        while let Some(nl) = self.partial.find('\n') {
-            let line: String = self.partial.drain(..=nl).collect();
-            let v: Value = serde_json::from_str(line.trim())
-                .unwrap_or_else(|e| panic!("bad event line {line:?}: {e}"));
-            self.seen.push(v);
-        }
-    }
-
-    /// A mark: records after it are "new".
-    fn mark(&self) -> usize {
-        self.seen.len()
-    }
-
-    /// Waits for a record after `mark` that `pred` accepts; returns it.
-    fn wait(
-        &mut self,
-        s: &mut Server,
-        mark: usize,
-        what: &str,
-        pred: impl Fn(&Value) -> bool,
-    ) -> Value {
-        self.wait_within(s, mark, what, SEEN, pred)
-    }
-
-    fn wait_within(
-        &mut self,
-        s: &mut Server,
-        mark: usize,
-        what: &str,
-        limit: Duration,
-        pred: impl Fn(&Value) -> bool,
-    ) -> Value {
-        let t = Instant::now();
-        loop {
-            if let Some(v) = self.seen[mark..].iter().find(|v| pred(v)) {
-                return v.clone();
-            }
-            assert!(
-                t.elapsed() < limit,
-                "{what}: not recorded within {limit:?}; the program recorded since: {:#?}",
-                &self.seen[mark..]
-            );
-            std::thread::sleep(Duration::from_millis(250));
-            self.poll(s);
-        }
-    }
-
-    /// The records after `mark` (after a short settle, so that late ones are in).
-    fn since(&mut self, s: &mut Server, mark: usize) -> Vec<Value> {
-        std::thread::sleep(Duration::from_millis(500));
-        self.poll(s);
-        self.seen[mark..].to_vec()
-    }
-}
-
-fn is(v: &Value, event: &str, widget: &str) -> bool {
-    v["event"] == event && (widget.is_empty() || v["widget"] == widget)
-}
-
-fn has_mod(v: &Value, m: &str) -> bool {
-    v["mods"]
-        .as_array()
-        .is_some_and(|a| a.iter().any(|x| x == m))
-}
-
-/// A widget's rectangle from a `ready` record: (x, y, w, h) in screen pixels.
-fn rect(ready: &Value, widget: &str) -> (i64, i64, i64, i64) {
-    let r = &ready["widgets"][widget];
-    let n = |i: usize| {
-        r[i].as_i64()
-            .unwrap_or_else(|| panic!("{widget} rect: {ready}"))
-    };
-    (n(0), n(1), n(2), n(3))
-}
-
-fn centre(ready: &Value, widget: &str) -> (i64, i64) {
-    let (x, y, w, h) = rect(ready, widget);
-    (x + w / 2, y + h / 2)
-}
 
 /// A decoded screenshot: RGB pixels, its size and the scale the tool reported.
 struct Shot {
@@ -238,7 +124,7 @@ fn a_desktop_driven_by_screenshots_clicks_drags_wheel_and_keys() {
     let sb = tool_ok(&r, "sandbox_vm");
     assert_eq!(sb["agent_ready"], json!(true), "{sb}");
     let agent_ms = t0.elapsed().as_millis();
-    let mut ev = Events::new(&image.events);
+    let mut ev = Events::new(VM, &image.events);
     let ready = ev.wait_within(&mut s, 0, "the program's ready record", BOOT, |v| {
         is(v, "ready", "")
     });
@@ -252,6 +138,7 @@ fn a_desktop_driven_by_screenshots_clicks_drags_wheel_and_keys() {
     drag_and_wheel_1280(&mut s, &mut ev, &ready);
     modifiers_and_typing_1280(&mut s, &mut ev, &ready);
     key_latency(&mut s, &mut ev, &ready);
+    view_1024(&lab, &mut s, &mut ev);
 
     let mark = ev.mark();
     let t = Instant::now();
@@ -530,7 +417,7 @@ fn key_latency(s: &mut Server, ev: &mut Events, ready: &Value) {
                 break;
             }
             assert!(
-                t.elapsed() < SEEN,
+                t.elapsed() < EVENT_SEEN,
                 "the screen did not change after typing {ch:?}"
             );
         }
@@ -540,4 +427,81 @@ fn key_latency(s: &mut Server, ev: &mut Events, ready: &Value) {
         });
     }
     eprintln!("key to screen change (type ms, changed screenshot ms, screenshots): {samples:?}");
+}
+
+/// The live view a person takes over, at 1024x768 in Chromium (`tests/browser/view_desktop.mjs`
+/// on the page `mcqemu view` serves, drawn scaled to the page): a click at a point of the
+/// scaled image lands on the matching screen pixel, typed text arrives exactly and ctrl+a as a
+/// chord. Prints each click's time from the page to the program (the program's clock turned
+/// into the host's).
+fn view_1024(lab: &Lab, s: &mut Server, ev: &mut Events) {
+    let mark = ev.mark();
+    let out = common::cloud_guest::sh(s, VM, "desktop-mode 1024x768");
+    assert_eq!(out.trim(), "1024x768");
+    let ready = ev.wait(s, mark, "ready at 1024x768", |v| {
+        is(v, "ready", "") && v["screen"] == json!([1024, 768])
+    });
+    let (ok, (cx, cy, _, _), entry) = (
+        centre(&ready, "ok"),
+        rect(&ready, "canvas"),
+        centre(&ready, "entry"),
+    );
+    // Odd points, so that a mapping off by one shows; the entry last, which takes the keys.
+    let targets = [ok, (cx + 37, cy + 53), (cx + 211, cy + 149), entry];
+    let offset = guest_clock_offset_ms(s, VM).unwrap_or_else(|e| panic!("{e}"));
+    let (node, chromium) = (common::browser::node_dir(), common::browser::chromium());
+    let (mut view, url) = common::view::spawn_view(lab, VM);
+    let text = "Typed in the view: a-Z 0-9 <&>";
+    let spec = json!({"screen": [1024, 768], "clicks": targets, "gap_ms": 700, "text": text});
+    let m = ev.mark();
+    let seen = common::browser::run_node(
+        &node,
+        "view_desktop.mjs",
+        &[url.as_str(), &spec.to_string()],
+        &[("CHROMIUM", chromium.as_str())],
+    );
+    let _ = view.kill();
+    let _ = view.wait();
+    eprintln!("the desktop in the view: {seen}");
+    assert_eq!(seen["console_errors"], json!([]), "{seen}");
+    assert_eq!(seen["elsewhere"], json!([]), "{seen}");
+    assert!(
+        seen["steps"]["drawn"][0].as_f64() < Some(1024.0),
+        "the view was meant to draw the screen scaled: {seen}"
+    );
+    ev.wait(s, m, "text typed in the view", |v| {
+        is(v, "text", "entry") && v["value"] == text
+    });
+    let chord = ev.wait(s, m, "ctrl+a from the view", |v| {
+        is(v, "key", "entry") && v["keysym"] == "a" && has_mod(v, "control")
+    });
+    assert!(chord["t"].is_number(), "{chord}");
+    let presses: Vec<Value> = ev
+        .since(s, m)
+        .into_iter()
+        .filter(|v| is(v, "press", "") && v["button"] == 1)
+        .collect();
+    let clicks = seen["clicks"].as_array().expect("the clicks made");
+    assert_eq!(presses.len(), clicks.len(), "presses: {presses:#?}");
+    let mut latency = Vec::new();
+    for (click, press) in clicks.iter().zip(&presses) {
+        // A pixel of the page spans 1024/800 screen pixels: the press is within one of it.
+        for (axis, k) in [(0, "x"), (1, "y")] {
+            let want = click[k].as_i64().unwrap();
+            let got = press["root"][axis].as_i64().unwrap();
+            assert!(
+                (got - want).abs() <= 1,
+                "a click at {click} in the view landed at {} in the guest",
+                press["root"]
+            );
+        }
+        let made = click["t"].as_f64().unwrap();
+        latency.push((press["t"].as_f64().unwrap() * 1000.0 - offset - made).round());
+    }
+    eprintln!("click in the view to the program's press (ms): {latency:?}");
+    let info = s.call_ok("vm_info", json!({"name": VM}));
+    assert!(
+        info["held"].is_null(),
+        "the hold outlived the hand-back: {info}"
+    );
 }

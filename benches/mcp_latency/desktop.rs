@@ -8,21 +8,29 @@
 //!    vm_screenshots until the image differs (the field's cursor does not blink, nothing else
 //!    moves), timed from the type call's start to the changed screenshot's return;
 //! 4. vm_screenshot at 1280x800, vm_drag (12 steps) and vm_scroll round trips; vm_screenshot
-//!    at 1920x1080 (scaled to 1568) after `desktop-mode 1920x1080`.
+//!    at 1920x1080 (scaled to 1568) after `desktop-mode 1920x1080`;
+//! 5. before that, the live view at 1024x768 in Chromium (`mcqemu view`): a typed character to
+//!    the changed frame drawn, and a click on the scaled image to the program's press.
 //!
 //! Knob: `MCQEMU_BENCH_DESKTOP_N` (default 10) samples per row. SKIPPED when QEMU is missing
 //! or the image cannot be built; the sandbox is destroyed at the end and any QEMU left is
 //! SIGKILLed.
 
 use std::ffi::OsStr;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
 use crate::clones::{cold_sandbox, destroy, load_average};
-use crate::common::desktop::{desktop_roots, try_test_desktop_image, DesktopImage};
-use crate::common::{try_run, Server, TempDir, VmKiller};
+use crate::common::browser::{node_dir, try_run_node};
+use crate::common::desktop::{
+    desktop_roots, guest_clock_offset_ms, try_test_desktop_image, DesktopImage, Events,
+};
+use crate::common::{try_run, Server, TempDir, VmKiller, BIN};
 use crate::report::{Bench, Stats, Table};
+use crate::view::{draws_in, epoch_ms, next_draw, Viewer};
 use crate::{env_count, newest, structured, Dirs, Res, ToolCalls, QEMU_IMG_TIMEOUT};
 
 const VM: &str = "bench-desktop";
@@ -58,7 +66,7 @@ pub fn desktop_rows(table: &mut Table, dirs: &Dirs) {
         return;
     };
     table.note(&format!("load average {} at the start", load_average()));
-    let outcome = rows(table, &mut server, &killer, &image);
+    let outcome = rows(table, &mut server, &killer, &image, dirs);
     table.or_error(name, outcome);
     if let Err(e) = destroy(&mut server, VM) {
         table.note(&format!("cleanup: {e}"));
@@ -91,7 +99,13 @@ fn roots_server(dirs: &Dirs) -> Res<Server> {
     Ok(s)
 }
 
-fn rows(table: &mut Table, s: &mut Server, killer: &VmKiller, image: &DesktopImage) -> Res<()> {
+fn rows(
+    table: &mut Table,
+    s: &mut Server,
+    killer: &VmKiller,
+    image: &DesktopImage,
+    dirs: &Dirs,
+) -> Res<()> {
     let n = env_count("MCQEMU_BENCH_DESKTOP_N", 10);
     let t0 = Instant::now();
     let (sb, _) = cold_sandbox(
@@ -159,7 +173,148 @@ fn rows(table: &mut Table, s: &mut Server, killer: &VmKiller, image: &DesktopIma
         s.tool_within("vm_scroll", args, CALL).map(drop)
     });
     table.or_error(row, r);
+    let row = "live view at 1024x768";
+    let r = view_1024(table, s, image, dirs);
+    table.or_error(row, r);
     big_screen(table, &bench, s, image)
+}
+
+/// The live view at 1024x768, drawn scaled in Chromium from `mcqemu view`: from the start of
+/// a vm_type_text of one character into the field to the page's drawing of the changed frame;
+/// then a person's clicks on the scaled image (`view_desktop.mjs`) to the program's record of
+/// each press, its clock turned into the host's.
+fn view_1024(table: &mut Table, s: &mut Server, image: &DesktopImage, dirs: &Dirs) -> Res<()> {
+    if let Some(why) = Viewer::missing() {
+        table.skip_row("live view at 1024x768", why);
+        return Ok(());
+    }
+    let args = json!({"name": VM, "command": "desktop-mode", "args": ["1024x768"], "timeout": 60});
+    if structured(&s.tool_within("guest_exec", args, CALL)?)?["exitcode"] != json!(0) {
+        return Err("desktop-mode 1024x768 failed".into());
+    }
+    let ready = wait_ready(s, &image.events, "\"screen\": [1024, 768]")?;
+    let n = env_count("MCQEMU_BENCH_DESKTOP_N", 10);
+    let viewer = Viewer::open(&dirs.state, &dirs.runtime, VM)?;
+    let drawn = viewer.ready().and_then(|()| change_to_drawn(s, &viewer, n));
+    viewer.close();
+    let samples = drawn?;
+    table.time_row(
+        "live view 1024x768: type 1 char to the frame drawn (mcqemu view, Chromium)",
+        samples.len(),
+        &Stats::of(samples.clone()),
+        Some(Duration::from_millis(300)),
+    );
+    table.note(&format!("  p95 {} ms (goal 600)", p95(samples).as_millis()));
+    let clicks = click_to_program(s, image, dirs, &ready, n)?;
+    table.time_row(
+        "live view 1024x768: click on the scaled image to the program's press",
+        clicks.len(),
+        &Stats::of(clicks),
+        Some(Duration::from_millis(150)),
+    );
+    Ok(())
+}
+
+fn p95(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v.get((v.len() * 95 / 100).min(v.len().saturating_sub(1)))
+        .copied()
+        .unwrap_or_default()
+}
+
+fn change_to_drawn(s: &mut Server, viewer: &Viewer, n: usize) -> Res<Vec<Duration>> {
+    let keys = "abcdefghijklmnopqrstuvwxyz";
+    let mut samples = Vec::new();
+    for i in 0..n {
+        let start = epoch_ms();
+        let ch = &keys[i % 26..i % 26 + 1];
+        s.tool_within("vm_type_text", json!({"name": VM, "text": ch}), CALL)?;
+        let drawn = next_draw(&viewer.rx, start, CHANGE_WAIT)?;
+        samples.push(Duration::from_millis(drawn.saturating_sub(start)));
+        draws_in(&viewer.rx, Duration::from_millis(300));
+    }
+    Ok(samples)
+}
+
+/// `n` clicks on the canvas through the view; each press's delay as the program recorded it.
+fn click_to_program(
+    s: &mut Server,
+    image: &DesktopImage,
+    dirs: &Dirs,
+    ready: &Value,
+    n: usize,
+) -> Res<Vec<Duration>> {
+    let canvas = &ready["widgets"]["canvas"];
+    let (cx, cy) = (
+        canvas[0].as_i64().unwrap_or(0),
+        canvas[1].as_i64().unwrap_or(0),
+    );
+    let points: Vec<(i64, i64)> = (0..n as i64)
+        .map(|i| (cx + 20 + i * 37 % 500, cy + 20 + i * 53 % 300))
+        .collect();
+    let offset = guest_clock_offset_ms(s, VM)?;
+    let mut ev = Events::new(VM, &image.events);
+    ev.poll(s);
+    let mark = ev.mark();
+    let view = Command::new(BIN)
+        .args(["view", VM])
+        .env("MCQEMU_STATE_DIR", &dirs.state)
+        .env("MCQEMU_RUNTIME_DIR", &dirs.runtime)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("mcqemu view: {e}"))?;
+    let seen = run_clicks(view, &points);
+    let seen = seen?;
+    let presses: Vec<Value> = ev
+        .since(s, mark)
+        .into_iter()
+        .filter(|v| v["event"] == "press" && v["button"] == 1)
+        .collect();
+    let made = seen["clicks"].as_array().cloned().unwrap_or_default();
+    if presses.len() != made.len() {
+        return Err(format!(
+            "{} clicks made in the view, {} presses recorded",
+            made.len(),
+            presses.len()
+        ));
+    }
+    Ok(made
+        .iter()
+        .zip(&presses)
+        .map(|(c, p)| {
+            let ms =
+                p["t"].as_f64().unwrap_or(0.0) * 1000.0 - offset - c["t"].as_f64().unwrap_or(0.0);
+            Duration::from_secs_f64(ms.max(0.0) / 1000.0)
+        })
+        .collect())
+}
+
+/// Reads the view's URL, runs `view_desktop.mjs` on it and stops the view.
+fn run_clicks(mut view: Child, points: &[(i64, i64)]) -> Res<Value> {
+    let mut url = String::new();
+    let read = view
+        .stdout
+        .take()
+        .ok_or_else(|| "no stdout".to_string())
+        .and_then(|o| {
+            BufReader::new(o)
+                .read_line(&mut url)
+                .map_err(|e| format!("the view's URL: {e}"))
+        });
+    let spec = json!({"screen": [1024, 768], "clicks": points, "gap_ms": 400, "text": "q"});
+    let node = node_dir();
+    let out = read.and_then(|_| {
+        try_run_node(
+            &node,
+            "view_desktop.mjs",
+            &[url.trim(), &spec.to_string()],
+            &[],
+        )
+    });
+    let _ = view.kill();
+    let _ = view.wait();
+    out
 }
 
 /// `desktop-mode 1920x1080`, the program's new ready record, then screenshots of it.

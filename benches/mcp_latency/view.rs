@@ -8,7 +8,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -21,7 +21,7 @@ use crate::{structured, Res, ToolCalls};
 
 const ROUNDS: usize = 20;
 
-fn epoch_ms() -> u64 {
+pub fn epoch_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
@@ -48,22 +48,10 @@ fn write_row(row: u32, text: &str) -> String {
 /// The live-view rows on the booted test guest `name`; SKIPPED without Chromium or the
 /// browser-test packages.
 pub fn view_rows(vb: &VmBench, table: &mut Table, server: &mut Server, name: &str) -> Res<()> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let node = root.join("target/browser-tests/node");
-    if !Path::new("/usr/bin/chromium").exists()
-        || !node.join("node_modules/playwright-core").exists()
-    {
-        table.skip_row(
-            "live view",
-            "needs /usr/bin/chromium and target/browser-tests (cargo test --test view_browser)",
-        );
+    if let Some(why) = Viewer::missing() {
+        table.skip_row("live view", why);
         return Ok(());
     }
-    std::fs::copy(
-        root.join("tests/browser/view_bench.mjs"),
-        node.join("view_bench.mjs"),
-    )
-    .map_err(|e| format!("copy view_bench.mjs: {e}"))?;
     // The text cursor off (CRTC register 0x0A, bit 5): the screen holds still between changes.
     sh(
         server,
@@ -71,46 +59,98 @@ pub fn view_rows(vb: &VmBench, table: &mut Table, server: &mut Server, name: &st
         "printf '\\012' | dd of=/dev/port bs=1 seek=980 2>/dev/null; \
          printf '\\040' | dd of=/dev/port bs=1 seek=981 2>/dev/null",
     )?;
-    let mut view = Command::new(BIN)
-        .args(["view", name])
-        .env("MCQEMU_STATE_DIR", vb.state())
-        .env("MCQEMU_RUNTIME_DIR", vb.runtime())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| format!("mcqemu view: {e}"))?;
-    let mut url = String::new();
-    BufReader::new(view.stdout.take().ok_or("no stdout")?)
-        .read_line(&mut url)
-        .map_err(|e| format!("the view's URL: {e}"))?;
-    let mut browser = Command::new("node")
-        .arg(node.join("view_bench.mjs"))
-        .arg(url.trim())
-        .current_dir(&node)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| format!("node: {e}"))?;
-    let (tx, rx) = mpsc::channel::<String>();
-    let out = browser.stdout.take().ok_or("no stdout")?;
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let result = measure(table, server, name, &rx);
-    drop(browser.stdin.take());
-    let _ = browser.wait();
-    let _ = view.kill();
-    let _ = view.wait();
+    let viewer = Viewer::open(vb.state(), vb.runtime(), name)?;
+    let result = viewer
+        .ready()
+        .and_then(|()| measure(table, server, name, &viewer.rx));
+    viewer.close();
     result
 }
 
+/// `mcqemu view NAME` and headless Chromium on its page (`view_bench.mjs`), whose draws arrive
+/// on `rx` as `draw EPOCH_MS` lines (`ready` after the first).
+pub struct Viewer {
+    view: Child,
+    browser: Child,
+    pub rx: mpsc::Receiver<String>,
+}
+
+impl Viewer {
+    /// Why the live view cannot be benched here, if it cannot.
+    pub fn missing() -> Option<&'static str> {
+        let node = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/browser-tests/node");
+        (!Path::new("/usr/bin/chromium").exists()
+            || !node.join("node_modules/playwright-core").exists())
+        .then_some(
+            "needs /usr/bin/chromium and target/browser-tests (cargo test --test view_browser)",
+        )
+    }
+
+    /// The view of VM `name` on the server folders `state` and `runtime`, open in Chromium.
+    pub fn open(state: &Path, runtime: &Path, name: &str) -> Res<Viewer> {
+        let node = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/browser-tests/node");
+        std::fs::copy(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser/view_bench.mjs"),
+            node.join("view_bench.mjs"),
+        )
+        .map_err(|e| format!("copy view_bench.mjs: {e}"))?;
+        let mut view = Command::new(BIN)
+            .args(["view", name])
+            .env("MCQEMU_STATE_DIR", state)
+            .env("MCQEMU_RUNTIME_DIR", runtime)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("mcqemu view: {e}"))?;
+        let mut url = String::new();
+        BufReader::new(view.stdout.take().ok_or("no stdout")?)
+            .read_line(&mut url)
+            .map_err(|e| format!("the view's URL: {e}"))?;
+        let mut browser = Command::new("node")
+            .arg(node.join("view_bench.mjs"))
+            .arg(url.trim())
+            .current_dir(&node)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("node: {e}"))?;
+        let (tx, rx) = mpsc::channel::<String>();
+        let out = browser.stdout.take().ok_or("no stdout")?;
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(Viewer { view, browser, rx })
+    }
+
+    /// Waits for the first frame, then lets the frames of the page's start pass.
+    pub fn ready(&self) -> Res<()> {
+        loop {
+            match self.rx.recv_timeout(Duration::from_secs(90)) {
+                Ok(l) if l == "ready" => break,
+                Ok(_) => {}
+                Err(_) => return Err("the view never drew its first frame".into()),
+            }
+        }
+        draws_in(&self.rx, Duration::from_secs(2));
+        Ok(())
+    }
+
+    /// Closes the browser (stdin) and stops the view.
+    pub fn close(mut self) {
+        drop(self.browser.stdin.take());
+        let _ = self.browser.wait();
+        let _ = self.view.kill();
+        let _ = self.view.wait();
+    }
+}
+
 /// The next `draw` at or after `since` (epoch ms), within `limit`.
-fn next_draw(rx: &mpsc::Receiver<String>, since: u64, limit: Duration) -> Res<u64> {
+pub fn next_draw(rx: &mpsc::Receiver<String>, since: u64, limit: Duration) -> Res<u64> {
     let deadline = std::time::Instant::now() + limit;
     loop {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
@@ -128,7 +168,7 @@ fn next_draw(rx: &mpsc::Receiver<String>, since: u64, limit: Duration) -> Res<u6
     }
 }
 
-fn draws_in(rx: &mpsc::Receiver<String>, window: Duration) -> usize {
+pub fn draws_in(rx: &mpsc::Receiver<String>, window: Duration) -> usize {
     let deadline = std::time::Instant::now() + window;
     let mut n = 0;
     while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
@@ -147,15 +187,6 @@ fn measure(
     name: &str,
     rx: &mpsc::Receiver<String>,
 ) -> Res<()> {
-    loop {
-        match rx.recv_timeout(Duration::from_secs(90)) {
-            Ok(l) if l == "ready" => break,
-            Ok(_) => {}
-            Err(_) => return Err("the view never drew its first frame".into()),
-        }
-    }
-    // Settle: let the frames of the cursor change and the first frame pass.
-    draws_in(rx, Duration::from_secs(2));
     let mut samples = Vec::new();
     for round in 0..ROUNDS {
         let start = epoch_ms();

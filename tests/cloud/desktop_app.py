@@ -15,7 +15,8 @@ Widgets (pixels of the root window; the window is full screen, so they are scree
                                                     click opens a menu ("menu_shown" with
                                                     the entries' centres, "menu" when chosen)
 Every widget logs "press", "release" and "double" (button, widget-relative x, y, root x, y,
-modifiers) and "key" (keysym, char, modifiers). The first record is "ready" with the screen
+modifiers) and "key" (keysym, char, modifiers); every record has "t", the guest's wall clock
+when the program saw it. The first record is "ready" with the screen
 size, the pid and every widget's root rectangle (and the scale's slider centres at 0, 50
 and 100, and the visible list items' centres); "layout" follows whenever the window's size changes (a new screen mode).
 
@@ -24,6 +25,7 @@ Usage: desktop_app.py LOG
 import json
 import os
 import sys
+import time
 import tkinter as tk
 
 MODS = [(0x1, "shift"), (0x4, "control"), (0x8, "alt"), (0x100, "button1"),
@@ -54,6 +56,8 @@ class App:
         self.root.after(300, self.ready)
 
     def emit(self, **rec):
+        # The guest's wall clock when the program saw it: the live view's click latency.
+        rec["t"] = time.time()
         self.log.write(json.dumps(rec, sort_keys=True) + "\n")
 
     def build(self):

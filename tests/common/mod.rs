@@ -22,6 +22,7 @@
 //! - `cli.rs`: bounded runs of the `mcqemu` CLI and of external programs.
 //! - `http.rs`: a local HTTP server with fixed routes.
 //! - `files.rs`: [`TempDir`], folder listings, pseudo-random data, SHA-256.
+//! - `browser.rs`: Chromium and the npm packages of the live-view tests (`tests/browser/`).
 //! - `security.rs`: the fixtures of the `security_*` tests: [`Fence`], [`Tripwire`], refusals.
 
 // Each test binary (and the bench) compiles this whole harness but uses only part of it, and
@@ -30,6 +31,7 @@
 #![allow(dead_code)]
 
 pub mod b64;
+pub mod browser;
 mod cli;
 mod cloud;
 pub mod cloud_guest;
