@@ -311,19 +311,22 @@ fn copy_out_checks(e: &mut Lab, vm: &str, out: &Path) {
         33.5 / took.as_secs_f64(),
         progress.len()
     );
-    // Progress counts bytes against the archive's size, and says how many files are done.
-    let last = progress.last().expect("a copy of seconds sends progress");
-    assert!(
-        last["params"]["total"].as_f64().unwrap() >= 33_554_432.0,
-        "{last}"
-    );
-    assert!(
-        last["params"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("files"),
-        "{last}"
-    );
+    assert_eq!(r["via"], json!("channel"), "{r}");
+    // Progress counts bytes against the guest's size of the tree, and says how many files are
+    // done (over the channel the copy may end before the first report is due).
+    if let Some(last) = progress.last() {
+        assert!(
+            last["params"]["total"].as_f64().unwrap() >= 33_554_432.0,
+            "{last}"
+        );
+        assert!(
+            last["params"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("files"),
+            "{last}"
+        );
+    }
     assert_eq!(host_manifest(&dest).trim(), guest_sums.trim());
     assert_eq!(
         std::fs::read_link(dest.join("etc")).unwrap(),
@@ -400,9 +403,30 @@ fn hostile_archive_check(e: &mut Lab, vm: &str, out: &Path) {
         json!({"name": vm, "path": "/tmp/evil.tar",
         "content": b64::encode(&ar), "encoding": "base64"}),
     );
+    let mut w = mcqemu::state::tar::Writer::new(Vec::new());
+    w.dir(b"evil", 0o755, 0).unwrap();
+    w.file(b"evil/../../escaped", 0o644, 0, 4, &mut &b"pwnd"[..])
+        .unwrap();
+    e.srv().call_ok(
+        "guest_file_write",
+        json!({"name": vm, "path": "/tmp/evil-dots.tar",
+        "content": b64::encode(&w.finish().unwrap()), "encoding": "base64"}),
+    );
     // busybox sh runs its own tar applet whatever /bin/tar is, so the hostile guest swaps
-    // /bin/sh itself for a script that hands over the crafted archive.
-    let fake = "#!/bin/busybox sh\ncat /tmp/evil.tar > /tmp/evil-out.tar\necho /tmp/evil-out.tar\n";
+    // /bin/sh itself for a script that writes into the data channel, framed as mcqemu frames
+    // it (the nonce is its 6th argument), whatever /tmp/evil-mode asks: a crafted archive,
+    // garbage, or an endless stream.
+    let fake = r#"#!/bin/busybox sh
+for n in /sys/class/virtio-ports/*/name; do read -r v < "$n"; [ "$v" = org.mcqemu.data.0 ] && d=${n%/name} && dev=/dev/${d##*/}; done
+exec 3>"$dev" || exit 9
+printf 'MCQ-BEGIN %s 0\n' "$6" >&3
+case $(cat /tmp/evil-mode) in
+tar) cat /tmp/evil.tar >&3; printf 'MCQ-END %s 0\n' "$6" >&3;;
+dots) cat /tmp/evil-dots.tar >&3; printf 'MCQ-END %s 0\n' "$6" >&3;;
+garbage) head -c 100000 /dev/urandom >&3;;
+endless) yes MCQ-END >&3;;
+esac
+"#;
     e.srv().call_ok(
         "guest_file_write",
         json!({"name": vm, "path": "/tmp/fake-sh", "content": fake}),
@@ -414,24 +438,53 @@ fn hostile_archive_check(e: &mut Lab, vm: &str, out: &Path) {
         cp /tmp/fake-sh /bin/sh",
     );
     let before = list_dir(e.dir.path());
-    let err = refused(
-        e,
-        "guest_copy_out",
-        json!({"name": vm, "guest_path": "/tmp/evil", "host_path": e.dir.file("evil")}),
-    );
-    assert!(err.contains("symlink"), "{err}");
-    assert_eq!(list_dir(out), vec!["secret.txt".to_string()]);
-    assert_eq!(
-        list_dir(e.dir.path()),
-        before,
-        "the failed copy left something behind"
-    );
+    for (mode, says) in [
+        ("tar", "symlink"),
+        ("dots", ".."),
+        ("garbage", "failed"),
+        ("endless", "failed"),
+    ] {
+        e.srv().call_ok(
+            "guest_file_write",
+            json!({"name": vm, "path": "/tmp/evil-mode", "content": mode}),
+        );
+        let t = Instant::now();
+        let err = refused(
+            e,
+            "guest_copy_out",
+            json!({"name": vm, "guest_path": "/tmp/evil", "host_path": e.dir.file("evil")}),
+        );
+        eprintln!(
+            "a hostile guest's {mode}: refused in {:?}: {err}",
+            t.elapsed()
+        );
+        assert!(err.contains(says), "{mode}: {err}");
+        assert_eq!(list_dir(out), vec!["secret.txt".to_string()]);
+        assert_eq!(
+            list_dir(e.dir.path()),
+            before,
+            "the failed copy left something behind"
+        );
+    }
     e.srv().call_ok(
         "guest_exec",
         json!({"name": vm, "command": "/bin/busybox",
         "args": ["mv", "/bin/sh.real", "/bin/sh"]}),
     );
     assert_eq!(sh(e, vm, "echo restored"), "restored\n");
+    // The endless writer still holds the port: the next copy frees it and works.
+    sh(e, vm, "echo after > /tmp/evil/after");
+    let dest = e.dir.join("after");
+    let r = call(
+        e,
+        "guest_copy_out",
+        json!({"name": vm, "guest_path": "/tmp/evil", "host_path": dest.to_str().unwrap()}),
+    );
+    assert_eq!(r["via"], json!("channel"), "{r}");
+    assert_eq!(
+        std::fs::read_to_string(dest.join("after")).unwrap(),
+        "after\n"
+    );
 }
 
 /// Raw guest-file-write then guest-file-read of `data` in 1 MiB chunks over one agent

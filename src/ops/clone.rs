@@ -320,6 +320,7 @@ fn launch_clone(
         // The template's own seed keeps the device set; a clone's cloud_init replaces it.
         seed: t.seed.then(|| template::seed_of(tdir)),
         seed_bus: t.seed_bus,
+        data_channel: t.data_channel,
         uefi: made.uefi.clone(),
         memory_file: Some((template::ram_of(tdir), false)),
         vmgenid: Some("auto".into()),

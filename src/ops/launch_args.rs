@@ -146,6 +146,7 @@ pub fn request(
         no_net: a.no_net,
         restrict_net: a.restrict_net,
         jailed_net: !a.egress.is_empty(),
+        data_channel: true,
         forwards,
         kernel: existing(a.kernel.as_deref(), "kernel", "kernel")?,
         initrd: existing(a.initrd.as_deref(), "initrd", "initrd")?,

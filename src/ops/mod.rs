@@ -8,6 +8,7 @@ pub mod background;
 pub mod capture;
 pub mod checks;
 pub mod clone;
+pub mod copy_channel;
 pub mod destroy;
 pub mod disk_size;
 pub mod egress;

@@ -59,6 +59,9 @@ pub struct Template {
     /// The format of its code and variable store (`raw` when not recorded).
     #[serde(default)]
     pub uefi_format: Option<String>,
+    /// Whether the template had mcqemu's data channel (its clones need the same devices).
+    #[serde(default)]
+    pub data_channel: bool,
     /// Whether the template had a network card.
     pub no_net: bool,
     /// Operator extra_args, repeated for every clone (same devices).

@@ -3,14 +3,20 @@
 //! guest's own `tar` packs and unpacks; the host side is `state::tar` and `state::tree`, which
 //! never follow a symlink. Nothing partial is left on failure: both sides build under a
 //! temporary name beside the destination and rename it into place at the end.
+//!
+//! The bytes go over the VM's data channel (`copy_channel`) when it has one, streamed with no
+//! archive in the guest; through the agent's file commands otherwise, the result says which
+//! (`via`) and why.
 
 use std::cell::Cell;
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use super::copy_channel::{self as channel, Channel, Moved, Open};
 use super::guest::with_guest;
 use super::guest_stream::{self as gs, GuestReader, GuestWriter, Watch};
+use super::records::lookup;
 use crate::qemu::qga::{Qga, QgaError};
 use crate::state::extract::Extract;
 use crate::state::roots::{self, Access};
@@ -57,6 +63,47 @@ pub struct Copied {
     pub host_path: PathBuf,
     /// The guest path.
     pub guest_path: String,
+    /// How the bytes went: `channel` (mcqemu's data channel) or `agent`.
+    pub via: &'static str,
+    /// Why the channel was not used, when it was not.
+    pub via_reason: Option<String>,
+}
+
+/// How a copy's bytes went.
+enum Via {
+    Channel,
+    Agent(String),
+}
+
+impl Via {
+    fn parts(self) -> (&'static str, Option<String>) {
+        match self {
+            Via::Channel => ("channel", None),
+            Via::Agent(why) => ("agent", Some(why)),
+        }
+    }
+}
+
+/// The VM's data channel, opened for one transfer, or why the agent carries the copy.
+/// `Err(Err(..))`: the channel is held by another transfer past the wait.
+fn channel_for(name: &str, watch: &dyn Watch) -> Result<Result<Channel, String>, String> {
+    let rec = lookup(name).map_err(|e| e.0)?;
+    let sock = match channel::socket_of(&rec) {
+        Ok(s) => s,
+        Err(why) => return Ok(Err(why.to_string())),
+    };
+    match Channel::open(&sock, watch) {
+        Ok(ch) => Ok(Ok(ch)),
+        Err(Open::Unusable(why)) => Ok(Err(why)),
+        Err(Open::Busy(msg)) => Err(msg),
+    }
+}
+
+/// A per-transfer nonce for the channel's framing.
+fn nonce() -> String {
+    super::hold::new_secret()
+        .map(|s| s.chars().take(24).collect())
+        .unwrap_or_else(|_| temp_tag())
 }
 
 /// The cap per call, in bytes.
@@ -189,7 +236,8 @@ pub fn copy_in(req: &CopyIn, watch: &dyn Watch) -> Result<Copied, String> {
         ));
     }
     let tag = temp_tag();
-    let counts = with_guest(&req.name, "guest-exec", |q| -> Step<Counts> {
+    let mut chan = channel_for(&req.name, watch)?;
+    let (counts, via) = with_guest(&req.name, "guest-exec", |q| -> Step<(Counts, Via)> {
         let ow = if req.overwrite { "1" } else { "0" };
         if let Err(e) = sh(
             q,
@@ -201,6 +249,36 @@ pub fn copy_in(req: &CopyIn, watch: &dyn Watch) -> Result<Copied, String> {
         )? {
             return Ok(Err(e));
         }
+        let why = match &mut chan {
+            Ok(ch) => {
+                let files = Cell::new(0);
+                let mut measure = Counter(0);
+                if let Err(e) = pack(&folder, leaf, &top, &mut measure, &files) {
+                    return Ok(Err(format!("cannot read the tree: {e}")));
+                }
+                let moved = channel::into(
+                    q,
+                    ch,
+                    (
+                        &join(&gparent, &format!("{tag}.d")),
+                        &nonce(),
+                        &dst,
+                        ow,
+                        &join(&gparent, &format!("{tag}.old")),
+                    ),
+                    measure.0,
+                    guest_time(scan.0.bytes),
+                    &files,
+                    watch,
+                    |w| pack(&folder, leaf, &top, w, &files),
+                )?;
+                match moved {
+                    Moved::Done(r) => return Ok(r.map(|c| (c, Via::Channel))),
+                    Moved::Unusable(why) => why,
+                }
+            }
+            Err(why) => why.clone(),
+        };
         let sent = join(&gparent, &format!("{tag}.tar"));
         let mut step = send(q, &folder, leaf, &top, &sent, scan.1, cap, watch);
         let mode = if top.kind == Type::File {
@@ -231,14 +309,17 @@ pub fn copy_in(req: &CopyIn, watch: &dyn Watch) -> Result<Copied, String> {
         } else {
             let _ = sh(q, "rm -f \"$1\"", &[&sent], guest_time(0), "cleanup", None);
         }
-        step
+        Ok(step?.map(|c| (c, Via::Agent(why))))
     })
     .map_err(|e| e.0)??;
+    let (via, via_reason) = via.parts();
     Ok(Copied {
         counts: in_host_terms(counts, &host),
         duration_ms: started.elapsed().as_millis() as u64,
         host_path: host,
         guest_path: dst,
+        via,
+        via_reason,
     })
 }
 
@@ -308,6 +389,51 @@ fn scan(folder: &Folder, leaf: &OsStr, top: &Meta) -> Result<(Counts, u64), Stri
     Ok((counts, archive))
 }
 
+/// Counts what is written to it (the channel announces a transfer's exact length).
+struct Counter(u64);
+
+impl std::io::Write for Counter {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0 += b.len() as u64;
+        Ok(b.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Writes the file or tree as one archive whose top entry is [`TOP`] (the channel's form).
+fn pack(
+    folder: &Folder,
+    leaf: &OsStr,
+    top: &Meta,
+    w: &mut dyn std::io::Write,
+    files: &Cell<u64>,
+) -> std::io::Result<Counts> {
+    let mut counts = Counts::default();
+    let mut tw = Writer::new(w);
+    if top.kind == Type::File {
+        tree::archive_one(&mut tw, folder, leaf, TOP.as_bytes(), top, &mut counts)?;
+        files.set(counts.files);
+    } else {
+        tree::walk(
+            folder,
+            leaf,
+            TOP.as_bytes(),
+            0,
+            &mut counts,
+            &mut |d, n, p, m, c| {
+                tree::archive_one(&mut tw, d, n, p, m, c)?;
+                files.set(c.files);
+                Ok(())
+            },
+        )?;
+    }
+    tw.finish()?;
+    Ok(counts)
+}
+
 /// Sends the file itself, or the tree as one archive, to `to` in the guest.
 #[allow(clippy::too_many_arguments)]
 fn send(
@@ -339,20 +465,7 @@ fn send(
             Ok(())
         })
     } else {
-        let mut tw = Writer::new(&mut w);
-        tree::walk(
-            folder,
-            leaf,
-            TOP.as_bytes(),
-            0,
-            &mut counts,
-            &mut |d, n, p, m, c| {
-                tree::archive_one(&mut tw, d, n, p, m, c)?;
-                files.set(c.files);
-                Ok(())
-            },
-        )
-        .and_then(|()| tw.finish().map(|_| ()))
+        pack(folder, leaf, top, &mut w, &files).map(|c| counts = c)
     };
     let failure = w.failure.take();
     let flushed = packed.and_then(|()| w.finish().map(|_| ()));
@@ -397,7 +510,26 @@ pub fn copy_out(req: &CopyOut, watch: &dyn Watch) -> Result<Copied, String> {
     let tmp = OsString::from(format!(".{}{tag}", leaf.to_string_lossy()));
     let cap = max_bytes();
     let cap_k = (cap >> 10).to_string();
-    let received = with_guest(&req.name, "guest-exec", |q| -> Step<Counts> {
+    let mut chan = channel_for(&req.name, watch)?;
+    let received = with_guest(&req.name, "guest-exec", |q| -> Step<(Counts, Via)> {
+        let why = match &mut chan {
+            Ok(ch) => {
+                let files = Cell::new(0);
+                let moved = channel::out(
+                    q,
+                    ch,
+                    (&gparent, &gbase, &nonce(), cap),
+                    &files,
+                    watch,
+                    |r| extract(r, &folder, &tmp, gbase.as_bytes(), cap, &files),
+                )?;
+                match moved {
+                    Moved::Done(r) => return Ok(r.map(|c| (c, Via::Channel))),
+                    Moved::Unusable(why) => why,
+                }
+            }
+            Err(why) => why.clone(),
+        };
         let t = match sh(
             q,
             PACK_OUT,
@@ -411,20 +543,25 @@ pub fn copy_out(req: &CopyOut, watch: &dyn Watch) -> Result<Copied, String> {
         };
         let got = receive(q, &t, &folder, &tmp, gbase.as_bytes(), cap, watch);
         let _ = sh(q, "rm -f \"$1\"", &[&t], guest_time(0), "cleanup", None);
-        got
+        Ok(got?.map(|c| (c, Via::Agent(why))))
     })
     .map_err(|e| e.0)
     .and_then(|r| r);
-    let placed = received
-        .and_then(|counts| place(&folder, dir, &tmp, leaf, req.overwrite, &tag).map(|()| counts));
+    let placed = received.and_then(|(counts, via)| {
+        place(&folder, dir, &tmp, leaf, req.overwrite, &tag).map(|()| (counts, via))
+    });
     if placed.is_err() {
         remove_tree(&dir.join(&tmp));
     }
+    let (counts, via) = placed?;
+    let (via, via_reason) = via.parts();
     Ok(Copied {
-        counts: placed?,
+        counts,
         duration_ms: started.elapsed().as_millis() as u64,
         host_path: host,
         guest_path: join(&gparent, &gbase),
+        via,
+        via_reason,
     })
 }
 
@@ -478,7 +615,7 @@ fn receive(
 
 /// Extracts every entry; the content may not pass `cap`.
 fn extract(
-    r: &mut GuestReader,
+    r: &mut dyn std::io::Read,
     folder: &Folder,
     tmp: &OsStr,
     top: &[u8],

@@ -106,6 +106,11 @@ pub struct LaunchSpec {
     pub memory_id: Option<String>,
     /// A vmgenid device with this GUID (`auto` for a fresh one per clone).
     pub vmgenid: Option<String>,
+    /// mcqemu's own data channel: a virtio-serial port named [`DATA_PORT`] on a socket beside
+    /// the agent's ([`data_socket`]) that guest copies stream over. Kept in the spec so that a
+    /// fork, a resume or a clone has the same devices as the VM it came from (VMs and templates
+    /// made before the channel have none).
+    pub data_channel: bool,
     /// Start waiting for a migration stream (`-incoming defer`) instead of booting.
     pub incoming: bool,
     /// Stay stopped after the incoming state is loaded (`-S`): the QEMU that receives a
@@ -125,6 +130,15 @@ pub enum SeedBus {
     /// The machine's default CD-ROM interface (AHCI on q35, IDE on pc): what templates saved
     /// before the seed moved to virtio were made with, kept so their saved state still loads.
     Cdrom,
+}
+
+/// The name the guest sees the data channel's port by (`/sys/class/virtio-ports/*/name`).
+pub const DATA_PORT: &str = "org.mcqemu.data.0";
+
+/// The data channel's socket: beside the agent's, so every way a VM gets its runtime folder
+/// (a launch, a fork's copy, a resume, a clone) moves it along.
+pub fn data_socket(qga_socket: &std::path::Path) -> PathBuf {
+    qga_socket.with_file_name("data.sock")
 }
 
 fn p(path: &std::path::Path) -> String {
@@ -223,6 +237,19 @@ fn channel_args(s: &LaunchSpec, a: &mut Vec<String>) {
         "-device",
         "virtserialport,bus=mcq-vser.0,chardev=mcq-qga,name=org.qemu.guest_agent.0",
     ]);
+    if s.data_channel {
+        push(&[
+            "-chardev",
+            &format!(
+                "socket,id=mcq-data,path={},server=on,wait=off",
+                p(&data_socket(&s.qga_socket))
+            ),
+        ]);
+        push(&[
+            "-device",
+            &format!("virtserialport,bus=mcq-vser.0,chardev=mcq-data,name={DATA_PORT},id=mcq-data"),
+        ]);
+    }
     push(&[
         "-chardev",
         &format!(
@@ -417,6 +444,26 @@ mod tests {
         let parts = split_opts(drive);
         assert_eq!(parts[0], "file=/d/data,readonly=on.qcow2");
         assert!(!parts.iter().any(|p| p == "readonly=on"));
+    }
+
+    #[test]
+    fn the_data_channel_is_a_port_beside_the_agents_only_when_the_spec_has_it() {
+        let mut spec = LaunchSpec {
+            name: "vm".into(),
+            machine: "q35".into(),
+            arch: "x86_64".into(),
+            qga_socket: PathBuf::from("/run/mcq/vm/qga.sock"),
+            ..Default::default()
+        };
+        assert!(!build_argv(&spec).iter().any(|a| a.contains("mcq-data")));
+        spec.data_channel = true;
+        let argv = build_argv(&spec);
+        assert!(argv
+            .iter()
+            .any(|a| a == "socket,id=mcq-data,path=/run/mcq/vm/data.sock,server=on,wait=off"));
+        assert!(argv.iter().any(|a| {
+            a == "virtserialport,bus=mcq-vser.0,chardev=mcq-data,name=org.mcqemu.data.0,id=mcq-data"
+        }));
     }
 
     #[test]

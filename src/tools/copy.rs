@@ -45,17 +45,20 @@ fn output_schema() -> Value {
             "symlinks": {"type": "integer"},
             "skipped": {"type": "array", "items": {"type": "string"}},
             "skipped_total": {"type": "integer"},
-            "duration_ms": {"type": "integer"}
+            "duration_ms": {"type": "integer"},
+            "via": {"type": "string", "enum": ["channel", "agent"],
+                    "description": "How the bytes went: mcqemu's data channel (a virtio-serial port, at the device's speed) or the guest agent's file commands."},
+            "via_reason": {"type": "string", "description": "Why the channel was not used."}
         },
         "required": [
             "name", "host_path", "guest_path", "bytes", "files", "dirs", "symlinks",
-            "duration_ms"
+            "duration_ms", "via"
         ]
     })
 }
 
 fn result(name: &str, c: Copied) -> ToolOutput {
-    ToolOutput::json(json!({
+    let mut out = json!({
         "name": name,
         "host_path": c.host_path.display().to_string(),
         "guest_path": c.guest_path,
@@ -66,7 +69,12 @@ fn result(name: &str, c: Copied) -> ToolOutput {
         "skipped": c.counts.skipped,
         "skipped_total": c.counts.skipped_total,
         "duration_ms": c.duration_ms,
-    }))
+        "via": c.via,
+    });
+    if let Some(why) = c.via_reason {
+        out["via_reason"] = json!(why);
+    }
+    ToolOutput::json(out)
 }
 
 fn input_schema(first: &str, second: &str) -> Value {
@@ -92,7 +100,8 @@ fn input_schema(first: &str, second: &str) -> Value {
 }
 
 const IN_DESCRIPTION: &str = "Copy a host file or a whole folder tree into the guest at \
-    guest_path, as one tar stream through the guest agent. Modes and mtimes are kept; symlinks \
+    guest_path, as one tar stream over mcqemu's data channel (a virtio-serial port; the guest \
+    agent's file commands when the VM has none: `via` says which). Modes and mtimes are kept; symlinks \
     are copied as links, never followed; hidden names (.git, .ssh) inside the tree are left out, \
     as the roots rule. host_path must be readable inside the server's roots; an existing \
     guest_path is refused unless overwrite=true; nothing partial is left on failure. The guest \
@@ -124,12 +133,13 @@ fn copy_in(ctx: &ToolCtx, args: &Args) -> ToolResult {
 }
 
 const OUT_DESCRIPTION: &str = "Copy a guest file or a whole folder tree to the host at \
-    host_path, as one tar stream through the guest agent. Modes (without setuid/setgid) and \
+    host_path, as one tar stream over mcqemu's data channel (a virtio-serial port, no archive \
+    in the guest; the guest agent's file commands when the VM has none: `via` says which). Modes (without setuid/setgid) and \
     mtimes are kept; symlinks arrive as links, and an entry under a symlink or outside the \
     destination is refused; hidden names inside the tree are left out. host_path must be \
     writable inside the server's roots; an existing host_path is refused unless \
     overwrite=true; nothing partial is left on failure. The guest needs sh, tar and rm \
-    (busybox has them) and room for the archive in /var/tmp or /tmp. At most \
+    (busybox has them), and room for the archive in /var/tmp or /tmp only through the agent. At most \
     MCQEMU_MAX_COPY_MB (default 2048) per call; sends progress.";
 
 /// `guest_copy_out`.

@@ -210,6 +210,7 @@ fn template_meta(name: &str, base: Option<PathBuf>, req: &LaunchRequest) -> Temp
             .map(|(code, _, _)| code.display().to_string()),
         uefi_format: req.spec.uefi.as_ref().map(|(_, _, f)| f.clone()),
         no_net: req.spec.no_net,
+        data_channel: req.spec.data_channel,
         extra_args: req.spec.extra_args.clone(),
         created_at: String::new(),
         state_bytes: 0,
