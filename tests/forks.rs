@@ -60,6 +60,30 @@ fn sandbox(lab: &mut Lab, name: &str, base: &Path) -> Value {
 }
 
 /// `sh -c SCRIPT` in the guest; must exit 0; returns stdout trimmed.
+/// A file into VM `name` and back out over its data channel (`via: channel` both ways).
+fn channel_copy(lab: &mut Lab, name: &str) {
+    let src = lab.dir.join(&format!("in-{name}"));
+    std::fs::write(&src, format!("for {name}\n")).unwrap();
+    let dest = lab.dir.join(&format!("out-{name}"));
+    let _ = std::fs::remove_file(&dest);
+    let r = lab.srv().call_ok_within(
+        "guest_copy_in",
+        json!({"name": name, "host_path": src, "guest_path": "/tmp/cc", "overwrite": true}),
+        STEP,
+    );
+    assert_eq!(r["via"], json!("channel"), "{name}: {r}");
+    let r = lab.srv().call_ok_within(
+        "guest_copy_out",
+        json!({"name": name, "guest_path": "/tmp/cc", "host_path": dest}),
+        STEP,
+    );
+    assert_eq!(r["via"], json!("channel"), "{name}: {r}");
+    assert_eq!(
+        std::fs::read_to_string(&dest).unwrap(),
+        format!("for {name}\n")
+    );
+}
+
 fn sh(s: &mut Server, name: &str, script: &str) -> String {
     let r = s.call_ok_within(
         "guest_exec",
@@ -129,6 +153,8 @@ fn a_running_sandbox_forks_four_ways_and_each_copy_goes_its_own_way() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let (mut lab, base) = lab_with_base("fork");
     sandbox(&mut lab, "p", &base);
+    // A copy over the data channel before the fork: the copies get the same port.
+    channel_copy(&mut lab, "p");
     let before = counts(lab.srv(), "p").1;
     let t = Instant::now();
     let f = lab
@@ -170,6 +196,8 @@ fn a_running_sandbox_forks_four_ways_and_each_copy_goes_its_own_way() {
             "{c}: the counter went {a} -> {b} (parent had {before})"
         );
     }
+    channel_copy(&mut lab, "p-fork-2");
+    channel_copy(&mut lab, "p");
     // The parent runs on.
     let (a, b) = counts(lab.srv(), "p");
     assert!(b > a && a > before, "parent counter {before} -> {a} -> {b}");
@@ -240,6 +268,7 @@ fn a_running_sandbox_forks_four_ways_and_each_copy_goes_its_own_way() {
         .call_ok_within("sandbox_resume", json!({"name": "p"}), STEP);
     lab.killer.track(&r);
     assert_seen(lab.srv(), "p", "VALUE\nP");
+    channel_copy(&mut lab, "p");
     refusals(&mut lab);
     // Destroying everything leaves no frozen state behind.
     for n in [
