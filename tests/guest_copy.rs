@@ -131,6 +131,36 @@ fn copy_in_and_out_of_a_guest() {
     roots_checks(&mut e, vm, &src, &secret, &out);
     cap_checks(&mut e, vm, &src);
     copy_out_checks(&mut e, vm, &out);
+    fallback_check(&mut e, vm, &src);
+}
+
+/// A guest that shows no data channel port copies through the agent, and says so.
+fn fallback_check(e: &mut Lab, vm: &str, src: &Path) {
+    sh(e, vm, "mount -t tmpfs none /sys/class/virtio-ports");
+    let r_in = call(
+        e,
+        "guest_copy_in",
+        json!({"name": vm, "host_path": src, "guest_path": "/tmp/by-agent"}),
+    );
+    assert_eq!(r_in["via"], json!("agent"), "{r_in}");
+    assert!(
+        r_in["via_reason"]
+            .as_str()
+            .is_some_and(|w| w.contains("org.mcqemu.data.0")),
+        "{r_in}"
+    );
+    let dest = e.dir.join("by-agent");
+    let r = call(
+        e,
+        "guest_copy_out",
+        json!({"name": vm, "guest_path": "/tmp/by-agent", "host_path": dest.to_str().unwrap()}),
+    );
+    assert_eq!(r["via"], json!("agent"), "{r}");
+    assert_eq!(
+        (r["files"].clone(), r["bytes"].clone()),
+        (r_in["files"].clone(), r_in["bytes"].clone())
+    );
+    sh(e, vm, "umount /sys/class/virtio-ports");
 }
 
 /// A tree in as one archive (exact content, modes, links as links, the hidden file and the
