@@ -311,16 +311,24 @@ pub fn cleanup_runtime(rec: &Record) -> Vec<String> {
     if super::sock::is_listening(&sock) {
         return errors;
     }
-    for key in ["qmp_socket", "qga_socket", "serial_socket", "pidfile"] {
-        if let Some(p) = field(rec, key) {
-            if field(rec, "source") == Some("attached") {
-                continue;
-            }
-            match std::fs::remove_file(p) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => errors.push(format!("cannot remove {p}: {e}")),
-            }
+    if field(rec, "source") == Some("attached") {
+        return errors;
+    }
+    let mut paths: Vec<PathBuf> = ["qmp_socket", "qga_socket", "serial_socket", "pidfile"]
+        .iter()
+        .filter_map(|k| field(rec, k).map(PathBuf::from))
+        .collect();
+    // The data channel's socket and its transfers' lock, beside the agent's socket.
+    if let Some(qga) = field(rec, "qga_socket") {
+        let data = super::cmdline::data_socket(Path::new(qga));
+        paths.push(data.with_file_name("data.lock"));
+        paths.push(data);
+    }
+    for p in paths {
+        match std::fs::remove_file(&p) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => errors.push(format!("cannot remove {}: {e}", p.display())),
         }
     }
     errors
