@@ -137,8 +137,7 @@ pub struct Channel {
 
 impl Channel {
     /// Takes the channel at `sock` (waiting up to [`LOCK_WAIT`] for another transfer) and
-    /// connects to it. `Err(Some(..))`: the channel cannot be used (use the agent);
-    /// `Err(None)` never happens; a busy channel is an error of its own.
+    /// connects to it; [`Open`] says whether to fall back to the agent or to refuse.
     pub fn open(sock: &Path, watch: &dyn Watch) -> Result<Channel, Open> {
         let lock = File::options()
             .create(true)
