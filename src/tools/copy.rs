@@ -1,12 +1,12 @@
-//! guest_copy_in and guest_copy_out: the MCP side of `ops::tree_copy` (schemas, arguments,
+//! guest_copy_in and guest_copy_out: the MCP side of `ops::copy` (schemas, arguments,
 //! progress, the result's shape).
 
 use serde_json::{json, Value};
 
 use super::{object, presets, vm_name_arg};
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use crate::ops::copy::{self, Copied, CopyIn, CopyOut};
 use crate::ops::guest_stream::Watch;
-use crate::ops::tree_copy::{self, Copied, CopyIn, CopyOut};
 
 /// Progress and cancellation of a copy, as the call's context reports them.
 struct CtxWatch<'a>(&'a ToolCtx, &'static str);
@@ -128,7 +128,7 @@ fn copy_in(ctx: &ToolCtx, args: &Args) -> ToolResult {
         guest_path: args.str("guest_path")?.to_string(),
         overwrite: args.bool_or("overwrite", false)?,
     };
-    let copied = tree_copy::copy_in(&req, &CtxWatch(ctx, "guest_copy_in")).map_err(ToolError)?;
+    let copied = copy::copy_in(&req, &CtxWatch(ctx, "guest_copy_in")).map_err(ToolError)?;
     Ok(result(&name, copied))
 }
 
@@ -162,6 +162,6 @@ fn copy_out(ctx: &ToolCtx, args: &Args) -> ToolResult {
         host_path: args.str("host_path")?.to_string(),
         overwrite: args.bool_or("overwrite", false)?,
     };
-    let copied = tree_copy::copy_out(&req, &CtxWatch(ctx, "guest_copy_out")).map_err(ToolError)?;
+    let copied = copy::copy_out(&req, &CtxWatch(ctx, "guest_copy_out")).map_err(ToolError)?;
     Ok(result(&name, copied))
 }

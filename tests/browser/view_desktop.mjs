@@ -6,30 +6,15 @@
 //
 //   node view_desktop.mjs URL SPEC_JSON
 //   SPEC_JSON: {"screen": [W, H], "clicks": [[x, y], ...], "gap_ms": N, "text": "..."}
-import { chromium } from "playwright-core";
+import { openView, takeOver, handBack } from "./view_page.mjs";
 
 const [url, specJson] = process.argv.slice(2);
 const spec = JSON.parse(specJson);
-const origin = new URL(url).origin;
-const browser = await chromium.launch({
-  executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
-  args: ["--no-sandbox"],
-});
-const out = { console_errors: [], elsewhere: [], frames: 0, clicks: [], steps: {} };
+// Narrower than the screen: the page draws the frame scaled, as in a chat's side panel.
+const { browser, page, out } = await openView(url, { width: 800, height: 760 });
+out.clicks = [];
 try {
-  // Narrower than the screen: the page draws the frame scaled, as in a chat's side panel.
-  const page = await browser.newPage({ viewport: { width: 800, height: 760 } });
-  page.on("console", (m) => { if (m.type() === "error") out.console_errors.push(m.text()); });
-  page.on("pageerror", (e) => out.console_errors.push(String(e)));
-  page.on("request", (r) => {
-    if (!r.url().startsWith(origin) && !r.url().startsWith("data:")) out.elsewhere.push(r.url());
-    if (r.url().endsWith("/call") && (r.postData() || "").includes("vm_view_frame")) out.frames++;
-  });
-  await page.goto(url);
-  await page.waitForFunction(() => (document.getElementById("screen").src || "").startsWith("data:image/png"),
-    null, { timeout: 60000 });
-  await page.click("#take");
-  await page.waitForSelector("#back", { state: "visible", timeout: 30000 });
+  await takeOver(page);
   const box = await page.locator("#screen").boundingBox();
   out.steps.drawn = [box.width, box.height];
   const [w, h] = spec.screen;
@@ -50,9 +35,7 @@ try {
   await page.keyboard.press("Control+a");
   await page.waitForTimeout(1000);
   out.steps.status = await page.textContent("#status");
-  await page.click("#back");
-  await page.waitForSelector("#take", { state: "visible", timeout: 30000 });
-  out.steps.handed_back = await page.textContent("#status");
+  out.steps.handed_back = await handBack(page);
 } finally {
   await browser.close();
 }

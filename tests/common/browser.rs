@@ -61,6 +61,7 @@ pub fn node_dir() -> PathBuf {
         "apps_host.js",
         "view_bench.mjs",
         "view_desktop.mjs",
+        "view_page.mjs",
     ] {
         std::fs::copy(
             Path::new(env!("CARGO_MANIFEST_DIR"))
