@@ -9,9 +9,11 @@
 //!   the host reads the tar up to its end-of-archive block, then the trailer.
 //! - in: the guest opens the port and writes `MCQ-READY <nonce>` (data that reaches a port
 //!   nobody holds open is discarded); the host then writes `MCQ-BEGIN <nonce> <length>` and
-//!   exactly that many bytes of tar (measured by packing once into nothing first: busybox's
-//!   tar reads on to the end of its input, so the guest's `head -c` must end it), and keeps
-//!   the connection open until the guest program has ended.
+//!   exactly that many bytes: the tar (measured by packing once into nothing first: busybox's
+//!   tar reads on to the end of its input, so the guest must end it) and zeros up to a whole
+//!   number of 64 KiB blocks, which the guest's `dd iflag=fullblock` reads at 4x the speed of
+//!   busybox's `head -c` (`head -c` remains for a dd without `fullblock`); it keeps the
+//!   connection open until the guest program has ended.
 //!
 //! Anything before the nonce's line is stale or hostile and skipped (within a bound, `frame`).
 //! A failed transfer kills what still holds the port in the guest, so the next one starts
@@ -82,10 +84,16 @@ while IFS= read -r l <&3; do case "$l" in *"MCQ-BEGIN $n "*) break;; esac; done
 case "$l" in *"MCQ-BEGIN $n "*) ;; *) bye 23 "the data channel closed before the copy began";; esac
 z=${l##* }
 case "$z" in ''|*[!0-9]*) bye 24 "a bad length on the data channel";; esac
-head -c "$z" <&3 | tar -x -f - -C "$d" || bye 11 "tar could not unpack the copy (is the guest's disk full?)"
+b=$((z / 65536))
+if [ $((b * 65536)) -eq "$z" ] && dd if=/dev/null of=/dev/null iflag=fullblock count=0 2>/dev/null; then
+  dd bs=65536 count="$b" iflag=fullblock <&3 2>/dev/null | tar -x -f - -C "$d" || bye 11 "tar could not unpack the copy (is the guest's disk full?)"
+else head -c "$z" <&3 | tar -x -f - -C "$d" || bye 11 "tar could not unpack the copy (is the guest's disk full?)"; fi
 exec 3<&-
 src="$d/c"
 "#;
+
+/// The guest's read size for copies in: the announced length is a whole number of these.
+const BLOCK: u64 = 64 << 10;
 
 /// Kills whatever holds the port (after a failed transfer).
 const FREE: &str = r#"free "$dev""#;
@@ -222,6 +230,8 @@ pub fn into<T>(
     pack: impl FnOnce(&mut dyn Write) -> io::Result<T>,
 ) -> Result<Moved<T>, QgaError> {
     let body = format!("{IN}{place}");
+    // Whole blocks for the guest's dd; the zeros after the archive's end are nothing to tar.
+    let exact = exact.div_ceil(BLOCK) * BLOCK;
     let prog = Program::start(q, &script(&body), &[unpack, nonce, dst, overwrite, old])?;
     let mut port = Port::new(ch, q, prog, watch, files, (exact, u64::MAX));
     // Nothing the host needs follows the line: what the buffer read past it is dropped.
@@ -240,8 +250,8 @@ pub fn into<T>(
             pack(&mut port)
         })
         .and_then(|v| {
-            // A file that shrank since it was measured: the length announced still arrives
-            // (zeros after an archive's end are nothing to tar).
+            // The padding to whole blocks, and for a file that shrank since it was measured
+            // the rest: the length announced always arrives.
             let short = exact.saturating_sub(port.moved);
             std::io::copy(&mut std::io::repeat(0).take(short), &mut port).map(|_| v)
         });
