@@ -47,7 +47,9 @@
 //! of a template of it. The egress section (`mcp_latency/egress.rs`, name `egress`) compares
 //! requests through a sandbox's egress proxy with direct ones. The desktop section
 //! (`mcp_latency/desktop.rs`, name `desktop`) boots the desktop test image and times boot to
-//! desktop, key to screen change and the pointer tools.
+//! desktop, key to screen change and the pointer tools. The copies section
+//! (`mcp_latency/copies.rs`, name `copies`) times guest_copy_in/out over the data channel,
+//! 64 MiB and 1 GiB each way and a 1,000-file tree, beside the agent's own rates.
 
 #[path = "mcp_latency/arm64.rs"]
 mod arm64;
@@ -55,6 +57,8 @@ mod arm64;
 mod clones;
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "mcp_latency/copies.rs"]
+mod copies;
 #[path = "mcp_latency/desktop.rs"]
 mod desktop;
 #[path = "mcp_latency/egress.rs"]
@@ -209,6 +213,11 @@ fn run() -> Res<()> {
     // 10. The desktop image: boot to desktop, key to screen change, pointer gestures.
     if wanted("desktop") {
         desktop::desktop_rows(&mut table, &dirs);
+    }
+
+    // 11. Copies over the data channel against the agent's own rates.
+    if wanted("copies") {
+        copies::copy_rows(&mut table, &dirs, &image);
     }
 
     table.footer();
