@@ -7,7 +7,7 @@
 mod common;
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -19,32 +19,12 @@ const SLOW: Duration = Duration::from_secs(300);
 
 /// Boots the test guest as `name` (256 MiB, 1 vCPU) and waits for its agent.
 fn boot(e: &mut Lab, name: &str) {
-    let guest = test_guest();
-    let args = json!({
-        "name": name, "kernel": guest.kernel, "initrd": guest.initrd, "append": guest.append,
-        "memory_mb": 256, "cpus": 1
-    });
-    e.launch(args, SLOW);
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let r = e.srv().call_tool("guest_ping", json!({"name": name}));
-        if r["isError"] == json!(false) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "no agent: {}", r["content"]);
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    e.boot_test_guest(name, 256);
 }
 
 /// `sh -c script` in the guest; must exit 0; returns stdout.
 fn sh(e: &mut Lab, name: &str, script: &str) -> String {
-    let r = e.srv().call_ok_within(
-        "guest_exec",
-        json!({"name": name, "command": "sh", "args": ["-c", script], "timeout": 120}),
-        SLOW,
-    );
-    assert_eq!(r["exitcode"], json!(0), "sh -c {script:?} failed: {r}");
-    r["stdout"].as_str().unwrap().to_string()
+    e.guest_sh(name, script)
 }
 
 fn call(e: &mut Lab, tool: &str, args: Value) -> Value {
@@ -515,12 +495,4 @@ esac
         std::fs::read_to_string(dest.join("after")).unwrap(),
         "after\n"
     );
-}
-
-fn boot_wait(e: &mut Lab, name: &str) {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while e.srv().call_tool("guest_ping", json!({"name": name}))["isError"] != json!(false) {
-        assert!(Instant::now() < deadline, "no agent");
-        std::thread::sleep(Duration::from_millis(200));
-    }
 }

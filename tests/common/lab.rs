@@ -138,4 +138,46 @@ impl Lab {
         );
         out
     }
+
+    /// Boots the test guest as `name` (1 vCPU, `memory_mb`) and waits (bounded) for its agent.
+    /// Returns launch_vm's structured result.
+    pub fn boot_test_guest(&mut self, name: &str, memory_mb: u64) -> Value {
+        let guest = super::guest::test_guest();
+        let args = serde_json::json!({
+            "name": name, "kernel": guest.kernel, "initrd": guest.initrd,
+            "append": guest.append, "memory_mb": memory_mb, "cpus": 1
+        });
+        let launched = self.launch(args, Duration::from_secs(300));
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        loop {
+            let r = self
+                .srv()
+                .call_tool("guest_ping", serde_json::json!({"name": name}));
+            if r["isError"] == Value::Bool(false) {
+                return launched;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no agent in {name}: {}",
+                r["content"]
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// `sh -c script` in the guest `name` through guest_exec; must exit 0; returns stdout.
+    pub fn guest_sh(&mut self, name: &str, script: &str) -> String {
+        let r = self.srv().call_ok_within(
+            "guest_exec",
+            serde_json::json!({"name": name, "command": "sh", "args": ["-c", script],
+                               "timeout": 120}),
+            Duration::from_secs(300),
+        );
+        assert_eq!(
+            r["exitcode"],
+            serde_json::json!(0),
+            "sh -c {script:?} failed: {r}"
+        );
+        r["stdout"].as_str().unwrap_or_default().to_string()
+    }
 }

@@ -86,8 +86,8 @@ z=${l##* }
 case "$z" in ''|*[!0-9]*) bye 24 "a bad length on the data channel";; esac
 b=$((z / 65536))
 if [ $((b * 65536)) -eq "$z" ] && dd if=/dev/null of=/dev/null iflag=fullblock count=0 2>/dev/null; then
-  dd bs=65536 count="$b" iflag=fullblock <&3 2>/dev/null | tar -x -f - -C "$d" || bye 11 "tar could not unpack the copy (is the guest's disk full?)"
-else head -c "$z" <&3 | tar -x -f - -C "$d" || bye 11 "tar could not unpack the copy (is the guest's disk full?)"; fi
+  dd bs=65536 count="$b" iflag=fullblock <&3 2>/dev/null | tar -x -f - -C "$d" || bye 11 "the copy could not be unpacked in the guest (tar's message is above: a full disk, or the transfer cut short)"
+else head -c "$z" <&3 | tar -x -f - -C "$d" || bye 11 "the copy could not be unpacked in the guest (tar's message is above: a full disk, or the transfer cut short)"; fi
 exec 3<&-
 src="$d/c"
 "#;
@@ -95,8 +95,9 @@ src="$d/c"
 /// The guest's read size for copies in: the announced length is a whole number of these.
 const BLOCK: u64 = 64 << 10;
 
-/// Kills whatever holds the port (after a failed transfer).
-const FREE: &str = r#"free "$dev""#;
+/// Kills whatever holds the port (after a failed transfer), then removes what a copy in had
+/// unpacked so far ($1; its script was killed before it could).
+const FREE: &str = r#"free "$dev"; [ -z "$1" ] || rm -rf "$1""#;
 
 /// The VM's data channel socket, when its QEMU was started with one; else why not.
 pub fn socket_of(rec: &Record) -> Result<PathBuf, &'static str> {
@@ -128,11 +129,12 @@ fn script(body: &str) -> String {
     format!("{}{body}", FIND_PORT.replace("PORT", DATA_PORT))
 }
 
-/// After a failed transfer: kill what still holds the port in the guest (best effort).
-fn clean_up(q: &mut Qga) {
+/// After a failed transfer: kill what still holds the port in the guest, and remove a copy
+/// in's unpack folder `leftover` (best effort).
+fn clean_up(q: &mut Qga, leftover: &str) {
     let _ = gs::run(
         q,
-        &["sh", "-c", &script(FREE)],
+        &["sh", "-c", &script(FREE), "sh", leftover],
         Duration::from_secs(20),
         None,
     );
@@ -140,7 +142,12 @@ fn clean_up(q: &mut Qga) {
 
 /// A transfer whose opening line never came: the agent's failure, the guest's own
 /// "cannot use the channel" (fall back), or the guest script's refusal or `e`.
-fn never_began<T>(mut port: Port, e: &io::Error, what: &str) -> Result<Moved<T>, QgaError> {
+fn never_began<T>(
+    mut port: Port,
+    e: &io::Error,
+    what: &str,
+    leftover: &str,
+) -> Result<Moved<T>, QgaError> {
     if let Some(f) = port.failure.take() {
         return Err(f);
     }
@@ -151,7 +158,7 @@ fn never_began<T>(mut port: Port, e: &io::Error, what: &str) -> Result<Moved<T>,
         .prog
         .failure(what)
         .map_or_else(|| format!("{what} failed: {e}"), strip_exit);
-    clean_up(port.q);
+    clean_up(port.q, leftover);
     Ok(Moved::Done(Err(msg)))
 }
 
@@ -173,7 +180,7 @@ pub fn out<T>(
     match frame::sync(&mut br, &format!("MCQ-BEGIN {nonce}")) {
         Err(e) => {
             drop(br);
-            return never_began(port, &e, "copying out of the guest");
+            return never_began(port, &e, "copying out of the guest", "");
         }
         // The guest's du of what it sends: the progress total (0 without du).
         Ok(size) => br.get_mut().total = size.trim().parse().unwrap_or(0),
@@ -190,7 +197,7 @@ pub fn out<T>(
     let Port { q, mut prog, .. } = port;
     if got.is_err() {
         // A writer that is still going (garbage, an endless stream) is stopped, not awaited.
-        clean_up(q);
+        clean_up(q, "");
         return Ok(Moved::Done(got));
     }
     prog.wait(q, Duration::from_secs(30), watch)?;
@@ -203,7 +210,7 @@ pub fn out<T>(
         (Some(_), None) => Ok(v),
     });
     if got.is_err() {
-        clean_up(q);
+        clean_up(q, "");
     }
     Ok(Moved::Done(got))
 }
@@ -240,7 +247,7 @@ pub fn into<T>(
         &format!("MCQ-READY {nonce}"),
     );
     if let Err(e) = ready {
-        return never_began(port, &e, "copying into the guest");
+        return never_began(port, &e, "copying into the guest", unpack);
     }
     let sent = port
         .write_all(format!("MCQ-BEGIN {nonce} {exact}\n").as_bytes())
@@ -266,7 +273,7 @@ pub fn into<T>(
             let msg = prog
                 .failure("unpacking")
                 .map_or_else(|| format!("sending to the guest failed: {e}"), strip_exit);
-            clean_up(q);
+            clean_up(q, unpack);
             return Ok(Moved::Done(Err(msg)));
         }
     };
@@ -274,7 +281,7 @@ pub fn into<T>(
     prog.wait(q, place_time, watch)?;
     let done = match (&prog.ended, prog.failure("putting the copy in place")) {
         (None, _) => {
-            clean_up(q);
+            clean_up(q, unpack);
             Err(format!(
                 "the guest did not finish unpacking within {} s (pid {})",
                 place_time.as_secs(),

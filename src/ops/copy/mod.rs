@@ -178,7 +178,8 @@ fn sh(
         gs::run(q, &argv, timeout, watch)?.and_then(|r| match r.code {
             Some(0) => Ok(r.stdout),
             code => Err(format!(
-                "{what} failed in the guest (exit {code:?}): {}",
+                "{what} failed in the guest ({}): {}",
+                code.map_or("ended by a signal".to_string(), |c| format!("exit {c}")),
                 if r.stderr.is_empty() {
                     &r.stdout
                 } else {

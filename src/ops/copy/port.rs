@@ -148,8 +148,15 @@ impl Program {
         match &self.ended {
             Some((Some(0), _)) | None => None,
             Some((code, err)) => Some(format!(
-                "{what} failed in the guest (exit {}): {err}",
-                code.map_or("by a signal".to_string(), |c| c.to_string())
+                "{what} failed in the guest ({}): {err}",
+                match code {
+                    Some(c) if *c > 128 => format!(
+                        "killed by signal {} in the guest; nothing was kept, retry the copy",
+                        c - 128
+                    ),
+                    Some(c) => format!("exit {c}"),
+                    None => "ended by a signal".to_string(),
+                }
             )),
         }
     }
@@ -233,7 +240,9 @@ impl<'a> Port<'a> {
     fn read_raw(&mut self, out: &mut [u8]) -> io::Result<usize> {
         loop {
             match self.ch.stream.read(out) {
-                Ok(0) => return Err(io::Error::other("QEMU closed the data channel")),
+                Ok(0) => return Err(io::Error::other(
+                        "QEMU closed the data channel (the VM stopped or was killed; vm_info shows its state)",
+                    )),
                 Ok(n) => {
                     self.last = Instant::now();
                     return Ok(n);
