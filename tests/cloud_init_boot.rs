@@ -211,6 +211,7 @@ fn cloud_init_sandbox_end_to_end() {
         !r["stdout"].as_str().unwrap().contains("mcq-marker-1"),
         "the first sandbox's marker is in the second: {r}"
     );
+    copies_with_coreutils(&lab, &mut s, two);
     let sb_iid_two = sb2["cloud_init"]["instance_id"].clone();
     destroy(&mut s, two);
     eprintln!("cloud_init_sandbox_end_to_end took {:?}", t0.elapsed());
@@ -223,6 +224,57 @@ fn cloud_init_sandbox_end_to_end() {
         "sandbox_vm with wait_cloud_init dropped the launch's cloud_init.instance_id: {}",
         sb["cloud_init"]
     );
+}
+
+/// guest_copy_in and guest_copy_out over the data channel in a Debian guest (coreutils' dd
+/// and head, GNU tar, udev): exact bytes (sha256sum in the guest), modes and a link kept.
+fn copies_with_coreutils(lab: &Lab, s: &mut Server, vm: &str) {
+    let src = lab.dir.subdir("copy-src");
+    std::fs::create_dir_all(src.join("sub")).unwrap();
+    let big = pseudo_random(5 << 20, 21);
+    std::fs::write(src.join("sub/big.bin"), &big).unwrap();
+    std::fs::write(src.join("run.sh"), "#!/bin/sh\necho ran\n").unwrap();
+    std::fs::set_permissions(
+        src.join("run.sh"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o750),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink("sub/big.bin", src.join("link")).unwrap();
+    let r = s.call_ok_within(
+        "guest_copy_in",
+        json!({"name": vm, "host_path": src, "guest_path": "/var/tmp/copied"}),
+        STEP,
+    );
+    assert_eq!(r["via"], json!("channel"), "{r}");
+    let listing = sh(
+        s,
+        vm,
+        "cd /var/tmp/copied && sha256sum sub/big.bin | cut -d' ' -f1 && stat -c %a run.sh \
+         && readlink link",
+    );
+    assert_eq!(
+        listing,
+        format!("{}\n750\nsub/big.bin\n", sha256_hex(&big)),
+        "the copy in the guest"
+    );
+    let back = lab.dir.join("copy-back");
+    let r = s.call_ok_within(
+        "guest_copy_out",
+        json!({"name": vm, "guest_path": "/var/tmp/copied", "host_path": back}),
+        STEP,
+    );
+    assert_eq!(r["via"], json!("channel"), "{r}");
+    assert_eq!(std::fs::read(back.join("sub/big.bin")).unwrap(), big);
+    assert_eq!(
+        std::fs::read_link(back.join("link")).unwrap(),
+        std::path::Path::new("sub/big.bin")
+    );
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(back.join("run.sh"))
+            .unwrap()
+            .permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o750);
 }
 
 // ---------------------------------------------------------------------------------------------
