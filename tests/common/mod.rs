@@ -30,6 +30,7 @@
 // all of them; the allow sits here once instead of on every module.
 #![allow(dead_code)]
 
+pub mod arm64;
 pub mod b64;
 pub mod browser;
 mod cli;
