@@ -53,7 +53,7 @@ fn serve(args: &[String]) -> i32 {
         return usage(&e);
     }
     let hook: crate::mcp::client_roots::RootsHook = crate::state::roots::set_client_roots;
-    crate::ops::pool::start_keeper();
+    crate::ops::sandbox::pool::start_keeper();
     crate::mcp::server::serve_stdio(tools::ALL, Some(tools::resources::provider()), Some(hook))
 }
 

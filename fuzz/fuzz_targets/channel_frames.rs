@@ -8,7 +8,7 @@
 use std::io::BufReader;
 
 use libfuzzer_sys::{fuzz_target, Corpus};
-use mcqemu::ops::copy::frame;
+use mcqemu::ops::guest::copy::frame;
 use mcqemu::state::tar::Reader;
 
 /// Inputs above this are refused: the framing and a few tar blocks fit well inside.

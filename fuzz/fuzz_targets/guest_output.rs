@@ -14,10 +14,10 @@
 use std::time::Duration;
 
 use libfuzzer_sys::{fuzz_target, Corpus};
-use mcqemu::ops::background::{shape, Known, StatusRequest};
+use mcqemu::ops::guest::background::{shape, Known, StatusRequest};
 use mcqemu::ops::guest::{decode_stream, MAX_OUTPUT};
-use mcqemu::ops::listing::parse;
-use mcqemu::ops::spool::{wrapper_refusal, Slice};
+use mcqemu::ops::guest::listing::parse;
+use mcqemu::ops::guest::spool::{wrapper_refusal, Slice};
 use serde_json::json;
 
 fn listing(data: &[u8]) {

@@ -1,5 +1,5 @@
 //! Background processes' tools: guest_exec_status reads one by offsets, guest_exec_kill ends
-//! it (guest_exec {background: true} starts one). Adapters over [`crate::ops::background`].
+//! it (guest_exec {background: true} starts one). Adapters over [`crate::ops::guest::background`].
 
 use std::time::Duration;
 
@@ -7,7 +7,7 @@ use serde_json::json;
 
 use super::{object, presets, vm_name_arg};
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
-use crate::ops::background::{self as bg, BgError};
+use crate::ops::guest::background::{self as bg, BgError};
 
 impl From<BgError> for ToolError {
     fn from(e: BgError) -> Self {

@@ -9,7 +9,7 @@ use super::params::{outside_screenshot, scale_arg, scale_param};
 use super::screenshot::{capture, live, Session};
 use super::{object, presets, vm_name_arg};
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
-use crate::ops::pointer::screen_point;
+use crate::ops::screen::pointer::screen_point;
 use crate::ops::session;
 use crate::qemu::qmp::{Qmp, QmpError};
 
@@ -29,7 +29,7 @@ const MOUSE_PACE: Duration = Duration::from_millis(20);
 fn click_cmds(q: &mut Qmp, button: &str, double: bool) -> Result<(), QmpError> {
     for i in 0..if double { 2 } else { 1 } {
         if i > 0 {
-            std::thread::sleep(crate::ops::pointer::CLICK_GAP);
+            std::thread::sleep(crate::ops::screen::pointer::CLICK_GAP);
         }
         // Down and up in separate commands: in one command both are lost on PS/2 and USB tablets.
         q.execute(
@@ -95,11 +95,11 @@ pub const CLICK: ToolDef = ToolDef {
     ui: crate::mcp::tool::Ui::NONE,
 };
 
-pub use crate::ops::pointer::abs_axis;
+pub use crate::ops::screen::pointer::abs_axis;
 
 fn click(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     let name = vm_name_arg(args)?;
-    crate::ops::hold::check_agent(&name, "vm_click")?;
+    crate::ops::screen::hold::check_agent(&name, "vm_click")?;
     let x = args.opt_i64("x")?.unwrap_or(-1);
     let y = args.opt_i64("y")?.unwrap_or(-1);
     let scale = scale_arg(args)?;
@@ -229,7 +229,7 @@ pub fn rel_steps(dx: i64, dy: i64, step: i64) -> Vec<(i64, i64)> {
 
 fn mouse_move(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let name = vm_name_arg(args)?;
-    crate::ops::hold::check_agent(&name, "vm_mouse_move")?;
+    crate::ops::screen::hold::check_agent(&name, "vm_mouse_move")?;
     let dx = args.i64_or("dx", 0)?;
     let dy = args.i64_or("dy", 0)?;
     let scale = scale_arg(args)?;
@@ -237,7 +237,7 @@ fn mouse_move(ctx: &ToolCtx, args: &Args) -> ToolResult {
     // Relative motion needs a relative mouse (a PC's PS/2 one); the virt boards have only the
     // absolute tablet, where this motion would go nowhere.
     let rec = live(&name)?;
-    if crate::ops::records::input(&rec, "relative_pointer").is_none() {
+    if crate::ops::vm::records::input(&rec, "relative_pointer").is_none() {
         return Err(ToolError::new(format!(
             "VM {name:?} has no relative mouse (machine {}), so the motion would go nowhere; \
              use vm_click with x and y (the absolute tablet) instead",
@@ -331,7 +331,7 @@ fn send_moves(ctx: &ToolCtx, q: &mut Qmp, plan: &[(i64, i64)]) -> Session<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::pointer::to_screen;
+    use crate::ops::screen::pointer::to_screen;
     use crate::qemu::screen;
 
     #[test]

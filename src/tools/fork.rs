@@ -1,5 +1,5 @@
 //! `sandbox_fork`, `sandbox_suspend` and `sandbox_resume`: their definitions and arguments; the
-//! work is [`crate::ops::fork`] and [`crate::ops::suspend`].
+//! work is [`crate::ops::sandbox::fork`] and [`crate::ops::sandbox::suspend`].
 
 use std::time::Duration;
 
@@ -7,8 +7,8 @@ use serde_json::{json, Value};
 
 use super::{object, presets, vm_name_arg};
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
-use crate::ops::fork::{self, ForkRequest, MAX_COPIES};
-use crate::ops::suspend;
+use crate::ops::sandbox::fork::{self, ForkRequest, MAX_COPIES};
+use crate::ops::sandbox::suspend;
 
 const FORK_DESCRIPTION: &str = "Make count live copies of a running sandbox as it is now: \
     memory, disk and running processes. The sandbox is paused only for the last step of the \

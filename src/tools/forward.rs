@@ -1,11 +1,11 @@
 //! vm_port_forward: host forwards added to and removed from a running VM. An adapter over
-//! [`crate::ops::port_forward`].
+//! [`crate::ops::vm::port_forward`].
 
 use serde_json::json;
 
 use super::{object, presets, vm_name_arg};
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
-use crate::ops::port_forward as pf;
+use crate::ops::vm::port_forward as pf;
 
 const DESCRIPTION: &str = "Add and remove host port forwards on a running VM (its user \
     network takes them live): add takes launch_vm's forms (\"HOST:GUEST\", \"auto:GUEST\", \

@@ -8,7 +8,7 @@ use super::{object, presets, vm_name_arg};
 use crate::b64;
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::ops::guest::{self as guest_ops, with_guest};
-use crate::ops::{background, guest_stream, listing, spool};
+use crate::ops::{guest::background, guest::listing, guest::spool, guest::stream as guest_stream};
 use crate::qemu::qga::{Qga, QgaError};
 
 /// Bytes per guest-file-read / guest-file-write call: large, since every call is a round trip
@@ -180,7 +180,7 @@ fn exec(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let timeout =
         Duration::from_secs_f64(args.opt_f64("timeout")?.unwrap_or(30.0).clamp(1.0, 3600.0));
     let argv = args.str_list("args")?;
-    let env = crate::ops::egress::guest_env(&vm_name_arg(args)?, env_arg(args)?);
+    let env = crate::ops::vm::egress::guest_env(&vm_name_arg(args)?, env_arg(args)?);
     let cwd = args.opt_str("cwd")?;
     if let Some(c) = cwd {
         spool::check_cwd(c).map_err(ToolError::new)?;

@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 use super::params::{out_object, path_schema, snapshot_item_schema, snapshots_of};
 use super::{checked_image, object, path_arg, presets};
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
-use crate::ops::checks::{must_exist, refuse_in_use};
+use crate::ops::vm::checks::{must_exist, refuse_in_use};
 use crate::qemu::img::{self, ImgError, FORMATS};
 use crate::state::roots::{self, Access};
 

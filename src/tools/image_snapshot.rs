@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 use super::params::{out_object, path_schema, snapshot_item_schema, snapshots_of, tag_schema};
 use super::{check_tag, checked_image, object, path_arg, presets};
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
-use crate::ops::checks::refuse_in_use;
+use crate::ops::vm::checks::refuse_in_use;
 use crate::qemu::img::{self, SnapshotOp};
 use crate::state::roots::Access;
 

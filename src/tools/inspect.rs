@@ -10,8 +10,8 @@ use serde_json::{json, Value};
 
 use super::{presets, vm_name_arg};
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolOutput, ToolResult};
-use crate::ops::records::lookup;
 use crate::ops::session::explain_qmp;
+use crate::ops::vm::records::lookup;
 use crate::qemu::qmp::{self, QmpError};
 use crate::qemu::vm::{self, Measured, Status};
 use crate::state::registry::{Record, Vms};
@@ -151,7 +151,7 @@ fn list_vms(_ctx: &ToolCtx, _args: &Args) -> ToolResult {
     let list: Vec<Value> = vms
         .iter()
         // Pooled clones are the server's, not the caller's: template_list counts them.
-        .filter(|(_, rec)| rec.get(crate::ops::pool::POOLED).is_none())
+        .filter(|(_, rec)| rec.get(crate::ops::sandbox::pool::POOLED).is_none())
         .map(|(name, rec)| {
             let m = measured.remove(name).unwrap_or(Measured {
                 status: Status::Unresponsive,
@@ -167,7 +167,7 @@ fn list_vms(_ctx: &ToolCtx, _args: &Args) -> ToolResult {
             if let Some(d) = m.detail {
                 o["detail"] = json!(d);
             }
-            if let Some(h) = crate::ops::hold::of(rec) {
+            if let Some(h) = crate::ops::screen::hold::of(rec) {
                 o["held"] = json!(h);
             }
             o
@@ -229,15 +229,15 @@ fn vm_info(_ctx: &ToolCtx, args: &Args) -> ToolResult {
         "status": settled.as_ref().map_or(Status::Running, |m| m.status.clone()),
         "record": rec,
         "port_forwards": vm::forwards(&rec),
-        "background": crate::ops::background::list(&rec),
+        "background": crate::ops::guest::background::list(&rec),
         "block_devices": [],
         "vcpus": null, "memory_mb": null,
         "accel": rec.get("accel").cloned().unwrap_or(Value::Null),
         "qemu_version": rec.get("qemu_version").cloned().unwrap_or(Value::Null),
         "seccomp": vm::pid(&rec).and_then(crate::qemu::process::seccomp),
-        "held": crate::ops::hold::of(&rec),
+        "held": crate::ops::screen::hold::of(&rec),
     });
-    if let Some(e) = crate::ops::egress::info(&name, &rec) {
+    if let Some(e) = crate::ops::vm::egress::info(&name, &rec) {
         out["egress_proxy"] = e["egress_proxy"].clone();
         out["egress"] = e;
     }

@@ -1,5 +1,5 @@
 //! The keyboard tools: key chords (vm_send_keys) and exact text on a US layout (vm_type_text).
-//! Both send their keys through [`crate::ops::keyboard`], paced there.
+//! Both send their keys through [`crate::ops::screen::keyboard`], paced there.
 
 use std::time::Duration;
 
@@ -7,10 +7,10 @@ use serde_json::{json, Value};
 
 use super::{object, presets, vm_name_arg};
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
-use crate::ops::input;
-use crate::ops::keyboard;
-use crate::ops::records;
+use crate::ops::screen::input;
+use crate::ops::screen::keyboard;
 use crate::ops::session;
+use crate::ops::vm::records;
 use crate::qemu::keys;
 use crate::state::registry::Record;
 
@@ -77,7 +77,7 @@ fn live(name: &str) -> Result<Record, ToolError> {
 
 fn send_keys(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let name = vm_name_arg(args)?;
-    crate::ops::hold::check_agent(&name, "vm_send_keys")?;
+    crate::ops::screen::hold::check_agent(&name, "vm_send_keys")?;
     let specs = args.str_list("keys")?;
     if specs.is_empty() {
         return Err(ToolError::new(
@@ -151,7 +151,7 @@ pub const TYPE_TEXT: ToolDef = ToolDef {
 
 fn type_text(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let name = vm_name_arg(args)?;
-    crate::ops::hold::check_agent(&name, "vm_type_text")?;
+    crate::ops::screen::hold::check_agent(&name, "vm_type_text")?;
     let mut text = args.str("text")?.to_string();
     if text.chars().count() > MAX_TEXT {
         return Err(ToolError::new(format!(

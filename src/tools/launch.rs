@@ -1,4 +1,4 @@
-//! `launch_vm`: its definition and arguments; the launch itself is [`crate::ops::launch`].
+//! `launch_vm`: its definition and arguments; the launch itself is [`crate::ops::vm::launch`].
 
 use std::time::Duration;
 
@@ -7,9 +7,9 @@ use serde_json::json;
 use super::params::{launch_args, launch_out, launch_props};
 use super::{object, presets, vm_name_arg};
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolOutput, ToolResult};
-use crate::ops::guest_run::{agent_then_cloud_init, report_cloud_init};
-use crate::ops::launch::launch;
-use crate::ops::launch_args::{checked_disks, request};
+use crate::ops::guest::run::{agent_then_cloud_init, report_cloud_init};
+use crate::ops::vm::launch::launch;
+use crate::ops::vm::launch_args::{checked_disks, request};
 
 const LAUNCH_DESCRIPTION: &str = "Start a QEMU virtual machine that outlives this server, with a \
     QMP control socket, a guest-agent channel (virtio-serial org.qemu.guest_agent.0) and a serial \

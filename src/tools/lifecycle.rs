@@ -5,12 +5,12 @@ use std::path::PathBuf;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use crate::ops::records;
+use crate::ops::vm::records;
 // Until drive.rs names them in `ops`.
 use super::{object, path_arg, presets, vm_name_arg};
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
-pub use crate::ops::records::{lookup, lookup_live};
 use crate::ops::session;
+pub use crate::ops::vm::records::{lookup, lookup_live};
 use crate::qemu::qmp::{self, QmpError};
 use crate::qemu::vm::{self, measure};
 use crate::qemu::{process, sock};

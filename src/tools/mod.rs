@@ -37,7 +37,7 @@ pub mod template;
 pub mod template_manage;
 pub mod view;
 
-pub use crate::ops::checks::checked_image;
+pub use crate::ops::vm::checks::checked_image;
 pub use params::path_arg;
 
 /// Every tool, in the order `tools/list` shows them.

@@ -8,10 +8,10 @@ use serde_json::{json, Value};
 use crate::clock;
 use crate::mcp::tool::{Args, ToolError};
 use crate::net::egress::rules::Rule;
-use crate::ops::checks::checked_path;
-use crate::ops::launch::{ARCHES, DEFAULT_CPUS, DEFAULT_FIRMWARE, DEFAULT_MEMORY_MB};
-use crate::ops::launch_args::{egress_rules, LaunchArgs};
-use crate::ops::sandbox_request::SandboxRequest;
+use crate::ops::sandbox::request::SandboxRequest;
+use crate::ops::vm::checks::checked_path;
+use crate::ops::vm::launch::{ARCHES, DEFAULT_CPUS, DEFAULT_FIRMWARE, DEFAULT_MEMORY_MB};
+use crate::ops::vm::launch_args::{egress_rules, LaunchArgs};
 use crate::state::roots::Access;
 
 /// A path parameter, checked against the roots for `access` and resolved (every symlink and
@@ -118,7 +118,7 @@ pub fn arch_schema() -> Value {
         "type": "string", "enum": ARCHES.iter().map(|a| a.0).collect::<Vec<_>>(),
         "description": format!(
             "Guest architecture; default the host's ({}).",
-            crate::ops::launch::default_arch()
+            crate::ops::vm::launch::default_arch()
         )
     })
 }
@@ -361,7 +361,7 @@ pub fn snapshots_of(info: &Value) -> Vec<Value> {
 /// The `hold` parameter, shared with vm_click.
 pub fn hold_param() -> Value {
     json!({
-        "type": "array", "items": {"type": "string"}, "maxItems": crate::ops::pointer::MAX_HOLD,
+        "type": "array", "items": {"type": "string"}, "maxItems": crate::ops::screen::pointer::MAX_HOLD,
         "description": "Modifier keys held down from before the first button change to after \
             the last (shift-click, ctrl-drag): shift, ctrl, alt, altgr, win, or their _r keys."
     })
@@ -370,7 +370,7 @@ pub fn hold_param() -> Value {
 /// The `hold` argument, checked: modifiers only.
 pub fn hold_arg(args: &Args) -> Result<Vec<&'static str>, ToolError> {
     let names = args.opt_str_list("hold")?.unwrap_or_default();
-    Ok(crate::ops::pointer::modifiers(&names)?)
+    Ok(crate::ops::screen::pointer::modifiers(&names)?)
 }
 
 /// The `scale` parameter of the pointer tools.

@@ -1,6 +1,6 @@
 //! Pointer gestures beyond a click: vm_drag (button down at one point, moves, up at another)
 //! and vm_scroll (wheel clicks at a point), both through the absolute tablet and with
-//! modifier keys optionally held (`hold`); the plans are [`crate::ops::pointer`]'s. The
+//! modifier keys optionally held (`hold`); the plans are [`crate::ops::screen::pointer`]'s. The
 //! coordinates and `scale` mean what they mean for vm_click ([`super::drive`]).
 
 use std::time::Duration;
@@ -11,8 +11,8 @@ use super::params::{outside_screenshot as outside, scale_arg, scale_param};
 use super::screenshot::{capture, live};
 use super::{object, presets, vm_name_arg};
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
-use crate::ops::input::{self, Step};
-use crate::ops::pointer::{self, screen_point, Point, Wheel};
+use crate::ops::screen::input::{self, Step};
+use crate::ops::screen::pointer::{self, screen_point, Point, Wheel};
 use crate::ops::session;
 
 /// What a gesture did: the screen's size, the screen pixels used, the commands sent.
@@ -115,7 +115,7 @@ pub const DRAG: ToolDef = ToolDef {
 
 fn drag(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let name = vm_name_arg(args)?;
-    crate::ops::hold::check_agent(&name, "vm_drag")?;
+    crate::ops::screen::hold::check_agent(&name, "vm_drag")?;
     let coord = |k: &str| -> Result<i64, ToolError> { Ok(args.opt_i64(k)?.unwrap_or(-1)) };
     let (x, y, tx, ty) = (coord("x")?, coord("y")?, coord("to_x")?, coord("to_y")?);
     let scale = scale_arg(args)?;
@@ -190,7 +190,7 @@ pub const SCROLL: ToolDef = ToolDef {
 
 fn scroll(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let name = vm_name_arg(args)?;
-    crate::ops::hold::check_agent(&name, "vm_scroll")?;
+    crate::ops::screen::hold::check_agent(&name, "vm_scroll")?;
     let x = args.opt_i64("x")?.unwrap_or(-1);
     let y = args.opt_i64("y")?.unwrap_or(-1);
     let scale = scale_arg(args)?;

@@ -14,11 +14,11 @@ use super::{object, path_arg};
 use super::{params, presets};
 use crate::cloudinit::CloudInit;
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
-use crate::ops::agent::AgentWait;
-use crate::ops::guest_run;
-use crate::ops::launch_args::LaunchArgs;
-use crate::ops::sandbox_request::SandboxRequest;
-use crate::ops::stop;
+use crate::ops::guest::run as guest_run;
+use crate::ops::sandbox::request::SandboxRequest;
+use crate::ops::vm::agent::AgentWait;
+use crate::ops::vm::launch_args::LaunchArgs;
+use crate::ops::vm::stop;
 use crate::qemu::img;
 use crate::state::roots::Access;
 
@@ -121,13 +121,13 @@ fn prepare(ctx: &ToolCtx, args: &Args) -> ToolResult {
                 "{} while the prepared VM {name:?} booted; nothing was written to dest. Last \
                  serial output: {}",
                 f.describe(),
-                crate::ops::destroy::serial_tail(&out, 8)
+                crate::ops::sandbox::destroy::serial_tail(&out, 8)
             )));
         }
         finish(ctx, &name, &out, &dest)
     });
     // 5. The temporary VM goes, whatever happened.
-    crate::ops::destroy::destroy_quietly(ctx, &name);
+    crate::ops::sandbox::destroy::destroy_quietly(ctx, &name);
     let mut out = result?;
     out["source"] = json!(source.display().to_string());
     out["duration_ms"] = json!(started.elapsed().as_millis() as u64);
@@ -213,7 +213,7 @@ fn boot_request(
 /// flattened into `dest`.
 fn finish(ctx: &ToolCtx, name: &str, booted: &Value, dest: &Path) -> Result<Value, ToolError> {
     if booted["agent_ready"] != json!(true) {
-        let serial = crate::ops::destroy::serial_tail(booted, 8);
+        let serial = crate::ops::sandbox::destroy::serial_tail(booted, 8);
         if let Some(ds) = booted["cloud_init"]["console"]["datasource"].as_str() {
             return Err(ToolError::new(format!(
                 "cloud-init finished in the prepared VM {name:?} (datasource {ds}) but the guest \

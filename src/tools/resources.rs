@@ -16,9 +16,9 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::mcp::resources::{Provider, ReadError};
-use crate::ops::records;
 use crate::ops::screen::{self, Wait};
 use crate::ops::session::explain_qmp;
+use crate::ops::vm::records;
 use crate::qemu::qmp::QmpError;
 use crate::qemu::screen::CaptureError;
 use crate::qemu::vm::{self, Status};
@@ -202,7 +202,8 @@ impl Provider for VmResources {
             // Pooled clones are the server's, not the caller's VMs (list_vms hides them too);
             // a VM still being launched has no console or screen yet: it appears once, when
             // its launch is recorded.
-            if rec.get(crate::ops::pool::POOLED).is_some() || rec.contains_key("launching") {
+            if rec.get(crate::ops::sandbox::pool::POOLED).is_some() || rec.contains_key("launching")
+            {
                 continue;
             }
             if vm::field(&rec, "serial_log").is_some() {

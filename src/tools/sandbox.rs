@@ -87,5 +87,5 @@ pub const DESTROY: ToolDef = ToolDef {
 };
 
 fn destroy(ctx: &ToolCtx, args: &Args) -> ToolResult {
-    Ok(crate::ops::destroy::destroy(ctx, &vm_name_arg(args)?).map(ToolOutput::json)?)
+    Ok(crate::ops::sandbox::destroy::destroy(ctx, &vm_name_arg(args)?).map(ToolOutput::json)?)
 }

@@ -1,4 +1,4 @@
-//! See: vm_screen_wait, the MCP side of [`crate::ops::screen_wait`].
+//! See: vm_screen_wait, the MCP side of [`crate::ops::screen::wait`].
 
 use std::time::Duration;
 
@@ -7,8 +7,8 @@ use serde_json::json;
 use super::{object, presets, screen_params, vm_name_arg};
 use crate::b64;
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use crate::ops::screen::wait::{self as screen_wait, WaitRequest};
 use crate::ops::screen::{hash_text, parse_hash};
-use crate::ops::screen_wait::{self, WaitRequest};
 use crate::qemu::screen::{Rect, MAX_DIM};
 
 const DESCRIPTION: &str = "Wait until the VM's screen changes and then holds still, and return \
@@ -149,7 +149,7 @@ fn request(args: &Args) -> Result<WaitRequest, ToolError> {
 fn screen_wait(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let name = vm_name_arg(args)?;
     let req = request(args)?;
-    let rec = crate::ops::records::lookup_live(&name, "launch it first")?;
+    let rec = crate::ops::vm::records::lookup_live(&name, "launch it first")?;
     let got = screen_wait::wait(ctx, &name, &rec, &req)?;
     let (cap, png) = (&got.capture, &got.capture.shot.png);
     let mut out = json!({

@@ -18,7 +18,10 @@ use crate::state::roots::Access;
 
 /// A VM that must be running, for the screen, keyboard and mouse tools.
 pub fn live(name: &str) -> Result<Record, ToolError> {
-    Ok(crate::ops::records::lookup_live(name, "launch it first")?)
+    Ok(crate::ops::vm::records::lookup_live(
+        name,
+        "launch it first",
+    )?)
 }
 
 /// The monitor session of a screen/keyboard/mouse tool: failures explained for VM `name`.
@@ -120,7 +123,7 @@ fn screenshot(_ctx: &ToolCtx, args: &Args) -> ToolResult {
         "bytes": png.data.len(), "format": "png", "path": null,
         "hash": ops_screen::hash_text(got.hash)
     });
-    crate::ops::screen_memory::remember(&name, vec![got.frame.clone()]);
+    crate::ops::screen::memory::remember(&name, vec![got.frame.clone()]);
     if let Some(p) = save_to {
         // A temporary file beside the target, renamed into place, all relative to the folder
         // opened beneath its root: no symlink is followed, and a failed write leaves nothing.

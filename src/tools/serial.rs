@@ -7,7 +7,7 @@ use serde_json::json;
 
 use super::{object, presets, vm_name_arg};
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
-use crate::ops::records::lookup;
+use crate::ops::vm::records::lookup;
 use crate::qemu::vm;
 use crate::state::registry::Record;
 use crate::state::tail;
@@ -126,7 +126,7 @@ pub const WRITE: ToolDef = ToolDef {
 
 fn write(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     let name = vm_name_arg(args)?;
-    crate::ops::hold::check_agent(&name, "vm_serial_write")?;
+    crate::ops::screen::hold::check_agent(&name, "vm_serial_write")?;
     let mut text = args.str("text")?.to_string();
     if text.chars().count() > MAX_TEXT {
         return Err(ToolError::new(format!(
@@ -136,7 +136,7 @@ fn write(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     if args.bool_or("enter", false)? {
         text.push('\r');
     }
-    let w = crate::ops::serial_write::write(&name, &text)?;
+    let w = crate::ops::vm::serial_write::write(&name, &text)?;
     Ok(ToolOutput::json(
         json!({"name": w.name, "bytes": w.bytes, "offset": w.offset}),
     ))

@@ -146,7 +146,7 @@ pub fn hmp_verdict(out: &str) -> Verdict {
 }
 
 fn live(name: &str) -> Result<Record, ToolError> {
-    Ok(crate::ops::records::lookup_live(
+    Ok(crate::ops::vm::records::lookup_live(
         name,
         "live snapshots need a running VM (for an image at rest use image_snapshot_*)",
     )?)

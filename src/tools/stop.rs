@@ -1,4 +1,4 @@
-//! `stop_vm`: its definition and arguments; the stop itself is [`crate::ops::stop`].
+//! `stop_vm`: its definition and arguments; the stop itself is [`crate::ops::vm::stop`].
 
 use std::time::Duration;
 
@@ -6,7 +6,7 @@ use serde_json::json;
 
 use super::{object, presets, vm_name_arg};
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
-use crate::ops::stop;
+use crate::ops::vm::stop;
 
 const STOP_DESCRIPTION: &str = "Stop a VM. Graceful by default: ACPI power-down, then wait up to \
     timeout seconds for QEMU to exit (a guest without an OS or still booting may ignore it). \

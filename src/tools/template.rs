@@ -1,6 +1,6 @@
 //! `template_create`: boot a guest, run its setup through the agent, and save it into the
-//! template store ([`crate::ops::templates`]), from which sandbox_vm starts clones
-//! ([`crate::ops::clone`]) in well under a second instead of booting. `template_list` and
+//! template store ([`crate::ops::sandbox::templates`]), from which sandbox_vm starts clones
+//! ([`crate::ops::sandbox::clone`]) in well under a second instead of booting. `template_list` and
 //! `template_delete` are in [`super::template_manage`].
 
 use std::path::{Path, PathBuf};
@@ -11,16 +11,16 @@ use serde_json::{json, Map, Value};
 use super::params::{self, launch_args};
 use super::{checked_image, object, presets, template_name_arg};
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
-use crate::ops::agent::{self, AgentWait};
-use crate::ops::disk_size;
-use crate::ops::guest_run;
-use crate::ops::launch::{self, LaunchRequest};
-use crate::ops::launch_args::request as launch_request;
-use crate::ops::templates::{
+use crate::ops::guest::run as guest_run;
+use crate::ops::sandbox::templates::{
     dir_of, disk_of, ensure_blank_overlay, meta_of, ram_of, remove_dir, seed_of, state_of, vars_of,
     Template,
 };
-use crate::ops::{records, stop};
+use crate::ops::vm::agent::{self, AgentWait};
+use crate::ops::vm::disk_size;
+use crate::ops::vm::launch::{self, LaunchRequest};
+use crate::ops::vm::launch_args::request as launch_request;
+use crate::ops::{vm::records, vm::stop};
 use crate::qemu::{img, migrate, vm};
 use crate::state::registry::Record;
 use crate::state::roots::{self, Access};
@@ -63,7 +63,7 @@ pub const CREATE: ToolDef = ToolDef {
             p.insert("setup".into(), setup_schema());
             p.insert(
                 "pool".into(),
-                json!({"type": "integer", "minimum": 0, "maximum": crate::ops::pool::MAX_POOL,
+                json!({"type": "integer", "minimum": 0, "maximum": crate::ops::sandbox::pool::MAX_POOL,
                        "description": "Clones to keep started for instant sandbox_vm \
                            (template_pool changes it later); 0: none."}),
             );
@@ -119,7 +119,7 @@ fn create(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let mut out = result?;
     let pool = args.i64_or("pool", 0)?.max(0) as u64;
     if pool > 0 {
-        crate::ops::pool::set_size(ctx, &name, pool)?;
+        crate::ops::sandbox::pool::set_size(ctx, &name, pool)?;
     }
     out["pool"] = json!(pool);
     out["duration_ms"] = json!(started.elapsed().as_millis() as u64);
@@ -253,7 +253,7 @@ fn prepare_and_save(
     dir: &Path,
     mut meta: Template,
 ) -> Result<Value, ToolError> {
-    let rec = crate::ops::records::lookup(vm_name)?;
+    let rec = crate::ops::vm::records::lookup(vm_name)?;
     let ready = wait_ready(ctx, args, vm_name, &rec, meta.seed)?;
     let ran = run_setup(ctx, args, vm_name)?;
     if meta.seed {

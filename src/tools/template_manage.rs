@@ -1,5 +1,5 @@
 //! `template_list`, `template_pool` and `template_delete`: the templates on disk, with their
-//! clones alive and their warm pools ([`crate::ops::pool`]).
+//! clones alive and their warm pools ([`crate::ops::sandbox::pool`]).
 
 use std::path::Path;
 
@@ -7,8 +7,8 @@ use serde_json::json;
 
 use super::{object, presets, template_name_arg};
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
-use crate::ops::pool;
-use crate::ops::templates::{clones_of, dir_of, load, meta_of, remove_dir, templates_dir};
+use crate::ops::sandbox::pool;
+use crate::ops::sandbox::templates::{clones_of, dir_of, load, meta_of, remove_dir, templates_dir};
 
 const LIST_DESCRIPTION: &str = "List the templates: name, base image, memory, size on disk, \
     when saved, and the clones alive now.";
@@ -163,7 +163,7 @@ fn delete(ctx: &ToolCtx, args: &Args) -> ToolResult {
         let file = dir.join("pool");
         let _ = std::fs::remove_file(&file);
         for c in pool::pooled(&name) {
-            crate::ops::destroy::destroy_quietly(ctx, &c);
+            crate::ops::sandbox::destroy::destroy_quietly(ctx, &c);
         }
     }
     let clones = clones_of(&name);

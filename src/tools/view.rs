@@ -10,7 +10,7 @@ use super::{object, presets, vm_name_arg};
 use crate::b64;
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult, Ui};
 use crate::ops::screen::parse_hash;
-use crate::ops::{hold, view};
+use crate::ops::{screen::hold, screen::view};
 
 /// The view's resource.
 pub const URI: &str = presets::VIEW_URI;
@@ -50,7 +50,7 @@ pub const VIEW: ToolDef = ToolDef {
 
 fn open_view(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     let name = vm_name_arg(args)?;
-    let rec = crate::ops::records::lookup(&name)?;
+    let rec = crate::ops::vm::records::lookup(&name)?;
     let status = crate::qemu::vm::measure_within(&rec, Duration::from_secs(2)).status;
     Ok(ToolOutput::json(json!({
         "name": name, "status": status.to_string(), "view": URI, "held": hold::of(&rec),
@@ -112,7 +112,7 @@ fn takeover(_ctx: &ToolCtx, args: &Args) -> ToolResult {
             json!({"name": name, "held": false, "released": released}),
         ));
     }
-    crate::ops::records::lookup_live(&name, "launch it first")?;
+    crate::ops::vm::records::lookup_live(&name, "launch it first")?;
     let (secret, h) = hold::take(&name)?;
     Ok(ToolOutput::json(
         json!({"name": name, "held": true, "hold": secret, "since": h.since_iso}),

@@ -1,0 +1,550 @@
+//! Background processes in a guest: started through the spool wrapper (their output goes to
+//! files in the guest, see [`crate::ops::guest::spool`]), known by a handle kept in the VM's registry
+//! record (so a restarted server still knows them), read by offsets, and ended with a signal
+//! to their whole session. Typed requests and results; no MCP here.
+
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use serde_json::{json, Map, Value};
+
+use crate::ops::guest::spool::{self, Launch};
+use crate::ops::guest::with_guest;
+use crate::qemu::qga::{Qga, QgaError};
+use crate::qemu::vm;
+
+/// The registry field of a VM's background processes (handle -> process).
+const FIELD: &str = "background";
+/// Most background processes one VM keeps; the oldest ended ones go first.
+const MAX_PER_VM: usize = 64;
+/// The output of each stream that stays readable: older output is dropped (and said so).
+pub const KEEP: u64 = 8 * 1024 * 1024;
+/// Most bytes of one stream that one status call returns.
+pub const PER_CALL: usize = 1024 * 1024;
+/// How long a kill waits after its signal before it sends SIGKILL.
+const KILL_GRACE: Duration = Duration::from_secs(5);
+
+/// An operation's failure, written for the agent.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BgError(pub String);
+
+impl std::fmt::Display for BgError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+fn err(e: impl std::fmt::Display) -> BgError {
+    BgError(e.to_string())
+}
+
+/// guest_exec {background: true}.
+#[derive(Debug, Clone)]
+pub struct StartRequest {
+    /// The VM.
+    pub name: String,
+    /// The program and its arguments.
+    pub command: String,
+    /// Its arguments.
+    pub args: Vec<String>,
+    /// Text for its standard input.
+    pub stdin: Option<String>,
+    /// Added to its environment.
+    pub env: Vec<(String, String)>,
+    /// Its working folder.
+    pub cwd: Option<String>,
+}
+
+/// What a start returns.
+#[derive(Debug, Clone, Serialize)]
+pub struct Started {
+    /// The VM.
+    pub name: String,
+    /// The handle for guest_exec_status and guest_exec_kill.
+    pub handle: String,
+    /// The program's PID in the guest.
+    pub pid: i64,
+    /// Always true.
+    pub background: bool,
+}
+
+/// guest_exec_status.
+#[derive(Debug, Clone)]
+pub struct StatusRequest {
+    /// The VM.
+    pub name: String,
+    /// From guest_exec {background: true}.
+    pub handle: String,
+    /// Where to read stdout from.
+    pub stdout_offset: u64,
+    /// Where to read stderr from.
+    pub stderr_offset: u64,
+    /// Longest wait for new output or the end.
+    pub wait: Duration,
+}
+
+/// A background process as one status call saw it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Status {
+    /// The VM.
+    pub name: String,
+    /// The handle.
+    pub handle: String,
+    /// The guest PID.
+    pub pid: i64,
+    /// The program as started.
+    pub command: String,
+    /// True while it runs.
+    pub running: bool,
+    /// Its exit code once it exited.
+    pub exitcode: Option<i64>,
+    /// The signal that ended it.
+    pub signal: Option<i64>,
+    /// Output from the given offset (lossy UTF-8).
+    pub stdout: String,
+    /// Errors from the given offset.
+    pub stderr: String,
+    /// Where the next status call reads stdout from.
+    pub stdout_next_offset: u64,
+    /// Where the next status call reads stderr from.
+    pub stderr_next_offset: u64,
+    /// Bytes of stdout between the asked offset and what is still kept, now dropped.
+    pub stdout_dropped: u64,
+    /// Same for stderr.
+    pub stderr_dropped: u64,
+    /// True when more output waits past the next offsets.
+    pub more: bool,
+}
+
+/// The process of `handle` as recorded.
+#[derive(Debug, Clone)]
+pub struct Known {
+    /// The guest PID.
+    pub pid: i64,
+    /// The command as started.
+    pub command: String,
+    /// Its exit code and signal, once it ended.
+    pub ended: Option<(Option<i64>, Option<i64>)>,
+}
+
+/// Starts a background process.
+pub fn start(req: &StartRequest) -> Result<Started, BgError> {
+    spool::check_env(&req.env).map_err(BgError)?;
+    if let Some(c) = &req.cwd {
+        spool::check_cwd(c).map_err(BgError)?;
+    }
+    let id = spool::new_id();
+    let launch = Launch {
+        command: &req.command,
+        args: &req.args,
+        stdin: req.stdin.as_deref(),
+        env: &req.env,
+        cwd: req.cwd.as_deref(),
+        spool: Some(&id),
+        session: true,
+    };
+    let (pid, ended) =
+        with_guest(&req.name, "guest-exec", |q| start_in(q, &launch)).map_err(err)??;
+    let handle = format!("bg-{id}");
+    let mut entry = json!({
+        "pid": pid, "command": req.command, "args": req.args, "spool": id,
+        "started_at": crate::clock::now_secs(),
+    });
+    if let Some(e) = ended {
+        entry["ended"] = e;
+    }
+    let name = req.name.clone();
+    let h = handle.clone();
+    vm::registry()
+        .update(move |vms| {
+            let rec = vms
+                .get_mut(&name)
+                .ok_or_else(|| BgError(format!("VM {name:?} is gone")))?;
+            let list = rec
+                .entry(FIELD)
+                .or_insert_with(|| Value::Object(Map::new()));
+            if let Some(m) = list.as_object_mut() {
+                prune(m);
+                m.insert(h, entry);
+            }
+            Ok::<_, BgError>(())
+        })
+        .map_err(err)?;
+    Ok(Started {
+        name: req.name.clone(),
+        handle,
+        pid,
+        background: true,
+    })
+}
+
+impl From<crate::state::registry::RegistryError> for BgError {
+    fn from(e: crate::state::registry::RegistryError) -> Self {
+        err(e)
+    }
+}
+
+/// Drops the oldest ended processes past [`MAX_PER_VM`].
+fn prune(m: &mut Map<String, Value>) {
+    while m.len() >= MAX_PER_VM {
+        let oldest = m
+            .iter()
+            .filter(|(_, v)| v.get("ended").is_some())
+            .min_by_key(|(_, v)| v["started_at"].as_u64().unwrap_or(0))
+            .or_else(|| {
+                m.iter()
+                    .min_by_key(|(_, v)| v["started_at"].as_u64().unwrap_or(0))
+            })
+            .map(|(k, _)| k.clone());
+        match oldest {
+            Some(k) => {
+                m.remove(&k);
+            }
+            None => return,
+        }
+    }
+}
+
+/// What a start saw: the PID, and the end if the program ended at once (the agent says so
+/// only once, so it is recorded with the start).
+type Spawned = (i64, Option<Value>);
+
+/// Starts `launch` and waits (briefly, bounded) for the wrapper to have either refused or
+/// handed over to the program.
+fn start_in(q: &mut Qga, launch: &Launch) -> Result<Result<Spawned, BgError>, QgaError> {
+    let pid = crate::ops::guest::stream::spawn(q, launch.request())?;
+    // The wrapper refuses a missing cwd before it makes the output files: wait (bounded) for
+    // either the refusal or the files.
+    let out = spool::paths(launch.spool.unwrap_or_default()).0;
+    let until = Instant::now() + Duration::from_secs(10);
+    let mut pause = Duration::from_millis(1);
+    while Instant::now() < until {
+        let s = q.execute("guest-exec-status", Some(json!({"pid": pid})))?;
+        if s.get("exited").and_then(Value::as_bool) == Some(true) {
+            if let Some(why) = spool::wrapper_refusal(&s) {
+                return Ok(Err(BgError(why)));
+            }
+            let ended = json!({"exitcode": s.get("exitcode"), "signal": s.get("signal")});
+            return Ok(Ok((pid, Some(ended))));
+        }
+        if spool::exists(q, &out)? {
+            break;
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(50));
+    }
+    Ok(Ok((pid, None)))
+}
+
+/// The processes recorded for VM `name` (handle, pid, command, state), for vm_info.
+pub fn list(rec: &crate::state::registry::Record) -> Value {
+    let Some(m) = rec.get(FIELD).and_then(Value::as_object) else {
+        return json!([]);
+    };
+    let mut v: Vec<Value> = m
+        .iter()
+        .map(|(h, p)| {
+            json!({
+                "handle": h, "pid": p["pid"], "command": p["command"],
+                "started_at": p["started_at"],
+                "running": p.get("ended").is_none(),
+                "exitcode": p["ended"]["exitcode"], "signal": p["ended"]["signal"],
+            })
+        })
+        .collect();
+    v.sort_by_key(|p| p["started_at"].as_u64().unwrap_or(0));
+    Value::Array(v)
+}
+
+/// The process of `handle` in VM `name`, or an error naming where it is (or that it is not).
+fn known(name: &str, handle: &str) -> Result<(Known, String), BgError> {
+    let vms = vm::registry().load();
+    let Some(rec) = vms.get(name) else {
+        return Err(BgError(format!(
+            "no VM named {name:?}; list_vms shows the known VMs"
+        )));
+    };
+    if let Some(p) = rec.get(FIELD).and_then(|m| m.get(handle)) {
+        let ended = p.get("ended").map(|e| {
+            (
+                e.get("exitcode").and_then(Value::as_i64),
+                e.get("signal").and_then(Value::as_i64),
+            )
+        });
+        return Ok((
+            Known {
+                pid: p["pid"].as_i64().unwrap_or(0),
+                command: p["command"].as_str().unwrap_or_default().to_string(),
+                ended,
+            },
+            p["spool"].as_str().unwrap_or_default().to_string(),
+        ));
+    }
+    if let Some((other, _)) = vms
+        .iter()
+        .find(|(_, r)| r.get(FIELD).and_then(|m| m.get(handle)).is_some())
+    {
+        return Err(BgError(format!(
+            "handle {handle:?} belongs to VM {other:?}, not {name:?}"
+        )));
+    }
+    Err(BgError(format!(
+        "VM {name:?} has no background process {handle:?}; vm_info lists its background \
+         processes (guest_exec with background=true starts one)"
+    )))
+}
+
+/// Records that `handle` ended, as the agent said (it says so only once).
+fn record_end(name: &str, handle: &str, exitcode: Option<i64>, signal: Option<i64>) {
+    let (name, handle) = (name.to_string(), handle.to_string());
+    let _ = vm::registry().update(move |vms| {
+        if let Some(p) = vms
+            .get_mut(&name)
+            .and_then(|r| r.get_mut(FIELD))
+            .and_then(|m| m.get_mut(&handle))
+        {
+            p["ended"] = json!({"exitcode": exitcode, "signal": signal});
+        }
+        Ok::<_, BgError>(())
+    });
+}
+
+/// Whether the process still runs: (running, exitcode, signal), recording its end.
+fn poll_end(q: &mut Qga, name: &str, handle: &str, k: &mut Known) -> Result<bool, QgaError> {
+    if k.ended.is_some() {
+        return Ok(false);
+    }
+    let s = match q.execute("guest-exec-status", Some(json!({"pid": k.pid}))) {
+        Ok(s) => s,
+        // The agent forgot it (restarted, or answered its end to another caller).
+        Err(QgaError::Command { desc, .. }) if desc.contains("Invalid parameter") => {
+            json!({"exited": true})
+        }
+        Err(e) => return Err(e),
+    };
+    if s.get("exited").and_then(Value::as_bool) != Some(true) {
+        return Ok(true);
+    }
+    let (code, sig) = (
+        s.get("exitcode").and_then(Value::as_i64),
+        s.get("signal").and_then(Value::as_i64),
+    );
+    record_end(name, handle, code, sig);
+    k.ended = Some((code, sig));
+    Ok(false)
+}
+
+/// guest_exec_status: the state and the output past the given offsets, waiting up to `wait`
+/// for new output or the end.
+pub fn status(req: &StatusRequest, cancelled: &dyn Fn() -> bool) -> Result<Status, BgError> {
+    let (mut k, id) = known(&req.name, &req.handle)?;
+    let deadline = Instant::now() + req.wait;
+    let (out, errp) = spool::paths(&id);
+    loop {
+        let seen = with_guest(&req.name, "guest-exec-status", |q| {
+            let running = poll_end(q, &req.name, &req.handle, &mut k)?;
+            let o = spool::read_from(q, &out, req.stdout_offset, PER_CALL, KEEP)?;
+            let e = spool::read_from(q, &errp, req.stderr_offset, PER_CALL, KEEP)?;
+            Ok((running, o, e))
+        })
+        .map_err(err)?;
+        let (running, o, e) = seen;
+        let new = !o.data.is_empty() || !e.data.is_empty();
+        if !running || new || Instant::now() >= deadline || cancelled() {
+            return Ok(shape(req, &k, running, o, e));
+        }
+        std::thread::sleep(Duration::from_millis(200).min(deadline - Instant::now()));
+    }
+}
+
+/// A status call's result from what the guest's output files gave (`o`, `e`): offsets that
+/// never go backwards past what was asked for, output past the kept window counted as dropped.
+pub fn shape(
+    req: &StatusRequest,
+    k: &Known,
+    running: bool,
+    o: spool::Slice,
+    e: spool::Slice,
+) -> Status {
+    let (exitcode, signal) = k.ended.unwrap_or((None, None));
+    let o_next = o.start + o.data.len() as u64;
+    let e_next = e.start + e.data.len() as u64;
+    Status {
+        name: req.name.clone(),
+        handle: req.handle.clone(),
+        pid: k.pid,
+        command: k.command.clone(),
+        running,
+        exitcode,
+        signal,
+        stdout: String::from_utf8_lossy(&o.data).into_owned(),
+        stderr: String::from_utf8_lossy(&e.data).into_owned(),
+        stdout_next_offset: o_next.max(req.stdout_offset.min(o.size)),
+        stderr_next_offset: e_next.max(req.stderr_offset.min(e.size)),
+        stdout_dropped: o.start.saturating_sub(req.stdout_offset),
+        stderr_dropped: e.start.saturating_sub(req.stderr_offset),
+        more: o_next < o.size || e_next < e.size,
+    }
+}
+
+/// guest_exec_kill.
+#[derive(Debug, Clone)]
+pub struct KillRequest {
+    /// The VM.
+    pub name: String,
+    /// The handle.
+    pub handle: String,
+    /// The signal's number (TERM by default; KILL follows after a grace).
+    pub signal: i32,
+}
+
+/// What a kill did.
+#[derive(Debug, Clone, Serialize)]
+pub struct Killed {
+    /// The VM.
+    pub name: String,
+    /// The handle.
+    pub handle: String,
+    /// The guest PID.
+    pub pid: i64,
+    /// False when it had already ended.
+    pub signalled: bool,
+    /// True when SIGKILL had to follow.
+    pub forced: bool,
+    /// Its exit code, if it exited.
+    pub exitcode: Option<i64>,
+    /// The signal that ended it.
+    pub signal: Option<i64>,
+}
+
+/// The signal numbers guest_exec_kill takes by name.
+pub fn signal_number(name: &str) -> Option<i32> {
+    let n = name.trim_start_matches("SIG").to_ascii_uppercase();
+    Some(match n.as_str() {
+        "HUP" => 1,
+        "INT" => 2,
+        "QUIT" => 3,
+        "KILL" => 9,
+        "USR1" => 10,
+        "USR2" => 12,
+        "TERM" => 15,
+        "CONT" => 18,
+        "STOP" => 19,
+        _ => return n.parse().ok().filter(|v| (1..=64).contains(v)),
+    })
+}
+
+/// Sends `sig` to the process's session (its children too), falling back to the process.
+fn send(q: &mut Qga, pid: i64, sig: i32) -> Result<(), QgaError> {
+    let args = vec![
+        "-c".to_string(),
+        format!("kill -{sig} -- -{pid} 2>/dev/null || kill -{sig} {pid}"),
+    ];
+    let launch = Launch {
+        command: "/bin/sh",
+        args: &args,
+        ..Launch::default()
+    };
+    spool::run_in(q, &launch, Duration::from_secs(5)).map(|_| ())
+}
+
+/// guest_exec_kill: the signal, then (for catchable ones) up to [`KILL_GRACE`] for it to end,
+/// then SIGKILL. Its output stays readable by guest_exec_status (the files are in the
+/// guest's /tmp).
+pub fn kill(req: &KillRequest) -> Result<Killed, BgError> {
+    let (mut k, _) = known(&req.name, &req.handle)?;
+    let (name, handle) = (req.name.clone(), req.handle.clone());
+    let outcome = with_guest(&req.name, "guest-exec", |q| {
+        if !poll_end(q, &name, &handle, &mut k)? {
+            return Ok((false, false));
+        }
+        send(q, k.pid, req.signal)?;
+        let stops = ![19, 18].contains(&req.signal);
+        let until = Instant::now() + KILL_GRACE;
+        while stops && Instant::now() < until {
+            if !poll_end(q, &name, &handle, &mut k)? {
+                return Ok((true, false));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if !stops {
+            return Ok((true, false));
+        }
+        send(q, k.pid, 9)?;
+        let until = Instant::now() + KILL_GRACE;
+        while Instant::now() < until {
+            if !poll_end(q, &name, &handle, &mut k)? {
+                return Ok((true, true));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok((true, true))
+    })
+    .map_err(err)?;
+    let (exitcode, signal) = k.ended.unwrap_or((None, None));
+    Ok(Killed {
+        name: req.name.clone(),
+        handle: req.handle.clone(),
+        pid: k.pid,
+        signalled: outcome.0,
+        forced: outcome.1,
+        exitcode,
+        signal,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signals_by_name_or_number() {
+        assert_eq!(signal_number("TERM"), Some(15));
+        assert_eq!(signal_number("SIGKILL"), Some(9));
+        assert_eq!(signal_number("int"), Some(2));
+        assert_eq!(signal_number("9"), Some(9));
+        assert_eq!(signal_number("0"), None);
+        assert_eq!(signal_number("BOGUS"), None);
+    }
+
+    #[test]
+    fn pruning_keeps_the_newest_and_drops_ended_ones_first() {
+        let mut m = Map::new();
+        for i in 0..MAX_PER_VM as u64 {
+            let mut p = json!({"started_at": i});
+            if i == 5 {
+                p["ended"] = json!({});
+            }
+            m.insert(format!("h{i}"), p);
+        }
+        prune(&mut m);
+        assert_eq!(m.len(), MAX_PER_VM - 1);
+        assert!(!m.contains_key("h5") && m.contains_key("h0"));
+    }
+
+    #[test]
+    fn a_status_past_the_kept_window_says_what_was_dropped() {
+        let req = StatusRequest {
+            name: "v".into(),
+            handle: "h".into(),
+            stdout_offset: 10,
+            stderr_offset: 0,
+            wait: Duration::ZERO,
+        };
+        let k = Known {
+            pid: 1,
+            command: "c".into(),
+            ended: None,
+        };
+        let o = spool::Slice {
+            size: 100,
+            start: 40,
+            data: b"abc".to_vec(),
+        };
+        let s = shape(&req, &k, true, o, spool::Slice::default());
+        assert_eq!(s.stdout_dropped, 30);
+        assert_eq!(s.stdout_next_offset, 43);
+        assert!(s.more);
+        assert_eq!(s.stderr_next_offset, 0);
+    }
+}

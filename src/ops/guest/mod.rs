@@ -1,0 +1,367 @@
+//! Inside a guest, through its agent (and mcqemu's data channel): sessions to the agent,
+//! programs run (`run`), streamed (`stream`) and spooled (`spool`, `background`), folder
+//! listings, copies of trees both ways (`copy`), the clock and the randomness of clones.
+//!
+//! Guest-agent operations several tools use: a session to a VM's agent, a program run to its
+//! end (guest_exec, cloud-init waits, image_prepare, clones' clocks), the agent's and OS's
+//! identity.
+
+pub mod background;
+pub mod clock;
+pub mod copy;
+pub mod listing;
+pub mod reseed;
+pub mod run;
+pub mod spool;
+pub mod stream;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use self::spool::Launch;
+use crate::b64;
+use crate::ops::error::OpError;
+use crate::ops::session;
+use crate::ops::vm::records::lookup;
+use crate::ops::work::Work;
+use crate::qemu::qga::{Qga, QgaError};
+
+/// How long guest_exec holds one agent session while polling before letting others in. While
+/// no host is connected qemu-ga drains the program's output slowly, so stay connected most of
+/// the time, but never keep other agent calls to this VM waiting for more than about a second.
+const EXEC_POLL_WINDOW: Duration = Duration::from_secs(1);
+
+/// Runs `f` on a synced agent session of VM `name`; failures are explained for that VM.
+pub fn with_guest<T>(
+    name: &str,
+    cmd: &str,
+    f: impl FnOnce(&mut Qga) -> Result<T, QgaError>,
+) -> Result<T, OpError> {
+    let rec = lookup(name)?;
+    session::agent(name, &rec, cmd, |q| Ok(f(q)?))
+}
+
+/// Most bytes of stdout or stderr that guest_exec returns; the rest is cut and flagged.
+/// The agent itself keeps 16 MiB, far more than an agent can read in a tool result.
+pub const MAX_OUTPUT: usize = 1024 * 1024;
+
+/// Decodes one captured stream, capped at [`MAX_OUTPUT`]; true when it was cut here or by the
+/// agent.
+pub fn decode_stream(v: &Value, data: &str, flag: &str) -> (String, bool) {
+    let mut bytes = v
+        .get(data)
+        .and_then(Value::as_str)
+        .and_then(|s| b64::decode(s).ok())
+        .unwrap_or_default();
+    let mut cut = v.get(flag).and_then(Value::as_bool).unwrap_or(false);
+    if bytes.len() > MAX_OUTPUT {
+        bytes.truncate(MAX_OUTPUT);
+        cut = true;
+    }
+    (String::from_utf8_lossy(&bytes).into_owned(), cut)
+}
+
+/// Runs `command argv...` in VM `name` through its agent (with `stdin`, within `timeout`,
+/// with progress), and returns guest_exec's result: exit code or signal, capped output.
+pub fn exec(
+    ctx: &dyn Work,
+    name: &str,
+    command: &str,
+    argv: &[&str],
+    stdin: Option<&str>,
+    timeout: Duration,
+) -> Result<Value, OpError> {
+    let args: Vec<String> = argv.iter().map(|a| a.to_string()).collect();
+    let launch = Launch {
+        command,
+        args: &args,
+        stdin,
+        ..Launch::default()
+    };
+    run_program(ctx, name, &launch, timeout, false)
+}
+
+/// How often a live run reads its output files.
+const LIVE_EVERY: Duration = Duration::from_millis(900);
+/// Most bytes of output one progress notification carries (its last lines).
+const LIVE_NOTE: usize = 4096;
+
+/// The output a live run has read and not yet reported.
+#[derive(Default)]
+struct Live {
+    id: String,
+    offsets: [u64; 2],
+    unsent: String,
+    read_at: Option<Instant>,
+}
+
+impl Live {
+    /// Reads what the program wrote since the last read, when it is time to.
+    fn read(&mut self, q: &mut Qga) -> Result<(), QgaError> {
+        if self.read_at.is_some_and(|t| t.elapsed() < LIVE_EVERY) {
+            return Ok(());
+        }
+        self.read_at = Some(Instant::now());
+        let (out, err) = spool::paths(&self.id);
+        for (i, path) in [out, err].iter().enumerate() {
+            let got = spool::read_from(q, path, self.offsets[i], 256 * 1024, u64::MAX)?;
+            self.offsets[i] = got.start + got.data.len() as u64;
+            let text = String::from_utf8_lossy(&got.data);
+            for line in text.split_inclusive('\n') {
+                if i == 1 {
+                    self.unsent.push_str("stderr: ");
+                }
+                self.unsent.push_str(line);
+            }
+        }
+        Ok(())
+    }
+
+    /// The note for the next progress notification: the unsent output's last lines.
+    fn take_note(&mut self) -> Option<String> {
+        if self.unsent.is_empty() {
+            return None;
+        }
+        let text = std::mem::take(&mut self.unsent);
+        let mut cut = text.len().saturating_sub(LIVE_NOTE);
+        while !text.is_char_boundary(cut) {
+            cut += 1;
+        }
+        Some(if cut > 0 {
+            format!("...{}", &text[cut..])
+        } else {
+            text
+        })
+    }
+}
+
+/// Runs `launch` in VM `name` (see [`exec`]); `live`: its output goes to spool files in the
+/// guest and its new lines go out in the call's progress while it runs.
+pub fn run_program(
+    ctx: &dyn Work,
+    name: &str,
+    launch: &Launch,
+    timeout: Duration,
+    live: bool,
+) -> Result<Value, OpError> {
+    // Only a live run needs a spool slot (it is held until the run's end).
+    let slot = live.then(spool::Slot::take);
+    let launch = Launch {
+        spool: slot.as_ref().map(|s| s.id.as_str()).or(launch.spool),
+        ..launch.clone()
+    };
+    let started = Instant::now();
+    let mut run = Run {
+        ctx,
+        name,
+        command: launch.command,
+        req: launch.request(),
+        live: slot.as_ref().map(|s| Live {
+            id: s.id.clone(),
+            ..Live::default()
+        }),
+        started,
+        timeout,
+        deadline: started + timeout,
+        // Fine at first: most programs are done within milliseconds.
+        slice: Duration::from_millis(1),
+        pid: None,
+    };
+    loop {
+        // Poll over one session held for a window, sleeping while connected: while no host
+        // client is connected, qemu-ga throttles its main loop (it sleeps on every wake-up of
+        // the disconnected virtio port), and drains the program's output pipes so slowly that
+        // 1 MB of stdout takes ~10 s instead of ~0.4 s and a chatty program stalls on a full
+        // pipe. The first window also starts the program, so a quick command needs one
+        // session (a reconnect right after a hang-up costs ~100 ms). Releasing the session
+        // between windows lets other callers take turns.
+        let label = if run.pid.is_none() {
+            "guest-exec"
+        } else {
+            "guest-exec-status"
+        };
+        let window_end = Instant::now() + EXEC_POLL_WINDOW;
+        if let Some(status) = with_guest(name, label, |q| run.window(q, window_end))? {
+            return run.result(&status);
+        }
+        run.check_going_on()?;
+        // Between windows, give other agent callers a moment to take the session.
+        std::thread::sleep(
+            Duration::from_millis(20).min(run.deadline.saturating_duration_since(Instant::now())),
+        );
+    }
+}
+
+/// A program running in the guest, as [`run_program`] polls it.
+struct Run<'a> {
+    ctx: &'a dyn Work,
+    name: &'a str,
+    command: &'a str,
+    req: Value,
+    live: Option<Live>,
+    started: Instant,
+    timeout: Duration,
+    deadline: Instant,
+    slice: Duration,
+    pid: Option<i64>,
+}
+
+impl Run<'_> {
+    /// One polling window over one agent session: starts the program the first time, then
+    /// polls its status (reading live output and reporting progress) until it exits (its
+    /// final status), or the window, the deadline or a cancel ends the window (None).
+    fn window(&mut self, q: &mut Qga, window_end: Instant) -> Result<Option<Value>, QgaError> {
+        let pid = match self.pid {
+            Some(p) => p,
+            None => {
+                let p = crate::ops::guest::stream::spawn(q, self.req.clone())?;
+                let msg = format!(
+                    "guest_exec in {}: {} (guest pid {p})",
+                    self.name, self.command
+                );
+                self.ctx.log("info", &msg);
+                self.pid = Some(p);
+                p
+            }
+        };
+        loop {
+            // The final status carries the whole capture (up to 16 MiB of stdout and of
+            // stderr, in base64): under TCG that reply alone can take several seconds.
+            let status = q.execute_within(
+                "guest-exec-status",
+                Some(json!({"pid": pid})),
+                crate::qemu::qga::COMMAND_TIMEOUT,
+            )?;
+            if status.get("exited").and_then(Value::as_bool) == Some(true) {
+                return Ok(Some(match &self.live {
+                    Some(l) if spool::wrapper_refusal(&status).is_none() => {
+                        with_spooled_output(q, status, &l.id)?
+                    }
+                    _ => status,
+                }));
+            }
+            self.report(q, pid)?;
+            let now = Instant::now();
+            if self.ctx.cancelled() || now >= self.deadline || now >= window_end {
+                return Ok(None);
+            }
+            std::thread::sleep(self.slice.min(self.deadline - now));
+            self.slice = (self.slice * 2).min(Duration::from_millis(250));
+        }
+    }
+
+    /// Progress while the program runs: what it printed lately, on a live run.
+    fn report(&mut self, q: &mut Qga, pid: i64) -> Result<(), QgaError> {
+        let mut note = None;
+        if let Some(l) = self.live.as_mut() {
+            if self.started.elapsed() >= MIN_QUIET {
+                l.read(q)?;
+                note = l.take_note();
+            }
+        }
+        let what = match note {
+            Some(out) => format!("{} (pid {pid}) printed:\n{out}", self.command),
+            None => format!("{} running in the guest (pid {pid})", self.command),
+        };
+        self.ctx.progress(
+            self.started.elapsed().as_secs_f64(),
+            Some(self.timeout.as_secs_f64()),
+            &what,
+        );
+        Ok(())
+    }
+
+    /// guest_exec's result from the program's final status.
+    fn result(&self, status: &Value) -> Result<Value, OpError> {
+        if let Some(why) = spool::wrapper_refusal(status) {
+            return Err(OpError::new(why));
+        }
+        let stdout = decode_stream(status, "out-data", "out-truncated");
+        let stderr = decode_stream(status, "err-data", "err-truncated");
+        Ok(json!({
+            "name": self.name,
+            "pid": self.pid.unwrap_or(0),
+            "exitcode": status.get("exitcode").and_then(Value::as_i64),
+            "signal": status.get("signal").and_then(Value::as_i64),
+            "stdout": stdout.0,
+            "stderr": stderr.0,
+            "stdout_truncated": stdout.1,
+            "stderr_truncated": stderr.1,
+            "duration_ms": self.started.elapsed().as_millis() as u64,
+        }))
+    }
+
+    /// An error once the caller cancelled or the deadline passed (the program keeps running).
+    fn check_going_on(&self) -> Result<(), OpError> {
+        let (command, pid) = (self.command, self.pid.unwrap_or(0));
+        if self.ctx.cancelled() {
+            return Err(OpError::new(format!(
+                "cancelled; {command} is still running in the guest as pid {pid}"
+            )));
+        }
+        if Instant::now() >= self.deadline {
+            return Err(OpError::new(format!(
+                "{command} did not finish within {} s; it is still running in the guest as pid \
+                 {pid} (stop it with guest_exec command=\"kill\" args=[\"{pid}\"])",
+                self.timeout.as_secs_f64()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A live run's output is read from the call's first half second on (a call done sooner
+/// says nothing, and reads nothing it would not report).
+const MIN_QUIET: Duration = Duration::from_millis(450);
+
+/// The final status of a spooled run with its output files in place of the capture (both
+/// capped past [`MAX_OUTPUT`]), the files emptied for the slot's next run.
+fn with_spooled_output(q: &mut Qga, mut status: Value, id: &str) -> Result<Value, QgaError> {
+    let (out, err) = spool::paths(id);
+    for (path, data, flag) in [
+        (out, "out-data", "out-truncated"),
+        (err, "err-data", "err-truncated"),
+    ] {
+        let (bytes, cut) = spool::read_and_empty(q, &path, MAX_OUTPUT)?;
+        status[data] = json!(b64::encode(&bytes));
+        status[flag] = json!(cut);
+    }
+    Ok(status)
+}
+
+/// The agent's version, the guest OS and the agent commands enabled: guest_info's result.
+pub fn info(name: &str) -> Result<Value, OpError> {
+    let (info, os) = with_guest(name, "guest-info", |q| {
+        let info = q.execute_within("guest-info", None, Duration::from_secs(10))?;
+        let os = q
+            .execute_within("guest-get-osinfo", None, Duration::from_secs(10))
+            .ok();
+        Ok((info, os))
+    })?;
+    let mut enabled = Vec::new();
+    let mut disabled = Vec::new();
+    for c in info
+        .get("supported_commands")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let n = c
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        if c.get("enabled").and_then(Value::as_bool).unwrap_or(true) {
+            enabled.push(n);
+        } else {
+            disabled.push(n);
+        }
+    }
+    Ok(json!({
+        "name": name,
+        "version": info.get("version").and_then(Value::as_str).unwrap_or(""),
+        "os": os,
+        "enabled_commands": enabled,
+        "disabled_commands": disabled,
+    }))
+}

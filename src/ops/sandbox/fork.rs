@@ -1,0 +1,576 @@
+//! sandbox_fork: live copies of a running sandbox as it is now. The sandbox is captured while
+//! it runs ([`crate::ops::sandbox::capture`]: stopped only for the last dirty pages and the disk step) into a
+//! frozen state ([`crate::ops::sandbox::frozen`]); each copy then starts like a clone of a template from it:
+//! its memory the frozen `ram` mapped copy-on-write, its own overlay on the frozen disk, a
+//! fresh generation ID, its clock set and, without vmgenid, its randomness reseeded.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use serde_json::{json, Map, Value};
+
+use crate::ops::error::OpError;
+use crate::ops::guest::clock as guest_clock;
+use crate::ops::sandbox::capture::{self, Captured, Move, Plan, Then};
+use crate::ops::sandbox::destroy::{destroy_quietly, overlay_path};
+use crate::ops::sandbox::frozen;
+use crate::ops::sandbox::templates;
+use crate::ops::session;
+use crate::ops::vm::launch::{self, LaunchRequest};
+use crate::ops::vm::quota;
+use crate::ops::vm::records::{lookup, spec_of};
+use crate::ops::work::Work;
+use crate::qemu::cmdline::{x86, LaunchSpec};
+use crate::qemu::forwards::resolve_forwards;
+use crate::qemu::{blockdev, live_migrate, migrate, vm};
+use crate::state::registry::{valid_name, Record, RegistryError};
+
+/// Most copies one call makes.
+pub const MAX_COPIES: usize = 16;
+/// How long loading the frozen state into a copy may take.
+const LOAD_BUDGET: Duration = Duration::from_secs(30);
+
+/// sandbox_fork's request.
+#[derive(Debug, Clone)]
+pub struct ForkRequest {
+    /// The running sandbox to copy.
+    pub name: String,
+    /// How many copies (1..=16).
+    pub count: usize,
+    /// Their names (default: NAME-fork-N, the first free).
+    pub names: Option<Vec<String>>,
+    /// How long each copy's agent may take to answer.
+    pub wait_agent: Duration,
+}
+
+/// What sandbox_fork made.
+#[derive(Debug, Clone, Serialize)]
+pub struct Forked {
+    /// The sandbox copied; it runs on.
+    pub parent: String,
+    /// Each copy, as sandbox_vm describes a sandbox.
+    pub copies: Vec<Value>,
+    /// How long the parent was stopped.
+    pub parent_paused_ms: u64,
+    /// `live` (stopped only for the last dirty pages) or `stopped` (for the whole copy: a
+    /// QEMU whose live copies lose writes).
+    pub copied: &'static str,
+    /// The capture of the parent (its copy into the frozen state).
+    pub capture_ms: u64,
+    /// The capture's steps: the live copy, the receiver's save, the memory written out.
+    pub capture_steps_ms: Value,
+    /// From the call to the first copy's agent answering.
+    pub first_ready_ms: u64,
+    /// From the call to the last copy's agent answering.
+    pub all_ready_ms: u64,
+    /// Bytes of the frozen device state.
+    pub state_bytes: u64,
+    /// Bytes of frozen memory on disk (what the guest touched), shared by every copy.
+    pub ram_bytes: u64,
+    /// The frozen state's folder.
+    pub frozen: String,
+}
+
+/// sandbox_fork: `req.count` live copies of sandbox `req.name`; all of them or none.
+pub fn fork(ctx: &dyn Work, req: &ForkRequest) -> Result<Forked, OpError> {
+    let started = Instant::now();
+    let names = copy_names(req)?;
+    let rec = lookup(&req.name)?;
+    let spec = forkable(&req.name, &rec)?;
+    admit(&names, &spec)?;
+    let next = next_move(&req.name, &rec)?;
+    let id = frozen::new_id(&req.name);
+    let dest = frozen::dir_of(&id);
+    std::fs::create_dir_all(&dest)
+        .map_err(|e| OpError::new(format!("cannot create {}: {e}", dest.display())))?;
+    let seed = keep_seed(&spec, &dest)?;
+    let plan = Plan {
+        name: &req.name,
+        rec: &rec,
+        spec: &spec,
+        dest: &dest,
+        then: Then::RunOn,
+        next_overlay: Some(next.clone()),
+    };
+    let captured = capture::capture(ctx, &plan);
+    settle_parent(&req.name, &rec, &next, &id);
+    let captured = match captured {
+        Ok(c) => c,
+        Err(e) => {
+            frozen::collect();
+            return Err(e);
+        }
+    };
+    ctx.progress_phase(&format!("starting {} copies", names.len()));
+    let parent = Parent {
+        name: &req.name,
+        rec: &rec,
+        spec: &spec,
+        dest: &dest,
+        id: &id,
+        seed,
+        captured: &captured,
+        wait: req.wait_agent,
+        started,
+    };
+    let copies = start_all(ctx, &parent, &names)?;
+    let ready = |f: fn(&Value) -> Option<u64>| copies.iter().filter_map(f);
+    Ok(Forked {
+        parent: req.name.clone(),
+        first_ready_ms: ready(|c| c["ready_at_ms"].as_u64()).min().unwrap_or(0),
+        all_ready_ms: ready(|c| c["ready_at_ms"].as_u64()).max().unwrap_or(0),
+        copies,
+        parent_paused_ms: captured.paused_ms,
+        copied: match captured.copy {
+            live_migrate::Method::Live => "live",
+            live_migrate::Method::Stopped => "stopped",
+        },
+        capture_ms: captured.total_ms,
+        capture_steps_ms: json!({"copy": captured.steps_ms[0], "save": captured.steps_ms[1],
+                                 "write": captured.steps_ms[2]}),
+        state_bytes: captured.state_bytes,
+        ram_bytes: captured.ram_bytes,
+        frozen: dest.display().to_string(),
+    })
+}
+
+/// The copies' names: as given (each valid, free and distinct) or the first free
+/// `NAME-fork-N`; `count` out of 1..=16 is refused.
+fn copy_names(req: &ForkRequest) -> Result<Vec<String>, OpError> {
+    if !(1..=MAX_COPIES).contains(&req.count) {
+        return Err(OpError::new(format!(
+            "count {} is out of range: a fork makes 1 to {MAX_COPIES} copies",
+            req.count
+        )));
+    }
+    let vms = vm::registry().load();
+    let names = match &req.names {
+        Some(n) if n.len() != req.count => {
+            return Err(OpError::new(format!(
+                "names has {} entries but count is {}; give one name per copy or leave names out",
+                n.len(),
+                req.count
+            )))
+        }
+        Some(n) => n.clone(),
+        None => (1..)
+            .map(|i| format!("{}-fork-{i}", req.name))
+            .filter(|n| !vms.contains_key(n))
+            .take(req.count)
+            .collect(),
+    };
+    for (i, n) in names.iter().enumerate() {
+        if !valid_name(n) {
+            return Err(OpError::new(crate::state::registry::invalid_name("VM", n)));
+        }
+        if vms.contains_key(n) || names[..i].contains(n) {
+            return Err(OpError::new(format!(
+                "a VM named {n:?} already exists (or is named twice); choose other names"
+            )));
+        }
+    }
+    Ok(names)
+}
+
+/// The spec of a sandbox that can be forked: running (or paused) under this mcqemu, on one
+/// qcow2 overlay in its own folder, not a template's build.
+pub fn forkable(name: &str, rec: &Record) -> Result<LaunchSpec, OpError> {
+    let sb = rec
+        .get("sandbox")
+        .and_then(Value::as_object)
+        .ok_or_else(|| {
+            OpError::new(format!(
+                "VM {name:?} is not a sandbox; sandbox_fork copies VMs made by sandbox_vm (or its \
+             forks), whose disk is an overlay mcqemu owns"
+            ))
+        })?;
+    if sb.contains_key("template_build") || rec.contains_key(crate::ops::sandbox::pool::POOLED) {
+        return Err(OpError::new(format!(
+            "VM {name:?} belongs to a template (its build or its warm pool); fork a sandbox"
+        )));
+    }
+    live(name, rec)?;
+    let spec = spec_of(name, rec)?;
+    let own = vm::state_dir(name);
+    let overlay = sb.get("overlay").and_then(Value::as_str).map(PathBuf::from);
+    match spec.disks.as_slice() {
+        [(disk, format)] if format == "qcow2" && Some(disk) == overlay.as_ref() => {
+            if !disk.starts_with(&own) {
+                return Err(OpError::new(format!(
+                    "sandbox {name:?}'s overlay {} is not in its own folder {}; it cannot be \
+                     forked",
+                    disk.display(),
+                    own.display()
+                )));
+            }
+        }
+        _ => {
+            return Err(OpError::new(format!(
+                "sandbox {name:?} does not run on one qcow2 overlay of its own; it cannot be \
+                 forked"
+            )))
+        }
+    }
+    if spec.memory_file.as_ref().is_some_and(|(_, shared)| *shared) {
+        return Err(OpError::new(format!(
+            "VM {name:?} writes its memory to a template's file; fork a sandbox"
+        )));
+    }
+    Ok(spec)
+}
+
+/// Refuses a VM that has no QEMU to copy: being launched, suspended or stopped.
+pub fn live(name: &str, rec: &Record) -> Result<(), OpError> {
+    match vm::measure_process(rec) {
+        Some(m) if m.status == vm::Status::Starting => {
+            Err(crate::ops::vm::records::being_launched(name))
+        }
+        Some(m) if m.status == vm::Status::Suspended => Err(OpError::new(format!(
+            "VM {name:?} is suspended; sandbox_resume it first"
+        ))),
+        Some(m) if !m.alive() => Err(OpError::new(format!(
+            "VM {name:?} is not running; there is nothing to copy"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Refuses the fork before anything starts when its copies would pass the quotas.
+fn admit(names: &[String], spec: &LaunchSpec) -> Result<(), OpError> {
+    let vms = vm::registry().load();
+    let limits = quota::Limits::current();
+    let first = names.first().map(String::as_str).unwrap_or_default();
+    quota::admit_many(
+        &vms,
+        first,
+        names.len() as u64,
+        spec.memory_mb,
+        spec.cpus,
+        limits,
+    )
+}
+
+/// A copy of the parent's cloud-init seed in the frozen state (the parent's is rewritten when
+/// it is launched again).
+fn keep_seed(spec: &LaunchSpec, dest: &Path) -> Result<Option<PathBuf>, OpError> {
+    let Some(seed) = &spec.seed else {
+        return Ok(None);
+    };
+    let kept = dest.join("seed.iso");
+    std::fs::copy(seed, &kept)
+        .map_err(|e| OpError::new(format!("cannot keep the seed {}: {e}", seed.display())))?;
+    Ok(Some(kept))
+}
+
+/// Where the parent's disk moves: a new overlay in its own folder (never a name QEMU has
+/// open), under a node name its QEMU has not used, onto its disk's top node now. Asked before
+/// the guest stops.
+fn next_move(name: &str, rec: &Record) -> Result<Move, OpError> {
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let overlay = vm::state_dir(name).join(format!(
+        "overlay-{}-{}-{seq}.qcow2",
+        crate::clock::now_secs(),
+        std::process::id()
+    ));
+    let onto = session::monitor(name, rec, |q| Ok(blockdev::top_node(q, "mcq-disk0")?))?;
+    Ok(Move {
+        overlay,
+        node: blockdev::next_node_name(&onto, "mcq-top"),
+        onto,
+    })
+}
+
+/// When the parent's QEMU now writes to overlay `next` (its top node is the one the fork
+/// added: asked of QEMU itself, whatever the capture returned), its record says so: its disk,
+/// its overlay, its spec, and the frozen state its disk now stands on. Without this a restart
+/// or a resume of the parent would open the disk it had before the fork.
+fn settle_parent(name: &str, rec: &Record, next: &Move, id: &str) {
+    let top = session::monitor(name, rec, |q| Ok(blockdev::top_node(q, "mcq-disk0")?));
+    if top.ok() != Some(next.node.clone()) {
+        return;
+    }
+    let (n, id, next) = (
+        name.to_string(),
+        id.to_string(),
+        next.overlay.display().to_string(),
+    );
+    let _ = vm::registry().update(move |vms| {
+        if let Some(r) = vms.get_mut(&n) {
+            moved_onto(r, &next, &id);
+        }
+        Ok::<_, RegistryError>(())
+    });
+}
+
+/// A record's first disk moved onto overlay `next`, over frozen state `id`.
+fn moved_onto(r: &mut Record, next: &str, id: &str) {
+    let old = r
+        .get("disks")
+        .and_then(|d| d.get(0))
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    if let Some(d) = r.get_mut("disks").and_then(Value::as_array_mut) {
+        if let Some(first) = d.first_mut() {
+            *first = json!(next);
+        }
+    }
+    if let (Some(old), Some(f)) = (
+        old,
+        r.get_mut("disk_formats").and_then(Value::as_object_mut),
+    ) {
+        f.remove(&old);
+        f.insert(next.to_string(), json!("qcow2"));
+    }
+    if let Some(d) = r
+        .get_mut("spec")
+        .and_then(|s| s.get_mut("disks"))
+        .and_then(Value::as_array_mut)
+    {
+        if let Some(first) = d.first_mut() {
+            *first = json!([next, "qcow2"]);
+        }
+    }
+    if let Some(sb) = r.get_mut("sandbox").and_then(Value::as_object_mut) {
+        sb.insert("overlay".into(), json!(next));
+        let chain = sb.entry("chain").or_insert_with(|| json!([]));
+        if let Some(a) = chain.as_array_mut() {
+            a.push(json!(id));
+        }
+    }
+}
+
+/// What every copy starts from.
+struct Parent<'a> {
+    name: &'a str,
+    rec: &'a Record,
+    spec: &'a LaunchSpec,
+    dest: &'a Path,
+    id: &'a str,
+    seed: Option<PathBuf>,
+    captured: &'a Captured,
+    wait: Duration,
+    started: Instant,
+}
+
+/// Starts every copy at once; when one fails, the others are destroyed and the error says
+/// which failed and why.
+fn start_all(ctx: &dyn Work, p: &Parent, names: &[String]) -> Result<Vec<Value>, OpError> {
+    templates::ensure_blank_overlay(p.dest)?;
+    let results: Vec<Result<Value, OpError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = names
+            .iter()
+            .map(|n| s.spawn(move || start_copy(ctx, p, n)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(OpError::new("a copy's start panicked")))
+            })
+            .collect()
+    });
+    let failed: Vec<String> = results
+        .iter()
+        .zip(names)
+        .filter_map(|(r, n)| r.as_ref().err().map(|e| format!("{n}: {}", e.0)))
+        .collect();
+    if failed.is_empty() {
+        return Ok(results.into_iter().filter_map(Result::ok).collect());
+    }
+    for (r, n) in results.iter().zip(names) {
+        if r.is_ok() {
+            destroy_quietly(ctx, n);
+        }
+    }
+    frozen::collect();
+    Err(OpError::new(format!(
+        "the fork of {:?} made no copies: {}. {:?} runs on as it was",
+        p.name,
+        failed.join("; "),
+        p.name
+    )))
+}
+
+/// One copy: its overlay on the frozen disk, its QEMU waiting for the frozen state, the state
+/// loaded, its agent awaited (then its clock set and, without vmgenid, its randomness reseeded).
+fn start_copy(ctx: &dyn Work, p: &Parent, name: &str) -> Result<Value, OpError> {
+    let launched = launch_copy(ctx, p, name)?;
+    let rec = lookup(name)?;
+    let loaded = session::monitor(name, &rec, |q| {
+        migrate::load(q, &p.dest.join("state"), Instant::now() + LOAD_BUDGET)?;
+        Ok(())
+    });
+    if let Err(e) = loaded {
+        destroy_quietly(ctx, name);
+        return Err(OpError::new(format!(
+            "it could not load the frozen state: {}",
+            e.0
+        )));
+    }
+    let reseed = (p.spec.vmgenid.is_none() || !x86(&p.spec.arch)).then(|| p.spec.arch.clone());
+    let ready = match vm::field(&rec, "qga_socket") {
+        Some(sock) => guest_clock::answer_then_set(Path::new(sock), p.wait, reseed),
+        None => Err("it has no guest-agent socket".to_string()),
+    };
+    if let Err(why) = ready {
+        destroy_quietly(ctx, name);
+        return Err(OpError::new(format!(
+            "its guest agent did not answer ({why})"
+        )));
+    }
+    let mut out = launched;
+    out["status"] = json!("running");
+    out["fork_of"] = json!(p.name);
+    out["agent_ready"] = json!(true);
+    out["ready_at_ms"] = json!(p.started.elapsed().as_millis() as u64);
+    Ok(out)
+}
+
+/// Makes the copy's files and launches its QEMU waiting for the frozen state.
+fn launch_copy(ctx: &dyn Work, p: &Parent, name: &str) -> Result<Value, OpError> {
+    let (sd, overlay) = overlay_path(name)?;
+    templates::new_overlay(p.dest, &overlay)?;
+    let uefi = match &p.spec.uefi {
+        Some((code, _, format)) => {
+            let vars = sd.join("uefi-vars.fd");
+            crate::state::copy::private(&p.dest.join("uefi-vars.fd"), &vars).map_err(|e| {
+                let _ = std::fs::remove_file(&overlay);
+                OpError::new(format!("cannot copy the frozen UEFI variables: {e}"))
+            })?;
+            Some((code.clone(), vars, format.clone()))
+        }
+        None => None,
+    };
+    let spec = copy_spec(p, name, &overlay, uefi)?;
+    let lr = LaunchRequest {
+        spec,
+        extra_record: copy_record(p, &overlay),
+        accel_note: None,
+        kvm_fallback: false,
+        firmware: vm::field(p.rec, "firmware").unwrap_or("bios").to_string(),
+        cloud_init: None,
+        uefi_vars_from: None,
+        egress: crate::ops::vm::egress::rules_from(p.rec)?,
+    };
+    match launch::launch(ctx, lr) {
+        Ok(l) => Ok(l.to_json()),
+        Err(e) => {
+            let _ = std::fs::remove_file(&overlay);
+            let _ = std::fs::remove_file(sd.join("uefi-vars.fd"));
+            let _ = std::fs::remove_dir(&sd);
+            Err(e)
+        }
+    }
+}
+
+/// The parent's spec for a copy: its own name, overlay and UEFI variables, the frozen memory
+/// mapped private, a fresh generation ID, the parent's guest ports forwarded from free host
+/// ports, waiting for the frozen state.
+fn copy_spec(
+    p: &Parent,
+    name: &str,
+    overlay: &Path,
+    uefi: Option<(PathBuf, PathBuf, String)>,
+) -> Result<LaunchSpec, OpError> {
+    let forwards: Vec<String> = p
+        .spec
+        .forwards
+        .iter()
+        .map(|f| format!("{}:auto:{}", f.addr, f.guest))
+        .collect();
+    let mut s = p.spec.clone();
+    s.name = name.to_string();
+    s.disks = vec![(overlay.to_path_buf(), "qcow2".into())];
+    s.uefi = uefi;
+    s.seed = p.seed.clone();
+    s.forwards = resolve_forwards(&forwards)?;
+    s.memory_file = Some((p.dest.join("ram"), false));
+    s.memory_id = Some(p.captured.memory_id.clone());
+    s.vmgenid = s.vmgenid.as_ref().map(|_| "auto".to_string());
+    s.incoming = true;
+    s.start_paused = false;
+    Ok(s)
+}
+
+/// A copy's `sandbox` record: its overlay on the frozen disk, the frozen states its disk
+/// stands on (the parent's and this fork's), the memory it maps, the template it descends from.
+fn copy_record(p: &Parent, overlay: &Path) -> Map<String, Value> {
+    let psb = p.rec.get("sandbox").and_then(Value::as_object);
+    let mut chain = frozen::chain_of(p.rec);
+    chain.push(p.id.to_string());
+    let mut sb = Map::new();
+    sb.insert(
+        "base_image".into(),
+        json!(p.dest.join("disk.qcow2").display().to_string()),
+    );
+    sb.insert("base_format".into(), json!("qcow2"));
+    sb.insert("overlay".into(), json!(overlay.display().to_string()));
+    let allow = psb.and_then(|s| s.get("allow_network")).cloned();
+    sb.insert("allow_network".into(), allow.unwrap_or(json!(false)));
+    if let Some(t) = psb.and_then(|s| s.get("template")) {
+        sb.insert("template".into(), t.clone());
+    }
+    sb.insert("fork_of".into(), json!(p.name));
+    sb.insert("frozen".into(), json!(p.id));
+    sb.insert("chain".into(), json!(chain));
+    let mut extra = Map::new();
+    extra.insert("sandbox".into(), Value::Object(sb));
+    extra
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(count: usize, names: Option<Vec<&str>>) -> ForkRequest {
+        ForkRequest {
+            name: "p".into(),
+            count,
+            names: names.map(|n| n.into_iter().map(String::from).collect()),
+            wait_agent: Duration::from_secs(1),
+        }
+    }
+
+    #[test]
+    fn counts_and_names_are_checked_before_anything_starts() {
+        for bad in [0, 17] {
+            let e = copy_names(&req(bad, None)).unwrap_err();
+            assert!(e.0.contains("1 to 16"), "{e}");
+        }
+        let e = copy_names(&req(2, Some(vec!["a"]))).unwrap_err();
+        assert!(e.0.contains("one name per copy"), "{e}");
+        let e = copy_names(&req(2, Some(vec!["a", "a"]))).unwrap_err();
+        assert!(e.0.contains("named twice"), "{e}");
+        let e = copy_names(&req(1, Some(vec!["../x"]))).unwrap_err();
+        assert!(e.0.contains("name"), "{e}");
+    }
+
+    #[test]
+    fn a_moved_disk_is_recorded_everywhere_the_record_names_it() {
+        let mut r: Record = serde_json::from_value(json!({
+            "disks": ["/s/old.qcow2"], "disk_formats": {"/s/old.qcow2": "qcow2"},
+            "spec": {"disks": [["/s/old.qcow2", "qcow2"]]},
+            "sandbox": {"overlay": "/s/old.qcow2", "chain": ["a"]}
+        }))
+        .unwrap();
+        moved_onto(&mut r, "/s/new.qcow2", "b");
+        assert_eq!(r["disks"], json!(["/s/new.qcow2"]));
+        assert_eq!(r["disk_formats"], json!({"/s/new.qcow2": "qcow2"}));
+        assert_eq!(r["spec"]["disks"], json!([["/s/new.qcow2", "qcow2"]]));
+        assert_eq!(r["sandbox"]["overlay"], json!("/s/new.qcow2"));
+        assert_eq!(r["sandbox"]["chain"], json!(["a", "b"]));
+    }
+
+    #[test]
+    fn a_vm_that_is_no_sandbox_cannot_be_forked() {
+        let rec: Record = serde_json::from_value(json!({"pid": 1})).unwrap();
+        let e = forkable("v", &rec).unwrap_err();
+        assert!(e.0.contains("not a sandbox"), "{e}");
+        let rec: Record =
+            serde_json::from_value(json!({"sandbox": {"template_build": "t"}})).unwrap();
+        let e = forkable("v", &rec).unwrap_err();
+        assert!(e.0.contains("template"), "{e}");
+    }
+}

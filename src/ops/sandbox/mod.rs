@@ -1,0 +1,214 @@
+//! Sandboxes and the states they come from: sandbox_vm's request and launch, templates and
+//! their clones, warm pools, forks and suspends (a capture into a frozen state, its scratch
+//! memory), and the careful destroy.
+//!
+//! sandbox_vm: a qcow2 overlay on an untouched base image, launched and waited on until the
+//! guest agent answers (or cloud-init says on the console that none will), or a clone of a
+//! template (from its warm pool when one fits). image_prepare boots its guest the same way.
+
+pub mod capture;
+pub mod clone;
+pub mod destroy;
+pub mod fork;
+pub mod frozen;
+pub mod pool;
+pub mod request;
+pub mod scratch;
+pub mod suspend;
+pub mod templates;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::ops::error::OpError;
+use crate::ops::guest::run as guest_run;
+use crate::ops::sandbox::destroy::{destroy_quietly, overlay_path, serial_tail};
+use crate::ops::sandbox::request::{checked_name, SandboxRequest};
+use crate::ops::vm::agent::{no_agent_reason, unseen_seed_reason, wait_for_agent, AgentWait};
+use crate::ops::vm::checks::{checked_image, checked_path};
+use crate::ops::vm::disk_size;
+use crate::ops::vm::launch;
+use crate::ops::vm::launch_args;
+use crate::ops::vm::records::lookup;
+use crate::ops::work::Work;
+use crate::qemu::img;
+use crate::state::roots::Access;
+
+/// sandbox_vm: an overlay on `base_image` launched and waited on (or, with `template`, a
+/// clone). A sandbox whose agent does not answer within its wait (`wait_agent_s` above 0) is
+/// removed and an error says why, with the console's last lines.
+pub fn create(ctx: &dyn Work, req: &SandboxRequest) -> Result<Value, OpError> {
+    if req.template.is_some() {
+        return boot(ctx, req).map(|(out, _, _)| out);
+    }
+    let (out, waited, wait) = boot(ctx, req)?;
+    let name = out["name"].as_str().unwrap_or_default().to_string();
+    let seeded = out.get("cloud_init").is_some_and(|c| !c.is_null());
+    let why = match &waited {
+        AgentWait::Ready => return Ok(out),
+        AgentWait::TimedOut if wait.is_zero() => return Ok(out),
+        AgentWait::TimedOut => format!(
+            "the guest agent of sandbox {name:?} did not answer within {} s (wait_agent_s) and \
+             the console said nothing that explains it; the image may lack qemu-guest-agent \
+             (image_prepare makes an agent-ready base) or boot slower than that under TCG \
+             (raise wait_agent_s; 0 does not wait)",
+            wait.as_secs_f64()
+        ),
+        AgentWait::NoAgent(f) => no_agent_reason(&name, f, seeded),
+        AgentWait::Fatal(f) => format!(
+            "{} before the guest agent of sandbox {name:?} answered",
+            f.describe()
+        ),
+    };
+    let serial = serial_tail(&out, 8);
+    destroy_quietly(ctx, &name);
+    Err(OpError::new(format!(
+        "{why}. The sandbox was removed. Last serial output: {serial}"
+    )))
+}
+
+/// [`create`] without its verdict on the agent: the sandbox as launched and how the wait for
+/// its agent ended (image_prepare says itself what a guest without an agent means).
+pub fn boot(ctx: &dyn Work, req: &SandboxRequest) -> Result<(Value, AgentWait, Duration), OpError> {
+    match &req.template {
+        Some(t) => boot_clone(ctx, req, t),
+        None => boot_overlay(ctx, req),
+    }
+}
+
+/// A clone of template `t`: a ready one from its pool when the request fits one, else a
+/// fresh one. What a clone refuses is refused whether or not a pool is ready.
+fn boot_clone(
+    ctx: &dyn Work,
+    req: &SandboxRequest,
+    t: &str,
+) -> Result<(Value, AgentWait, Duration), OpError> {
+    let checked = crate::ops::sandbox::clone::check(req, t)?;
+    if crate::ops::sandbox::pool::size(t) > 0 && crate::ops::sandbox::pool::fits(req) {
+        let name = checked_name(req.name.as_deref())?;
+        if let Some(out) = crate::ops::sandbox::pool::take(t, &name)? {
+            return Ok((out, AgentWait::Ready, Duration::ZERO));
+        }
+    }
+    let out = crate::ops::sandbox::clone::start(ctx, req, t, checked)?;
+    Ok((out, AgentWait::Ready, Duration::ZERO))
+}
+
+/// A sandbox on an overlay of `base_image`: checked, made, launched, then waited on.
+fn boot_overlay(
+    ctx: &dyn Work,
+    req: &SandboxRequest,
+) -> Result<(Value, AgentWait, Duration), OpError> {
+    let Some(base_raw) = req.base_image.as_deref() else {
+        return Err(OpError::new(
+            "give base_image (a disk image to boot on an overlay) or template (from \
+             template_create)",
+        ));
+    };
+    let base = checked_path(base_raw, "base_image", Access::Read)?;
+    let checked = checked_image(&base, "base_image", None)?;
+    let disk_size = disk_size::checked(req.disk_size.as_deref(), checked.virtual_size)?;
+    let name = checked_name(req.name.as_deref())?;
+    // cloud_init is checked before anything is made on disk.
+    req.launch.cloud_init()?;
+    let (sd, overlay) = overlay_path(&name)?;
+    let made = img::create(&overlay, "qcow2", disk_size, Some((&base, &checked.format)))
+        .map_err(OpError::from)
+        .and_then(|()| launch_overlay(ctx, req, &name, &base, &checked.format, &overlay));
+    let out = match made {
+        Ok(out) => out,
+        Err(e) => {
+            let _ = std::fs::remove_file(&overlay);
+            let _ = std::fs::remove_dir(&sd);
+            return Err(e);
+        }
+    };
+    wait_ready(ctx, req, &name, out)
+}
+
+/// Launches sandbox `name` on its overlay, its record saying what it was made from.
+fn launch_overlay(
+    ctx: &dyn Work,
+    req: &SandboxRequest,
+    name: &str,
+    base: &Path,
+    base_fmt: &str,
+    overlay: &Path,
+) -> Result<Value, OpError> {
+    let mut la = req.launch.clone();
+    if la.port_forwards.is_none() {
+        la.port_forwards = Some(vec!["auto:22".to_string()]);
+    }
+    la.restrict_net = !req.allow_network;
+    let mut lr = launch_args::request(&la, name, vec![(overlay.to_path_buf(), "qcow2".into())])?;
+    let sb = json!({
+        "base_image": base.display().to_string(), "base_format": base_fmt,
+        "overlay": overlay.display().to_string(), "allow_network": req.allow_network_json(),
+    });
+    lr.extra_record.insert("sandbox".into(), sb);
+    let mut out = launch::launch(ctx, lr)?.to_json();
+    out["overlay"] = json!(overlay.display().to_string());
+    out["base_image"] = json!(base.display().to_string());
+    Ok(out)
+}
+
+/// Waits for a launched sandbox's agent (and, when asked, cloud-init); a seed the guest never
+/// saw removes the sandbox with the reason.
+fn wait_ready(
+    ctx: &dyn Work,
+    req: &SandboxRequest,
+    name: &str,
+    mut out: Value,
+) -> Result<(Value, AgentWait, Duration), OpError> {
+    let wait = req.agent_wait();
+    let rec = lookup(name)?;
+    let started = Instant::now();
+    let seeded = rec.get("cloud_init").is_some();
+    let (waited, saw) = wait_for_agent(ctx, name, &rec, wait)?;
+    let ready = waited == AgentWait::Ready;
+    saw.add_to(&mut out, name);
+    if let AgentWait::NoAgent(f) = &waited {
+        if seeded && f.no_datasource() {
+            destroy_quietly(ctx, name);
+            return Err(OpError::new(format!(
+                "{}. The sandbox was removed.",
+                unseen_seed_reason(name, &f.datasource)
+            )));
+        }
+        out["cloud_init"]["console"] = json!({
+            "finished": true, "datasource": f.datasource, "version": f.version,
+            "uptime_s": f.uptime_s
+        });
+    }
+    out["agent_ready"] = json!(ready);
+    out["agent_wait_ms"] = json!(started.elapsed().as_millis() as u64);
+    if ready && req.wait_cloud_init {
+        let waited = cloud_init_step(ctx, name, seeded, req.cloud_init_wait())?;
+        guest_run::report_cloud_init(&mut out, waited, &saw);
+    }
+    Ok((out, waited, wait))
+}
+
+/// Waits for cloud-init in a VM whose agent answers; a seed it never saw, or cloud-init
+/// reporting an error, removes the VM with the reason.
+pub fn cloud_init_step(
+    ctx: &dyn Work,
+    name: &str,
+    seeded: bool,
+    wait: Duration,
+) -> Result<Value, OpError> {
+    let waited = guest_run::wait_cloud_init(ctx, name, wait)?;
+    if seeded && guest_run::saw_no_datasource(&waited) {
+        let ds = waited["report"]["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        destroy_quietly(ctx, name);
+        return Err(OpError::new(format!(
+            "{}. The sandbox was removed.",
+            unseen_seed_reason(name, &ds)
+        )));
+    }
+    Ok(waited)
+}

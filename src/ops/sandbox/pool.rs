@@ -1,0 +1,547 @@
+//! Warm pools: a template may ask the server to keep clones of it started, clock set and
+//! agent answering, so that sandbox_vm {template} hands one out in milliseconds instead of
+//! starting it (a fresh clone is ~250 ms under TCG, most of it the first agent round trips).
+//!
+//! - A pool's size is a file in the template's folder (`pool`); 0 or missing is none.
+//! - Pooled clones are ordinary clone records marked `pooled: TEMPLATE`, named `pool-<id>`, in
+//!   the registry (so they count in the quotas and a second server sees them), hidden from
+//!   list_vms. A server that exits leaves them running; the next one adopts them as they are.
+//! - Taking one happens under the registry lock (two servers never take the same clone): its
+//!   record moves to the requested name and its folders are renamed to that name's (QEMU keeps
+//!   its open files; its sockets move with their folder). A clone that died or froze is never
+//!   handed out: it is destroyed and the caller gets a fresh clone.
+//! - The keeper thread ([`start_keeper`]) refills every pool, replaces dead or frozen pooled
+//!   clones, and ends the pools of deleted templates; a take wakes it at once.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Map, Value};
+
+use crate::ops::error::OpError;
+use crate::ops::sandbox::clone;
+use crate::ops::sandbox::destroy;
+use crate::ops::sandbox::request::SandboxRequest;
+use crate::ops::sandbox::templates;
+use crate::ops::work::Work;
+use crate::qemu::vm::{self, Status};
+use crate::qemu::{qga, qmp};
+use crate::state::registry::{Record, RegistryError};
+
+/// The record field that marks a pooled clone (its template's name).
+pub const POOLED: &str = "pooled";
+/// Largest pool a template may keep.
+pub const MAX_POOL: u64 = 16;
+/// How often the keeper looks at the pools when nothing wakes it.
+const KEEPER_PERIOD: Duration = Duration::from_secs(2);
+
+/// The file holding a template's pool size.
+fn size_file(template: &str) -> PathBuf {
+    templates::dir_of(template).join("pool")
+}
+
+/// A template's pool size (0: none).
+pub fn size(template: &str) -> u64 {
+    std::fs::read_to_string(size_file(template))
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Sets a template's pool size, checked against the quotas (its clones run all the time), and
+/// wakes the keeper. 0 ends the pool: its clones are destroyed.
+pub fn set_size(ctx: &dyn Work, template: &str, n: u64) -> Result<(), OpError> {
+    let t = templates::load(template)?;
+    if n > MAX_POOL {
+        return Err(OpError::new(format!(
+            "pool {n} is more than the {MAX_POOL} clones a pool may keep; ask for fewer"
+        )));
+    }
+    let have = pooled(template).len() as u64;
+    if n > have {
+        let limits = crate::ops::vm::quota::Limits::current();
+        let vms = vm::registry().load();
+        let running: Vec<&Record> = vms
+            .values()
+            .filter(|r| vm::measure_process(r).is_none_or(|m| m.alive()))
+            .collect();
+        let used: u64 = running
+            .iter()
+            .filter_map(|r| r.get("memory_mb").and_then(Value::as_u64))
+            .sum();
+        let more = n - have;
+        if running.len() as u64 + more > limits.max_vms {
+            return Err(OpError::new(format!(
+                "a pool of {n} would run {} VMs, over the {} allowed (MCQEMU_MAX_VMS); ask for a \
+                 smaller pool, stop VMs, or ask the operator to raise MCQEMU_MAX_VMS",
+                running.len() as u64 + more,
+                limits.max_vms
+            )));
+        }
+        if used + more * t.memory_mb > limits.max_memory_mb {
+            return Err(OpError::new(format!(
+                "a pool of {n} clones of {} MiB would need {} MiB more, and running VMs already \
+                 use {used} of the {} MiB allowed (MCQEMU_MAX_MEMORY_MB); ask for a smaller pool",
+                t.memory_mb,
+                more * t.memory_mb,
+                limits.max_memory_mb
+            )));
+        }
+    }
+    let file = size_file(template);
+    let tmp = file.with_extension("tmp");
+    std::fs::write(&tmp, format!("{n}\n"))
+        .and_then(|()| std::fs::rename(&tmp, &file))
+        .map_err(|e| OpError::new(format!("cannot record the pool size: {e}")))?;
+    if n < have {
+        for name in pooled(template).into_iter().skip(n as usize) {
+            destroy::destroy_quietly(ctx, &name);
+        }
+    }
+    wake();
+    Ok(())
+}
+
+/// The pooled clones of `template` whose QEMU is alive (ready or starting), oldest first.
+pub fn pooled(template: &str) -> Vec<String> {
+    let mut v: Vec<(String, i64)> = vm::registry()
+        .load()
+        .into_iter()
+        .filter(|(_, r)| r.get(POOLED).and_then(Value::as_str) == Some(template))
+        .filter(|(_, r)| vm::measure_process(r).is_none_or(|m| m.alive()))
+        .map(|(n, r)| {
+            let at = r.get("pooled_at").and_then(Value::as_i64).unwrap_or(0);
+            (n, at)
+        })
+        .collect();
+    v.sort_by_key(|(n, at)| (*at, n.clone()));
+    v.into_iter().map(|(n, _)| n).collect()
+}
+
+/// True when a sandbox request asks for nothing a pooled clone was not started with (its own
+/// cloud_init, port forwards, or network).
+pub fn fits(req: &SandboxRequest) -> bool {
+    req.launch.cloud_init.as_ref().is_none_or(Value::is_null)
+        && req.launch.port_forwards.is_none()
+        && !req.allow_network
+        && req.launch.egress.is_empty()
+}
+
+/// Takes a ready pooled clone of `template` for VM `name`: its record and folders become
+/// `name`'s. None when the pool has none ready (the caller starts a fresh clone). A claimed
+/// clone whose QEMU does not answer now (killed since the keeper's last round) is destroyed
+/// and the next one is tried: the registry alone is never trusted with a take.
+pub fn take(template: &str, name: &str) -> Result<Option<Value>, OpError> {
+    let started = Instant::now();
+    // Each failed try removes one pooled clone, so a pool is tried through at most once.
+    for _ in 0..=MAX_POOL {
+        let Some((old, rec)) = claim(template, name)? else {
+            return Ok(None);
+        };
+        if let Err(why) = answers(&rec) {
+            crate::log::stderr(
+                "warn",
+                &format!("pooled clone {old} of template {template} is dead ({why}); removed"),
+            );
+            destroy::destroy_quietly(&crate::ops::work::Detached, name);
+            wake();
+            continue;
+        }
+        // The agent answered when the clone joined the pool, and the keeper pings every ready
+        // one each round: the taker reaches it by its new path, so no connection kept under
+        // the old one may hold the agent's single channel.
+        if let Some(old_sock) = vm::field(&rec, "qga_socket") {
+            let pairs = [(vm::runtime_dir(&old), vm::runtime_dir(name))];
+            qga::release_idle(Path::new(&unrewrite(old_sock, &pairs)));
+        }
+        wake();
+        return Ok(Some(taken(template, name, &rec, started)));
+    }
+    Ok(None)
+}
+
+/// How long a take waits for a claimed clone's monitor: a live QEMU answers in well under a
+/// millisecond; one being killed accepts the connection and then says nothing.
+const TAKE_CHECK: Duration = Duration::from_millis(500);
+
+/// Whether a claimed clone's QEMU runs now: its process alive as ours, its monitor answering
+/// and its guest running.
+fn answers(rec: &Record) -> Result<(), String> {
+    if !runs(rec) {
+        return Err("its QEMU process is gone".into());
+    }
+    let status = qmp::with_session_within(&vm::qmp_socket(rec), TAKE_CHECK, |q| {
+        q.execute_within("query-status", None, TAKE_CHECK)
+    })
+    .map_err(|e: qmp::QmpError| format!("its monitor did not answer: {e}"))?;
+    match status.get("status").and_then(Value::as_str) {
+        Some("running") => Ok(()),
+        other => Err(format!(
+            "its guest is {}",
+            other.unwrap_or("in no known state")
+        )),
+    }
+}
+
+/// sandbox_vm's result for a clone taken from the pool.
+fn taken(template: &str, name: &str, rec: &Record, started: Instant) -> Value {
+    let mut out = json!({
+        "name": name,
+        "status": "running",
+        "pid": rec.get("pid").cloned().unwrap_or(Value::Null),
+        "accel": rec.get("accel").cloned().unwrap_or(Value::Null),
+        "arch": rec.get("arch").cloned().unwrap_or(Value::Null),
+        "machine": rec.get("machine").cloned().unwrap_or(Value::Null),
+        "qemu_version": rec.get("qemu_version").cloned().unwrap_or(Value::Null),
+        "port_forwards": rec.get("port_forwards").cloned().unwrap_or(json!([])),
+        "qmp_socket": rec.get("qmp_socket").cloned().unwrap_or(Value::Null),
+        "qga_socket": rec.get("qga_socket").cloned().unwrap_or(Value::Null),
+        "serial_log": rec.get("serial_log").cloned().unwrap_or(Value::Null),
+        "warnings": [],
+        "template": template,
+        "pooled": true,
+        "agent_ready": true,
+        "ready_ms": started.elapsed().as_millis() as u64,
+    });
+    if let Some(sb) = rec.get("sandbox") {
+        out["sandbox"] = sb.clone();
+        out["overlay"] = sb.get("overlay").cloned().unwrap_or(Value::Null);
+        out["base_image"] = sb.get("base_image").cloned().unwrap_or(Value::Null);
+    }
+    out
+}
+
+/// Under the registry lock: the oldest live, unfrozen pooled clone of `template` is renamed
+/// to `name` (record and folders). Returns its old name and new record.
+fn claim(template: &str, name: &str) -> Result<Option<(String, Record)>, OpError> {
+    let name = name.to_string();
+    let template = template.to_string();
+    vm::registry().update(move |vms| {
+        if let Some(r) = vms.get(&name) {
+            if vm::measure_process(r).is_none_or(|m| m.alive()) {
+                return Err(OpError::new(format!(
+                    "a VM named {name:?} already exists; choose another name"
+                )));
+            }
+        }
+        let mut ready: Vec<(String, i64)> = vms
+            .iter()
+            .filter(|(_, r)| r.get(POOLED).and_then(Value::as_str) == Some(template.as_str()))
+            .filter(|(_, r)| r.get("pool_ready").and_then(Value::as_bool) == Some(true))
+            .filter(|(_, r)| runs(r))
+            .map(|(n, r)| {
+                (
+                    n.clone(),
+                    r.get("pooled_at").and_then(Value::as_i64).unwrap_or(0),
+                )
+            })
+            .collect();
+        ready.sort_by_key(|(n, at)| (*at, n.clone()));
+        let Some((old, _)) = ready.into_iter().next() else {
+            return Ok(None);
+        };
+        let Some(rec) = vms.remove(&old) else {
+            return Ok(None);
+        };
+        let moved = move_folders(&old, &name, rec)?;
+        vms.insert(name.clone(), moved.clone());
+        Ok(Some((old, moved)))
+    })
+}
+
+/// Renames a VM's state and runtime folders from `old`'s to `new`'s and rewrites every path
+/// in its record to match. QEMU keeps its open files; its sockets move with their folder.
+fn move_folders(old: &str, new: &str, rec: Record) -> Result<Record, OpError> {
+    let pairs = [
+        (vm::state_dir(old), vm::state_dir(new)),
+        (vm::runtime_dir(old), vm::runtime_dir(new)),
+    ];
+    for (from, to) in &pairs {
+        if to.exists() {
+            // A dead VM of that name left its folders: they go (it was checked not alive).
+            let _ = std::fs::remove_dir_all(to);
+        }
+        std::fs::rename(from, to).map_err(|e| {
+            OpError::new(format!(
+                "cannot move the pooled clone's folder {} to {}: {e}",
+                from.display(),
+                to.display()
+            ))
+        })?;
+    }
+    let mut out = Map::new();
+    for (k, v) in rec {
+        out.insert(k, rewrite(v, &pairs));
+    }
+    out.insert("name".into(), json!(new));
+    // The QEMU still names its monitor by the old path on its command line: the identity check
+    // of a PID reads it from there.
+    if let Some(sock) = out.get("qmp_socket").and_then(Value::as_str) {
+        let launched = unrewrite(sock, &pairs);
+        out.entry("launch_qmp_socket").or_insert(json!(launched));
+    }
+    out.remove(POOLED);
+    out.remove("pool_ready");
+    out.remove("pooled_at");
+    Ok(out)
+}
+
+fn replace_prefix(s: &str, from: &Path, to: &Path) -> Option<String> {
+    let f = from.to_string_lossy();
+    s.strip_prefix(f.as_ref())
+        .filter(|rest| rest.is_empty() || rest.starts_with('/'))
+        .map(|rest| format!("{}{rest}", to.to_string_lossy()))
+}
+
+fn rewrite(v: Value, pairs: &[(PathBuf, PathBuf)]) -> Value {
+    match v {
+        Value::String(s) => Value::String(
+            pairs
+                .iter()
+                .find_map(|(f, t)| replace_prefix(&s, f, t))
+                .unwrap_or(s),
+        ),
+        Value::Array(a) => Value::Array(a.into_iter().map(|x| rewrite(x, pairs)).collect()),
+        Value::Object(m) => Value::Object(
+            m.into_iter()
+                .map(|(k, x)| {
+                    let k = pairs
+                        .iter()
+                        .find_map(|(f, t)| replace_prefix(&k, f, t))
+                        .unwrap_or(k);
+                    (k, rewrite(x, pairs))
+                })
+                .collect(),
+        ),
+        other => other,
+    }
+}
+
+fn unrewrite(s: &str, pairs: &[(PathBuf, PathBuf)]) -> String {
+    pairs
+        .iter()
+        .find_map(|(f, t)| replace_prefix(s, t, f))
+        .unwrap_or_else(|| s.to_string())
+}
+
+// ---- the keeper
+
+fn signal() -> &'static (Mutex<bool>, Condvar) {
+    static S: OnceLock<(Mutex<bool>, Condvar)> = OnceLock::new();
+    S.get_or_init(|| (Mutex::new(false), Condvar::new()))
+}
+
+/// Wakes the keeper now (a take, a pool size change).
+pub fn wake() {
+    let (m, c) = signal();
+    if let Ok(mut w) = m.lock() {
+        *w = true;
+        c.notify_all();
+    }
+}
+
+/// Starts the keeper thread of this server (once).
+pub fn start_keeper() {
+    static STARTED: OnceLock<()> = OnceLock::new();
+    STARTED.get_or_init(|| {
+        let _ = std::thread::Builder::new()
+            .name("pool-keeper".into())
+            .spawn(|| loop {
+                keep_all();
+                let (m, c) = signal();
+                if let Ok(mut w) = m.lock() {
+                    if !*w {
+                        if let Ok((g, _)) = c.wait_timeout(w, KEEPER_PERIOD) {
+                            w = g;
+                        } else {
+                            continue;
+                        }
+                    }
+                    *w = false;
+                }
+            });
+    });
+}
+
+/// One round over every template folder and every pooled record.
+pub fn keep_all() {
+    let ctx = crate::ops::work::Detached;
+    // Pooled clones that died, froze, or whose template is gone or no longer pooled.
+    for (name, rec) in vm::registry().load() {
+        let Some(t) = rec.get(POOLED).and_then(Value::as_str) else {
+            continue;
+        };
+        let status = vm::measure_process(&rec).map(|m| m.status);
+        // A guest that crashed inside a QEMU that still runs: its agent stops answering.
+        let silent = rec.get("pool_ready").and_then(Value::as_bool) == Some(true)
+            && status.is_none()
+            && vm::field(&rec, "qga_socket").is_some_and(|s| {
+                let bound = qga::IDLE_KEEP + Duration::from_secs(1);
+                let ping = qga::with_agent(Path::new(s), bound, |q| {
+                    q.execute_within("guest-ping", None, bound)
+                });
+                // Leave the agent's one channel free for whoever takes the clone.
+                qga::release_idle(Path::new(s));
+                ping.is_err()
+            });
+        let broken = silent || matches!(status, Some(Status::Stopped) | Some(Status::Frozen));
+        let unwanted = templates::load(t).is_err()
+            || pooled(t)
+                .iter()
+                .position(|n| *n == name)
+                .is_some_and(|i| i as u64 >= size(t));
+        if broken || unwanted {
+            destroy::destroy_quietly(&ctx, &name);
+        }
+    }
+    let Ok(entries) = std::fs::read_dir(templates::templates_dir()) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let t = e.file_name().to_string_lossy().into_owned();
+        let want = size(&t);
+        if want == 0 || templates::load(&t).is_err() {
+            continue;
+        }
+        if let Err(err) = refill(&ctx, &t, want) {
+            crate::log::stderr("warn", &format!("pool of template {t}: {err}"));
+        }
+    }
+}
+
+/// Starts clones of `template` until `want` are pooled, under the template's pool lock (two
+/// servers never overfill one pool).
+fn refill(ctx: &dyn Work, template: &str, want: u64) -> Result<(), OpError> {
+    use std::os::unix::io::AsRawFd;
+    let lock_path = templates::dir_of(template).join(".pool.lock");
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|e| OpError::new(format!("cannot open {}: {e}", lock_path.display())))?;
+    // SAFETY: flock on a descriptor this function owns; released when `lock` closes.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Ok(()); // another server is refilling it now
+    }
+    while (pooled(template).len() as u64) < want && size(template) >= want {
+        let name = format!("pool-{}", &crate::cloudinit::new_instance_id()[11..23]);
+        let req = SandboxRequest {
+            name: Some(name.clone()),
+            template: Some(template.to_string()),
+            ..SandboxRequest::default()
+        };
+        // Marked from its launch on, so list_vms never shows it and a take never sees it
+        // before its agent answers.
+        let mut fields = Map::new();
+        fields.insert(POOLED.into(), json!(template));
+        fields.insert("pool_ready".into(), json!(false));
+        fields.insert("pooled_at".into(), json!(crate::clock::now_secs()));
+        match clone::start_with(ctx, &req, template, fields) {
+            Ok((out, Some(clock))) if out["agent_ready"] == json!(true) => {
+                // A pooled clone is handed out with its clock already right.
+                if let Ok(Err(why)) = clock.join() {
+                    crate::log::stderr("warn", &format!("pooled clone {name}: {why}"));
+                }
+                // Its agent is free for whoever takes it (the taker reaches it by a new path).
+                if let Some(s) = out["qga_socket"].as_str() {
+                    qga::release_idle(Path::new(s));
+                }
+                mark_ready(&name)?
+            }
+            Ok(_) => {
+                destroy::destroy_quietly(ctx, &name);
+                return Err(OpError::new("a pooled clone's agent did not answer"));
+            }
+            Err(e) => {
+                let _ = vm::registry().update(|vms| {
+                    vms.remove(&name);
+                    Ok::<_, RegistryError>(())
+                });
+                return Err(e);
+            }
+        }
+    }
+    drop(lock);
+    Ok(())
+}
+
+/// Marks pooled clone `name` ready to be taken.
+fn mark_ready(name: &str) -> Result<(), OpError> {
+    let name = name.to_string();
+    vm::registry().update(move |vms| {
+        if let Some(rec) = vms.get_mut(&name) {
+            rec.insert("pool_ready".into(), json!(true));
+        }
+        Ok::<_, RegistryError>(())
+    })?;
+    Ok(())
+}
+
+/// True when a record's QEMU is there and neither frozen nor exited (judged from the process:
+/// [`vm::measure_process`] settles nothing for a QEMU that looks alive).
+fn runs(rec: &Record) -> bool {
+    vm::pid(rec).is_some() && vm::measure_process(rec).is_none()
+}
+
+/// The number of pooled clones of `template` ready to be taken.
+pub fn ready(template: &str) -> usize {
+    vm::registry()
+        .load()
+        .values()
+        .filter(|r| r.get(POOLED).and_then(Value::as_str) == Some(template))
+        .filter(|r| r.get("pool_ready").and_then(Value::as_bool) == Some(true))
+        .filter(|r| runs(r))
+        .count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pooled_clone_fits_only_a_plain_request() {
+        let plain = SandboxRequest {
+            template: Some("t".into()),
+            name: Some("c".into()),
+            wait_agent_s: Some(5.0),
+            ..SandboxRequest::default()
+        };
+        assert!(fits(&plain));
+        let open = SandboxRequest {
+            allow_network: true,
+            ..plain.clone()
+        };
+        assert!(!fits(&open));
+        let mut forwards = plain.clone();
+        forwards.launch.port_forwards = Some(Vec::new());
+        assert!(!fits(&forwards), "an explicit [] is not the pool's auto:22");
+        let mut seeded = plain.clone();
+        seeded.launch.cloud_init = Some(json!({"hostname": "x"}));
+        assert!(!fits(&seeded));
+        seeded.launch.cloud_init = Some(Value::Null);
+        assert!(fits(&seeded), "a null cloud_init is none");
+    }
+
+    #[test]
+    fn paths_move_with_their_folder_and_nothing_else_does() {
+        let pairs = [(PathBuf::from("/s/vms/pool-1"), PathBuf::from("/s/vms/box"))];
+        let v = json!({
+            "serial_log": "/s/vms/pool-1/serial.log",
+            "disks": ["/s/vms/pool-1/overlay.qcow2"],
+            "disk_formats": {"/s/vms/pool-1/overlay.qcow2": "qcow2"},
+            "base": "/s/vms/pool-10/x", "other": "/t/pool-1/y"
+        });
+        let r = rewrite(v, &pairs);
+        assert_eq!(r["serial_log"], "/s/vms/box/serial.log");
+        assert_eq!(r["disks"][0], "/s/vms/box/overlay.qcow2");
+        assert_eq!(r["disk_formats"]["/s/vms/box/overlay.qcow2"], "qcow2");
+        assert_eq!(r["base"], "/s/vms/pool-10/x");
+        assert_eq!(r["other"], "/t/pool-1/y");
+        assert_eq!(
+            unrewrite("/s/vms/box/qmp.sock", &pairs),
+            "/s/vms/pool-1/qmp.sock"
+        );
+    }
+}

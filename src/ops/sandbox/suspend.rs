@@ -1,0 +1,240 @@
+//! sandbox_suspend and sandbox_resume: a sandbox saved to disk with its processes, memory and
+//! devices, its QEMU ended (host memory freed), and brought back under the same name and
+//! forwards in about the time of a clone. The save is a capture ([`crate::ops::sandbox::capture`]) into
+//! `<state>/vms/NAME/suspended-T/` (the state folder: it survives a server restart and a host
+//! reboot); the record keeps `suspended` until the resume, which maps that memory
+//! copy-on-write as a clone maps a template's and loads the devices.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Map, Value};
+
+use crate::ops::error::OpError;
+use crate::ops::guest::clock as guest_clock;
+use crate::ops::sandbox::capture::{self, Plan, Then};
+use crate::ops::sandbox::fork::{forkable, live};
+use crate::ops::sandbox::frozen;
+use crate::ops::session;
+use crate::ops::vm::launch::{self, LaunchRequest};
+use crate::ops::vm::records::{lookup, spec_of};
+use crate::ops::work::Work;
+use crate::qemu::{migrate, process, vm};
+use crate::state::registry::{Record, RegistryError};
+
+/// How long loading the saved state may take.
+const LOAD_BUDGET: Duration = Duration::from_secs(60);
+
+/// Record fields a launch writes afresh: the rest of a suspended record is carried over.
+const LAUNCH_FIELDS: &[&str] = &[
+    "name",
+    "source",
+    "pid",
+    "arch",
+    "machine",
+    "accel",
+    "memory_mb",
+    "cpus",
+    "disks",
+    "disk_formats",
+    "iso",
+    "firmware",
+    "kernel",
+    "initrd",
+    "append",
+    "no_net",
+    "restrict_net",
+    "port_forwards",
+    "qmp_socket",
+    "qga_socket",
+    "serial_socket",
+    "serial_log",
+    "pidfile",
+    "extra_args",
+    "input",
+    "qemu_version",
+    "created_at",
+    "spec",
+    "launching",
+    "suspended",
+];
+
+/// sandbox_suspend: saves sandbox `name` to disk and ends its QEMU.
+pub fn suspend(ctx: &dyn Work, name: &str) -> Result<Value, OpError> {
+    let started = Instant::now();
+    let rec = lookup(name)?;
+    if rec.contains_key("suspended") {
+        return Err(OpError::new(format!(
+            "VM {name:?} is already suspended; sandbox_resume brings it back"
+        )));
+    }
+    let spec = forkable(name, &rec)?;
+    let dest = vm::state_dir(name).join(format!("suspended-{}", crate::clock::now_secs()));
+    std::fs::create_dir_all(&dest)
+        .map_err(|e| OpError::new(format!("cannot create {}: {e}", dest.display())))?;
+    let plan = Plan {
+        name,
+        rec: &rec,
+        spec: &spec,
+        dest: &dest,
+        then: Then::Quit,
+        next_overlay: None,
+    };
+    let captured = match capture::capture(ctx, &plan) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&dest);
+            return Err(e);
+        }
+    };
+    end_qemu(&rec);
+    let mut warnings: Vec<String> = vm::cleanup_runtime(&rec);
+    let saved = json!({
+        "dir": dest.display().to_string(), "at": crate::clock::now_secs(),
+        "state_bytes": captured.state_bytes, "ram_bytes": captured.ram_bytes,
+        "memory_id": captured.memory_id, "was_running": captured.was_running,
+    });
+    let n = name.to_string();
+    vm::registry().update(move |vms| {
+        if let Some(r) = vms.get_mut(&n) {
+            r.remove("pid");
+            r.insert("suspended".into(), saved);
+            if let Some(sb) = r.get_mut("sandbox").and_then(Value::as_object_mut) {
+                sb.remove("frozen");
+            }
+        }
+        Ok::<_, RegistryError>(())
+    })?;
+    if let Some(old) = resumed_from(&rec).filter(|o| *o != dest) {
+        let _ = std::fs::remove_dir_all(old);
+    }
+    warnings.extend(frozen::collect());
+    Ok(json!({
+        "name": name, "status": "suspended", "suspend_ms": started.elapsed().as_millis() as u64,
+        "state_bytes": captured.state_bytes, "ram_bytes": captured.ram_bytes,
+        "path": dest.display().to_string(), "warnings": warnings,
+    }))
+}
+
+/// Makes sure the captured VM's QEMU is gone (it was told to quit; SIGKILL after 10 s).
+fn end_qemu(rec: &Record) {
+    let Some(pid) = vm::pid(rec) else { return };
+    if !process::wait_dead(pid, Duration::from_secs(10))
+        && process::is_our_vm(pid, &vm::identity_socket(rec))
+    {
+        process::signal(pid, libc::SIGKILL);
+        process::wait_dead(pid, Duration::from_secs(5));
+    }
+}
+
+/// The saved folder a resumed VM maps its memory from.
+fn resumed_from(rec: &Record) -> Option<PathBuf> {
+    vm::field(rec, "resumed_from").map(PathBuf::from)
+}
+
+/// sandbox_resume: brings suspended sandbox `name` back, its agent awaited within `wait`.
+pub fn resume(ctx: &dyn Work, name: &str, wait: Duration) -> Result<Value, OpError> {
+    let started = Instant::now();
+    let rec = lookup(name)?;
+    let Some(saved) = rec.get("suspended").cloned() else {
+        live(name, &rec)?;
+        return Err(OpError::new(format!(
+            "VM {name:?} is not suspended (it is running); sandbox_suspend suspends it"
+        )));
+    };
+    let dir = saved["dir"].as_str().map(PathBuf::from).unwrap_or_default();
+    if !dir.join("ram").is_file() || !dir.join("state").is_file() {
+        return Err(OpError::new(format!(
+            "the saved state of {name:?} in {} is incomplete (its ram or state file is \
+             missing); sandbox_destroy removes it",
+            dir.display()
+        )));
+    }
+    let mut spec = spec_of(name, &rec)?;
+    spec.memory_file = Some((dir.join("ram"), false));
+    spec.memory_id = saved["memory_id"].as_str().map(str::to_string);
+    spec.incoming = true;
+    spec.start_paused = false;
+    let lr = LaunchRequest {
+        spec,
+        extra_record: carried(&rec, &dir),
+        accel_note: None,
+        kvm_fallback: false,
+        firmware: vm::field(&rec, "firmware").unwrap_or("bios").to_string(),
+        cloud_init: None,
+        uefi_vars_from: None,
+        egress: crate::ops::vm::egress::rules_from(&rec)?,
+    };
+    let t_launch = Instant::now();
+    let launched = launch::launch(ctx, lr).inspect_err(|_| put_back(name, &rec))?;
+    let qemu_ms = t_launch.elapsed();
+    let t_load = Instant::now();
+    let paused = saved["was_running"] == json!(false);
+    load(name, &dir, paused).inspect_err(|_| {
+        if let Some(pid) = launched.pid {
+            process::signal(pid, libc::SIGKILL);
+        }
+        put_back(name, &rec);
+    })?;
+    let load_ms = t_load.elapsed();
+    let t_agent = Instant::now();
+    let agent = match (&launched.qga_socket, paused) {
+        (_, true) => Err("the sandbox was paused when suspended; resume_vm lets it run".into()),
+        // Ready when the agent answers, as a clone is: the clock is set on that same agent
+        // session in the background, so the first guest call waits for it (~70-100 ms of
+        // hwclock) and sees the host's time.
+        (sock, false) => guest_clock::answer_then_set(Path::new(sock), wait, None).map(drop),
+    };
+    let ms = |d: Duration| (d.as_secs_f64() * 10000.0).round() / 10.0;
+    let mut out = launched.to_json();
+    out["status"] = json!(if paused { "paused" } else { "running" });
+    out["agent_ready"] = json!(agent.is_ok());
+    if let Err(why) = agent {
+        out["warnings"]
+            .as_array_mut()
+            .map(|w| w.push(json!(why)))
+            .unwrap_or_default();
+    }
+    out["steps_ms"] = json!({"qemu_start": ms(qemu_ms), "state_load": ms(load_ms),
+                             "first_agent_answer": ms(t_agent.elapsed())});
+    out["resume_ms"] = json!(started.elapsed().as_millis() as u64);
+    Ok(out)
+}
+
+/// The suspended record's own fields (its sandbox among them), for the resumed record.
+fn carried(rec: &Record, dir: &Path) -> Map<String, Value> {
+    let mut m: Map<String, Value> = rec
+        .iter()
+        .filter(|(k, _)| !LAUNCH_FIELDS.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    m.insert("resumed_from".into(), json!(dir.display().to_string()));
+    m
+}
+
+/// Loads the saved devices into the waiting QEMU (which then runs, unless it was paused).
+fn load(name: &str, dir: &Path, paused: bool) -> Result<(), OpError> {
+    let rec = lookup(name)?;
+    session::monitor(name, &rec, |q| {
+        migrate::load(q, &dir.join("state"), Instant::now() + LOAD_BUDGET)?;
+        if paused {
+            q.execute("stop", None)?;
+        }
+        Ok(())
+    })
+    .map_err(|e| {
+        OpError::new(format!(
+            "{name:?} could not load its saved state ({}); it stays suspended",
+            e.0
+        ))
+    })
+}
+
+/// Writes the suspended record back after a resume that failed.
+fn put_back(name: &str, rec: &Record) {
+    let (n, r) = (name.to_string(), rec.clone());
+    let _ = vm::registry().update(move |vms| {
+        vms.insert(n, r);
+        Ok::<_, RegistryError>(())
+    });
+}

@@ -1,0 +1,177 @@
+//! A person's hold on a VM's screen, keyboard and mouse (vm_takeover): while it stands, the
+//! agent's input tools refuse and only the live view (which has the hold's secret) types and
+//! clicks. The hold lives in the VM's registry record, so a second server and a restarted one
+//! see it; the record keeps only the secret's SHA-256, never the secret (the registry is a file
+//! an agent's copy tools could reach).
+
+use serde_json::json;
+
+use crate::ops::error::OpError;
+use crate::qemu::vm;
+use crate::state::registry::Record;
+
+/// The record field holding a hold.
+pub const FIELD: &str = "hold";
+
+/// A hold as vm_info and list_vms show it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Held {
+    /// When the person took over (seconds since the epoch).
+    pub since: i64,
+    /// The same, as ISO 8601.
+    pub since_iso: String,
+}
+
+/// A new secret: 32 random bytes, hex (256 bits): a hold's, and `mcqemu view`'s URL's.
+pub fn new_secret() -> Result<String, OpError> {
+    use std::io::Read;
+    let mut buf = [0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut buf))
+        .map_err(|e| OpError::new(format!("cannot read the host's /dev/urandom: {e}")))?;
+    Ok(hex(&buf))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The digest a record keeps of a secret.
+fn digest(secret: &str) -> String {
+    hex(ring::digest::digest(&ring::digest::SHA256, secret.as_bytes()).as_ref())
+}
+
+/// The secret's digest a record's hold keeps.
+fn digest_of(rec: &Record) -> Option<&str> {
+    rec.get(FIELD)?.get("sha256")?.as_str()
+}
+
+/// The hold on a record, if one stands.
+pub fn of(rec: &Record) -> Option<Held> {
+    let since = rec.get(FIELD)?.get("since")?.as_i64()?;
+    Some(Held {
+        since,
+        since_iso: crate::clock::iso8601(since),
+    })
+}
+
+/// Starts a hold on VM `name`; returns its secret (shown once, to whoever opens the view).
+pub fn take(name: &str) -> Result<(String, Held), OpError> {
+    let secret = new_secret()?;
+    let sha = digest(&secret);
+    let since = crate::clock::now_secs();
+    let name = name.to_string();
+    vm::registry().update(|vms| {
+        let Some(rec) = vms.get_mut(&name) else {
+            return Err(OpError::new(format!(
+                "no VM named {name:?}; list_vms shows the known VMs"
+            )));
+        };
+        if let Some(h) = of(rec) {
+            return Err(OpError::new(format!(
+                "a person already holds VM {name:?} (since {}); only the view that took it can \
+                 hand it back",
+                h.since_iso
+            )));
+        }
+        rec.insert(FIELD.into(), json!({"since": since, "sha256": sha}));
+        Ok(())
+    })?;
+    Ok((
+        secret,
+        Held {
+            since,
+            since_iso: crate::clock::iso8601(since),
+        },
+    ))
+}
+
+/// Ends the hold on VM `name` when `secret` is its own; a wrong or missing secret is refused
+/// (the agent cannot end a person's hold). Ending no hold is no error.
+pub fn release(name: &str, secret: &str) -> Result<bool, OpError> {
+    let want = digest(secret);
+    let name = name.to_string();
+    vm::registry().update(|vms| {
+        let Some(rec) = vms.get_mut(&name) else {
+            return Err(OpError::new(format!("no VM named {name:?}")));
+        };
+        let Some(stored) = digest_of(rec) else {
+            return Ok(false);
+        };
+        if !same(stored, &want) {
+            return Err(OpError::new(format!(
+                "that is not the secret of the hold on VM {name:?}: only the person who took \
+                 over (the live view) can hand it back"
+            )));
+        }
+        rec.remove(FIELD);
+        Ok(true)
+    })
+}
+
+/// Compares two secrets (or digests) in time independent of where they differ.
+pub fn same(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
+}
+
+/// For the agent's input tools: an error when a person holds VM `name`, saying since when and
+/// what the agent can do meanwhile.
+pub fn check_agent(name: &str, tool: &str) -> Result<(), OpError> {
+    let vms = vm::registry().load();
+    let Some(h) = vms.get(name).and_then(of) else {
+        return Ok(());
+    };
+    Err(OpError::new(format!(
+        "{tool} refused: a person has taken over VM {name:?} since {} (vm_takeover) and is \
+         using its screen, keyboard and mouse; they hand it back when done. Meanwhile look with \
+         vm_screenshot, or wait for the screen to change with vm_screen_wait; guest_exec and the \
+         guest file tools still work. If you need the person (a password, a CAPTCHA), say so \
+         in your reply",
+        h.since_iso
+    )))
+}
+
+/// For the view's input: passes when no hold stands or `secret` is the hold's.
+pub fn check_view(name: &str, secret: Option<&str>) -> Result<(), OpError> {
+    let vms = vm::registry().load();
+    let Some(rec) = vms.get(name) else {
+        return Err(OpError::new(format!("no VM named {name:?}")));
+    };
+    let Some(stored) = digest_of(rec) else {
+        return Ok(());
+    };
+    match secret {
+        Some(s) if same(stored, &digest(s)) => Ok(()),
+        _ => Err(OpError::new(format!(
+            "VM {name:?} is held by a person; this input does not carry the hold's secret"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_digest_matches_only_its_secret() {
+        let s = "ab".repeat(32);
+        assert!(same(&digest(&s), &digest(&s)));
+        assert!(!same(&digest(&s), &digest("ab")));
+        assert!(!same("abc", "ab"));
+        assert_eq!(digest("").len(), 64);
+    }
+
+    #[test]
+    fn a_record_shows_its_hold() {
+        let mut rec = Record::new();
+        assert_eq!(of(&rec), None);
+        rec.insert(FIELD.into(), json!({"since": 1_700_000_000, "sha256": "x"}));
+        let h = of(&rec).unwrap();
+        assert_eq!(h.since, 1_700_000_000);
+        assert!(h.since_iso.starts_with("2023-11-14"), "{}", h.since_iso);
+    }
+}

@@ -1,0 +1,90 @@
+//! Plans of QMP `input-send-event` commands and pauses, and their sending: what the pointer
+//! gestures ([`crate::ops::screen::pointer`]) and the keyboard ([`crate::ops::screen::keyboard`]) are made of. Plans are
+//! plain [`Step`]s so their order and pacing are unit-tested; [`run`] sends them.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::qemu::qmp::{Qmp, QmpError};
+
+/// One thing to do: send these events in one command, or wait.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    /// One `input-send-event` command with these events.
+    Send(Vec<Value>),
+    /// A pause.
+    Pause(Duration),
+}
+
+/// A key press or release by qcode.
+pub fn key_event(qcode: &str, down: bool) -> Value {
+    json!({"type": "key", "data": {"down": down, "key": {"type": "qcode", "data": qcode}}})
+}
+
+/// The number of commands a plan sends.
+pub fn commands(plan: &[Step]) -> usize {
+    plan.iter().filter(|s| matches!(s, Step::Send(_))).count()
+}
+
+/// What [`run`] sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sent {
+    /// Commands sent.
+    pub commands: usize,
+    /// False when `cancelled` stopped it early (what was pressed was still released).
+    pub complete: bool,
+}
+
+/// Sends the plan in order. `cancelled` is asked after each step; once it answers yes, only
+/// commands that release keys or buttons are still sent (without the pauses), so the guest is
+/// not left with anything held down.
+pub fn run(q: &mut Qmp, plan: &[Step], cancelled: &dyn Fn() -> bool) -> Result<Sent, QmpError> {
+    let mut sent = Sent {
+        commands: 0,
+        complete: true,
+    };
+    for step in plan {
+        match step {
+            Step::Pause(d) if sent.complete => std::thread::sleep(*d),
+            Step::Pause(_) => continue,
+            Step::Send(events) if sent.complete || releases(events) => {
+                q.execute("input-send-event", Some(json!({ "events": events })))?;
+                sent.commands += 1;
+            }
+            Step::Send(_) => continue,
+        }
+        if sent.complete && cancelled() {
+            sent.complete = false;
+        }
+    }
+    Ok(sent)
+}
+
+/// Whether a command only releases buttons or keys.
+fn releases(events: &[Value]) -> bool {
+    events.iter().all(|e| e["data"]["down"] == json!(false))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plan_counts_its_commands_and_only_releases_pass_a_cancel() {
+        let plan = [
+            Step::Send(vec![key_event("a", true)]),
+            Step::Pause(Duration::from_millis(1)),
+            Step::Send(vec![key_event("a", false)]),
+        ];
+        assert_eq!(commands(&plan), 2);
+        assert!(!releases(&[key_event("a", true), key_event("b", false)]));
+        assert!(releases(&[key_event("a", false)]));
+        assert!(releases(&[
+            json!({"type": "btn", "data": {"down": false, "button": "left"}})
+        ]));
+        assert!(!releases(&[
+            json!({"type": "abs", "data": {"axis": "x", "value": 1}})
+        ]));
+    }
+}

@@ -1,0 +1,529 @@
+//! The launch every VM starts with (launch_vm, sandbox_vm, templates, clones, image_prepare):
+//! the request built from launch_vm-style arguments, the name reserved in the registry within
+//! the quotas, the seed written, QEMU started (falling back to TCG when KVM fails it), and the
+//! record written.
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use serde_json::{json, Map, Value};
+
+use crate::cloudinit::CloudInit;
+use crate::host::decide;
+use crate::net::egress::process::GUEST_URL;
+use crate::net::egress::rules::Rule;
+use crate::ops::error::OpError;
+use crate::ops::vm::egress;
+use crate::ops::vm::quota;
+use crate::ops::work::Work;
+use crate::qemu::cmdline::{self, x86, LaunchSpec};
+use crate::qemu::forwards::Forward;
+use crate::qemu::qmp::{self, QmpError};
+use crate::qemu::vm::{self, measure};
+use crate::qemu::{process, sock};
+use crate::state::registry::{to_record, RegistryError};
+
+/// The `arch` default when the host's is not one launch_vm offers.
+pub const DEFAULT_ARCH: &str = "x86_64";
+/// Default `memory_mb`.
+pub const DEFAULT_MEMORY_MB: i64 = 2048;
+/// Default `cpus`, on a host with two CPUs or more (one on a one-CPU host).
+pub const DEFAULT_CPUS: i64 = 2;
+/// Default `firmware`.
+pub const DEFAULT_FIRMWARE: &str = "bios";
+
+/// The default `arch`: the host's when launch_vm offers it, else x86_64.
+pub fn default_arch() -> &'static str {
+    let host = crate::host::get().arch.as_str();
+    ARCHES
+        .iter()
+        .map(|a| a.0)
+        .find(|a| *a == host)
+        .unwrap_or(DEFAULT_ARCH)
+}
+
+/// The default `firmware`: BIOS on x86 (and wherever a kernel is booted directly), UEFI on the
+/// virt boards, which have no BIOS.
+pub fn default_firmware(arch: &str, kernel: bool) -> &'static str {
+    if x86(arch) || kernel {
+        DEFAULT_FIRMWARE
+    } else {
+        "uefi"
+    }
+}
+
+/// Architectures launch_vm accepts, with their default machine type.
+pub const ARCHES: &[(&str, &str)] = &[
+    ("x86_64", "q35"),
+    ("i386", "q35"),
+    ("aarch64", "virt"),
+    ("riscv64", "virt"),
+];
+
+fn forwards_json(fw: &[Forward]) -> Value {
+    let list: Vec<Value> = fw
+        .iter()
+        .map(|f| {
+            json!({"addr": f.addr.to_string(), "host": f.host, "guest": f.guest, "auto": f.auto})
+        })
+        .collect();
+    json!(list)
+}
+
+/// The record of a name reserved while its QEMU starts: other servers see it as starting.
+#[derive(Serialize)]
+struct Reservation<'a> {
+    name: &'a str,
+    qmp_socket: String,
+    memory_mb: u64,
+    launching: Launching,
+}
+
+/// Who is launching, and since when (a reservation whose owner died is an interrupted launch).
+#[derive(Serialize)]
+struct Launching {
+    owner_pid: u32,
+    since: i64,
+}
+
+/// The record of a VM launch_vm started (sandbox_vm adds its `sandbox` field).
+#[derive(Serialize)]
+struct LaunchedRecord<'a> {
+    name: &'a str,
+    source: &'static str,
+    pid: Option<i32>,
+    arch: &'a str,
+    machine: &'a str,
+    accel: &'a str,
+    memory_mb: u64,
+    cpus: u64,
+    disks: Vec<String>,
+    /// Each disk's format, probed once when first seen and pinned from then on.
+    disk_formats: Map<String, Value>,
+    iso: Option<String>,
+    firmware: &'a str,
+    kernel: Option<String>,
+    initrd: Option<String>,
+    append: Option<&'a str>,
+    no_net: bool,
+    restrict_net: bool,
+    port_forwards: Value,
+    qmp_socket: String,
+    qga_socket: String,
+    serial_socket: String,
+    serial_log: String,
+    pidfile: String,
+    extra_args: &'a [String],
+    /// The keyboard and pointers it has (input tools refuse a kind a VM lacks).
+    input: Value,
+    qemu_version: &'a str,
+    created_at: String,
+    /// The whole spec that runs: a fork's copies and a resume start the same devices from it.
+    spec: Value,
+}
+
+/// What a launch started: launch_vm's result (sandboxes and clones add to it).
+#[derive(Debug, Clone, Serialize)]
+pub struct Launched {
+    /// The VM's name.
+    pub name: String,
+    /// QEMU's run state right after start (`running`, or `inmigrate` for a clone).
+    pub status: String,
+    /// QEMU's PID.
+    pub pid: Option<i32>,
+    /// The accelerator QEMU really uses.
+    pub accel: String,
+    /// Guest architecture.
+    pub arch: String,
+    /// The concrete machine type.
+    pub machine: String,
+    /// The version QEMU announced on its monitor.
+    pub qemu_version: String,
+    /// The forwards, resolved (auto host ports chosen).
+    pub port_forwards: Value,
+    /// The monitor's socket.
+    pub qmp_socket: String,
+    /// The guest agent's socket.
+    pub qga_socket: String,
+    /// The serial console's log.
+    pub serial_log: String,
+    /// What the caller should know (a TCG fallback, a slow monitor).
+    pub warnings: Vec<String>,
+    /// A sandbox's details.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<Value>,
+    /// The seed's instance id and path.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cloud_init: Option<Value>,
+    /// The egress rules and the proxy's URL in the guest.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub egress: Option<Value>,
+}
+
+impl Launched {
+    /// The result as JSON, for callers that add their own fields.
+    pub fn to_json(&self) -> Value {
+        serde_json::to_value(self)
+            .unwrap_or_else(|e| json!({"name": self.name, "error": e.to_string()}))
+    }
+}
+
+/// Everything a launch needs beyond the spec, shared by launch_vm and sandbox_vm.
+pub struct LaunchRequest {
+    /// The spec (sockets and pidfile are filled in by [`launch`]).
+    pub spec: LaunchSpec,
+    /// Extra fields for the record (e.g. sandbox details).
+    pub extra_record: Map<String, Value>,
+    /// Why TCG was chosen, if auto fell back.
+    pub accel_note: Option<String>,
+    /// The accelerator came from `auto`: a KVM that fails to start the guest falls back to TCG.
+    pub kvm_fallback: bool,
+    /// Firmware name for the record.
+    pub firmware: String,
+    /// A cloud-init seed to write for this launch (a fresh instance id each time).
+    pub cloud_init: Option<CloudInit>,
+    /// The firmware's pristine UEFI variable store, copied to the VM's own (`spec.uefi`) once
+    /// the name is reserved, when the VM has none yet.
+    pub uefi_vars_from: Option<PathBuf>,
+    /// `allow_network` rules: the VM gets an egress proxy and an empty network of its own.
+    pub egress: Vec<Rule>,
+}
+
+/// Writes the launch's cloud-init seed into the VM's folder (`seed.iso`, replaced at every
+/// launch with a fresh instance id) and attaches it.
+fn write_seed(req: &mut LaunchRequest, sd: &Path) -> Result<(), OpError> {
+    let Some(ci) = &req.cloud_init else {
+        return Ok(());
+    };
+    std::fs::create_dir_all(sd)
+        .map_err(|e| OpError::new(format!("cannot create {}: {e}", sd.display())))?;
+    let instance_id = crate::cloudinit::new_instance_id();
+    let image = ci
+        .seed(&instance_id, &req.spec.name, crate::clock::now_secs())
+        .map_err(|e| OpError::new(format!("cloud_init: {e}")))?;
+    let seed = sd.join("seed.iso");
+    let tmp = sd.join(format!(".seed.iso.tmp-{}", std::process::id()));
+    std::fs::write(&tmp, &image)
+        .and_then(|()| std::fs::rename(&tmp, &seed))
+        .map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            OpError::new(format!(
+                "cannot write the cloud-init seed {}: {e}",
+                seed.display()
+            ))
+        })?;
+    req.extra_record.insert(
+        "cloud_init".into(),
+        json!({"instance_id": instance_id, "seed": seed.display().to_string()}),
+    );
+    req.spec.seed = Some(seed);
+    Ok(())
+}
+
+/// Gives the VM its own UEFI variable store, copied from the firmware's, unless it has one.
+fn copy_uefi_vars(req: &LaunchRequest) -> Result<(), OpError> {
+    let (Some(from), Some((_, vars, _))) = (&req.uefi_vars_from, &req.spec.uefi) else {
+        return Ok(());
+    };
+    if vars.exists() {
+        return Ok(());
+    }
+    crate::state::copy::private(from, vars).map_err(|e| {
+        OpError::new(format!(
+            "cannot copy the UEFI variable store {}: {e}",
+            from.display()
+        ))
+    })
+}
+
+/// Reserves the name, starts QEMU, and records the VM. On failure the reservation is dropped.
+/// Returns launch_vm's result.
+pub fn launch(ctx: &dyn Work, mut req: LaunchRequest) -> Result<Launched, OpError> {
+    let name = req.spec.name.clone();
+    let rt = vm::runtime_dir(&name);
+    let sd = vm::state_dir(&name);
+    let qmp_sock = rt.join("qmp.sock");
+    req.spec.qmp_socket = qmp_sock.clone();
+    req.spec.qga_socket = rt.join("qga.sock");
+    req.spec.serial_socket = rt.join("serial.sock");
+    req.spec.pidfile = rt.join("qemu.pid");
+    req.spec.serial_log = sd.join("serial.log");
+    for s in [
+        &req.spec.qmp_socket,
+        &req.spec.qga_socket,
+        &req.spec.serial_socket,
+    ] {
+        if s.as_os_str().len() > sock::MAX_SOCKET_PATH {
+            return Err(OpError::new(format!(
+                "socket path {} is longer than the {} bytes a unix socket allows; set \
+                 MCQEMU_RUNTIME_DIR to a shorter folder",
+                s.display(),
+                sock::MAX_SOCKET_PATH
+            )));
+        }
+    }
+    // Reserve the name first, across threads and processes (the registry lock), within the
+    // quotas.
+    let limits = quota::Limits::current();
+    let (memory_mb, cpus) = (req.spec.memory_mb, req.spec.cpus);
+    let extra = req.extra_record.clone();
+    vm::registry().update(|vms| {
+        quota::admit(vms, &name, memory_mb, cpus, limits)?;
+        if let Some(old) = vms.get(&name) {
+            if old.contains_key("suspended") && !extra.contains_key("resumed_from") {
+                return Err(OpError::new(format!(
+                    "a VM named {name:?} is suspended; sandbox_resume it, or sandbox_destroy it \
+                     first, or choose another name"
+                )));
+            }
+            let m = measure(old);
+            if m.alive() {
+                return Err(OpError::new(format!(
+                    "a VM named {name:?} is already {}; stop_vm it first or choose another name",
+                    m.status
+                )));
+            }
+        }
+        let mut rec = to_record(&Reservation {
+            name: &name,
+            qmp_socket: qmp_sock.display().to_string(),
+            memory_mb,
+            launching: Launching {
+                owner_pid: std::process::id(),
+                since: crate::clock::now_secs(),
+            },
+        });
+        // The caller's marks from the reservation on: a pooled clone being started is never
+        // listed as a VM of the caller's.
+        for (k, v) in &extra {
+            rec.entry(k.clone()).or_insert_with(|| v.clone());
+        }
+        vms.insert(name.clone(), rec);
+        Ok(())
+    })?;
+    let result = write_seed(&mut req, &sd).and_then(|()| start_reserved(ctx, &req, &rt, &sd));
+    if result.is_err() {
+        let _ = vm::registry().update(|vms| {
+            if vms.get(&name).is_some_and(|r| r.contains_key("launching")) {
+                vms.remove(&name);
+            }
+            Ok::<_, RegistryError>(())
+        });
+    }
+    result
+}
+
+fn start_reserved(
+    ctx: &dyn Work,
+    req: &LaunchRequest,
+    rt: &Path,
+    sd: &Path,
+) -> Result<Launched, OpError> {
+    prepare_dirs(&req.spec, rt, sd)?;
+    copy_uefi_vars(req)?;
+    ctx.check_cancel()?;
+    let proxy = match req.egress.is_empty() {
+        true => None,
+        false => Some(egress::start(
+            &req.spec.name,
+            &req.egress,
+            &req.spec.forwards,
+        )?),
+    };
+    let spawned = spawn_with_fallback(req, &sd.join("qemu.log"), proxy.as_ref());
+    let (started, spec, fallback_note) = match (spawned, proxy) {
+        (Ok(s), p) => {
+            if let Some(p) = p {
+                p.keep();
+            }
+            s
+        }
+        (Err(e), p) => {
+            if let Some(p) = p {
+                p.abandon();
+            }
+            return Err(e);
+        }
+    };
+    let s = &spec;
+    let mut warnings: Vec<String> = started.warning.into_iter().collect();
+    warnings.extend(fallback_note);
+    let (actual_accel, status, version) = match first_look(&s.qmp_socket) {
+        Ok(look) => look,
+        Err(e) => {
+            warnings.push(format!("QMP did not answer right after start: {e}"));
+            (s.accel.clone(), "unknown".into(), String::new())
+        }
+    };
+    warnings.extend(req.accel_note.clone());
+    let mut rec = launched_record(req, s, started.pid, &actual_accel, &version);
+    for (k, v) in &req.extra_record {
+        rec.insert(k.clone(), v.clone());
+    }
+    let egress_rec = (!req.egress.is_empty()).then(|| {
+        let rules: Vec<String> = req.egress.iter().map(Rule::text).collect();
+        json!({"rules": rules, "egress_proxy": GUEST_URL})
+    });
+    if let Some(e) = &egress_rec {
+        rec.insert("egress".into(), e.clone());
+    }
+    let name_c = s.name.clone();
+    vm::registry().update(move |vms| {
+        vms.insert(name_c, rec);
+        Ok::<_, RegistryError>(())
+    })?;
+    Ok(Launched {
+        name: s.name.clone(),
+        status,
+        pid: started.pid,
+        accel: actual_accel,
+        arch: s.arch.clone(),
+        machine: s.machine.clone(),
+        qemu_version: version,
+        port_forwards: forwards_json(&s.forwards),
+        qmp_socket: s.qmp_socket.display().to_string(),
+        qga_socket: s.qga_socket.display().to_string(),
+        serial_log: s.serial_log.display().to_string(),
+        warnings,
+        sandbox: req.extra_record.get("sandbox").cloned(),
+        cloud_init: req.extra_record.get("cloud_init").cloned(),
+        egress: egress_rec,
+    })
+}
+
+/// The VM's runtime folder (private) and state folder; stale sockets of a dead QEMU removed,
+/// a live one refused.
+fn prepare_dirs(s: &LaunchSpec, rt: &Path, sd: &Path) -> Result<(), OpError> {
+    crate::state::paths::ensure_runtime_dir().map_err(OpError::new)?;
+    for dir in [rt, sd] {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| OpError::new(format!("cannot create {}: {e}", dir.display())))?;
+    }
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(rt, std::fs::Permissions::from_mode(0o700));
+    }
+    if s.qmp_socket.exists() {
+        if sock::is_listening(&s.qmp_socket) {
+            return Err(OpError::new(format!(
+                "a QEMU is still listening on {}: VM {:?} seems to be running outside the \
+                 registry. Adopt it with attach_vm, or stop that QEMU first",
+                s.qmp_socket.display(),
+                s.name
+            )));
+        }
+        for stale in [&s.qmp_socket, &s.qga_socket, &s.serial_socket] {
+            let _ = std::fs::remove_file(stale);
+        }
+    }
+    Ok(())
+}
+
+/// Starts the QEMU daemonized. When `auto` chose KVM and KVM failed this guest (a busy or
+/// broken /dev/kvm, a CPU model the host lacks), the guest still runs, emulated, and a note
+/// says why. Returns the spec that really runs.
+fn spawn_with_fallback(
+    req: &LaunchRequest,
+    log: &Path,
+    proxy: Option<&egress::Started>,
+) -> Result<(process::Started, LaunchSpec, Option<String>), OpError> {
+    let spawn = |s: &LaunchSpec, enter: Option<process::PreExec>| {
+        let argv = cmdline::build_argv(s);
+        crate::log::stderr(
+            "info",
+            &format!("launching VM {}: {} {}", s.name, s.binary, argv.join(" ")),
+        );
+        process::spawn_detached(&s.binary, &argv, &s.pidfile, &s.qmp_socket, log, enter)
+    };
+    let s = &req.spec;
+    match spawn(s, enter_for(proxy)?) {
+        Ok(started) => Ok((started, s.clone(), None)),
+        Err(e @ process::SpawnError::Failed { .. }) if req.kvm_fallback && s.accel == "kvm" => {
+            let tcg = LaunchSpec {
+                accel: "tcg".into(),
+                cpu: Some(decide::cpu_model("tcg", &s.arch).to_string()),
+                ..s.clone()
+            };
+            let note = format!(
+                "KVM failed to start this guest ({e}); it runs under TCG instead (emulated, \
+                 slower)"
+            );
+            Ok((spawn(&tcg, enter_for(proxy)?)?, tcg, Some(note)))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// What QEMU's child does before exec to run in the empty network of the VM's egress proxy.
+fn enter_for(proxy: Option<&egress::Started>) -> Result<Option<process::PreExec>, OpError> {
+    let Some(p) = proxy else {
+        return Ok(None);
+    };
+    let join = p.join()?;
+    Ok(Some(Box::new(move || join.enter())))
+}
+
+/// The accelerator QEMU really uses, its run state and its version, asked right after start.
+fn first_look(qmp_socket: &Path) -> Result<(String, String, String), QmpError> {
+    let (kvm, st, version) = qmp::with_session(qmp_socket, |q| -> Result<_, QmpError> {
+        let kvm = q.execute("query-kvm", None)?;
+        let st = q.execute("query-status", None)?;
+        Ok((kvm, st, q.version.clone()))
+    })?;
+    let accel = if kvm.get("enabled").and_then(Value::as_bool) == Some(true) {
+        "kvm"
+    } else {
+        "tcg"
+    };
+    let status = st
+        .get("status")
+        .and_then(Value::as_str)
+        .unwrap_or("unknown")
+        .to_string();
+    Ok((accel.to_string(), status, version))
+}
+
+/// The registry record of a VM just started from `s`.
+fn launched_record(
+    req: &LaunchRequest,
+    s: &LaunchSpec,
+    pid: Option<i32>,
+    accel: &str,
+    version: &str,
+) -> crate::state::registry::Record {
+    let display = |p: &Path| p.display().to_string();
+    to_record(&LaunchedRecord {
+        name: &s.name,
+        source: "spawned",
+        pid,
+        arch: &s.arch,
+        machine: &s.machine,
+        accel,
+        memory_mb: s.memory_mb,
+        cpus: s.cpus,
+        disks: s.disks.iter().map(|(p, _)| display(p)).collect(),
+        disk_formats: s
+            .disks
+            .iter()
+            .map(|(p, f)| (display(p), json!(f)))
+            .collect(),
+        iso: s.iso.as_deref().map(display),
+        firmware: &req.firmware,
+        kernel: s.kernel.as_deref().map(display),
+        initrd: s.initrd.as_deref().map(display),
+        append: s.append.as_deref(),
+        no_net: s.no_net,
+        restrict_net: s.restrict_net,
+        port_forwards: forwards_json(&s.forwards),
+        qmp_socket: display(&s.qmp_socket),
+        qga_socket: display(&s.qga_socket),
+        serial_socket: display(&s.serial_socket),
+        serial_log: display(&s.serial_log),
+        pidfile: display(&s.pidfile),
+        extra_args: &s.extra_args,
+        input: crate::ops::vm::records::input_devices(&s.arch, &s.machine, &s.extra_args),
+        qemu_version: version,
+        created_at: crate::clock::iso8601(crate::clock::now_secs()),
+        spec: serde_json::to_value(s).unwrap_or(Value::Null),
+    })
+}

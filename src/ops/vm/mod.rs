@@ -1,0 +1,15 @@
+//! A VM's life: its launch (the request, the checks of paths and images, quotas, the overlay's
+//! size), the record every operation starts from, waiting for its agent, stopping it, and what
+//! changes on a running VM (port forwards, the egress proxy, typing into its serial console).
+
+pub mod agent;
+pub mod checks;
+pub mod disk_size;
+pub mod egress;
+pub mod launch;
+pub mod launch_args;
+pub mod port_forward;
+pub mod quota;
+pub mod records;
+pub mod serial_write;
+pub mod stop;

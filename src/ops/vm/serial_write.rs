@@ -1,0 +1,59 @@
+//! Typing into a VM's serial console: bytes into QEMU's console socket, paced as the UART
+//! drains. vm_serial_write and the live view's console pane both write through here.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::ops::error::OpError;
+use crate::qemu::{sock, vm};
+
+/// What a write did.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Written {
+    /// The VM.
+    pub name: String,
+    /// Bytes written.
+    pub bytes: usize,
+    /// The serial log's length before the write (where its echo starts), if it has a log.
+    pub offset: Option<u64>,
+}
+
+/// Writes `text` to VM `name`'s serial console.
+pub fn write(name: &str, text: &str) -> Result<Written, OpError> {
+    let rec = crate::ops::vm::records::lookup_live(name, "launch it first")?;
+    let sock_path = vm::field(&rec, "serial_socket")
+        .map(PathBuf::from)
+        .ok_or_else(|| {
+            OpError::new(format!(
+                "VM {name:?} has no serial console socket (VMs adopted with attach_vm, or \
+                 launched by an older mcqemu, have none)"
+            ))
+        })?;
+    let offset = vm::field(&rec, "serial_log")
+        .map(|p| std::fs::metadata(Path::new(p)).map_or(0, |m| m.len()));
+    let lock = sock::session_lock(&sock_path);
+    let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
+    let mut s = sock::connect(&sock_path, Duration::from_secs(5)).map_err(|e| {
+        OpError::new(format!(
+            "cannot connect to the serial console of {name:?} ({e}); another client may hold it"
+        ))
+    })?;
+    let _ = s.set_write_timeout(Some(Duration::from_secs(10)));
+    // Paced in small pieces: the UART takes 16 bytes at a time and QEMU pulls as the guest reads.
+    for chunk in text.as_bytes().chunks(64) {
+        s.write_all(chunk).map_err(|e| {
+            OpError::new(format!(
+                "writing to the serial console of {name:?} failed: {e}"
+            ))
+        })?;
+    }
+    let _ = s.flush();
+    // Give QEMU a moment to drain the socket before we close it.
+    std::thread::sleep(Duration::from_millis(20));
+    Ok(Written {
+        name: name.to_string(),
+        bytes: text.len(),
+        offset,
+    })
+}
