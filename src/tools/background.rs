@@ -6,19 +6,13 @@ use std::time::Duration;
 use serde_json::json;
 
 use super::{object, presets, vm_name_arg};
-use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolResult};
 use crate::ops::guest::background::{self as bg, BgError};
 
 impl From<BgError> for ToolError {
     fn from(e: BgError) -> Self {
         ToolError(e.0)
     }
-}
-
-fn to_output<T: serde::Serialize>(v: T) -> ToolResult {
-    serde_json::to_value(v)
-        .map(ToolOutput::json)
-        .map_err(|e| ToolError::new(format!("cannot shape the result: {e}")))
 }
 
 const STATUS_DESCRIPTION: &str = "A background process's state (running, or its exitcode or \
@@ -82,7 +76,7 @@ fn status(ctx: &ToolCtx, args: &Args) -> ToolResult {
         stderr_offset: offset(args, "stderr_offset")?,
         wait: Duration::from_secs_f64(args.opt_f64("wait_s")?.unwrap_or(0.0).clamp(0.0, 300.0)),
     };
-    to_output(bg::status(&req, &|| ctx.cancelled())?)
+    super::to_output(&bg::status(&req, &|| ctx.cancelled())?)
 }
 
 const KILL_DESCRIPTION: &str = "End a background process: its signal (TERM by default; a name \
@@ -135,5 +129,5 @@ fn kill(_ctx: &ToolCtx, args: &Args) -> ToolResult {
         handle: args.str("handle")?.to_string(),
         signal,
     };
-    to_output(bg::kill(&req)?)
+    super::to_output(&bg::kill(&req)?)
 }

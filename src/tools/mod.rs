@@ -123,6 +123,13 @@ pub fn check_tag(tag: &str) -> Result<(), ToolError> {
     }
 }
 
+/// A typed operation result as a tool's structured output (its fields in declaration order).
+pub fn to_output<T: serde::Serialize>(v: &T) -> crate::mcp::tool::ToolResult {
+    serde_json::to_value(v)
+        .map(crate::mcp::tool::ToolOutput::json)
+        .map_err(|e| ToolError::new(format!("cannot shape the result: {e}")))
+}
+
 /// An input schema: an object with these properties, these required, nothing else.
 pub fn object(props: Value, required: &[&str]) -> Value {
     json!({

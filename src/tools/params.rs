@@ -398,16 +398,3 @@ pub fn scale_arg(args: &Args) -> Result<f64, ToolError> {
         ))),
     }
 }
-
-/// The error for a point outside the screenshot (or screen) it was read from.
-pub fn outside_screenshot(x: i64, y: i64, scale: f64, w: u32, h: u32) -> ToolError {
-    let (iw, ih) = crate::qemu::screen::scaled_size(w, h, scale);
-    ToolError::new(if scale < 1.0 {
-        format!(
-            "({x}, {y}) is outside the {iw}x{ih} screenshot (scale {scale}) of the {w}x{h} \
-             screen; nothing was sent"
-        )
-    } else {
-        format!("({x}, {y}) is outside the {w}x{h} screen; nothing was sent")
-    })
-}

@@ -7,55 +7,11 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::params::{outside_screenshot as outside, scale_arg, scale_param};
-use super::screenshot::{capture, live};
+use super::params::{scale_arg, scale_param};
 use super::{object, presets, vm_name_arg};
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
-use crate::ops::screen::input::{self, Step};
-use crate::ops::screen::pointer::{self, screen_point, Point, Wheel};
-use crate::ops::session;
-
-/// What a gesture did: the screen's size, the screen pixels used, the commands sent.
-struct Sent {
-    screen: (u32, u32),
-    points: Vec<Point>,
-    commands: usize,
-}
-
-/// Resolves the points against the current screen size and sends the plan `make` builds from
-/// them.
-fn send_at(
-    ctx: &ToolCtx,
-    name: &str,
-    points: &[(i64, i64)],
-    scale: f64,
-    make: impl FnOnce(&[Point], (u32, u32)) -> Vec<Step>,
-) -> Result<Sent, ToolError> {
-    let rec = live(name)?;
-    let out = session::monitor(name, &rec, |q| {
-        let frame = capture(q, name)?;
-        let (w, h) = (frame.width, frame.height);
-        drop(frame);
-        let mut pts = Vec::new();
-        for &(x, y) in points {
-            match screen_point(x, y, scale, w, h) {
-                Some(p) => pts.push(p),
-                None => return Err(outside(x, y, scale, w, h).into()),
-            }
-        }
-        let plan = make(&pts, (w, h));
-        let sent = input::run(q, &plan, &|| ctx.cancelled())?;
-        if !sent.complete {
-            return Err(ToolError::new("cancelled (buttons and keys released)").into());
-        }
-        Ok(Sent {
-            screen: (w, h),
-            points: pts,
-            commands: sent.commands,
-        })
-    })?;
-    Ok(out)
-}
+use crate::ops::screen::mouse;
+use crate::ops::screen::pointer::{self, Wheel};
 
 const DRAG_DESCRIPTION: &str = "Drag with the absolute tablet: move to (x, y), press button, \
     move in steps to (to_x, to_y), release; hold keeps modifier keys down throughout (e.g. \
@@ -115,7 +71,6 @@ pub const DRAG: ToolDef = ToolDef {
 
 fn drag(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let name = vm_name_arg(args)?;
-    crate::ops::screen::hold::check_agent(&name, "vm_drag")?;
     let coord = |k: &str| -> Result<i64, ToolError> { Ok(args.opt_i64(k)?.unwrap_or(-1)) };
     let (x, y, tx, ty) = (coord("x")?, coord("y")?, coord("to_x")?, coord("to_y")?);
     let scale = scale_arg(args)?;
@@ -130,9 +85,13 @@ fn drag(ctx: &ToolCtx, args: &Args) -> ToolResult {
         .i64_or("steps", 12)?
         .clamp(1, i64::from(pointer::MAX_STEPS)) as u32;
     let pause = Duration::from_millis(args.i64_or("step_ms", 20)?.clamp(1, 1000) as u64);
-    let sent = send_at(ctx, &name, &[(x, y), (tx, ty)], scale, |p, s| {
-        pointer::drag_plan(p[0], p[1], s, &button, &hold, steps, pause)
-    })?;
+    let sent = mouse::gesture(
+        ctx,
+        (&name, "vm_drag"),
+        &[(x, y), (tx, ty)],
+        scale,
+        |p, s| pointer::drag_plan(p[0], p[1], s, &button, &hold, steps, pause),
+    )?;
     Ok(ToolOutput::json(json!({
         "name": name, "from": [sent.points[0].x, sent.points[0].y],
         "to": [sent.points[1].x, sent.points[1].y],
@@ -190,7 +149,6 @@ pub const SCROLL: ToolDef = ToolDef {
 
 fn scroll(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let name = vm_name_arg(args)?;
-    crate::ops::screen::hold::check_agent(&name, "vm_scroll")?;
     let x = args.opt_i64("x")?.unwrap_or(-1);
     let y = args.opt_i64("y")?.unwrap_or(-1);
     let scale = scale_arg(args)?;
@@ -211,7 +169,7 @@ fn scroll(ctx: &ToolCtx, args: &Args) -> ToolResult {
         )));
     }
     let hold = super::params::hold_arg(args)?;
-    let sent = send_at(ctx, &name, &[(x, y)], scale, |p, s| {
+    let sent = mouse::gesture(ctx, (&name, "vm_scroll"), &[(x, y)], scale, |p, s| {
         pointer::scroll_plan(p[0], s, dir, clicks as u32, &hold)
     })?;
     Ok(ToolOutput::json(json!({
@@ -252,28 +210,5 @@ mod tests {
         let mut a = at.clone();
         a["scale"] = json!(2);
         assert!(refusal(&SCROLL, a).contains("scale must be"));
-    }
-
-    #[test]
-    fn screenshot_points_map_to_screen_pixels_and_outside_ones_are_refused() {
-        // A 1920x1080 screen shown at 1568 px wide.
-        let s = 1568.0 / 1920.0;
-        assert_eq!(
-            screen_point(0, 0, s, 1920, 1080),
-            Some(Point { x: 0, y: 0 })
-        );
-        assert_eq!(
-            screen_point(784, 441, s, 1920, 1080),
-            Some(Point { x: 960, y: 540 })
-        );
-        assert_eq!(screen_point(1568, 0, s, 1920, 1080), None);
-        assert_eq!(screen_point(-1, 0, 1.0, 1280, 800), None);
-        assert_eq!(
-            screen_point(1279, 799, 1.0, 1280, 800),
-            Some(Point { x: 1279, y: 799 })
-        );
-        assert!(outside(1568, 0, s, 1920, 1080)
-            .to_string()
-            .contains("screenshot (scale"));
     }
 }

@@ -9,14 +9,18 @@ pub mod hold;
 pub mod input;
 pub mod keyboard;
 pub mod memory;
+pub mod mouse;
 pub mod pointer;
 pub mod view;
 pub mod wait;
 pub mod watch;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::qemu::qmp;
+use crate::ops::error::OpError;
+use crate::ops::session::SessionError;
+use crate::qemu::qmp::{self, Qmp, QmpError};
 use crate::qemu::screen::{self, Bounds, CaptureError, Frame, ScreenError, Shot};
 use crate::qemu::vm;
 use crate::state::registry::Record;
@@ -112,4 +116,89 @@ pub fn parse_hash(text: &str) -> Option<u64> {
         return None;
     }
     u64::from_str_radix(text, 16).ok()
+}
+
+/// Captures the screen within an open monitor session (a pipe, or a temporary file in the VM's
+/// state folder, removed on every path): for the input tools that need its size first.
+pub fn capture_in(q: &mut Qmp, name: &str) -> Result<Frame, SessionError<QmpError>> {
+    screen::capture(q, &vm::state_dir(name)).map_err(|e| match e {
+        CaptureError::Qmp(e) => SessionError::Channel(e),
+        other => OpError::new(format!("screenshot of {name:?} failed: {other}")).into(),
+    })
+}
+
+/// vm_screenshot's request: the VM, the image's bounds, and a file to save the PNG to (checked
+/// against the roots) instead of returning it.
+pub struct ScreenshotRequest {
+    /// The VM.
+    pub name: String,
+    /// The image's bounds.
+    pub bounds: Bounds,
+    /// Save the PNG here (a temporary beside it renamed into place) instead of returning it.
+    pub save_to: Option<std::path::PathBuf>,
+}
+
+/// What vm_screenshot reports (the tool's structured result, in its order).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Screenshot {
+    /// The VM.
+    pub name: String,
+    /// The image's width.
+    pub width: u32,
+    /// The image's height.
+    pub height: u32,
+    /// The image's size divided by the screen's.
+    pub scale: f64,
+    /// The screen's width.
+    pub screen_width: u32,
+    /// The screen's height.
+    pub screen_height: u32,
+    /// The PNG's size.
+    pub bytes: usize,
+    /// Always "png".
+    pub format: &'static str,
+    /// Where the PNG was saved, when it was.
+    pub path: Option<String>,
+    /// A digest of the screen's pixels ([`hash_text`]).
+    pub hash: String,
+}
+
+/// Takes a screenshot: the PNG back when it was not saved to a file. The screen is remembered
+/// as the one last returned (vm_screen_wait's baseline).
+pub fn screenshot(req: &ScreenshotRequest) -> Result<(Screenshot, Option<Vec<u8>>), OpError> {
+    let name = &req.name;
+    let rec = crate::ops::vm::records::lookup_live(name, "launch it first")?;
+    // The one capture path (the screen resource takes it too): the monitor is held for the
+    // capture only; scaling and encoding happen after it.
+    let got = capture(name, &rec, &req.bounds, Wait::Queue).map_err(|e| match e {
+        CaptureError::Qmp(e) => OpError::new(crate::ops::session::explain_qmp(name, &rec, &e)),
+        other => OpError::new(format!("screenshot of {name:?} failed: {other}")),
+    })?;
+    memory::remember(name, vec![got.frame.clone()]);
+    let png = got.shot.png.data;
+    let mut out = Screenshot {
+        name: name.clone(),
+        width: got.shot.png.width,
+        height: got.shot.png.height,
+        scale: got.shot.scale,
+        screen_width: got.screen_width,
+        screen_height: got.screen_height,
+        bytes: png.len(),
+        format: "png",
+        path: None,
+        hash: hash_text(got.hash),
+    };
+    let Some(p) = &req.save_to else {
+        return Ok((out, Some(png)));
+    };
+    // A temporary file beside the target, renamed into place, all relative to the folder
+    // opened beneath its root: no symlink is followed, and a failed write leaves nothing.
+    crate::state::beneath::write_replace(p, &png).map_err(|e| {
+        OpError::new(format!(
+            "cannot save the screenshot to {}: {e}",
+            p.display()
+        ))
+    })?;
+    out.path = Some(p.display().to_string());
+    Ok((out, None))
 }

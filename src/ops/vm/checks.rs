@@ -7,7 +7,9 @@ use serde_json::Value;
 
 use crate::ops::error::OpError;
 use crate::qemu::untrusted::{self, Checked};
-use crate::state::roots::{self, Access};
+use crate::state::roots;
+/// How a path is used (read, write, ...): what the roots allow differs.
+pub use crate::state::roots::Access;
 
 /// Path parameter `param`'s text, checked against the roots for `access` and resolved (every
 /// symlink and `..`): the caller must use the returned path from then on, never the text.
