@@ -18,12 +18,11 @@ use serde_json::{json, Value};
 use crate::mcp::resources::{Provider, ReadError};
 use crate::ops::screen::{self, Wait};
 use crate::ops::session::explain_qmp;
-use crate::ops::vm::records;
+use crate::ops::vm::{records, serial};
 use crate::qemu::qmp::QmpError;
 use crate::qemu::screen::CaptureError;
 use crate::qemu::vm::{self, Status};
 use crate::state::registry::{valid_name, Record};
-use crate::state::tail;
 
 /// Where every URI of a VM resource starts.
 pub const PREFIX: &str = "mcqemu://vm/";
@@ -32,7 +31,7 @@ pub const SERIAL_TEMPLATE: &str = "mcqemu://vm/{name}/serial";
 /// The URI template of a VM's screen.
 pub const SCREEN_TEMPLATE: &str = "mcqemu://vm/{name}/screen";
 /// How much of the end of a serial log a read returns (the same window as `vm_serial_read`).
-pub const SERIAL_WINDOW: u64 = super::serial::WINDOW;
+pub const SERIAL_WINDOW: u64 = serial::WINDOW;
 /// The longest a screen read takes, the wait for the monitor included.
 pub const SCREEN_BUDGET: Duration = Duration::from_secs(4);
 /// The longest a screen read waits for the monitor (another call may hold it, QEMU may be
@@ -117,16 +116,6 @@ fn record(name: &str) -> Result<Record, ReadError> {
     })
 }
 
-/// The last [`SERIAL_WINDOW`] bytes of the log at `path` as text, starting at a line when the
-/// log is longer. A log not written yet reads as empty text.
-fn serial_tail(path: &Path) -> std::io::Result<String> {
-    match tail::read_last(path, SERIAL_WINDOW) {
-        Ok(t) => Ok(t.from_line().text()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(String::new()),
-        Err(e) => Err(e),
-    }
-}
-
 fn read_serial(uri: &str, name: &str) -> Result<Vec<Value>, ReadError> {
     let rec = record(name)?;
     let path = vm::field(&rec, "serial_log").ok_or_else(|| {
@@ -136,7 +125,7 @@ fn read_serial(uri: &str, name: &str) -> Result<Vec<Value>, ReadError> {
             uri_of(name, Kind::Screen)
         ))
     })?;
-    let text = serial_tail(Path::new(path)).map_err(|e| {
+    let text = serial::tail_text(Path::new(path)).map_err(|e| {
         ReadError::Failed(format!(
             "cannot read the serial log of VM {name:?} ({path}): {e}"
         ))
@@ -297,25 +286,5 @@ mod tests {
             SERIAL_TEMPLATE.replace("{name}", "x"),
             uri_of("x", Kind::Serial)
         );
-    }
-
-    #[test]
-    fn the_serial_tail_is_bounded_and_starts_at_a_line() {
-        let dir = std::env::temp_dir().join(format!("mcq-res-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let log = dir.join("serial.log");
-        assert_eq!(serial_tail(&log).unwrap(), "", "a log not written yet");
-        std::fs::write(&log, "boot\nlogin: ").unwrap();
-        assert_eq!(serial_tail(&log).unwrap(), "boot\nlogin: ");
-        let mut big = Vec::new();
-        for i in 0..40_000 {
-            big.extend_from_slice(format!("line {i}\n").as_bytes());
-        }
-        std::fs::write(&log, &big).unwrap();
-        let tail = serial_tail(&log).unwrap();
-        assert!(tail.len() as u64 <= SERIAL_WINDOW);
-        assert!(tail.starts_with("line "), "{}", &tail[..20]);
-        assert!(tail.ends_with("line 39999\n"));
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

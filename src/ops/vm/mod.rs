@@ -11,5 +11,6 @@ pub mod launch_args;
 pub mod port_forward;
 pub mod quota;
 pub mod records;
+pub mod serial;
 pub mod serial_write;
 pub mod stop;
