@@ -2,11 +2,9 @@
 
 use serde_json::json;
 
-use super::{path_arg, presets};
-use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolOutput, ToolResult};
-use crate::net::download::{self, Request};
-use crate::ops::watch::CtxWatch;
-use crate::state::roots::Access;
+use super::presets;
+use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolResult};
+use crate::ops::image::download::{self, DownloadRequest};
 
 const DOWNLOAD_DESCRIPTION: &str = "Download a file (typically a cloud or installer image) over \
     http or https to path. Streams to a temporary file beside path, verifies sha256 when given, \
@@ -66,32 +64,12 @@ pub const DOWNLOAD: ToolDef = ToolDef {
 };
 
 fn run(ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let url = args.str("url")?;
-    download::check_url(url)?;
-    let path = path_arg(args, "path", Access::Write)?;
-    let sha256 = match args.opt_str("sha256")? {
-        Some(s) => Some(download::check_sha256(s)?),
-        None => None,
-    };
-    let max_bytes = args.opt_i64("max_bytes")?.map(|n| n.max(0) as u64);
-    let req = Request {
-        url,
-        dest: &path,
-        algo: download::Algo::Sha256,
-        expect: sha256.clone(),
-        resume: false,
+    let req = DownloadRequest {
+        url: args.str("url")?.to_string(),
+        path: args.str("path")?.to_string(),
+        sha256: args.opt_str("sha256")?.map(str::to_string),
+        max_bytes: args.opt_i64("max_bytes")?.map(|n| n.max(0) as u64),
         overwrite: args.bool_or("overwrite", false)?,
-        max_bytes,
     };
-    let done = download::download(&req, &CtxWatch(ctx))?;
-    ctx.progress_now(done.bytes as f64, Some(done.bytes as f64), "done");
-    Ok(ToolOutput::json(json!({
-        "path": path.display().to_string(),
-        "url": url,
-        "final_url": done.final_url,
-        "bytes": done.bytes,
-        "sha256": done.digest,
-        "verified": sha256.is_some(),
-        "http_status": done.status,
-    })))
+    super::to_output(&download::download(ctx, &req)?)
 }

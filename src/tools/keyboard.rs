@@ -3,19 +3,11 @@
 
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde_json::json;
 
 use super::{object, presets, vm_name_arg};
-use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
-use crate::ops::screen::input;
-use crate::ops::screen::keyboard;
-use crate::ops::session;
-use crate::ops::vm::records;
-use crate::qemu::keys;
-use crate::state::registry::Record;
-
-/// Longest text vm_type_text accepts.
-pub const MAX_TEXT: usize = 4096;
+use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolResult};
+use crate::ops::screen::keyboard::{self, KeysRequest, TextRequest, MAX_TEXT};
 
 const SEND_KEYS_DESCRIPTION: &str = "Press keys or chords in order, e.g. [\"ctrl-alt-del\"], \
     [\"esc\"], [\"alt-f4\", \"enter\"]. Names are QEMU qcodes (a, 1, ret, f1, ctrl, shift_r, ...) \
@@ -61,54 +53,14 @@ pub const SEND_KEYS: ToolDef = ToolDef {
     ui: crate::mcp::tool::Ui::NONE,
 };
 
-/// A running VM that has a keyboard: keys sent to a VM without one would go nowhere, and the
-/// tool would report a success that did not happen.
-fn live(name: &str) -> Result<Record, ToolError> {
-    let rec = records::lookup_live(name, "launch it first")?;
-    if records::input(&rec, "keyboard").is_none() {
-        return Err(ToolError::new(format!(
-            "VM {name:?} has no keyboard device (machine {}), so keys would go nowhere; launch \
-             it with one, e.g. extra_args [\"-device\", \"virtio-keyboard-pci\"]",
-            rec.get("machine").and_then(Value::as_str).unwrap_or("?")
-        )));
-    }
-    Ok(rec)
-}
-
 fn send_keys(ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let name = vm_name_arg(args)?;
-    crate::ops::screen::hold::check_agent(&name, "vm_send_keys")?;
-    let specs = args.str_list("keys")?;
-    if specs.is_empty() {
-        return Err(ToolError::new(
-            "keys is empty; give at least one key or chord",
-        ));
-    }
-    let chords: Vec<Vec<&'static str>> = specs
-        .iter()
-        .map(|s| keys::chord(s))
-        .collect::<Result<_, _>>()?;
-    let hold = args.i64_or("hold_ms", 100)?.clamp(1, 10_000) as u64;
-    let delay = args.i64_or("delay_ms", 50)?.clamp(0, 10_000) as u64;
-    let rec = live(&name)?;
-    let plan = keyboard::chord_plan(
-        &chords,
-        Duration::from_millis(hold),
-        Duration::from_millis(delay),
-    );
-    let sent = session::monitor(&name, &rec, |q| {
-        Ok(input::run(q, &plan, &|| ctx.cancelled())?)
-    })?;
-    if !sent.complete {
-        return Err(ToolError::new(format!(
-            "cancelled after {} of {} key commands (keys pressed were released)",
-            sent.commands,
-            input::commands(&plan)
-        )));
-    }
-    Ok(ToolOutput::json(
-        json!({"name": name, "sent": chords.len(), "chords": chords}),
-    ))
+    let req = KeysRequest {
+        name: vm_name_arg(args)?,
+        specs: args.str_list("keys")?,
+        hold: Duration::from_millis(args.i64_or("hold_ms", 100)?.clamp(1, 10_000) as u64),
+        delay: Duration::from_millis(args.i64_or("delay_ms", 50)?.clamp(0, 10_000) as u64),
+    };
+    super::to_output(&keyboard::send_keys(ctx, &req)?)
 }
 
 const TYPE_TEXT_DESCRIPTION: &str = "Type text on a US keyboard layout (shifted characters as \
@@ -150,32 +102,11 @@ pub const TYPE_TEXT: ToolDef = ToolDef {
 };
 
 fn type_text(ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let name = vm_name_arg(args)?;
-    crate::ops::screen::hold::check_agent(&name, "vm_type_text")?;
-    let mut text = args.str("text")?.to_string();
-    if text.chars().count() > MAX_TEXT {
-        return Err(ToolError::new(format!(
-            "text is longer than {MAX_TEXT} characters; split it into several calls"
-        )));
-    }
-    if args.bool_or("enter", false)? {
-        text.push('\n');
-    }
-    let gap = Duration::from_millis(args.i64_or("delay_ms", 30)?.clamp(0, 1000) as u64);
-    let events = keys::type_events(&text)?;
-    let plan = keyboard::text_plan(&events, gap);
-    let rec = live(&name)?;
-    let commands = input::commands(&plan);
-    let sent = session::monitor(&name, &rec, |q| {
-        Ok(input::run(q, &plan, &|| ctx.cancelled())?)
-    })?;
-    if !sent.complete {
-        return Err(ToolError::new(format!(
-            "cancelled after {} of {commands} key batches",
-            sent.commands
-        )));
-    }
-    Ok(ToolOutput::json(
-        json!({"name": name, "characters": events.len(), "commands": commands}),
-    ))
+    let req = TextRequest {
+        name: vm_name_arg(args)?,
+        text: args.str("text")?.to_string(),
+        enter: args.bool_or("enter", false)?,
+        gap: Duration::from_millis(args.i64_or("delay_ms", 30)?.clamp(0, 1000) as u64),
+    };
+    super::to_output(&keyboard::type_text(ctx, &req)?)
 }

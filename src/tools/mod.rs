@@ -149,10 +149,10 @@ pub fn template_name_arg(args: &Args) -> Result<String, ToolError> {
 
 fn name_arg(args: &Args, what: &str) -> Result<String, ToolError> {
     let name = args.str("name")?;
-    if crate::state::registry::valid_name(name) {
+    if crate::ops::vm::records::valid_name(name) {
         Ok(name.to_string())
     } else {
-        Err(ToolError::new(crate::state::registry::invalid_name(
+        Err(ToolError::new(crate::ops::vm::records::invalid_name(
             what, name,
         )))
     }

@@ -7,12 +7,12 @@ use serde_json::{json, Value};
 
 use crate::clock;
 use crate::mcp::tool::{Args, ToolError};
-use crate::net::egress::rules::Rule;
 use crate::ops::sandbox::request::SandboxRequest;
 use crate::ops::vm::checks::checked_path;
+use crate::ops::vm::checks::Access;
+use crate::ops::vm::egress::{Rule, MAX_RULES};
 use crate::ops::vm::launch::{ARCHES, DEFAULT_CPUS, DEFAULT_FIRMWARE, DEFAULT_MEMORY_MB};
 use crate::ops::vm::launch_args::{egress_rules, LaunchArgs};
-use crate::state::roots::Access;
 
 /// A path parameter, checked against the roots for `access` and resolved (every symlink and
 /// `..`): the tool must use the returned path from then on, never the text it was given.
@@ -88,7 +88,7 @@ pub fn allow_network_schema(default: bool) -> Value {
         "anyOf": [
             {"type": "boolean"},
             {"type": "array", "items": {"type": "string"},
-             "maxItems": crate::net::egress::rules::MAX_RULES}
+             "maxItems": MAX_RULES}
         ],
         "default": default,
         "description": "Guest-initiated network: true (all), false (none; port forwards still \

@@ -4,7 +4,7 @@
 use serde_json::{json, Value};
 
 use crate::mcp::tool::{Args, ToolError};
-use crate::qemu::screen::{self, Bounds};
+use crate::ops::screen::{self, Bounds};
 
 /// Largest `max_edge`, `max_width` and `max_height`: the largest screen a capture accepts.
 const MAX_BOUND: i64 = screen::MAX_DIM as i64;

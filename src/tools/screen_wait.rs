@@ -9,7 +9,7 @@ use crate::b64;
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::ops::screen::wait::{self as screen_wait, WaitRequest};
 use crate::ops::screen::{hash_text, parse_hash};
-use crate::qemu::screen::{Rect, MAX_DIM};
+use crate::ops::screen::{Rect, MAX_DIM};
 
 const DESCRIPTION: &str = "Wait until the VM's screen changes and then holds still, and return \
     it: instead of sleeping and polling screenshots after a key or click. Waits until the screen \

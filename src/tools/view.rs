@@ -51,9 +51,9 @@ pub const VIEW: ToolDef = ToolDef {
 fn open_view(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     let name = vm_name_arg(args)?;
     let rec = crate::ops::vm::records::lookup(&name)?;
-    let status = crate::qemu::vm::measure_within(&rec, Duration::from_secs(2)).status;
+    let status = crate::ops::vm::records::status_within(&rec, Duration::from_secs(2));
     Ok(ToolOutput::json(json!({
-        "name": name, "status": status.to_string(), "view": URI, "held": hold::of(&rec),
+        "name": name, "status": status, "view": URI, "held": hold::of(&rec),
         "cli": format!("mcqemu view {name}"),
     })))
 }

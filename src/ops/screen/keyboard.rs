@@ -11,8 +11,149 @@
 
 use std::time::Duration;
 
-use crate::ops::screen::input::{key_event, Step};
-use crate::qemu::keys::KeyEvent;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::ops::error::OpError;
+use crate::ops::screen::input::{self, key_event, Step};
+use crate::ops::session;
+use crate::ops::vm::records;
+use crate::ops::work::Work;
+use crate::qemu::keys::{self, KeyEvent};
+use crate::state::registry::Record;
+
+/// Longest text vm_type_text accepts.
+pub const MAX_TEXT: usize = 4096;
+
+/// A running VM that has a keyboard: keys sent to a VM without one would go nowhere, and the
+/// tool would report a success that did not happen.
+fn live(name: &str) -> Result<Record, OpError> {
+    let rec = records::lookup_live(name, "launch it first")?;
+    if records::input(&rec, "keyboard").is_none() {
+        return Err(OpError::new(format!(
+            "VM {name:?} has no keyboard device (machine {}), so keys would go nowhere; launch \
+             it with one, e.g. extra_args [\"-device\", \"virtio-keyboard-pci\"]",
+            rec.get("machine").and_then(Value::as_str).unwrap_or("?")
+        )));
+    }
+    Ok(rec)
+}
+
+/// vm_send_keys's request: key chords by name ("ctrl+alt+del", "ret"), each held `hold`, with
+/// `delay` between chords.
+#[derive(Debug, Clone)]
+pub struct KeysRequest {
+    /// The VM.
+    pub name: String,
+    /// The chords as given.
+    pub specs: Vec<String>,
+    /// How long each chord is held.
+    pub hold: Duration,
+    /// The pause between chords.
+    pub delay: Duration,
+}
+
+/// What vm_send_keys sent (its result, in this order).
+#[derive(Debug, Clone, Serialize)]
+pub struct KeysSent {
+    /// The VM.
+    pub name: String,
+    /// Chords sent.
+    pub sent: usize,
+    /// Each chord as QEMU key codes.
+    pub chords: Vec<Vec<&'static str>>,
+}
+
+/// Sends the chords, unless a person holds the VM; a cancel releases what was pressed.
+pub fn send_keys(work: &dyn Work, req: &KeysRequest) -> Result<KeysSent, OpError> {
+    let name = &req.name;
+    crate::ops::screen::hold::check_agent(name, "vm_send_keys")?;
+    if req.specs.is_empty() {
+        return Err(OpError::new(
+            "keys is empty; give at least one key or chord",
+        ));
+    }
+    let chords: Vec<Vec<&'static str>> = req
+        .specs
+        .iter()
+        .map(|s| keys::chord(s))
+        .collect::<Result<_, _>>()?;
+    let rec = live(name)?;
+    let plan = chord_plan(&chords, req.hold, req.delay);
+    let sent = session::monitor(name, &rec, |q| {
+        Ok(input::run(q, &plan, &|| work.cancelled())?)
+    })?;
+    if !sent.complete {
+        return Err(OpError::new(format!(
+            "cancelled after {} of {} key commands (keys pressed were released)",
+            sent.commands,
+            input::commands(&plan)
+        )));
+    }
+    Ok(KeysSent {
+        name: name.clone(),
+        sent: chords.len(),
+        chords,
+    })
+}
+
+/// vm_type_text's request: text on a US layout, Enter after it if asked, `gap` after each
+/// batch.
+#[derive(Debug, Clone)]
+pub struct TextRequest {
+    /// The VM.
+    pub name: String,
+    /// At most [`MAX_TEXT`] characters.
+    pub text: String,
+    /// Press Enter afterwards.
+    pub enter: bool,
+    /// The pause after each batch.
+    pub gap: Duration,
+}
+
+/// What vm_type_text sent (its result, in this order).
+#[derive(Debug, Clone, Serialize)]
+pub struct Typed {
+    /// The VM.
+    pub name: String,
+    /// Characters typed.
+    pub characters: usize,
+    /// Key batches sent.
+    pub commands: usize,
+}
+
+/// Types the text, unless a person holds the VM; a cancel releases what was pressed.
+pub fn type_text(work: &dyn Work, req: &TextRequest) -> Result<Typed, OpError> {
+    let name = &req.name;
+    crate::ops::screen::hold::check_agent(name, "vm_type_text")?;
+    let mut text = req.text.clone();
+    if text.chars().count() > MAX_TEXT {
+        return Err(OpError::new(format!(
+            "text is longer than {MAX_TEXT} characters; split it into several calls"
+        )));
+    }
+    if req.enter {
+        text.push('\n');
+    }
+    let events = keys::type_events(&text)?;
+    let plan = text_plan(&events, req.gap);
+    let rec = live(name)?;
+    let commands = input::commands(&plan);
+    let sent = session::monitor(name, &rec, |q| {
+        Ok(input::run(q, &plan, &|| work.cancelled())?)
+    })?;
+    if !sent.complete {
+        return Err(OpError::new(format!(
+            "cancelled after {} of {commands} key batches",
+            sent.commands
+        )));
+    }
+    Ok(Typed {
+        name: name.clone(),
+        characters: events.len(),
+        commands,
+    })
+}
 
 /// Key events per command: QEMU's PS/2 keyboard queue holds 16 bytes and drops what does not
 /// fit before the guest reads it; a typed character is one byte per event (no extended keys).

@@ -21,9 +21,14 @@ use std::time::{Duration, Instant};
 use crate::ops::error::OpError;
 use crate::ops::session::SessionError;
 use crate::qemu::qmp::{self, Qmp, QmpError};
-use crate::qemu::screen::{self, Bounds, CaptureError, Frame, ScreenError, Shot};
+use crate::qemu::screen::{self, CaptureError, Frame, ScreenError, Shot};
 use crate::qemu::vm;
 use crate::state::registry::Record;
+
+/// The image bounds and their limits, as the screen tools' parameters state them.
+pub use crate::qemu::screen::{
+    Bounds, Rect, DEFAULT_MAX_BYTES, DEFAULT_MAX_EDGE, MAX_DIM, MIN_EDGE,
+};
 
 /// How long a capture may wait for the VM's monitor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -12,7 +12,8 @@ use serde_json::{json, Value};
 
 use crate::net::egress::netns::Join;
 use crate::net::egress::process::{GUEST_URL, READY_FILE};
-use crate::net::egress::rules::Rule;
+/// An egress rule as a sandbox's `allow_network` names it, and how many a sandbox may have.
+pub use crate::net::egress::rules::{Rule, MAX_RULES};
 use crate::net::egress::stats;
 use crate::ops::error::OpError;
 use crate::qemu::forwards::Forward;

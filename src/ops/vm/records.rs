@@ -7,6 +7,14 @@ use crate::ops::error::OpError;
 use crate::qemu::vm::{self, measure, Status};
 use crate::state::registry::Record;
 
+/// VM and template names: the rule, and the refusal naming it.
+pub use crate::state::registry::{invalid_name, valid_name};
+
+/// The VM's status as measured within `within` (a silent monitor cannot hold the caller).
+pub fn status_within(rec: &Record, within: std::time::Duration) -> String {
+    vm::measure_within(rec, within).status.to_string()
+}
+
 /// Looks up a VM record or says how to find the right name.
 pub fn lookup(name: &str) -> Result<Record, OpError> {
     vm::registry().load().remove(name).ok_or_else(|| {
