@@ -3,12 +3,11 @@
 
 use serde_json::{json, Value};
 
-use super::params::{out_object, path_schema, snapshot_item_schema, snapshots_of, tag_schema};
-use super::{check_tag, checked_image, object, path_arg, presets};
-use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
-use crate::ops::vm::checks::refuse_in_use;
-use crate::qemu::img::{self, SnapshotOp};
-use crate::state::roots::Access;
+use super::params::{out_object, path_schema, snapshot_item_schema, tag_schema};
+use super::{check_tag, object, path_arg, presets};
+use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolResult};
+use crate::ops::image::snapshots::{self, SnapshotOp};
+use crate::ops::vm::checks::Access;
 
 fn snapshot_list_out() -> Value {
     out_object(
@@ -58,11 +57,7 @@ pub const SNAPSHOT_LIST: ToolDef = ToolDef {
 
 fn snapshot_list(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     let path = path_arg(args, "path", Access::Read)?;
-    let format = checked_image(&path, "image", None)?.format;
-    let info = img::info(&path, &format, false)?;
-    Ok(ToolOutput::json(
-        json!({"path": path.display().to_string(), "snapshots": snapshots_of(&info)}),
-    ))
+    super::to_output(&snapshots::list(&path)?)
 }
 
 const SNAPSHOT_CREATE_DESCRIPTION: &str = "Store an internal snapshot of a qcow2 image that no VM \
@@ -114,39 +109,5 @@ fn snapshot_op(_ctx: &ToolCtx, args: &Args, op: SnapshotOp) -> ToolResult {
     let path = path_arg(args, "path", Access::Write)?;
     let tag = args.str("tag")?;
     check_tag(tag)?;
-    let format = checked_image(&path, "image", None)?.format;
-    refuse_in_use(&path)?;
-    let info = img::info(&path, &format, false)?;
-    let existing = snapshots_of(&info);
-    let has = existing.iter().any(|s| s["tag"] == tag);
-    let tags: Vec<&str> = existing.iter().filter_map(|s| s["tag"].as_str()).collect();
-    match op {
-        SnapshotOp::Create if has => {
-            return Err(ToolError::new(format!(
-                "snapshot {tag:?} already exists in {}; delete it first or choose another tag",
-                path.display()
-            )))
-        }
-        SnapshotOp::Apply | SnapshotOp::Delete if !has => {
-            return Err(ToolError::new(format!(
-                "no snapshot {tag:?} in {}; existing tags: [{}]",
-                path.display(),
-                tags.join(", ")
-            )))
-        }
-        _ => {}
-    }
-    img::snapshot(&path, &format, op, tag)?;
-    let after = img::info(&path, &format, false)?;
-    let action = match op {
-        SnapshotOp::Create => "created",
-        SnapshotOp::Apply => "applied",
-        SnapshotOp::Delete => "deleted",
-    };
-    Ok(ToolOutput::json(json!({
-        "path": path.display().to_string(),
-        "tag": tag,
-        "action": action,
-        "snapshots": snapshots_of(&after),
-    })))
+    super::to_output(&snapshots::operate(&path, tag, op)?)
 }

@@ -5,7 +5,6 @@ use std::path::PathBuf;
 
 use serde_json::{json, Value};
 
-use crate::clock;
 use crate::mcp::tool::{Args, ToolError};
 use crate::ops::sandbox::request::SandboxRequest;
 use crate::ops::vm::checks::checked_path;
@@ -328,34 +327,6 @@ pub fn snapshot_item_schema() -> Value {
         }),
         &["tag"],
     )
-}
-
-/// Snapshots of an image, structured, from qemu-img's JSON.
-pub fn snapshots_of(info: &Value) -> Vec<Value> {
-    info.get("snapshots")
-        .and_then(Value::as_array)
-        .map(|list| {
-            list.iter()
-                .map(|s| {
-                    let date = s
-                        .get("date-sec")
-                        .and_then(Value::as_i64)
-                        .map(clock::iso8601);
-                    let vm_clock = s.get("vm-clock-sec").and_then(Value::as_u64).map(|sec| {
-                        let nsec = s.get("vm-clock-nsec").and_then(Value::as_u64).unwrap_or(0);
-                        clock::vm_clock(sec * 1_000_000_000 + nsec)
-                    });
-                    let state_size = s.get("vm-state-size").and_then(Value::as_u64);
-                    json!({
-                        "id": s.get("id").and_then(Value::as_str).unwrap_or(""),
-                        "tag": s.get("name").and_then(Value::as_str).unwrap_or(""),
-                        "vm_state_size": state_size.unwrap_or(0),
-                        "date": date.unwrap_or_default(), "vm_clock": vm_clock.unwrap_or_default()
-                    })
-                })
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 /// The `hold` parameter, shared with vm_click.

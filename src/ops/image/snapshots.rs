@@ -1,0 +1,136 @@
+//! Internal snapshots of qcow2 images at rest (no VM using them): listed, created, applied,
+//! deleted with qemu-img, each refused when the tag's presence says it would do the wrong thing.
+
+use std::path::Path;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::clock;
+use crate::ops::error::OpError;
+use crate::ops::vm::checks::{checked_image, refuse_in_use};
+use crate::qemu::img;
+
+/// What an image snapshot operation does.
+pub use crate::qemu::img::SnapshotOp;
+
+/// One internal snapshot of an image, as the image tools list it.
+#[derive(Debug, Clone, Serialize)]
+pub struct SnapshotItem {
+    /// qemu-img's id.
+    pub id: String,
+    /// The tag.
+    pub tag: String,
+    /// Bytes of saved VM state (0 for a disk-only snapshot).
+    pub vm_state_size: u64,
+    /// When it was taken, ISO 8601.
+    pub date: String,
+    /// The guest's clock then, HH:MM:SS.mmm.
+    pub vm_clock: String,
+}
+
+/// Snapshots of an image, structured, from qemu-img's JSON.
+pub fn snapshots_of(info: &Value) -> Vec<SnapshotItem> {
+    info.get("snapshots")
+        .and_then(Value::as_array)
+        .map(|list| {
+            list.iter()
+                .map(|s| {
+                    let date = s
+                        .get("date-sec")
+                        .and_then(Value::as_i64)
+                        .map(clock::iso8601);
+                    let vm_clock = s.get("vm-clock-sec").and_then(Value::as_u64).map(|sec| {
+                        let nsec = s.get("vm-clock-nsec").and_then(Value::as_u64).unwrap_or(0);
+                        clock::vm_clock(sec * 1_000_000_000 + nsec)
+                    });
+                    SnapshotItem {
+                        id: s
+                            .get("id")
+                            .and_then(Value::as_str)
+                            .unwrap_or("")
+                            .to_string(),
+                        tag: s
+                            .get("name")
+                            .and_then(Value::as_str)
+                            .unwrap_or("")
+                            .to_string(),
+                        vm_state_size: s.get("vm-state-size").and_then(Value::as_u64).unwrap_or(0),
+                        date: date.unwrap_or_default(),
+                        vm_clock: vm_clock.unwrap_or_default(),
+                    }
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// An image's snapshots (image_snapshot_list's result).
+#[derive(Debug, Clone, Serialize)]
+pub struct Listed {
+    /// The image.
+    pub path: String,
+    /// Its snapshots.
+    pub snapshots: Vec<SnapshotItem>,
+}
+
+/// The snapshots of the (checked) image at `path`.
+pub fn list(path: &Path) -> Result<Listed, OpError> {
+    let format = checked_image(path, "image", None)?.format;
+    let info = img::info(path, &format, false)?;
+    Ok(Listed {
+        path: path.display().to_string(),
+        snapshots: snapshots_of(&info),
+    })
+}
+
+/// What an operation did (the snapshot tools' result, in this order).
+#[derive(Debug, Clone, Serialize)]
+pub struct Done {
+    /// The image.
+    pub path: String,
+    /// The tag.
+    pub tag: String,
+    /// created, applied or deleted.
+    pub action: &'static str,
+    /// The snapshots after it.
+    pub snapshots: Vec<SnapshotItem>,
+}
+
+/// Creates, applies or deletes snapshot `tag` (already checked) of the image at `path`.
+pub fn operate(path: &Path, tag: &str, op: SnapshotOp) -> Result<Done, OpError> {
+    let format = checked_image(path, "image", None)?.format;
+    refuse_in_use(path)?;
+    let info = img::info(path, &format, false)?;
+    let existing = snapshots_of(&info);
+    let has = existing.iter().any(|s| s.tag == tag);
+    let tags: Vec<&str> = existing.iter().map(|s| s.tag.as_str()).collect();
+    match op {
+        SnapshotOp::Create if has => {
+            return Err(OpError::new(format!(
+                "snapshot {tag:?} already exists in {}; delete it first or choose another tag",
+                path.display()
+            )))
+        }
+        SnapshotOp::Apply | SnapshotOp::Delete if !has => {
+            return Err(OpError::new(format!(
+                "no snapshot {tag:?} in {}; existing tags: [{}]",
+                path.display(),
+                tags.join(", ")
+            )))
+        }
+        _ => {}
+    }
+    img::snapshot(path, &format, op, tag)?;
+    let after = img::info(path, &format, false)?;
+    Ok(Done {
+        path: path.display().to_string(),
+        tag: tag.to_string(),
+        action: match op {
+            SnapshotOp::Create => "created",
+            SnapshotOp::Apply => "applied",
+            SnapshotOp::Delete => "deleted",
+        },
+        snapshots: snapshots_of(&after),
+    })
+}
