@@ -1,22 +1,14 @@
 //! Guest-agent tools: ping, info, exec, and file read/write through qemu-guest-agent.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde_json::json;
 
 use super::{object, presets, vm_name_arg};
 use crate::b64;
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
-use crate::ops::guest::{self as guest_ops, with_guest};
-use crate::ops::{guest::background, guest::listing, guest::spool, guest::stream as guest_stream};
-use crate::qemu::qga::{Qga, QgaError};
-
-/// Bytes per guest-file-read / guest-file-write call: large, since every call is a round trip
-/// into a TCG guest (qemu-ga allows reads of up to 48 MB), and a multiple of 3 so base64
-/// chunks join without padding.
-const FILE_CHUNK: usize = 1024 * 1024 - 1;
-/// Cap on guest_file_read's max_bytes.
-pub const MAX_READ: i64 = 8 * 1024 * 1024;
+use crate::ops::guest::files::{self, MAX_READ};
+use crate::ops::guest::{self as guest_ops, background, listing, spool};
 
 const PING_DESCRIPTION: &str = "Check that qemu-guest-agent answers inside the VM. The agent can \
     answer before the guest has finished booting.";
@@ -44,14 +36,7 @@ pub const PING: ToolDef = ToolDef {
 };
 
 fn ping(_ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let name = &vm_name_arg(args)?;
-    let t = Instant::now();
-    with_guest(name, "guest-ping", |q| {
-        q.execute_within("guest-ping", None, Duration::from_secs(5))
-    })?;
-    Ok(ToolOutput::json(
-        json!({"name": name, "ok": true, "latency_ms": t.elapsed().as_secs_f64() * 1000.0}),
-    ))
+    super::to_output(&files::ping(&vm_name_arg(args)?)?)
 }
 
 const INFO_DESCRIPTION: &str = "The guest agent's version, the guest OS, and which agent commands \
@@ -269,87 +254,15 @@ pub const FILE_READ: ToolDef = ToolDef {
 };
 
 fn file_read(_ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let name = &vm_name_arg(args)?;
-    let path = args.str("path")?;
-    let max = args.i64_or("max_bytes", 1_048_576)?.clamp(1, MAX_READ) as usize;
-    let encoding = args.str_or("encoding", "utf-8")?;
-    let offset = u64::try_from(args.i64_or("offset", 0)?)
-        .map_err(|_| ToolError::new("offset must be 0 or more"))?;
-    let (data, truncated, file_size) = with_guest(name, "guest-file-read", |q| {
-        let handle = q.execute("guest-file-open", Some(json!({"path": path, "mode": "r"})))?;
-        let result = read_at(q, &handle, offset, max);
-        let _ = q.execute_within(
-            "guest-file-close",
-            Some(json!({"handle": handle})),
-            Duration::from_secs(10),
-        );
-        result
-    })?;
-    let content = if encoding == "base64" {
-        b64::encode(&data)
-    } else {
-        String::from_utf8(data.clone()).map_err(|_| {
-            ToolError::new(format!(
-                "{path} is not valid UTF-8 text; read it with encoding=\"base64\""
-            ))
-        })?
+    let req = files::ReadRequest {
+        name: vm_name_arg(args)?,
+        path: args.str("path")?.to_string(),
+        max: args.i64_or("max_bytes", 1_048_576)?.clamp(1, MAX_READ) as usize,
+        base64: args.str_or("encoding", "utf-8")? == "base64",
+        offset: u64::try_from(args.i64_or("offset", 0)?)
+            .map_err(|_| ToolError::new("offset must be 0 or more"))?,
     };
-    Ok(ToolOutput::json(json!({
-        "name": name, "path": path, "content": content, "encoding": encoding,
-        "size": data.len(), "truncated": truncated, "offset": offset, "file_size": file_size
-    })))
-}
-
-/// Reads up to `max` bytes from `offset` on; also returns the file's size (None for files
-/// that cannot seek, such as /proc files and pipes: they are read from their start).
-fn read_at(
-    q: &mut Qga,
-    handle: &Value,
-    offset: u64,
-    max: usize,
-) -> Result<(Vec<u8>, bool, Option<u64>), QgaError> {
-    let end = q.execute(
-        "guest-file-seek",
-        Some(json!({"handle": handle, "offset": 0, "whence": "end"})),
-    );
-    let size = match end {
-        Ok(r) => r.get("position").and_then(Value::as_u64),
-        Err(QgaError::Command { .. }) => None,
-        Err(e) => return Err(e),
-    };
-    if size.is_some() || offset > 0 {
-        q.execute(
-            "guest-file-seek",
-            Some(json!({"handle": handle, "offset": offset, "whence": "set"})),
-        )?;
-    }
-    // A /proc file reports size 0 and still has content: read it as it is.
-    let size = size.filter(|s| *s > 0 || offset > 0);
-    let (data, truncated) = read_all(q, handle, max)?;
-    Ok((data, truncated, size))
-}
-
-fn read_all(q: &mut Qga, handle: &Value, max: usize) -> Result<(Vec<u8>, bool), QgaError> {
-    let mut data = Vec::new();
-    let mut idle = 0;
-    loop {
-        // Ask for one byte past the cap, so a file of exactly max bytes is not called truncated.
-        let want = (max + 1 - data.len()).min(FILE_CHUNK);
-        let (chunk, eof) = guest_stream::read_chunk(q, handle, want)?;
-        if chunk.is_empty() {
-            idle += 1;
-        } else {
-            idle = 0;
-        }
-        data.extend_from_slice(&chunk);
-        if data.len() > max {
-            data.truncate(max);
-            return Ok((data, true));
-        }
-        if eof || idle >= 3 {
-            return Ok((data, false));
-        }
-    }
+    super::to_output(&files::read(&req)?)
 }
 
 const LIST_DIR_DESCRIPTION: &str = "List a folder inside the guest: each entry's name, type \
@@ -442,56 +355,17 @@ pub const FILE_WRITE: ToolDef = ToolDef {
 };
 
 fn file_write(_ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let name = &vm_name_arg(args)?;
-    let path = args.str("path")?;
-    let append = args.bool_or("append", false)?;
     let content = args.str("content")?;
-    let data = if args.str_or("encoding", "utf-8")? == "base64" {
-        b64::decode(content)
-            .map_err(|e| ToolError::new(format!("content is not valid base64: {e}")))?
-    } else {
-        content.as_bytes().to_vec()
-    };
-    let written = with_guest(name, "guest-file-write", |q| {
-        let mode = if append { "a" } else { "w" };
-        let handle = q.execute("guest-file-open", Some(json!({"path": path, "mode": mode})))?;
-        let result = write_all(q, &handle, &data);
-        let closed = q.execute_within(
-            "guest-file-close",
-            Some(json!({"handle": handle})),
-            Duration::from_secs(10),
-        );
-        let n = result?;
-        closed?;
-        Ok(n)
-    })?;
-    Ok(ToolOutput::json(
-        json!({"name": name, "path": path, "bytes_written": written, "append": append}),
-    ))
-}
-
-fn write_all(q: &mut Qga, handle: &Value, data: &[u8]) -> Result<usize, QgaError> {
-    let mut done = 0;
-    let mut idle = 0;
-    while done < data.len() {
-        let end = (done + FILE_CHUNK).min(data.len());
-        let r = q.execute(
-            "guest-file-write",
-            Some(json!({"handle": handle, "buf-b64": b64::encode(&data[done..end])})),
-        )?;
-        let n = r.get("count").and_then(Value::as_u64).unwrap_or(0) as usize;
-        if n == 0 {
-            idle += 1;
-            if idle >= 3 {
-                return Err(QgaError::Command {
-                    class: "GenericError".into(),
-                    desc: format!("the guest accepted no bytes after {done}; is the disk full?"),
-                });
-            }
+    let req = files::WriteRequest {
+        name: vm_name_arg(args)?,
+        path: args.str("path")?.to_string(),
+        append: args.bool_or("append", false)?,
+        data: if args.str_or("encoding", "utf-8")? == "base64" {
+            b64::decode(content)
+                .map_err(|e| ToolError::new(format!("content is not valid base64: {e}")))?
         } else {
-            idle = 0;
-        }
-        done += n.min(end - done);
-    }
-    Ok(done)
+            content.as_bytes().to_vec()
+        },
+    };
+    super::to_output(&files::write(&req)?)
 }
