@@ -1,6 +1,7 @@
 //! A VM's life: its launch (the request, the checks of paths and images, quotas, the overlay's
 //! size), the record every operation starts from, waiting for its agent, stopping it, and what
-//! changes on a running VM (port forwards, the egress proxy, typing into its serial console).
+//! changes on a running VM (port forwards, the egress proxy, its serial console read and typed
+//! into, live snapshots).
 
 pub mod agent;
 pub mod checks;
@@ -13,4 +14,5 @@ pub mod quota;
 pub mod records;
 pub mod serial;
 pub mod serial_write;
+pub mod snapshot;
 pub mod stop;

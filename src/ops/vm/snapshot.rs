@@ -1,0 +1,346 @@
+//! Live snapshots of a running VM (vm_snapshot_create/restore/delete/list): QEMU's snapshot
+//! jobs on every writable qcow2 disk (HMP's savevm/loadvm/delvm before QEMU 6.0), watched to
+//! their end within [`SNAPSHOT_TIMEOUT`], the tag's presence checked first.
+
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use crate::clock;
+use crate::ops::error::OpError;
+use crate::ops::session;
+use crate::ops::work::Work;
+use crate::qemu::qmp::{Qmp, QmpError};
+use crate::state::registry::Record;
+
+/// Bound for one snapshot job.
+pub const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(15 * 60);
+
+/// What a snapshot operation does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// vm_snapshot_create.
+    Save,
+    /// vm_snapshot_restore.
+    Load,
+    /// vm_snapshot_delete.
+    Delete,
+}
+
+/// The writable block nodes that can hold internal snapshots, and QEMU's snapshot list.
+fn snapshot_nodes(q: &mut Qmp) -> Result<(Vec<String>, Vec<Value>), QmpError> {
+    let block = q.execute("query-block", None)?;
+    let mut nodes = Vec::new();
+    let mut snaps = Vec::new();
+    for d in block.as_array().into_iter().flatten() {
+        let Some(ins) = d.get("inserted") else {
+            continue;
+        };
+        if ins.get("ro").and_then(Value::as_bool) == Some(true)
+            || ins.get("drv").and_then(Value::as_str) != Some("qcow2")
+        {
+            continue;
+        }
+        if let Some(n) = ins.get("node-name").and_then(Value::as_str) {
+            if nodes.is_empty() {
+                snaps = ins
+                    .get("image")
+                    .and_then(|i| i.get("snapshots"))
+                    .and_then(Value::as_array)
+                    .cloned()
+                    .unwrap_or_default();
+            }
+            nodes.push(n.to_string());
+        }
+    }
+    Ok((nodes, snaps))
+}
+
+/// One live snapshot as vm_snapshot_list shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct LiveSnapshot {
+    /// QEMU's id.
+    pub id: Option<Value>,
+    /// The tag.
+    pub tag: Option<Value>,
+    /// Bytes of saved VM state.
+    pub vm_state_size: u64,
+    /// When it was taken, ISO 8601.
+    pub date: String,
+    /// The guest's clock then.
+    pub vm_clock: String,
+}
+
+fn structured(snaps: &[Value]) -> Vec<LiveSnapshot> {
+    snaps
+        .iter()
+        .map(|s| {
+            let secs = s.get("vm-clock-sec").and_then(Value::as_u64).unwrap_or(0);
+            let nsecs = s.get("vm-clock-nsec").and_then(Value::as_u64).unwrap_or(0);
+            let clock_ns = secs * 1_000_000_000 + nsecs;
+            let date = s
+                .get("date-sec")
+                .and_then(Value::as_i64)
+                .map(clock::iso8601);
+            LiveSnapshot {
+                id: s.get("id").cloned(),
+                tag: s.get("name").cloned(),
+                vm_state_size: s.get("vm-state-size").and_then(Value::as_u64).unwrap_or(0),
+                date: date.unwrap_or_default(),
+                vm_clock: clock::vm_clock(clock_ns),
+            }
+        })
+        .collect()
+}
+
+/// How a snapshot operation ended in a healthy monitor session.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// It did what was asked.
+    Done,
+    /// QEMU refused or the job failed; its words.
+    Refused(String),
+}
+
+/// Starts a snapshot job and watches it to its end, sending progress.
+fn run_job(ctx: &dyn Work, q: &mut Qmp, cmd: &str, mut args: Value) -> Result<Verdict, QmpError> {
+    let job_id = format!("mcq-{cmd}-{}-{}", std::process::id(), clock::now_secs());
+    args["job-id"] = json!(job_id);
+    q.execute(cmd, Some(args))?;
+    let start = Instant::now();
+    loop {
+        let jobs = q.execute("query-jobs", None)?;
+        let job = jobs
+            .as_array()
+            .and_then(|a| a.iter().find(|j| j["id"] == job_id.as_str()))
+            .cloned();
+        let Some(job) = job else {
+            return Ok(Verdict::Refused(format!(
+                "the {cmd} job disappeared before it concluded"
+            )));
+        };
+        let status = job["status"].as_str().unwrap_or("");
+        if status == "concluded" || status == "null" {
+            let err = job.get("error").and_then(Value::as_str).map(str::to_string);
+            let _ = q.execute("job-dismiss", Some(json!({"id": job_id})));
+            return Ok(match err {
+                Some(e) => Verdict::Refused(e),
+                None => Verdict::Done,
+            });
+        }
+        ctx.progress(
+            start.elapsed().as_secs_f64(),
+            None,
+            &format!("{cmd}: {status}"),
+        );
+        if start.elapsed() > SNAPSHOT_TIMEOUT {
+            let _ = q.execute("job-cancel", Some(json!({"id": job_id})));
+            return Ok(Verdict::Refused(format!(
+                "the {cmd} job did not finish within {} minutes and was cancelled",
+                SNAPSHOT_TIMEOUT.as_secs() / 60
+            )));
+        }
+        if ctx.cancelled() {
+            let _ = q.execute("job-cancel", Some(json!({"id": job_id})));
+            return Ok(Verdict::Refused("cancelled by the client".into()));
+        }
+        let _ = q.next_event(Duration::from_millis(100))?;
+    }
+}
+
+/// Runs savevm/loadvm/delvm through HMP. HMP reports failure as text inside a successful
+/// reply ("Error: ..."), so the text is the verdict; `delvm` of a missing tag prints nothing,
+/// which is why callers check the tag exists first.
+fn hmp_snapshot(q: &mut Qmp, op: Op, tag: &str) -> Result<Verdict, QmpError> {
+    let verb = match op {
+        Op::Save => "savevm",
+        Op::Load => "loadvm",
+        Op::Delete => "delvm",
+    };
+    let out = q.hmp(&format!("{verb} {tag}"), SNAPSHOT_TIMEOUT)?;
+    Ok(hmp_verdict(&out))
+}
+
+/// Reads an HMP reply: any line starting with "Error" (or mentioning "error:") is a failure.
+pub fn hmp_verdict(out: &str) -> Verdict {
+    let failed = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("Error") || l.to_ascii_lowercase().contains("error:"));
+    match failed {
+        Some(line) => Verdict::Refused(line.trim().to_string()),
+        None => Verdict::Done,
+    }
+}
+
+fn live(name: &str) -> Result<Record, OpError> {
+    crate::ops::vm::records::lookup_live(
+        name,
+        "live snapshots need a running VM (for an image at rest use image_snapshot_*)",
+    )
+}
+
+fn no_disk(name: &str) -> OpError {
+    OpError::new(format!(
+        "VM {name:?} has no writable qcow2 disk: live snapshots are stored inside a qcow2 image. \
+         Launch it with a qcow2 disk (image_create, format qcow2)"
+    ))
+}
+
+/// What an operation did (the tools' result, in this order).
+#[derive(Debug, Clone, Serialize)]
+pub struct Operated {
+    /// The VM.
+    pub name: String,
+    /// The tag.
+    pub tag: String,
+    /// created, restored or deleted.
+    pub action: &'static str,
+    /// The VM's run state after it.
+    pub status: String,
+    /// How long it took.
+    pub duration_ms: u64,
+}
+
+/// Saves, loads or deletes snapshot `tag` (already checked) of running VM `name`.
+pub fn operate(ctx: &dyn Work, name: &str, tag: &str, op: Op) -> Result<Operated, OpError> {
+    let rec = live(name)?;
+    let started = Instant::now();
+    ctx.log(
+        "notice",
+        &format!("snapshot {} of {name}: {tag}", op.verb()),
+    );
+    let status = session::monitor(name, &rec, |q| {
+        let (nodes, snaps) = snapshot_nodes(q)?;
+        if nodes.is_empty() {
+            return Err(no_disk(name).into());
+        }
+        let (cmd, args) = job_for(op, name, tag, &nodes, &snaps)?;
+        let verdict = match run_job(ctx, q, cmd, args) {
+            // QEMU before 6.0 has no snapshot jobs: fall back to HMP and read its text.
+            Err(QmpError::Command { class, .. }) if class == "CommandNotFound" => {
+                hmp_snapshot(q, op, tag)?
+            }
+            other => other?,
+        };
+        let status = q
+            .execute("query-status", None)?
+            .get("status")
+            .and_then(Value::as_str)
+            .unwrap_or("unknown")
+            .to_string();
+        match verdict {
+            Verdict::Done => Ok(status),
+            Verdict::Refused(e) => Err(refused(op, cmd, tag, &status, &e).into()),
+        }
+    })?;
+    Ok(Operated {
+        name: name.to_string(),
+        tag: tag.to_string(),
+        action: op.action(),
+        status,
+        duration_ms: started.elapsed().as_millis() as u64,
+    })
+}
+
+impl Op {
+    /// The word the log uses.
+    fn verb(self) -> &'static str {
+        match self {
+            Op::Save => "save",
+            Op::Load => "load",
+            Op::Delete => "delete",
+        }
+    }
+
+    /// The word the result uses.
+    fn action(self) -> &'static str {
+        match self {
+            Op::Save => "created",
+            Op::Load => "restored",
+            Op::Delete => "deleted",
+        }
+    }
+}
+
+/// The QMP job command and arguments for `op` on `nodes`, or why it cannot run: saving over
+/// an existing tag, loading or deleting one that is not there (`snaps` is QEMU's list).
+fn job_for(
+    op: Op,
+    name: &str,
+    tag: &str,
+    nodes: &[String],
+    snaps: &[Value],
+) -> Result<(&'static str, Value), OpError> {
+    let exists = snaps.iter().any(|s| s["name"] == tag);
+    let tags: Vec<&str> = snaps.iter().filter_map(|s| s["name"].as_str()).collect();
+    match op {
+        Op::Save if exists => Err(OpError::new(format!(
+            "snapshot {tag:?} already exists in VM {name:?}; delete it first or choose another \
+             tag"
+        ))),
+        Op::Load | Op::Delete if !exists => Err(OpError::new(format!(
+            "VM {name:?} has no snapshot {tag:?}; existing tags: [{}]",
+            tags.join(", ")
+        ))),
+        Op::Save => Ok((
+            "snapshot-save",
+            json!({"tag": tag, "vmstate": nodes[0], "devices": nodes}),
+        )),
+        Op::Load => Ok((
+            "snapshot-load",
+            json!({"tag": tag, "vmstate": nodes[0], "devices": nodes}),
+        )),
+        Op::Delete => Ok(("snapshot-delete", json!({"tag": tag, "devices": nodes}))),
+    }
+}
+
+/// QEMU's refusal of `cmd`, with what to do when a failed load left the VM stopped.
+fn refused(op: Op, cmd: &str, tag: &str, status: &str, e: &str) -> OpError {
+    let hint = if matches!(op, Op::Load) && status != "running" {
+        format!(" The VM is now {status}: restore another snapshot, or resume_vm it as it is")
+    } else {
+        String::new()
+    };
+    OpError::new(format!("QEMU refused {cmd} of {tag:?}: {e}.{hint}"))
+}
+
+/// A running VM's live snapshots (vm_snapshot_list's result).
+#[derive(Debug, Clone, Serialize)]
+pub struct Listed {
+    /// The VM.
+    pub name: String,
+    /// Its snapshots.
+    pub snapshots: Vec<LiveSnapshot>,
+}
+
+/// The live snapshots of running VM `name`.
+pub fn list(name: &str) -> Result<Listed, OpError> {
+    let rec = live(name)?;
+    let (nodes, snaps) = session::monitor(name, &rec, |q| Ok(snapshot_nodes(q)?))?;
+    if nodes.is_empty() {
+        return Err(no_disk(name));
+    }
+    Ok(Listed {
+        name: name.to_string(),
+        snapshots: structured(&snaps),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hmp_errors_inside_successful_replies_are_failures() {
+        assert_eq!(hmp_verdict(""), Verdict::Done);
+        assert!(matches!(
+            hmp_verdict("Error: Device 'ide0-hd0' is writable but does not support snapshots\r\n"),
+            Verdict::Refused(_)
+        ));
+        assert!(matches!(
+            hmp_verdict("loadvm: error: Snapshot 'x' does not exist\n"),
+            Verdict::Refused(_)
+        ));
+    }
+}
