@@ -9,6 +9,7 @@ pub mod disk_size;
 pub mod egress;
 pub mod launch;
 pub mod launch_args;
+pub mod lifecycle;
 pub mod port_forward;
 pub mod quota;
 pub mod records;

@@ -1,0 +1,195 @@
+//! A VM's run state changed in place (pause_vm, resume_vm), a QEMU started elsewhere adopted
+//! (attach_vm), and a record dropped (forget_vm).
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::ops::error::OpError;
+use crate::ops::session;
+use crate::ops::vm::records::{self, lookup_live};
+use crate::qemu::qmp::{self, QmpError};
+use crate::qemu::vm::{self, measure};
+use crate::qemu::{process, sock};
+use crate::state::registry::to_record;
+
+/// A run-state change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    /// pause_vm: QMP `stop`.
+    Pause,
+    /// resume_vm: QMP `cont`.
+    Resume,
+}
+
+/// A VM's run state after a change (in this order).
+#[derive(Debug, Clone, Serialize)]
+pub struct RunState {
+    /// The VM.
+    pub name: String,
+    /// QEMU's run state.
+    pub status: String,
+}
+
+/// Pauses or resumes running VM `name`; returns the state QEMU reports after.
+pub fn change(name: &str, how: Change) -> Result<RunState, OpError> {
+    let rec = lookup_live(name, "launch it with launch_vm")?;
+    let cmd = match how {
+        Change::Pause => "stop",
+        Change::Resume => "cont",
+    };
+    let st = session::monitor(name, &rec, |q| {
+        q.execute(cmd, None)?;
+        Ok(q.execute("query-status", None)?)
+    })?;
+    Ok(RunState {
+        name: name.to_string(),
+        status: st
+            .get("status")
+            .and_then(Value::as_str)
+            .unwrap_or("unknown")
+            .to_string(),
+    })
+}
+
+/// attach_vm's request: sockets already checked against the roots.
+#[derive(Debug, Clone)]
+pub struct AttachRequest {
+    /// The name to register it under.
+    pub name: String,
+    /// Its QMP socket.
+    pub qmp_socket: PathBuf,
+    /// Its guest-agent socket.
+    pub qga_socket: Option<PathBuf>,
+    /// Its process, for stop_vm.
+    pub pid: Option<i32>,
+}
+
+/// What attach_vm registered (in this order).
+#[derive(Debug, Clone, Serialize)]
+pub struct Attached {
+    /// The VM.
+    pub name: String,
+    /// QEMU's run state.
+    pub status: String,
+    /// Its QMP socket.
+    pub qmp_socket: String,
+    /// Its guest-agent socket.
+    pub qga_socket: Option<String>,
+    /// Its process.
+    pub pid: Option<i32>,
+    /// QEMU's version, from its greeting.
+    pub qemu_version: String,
+}
+
+/// The record of a QEMU adopted with attach_vm.
+#[derive(Serialize)]
+struct AttachedRecord<'a> {
+    name: &'a str,
+    source: &'static str,
+    pid: Option<i32>,
+    qmp_socket: String,
+    qga_socket: Option<String>,
+    qemu_version: &'a str,
+    created_at: String,
+}
+
+/// The socket at `path` (parameter `key`), resolved: refused unless it is a unix socket.
+fn socket(path: &Path, key: &str) -> Result<PathBuf, OpError> {
+    let p = std::fs::canonicalize(path)
+        .map_err(|e| OpError::new(format!("{key} {}: {e}", path.display())))?;
+    if !sock::is_socket(&p) {
+        return Err(OpError::new(format!(
+            "{key} {} is not a unix socket",
+            p.display()
+        )));
+    }
+    Ok(p)
+}
+
+/// Registers a QEMU that answers QMP on its socket, unless a live VM holds the name.
+pub fn attach(req: &AttachRequest) -> Result<Attached, OpError> {
+    let qmp_path = socket(&req.qmp_socket, "qmp_socket")?;
+    let qga = match &req.qga_socket {
+        Some(p) => Some(socket(p, "qga_socket")?),
+        None => None,
+    };
+    if let Some(p) = req.pid {
+        if !process::alive(p) {
+            return Err(OpError::new(format!("process {p} is not running")));
+        }
+    }
+    let (status, version) = qmp::with_session(&qmp_path, |q| -> Result<_, QmpError> {
+        let st = q.execute("query-status", None)?;
+        Ok((
+            st.get("status")
+                .and_then(Value::as_str)
+                .unwrap_or("unknown")
+                .to_string(),
+            q.version.clone(),
+        ))
+    })
+    .map_err(|e| match e {
+        QmpError::NoGreeting => OpError::new(format!(
+            "{} accepts connections but sends no QMP greeting: another client holds that monitor. \
+             Free it and retry",
+            qmp_path.display()
+        )),
+        other => OpError::new(format!(
+            "{} does not answer QMP: {other}",
+            qmp_path.display()
+        )),
+    })?;
+    let name = req.name.clone();
+    let rec = to_record(&AttachedRecord {
+        name: &name,
+        source: "attached",
+        pid: req.pid,
+        qmp_socket: qmp_path.display().to_string(),
+        qga_socket: qga.as_ref().map(|p| p.display().to_string()),
+        qemu_version: &version,
+        created_at: crate::clock::iso8601(crate::clock::now_secs()),
+    });
+    let name_c = name.clone();
+    vm::registry().update(move |vms| {
+        if let Some(old) = vms.get(&name_c) {
+            if measure(old).alive() {
+                return Err(OpError::new(format!(
+                    "a live VM is already registered as {name_c:?}; choose another name"
+                )));
+            }
+        }
+        vms.insert(name_c, rec);
+        Ok(())
+    })?;
+    Ok(Attached {
+        name,
+        status,
+        qmp_socket: qmp_path.display().to_string(),
+        qga_socket: qga.map(|p| p.display().to_string()),
+        pid: req.pid,
+        qemu_version: version,
+    })
+}
+
+/// What forget_vm did (in this order).
+#[derive(Debug, Clone, Serialize)]
+pub struct Forgotten {
+    /// The VM.
+    pub name: String,
+    /// Always true.
+    pub forgotten: bool,
+    /// Whether its QEMU was still running (left alone, unmanaged).
+    pub was_running: bool,
+}
+
+/// Drops VM `name`'s record (a live spawned VM only with `force`).
+pub fn forget(name: &str, force: bool) -> Result<Forgotten, OpError> {
+    let was_running = records::forget(name, force)?;
+    Ok(Forgotten {
+        name: name.to_string(),
+        forgotten: true,
+        was_running,
+    })
+}
