@@ -7,6 +7,7 @@ pub mod agent;
 pub mod checks;
 pub mod disk_size;
 pub mod egress;
+pub mod inspect;
 pub mod launch;
 pub mod launch_args;
 pub mod lifecycle;

@@ -1,0 +1,385 @@
+//! What a VM is now (list_vms, vm_info): its record with its status measured, never
+//! remembered, within a budget (a wedged QEMU is reported, not waited for), and what QMP says
+//! of a running one (run state, vCPUs, accelerator, memory, block devices).
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::mpsc;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use crate::ops::error::OpError;
+use crate::ops::screen::hold::{self, Held};
+use crate::ops::session::explain_qmp;
+use crate::ops::vm::records::lookup;
+use crate::qemu::qmp::{self, QmpError};
+use crate::qemu::vm::{self, Measured, Status};
+use crate::state::registry::{Record, Vms};
+
+/// What a running QEMU cannot change (vCPUs are never hot-plugged by mcqemu).
+#[derive(Clone, Debug)]
+struct StaticFacts {
+    vcpus: Option<usize>,
+    accel: &'static str,
+    memory_mb: Option<u64>,
+    version: String,
+}
+
+/// Static facts per QEMU, keyed by its QMP socket and PID.
+type FactsCache = std::sync::Mutex<HashMap<(PathBuf, Option<i32>), StaticFacts>>;
+
+/// Static facts, asked once per server process.
+fn static_facts() -> &'static FactsCache {
+    static FACTS: OnceLock<FactsCache> = OnceLock::new();
+    FACTS.get_or_init(Default::default)
+}
+
+/// How long vm_info may spend on QMP: a wedged QEMU is reported, not waited for.
+const INFO_BUDGET: Duration = Duration::from_millis(4500);
+
+/// One VM as list_vms shows it (in this order).
+#[derive(Debug, Clone, Serialize)]
+pub struct Listed {
+    /// The VM.
+    pub name: String,
+    /// Its measured status.
+    pub status: Status,
+    /// spawned, attached, sandbox, ...
+    pub source: Value,
+    /// Its guest architecture.
+    pub arch: Option<Value>,
+    /// Its accelerator.
+    pub accel: Option<Value>,
+    /// Its QEMU's process.
+    pub pid: Option<Value>,
+    /// When it was launched.
+    pub created_at: Option<Value>,
+    /// Its memory.
+    pub memory_mb: Option<Value>,
+    /// Its vCPUs.
+    pub cpus: Option<Value>,
+    /// Its monitor.
+    pub qmp_socket: Option<Value>,
+    /// Its serial log.
+    pub serial_log: Option<Value>,
+    /// Its host forwards.
+    pub port_forwards: Option<Value>,
+    /// Its sandbox facts.
+    pub sandbox: Option<Value>,
+    /// Why its status is what it is, when that needs saying.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    /// A person's hold.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held: Option<Held>,
+}
+
+/// list_vms's result.
+#[derive(Debug, Clone, Serialize)]
+pub struct VmList {
+    /// Every VM but pooled clones.
+    pub vms: Vec<Listed>,
+    /// Records skipped or a registry file quarantined, said once.
+    pub registry_warnings: Vec<String>,
+}
+
+/// How long list_vms may spend measuring, for all VMs together.
+const LIST_BUDGET: Duration = Duration::from_millis(900);
+
+/// Measures every VM at once, each within the list's budget: a VM settled by its record or
+/// process costs nothing; the others are asked over QMP in parallel, and one that has not
+/// answered when the budget runs out is reported `unresponsive` instead of holding up the rest.
+fn measure_all(vms: &Vms) -> BTreeMap<String, Measured> {
+    let deadline = Instant::now() + LIST_BUDGET;
+    let mut out = BTreeMap::new();
+    let (tx, rx) = mpsc::channel();
+    let mut asked = 0;
+    for (name, rec) in vms {
+        if let Some(m) = vm::measure_process(rec) {
+            out.insert(name.clone(), m);
+            continue;
+        }
+        let (tx, name, rec) = (tx.clone(), name.clone(), rec.clone());
+        let probe = std::thread::Builder::new()
+            .name("list-probe".into())
+            .spawn(move || {
+                let m =
+                    vm::measure_within(&rec, LIST_BUDGET.saturating_sub(Duration::from_millis(50)));
+                let _ = tx.send((name, m));
+            });
+        if probe.is_ok() {
+            asked += 1;
+        }
+    }
+    drop(tx);
+    for _ in 0..asked {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok((name, m)) => {
+                out.insert(name, m);
+            }
+            Err(_) => break,
+        }
+    }
+    for name in vms.keys() {
+        out.entry(name.clone()).or_insert_with(|| Measured {
+            status: Status::Unresponsive,
+            detail: Some(format!(
+                "did not answer within {} ms; vm_info waits longer, stop_vm with force=true \
+                 ends it",
+                LIST_BUDGET.as_millis()
+            )),
+        });
+    }
+    out
+}
+
+/// Every registered VM (pooled clones aside: template_list counts them), measured now.
+pub fn list() -> VmList {
+    let reg = vm::registry();
+    let vms = reg.load();
+    let mut measured = measure_all(&vms);
+    let list = vms
+        .iter()
+        .filter(|(_, rec)| rec.get(crate::ops::sandbox::pool::POOLED).is_none())
+        .map(|(name, rec)| {
+            let m = measured.remove(name).unwrap_or(Measured {
+                status: Status::Unresponsive,
+                detail: None,
+            });
+            let f = |k: &str| rec.get(k).cloned();
+            Listed {
+                name: name.clone(),
+                status: m.status,
+                source: f("source")
+                    .filter(|v| !v.is_null())
+                    .unwrap_or_else(|| json!("spawned")),
+                arch: f("arch"),
+                accel: f("accel"),
+                pid: f("pid"),
+                created_at: f("created_at"),
+                memory_mb: f("memory_mb"),
+                cpus: f("cpus"),
+                qmp_socket: f("qmp_socket"),
+                serial_log: f("serial_log"),
+                port_forwards: f("port_forwards"),
+                sandbox: f("sandbox"),
+                detail: m.detail,
+                held: hold::of(rec),
+            }
+        })
+        .collect();
+    VmList {
+        vms: list,
+        registry_warnings: reg.take_warnings(),
+    }
+}
+
+/// A block device holding a medium, as vm_info shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct BlockDevice {
+    /// QEMU's device name.
+    pub device: Option<Value>,
+    /// Its qdev path.
+    pub qdev: Option<Value>,
+    /// The image file.
+    pub file: Option<Value>,
+    /// Its format driver.
+    pub format: Option<Value>,
+    /// Read-only.
+    pub read_only: Option<Value>,
+}
+
+/// vm_info's result (in this order).
+#[derive(Debug, Clone, Serialize)]
+pub struct VmInfo {
+    /// The VM.
+    pub name: String,
+    /// Its status (QEMU's run state when its monitor answered).
+    pub status: Value,
+    /// Its registry record, as it is.
+    pub record: Record,
+    /// Its host forwards.
+    pub port_forwards: Value,
+    /// Its background processes.
+    pub background: Value,
+    /// Block devices with a medium.
+    pub block_devices: Vec<BlockDevice>,
+    /// vCPUs, from QMP.
+    pub vcpus: Option<usize>,
+    /// Memory, from QMP.
+    pub memory_mb: Option<u64>,
+    /// The accelerator in use.
+    pub accel: Option<Value>,
+    /// QEMU's version.
+    pub qemu_version: Option<Value>,
+    /// The seccomp mode the kernel enforces on its QEMU.
+    pub seccomp: Option<&'static str>,
+    /// A person's hold.
+    pub held: Option<Held>,
+    /// Its egress proxy's state.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub egress_proxy: Option<Value>,
+    /// Its egress rules and counts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub egress: Option<Value>,
+    /// Why its status is what it is, when that needs saying.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+/// VM `name`'s record and what one QMP session says of it, within [`INFO_BUDGET`].
+pub fn info(name: &str) -> Result<VmInfo, OpError> {
+    let rec = lookup(name)?;
+    // One QMP session answers everything; only when the process already settles the status
+    // (or the session fails) is the status measured separately.
+    let settled = vm::measure_process(&rec);
+    let egress = crate::ops::vm::egress::info(name, &rec);
+    let mut out = VmInfo {
+        name: name.to_string(),
+        status: json!(settled
+            .as_ref()
+            .map_or(Status::Running, |m| m.status.clone())),
+        port_forwards: vm::forwards(&rec),
+        background: crate::ops::guest::background::list(&rec),
+        block_devices: Vec::new(),
+        vcpus: None,
+        memory_mb: None,
+        accel: rec.get("accel").cloned(),
+        qemu_version: rec.get("qemu_version").cloned(),
+        seccomp: vm::pid(&rec).and_then(crate::qemu::process::seccomp),
+        held: hold::of(&rec),
+        egress_proxy: egress.as_ref().map(|e| e["egress_proxy"].clone()),
+        egress,
+        detail: None,
+        record: rec,
+    };
+    if let Some(m) = settled {
+        out.detail = m.detail;
+        return Ok(out);
+    }
+    match ask_live(&out.record) {
+        Ok((status, block, facts)) => {
+            out.status = status.get("status").cloned().unwrap_or(json!("unknown"));
+            out.vcpus = facts.vcpus;
+            out.accel = Some(json!(facts.accel));
+            out.qemu_version = Some(json!(facts.version));
+            out.memory_mb = facts.memory_mb;
+            out.block_devices = block_devices(&block);
+        }
+        Err(e) => {
+            // The session failed: say why without another wait (busy, unresponsive, exited).
+            let rec = &out.record;
+            let m = match vm::measure_process(rec) {
+                Some(settled) => settled,
+                None => vm::classify(rec, &e, INFO_BUDGET),
+            };
+            out.status = json!(m.status);
+            out.detail = Some(m.detail.unwrap_or_else(|| explain_qmp(name, rec, &e)));
+        }
+    }
+    Ok(out)
+}
+
+/// One QMP session within [`INFO_BUDGET`]: the run state, the block devices and the static
+/// facts (asked once per QEMU process, then cached).
+fn ask_live(rec: &Record) -> Result<(Value, Value, StaticFacts), QmpError> {
+    let deadline = Instant::now() + INFO_BUDGET;
+    let left = || {
+        deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1))
+    };
+    let sock = vm::qmp_socket(rec);
+    let key = (sock.clone(), vm::pid(rec));
+    let cached = static_facts()
+        .lock()
+        .ok()
+        .and_then(|m| m.get(&key).cloned());
+    let (status, block, facts) = qmp::with_session_within(&sock, INFO_BUDGET, |q| {
+        // What cannot change while this QEMU runs is asked once per process; the rest goes
+        // out in one pipelined round trip.
+        let mut cmds: Vec<(&str, Option<Value>)> =
+            vec![("query-status", None), ("query-block", None)];
+        if cached.is_none() {
+            cmds.extend([
+                ("query-cpus-fast", None),
+                ("query-kvm", None),
+                ("query-memory-size-summary", None),
+            ]);
+        }
+        let mut replies = q.execute_pipelined(&cmds, left())?.into_iter();
+        let status = replies.next().unwrap_or(Err(QmpError::Closed))?;
+        let block = replies.next().unwrap_or(Err(QmpError::Closed))?;
+        let facts = match &cached {
+            Some(f) => f.clone(),
+            None => facts_from(&mut replies, &q.version)?,
+        };
+        Ok::<_, QmpError>((status, block, facts))
+    })?;
+    if cached.is_none() {
+        remember(key, &facts);
+    }
+    Ok((status, block, facts))
+}
+
+/// The static facts from the replies to query-cpus-fast, query-kvm and
+/// query-memory-size-summary (the last may fail: memory is then unknown).
+fn facts_from(
+    replies: &mut impl Iterator<Item = Result<Value, QmpError>>,
+    version: &str,
+) -> Result<StaticFacts, QmpError> {
+    let cpus = replies.next().unwrap_or(Err(QmpError::Closed))?;
+    let kvm = replies.next().unwrap_or(Err(QmpError::Closed))?;
+    let mem = replies.next().and_then(Result::ok);
+    Ok(StaticFacts {
+        vcpus: cpus.as_array().map(Vec::len),
+        accel: if kvm.get("enabled").and_then(Value::as_bool) == Some(true) {
+            "kvm"
+        } else {
+            "tcg"
+        },
+        memory_mb: mem
+            .as_ref()
+            .and_then(|m| m.get("base-memory"))
+            .and_then(Value::as_u64)
+            .map(|b| b / (1024 * 1024)),
+        version: version.to_string(),
+    })
+}
+
+/// Caches one QEMU's static facts.
+fn remember(key: (PathBuf, Option<i32>), facts: &StaticFacts) {
+    if let Ok(mut m) = static_facts().lock() {
+        // Bounded: entries of VMs long gone are dropped when the map grows.
+        if m.len() > 1024 {
+            m.clear();
+        }
+        m.insert(key, facts.clone());
+    }
+}
+
+/// query-block's devices that hold a medium, in vm_info's shape.
+fn block_devices(block: &Value) -> Vec<BlockDevice> {
+    block
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter(|d| d.get("inserted").is_some())
+                .map(|d| {
+                    let ins = &d["inserted"];
+                    BlockDevice {
+                        device: d.get("device").cloned(),
+                        qdev: d.get("qdev").cloned(),
+                        file: ins.get("file").cloned(),
+                        format: ins.get("drv").cloned(),
+                        read_only: ins.get("ro").cloned(),
+                    }
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
