@@ -4,25 +4,19 @@
 //! screen is listed.
 //!
 //! The MCP adapter of the resources, beside the tools: the server (`mcp::resources`) knows
-//! only the [`Provider`] that [`provider`] hands to it. The serial log is read with the tail
-//! reader `vm_serial_read` uses ([`crate::state::tail`]), the screen captured by the capture
-//! `vm_screenshot` uses ([`crate::ops::screen`]), with its inline bounds, but within
-//! [`SCREEN_BUDGET`] so that a wedged QEMU cannot hold up `resources/read`.
+//! only the [`Provider`] that [`provider`] hands to it. The reads are
+//! [`crate::ops::vm::consoles`]': the serial log's last window as `vm_serial_read` reads it, the
+//! screen as `vm_screenshot` captures it, with its inline bounds, but within [`SCREEN_BUDGET`]
+//! so that a wedged QEMU cannot hold up `resources/read`.
 
-use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use serde_json::{json, Value};
 
 use crate::mcp::resources::{Provider, ReadError};
-use crate::ops::screen::{self, Wait};
-use crate::ops::session::explain_qmp;
-use crate::ops::vm::{records, serial};
-use crate::qemu::qmp::QmpError;
-use crate::qemu::screen::CaptureError;
-use crate::qemu::vm::{self, Status};
-use crate::state::registry::{valid_name, Record};
+use crate::ops::vm::consoles::{self, Unread};
+use crate::ops::vm::records::valid_name;
+use crate::ops::vm::serial;
 
 /// Where every URI of a VM resource starts.
 pub const PREFIX: &str = "mcqemu://vm/";
@@ -33,10 +27,7 @@ pub const SCREEN_TEMPLATE: &str = "mcqemu://vm/{name}/screen";
 /// How much of the end of a serial log a read returns (the same window as `vm_serial_read`).
 pub const SERIAL_WINDOW: u64 = serial::WINDOW;
 /// The longest a screen read takes, the wait for the monitor included.
-pub const SCREEN_BUDGET: Duration = Duration::from_secs(4);
-/// The longest a screen read waits for the monitor (another call may hold it, QEMU may be
-/// wedged before its greeting).
-const MONITOR_WAIT: Duration = Duration::from_secs(2);
+pub use crate::ops::vm::consoles::SCREEN_BUDGET;
 
 const SERIAL_DESCRIPTION: &str = "The last 256 KiB of the VM's serial console log (kernel \
     messages, login prompts, a shell on ttyS0), read now. vm_serial_wait waits for text in it, \
@@ -105,74 +96,24 @@ fn screen_resource(name: &str) -> Value {
     })
 }
 
-/// The record of VM `name`, or the not-found error saying what to do.
-fn record(name: &str) -> Result<Record, ReadError> {
-    vm::registry().load().remove(name).ok_or_else(|| {
-        ReadError::NotFound(format!(
-            "resource not found: there is no VM named {name:?} (it was forgotten or destroyed, \
-             or never existed); resources/list and list_vms show the VMs there are, and \
-             launch_vm or sandbox_vm starts one"
-        ))
-    })
+fn unread(e: Unread) -> ReadError {
+    match e {
+        Unread::NotFound(m) => ReadError::NotFound(m),
+        Unread::Failed(m) => ReadError::Failed(m),
+    }
 }
 
 fn read_serial(uri: &str, name: &str) -> Result<Vec<Value>, ReadError> {
-    let rec = record(name)?;
-    let path = vm::field(&rec, "serial_log").ok_or_else(|| {
-        ReadError::NotFound(format!(
-            "resource not found: VM {name:?} has no serial console log (VMs adopted with \
-             attach_vm have none); read {} instead",
-            uri_of(name, Kind::Screen)
-        ))
-    })?;
-    let text = serial::tail_text(Path::new(path)).map_err(|e| {
-        ReadError::Failed(format!(
-            "cannot read the serial log of VM {name:?} ({path}): {e}"
-        ))
-    })?;
+    let text = consoles::serial_text(name, &uri_of(name, Kind::Screen)).map_err(unread)?;
     Ok(vec![
         json!({"uri": uri, "mimeType": "text/plain", "text": text}),
     ])
 }
 
-/// Why the monitor gave no screen, for VM `name`: a silent or busy monitor in terms of the
-/// read's own bound, anything else as the tools explain it.
-fn monitor_failure(name: &str, rec: &Record, e: &QmpError) -> String {
-    match e {
-        QmpError::NoGreeting | QmpError::Timeout(_) | QmpError::Held => format!(
-            "VM {name:?} did not show its screen within {} s: its monitor did not answer (QEMU \
-             is stuck, or another operation holds the monitor). Retry shortly; stop_vm with \
-             force=true ends a stuck QEMU",
-            SCREEN_BUDGET.as_secs()
-        ),
-        other => explain_qmp(name, rec, other),
-    }
-}
-
 fn read_screen(uri: &str, name: &str) -> Result<Vec<Value>, ReadError> {
-    record(name)?;
-    let rec = records::lookup_live(name, "launch it with launch_vm, then read its screen")
-        .map_err(|e| ReadError::Failed(e.0))?;
-    if let Some(m) = vm::measure_process(&rec).filter(|m| m.status == Status::Frozen) {
-        return Err(ReadError::Failed(format!(
-            "VM {name:?} cannot show its screen: {}",
-            m.detail
-                .unwrap_or_else(|| "its QEMU process is stopped".into())
-        )));
-    }
-    let wait = Wait::Within {
-        monitor: MONITOR_WAIT,
-        all: SCREEN_BUDGET,
-    };
-    // Bounded as vm_screenshot's inline image: clients hand a resource to the model as is.
-    let got = screen::capture(name, &rec, &screen::INLINE, wait).map_err(|e| {
-        ReadError::Failed(match e {
-            CaptureError::Qmp(e) => monitor_failure(name, &rec, &e),
-            other => format!("the screen of VM {name:?} could not be read: {other}; retry"),
-        })
-    })?;
+    let png = consoles::screen_png(name).map_err(unread)?;
     Ok(vec![json!({
-        "uri": uri, "mimeType": "image/png", "blob": crate::b64::encode(&got.shot.png.data)
+        "uri": uri, "mimeType": "image/png", "blob": crate::b64::encode(&png)
     })])
 }
 
@@ -187,18 +128,14 @@ pub fn provider() -> Arc<dyn Provider> {
 impl Provider for VmResources {
     fn list(&self) -> Vec<Value> {
         let mut out = Vec::new();
-        for (name, rec) in vm::registry().load() {
-            // Pooled clones are the server's, not the caller's VMs (list_vms hides them too);
-            // a VM still being launched has no console or screen yet: it appears once, when
-            // its launch is recorded.
-            if rec.get(crate::ops::sandbox::pool::POOLED).is_some() || rec.contains_key("launching")
-            {
-                continue;
+        // Pooled clones are the server's, not the caller's VMs (list_vms hides them too); a
+        // VM still being launched has no console or screen yet: it appears once, when its
+        // launch is recorded.
+        for vm in consoles::shown() {
+            if vm.serial {
+                out.push(serial_resource(&vm.name));
             }
-            if vm::field(&rec, "serial_log").is_some() {
-                out.push(serial_resource(&name));
-            }
-            out.push(screen_resource(&name));
+            out.push(screen_resource(&vm.name));
         }
         // The live view last: the VMs' own resources keep their places.
         out.push(view_resource());
@@ -244,7 +181,7 @@ impl Provider for VmResources {
 
     fn stamp(&self) -> Option<String> {
         use std::os::unix::fs::MetadataExt;
-        match std::fs::metadata(vm::registry().path()) {
+        match std::fs::metadata(consoles::registry_file()) {
             // The registry is replaced by a rename at every change: a new inode each time.
             Ok(m) => Some(format!(
                 "{}:{}:{}:{}",
