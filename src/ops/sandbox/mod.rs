@@ -15,6 +15,7 @@ pub mod pool;
 pub mod request;
 pub mod scratch;
 pub mod suspend;
+pub mod template_create;
 pub mod templates;
 use std::path::Path;
 use std::time::{Duration, Instant};
