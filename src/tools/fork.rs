@@ -115,7 +115,7 @@ pub const SUSPEND: ToolDef = ToolDef {
 };
 
 fn sandbox_suspend(ctx: &ToolCtx, args: &Args) -> ToolResult {
-    Ok(suspend::suspend(ctx, &vm_name_arg(args)?).map(ToolOutput::json)?)
+    super::to_output(&suspend::suspend(ctx, &vm_name_arg(args)?)?)
 }
 
 const RESUME_DESCRIPTION: &str = "Bring a suspended sandbox back: its processes, memory and \

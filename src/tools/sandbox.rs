@@ -87,5 +87,8 @@ pub const DESTROY: ToolDef = ToolDef {
 };
 
 fn destroy(ctx: &ToolCtx, args: &Args) -> ToolResult {
-    Ok(crate::ops::sandbox::destroy::destroy(ctx, &vm_name_arg(args)?).map(ToolOutput::json)?)
+    super::to_output(&crate::ops::sandbox::destroy::destroy(
+        ctx,
+        &vm_name_arg(args)?,
+    )?)
 }

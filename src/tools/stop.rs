@@ -5,7 +5,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use super::{object, presets, vm_name_arg};
-use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolResult};
 use crate::ops::vm::stop;
 
 const STOP_DESCRIPTION: &str = "Stop a VM. Graceful by default: ACPI power-down, then wait up to \
@@ -53,12 +53,10 @@ pub const STOP: ToolDef = ToolDef {
 fn stop_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let timeout =
         Duration::from_secs_f64(args.opt_f64("timeout")?.unwrap_or(30.0).clamp(0.0, 3600.0));
-    stop::stop(
+    super::to_output(&stop::stop(
         ctx,
         &vm_name_arg(args)?,
         args.bool_or("force", false)?,
         timeout,
-    )
-    .map(ToolOutput::json)
-    .map_err(ToolError::from)
+    )?)
 }

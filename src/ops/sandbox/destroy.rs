@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::ops::error::OpError;
 use crate::ops::vm::agent::tail;
@@ -65,9 +65,24 @@ pub fn holders(path: &Path) -> Vec<i32> {
     out
 }
 
+/// What sandbox_destroy did (its result, in this order).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Destroyed {
+    /// The sandbox.
+    pub name: String,
+    /// True when its process, files and record are all gone.
+    pub destroyed: bool,
+    /// How it was stopped.
+    pub stopped: String,
+    /// The files and folders removed.
+    pub deleted: Vec<String>,
+    /// Every problem met.
+    pub errors: Vec<String>,
+}
+
 /// sandbox_destroy: a verified kill, a careful delete inside the VM's own folder, the record
 /// dropped only when its files are gone; every problem reported.
-pub fn destroy(ctx: &dyn Work, name: &str) -> Result<Value, OpError> {
+pub fn destroy(ctx: &dyn Work, name: &str) -> Result<Destroyed, OpError> {
     let name = name.to_string();
     let rec = lookup(&name)?;
     let sb = rec
@@ -85,10 +100,13 @@ pub fn destroy(ctx: &dyn Work, name: &str) -> Result<Value, OpError> {
     // 1. Stop, verified.
     let stopped = stop_verified(&name, &rec, &mut errors);
     if measure(&rec).alive() {
-        return Ok(json!({
-            "name": name, "destroyed": false, "stopped": stopped, "deleted": deleted,
-            "errors": errors
-        }));
+        return Ok(Destroyed {
+            name,
+            destroyed: false,
+            stopped,
+            deleted,
+            errors,
+        });
     }
     errors.extend(vm::cleanup_runtime(&rec));
     let rt = vm::runtime_dir(&name);
@@ -120,10 +138,13 @@ pub fn destroy(ctx: &dyn Work, name: &str) -> Result<Value, OpError> {
         ctx.log("warning", &problem);
     }
     let destroyed = files_gone && errors.is_empty();
-    Ok(json!({
-        "name": name, "destroyed": destroyed, "stopped": stopped, "deleted": deleted,
-        "errors": errors
-    }))
+    Ok(Destroyed {
+        name,
+        destroyed,
+        stopped,
+        deleted,
+        errors,
+    })
 }
 
 /// Ends the sandbox's QEMU (quit, then signals to a process proven to be it); says how.

@@ -59,8 +59,27 @@ const LAUNCH_FIELDS: &[&str] = &[
     "suspended",
 ];
 
+/// What sandbox_suspend did (its result, in this order).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Suspended {
+    /// The sandbox.
+    pub name: String,
+    /// Always "suspended".
+    pub status: &'static str,
+    /// How long it took.
+    pub suspend_ms: u64,
+    /// The saved device state's size.
+    pub state_bytes: u64,
+    /// The guest memory's size on disk.
+    pub ram_bytes: u64,
+    /// Where it was saved.
+    pub path: String,
+    /// What went wrong but did not stop it.
+    pub warnings: Vec<String>,
+}
+
 /// sandbox_suspend: saves sandbox `name` to disk and ends its QEMU.
-pub fn suspend(ctx: &dyn Work, name: &str) -> Result<Value, OpError> {
+pub fn suspend(ctx: &dyn Work, name: &str) -> Result<Suspended, OpError> {
     let started = Instant::now();
     let rec = lookup(name)?;
     if rec.contains_key("suspended") {
@@ -109,11 +128,15 @@ pub fn suspend(ctx: &dyn Work, name: &str) -> Result<Value, OpError> {
         let _ = std::fs::remove_dir_all(old);
     }
     warnings.extend(frozen::collect());
-    Ok(json!({
-        "name": name, "status": "suspended", "suspend_ms": started.elapsed().as_millis() as u64,
-        "state_bytes": captured.state_bytes, "ram_bytes": captured.ram_bytes,
-        "path": dest.display().to_string(), "warnings": warnings,
-    }))
+    Ok(Suspended {
+        name: name.to_string(),
+        status: "suspended",
+        suspend_ms: started.elapsed().as_millis() as u64,
+        state_bytes: captured.state_bytes,
+        ram_bytes: captured.ram_bytes,
+        path: dest.display().to_string(),
+        warnings,
+    })
 }
 
 /// Makes sure the captured VM's QEMU is gone (it was told to quit; SIGKILL after 10 s).

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
+use serde::Serialize;
 
 use crate::ops::error::OpError;
 use crate::ops::session::explain_qmp;
@@ -15,9 +15,30 @@ use crate::qemu::vm::{self, measure, Status};
 use crate::qemu::{process, sock};
 use crate::state::registry::Record;
 
-/// Stops VM `name`: graceful (ACPI power-down watched for up to `timeout`) or forced; returns
-/// stop_vm's result.
-pub fn stop(ctx: &dyn Work, name: &str, force: bool, timeout: Duration) -> Result<Value, OpError> {
+/// How a stop went (stop_vm's result, in this order).
+#[derive(Debug, Clone, Serialize)]
+pub struct Stopped {
+    /// The VM.
+    pub name: String,
+    /// Always "stopped".
+    pub status: &'static str,
+    /// How: "already stopped", ACPI power-down, quit, SIGTERM, SIGKILL.
+    pub method: String,
+    /// What was seen on the way (QMP events, signals sent).
+    pub events: Vec<String>,
+    /// How long it took.
+    pub elapsed_ms: u64,
+    /// Runtime files that could not be removed.
+    pub cleanup_errors: Vec<String>,
+}
+
+/// Stops VM `name`: graceful (ACPI power-down watched for up to `timeout`) or forced.
+pub fn stop(
+    ctx: &dyn Work,
+    name: &str,
+    force: bool,
+    timeout: Duration,
+) -> Result<Stopped, OpError> {
     let name = name.to_string();
     let rec = lookup(&name)?;
     let started = Instant::now();
@@ -36,10 +57,14 @@ pub fn stop(ctx: &dyn Work, name: &str, force: bool, timeout: Duration) -> Resul
     }
     if !m.alive() {
         let cleanup = vm::cleanup_runtime(&rec);
-        return Ok(json!({
-            "name": name, "status": "stopped", "method": "already stopped", "events": [],
-            "elapsed_ms": 0, "cleanup_errors": cleanup
-        }));
+        return Ok(Stopped {
+            name,
+            status: "stopped",
+            method: "already stopped".to_string(),
+            events: Vec::new(),
+            elapsed_ms: 0,
+            cleanup_errors: cleanup,
+        });
     }
     ctx.log("notice", &format!("stop_vm {name} (force={force})"));
     let (method, events) = if force {
@@ -48,10 +73,14 @@ pub fn stop(ctx: &dyn Work, name: &str, force: bool, timeout: Duration) -> Resul
         graceful_stop(ctx, &name, &rec, timeout)?
     };
     let cleanup = vm::cleanup_runtime(&rec);
-    Ok(json!({
-        "name": name, "status": "stopped", "method": method, "events": events,
-        "elapsed_ms": started.elapsed().as_millis() as u64, "cleanup_errors": cleanup,
-    }))
+    Ok(Stopped {
+        name,
+        status: "stopped",
+        method,
+        events,
+        elapsed_ms: started.elapsed().as_millis() as u64,
+        cleanup_errors: cleanup,
+    })
 }
 
 fn gone(rec: &Record) -> bool {
