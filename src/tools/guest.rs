@@ -67,7 +67,7 @@ pub const INFO: ToolDef = ToolDef {
 };
 
 fn info(_ctx: &ToolCtx, args: &Args) -> ToolResult {
-    Ok(guest_ops::info(&vm_name_arg(args)?).map(ToolOutput::json)?)
+    super::to_output(&guest_ops::info(&vm_name_arg(args)?)?)
 }
 
 const EXEC_DESCRIPTION: &str = "Run a program inside the guest through the agent (not a shell: \

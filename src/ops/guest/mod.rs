@@ -331,7 +331,7 @@ fn with_spooled_output(q: &mut Qga, mut status: Value, id: &str) -> Result<Value
 }
 
 /// The agent's version, the guest OS and the agent commands enabled: guest_info's result.
-pub fn info(name: &str) -> Result<Value, OpError> {
+pub fn info(name: &str) -> Result<AgentInfo, OpError> {
     let (info, os) = with_guest(name, "guest-info", |q| {
         let info = q.execute_within("guest-info", None, Duration::from_secs(10))?;
         let os = q
@@ -358,11 +358,30 @@ pub fn info(name: &str) -> Result<Value, OpError> {
             disabled.push(n);
         }
     }
-    Ok(json!({
-        "name": name,
-        "version": info.get("version").and_then(Value::as_str).unwrap_or(""),
-        "os": os,
-        "enabled_commands": enabled,
-        "disabled_commands": disabled,
-    }))
+    Ok(AgentInfo {
+        name: name.to_string(),
+        version: info
+            .get("version")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string(),
+        os,
+        enabled_commands: enabled,
+        disabled_commands: disabled,
+    })
+}
+
+/// The guest agent and OS (guest_info's result, in this order).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct AgentInfo {
+    /// The VM.
+    pub name: String,
+    /// qemu-ga's version.
+    pub version: String,
+    /// guest-get-osinfo's answer, when the agent has it.
+    pub os: Option<Value>,
+    /// Agent commands the guest allows.
+    pub enabled_commands: Vec<String>,
+    /// Agent commands the guest's configuration blocks.
+    pub disabled_commands: Vec<String>,
 }
