@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde_json::json;
 
 use super::{object, presets, vm_name_arg};
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
@@ -155,6 +155,9 @@ pub const RESUME: ToolDef = ToolDef {
 };
 
 fn sandbox_resume(ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let out: Value = suspend::resume(ctx, &vm_name_arg(args)?, wait(args, 60.0)?)?;
-    Ok(ToolOutput::json(out))
+    super::to_output(&suspend::resume(
+        ctx,
+        &vm_name_arg(args)?,
+        wait(args, 60.0)?,
+    )?)
 }

@@ -155,8 +155,33 @@ fn resumed_from(rec: &Record) -> Option<PathBuf> {
     vm::field(rec, "resumed_from").map(PathBuf::from)
 }
 
+/// Where a resume's time went, in milliseconds.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ResumeSteps {
+    /// QEMU up with its monitor.
+    pub qemu_start: f64,
+    /// The saved devices loaded.
+    pub state_load: f64,
+    /// The agent's first answer.
+    pub first_agent_answer: f64,
+}
+
+/// What sandbox_resume started: the launch's result, then (in this order) these.
+#[derive(serde::Serialize)]
+pub struct Resumed {
+    /// The launch, its status the resumed VM's.
+    #[serde(flatten)]
+    pub launched: launch::Launched,
+    /// Whether the agent answered.
+    pub agent_ready: bool,
+    /// Where the time went.
+    pub steps_ms: ResumeSteps,
+    /// How long it took.
+    pub resume_ms: u64,
+}
+
 /// sandbox_resume: brings suspended sandbox `name` back, its agent awaited within `wait`.
-pub fn resume(ctx: &dyn Work, name: &str, wait: Duration) -> Result<Value, OpError> {
+pub fn resume(ctx: &dyn Work, name: &str, wait: Duration) -> Result<Resumed, OpError> {
     let started = Instant::now();
     let rec = lookup(name)?;
     let Some(saved) = rec.get("suspended").cloned() else {
@@ -209,19 +234,22 @@ pub fn resume(ctx: &dyn Work, name: &str, wait: Duration) -> Result<Value, OpErr
         (sock, false) => guest_clock::answer_then_set(Path::new(sock), wait, None).map(drop),
     };
     let ms = |d: Duration| (d.as_secs_f64() * 10000.0).round() / 10.0;
-    let mut out = launched.to_json();
-    out["status"] = json!(if paused { "paused" } else { "running" });
-    out["agent_ready"] = json!(agent.is_ok());
+    let mut launched = launched;
+    launched.status = if paused { "paused" } else { "running" }.to_string();
+    let agent_ready = agent.is_ok();
     if let Err(why) = agent {
-        out["warnings"]
-            .as_array_mut()
-            .map(|w| w.push(json!(why)))
-            .unwrap_or_default();
+        launched.warnings.push(why);
     }
-    out["steps_ms"] = json!({"qemu_start": ms(qemu_ms), "state_load": ms(load_ms),
-                             "first_agent_answer": ms(t_agent.elapsed())});
-    out["resume_ms"] = json!(started.elapsed().as_millis() as u64);
-    Ok(out)
+    Ok(Resumed {
+        launched,
+        agent_ready,
+        steps_ms: ResumeSteps {
+            qemu_start: ms(qemu_ms),
+            state_load: ms(load_ms),
+            first_agent_answer: ms(t_agent.elapsed()),
+        },
+        resume_ms: started.elapsed().as_millis() as u64,
+    })
 }
 
 /// The suspended record's own fields (its sandbox among them), for the resumed record.
