@@ -181,6 +181,11 @@ const ALIASES: &[(&str, &str)] = &[
     ("quote", "apostrophe"),
 ];
 
+/// A key press or release by qcode, as QMP's `input-send-event` takes it.
+pub fn key_event(qcode: &str, down: bool) -> serde_json::Value {
+    serde_json::json!({"type": "key", "data": {"down": down, "key": {"type": "qcode", "data": qcode}}})
+}
+
 /// Maps one key name (qcode or alias, case-insensitive) to its qcode.
 pub fn qcode(name: &str) -> Option<&'static str> {
     let lower = name.trim().to_ascii_lowercase();

@@ -1,6 +1,8 @@
 //! Plans of QMP `input-send-event` commands and pauses, and their sending: what the pointer
-//! gestures ([`crate::ops::screen::pointer`]) and the keyboard ([`crate::ops::screen::keyboard`]) are made of. Plans are
-//! plain [`Step`]s so their order and pacing are unit-tested; [`run`] sends them.
+//! gestures ([`crate::ops::screen::pointer`]) and the keyboard ([`crate::ops::screen::keyboard`])
+//! are made of (the events themselves, such as [`crate::qemu::keys::key_event`], are built in
+//! `qemu/`). Plans are plain [`Step`]s so their order and pacing are unit-tested; [`run`] sends
+//! them.
 
 use std::time::Duration;
 
@@ -15,11 +17,6 @@ pub enum Step {
     Send(Vec<Value>),
     /// A pause.
     Pause(Duration),
-}
-
-/// A key press or release by qcode.
-pub fn key_event(qcode: &str, down: bool) -> Value {
-    json!({"type": "key", "data": {"down": down, "key": {"type": "qcode", "data": qcode}}})
 }
 
 /// The number of commands a plan sends.
@@ -69,6 +66,7 @@ fn releases(events: &[Value]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::qemu::keys::key_event;
 
     #[test]
     fn a_plan_counts_its_commands_and_only_releases_pass_a_cancel() {

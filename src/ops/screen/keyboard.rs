@@ -15,11 +15,11 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::ops::error::OpError;
-use crate::ops::screen::input::{self, key_event, Step};
+use crate::ops::screen::input::{self, Step};
 use crate::ops::session;
 use crate::ops::vm::records;
 use crate::ops::work::Work;
-use crate::qemu::keys::{self, KeyEvent};
+use crate::qemu::keys::{self, key_event, KeyEvent};
 use crate::state::registry::Record;
 
 /// Longest text vm_type_text accepts.

@@ -153,7 +153,10 @@ fn press_keys(q: &mut Qmp, hold: &[&str], down: bool) -> Result<(), QmpError> {
     if hold.is_empty() {
         return Ok(());
     }
-    let events: Vec<Value> = hold.iter().map(|k| input::key_event(k, down)).collect();
+    let events: Vec<Value> = hold
+        .iter()
+        .map(|k| crate::qemu::keys::key_event(k, down))
+        .collect();
     std::thread::sleep(MOUSE_PACE);
     q.execute("input-send-event", Some(json!({ "events": events })))?;
     std::thread::sleep(MOUSE_PACE);

@@ -8,9 +8,9 @@ use std::time::Duration;
 use serde_json::json;
 
 use crate::ops::error::OpError;
-use crate::ops::screen::input::key_event;
 pub use crate::ops::screen::input::Step;
 use crate::qemu::keys;
+use crate::qemu::keys::key_event;
 
 /// Maps a coordinate of a scaled image of the screen (`image` pixels along this axis for
 /// `screen` screen pixels) to the screen pixel under the image pixel's centre.
