@@ -237,23 +237,43 @@ fn start_in(q: &mut Qga, launch: &Launch) -> Result<Result<Spawned, BgError>, Qg
 }
 
 /// The processes recorded for VM `name` (handle, pid, command, state), for vm_info.
-pub fn list(rec: &crate::state::registry::Record) -> Value {
+pub fn list(rec: &crate::state::registry::Record) -> Vec<Listed> {
     let Some(m) = rec.get(FIELD).and_then(Value::as_object) else {
-        return json!([]);
+        return Vec::new();
     };
-    let mut v: Vec<Value> = m
+    let mut v: Vec<Listed> = m
         .iter()
-        .map(|(h, p)| {
-            json!({
-                "handle": h, "pid": p["pid"], "command": p["command"],
-                "started_at": p["started_at"],
-                "running": p.get("ended").is_none(),
-                "exitcode": p["ended"]["exitcode"], "signal": p["ended"]["signal"],
-            })
+        .map(|(h, p)| Listed {
+            handle: h.clone(),
+            pid: p["pid"].clone(),
+            command: p["command"].clone(),
+            started_at: p["started_at"].clone(),
+            running: p.get("ended").is_none(),
+            exitcode: p["ended"]["exitcode"].clone(),
+            signal: p["ended"]["signal"].clone(),
         })
         .collect();
-    v.sort_by_key(|p| p["started_at"].as_u64().unwrap_or(0));
-    Value::Array(v)
+    v.sort_by_key(|p| p.started_at.as_u64().unwrap_or(0));
+    v
+}
+
+/// A background process as vm_info lists it (in this order; the record's values as kept).
+#[derive(Debug, Clone, Serialize)]
+pub struct Listed {
+    /// Its handle.
+    pub handle: String,
+    /// Its guest PID.
+    pub pid: Value,
+    /// What was started.
+    pub command: Value,
+    /// When (seconds since the epoch).
+    pub started_at: Value,
+    /// Not yet seen ending.
+    pub running: bool,
+    /// Its exit code, once ended.
+    pub exitcode: Value,
+    /// The signal that ended it.
+    pub signal: Value,
 }
 
 /// The process of `handle` in VM `name`, or an error naming where it is (or that it is not).

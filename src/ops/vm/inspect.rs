@@ -205,7 +205,7 @@ pub struct VmInfo {
     /// Its host forwards.
     pub port_forwards: Value,
     /// Its background processes.
-    pub background: Value,
+    pub background: Vec<crate::ops::guest::background::Listed>,
     /// Block devices with a medium.
     pub block_devices: Vec<BlockDevice>,
     /// vCPUs, from QMP.
