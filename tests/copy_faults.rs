@@ -219,14 +219,7 @@ fn cancelled_in(e: &mut Lab, vm: &str, big: &Path) {
 /// A copy out cancelled once its temporary exists on the host: no answer, the temporary gone.
 fn cancelled_out(e: &mut Lab, vm: &str) {
     let out = e.dir.subdir("cancelled-out");
-    let id = json!("cancel-out");
-    let args = json!({"name": vm, "guest_path": "/tmp/big", "host_path": out.join("big")});
-    e.srv().send_request(
-        &id,
-        "tools/call",
-        json!({"name": "guest_copy_out", "arguments": args}),
-    );
-    wait_for_host_temporary(&out);
+    let id = copy_out_under_way(e, vm, &out, "cancel-out");
     e.srv().notify(
         "notifications/cancelled",
         json!({"requestId": id, "reason": "test"}),
@@ -242,16 +235,8 @@ fn cancelled_out(e: &mut Lab, vm: &str) {
 /// The VM's QEMU killed during a copy out: a clear error, nothing left on the host.
 fn vm_killed(e: &mut Lab, vm: &str, pid: i64) {
     let out = e.dir.subdir("vm-killed");
-    let id = json!("vm-killed");
-    let args = json!({"name": vm, "guest_path": "/tmp/big", "host_path": out.join("big")});
-    e.srv().send_request(
-        &id,
-        "tools/call",
-        json!({"name": "guest_copy_out", "arguments": args}),
-    );
-    wait_for_host_temporary(&out);
-    // SAFETY: kill(2) on the lab's own QEMU, a pid launch_vm reported.
-    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    let id = copy_out_under_way(e, vm, &out, "vm-killed");
+    assert!(e.killer.kill(pid as i32), "QEMU {pid} was not running");
     let (resp, _) = e.srv().read_until_id(&id, Duration::from_secs(120));
     let result = &resp["result"];
     assert_eq!(result["isError"], json!(true), "{resp}");
@@ -262,13 +247,22 @@ fn vm_killed(e: &mut Lab, vm: &str, pid: i64) {
     e.srv().assert_alive();
 }
 
-/// Waits (bounded) until a copy out's temporary shows in `dir`: the transfer is under way.
-fn wait_for_host_temporary(dir: &Path) {
+/// Sends a guest_copy_out of /tmp/big into `dir` as request `id` (not awaited) and waits
+/// (bounded) until its temporary shows there: the transfer is under way. Returns the id.
+fn copy_out_under_way(e: &mut Lab, vm: &str, dir: &Path, id: &str) -> Value {
+    let id = json!(id);
+    let args = json!({"name": vm, "guest_path": "/tmp/big", "host_path": dir.join("big")});
+    e.srv().send_request(
+        &id,
+        "tools/call",
+        json!({"name": "guest_copy_out", "arguments": args}),
+    );
     let deadline = Instant::now() + Duration::from_secs(60);
     while host_names(dir).is_empty() {
         assert!(Instant::now() < deadline, "no copy began in {dir:?}");
         std::thread::sleep(Duration::from_millis(5));
     }
+    id
 }
 
 /// Waits (bounded) until the guest folder `dir` holds no copy temporary and `dst` is absent;
