@@ -21,6 +21,7 @@ use crate::qemu::qmp::{self, Qmp, QmpError};
 use crate::qemu::run::RunError;
 use crate::qemu::untrusted::ImageError;
 use crate::qemu::vm::{self, measure, Status};
+use crate::state::record::text;
 use crate::state::registry::{Record, RegistryError};
 use crate::state::roots::RootsError;
 
@@ -110,7 +111,7 @@ pub fn agent<T>(
     cmd: &str,
     f: impl FnOnce(&mut Qga) -> Result<T, SessionError<QgaError>>,
 ) -> Result<T, OpError> {
-    let sock = vm::field(rec, "qga_socket").ok_or_else(|| {
+    let sock = text(&rec.qga_socket).ok_or_else(|| {
         OpError::new(format!(
             "VM {name:?} has no guest-agent socket (attached without qga_socket); attach it again \
              with qga_socket"
@@ -125,7 +126,7 @@ pub fn agent<T>(
 /// Maps a QMP error for a VM to words for the agent, checking the process instead of guessing.
 pub fn explain_qmp(name: &str, rec: &Record, e: &QmpError) -> String {
     let proc_alive = vm::pid(rec).map(process::alive);
-    if rec.contains_key("suspended") {
+    if rec.suspended.is_some() {
         return format!(
             "VM {name:?} is suspended (saved to disk, no QEMU); sandbox_resume it first"
         );

@@ -27,6 +27,29 @@ pub struct Forward {
     pub auto: bool,
 }
 
+impl Forward {
+    /// The forward as a VM's record keeps it.
+    pub fn to_record(&self) -> crate::state::record::Forward {
+        crate::state::record::Forward {
+            addr: Some(self.addr.to_string()),
+            host: Some(self.host),
+            guest: Some(self.guest),
+            auto: Some(self.auto),
+            other: serde_json::Map::new(),
+        }
+    }
+
+    /// A recorded forward, when it is whole (an address, both ports).
+    pub fn from_record(f: &crate::state::record::Forward) -> Option<Forward> {
+        Some(Forward {
+            addr: f.addr.as_deref()?.parse().ok()?,
+            host: f.host?,
+            guest: f.guest?,
+            auto: f.auto.unwrap_or(false),
+        })
+    }
+}
+
 /// Why port forwards could not be set up.
 #[derive(Debug)]
 pub enum ForwardError {

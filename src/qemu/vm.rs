@@ -5,11 +5,12 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::process;
 use super::qmp::{self, QmpError};
 use crate::state::paths;
+use crate::state::record::{text, Forward};
 use crate::state::registry::{Record, Registry};
 
 /// The registry of this process's state folder.
@@ -28,37 +29,29 @@ pub fn state_dir(name: &str) -> PathBuf {
     paths::state_dir().join("vms").join(name)
 }
 
-/// A string field of a record.
-pub fn field<'a>(rec: &'a Record, key: &str) -> Option<&'a str> {
-    rec.get(key)
-        .and_then(Value::as_str)
-        .filter(|s| !s.is_empty())
-}
-
 /// The record's PID, if any.
 pub fn pid(rec: &Record) -> Option<i32> {
-    rec.get("pid")
-        .and_then(Value::as_i64)
-        .map(|p| p as i32)
+    rec.pid
+        .and_then(|p| i32::try_from(p).ok())
         .filter(|p| *p > 0)
 }
 
 /// The record's QMP socket.
 pub fn qmp_socket(rec: &Record) -> PathBuf {
-    PathBuf::from(field(rec, "qmp_socket").unwrap_or(""))
+    PathBuf::from(text(&rec.qmp_socket).unwrap_or(""))
 }
 
 /// The QMP socket path the VM's QEMU was started with, which its command line names (a pooled
 /// clone handed out later has moved to another folder since): what proves a PID is this VM.
 pub fn identity_socket(rec: &Record) -> PathBuf {
-    field(rec, "launch_qmp_socket")
+    text(&rec.launch_qmp_socket)
         .map(PathBuf::from)
         .unwrap_or_else(|| qmp_socket(rec))
 }
 
 /// True for VMs this server family spawned (as opposed to attached).
 pub fn spawned(rec: &Record) -> bool {
-    field(rec, "source") != Some("attached")
+    text(&rec.source) != Some("attached")
 }
 
 /// What a VM is doing, measured (never remembered).
@@ -150,9 +143,9 @@ impl Measured {
 /// alive (or, for attached VMs without a PID, only its socket can tell). Tools that open a
 /// session anyway use this and let the session's errors speak, saving a round trip.
 pub fn measure_process(rec: &Record) -> Option<Measured> {
-    if let Some(l) = rec.get("launching") {
-        let owner = l.get("owner_pid").and_then(Value::as_i64).unwrap_or(0) as i32;
-        let since = l.get("since").and_then(Value::as_i64).unwrap_or(0);
+    if let Some(l) = &rec.launching {
+        let owner = l.owner_pid.and_then(|p| i32::try_from(p).ok()).unwrap_or(0);
+        let since = l.since.unwrap_or(0);
         let fresh = crate::clock::now_secs() - since < process::START_TIMEOUT.as_secs() as i64 + 30;
         if process::alive(owner) && fresh {
             return Some(Measured::new(
@@ -165,7 +158,7 @@ pub fn measure_process(rec: &Record) -> Option<Measured> {
             Some("an interrupted launch".into()),
         ));
     }
-    if rec.contains_key("suspended") {
+    if rec.suspended.is_some() {
         return Some(Measured::new(
             Status::Suspended,
             Some("saved to disk; sandbox_resume brings it back".into()),
@@ -267,21 +260,8 @@ pub fn classify(rec: &Record, e: &QmpError, budget: Duration) -> Measured {
 pub fn images_in_use() -> Vec<(String, PathBuf)> {
     let mut out = Vec::new();
     for (name, rec) in registry().load() {
-        let mut paths: Vec<PathBuf> = rec
-            .get("disks")
-            .and_then(Value::as_array)
-            .map(|d| {
-                d.iter()
-                    .filter_map(Value::as_str)
-                    .map(PathBuf::from)
-                    .collect()
-            })
-            .unwrap_or_default();
-        if let Some(b) = rec
-            .get("sandbox")
-            .and_then(|s| s.get("base_image"))
-            .and_then(Value::as_str)
-        {
+        let mut paths: Vec<PathBuf> = rec.disks.iter().flatten().map(PathBuf::from).collect();
+        if let Some(b) = rec.sandbox.as_ref().and_then(|s| s.base_image.as_ref()) {
             paths.push(PathBuf::from(b));
         }
         // A QEMU process that is there holds its images, whatever its monitor says: judged
@@ -311,15 +291,20 @@ pub fn cleanup_runtime(rec: &Record) -> Vec<String> {
     if super::sock::is_listening(&sock) {
         return errors;
     }
-    if field(rec, "source") == Some("attached") {
+    if !spawned(rec) {
         return errors;
     }
-    let mut paths: Vec<PathBuf> = ["qmp_socket", "qga_socket", "serial_socket", "pidfile"]
-        .iter()
-        .filter_map(|k| field(rec, k).map(PathBuf::from))
-        .collect();
+    let mut paths: Vec<PathBuf> = [
+        &rec.qmp_socket,
+        &rec.qga_socket,
+        &rec.serial_socket,
+        &rec.pidfile,
+    ]
+    .into_iter()
+    .filter_map(|f| text(f).map(PathBuf::from))
+    .collect();
     // The data channel's socket and its transfers' lock, beside the agent's socket.
-    if let Some(qga) = field(rec, "qga_socket") {
+    if let Some(qga) = text(&rec.qga_socket) {
         let data = super::cmdline::data_socket(Path::new(qga));
         paths.push(data.with_file_name("data.lock"));
         paths.push(data);
@@ -335,8 +320,6 @@ pub fn cleanup_runtime(rec: &Record) -> Vec<String> {
 }
 
 /// The port forwards of a record as stored.
-pub fn forwards(rec: &Record) -> Value {
-    rec.get("port_forwards")
-        .cloned()
-        .unwrap_or_else(|| json!([]))
+pub fn forwards(rec: &Record) -> Vec<Forward> {
+    rec.port_forwards.clone().unwrap_or_default()
 }

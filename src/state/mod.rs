@@ -4,6 +4,7 @@ pub mod beneath;
 pub mod copy;
 pub mod extract;
 pub mod paths;
+pub mod record;
 pub mod registry;
 pub mod roots;
 pub mod sparse;

@@ -1,6 +1,6 @@
 //! The VM registry, `vms.json`: `{"version": 1, "vms": {NAME: record}}` (the legacy bare
-//! mapping is read too). Records are JSON objects kept as-is, so fields written by other
-//! versions (or the Python mcqemu) round-trip untouched.
+//! mapping is read too). Records are typed ([`Record`]) and keep the fields other versions (or
+//! the Python mcqemu) wrote, so those round-trip untouched.
 //!
 //! Every read-modify-write takes an exclusive lock on `vms.json.lock`, re-reads the file under
 //! it, writes a PID-unique temporary file, fsyncs and renames: two server instances merge
@@ -25,18 +25,7 @@ pub const MAX_FILE_BYTES: usize = 64 * 1024 * 1024;
 /// How long to wait for another instance to release the lock.
 const LOCK_WAIT: Duration = Duration::from_secs(10);
 
-/// One VM's record: a JSON object. Kept as a map, not a struct, so that fields written by
-/// other versions of mcqemu (or the Python server) survive a read-modify-write untouched.
-pub type Record = Map<String, Value>;
-
-/// A record from a serializable struct: tools describe what they store as a typed struct and
-/// convert it here (a struct that does not serialize to an object gives an empty record).
-pub fn to_record<T: serde::Serialize>(value: &T) -> Record {
-    match serde_json::to_value(value) {
-        Ok(Value::Object(m)) => m,
-        _ => Map::new(),
-    }
-}
+pub use super::record::Record;
 
 /// All records by name.
 pub type Vms = BTreeMap<String, Record>;
@@ -189,6 +178,7 @@ pub fn parse(bytes: &[u8]) -> Result<Parsed, ParseError> {
         }
         match rec {
             Value::Object(r) => {
+                let r = Record::from_map(r);
                 if let Some(why) = malformed(&r) {
                     parsed
                         .warnings
@@ -206,14 +196,15 @@ pub fn parse(bytes: &[u8]) -> Result<Parsed, ParseError> {
 }
 
 fn malformed(r: &Record) -> Option<&'static str> {
-    match r.get("qmp_socket") {
-        Some(Value::String(s)) if !s.is_empty() => {}
-        _ => return Some("no qmp_socket path"),
+    if super::record::text(&r.qmp_socket).is_none() {
+        return Some("no qmp_socket path");
     }
-    match r.get("pid") {
-        None | Some(Value::Null) => {}
-        Some(Value::Number(n)) if n.as_u64().is_some_and(|p| p > 0 && p < i32::MAX as u64) => {}
-        _ => return Some("pid is not a positive integer"),
+    let pid_ok = match r.pid {
+        None => !r.other.contains_key("pid"),
+        Some(p) => p > 0 && p < i64::from(i32::MAX),
+    };
+    if !pid_ok {
+        return Some("pid is not a positive integer");
     }
     None
 }
@@ -454,7 +445,7 @@ mod tests {
         );
         let p = parse(text.as_bytes()).unwrap();
         assert_eq!(p.vms.len(), 1);
-        assert_eq!(p.vms["a"]["x"], 1);
+        assert_eq!(p.vms["a"].other["x"], 1);
         assert_eq!(p.warnings.len(), 3);
         let legacy = parse(br#"{"a":{"qmp_socket":"/s"}}"#).unwrap();
         assert_eq!(legacy.vms.len(), 1);
@@ -463,13 +454,72 @@ mod tests {
         assert!(parse(b"").unwrap().vms.is_empty());
     }
 
+    /// Drops `null`s inside objects (a typed field reads `null` as absent and does not write it).
+    fn without_nulls(v: &Value) -> Value {
+        match v {
+            Value::Object(m) => Value::Object(
+                m.iter()
+                    .filter(|(_, v)| !v.is_null())
+                    .map(|(k, v)| (k.clone(), without_nulls(v)))
+                    .collect(),
+            ),
+            Value::Array(a) => Value::Array(a.iter().map(without_nulls).collect()),
+            other => other.clone(),
+        }
+    }
+
+    /// A registry file the previous (map-record) version wrote, with every kind of record:
+    /// launched, sandbox fork with an egress proxy, hold and background processes, pooled
+    /// clone, suspended, attached, a reservation, and a Python-era record with its own fields.
+    const OLD_FILE: &str = include_str!("testdata/vms-v1.json");
+
+    #[test]
+    fn an_old_registry_file_reads_typed_and_writes_back_what_it_held() {
+        let p = parse(OLD_FILE.as_bytes()).unwrap();
+        assert!(p.warnings.is_empty(), "{:?}", p.warnings);
+        assert_eq!(p.vms.len(), 7);
+        let sb = &p.vms["sb"];
+        let sandbox = sb.sandbox.as_ref().unwrap();
+        assert_eq!(sandbox.chain.as_ref().unwrap(), &["sb-0", "sb-1"]);
+        assert_eq!(sandbox.frozen.as_deref(), Some("sb-1"));
+        assert_eq!(sb.port_forwards.as_ref().unwrap()[0].host, Some(40022));
+        let bg = sb.background.as_ref().unwrap();
+        assert_eq!(bg["bg-1"].ended.as_ref().unwrap().exitcode, Some(0));
+        assert_eq!(
+            sb.egress.as_ref().unwrap().rules.as_ref().unwrap()[0],
+            "deb.debian.org"
+        );
+        assert_eq!(p.vms["deb-pool-1"].pooled.as_deref(), Some("deb"));
+        assert_eq!(
+            p.vms["new"].launching.as_ref().unwrap().owner_pid,
+            Some(4242)
+        );
+        assert_eq!(p.vms["zz"].pid, None);
+        let py = &p.vms["py"];
+        assert_eq!(py.memory_mb, None, "a mistyped field reads absent");
+        assert_eq!(py.other["memory_mb"], "1G");
+        assert_eq!(py.other["vnc_display"], ":3");
+        assert_eq!(
+            p.extra["written_by"],
+            "mcqemu 0.9 (a later field of the file)"
+        );
+
+        let written = serialize(&p.vms, &p.extra);
+        let before: Value = serde_json::from_str(OLD_FILE).unwrap();
+        let after: Value = serde_json::from_slice(&written).unwrap();
+        assert_eq!(without_nulls(&after), without_nulls(&before));
+        // Opaque values (the launch spec) are kept verbatim, their nulls included.
+        assert_eq!(after["vms"]["x"]["spec"], before["vms"]["x"]["spec"]);
+        assert_eq!(parse(&written).unwrap(), p);
+    }
+
     #[test]
     fn unknown_fields_round_trip() {
         let p =
             parse(br#"{"version":1,"vms":{"a":{"qmp_socket":"/s","future":{"k":[1]}}},"top":"t"}"#)
                 .unwrap();
         let again = parse(&serialize(&p.vms, &p.extra)).unwrap();
-        assert_eq!(again.vms["a"]["future"]["k"][0], 1);
+        assert_eq!(again.vms["a"].other["future"]["k"][0], 1);
         assert_eq!(again.extra["top"], "t");
     }
 
@@ -495,7 +545,7 @@ mod tests {
         reg.update(|vms| {
             vms.insert(
                 "a".into(),
-                json!({"qmp_socket": "/s"}).as_object().unwrap().clone(),
+                serde_json::from_value(json!({"qmp_socket": "/s"})).unwrap(),
             );
             Ok::<_, RegistryError>(())
         })
@@ -528,7 +578,7 @@ mod tests {
                     reg.update(|vms| {
                         vms.insert(
                             format!("vm{i}"),
-                            json!({"qmp_socket": "/s"}).as_object().unwrap().clone(),
+                            serde_json::from_value(json!({"qmp_socket": "/s"})).unwrap(),
                         );
                         Ok::<_, RegistryError>(())
                     })

@@ -3,6 +3,7 @@
 //! record (so a restarted server still knows them), read by offsets, and ended with a signal
 //! to their whole session. Typed requests and results; no MCP here.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -12,9 +13,8 @@ use crate::ops::guest::spool::{self, Launch};
 use crate::ops::guest::with_guest;
 use crate::qemu::qga::{Qga, QgaError};
 use crate::qemu::vm;
+use crate::state::record::{Background, Ended, Record};
 
-/// The registry field of a VM's background processes (handle -> process).
-const FIELD: &str = "background";
 /// Most background processes one VM keeps; the oldest ended ones go first.
 const MAX_PER_VM: usize = 64;
 /// The output of each stream that stays readable: older output is dropped (and said so).
@@ -146,13 +146,15 @@ pub fn start(req: &StartRequest) -> Result<Started, BgError> {
     let (pid, ended) =
         with_guest(&req.name, "guest-exec", |q| start_in(q, &launch)).map_err(err)??;
     let handle = format!("bg-{id}");
-    let mut entry = json!({
-        "pid": pid, "command": req.command, "args": req.args, "spool": id,
-        "started_at": crate::clock::now_secs(),
-    });
-    if let Some(e) = ended {
-        entry["ended"] = e;
-    }
+    let entry = Background {
+        pid: Some(pid),
+        command: Some(req.command.clone()),
+        args: Some(req.args.clone()),
+        spool: Some(id),
+        started_at: Some(crate::clock::now_secs()),
+        ended,
+        other: Map::new(),
+    };
     let name = req.name.clone();
     let h = handle.clone();
     vm::registry()
@@ -160,13 +162,9 @@ pub fn start(req: &StartRequest) -> Result<Started, BgError> {
             let rec = vms
                 .get_mut(&name)
                 .ok_or_else(|| BgError(format!("VM {name:?} is gone")))?;
-            let list = rec
-                .entry(FIELD)
-                .or_insert_with(|| Value::Object(Map::new()));
-            if let Some(m) = list.as_object_mut() {
-                prune(m);
-                m.insert(h, entry);
-            }
+            let list = rec.background.get_or_insert_with(BTreeMap::new);
+            prune(list);
+            list.insert(h, entry);
             Ok::<_, BgError>(())
         })
         .map_err(err)?;
@@ -185,16 +183,14 @@ impl From<crate::state::registry::RegistryError> for BgError {
 }
 
 /// Drops the oldest ended processes past [`MAX_PER_VM`].
-fn prune(m: &mut Map<String, Value>) {
+fn prune(m: &mut BTreeMap<String, Background>) {
     while m.len() >= MAX_PER_VM {
+        let started = |v: &Background| v.started_at.unwrap_or(0);
         let oldest = m
             .iter()
-            .filter(|(_, v)| v.get("ended").is_some())
-            .min_by_key(|(_, v)| v["started_at"].as_u64().unwrap_or(0))
-            .or_else(|| {
-                m.iter()
-                    .min_by_key(|(_, v)| v["started_at"].as_u64().unwrap_or(0))
-            })
+            .filter(|(_, v)| v.ended.is_some())
+            .min_by_key(|(_, v)| started(v))
+            .or_else(|| m.iter().min_by_key(|(_, v)| started(v)))
             .map(|(k, _)| k.clone());
         match oldest {
             Some(k) => {
@@ -207,7 +203,7 @@ fn prune(m: &mut Map<String, Value>) {
 
 /// What a start saw: the PID, and the end if the program ended at once (the agent says so
 /// only once, so it is recorded with the start).
-type Spawned = (i64, Option<Value>);
+type Spawned = (i64, Option<Ended>);
 
 /// Starts `launch` and waits (briefly, bounded) for the wrapper to have either refused or
 /// handed over to the program.
@@ -224,7 +220,11 @@ fn start_in(q: &mut Qga, launch: &Launch) -> Result<Result<Spawned, BgError>, Qg
             if let Some(why) = spool::wrapper_refusal(&s) {
                 return Ok(Err(BgError(why)));
             }
-            let ended = json!({"exitcode": s.get("exitcode"), "signal": s.get("signal")});
+            let ended = Ended {
+                exitcode: s.get("exitcode").and_then(Value::as_i64),
+                signal: s.get("signal").and_then(Value::as_i64),
+                other: Map::new(),
+            };
             return Ok(Ok((pid, Some(ended))));
         }
         if spool::exists(q, &out)? {
@@ -237,43 +237,42 @@ fn start_in(q: &mut Qga, launch: &Launch) -> Result<Result<Spawned, BgError>, Qg
 }
 
 /// The processes recorded for VM `name` (handle, pid, command, state), for vm_info.
-pub fn list(rec: &crate::state::registry::Record) -> Vec<Listed> {
-    let Some(m) = rec.get(FIELD).and_then(Value::as_object) else {
-        return Vec::new();
-    };
-    let mut v: Vec<Listed> = m
+pub fn list(rec: &Record) -> Vec<Listed> {
+    let mut v: Vec<Listed> = rec
+        .background
         .iter()
+        .flatten()
         .map(|(h, p)| Listed {
             handle: h.clone(),
-            pid: p["pid"].clone(),
-            command: p["command"].clone(),
-            started_at: p["started_at"].clone(),
-            running: p.get("ended").is_none(),
-            exitcode: p["ended"]["exitcode"].clone(),
-            signal: p["ended"]["signal"].clone(),
+            pid: p.pid,
+            command: p.command.clone(),
+            started_at: p.started_at,
+            running: p.ended.is_none(),
+            exitcode: p.ended.as_ref().and_then(|e| e.exitcode),
+            signal: p.ended.as_ref().and_then(|e| e.signal),
         })
         .collect();
-    v.sort_by_key(|p| p.started_at.as_u64().unwrap_or(0));
+    v.sort_by_key(|p| p.started_at.unwrap_or(0));
     v
 }
 
-/// A background process as vm_info lists it (in this order; the record's values as kept).
+/// A background process as vm_info lists it (in this order; `null` where the record has none).
 #[derive(Debug, Clone, Serialize)]
 pub struct Listed {
     /// Its handle.
     pub handle: String,
     /// Its guest PID.
-    pub pid: Value,
+    pub pid: Option<i64>,
     /// What was started.
-    pub command: Value,
+    pub command: Option<String>,
     /// When (seconds since the epoch).
-    pub started_at: Value,
+    pub started_at: Option<i64>,
     /// Not yet seen ending.
     pub running: bool,
     /// Its exit code, once ended.
-    pub exitcode: Value,
+    pub exitcode: Option<i64>,
     /// The signal that ended it.
-    pub signal: Value,
+    pub signal: Option<i64>,
 }
 
 /// The process of `handle` in VM `name`, or an error naming where it is (or that it is not).
@@ -284,26 +283,18 @@ fn known(name: &str, handle: &str) -> Result<(Known, String), BgError> {
             "no VM named {name:?}; list_vms shows the known VMs"
         )));
     };
-    if let Some(p) = rec.get(FIELD).and_then(|m| m.get(handle)) {
-        let ended = p.get("ended").map(|e| {
-            (
-                e.get("exitcode").and_then(Value::as_i64),
-                e.get("signal").and_then(Value::as_i64),
-            )
-        });
+    let of = |r: &Record| r.background.as_ref().and_then(|m| m.get(handle)).cloned();
+    if let Some(p) = of(rec) {
         return Ok((
             Known {
-                pid: p["pid"].as_i64().unwrap_or(0),
-                command: p["command"].as_str().unwrap_or_default().to_string(),
-                ended,
+                pid: p.pid.unwrap_or(0),
+                command: p.command.unwrap_or_default(),
+                ended: p.ended.map(|e| (e.exitcode, e.signal)),
             },
-            p["spool"].as_str().unwrap_or_default().to_string(),
+            p.spool.unwrap_or_default(),
         ));
     }
-    if let Some((other, _)) = vms
-        .iter()
-        .find(|(_, r)| r.get(FIELD).and_then(|m| m.get(handle)).is_some())
-    {
+    if let Some((other, _)) = vms.iter().find(|(_, r)| of(r).is_some()) {
         return Err(BgError(format!(
             "handle {handle:?} belongs to VM {other:?}, not {name:?}"
         )));
@@ -320,10 +311,14 @@ fn record_end(name: &str, handle: &str, exitcode: Option<i64>, signal: Option<i6
     let _ = vm::registry().update(move |vms| {
         if let Some(p) = vms
             .get_mut(&name)
-            .and_then(|r| r.get_mut(FIELD))
+            .and_then(|r| r.background.as_mut())
             .and_then(|m| m.get_mut(&handle))
         {
-            p["ended"] = json!({"exitcode": exitcode, "signal": signal});
+            p.ended = Some(Ended {
+                exitcode,
+                signal,
+                other: Map::new(),
+            });
         }
         Ok::<_, BgError>(())
     });
@@ -529,12 +524,13 @@ mod tests {
 
     #[test]
     fn pruning_keeps_the_newest_and_drops_ended_ones_first() {
-        let mut m = Map::new();
-        for i in 0..MAX_PER_VM as u64 {
-            let mut p = json!({"started_at": i});
-            if i == 5 {
-                p["ended"] = json!({});
-            }
+        let mut m = BTreeMap::new();
+        for i in 0..MAX_PER_VM as i64 {
+            let p = Background {
+                started_at: Some(i),
+                ended: (i == 5).then(Ended::default),
+                ..Background::default()
+            };
             m.insert(format!("h{i}"), p);
         }
         prune(&mut m);

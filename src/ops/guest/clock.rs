@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 
 use crate::qemu::qga::{self, Qga, QgaError};
 use crate::qemu::vm;
-use crate::state::registry::RegistryError;
+use crate::state::registry::{Record, RegistryError};
 
 /// Bound for guest-set-time (hwclock included) and for the date(1) fallback.
 const SET_TIMEOUT: Duration = Duration::from_secs(10);
@@ -81,7 +81,7 @@ fn set_when_answered(
                 if let Err(why) = done {
                     let why = format!("the guest's kernel randomness was not reseeded: {why}");
                     crate::log::stderr("warn", &format!("{}: {why}", sock.display()));
-                    note_in_record(sock, "reseed_warning", &why);
+                    note_in_record(sock, &why, |r, why| r.reseed_warning = Some(why));
                 }
             }
             Ok(how)
@@ -94,7 +94,7 @@ fn set_when_answered(
                      set it with guest_exec (date -u -s @SECONDS)"
                 );
                 crate::log::stderr("warn", &format!("{}: {why}", sock.display()));
-                note_in_record(sock, "clock_warning", &why);
+                note_in_record(sock, &why, |r, why| r.clock_warning = Some(why));
                 return Err(why);
             }
             Err(_) if Instant::now() >= deadline => {
@@ -108,14 +108,14 @@ fn set_when_answered(
     }
 }
 
-/// Keeps `why` as `key` in the record of the VM whose agent is on `sock` (vm_info shows it):
-/// sandbox_vm has answered before the clock is set.
-fn note_in_record(sock: &Path, key: &'static str, why: &str) {
+/// Keeps `why` with `set` in the record of the VM whose agent is on `sock` (vm_info shows
+/// it): sandbox_vm has answered before the clock is set.
+fn note_in_record(sock: &Path, why: &str, set: fn(&mut Record, String)) {
     let (sock, why) = (sock.display().to_string(), why.to_string());
     let _ = vm::registry().update(move |vms| {
         for rec in vms.values_mut() {
-            if rec.get("qga_socket").and_then(Value::as_str) == Some(sock.as_str()) {
-                rec.insert(key.into(), json!(why));
+            if rec.qga_socket.as_deref() == Some(sock.as_str()) {
+                set(rec, why.clone());
             }
         }
         Ok::<_, RegistryError>(())

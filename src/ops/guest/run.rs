@@ -57,7 +57,7 @@ pub fn agent_then_cloud_init(
 ) -> Result<(Value, CloudInitSeen), OpError> {
     let start = Instant::now();
     let rec = crate::ops::vm::records::lookup(name)?;
-    let seeded = rec.get("cloud_init").is_some();
+    let seeded = rec.cloud_init.is_some();
     let (how, saw) = crate::ops::vm::agent::wait_for_agent(ctx, name, &rec, wait)?;
     let why = match how {
         AgentWait::Ready => {

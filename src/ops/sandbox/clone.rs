@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use crate::cloudinit::CloudInit;
 use crate::host::{self, binaries, decide};
@@ -26,6 +26,7 @@ use crate::ops::work::Work;
 use crate::qemu::cmdline::LaunchSpec;
 use crate::qemu::forwards::resolve_forwards;
 use crate::qemu::{migrate, vm};
+use crate::state::record::{text, Record, Sandbox};
 
 /// How long loading the template state may take.
 const LOAD_BUDGET: Duration = Duration::from_secs(30);
@@ -39,7 +40,7 @@ pub fn start(
     template_name: &str,
     checked: Checked,
 ) -> Result<Value, OpError> {
-    Ok(start_checked(ctx, req, template_name, checked, Map::new())?.0)
+    Ok(start_checked(ctx, req, template_name, checked, Record::default())?.0)
 }
 
 /// What [`check`] found: the template, the clone's own cloud-init, and the QEMU to run it.
@@ -134,7 +135,7 @@ pub fn start_with(
     ctx: &dyn Work,
     req: &SandboxRequest,
     template_name: &str,
-    fields: Map<String, Value>,
+    fields: Record,
 ) -> Result<(Value, Option<JoinHandle<guest_clock::Outcome>>), OpError> {
     let checked = check(req, template_name)?;
     start_checked(ctx, req, template_name, checked, fields)
@@ -170,7 +171,7 @@ fn start_checked(
     req: &SandboxRequest,
     template_name: &str,
     checked: Checked,
-    fields: Map<String, Value>,
+    fields: Record,
 ) -> Result<(Value, Option<JoinHandle<guest_clock::Outcome>>), OpError> {
     let started = Instant::now();
     let tdir = template::dir_of(template_name);
@@ -288,7 +289,7 @@ fn launch_clone(
     tdir: &Path,
     name: &str,
     made: &Made,
-    fields: Map<String, Value>,
+    fields: Record,
 ) -> Result<Value, OpError> {
     let Checked {
         template: t,
@@ -329,13 +330,15 @@ fn launch_clone(
         ..LaunchSpec::default()
     };
     let tdisk = template::disk_of(tdir);
-    let sb = json!({
-        "base_image": tdisk.display().to_string(), "base_format": "qcow2",
-        "overlay": made.overlay.display().to_string(),
-        "allow_network": req.allow_network_json(), "template": template_name,
-    });
     let mut extra = fields;
-    extra.insert("sandbox".into(), sb);
+    extra.sandbox = Some(Sandbox {
+        base_image: Some(tdisk.display().to_string()),
+        base_format: Some("qcow2".into()),
+        overlay: Some(made.overlay.display().to_string()),
+        allow_network: Some(req.network()),
+        template: Some(template_name.to_string()),
+        ..Sandbox::default()
+    });
     let lr = LaunchRequest {
         spec,
         extra_record: extra,
@@ -403,13 +406,13 @@ fn hand_out(
 ) -> Result<(Value, Option<JoinHandle<guest_clock::Outcome>>), OpError> {
     let wait = req.agent_wait();
     let t_agent = Instant::now();
-    let ready = match vm::field(rec, "qga_socket") {
+    let ready = match text(&rec.qga_socket) {
         // x86 clones get a fresh vmgenid, whose driver reseeds the kernel's randomness at
         // once; the virt boards have none, so the host reseeds it through the agent.
         Some(sock) => guest_clock::answer_then_set(
             Path::new(sock),
             wait,
-            vm::field(rec, "arch")
+            text(&rec.arch)
                 .filter(|a| !crate::qemu::cmdline::x86(a))
                 .map(str::to_string),
         ),

@@ -85,15 +85,11 @@ pub struct Destroyed {
 pub fn destroy(ctx: &dyn Work, name: &str) -> Result<Destroyed, OpError> {
     let name = name.to_string();
     let rec = lookup(&name)?;
-    let sb = rec
-        .get("sandbox")
-        .and_then(Value::as_object)
-        .cloned()
-        .ok_or_else(|| {
-            OpError::new(format!(
-                "VM {name:?} is not a sandbox; use stop_vm and forget_vm for ordinary VMs"
-            ))
-        })?;
+    let sb = rec.sandbox.clone().ok_or_else(|| {
+        OpError::new(format!(
+            "VM {name:?} is not a sandbox; use stop_vm and forget_vm for ordinary VMs"
+        ))
+    })?;
     ctx.log("notice", &format!("sandbox_destroy {name}"));
     let mut errors: Vec<String> = Vec::new();
     let mut deleted: Vec<String> = Vec::new();
@@ -116,10 +112,9 @@ pub fn destroy(ctx: &dyn Work, name: &str) -> Result<Destroyed, OpError> {
     // 2. Delete only inside the VM's own state folder, checked twice.
     let own = vm::state_dir(&name);
     let own_c = std::fs::canonicalize(&own).unwrap_or(own.clone());
-    let path_of = |k: &str| sb.get(k).and_then(Value::as_str).map(PathBuf::from);
-    let overlay = path_of("overlay");
-    if folder_is_ours(&name, &own_c, path_of("base_image"), &overlay, &mut errors) && own_c.exists()
-    {
+    let overlay = sb.overlay.as_ref().map(PathBuf::from);
+    let base = sb.base_image.as_ref().map(PathBuf::from);
+    if folder_is_ours(&name, &own_c, base, &overlay, &mut errors) && own_c.exists() {
         delete_folder(&own_c, &mut deleted, &mut errors);
     }
     // 3. Drop the record only when the files are gone.

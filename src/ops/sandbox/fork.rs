@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use crate::ops::error::OpError;
 use crate::ops::guest::clock as guest_clock;
@@ -24,6 +24,7 @@ use crate::ops::work::Work;
 use crate::qemu::cmdline::{x86, LaunchSpec};
 use crate::qemu::forwards::resolve_forwards;
 use crate::qemu::{blockdev, live_migrate, migrate, vm};
+use crate::state::record::{text, Network, Sandbox};
 use crate::state::registry::{valid_name, Record, RegistryError};
 
 /// Most copies one call makes.
@@ -176,16 +177,13 @@ fn copy_names(req: &ForkRequest) -> Result<Vec<String>, OpError> {
 /// The spec of a sandbox that can be forked: running (or paused) under this mcqemu, on one
 /// qcow2 overlay in its own folder, not a template's build.
 pub fn forkable(name: &str, rec: &Record) -> Result<LaunchSpec, OpError> {
-    let sb = rec
-        .get("sandbox")
-        .and_then(Value::as_object)
-        .ok_or_else(|| {
-            OpError::new(format!(
-                "VM {name:?} is not a sandbox; sandbox_fork copies VMs made by sandbox_vm (or its \
+    let sb = rec.sandbox.as_ref().ok_or_else(|| {
+        OpError::new(format!(
+            "VM {name:?} is not a sandbox; sandbox_fork copies VMs made by sandbox_vm (or its \
              forks), whose disk is an overlay mcqemu owns"
-            ))
-        })?;
-    if sb.contains_key("template_build") || rec.contains_key(crate::ops::sandbox::pool::POOLED) {
+        ))
+    })?;
+    if sb.template_build.is_some() || rec.pooled.is_some() {
         return Err(OpError::new(format!(
             "VM {name:?} belongs to a template (its build or its warm pool); fork a sandbox"
         )));
@@ -193,7 +191,7 @@ pub fn forkable(name: &str, rec: &Record) -> Result<LaunchSpec, OpError> {
     live(name, rec)?;
     let spec = spec_of(name, rec)?;
     let own = vm::state_dir(name);
-    let overlay = sb.get("overlay").and_then(Value::as_str).map(PathBuf::from);
+    let overlay = sb.overlay.as_ref().map(PathBuf::from);
     match spec.disks.as_slice() {
         [(disk, format)] if format == "qcow2" && Some(disk) == overlay.as_ref() => {
             if !disk.starts_with(&own) {
@@ -306,25 +304,16 @@ fn settle_parent(name: &str, rec: &Record, next: &Move, id: &str) {
 
 /// A record's first disk moved onto overlay `next`, over frozen state `id`.
 fn moved_onto(r: &mut Record, next: &str, id: &str) {
-    let old = r
-        .get("disks")
-        .and_then(|d| d.get(0))
-        .and_then(Value::as_str)
-        .map(str::to_string);
-    if let Some(d) = r.get_mut("disks").and_then(Value::as_array_mut) {
-        if let Some(first) = d.first_mut() {
-            *first = json!(next);
-        }
-    }
-    if let (Some(old), Some(f)) = (
-        old,
-        r.get_mut("disk_formats").and_then(Value::as_object_mut),
-    ) {
+    let first = r.disks.as_mut().and_then(|d| d.first_mut());
+    let old = first.map(|d| std::mem::replace(d, next.to_string()));
+    if let (Some(old), Some(f)) = (old, r.disk_formats.as_mut()) {
         f.remove(&old);
-        f.insert(next.to_string(), json!("qcow2"));
+        f.insert(next.to_string(), "qcow2".into());
     }
+    // The spec is kept as the launch wrote it (fields of other versions included).
     if let Some(d) = r
-        .get_mut("spec")
+        .spec
+        .as_mut()
         .and_then(|s| s.get_mut("disks"))
         .and_then(Value::as_array_mut)
     {
@@ -332,12 +321,9 @@ fn moved_onto(r: &mut Record, next: &str, id: &str) {
             *first = json!([next, "qcow2"]);
         }
     }
-    if let Some(sb) = r.get_mut("sandbox").and_then(Value::as_object_mut) {
-        sb.insert("overlay".into(), json!(next));
-        let chain = sb.entry("chain").or_insert_with(|| json!([]));
-        if let Some(a) = chain.as_array_mut() {
-            a.push(json!(id));
-        }
+    if let Some(sb) = r.sandbox.as_mut() {
+        sb.overlay = Some(next.to_string());
+        sb.chain.get_or_insert_with(Vec::new).push(id.to_string());
     }
 }
 
@@ -410,7 +396,7 @@ fn start_copy(ctx: &dyn Work, p: &Parent, name: &str) -> Result<Value, OpError> 
         )));
     }
     let reseed = (p.spec.vmgenid.is_none() || !x86(&p.spec.arch)).then(|| p.spec.arch.clone());
-    let ready = match vm::field(&rec, "qga_socket") {
+    let ready = match text(&rec.qga_socket) {
         Some(sock) => guest_clock::answer_then_set(Path::new(sock), p.wait, reseed),
         None => Err("it has no guest-agent socket".to_string()),
     };
@@ -449,7 +435,7 @@ fn launch_copy(ctx: &dyn Work, p: &Parent, name: &str) -> Result<Value, OpError>
         extra_record: copy_record(p, &overlay),
         accel_note: None,
         kvm_fallback: false,
-        firmware: vm::field(p.rec, "firmware").unwrap_or("bios").to_string(),
+        firmware: text(&p.rec.firmware).unwrap_or("bios").to_string(),
         cloud_init: None,
         uefi_vars_from: None,
         egress: crate::ops::vm::egress::rules_from(p.rec)?,
@@ -496,28 +482,28 @@ fn copy_spec(
 
 /// A copy's `sandbox` record: its overlay on the frozen disk, the frozen states its disk
 /// stands on (the parent's and this fork's), the memory it maps, the template it descends from.
-fn copy_record(p: &Parent, overlay: &Path) -> Map<String, Value> {
-    let psb = p.rec.get("sandbox").and_then(Value::as_object);
+fn copy_record(p: &Parent, overlay: &Path) -> Record {
+    let psb = p.rec.sandbox.as_ref();
     let mut chain = frozen::chain_of(p.rec);
     chain.push(p.id.to_string());
-    let mut sb = Map::new();
-    sb.insert(
-        "base_image".into(),
-        json!(p.dest.join("disk.qcow2").display().to_string()),
-    );
-    sb.insert("base_format".into(), json!("qcow2"));
-    sb.insert("overlay".into(), json!(overlay.display().to_string()));
-    let allow = psb.and_then(|s| s.get("allow_network")).cloned();
-    sb.insert("allow_network".into(), allow.unwrap_or(json!(false)));
-    if let Some(t) = psb.and_then(|s| s.get("template")) {
-        sb.insert("template".into(), t.clone());
+    let sb = Sandbox {
+        base_image: Some(p.dest.join("disk.qcow2").display().to_string()),
+        base_format: Some("qcow2".into()),
+        overlay: Some(overlay.display().to_string()),
+        allow_network: Some(
+            psb.and_then(|s| s.allow_network.clone())
+                .unwrap_or(Network::All(false)),
+        ),
+        template: psb.and_then(|s| s.template.clone()),
+        fork_of: Some(p.name.to_string()),
+        frozen: Some(p.id.to_string()),
+        chain: Some(chain),
+        ..Sandbox::default()
+    };
+    Record {
+        sandbox: Some(sb),
+        ..Record::default()
     }
-    sb.insert("fork_of".into(), json!(p.name));
-    sb.insert("frozen".into(), json!(p.id));
-    sb.insert("chain".into(), json!(chain));
-    let mut extra = Map::new();
-    extra.insert("sandbox".into(), Value::Object(sb));
-    extra
 }
 
 #[cfg(test)]
@@ -556,6 +542,7 @@ mod tests {
         }))
         .unwrap();
         moved_onto(&mut r, "/s/new.qcow2", "b");
+        let r = serde_json::to_value(&r).unwrap();
         assert_eq!(r["disks"], json!(["/s/new.qcow2"]));
         assert_eq!(r["disk_formats"], json!({"/s/new.qcow2": "qcow2"}));
         assert_eq!(r["spec"]["disks"], json!([["/s/new.qcow2", "qcow2"]]));

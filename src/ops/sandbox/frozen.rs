@@ -7,8 +7,6 @@
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
-use serde_json::Value;
-
 use crate::qemu::vm;
 use crate::state::paths;
 use crate::state::registry::{valid_name, Record};
@@ -37,24 +35,15 @@ pub fn new_id(parent: &str) -> String {
 
 /// The frozen states a record's disk stands on.
 pub fn chain_of(rec: &Record) -> Vec<String> {
-    rec.get("sandbox")
-        .and_then(|s| s.get("chain"))
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(Value::as_str)
-                .map(str::to_string)
-                .collect()
-        })
+    rec.sandbox
+        .as_ref()
+        .and_then(|s| s.chain.clone())
         .unwrap_or_default()
 }
 
 /// The frozen state whose memory a record's QEMU maps, if any.
 pub fn memory_of(rec: &Record) -> Option<String> {
-    rec.get("sandbox")
-        .and_then(|s| s.get("frozen"))
-        .and_then(Value::as_str)
-        .map(str::to_string)
+    rec.sandbox.as_ref().and_then(|s| s.frozen.clone())
 }
 
 /// Removes the frozen states no record stands on, and the memory of those no live copy maps.
@@ -129,6 +118,6 @@ mod tests {
         .unwrap();
         assert_eq!(chain_of(&rec), vec![a, b.clone()]);
         assert_eq!(memory_of(&rec), Some(b));
-        assert!(chain_of(&Record::new()).is_empty());
+        assert!(chain_of(&Record::default()).is_empty());
     }
 }

@@ -34,6 +34,7 @@ use crate::ops::vm::launch_args;
 use crate::ops::vm::records::lookup;
 use crate::ops::work::Work;
 use crate::qemu::img;
+use crate::state::record::Sandbox;
 use crate::state::roots::Access;
 
 /// sandbox_vm: an overlay on `base_image` launched and waited on (or, with `template`, a
@@ -143,11 +144,13 @@ fn launch_overlay(
     }
     la.restrict_net = !req.allow_network;
     let mut lr = launch_args::request(&la, name, vec![(overlay.to_path_buf(), "qcow2".into())])?;
-    let sb = json!({
-        "base_image": base.display().to_string(), "base_format": base_fmt,
-        "overlay": overlay.display().to_string(), "allow_network": req.allow_network_json(),
+    lr.extra_record.sandbox = Some(Sandbox {
+        base_image: Some(base.display().to_string()),
+        base_format: Some(base_fmt.to_string()),
+        overlay: Some(overlay.display().to_string()),
+        allow_network: Some(req.network()),
+        ..Sandbox::default()
     });
-    lr.extra_record.insert("sandbox".into(), sb);
     let mut out = launch::launch(ctx, lr)?.to_json();
     out["overlay"] = json!(overlay.display().to_string());
     out["base_image"] = json!(base.display().to_string());
@@ -165,7 +168,7 @@ fn wait_ready(
     let wait = req.agent_wait();
     let rec = lookup(name)?;
     let started = Instant::now();
-    let seeded = rec.get("cloud_init").is_some();
+    let seeded = rec.cloud_init.is_some();
     let (waited, saw) = wait_for_agent(ctx, name, &rec, wait)?;
     let ready = waited == AgentWait::Ready;
     saw.add_to(&mut out, name);

@@ -27,6 +27,7 @@ use crate::ops::sandbox::templates;
 use crate::ops::work::Work;
 use crate::qemu::vm::{self, Status};
 use crate::qemu::{qga, qmp};
+use crate::state::record::text;
 use crate::state::registry::{Record, RegistryError};
 
 /// The record field that marks a pooled clone (its template's name).
@@ -66,10 +67,7 @@ pub fn set_size(ctx: &dyn Work, template: &str, n: u64) -> Result<(), OpError> {
             .values()
             .filter(|r| vm::measure_process(r).is_none_or(|m| m.alive()))
             .collect();
-        let used: u64 = running
-            .iter()
-            .filter_map(|r| r.get("memory_mb").and_then(Value::as_u64))
-            .sum();
+        let used: u64 = running.iter().filter_map(|r| r.memory_mb).sum();
         let more = n - have;
         if running.len() as u64 + more > limits.max_vms {
             return Err(OpError::new(format!(
@@ -108,12 +106,9 @@ pub fn pooled(template: &str) -> Vec<String> {
     let mut v: Vec<(String, i64)> = vm::registry()
         .load()
         .into_iter()
-        .filter(|(_, r)| r.get(POOLED).and_then(Value::as_str) == Some(template))
+        .filter(|(_, r)| r.pooled.as_deref() == Some(template))
         .filter(|(_, r)| vm::measure_process(r).is_none_or(|m| m.alive()))
-        .map(|(n, r)| {
-            let at = r.get("pooled_at").and_then(Value::as_i64).unwrap_or(0);
-            (n, at)
-        })
+        .map(|(n, r)| (n, r.pooled_at.unwrap_or(0)))
         .collect();
     v.sort_by_key(|(n, at)| (*at, n.clone()));
     v.into_iter().map(|(n, _)| n).collect()
@@ -151,7 +146,7 @@ pub fn take(template: &str, name: &str) -> Result<Option<Value>, OpError> {
         // The agent answered when the clone joined the pool, and the keeper pings every ready
         // one each round: the taker reaches it by its new path, so no connection kept under
         // the old one may hold the agent's single channel.
-        if let Some(old_sock) = vm::field(&rec, "qga_socket") {
+        if let Some(old_sock) = text(&rec.qga_socket) {
             let pairs = [(vm::runtime_dir(&old), vm::runtime_dir(name))];
             qga::release_idle(Path::new(&unrewrite(old_sock, &pairs)));
         }
@@ -189,25 +184,25 @@ fn taken(template: &str, name: &str, rec: &Record, started: Instant) -> Value {
     let mut out = json!({
         "name": name,
         "status": "running",
-        "pid": rec.get("pid").cloned().unwrap_or(Value::Null),
-        "accel": rec.get("accel").cloned().unwrap_or(Value::Null),
-        "arch": rec.get("arch").cloned().unwrap_or(Value::Null),
-        "machine": rec.get("machine").cloned().unwrap_or(Value::Null),
-        "qemu_version": rec.get("qemu_version").cloned().unwrap_or(Value::Null),
-        "port_forwards": rec.get("port_forwards").cloned().unwrap_or(json!([])),
-        "qmp_socket": rec.get("qmp_socket").cloned().unwrap_or(Value::Null),
-        "qga_socket": rec.get("qga_socket").cloned().unwrap_or(Value::Null),
-        "serial_log": rec.get("serial_log").cloned().unwrap_or(Value::Null),
+        "pid": rec.pid,
+        "accel": rec.accel,
+        "arch": rec.arch,
+        "machine": rec.machine,
+        "qemu_version": rec.qemu_version,
+        "port_forwards": vm::forwards(rec),
+        "qmp_socket": rec.qmp_socket,
+        "qga_socket": rec.qga_socket,
+        "serial_log": rec.serial_log,
         "warnings": [],
         "template": template,
         "pooled": true,
         "agent_ready": true,
         "ready_ms": started.elapsed().as_millis() as u64,
     });
-    if let Some(sb) = rec.get("sandbox") {
-        out["sandbox"] = sb.clone();
-        out["overlay"] = sb.get("overlay").cloned().unwrap_or(Value::Null);
-        out["base_image"] = sb.get("base_image").cloned().unwrap_or(Value::Null);
+    if let Some(sb) = &rec.sandbox {
+        out["sandbox"] = json!(sb);
+        out["overlay"] = json!(sb.overlay);
+        out["base_image"] = json!(sb.base_image);
     }
     out
 }
@@ -227,15 +222,10 @@ fn claim(template: &str, name: &str) -> Result<Option<(String, Record)>, OpError
         }
         let mut ready: Vec<(String, i64)> = vms
             .iter()
-            .filter(|(_, r)| r.get(POOLED).and_then(Value::as_str) == Some(template.as_str()))
-            .filter(|(_, r)| r.get("pool_ready").and_then(Value::as_bool) == Some(true))
+            .filter(|(_, r)| r.pooled.as_deref() == Some(template.as_str()))
+            .filter(|(_, r)| r.pool_ready == Some(true))
             .filter(|(_, r)| runs(r))
-            .map(|(n, r)| {
-                (
-                    n.clone(),
-                    r.get("pooled_at").and_then(Value::as_i64).unwrap_or(0),
-                )
-            })
+            .map(|(n, r)| (n.clone(), r.pooled_at.unwrap_or(0)))
             .collect();
         ready.sort_by_key(|(n, at)| (*at, n.clone()));
         let Some((old, _)) = ready.into_iter().next() else {
@@ -270,20 +260,20 @@ fn move_folders(old: &str, new: &str, rec: Record) -> Result<Record, OpError> {
             ))
         })?;
     }
-    let mut out = Map::new();
-    for (k, v) in rec {
-        out.insert(k, rewrite(v, &pairs));
+    let mut map = Map::new();
+    for (k, v) in rec.to_map() {
+        map.insert(k, rewrite(v, &pairs));
     }
-    out.insert("name".into(), json!(new));
+    let mut out = Record::from_map(map);
+    out.name = Some(new.to_string());
     // The QEMU still names its monitor by the old path on its command line: the identity check
     // of a PID reads it from there.
-    if let Some(sock) = out.get("qmp_socket").and_then(Value::as_str) {
-        let launched = unrewrite(sock, &pairs);
-        out.entry("launch_qmp_socket").or_insert(json!(launched));
+    if out.launch_qmp_socket.is_none() {
+        out.launch_qmp_socket = text(&out.qmp_socket).map(|sock| unrewrite(sock, &pairs));
     }
-    out.remove(POOLED);
-    out.remove("pool_ready");
-    out.remove("pooled_at");
+    out.pooled = None;
+    out.pool_ready = None;
+    out.pooled_at = None;
     Ok(out)
 }
 
@@ -369,14 +359,14 @@ pub fn keep_all() {
     let ctx = crate::ops::work::Detached;
     // Pooled clones that died, froze, or whose template is gone or no longer pooled.
     for (name, rec) in vm::registry().load() {
-        let Some(t) = rec.get(POOLED).and_then(Value::as_str) else {
+        let Some(t) = rec.pooled.as_deref() else {
             continue;
         };
         let status = vm::measure_process(&rec).map(|m| m.status);
         // A guest that crashed inside a QEMU that still runs: its agent stops answering.
-        let silent = rec.get("pool_ready").and_then(Value::as_bool) == Some(true)
+        let silent = rec.pool_ready == Some(true)
             && status.is_none()
-            && vm::field(&rec, "qga_socket").is_some_and(|s| {
+            && text(&rec.qga_socket).is_some_and(|s| {
                 let bound = qga::IDLE_KEEP + Duration::from_secs(1);
                 let ping = qga::with_agent(Path::new(s), bound, |q| {
                     q.execute_within("guest-ping", None, bound)
@@ -434,10 +424,12 @@ fn refill(ctx: &dyn Work, template: &str, want: u64) -> Result<(), OpError> {
         };
         // Marked from its launch on, so list_vms never shows it and a take never sees it
         // before its agent answers.
-        let mut fields = Map::new();
-        fields.insert(POOLED.into(), json!(template));
-        fields.insert("pool_ready".into(), json!(false));
-        fields.insert("pooled_at".into(), json!(crate::clock::now_secs()));
+        let fields = Record {
+            pooled: Some(template.to_string()),
+            pool_ready: Some(false),
+            pooled_at: Some(crate::clock::now_secs()),
+            ..Record::default()
+        };
         match clone::start_with(ctx, &req, template, fields) {
             Ok((out, Some(clock))) if out["agent_ready"] == json!(true) => {
                 // A pooled clone is handed out with its clock already right.
@@ -472,7 +464,7 @@ fn mark_ready(name: &str) -> Result<(), OpError> {
     let name = name.to_string();
     vm::registry().update(move |vms| {
         if let Some(rec) = vms.get_mut(&name) {
-            rec.insert("pool_ready".into(), json!(true));
+            rec.pool_ready = Some(true);
         }
         Ok::<_, RegistryError>(())
     })?;
@@ -490,8 +482,8 @@ pub fn ready(template: &str) -> usize {
     vm::registry()
         .load()
         .values()
-        .filter(|r| r.get(POOLED).and_then(Value::as_str) == Some(template))
-        .filter(|r| r.get("pool_ready").and_then(Value::as_bool) == Some(true))
+        .filter(|r| r.pooled.as_deref() == Some(template))
+        .filter(|r| r.pool_ready == Some(true))
         .filter(|r| runs(r))
         .count()
 }

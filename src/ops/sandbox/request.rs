@@ -5,6 +5,7 @@ use std::time::Duration;
 use crate::ops::error::OpError;
 use crate::ops::vm::launch_args::LaunchArgs;
 use crate::qemu::vm;
+use crate::state::record::Network;
 use crate::state::registry::{invalid_name, valid_name};
 
 /// sandbox_vm's request: a sandbox on `base_image` (an overlay) or a clone of `template`.
@@ -37,12 +38,11 @@ impl SandboxRequest {
     }
 
     /// `allow_network` as the sandbox's record keeps it: a boolean, or the rules.
-    pub fn allow_network_json(&self) -> serde_json::Value {
+    pub fn network(&self) -> Network {
         if self.launch.egress.is_empty() {
-            return serde_json::json!(self.allow_network);
+            return Network::All(self.allow_network);
         }
-        let rules: Vec<String> = self.launch.egress.iter().map(|r| r.text()).collect();
-        serde_json::json!(rules)
+        Network::Rules(self.launch.egress.iter().map(|r| r.text()).collect())
     }
 
     /// How long to wait for cloud-init, once the agent answers.

@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Map, Value};
+use serde_json::Map;
 
 use crate::ops::error::OpError;
 use crate::ops::guest::clock as guest_clock;
@@ -20,6 +20,7 @@ use crate::ops::vm::launch::{self, LaunchRequest};
 use crate::ops::vm::records::{lookup, spec_of};
 use crate::ops::work::Work;
 use crate::qemu::{migrate, process, vm};
+use crate::state::record::{text, Saved};
 use crate::state::registry::{Record, RegistryError};
 
 /// How long loading the saved state may take.
@@ -82,7 +83,7 @@ pub struct Suspended {
 pub fn suspend(ctx: &dyn Work, name: &str) -> Result<Suspended, OpError> {
     let started = Instant::now();
     let rec = lookup(name)?;
-    if rec.contains_key("suspended") {
+    if rec.suspended.is_some() {
         return Err(OpError::new(format!(
             "VM {name:?} is already suspended; sandbox_resume brings it back"
         )));
@@ -108,18 +109,22 @@ pub fn suspend(ctx: &dyn Work, name: &str) -> Result<Suspended, OpError> {
     };
     end_qemu(&rec);
     let mut warnings: Vec<String> = vm::cleanup_runtime(&rec);
-    let saved = json!({
-        "dir": dest.display().to_string(), "at": crate::clock::now_secs(),
-        "state_bytes": captured.state_bytes, "ram_bytes": captured.ram_bytes,
-        "memory_id": captured.memory_id, "was_running": captured.was_running,
-    });
+    let saved = Saved {
+        dir: Some(dest.display().to_string()),
+        at: Some(crate::clock::now_secs()),
+        state_bytes: Some(captured.state_bytes),
+        ram_bytes: Some(captured.ram_bytes),
+        memory_id: Some(captured.memory_id.clone()),
+        was_running: Some(captured.was_running),
+        other: Map::new(),
+    };
     let n = name.to_string();
     vm::registry().update(move |vms| {
         if let Some(r) = vms.get_mut(&n) {
-            r.remove("pid");
-            r.insert("suspended".into(), saved);
-            if let Some(sb) = r.get_mut("sandbox").and_then(Value::as_object_mut) {
-                sb.remove("frozen");
+            r.pid = None;
+            r.suspended = Some(saved);
+            if let Some(sb) = r.sandbox.as_mut() {
+                sb.frozen = None;
             }
         }
         Ok::<_, RegistryError>(())
@@ -152,7 +157,7 @@ fn end_qemu(rec: &Record) {
 
 /// The saved folder a resumed VM maps its memory from.
 fn resumed_from(rec: &Record) -> Option<PathBuf> {
-    vm::field(rec, "resumed_from").map(PathBuf::from)
+    text(&rec.resumed_from).map(PathBuf::from)
 }
 
 /// Where a resume's time went, in milliseconds.
@@ -184,13 +189,13 @@ pub struct Resumed {
 pub fn resume(ctx: &dyn Work, name: &str, wait: Duration) -> Result<Resumed, OpError> {
     let started = Instant::now();
     let rec = lookup(name)?;
-    let Some(saved) = rec.get("suspended").cloned() else {
+    let Some(saved) = rec.suspended.clone() else {
         live(name, &rec)?;
         return Err(OpError::new(format!(
             "VM {name:?} is not suspended (it is running); sandbox_suspend suspends it"
         )));
     };
-    let dir = saved["dir"].as_str().map(PathBuf::from).unwrap_or_default();
+    let dir = saved.dir.map(PathBuf::from).unwrap_or_default();
     if !dir.join("ram").is_file() || !dir.join("state").is_file() {
         return Err(OpError::new(format!(
             "the saved state of {name:?} in {} is incomplete (its ram or state file is \
@@ -200,7 +205,7 @@ pub fn resume(ctx: &dyn Work, name: &str, wait: Duration) -> Result<Resumed, OpE
     }
     let mut spec = spec_of(name, &rec)?;
     spec.memory_file = Some((dir.join("ram"), false));
-    spec.memory_id = saved["memory_id"].as_str().map(str::to_string);
+    spec.memory_id = saved.memory_id;
     spec.incoming = true;
     spec.start_paused = false;
     let lr = LaunchRequest {
@@ -208,7 +213,7 @@ pub fn resume(ctx: &dyn Work, name: &str, wait: Duration) -> Result<Resumed, OpE
         extra_record: carried(&rec, &dir),
         accel_note: None,
         kvm_fallback: false,
-        firmware: vm::field(&rec, "firmware").unwrap_or("bios").to_string(),
+        firmware: text(&rec.firmware).unwrap_or("bios").to_string(),
         cloud_init: None,
         uefi_vars_from: None,
         egress: crate::ops::vm::egress::rules_from(&rec)?,
@@ -217,7 +222,7 @@ pub fn resume(ctx: &dyn Work, name: &str, wait: Duration) -> Result<Resumed, OpE
     let launched = launch::launch(ctx, lr).inspect_err(|_| put_back(name, &rec))?;
     let qemu_ms = t_launch.elapsed();
     let t_load = Instant::now();
-    let paused = saved["was_running"] == json!(false);
+    let paused = saved.was_running == Some(false);
     load(name, &dir, paused).inspect_err(|_| {
         if let Some(pid) = launched.pid {
             process::signal(pid, libc::SIGKILL);
@@ -253,14 +258,12 @@ pub fn resume(ctx: &dyn Work, name: &str, wait: Duration) -> Result<Resumed, OpE
 }
 
 /// The suspended record's own fields (its sandbox among them), for the resumed record.
-fn carried(rec: &Record, dir: &Path) -> Map<String, Value> {
-    let mut m: Map<String, Value> = rec
-        .iter()
-        .filter(|(k, _)| !LAUNCH_FIELDS.contains(&k.as_str()))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    m.insert("resumed_from".into(), json!(dir.display().to_string()));
-    m
+fn carried(rec: &Record, dir: &Path) -> Record {
+    let mut m = rec.to_map();
+    m.retain(|k, _| !LAUNCH_FIELDS.contains(&k.as_str()));
+    let mut r = Record::from_map(m);
+    r.resumed_from = Some(dir.display().to_string());
+    r
 }
 
 /// Loads the saved devices into the waiting QEMU (which then runs, unless it was paused).

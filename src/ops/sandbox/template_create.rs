@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use crate::ops::error::OpError;
 use crate::ops::guest::run as guest_run;
@@ -22,7 +22,7 @@ use crate::ops::vm::launch_args::{request as launch_request, LaunchArgs};
 use crate::ops::work::Work;
 use crate::ops::{vm::records, vm::stop};
 use crate::qemu::{img, migrate, vm};
-use crate::state::registry::Record;
+use crate::state::record::{Record, Sandbox};
 
 /// One setup step: a program (not a shell) run in the build guest.
 #[derive(Debug, Clone)]
@@ -145,10 +145,11 @@ fn build(
     lr.spec.restrict_net = !req.allow_network;
     lr.spec.memory_file = Some((ram_of(dir), true));
     lr.spec.vmgenid = Some(new_guid());
-    let mut sb = Map::new();
-    sb.insert("template_build".into(), json!(name));
-    sb.insert("builder_pid".into(), json!(std::process::id()));
-    lr.extra_record.insert("sandbox".into(), Value::Object(sb));
+    lr.extra_record.sandbox = Some(Sandbox {
+        template_build: Some(name.to_string()),
+        builder_pid: Some(std::process::id()),
+        ..Sandbox::default()
+    });
     let mut meta = template_meta(name, base, &lr);
     let launched = launch::launch(ctx, lr)?;
     // What really runs: the accelerator QEMU reports, the version it announced.
@@ -229,12 +230,8 @@ fn end_stale_build(ctx: &dyn Work, name: &str) -> Result<(), OpError> {
     let Some(rec) = vm::registry().load().remove(&vm_name) else {
         return Ok(());
     };
-    let builder = rec
-        .get("sandbox")
-        .and_then(|s| s.get("builder_pid"))
-        .and_then(Value::as_i64)
-        .map(|p| p as i32);
-    if let Some(p) = builder {
+    let builder = rec.sandbox.as_ref().and_then(|s| s.builder_pid);
+    if let Some(p) = builder.and_then(|p| i32::try_from(p).ok()) {
         if p as u32 != std::process::id() && crate::qemu::process::alive(p) {
             return Err(OpError::new(format!(
                 "template {name:?} is being created by another mcqemu (PID {p}); wait for it"

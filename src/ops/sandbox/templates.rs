@@ -5,7 +5,6 @@
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 use crate::ops::error::OpError;
 use crate::qemu::cmdline::SeedBus;
@@ -229,10 +228,7 @@ pub fn clones_of(name: &str) -> Vec<String> {
         .load()
         .into_iter()
         .filter(|(_, r)| {
-            r.get("sandbox")
-                .and_then(|s| s.get("template"))
-                .and_then(Value::as_str)
-                == Some(name)
+            r.sandbox.as_ref().and_then(|s| s.template.as_deref()) == Some(name)
                 && vm::measure_process(r)
                     .is_none_or(|m| m.alive() || m.status == vm::Status::Suspended)
         })

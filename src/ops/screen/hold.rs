@@ -4,14 +4,11 @@
 //! see it; the record keeps only the secret's SHA-256, never the secret (the registry is a file
 //! an agent's copy tools could reach).
 
-use serde_json::json;
+use serde_json::Map;
 
 use crate::ops::error::OpError;
 use crate::qemu::vm;
-use crate::state::registry::Record;
-
-/// The record field holding a hold.
-pub const FIELD: &str = "hold";
+use crate::state::record::{Hold, Record};
 
 /// A hold as vm_info and list_vms show it.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -43,12 +40,12 @@ fn digest(secret: &str) -> String {
 
 /// The secret's digest a record's hold keeps.
 fn digest_of(rec: &Record) -> Option<&str> {
-    rec.get(FIELD)?.get("sha256")?.as_str()
+    rec.hold.as_ref()?.sha256.as_deref()
 }
 
 /// The hold on a record, if one stands.
 pub fn of(rec: &Record) -> Option<Held> {
-    let since = rec.get(FIELD)?.get("since")?.as_i64()?;
+    let since = rec.hold.as_ref()?.since?;
     Some(Held {
         since,
         since_iso: crate::clock::iso8601(since),
@@ -74,7 +71,11 @@ pub fn take(name: &str) -> Result<(String, Held), OpError> {
                 h.since_iso
             )));
         }
-        rec.insert(FIELD.into(), json!({"since": since, "sha256": sha}));
+        rec.hold = Some(Hold {
+            since: Some(since),
+            sha256: Some(sha),
+            other: Map::new(),
+        });
         Ok(())
     })?;
     Ok((
@@ -104,7 +105,7 @@ pub fn release(name: &str, secret: &str) -> Result<bool, OpError> {
                  over (the live view) can hand it back"
             )));
         }
-        rec.remove(FIELD);
+        rec.hold = None;
         Ok(true)
     })
 }
@@ -167,9 +168,13 @@ mod tests {
 
     #[test]
     fn a_record_shows_its_hold() {
-        let mut rec = Record::new();
+        let mut rec = Record::default();
         assert_eq!(of(&rec), None);
-        rec.insert(FIELD.into(), json!({"since": 1_700_000_000, "sha256": "x"}));
+        rec.hold = Some(Hold {
+            since: Some(1_700_000_000),
+            sha256: Some("x".into()),
+            other: Map::new(),
+        });
         let h = of(&rec).unwrap();
         assert_eq!(h.since, 1_700_000_000);
         assert!(h.since_iso.starts_with("2023-11-14"), "{}", h.since_iso);

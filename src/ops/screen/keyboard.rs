@@ -12,7 +12,6 @@
 use std::time::Duration;
 
 use serde::Serialize;
-use serde_json::Value;
 
 use crate::ops::error::OpError;
 use crate::ops::screen::input::{self, Step};
@@ -29,11 +28,11 @@ pub const MAX_TEXT: usize = 4096;
 /// tool would report a success that did not happen.
 fn live(name: &str) -> Result<Record, OpError> {
     let rec = records::lookup_live(name, "launch it first")?;
-    if records::input(&rec, "keyboard").is_none() {
+    if records::input(&rec, records::InputKind::Keyboard).is_none() {
         return Err(OpError::new(format!(
             "VM {name:?} has no keyboard device (machine {}), so keys would go nowhere; launch \
              it with one, e.g. extra_args [\"-device\", \"virtio-keyboard-pci\"]",
-            rec.get("machine").and_then(Value::as_str).unwrap_or("?")
+            rec.machine.as_deref().unwrap_or("?")
         )));
     }
     Ok(rec)

@@ -214,11 +214,11 @@ pub fn mouse_move(req: &MoveRequest, work: &dyn Work) -> Result<Moved, OpError> 
     // Relative motion needs a relative mouse (a PC's PS/2 one); the virt boards have only the
     // absolute tablet, where this motion would go nowhere.
     let rec = records::lookup_live(name, "launch it first")?;
-    if records::input(&rec, "relative_pointer").is_none() {
+    if records::input(&rec, records::InputKind::RelativePointer).is_none() {
         return Err(OpError::new(format!(
             "VM {name:?} has no relative mouse (machine {}), so the motion would go nowhere; \
              use vm_click with x and y (the absolute tablet) instead",
-            rec.get("machine").and_then(Value::as_str).unwrap_or("?")
+            rec.machine.as_deref().unwrap_or("?")
         )));
     }
     let plan = move_plan(req.home.as_deref(), sdx, sdy, req.step.clamp(1, 120));

@@ -12,6 +12,7 @@ use crate::ops::error::OpError;
 use crate::ops::work::Work;
 use crate::qemu::vm;
 use crate::qemu::{process, qga};
+use crate::state::record::text;
 
 /// Longest one agent probe may take while waiting; the wait never overshoots by more.
 const POLL_SLICE: Duration = Duration::from_millis(500);
@@ -140,10 +141,10 @@ fn wait_noting(
     wait: Duration,
     saw: &mut CloudInitSeen,
 ) -> Result<AgentWait, OpError> {
-    let Some(sock_path) = vm::field(rec, "qga_socket").map(PathBuf::from) else {
+    let Some(sock_path) = text(&rec.qga_socket).map(PathBuf::from) else {
         return Ok(AgentWait::TimedOut);
     };
-    let mut console = vm::field(rec, "serial_log").map(|p| console::Watch::from_end(Path::new(p)));
+    let mut console = text(&rec.serial_log).map(|p| console::Watch::from_end(Path::new(p)));
     let mut cloud_init_done: Option<(Instant, console::Finished)> = None;
     let deadline = Instant::now() + wait;
     let start = Instant::now();
@@ -155,7 +156,7 @@ fn wait_noting(
         ctx.check_cancel()?;
         if let Some(pid) = vm::pid(rec) {
             if !process::alive(pid) {
-                let log = vm::field(rec, "serial_log")
+                let log = text(&rec.serial_log)
                     .map(|p| tail(Path::new(p), 5))
                     .unwrap_or_default();
                 return Err(OpError::new(format!(

@@ -3,8 +3,6 @@
 
 use std::path::{Path, PathBuf};
 
-use serde_json::Value;
-
 use crate::ops::error::OpError;
 use crate::qemu::untrusted::{self, Checked};
 use crate::state::roots;
@@ -38,12 +36,10 @@ pub fn checked_image(path: &Path, what: &str, format: Option<&str>) -> Result<Ch
 /// The format a VM's record pinned for the disk at `path`, if any VM used it.
 fn recorded_format(path: &Path) -> Option<String> {
     let key = path.display().to_string();
-    crate::qemu::vm::registry().load().values().find_map(|rec| {
-        rec.get("disk_formats")
-            .and_then(|m| m.get(&key))
-            .and_then(Value::as_str)
-            .map(str::to_string)
-    })
+    crate::qemu::vm::registry()
+        .load()
+        .values()
+        .find_map(|rec| rec.disk_formats.as_ref()?.get(&key).cloned())
 }
 
 /// Ok when `path` is a regular file; else says how it is not, for `what`.

@@ -11,6 +11,7 @@ use crate::ops::vm::{records, serial};
 use crate::qemu::qmp::QmpError;
 use crate::qemu::screen::CaptureError;
 use crate::qemu::vm::{self, Status};
+use crate::state::record::text;
 use crate::state::registry::Record;
 
 /// The longest a screen read takes, the wait for the monitor included.
@@ -42,11 +43,9 @@ pub fn shown() -> Vec<Shown> {
     vm::registry()
         .load()
         .into_iter()
-        .filter(|(_, rec)| {
-            rec.get(crate::ops::sandbox::pool::POOLED).is_none() && !rec.contains_key("launching")
-        })
+        .filter(|(_, rec)| rec.pooled.is_none() && rec.launching.is_none())
         .map(|(name, rec)| Shown {
-            serial: vm::field(&rec, "serial_log").is_some(),
+            serial: text(&rec.serial_log).is_some(),
             name,
         })
         .collect()
@@ -72,7 +71,7 @@ fn record(name: &str) -> Result<Record, Unread> {
 /// has none.
 pub fn serial_text(name: &str, instead: &str) -> Result<String, Unread> {
     let rec = record(name)?;
-    let path = vm::field(&rec, "serial_log").ok_or_else(|| {
+    let path = text(&rec.serial_log).ok_or_else(|| {
         Unread::NotFound(format!(
             "resource not found: VM {name:?} has no serial console log (VMs adopted with \
              attach_vm have none); read {instead} instead"

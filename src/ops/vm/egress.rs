@@ -8,7 +8,8 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
+use serde::Serialize;
+use serde_json::Value;
 
 use crate::net::egress::netns::Join;
 use crate::net::egress::process::{GUEST_URL, READY_FILE};
@@ -168,13 +169,7 @@ fn ready(rt: &Path) -> Option<(i32, i32)> {
 
 /// The record's rules, when the VM has them.
 pub fn rules_of(rec: &Record) -> Option<Vec<String>> {
-    let list = rec.get("egress")?.get("rules")?.as_array()?;
-    Some(
-        list.iter()
-            .filter_map(Value::as_str)
-            .map(str::to_string)
-            .collect(),
-    )
+    rec.egress.as_ref()?.rules.clone()
 }
 
 /// The record's rules, parsed again (for a fork's copies and a resume, which get a proxy of
@@ -187,16 +182,41 @@ pub fn rules_from(rec: &Record) -> Result<Vec<Rule>, OpError> {
 
 /// What vm_info says of a VM's egress: its rules, the proxy's URL and whether it runs, and
 /// its counters (None for a VM without rules).
-pub fn info(name: &str, rec: &Record) -> Option<Value> {
+pub fn info(name: &str, rec: &Record) -> Option<EgressInfo> {
     let rules = rules_of(rec)?;
     let counts = stats::read(&vm::state_dir(name).join(stats::FILE)).unwrap_or_default();
     let proxy = ready(&vm::runtime_dir(name));
-    Some(json!({
-        "rules": rules, "egress_proxy": GUEST_URL,
-        "proxy_pid": proxy.map(|p| p.0), "proxy_running": proxy.is_some(),
-        "allowed": counts.allowed, "refused": counts.refused,
-        "last_refused": counts.last_refused, "bytes": counts.bytes,
-    }))
+    Some(EgressInfo {
+        rules,
+        egress_proxy: GUEST_URL,
+        proxy_pid: proxy.map(|p| p.0),
+        proxy_running: proxy.is_some(),
+        allowed: counts.allowed,
+        refused: counts.refused,
+        last_refused: counts.last_refused,
+        bytes: counts.bytes,
+    })
+}
+
+/// A VM's egress as vm_info shows it (in this order).
+#[derive(Debug, Clone, Serialize)]
+pub struct EgressInfo {
+    /// Its rules as given.
+    pub rules: Vec<String>,
+    /// The proxy's URL in the guest.
+    pub egress_proxy: &'static str,
+    /// The proxy's PID, when it runs.
+    pub proxy_pid: Option<i32>,
+    /// Whether it runs.
+    pub proxy_running: bool,
+    /// Connections let through.
+    pub allowed: u64,
+    /// Connections refused.
+    pub refused: u64,
+    /// The latest refused names.
+    pub last_refused: Vec<String>,
+    /// Bytes carried.
+    pub bytes: u64,
 }
 
 /// The proxy variables a guest program of a VM with rules gets, under any `env` the caller

@@ -9,15 +9,17 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::ops::error::OpError;
 use crate::ops::screen::hold::{self, Held};
 use crate::ops::session::explain_qmp;
+use crate::ops::vm::egress::EgressInfo;
 use crate::ops::vm::records::lookup;
 use crate::qemu::qmp::{self, QmpError};
 use crate::qemu::vm::{self, Measured, Status};
-use crate::state::registry::{Record, Vms};
+use crate::state::record::{Forward, Record, Sandbox};
+use crate::state::registry::Vms;
 
 /// What a running QEMU cannot change (vCPUs are never hot-plugged by mcqemu).
 #[derive(Clone, Debug)]
@@ -48,27 +50,27 @@ pub struct Listed {
     /// Its measured status.
     pub status: Status,
     /// spawned, attached, sandbox, ...
-    pub source: Value,
+    pub source: String,
     /// Its guest architecture.
-    pub arch: Option<Value>,
+    pub arch: Option<String>,
     /// Its accelerator.
-    pub accel: Option<Value>,
+    pub accel: Option<String>,
     /// Its QEMU's process.
-    pub pid: Option<Value>,
+    pub pid: Option<i64>,
     /// When it was launched.
-    pub created_at: Option<Value>,
+    pub created_at: Option<String>,
     /// Its memory.
-    pub memory_mb: Option<Value>,
+    pub memory_mb: Option<u64>,
     /// Its vCPUs.
-    pub cpus: Option<Value>,
+    pub cpus: Option<u64>,
     /// Its monitor.
-    pub qmp_socket: Option<Value>,
+    pub qmp_socket: Option<String>,
     /// Its serial log.
-    pub serial_log: Option<Value>,
+    pub serial_log: Option<String>,
     /// Its host forwards.
-    pub port_forwards: Option<Value>,
+    pub port_forwards: Option<Vec<Forward>>,
     /// Its sandbox facts.
-    pub sandbox: Option<Value>,
+    pub sandbox: Option<Sandbox>,
     /// Why its status is what it is, when that needs saying.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
@@ -144,29 +146,26 @@ pub fn list() -> VmList {
     let mut measured = measure_all(&vms);
     let list = vms
         .iter()
-        .filter(|(_, rec)| rec.get(crate::ops::sandbox::pool::POOLED).is_none())
+        .filter(|(_, rec)| rec.pooled.is_none())
         .map(|(name, rec)| {
             let m = measured.remove(name).unwrap_or(Measured {
                 status: Status::Unresponsive,
                 detail: None,
             });
-            let f = |k: &str| rec.get(k).cloned();
             Listed {
                 name: name.clone(),
                 status: m.status,
-                source: f("source")
-                    .filter(|v| !v.is_null())
-                    .unwrap_or_else(|| json!("spawned")),
-                arch: f("arch"),
-                accel: f("accel"),
-                pid: f("pid"),
-                created_at: f("created_at"),
-                memory_mb: f("memory_mb"),
-                cpus: f("cpus"),
-                qmp_socket: f("qmp_socket"),
-                serial_log: f("serial_log"),
-                port_forwards: f("port_forwards"),
-                sandbox: f("sandbox"),
+                source: rec.source.clone().unwrap_or_else(|| "spawned".into()),
+                arch: rec.arch.clone(),
+                accel: rec.accel.clone(),
+                pid: rec.pid,
+                created_at: rec.created_at.clone(),
+                memory_mb: rec.memory_mb,
+                cpus: rec.cpus,
+                qmp_socket: rec.qmp_socket.clone(),
+                serial_log: rec.serial_log.clone(),
+                port_forwards: rec.port_forwards.clone(),
+                sandbox: rec.sandbox.clone(),
                 detail: m.detail,
                 held: hold::of(rec),
             }
@@ -199,11 +198,11 @@ pub struct VmInfo {
     /// The VM.
     pub name: String,
     /// Its status (QEMU's run state when its monitor answered).
-    pub status: Value,
+    pub status: String,
     /// Its registry record, as it is.
     pub record: Record,
     /// Its host forwards.
-    pub port_forwards: Value,
+    pub port_forwards: Vec<Forward>,
     /// Its background processes.
     pub background: Vec<crate::ops::guest::background::Listed>,
     /// Block devices with a medium.
@@ -213,19 +212,19 @@ pub struct VmInfo {
     /// Memory, from QMP.
     pub memory_mb: Option<u64>,
     /// The accelerator in use.
-    pub accel: Option<Value>,
+    pub accel: Option<String>,
     /// QEMU's version.
-    pub qemu_version: Option<Value>,
+    pub qemu_version: Option<String>,
     /// The seccomp mode the kernel enforces on its QEMU.
     pub seccomp: Option<&'static str>,
     /// A person's hold.
     pub held: Option<Held>,
     /// Its egress proxy's state.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub egress_proxy: Option<Value>,
+    pub egress_proxy: Option<&'static str>,
     /// Its egress rules and counts.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub egress: Option<Value>,
+    pub egress: Option<EgressInfo>,
     /// Why its status is what it is, when that needs saying.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
@@ -240,19 +239,20 @@ pub fn info(name: &str) -> Result<VmInfo, OpError> {
     let egress = crate::ops::vm::egress::info(name, &rec);
     let mut out = VmInfo {
         name: name.to_string(),
-        status: json!(settled
+        status: settled
             .as_ref()
-            .map_or(Status::Running, |m| m.status.clone())),
+            .map_or(Status::Running, |m| m.status.clone())
+            .to_string(),
         port_forwards: vm::forwards(&rec),
         background: crate::ops::guest::background::list(&rec),
         block_devices: Vec::new(),
         vcpus: None,
         memory_mb: None,
-        accel: rec.get("accel").cloned(),
-        qemu_version: rec.get("qemu_version").cloned(),
+        accel: rec.accel.clone(),
+        qemu_version: rec.qemu_version.clone(),
         seccomp: vm::pid(&rec).and_then(crate::qemu::process::seccomp),
         held: hold::of(&rec),
-        egress_proxy: egress.as_ref().map(|e| e["egress_proxy"].clone()),
+        egress_proxy: egress.as_ref().map(|e| e.egress_proxy),
         egress,
         detail: None,
         record: rec,
@@ -263,10 +263,14 @@ pub fn info(name: &str) -> Result<VmInfo, OpError> {
     }
     match ask_live(&out.record) {
         Ok((status, block, facts)) => {
-            out.status = status.get("status").cloned().unwrap_or(json!("unknown"));
+            out.status = status
+                .get("status")
+                .and_then(Value::as_str)
+                .unwrap_or("unknown")
+                .to_string();
             out.vcpus = facts.vcpus;
-            out.accel = Some(json!(facts.accel));
-            out.qemu_version = Some(json!(facts.version));
+            out.accel = Some(facts.accel.to_string());
+            out.qemu_version = Some(facts.version);
             out.memory_mb = facts.memory_mb;
             out.block_devices = block_devices(&block);
         }
@@ -277,7 +281,7 @@ pub fn info(name: &str) -> Result<VmInfo, OpError> {
                 Some(settled) => settled,
                 None => vm::classify(rec, &e, INFO_BUDGET),
             };
-            out.status = json!(m.status);
+            out.status = m.status.to_string();
             out.detail = Some(m.detail.unwrap_or_else(|| explain_qmp(name, rec, &e)));
         }
     }

@@ -21,7 +21,8 @@ use crate::qemu::forwards::Forward;
 use crate::qemu::qmp::{self, QmpError};
 use crate::qemu::vm::{self, measure};
 use crate::qemu::{process, sock};
-use crate::state::registry::{to_record, RegistryError};
+use crate::state::record::{self, Record};
+use crate::state::registry::RegistryError;
 
 /// The `arch` default when the host's is not one launch_vm offers.
 pub const DEFAULT_ARCH: &str = "x86_64";
@@ -60,68 +61,6 @@ pub const ARCHES: &[(&str, &str)] = &[
     ("riscv64", "virt"),
 ];
 
-fn forwards_json(fw: &[Forward]) -> Value {
-    let list: Vec<Value> = fw
-        .iter()
-        .map(|f| {
-            json!({"addr": f.addr.to_string(), "host": f.host, "guest": f.guest, "auto": f.auto})
-        })
-        .collect();
-    json!(list)
-}
-
-/// The record of a name reserved while its QEMU starts: other servers see it as starting.
-#[derive(Serialize)]
-struct Reservation<'a> {
-    name: &'a str,
-    qmp_socket: String,
-    memory_mb: u64,
-    launching: Launching,
-}
-
-/// Who is launching, and since when (a reservation whose owner died is an interrupted launch).
-#[derive(Serialize)]
-struct Launching {
-    owner_pid: u32,
-    since: i64,
-}
-
-/// The record of a VM launch_vm started (sandbox_vm adds its `sandbox` field).
-#[derive(Serialize)]
-struct LaunchedRecord<'a> {
-    name: &'a str,
-    source: &'static str,
-    pid: Option<i32>,
-    arch: &'a str,
-    machine: &'a str,
-    accel: &'a str,
-    memory_mb: u64,
-    cpus: u64,
-    disks: Vec<String>,
-    /// Each disk's format, probed once when first seen and pinned from then on.
-    disk_formats: Map<String, Value>,
-    iso: Option<String>,
-    firmware: &'a str,
-    kernel: Option<String>,
-    initrd: Option<String>,
-    append: Option<&'a str>,
-    no_net: bool,
-    restrict_net: bool,
-    port_forwards: Value,
-    qmp_socket: String,
-    qga_socket: String,
-    serial_socket: String,
-    serial_log: String,
-    pidfile: String,
-    extra_args: &'a [String],
-    /// The keyboard and pointers it has (input tools refuse a kind a VM lacks).
-    input: Value,
-    qemu_version: &'a str,
-    created_at: String,
-    /// The whole spec that runs: a fork's copies and a resume start the same devices from it.
-    spec: Value,
-}
-
 /// What a launch started: launch_vm's result (sandboxes and clones add to it).
 #[derive(Debug, Clone, Serialize)]
 pub struct Launched {
@@ -140,7 +79,7 @@ pub struct Launched {
     /// The version QEMU announced on its monitor.
     pub qemu_version: String,
     /// The forwards, resolved (auto host ports chosen).
-    pub port_forwards: Value,
+    pub port_forwards: Vec<record::Forward>,
     /// The monitor's socket.
     pub qmp_socket: String,
     /// The guest agent's socket.
@@ -151,13 +90,13 @@ pub struct Launched {
     pub warnings: Vec<String>,
     /// A sandbox's details.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub sandbox: Option<Value>,
+    pub sandbox: Option<record::Sandbox>,
     /// The seed's instance id and path.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cloud_init: Option<Value>,
     /// The egress rules and the proxy's URL in the guest.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub egress: Option<Value>,
+    pub egress: Option<record::Egress>,
 }
 
 impl Launched {
@@ -172,8 +111,8 @@ impl Launched {
 pub struct LaunchRequest {
     /// The spec (sockets and pidfile are filled in by [`launch`]).
     pub spec: LaunchSpec,
-    /// Extra fields for the record (e.g. sandbox details).
-    pub extra_record: Map<String, Value>,
+    /// Fields laid over the record (e.g. sandbox details, a pooled clone's marks).
+    pub extra_record: Record,
     /// Why TCG was chosen, if auto fell back.
     pub accel_note: Option<String>,
     /// The accelerator came from `auto`: a KVM that fails to start the guest falls back to TCG.
@@ -212,10 +151,8 @@ fn write_seed(req: &mut LaunchRequest, sd: &Path) -> Result<(), OpError> {
                 seed.display()
             ))
         })?;
-    req.extra_record.insert(
-        "cloud_init".into(),
-        json!({"instance_id": instance_id, "seed": seed.display().to_string()}),
-    );
+    req.extra_record.cloud_init =
+        Some(json!({"instance_id": instance_id, "seed": seed.display().to_string()}));
     req.spec.seed = Some(seed);
     Ok(())
 }
@@ -270,7 +207,7 @@ pub fn launch(ctx: &dyn Work, mut req: LaunchRequest) -> Result<Launched, OpErro
     vm::registry().update(|vms| {
         quota::admit(vms, &name, memory_mb, cpus, limits)?;
         if let Some(old) = vms.get(&name) {
-            if old.contains_key("suspended") && !extra.contains_key("resumed_from") {
+            if old.suspended.is_some() && extra.resumed_from.is_none() {
                 return Err(OpError::new(format!(
                     "a VM named {name:?} is suspended; sandbox_resume it, or sandbox_destroy it \
                      first, or choose another name"
@@ -284,27 +221,28 @@ pub fn launch(ctx: &dyn Work, mut req: LaunchRequest) -> Result<Launched, OpErro
                 )));
             }
         }
-        let mut rec = to_record(&Reservation {
-            name: &name,
-            qmp_socket: qmp_sock.display().to_string(),
-            memory_mb,
-            launching: Launching {
-                owner_pid: std::process::id(),
-                since: crate::clock::now_secs(),
-            },
-        });
+        // Who is launching, and since when: a reservation whose owner died is an interrupted
+        // launch.
+        let reservation = Record {
+            name: Some(name.clone()),
+            qmp_socket: Some(qmp_sock.display().to_string()),
+            memory_mb: Some(memory_mb),
+            launching: Some(record::Launching {
+                owner_pid: Some(std::process::id()),
+                since: Some(crate::clock::now_secs()),
+                other: Map::new(),
+            }),
+            ..Record::default()
+        };
         // The caller's marks from the reservation on: a pooled clone being started is never
         // listed as a VM of the caller's.
-        for (k, v) in &extra {
-            rec.entry(k.clone()).or_insert_with(|| v.clone());
-        }
-        vms.insert(name.clone(), rec);
+        vms.insert(name.clone(), extra.overlaid(&reservation));
         Ok(())
     })?;
     let result = write_seed(&mut req, &sd).and_then(|()| start_reserved(ctx, &req, &rt, &sd));
     if result.is_err() {
         let _ = vm::registry().update(|vms| {
-            if vms.get(&name).is_some_and(|r| r.contains_key("launching")) {
+            if vms.get(&name).is_some_and(|r| r.launching.is_some()) {
                 vms.remove(&name);
             }
             Ok::<_, RegistryError>(())
@@ -356,17 +294,18 @@ fn start_reserved(
         }
     };
     warnings.extend(req.accel_note.clone());
-    let mut rec = launched_record(req, s, started.pid, &actual_accel, &version);
-    for (k, v) in &req.extra_record {
-        rec.insert(k.clone(), v.clone());
+    let mut rec =
+        launched_record(req, s, started.pid, &actual_accel, &version).overlaid(&req.extra_record);
+    if !req.egress.is_empty() {
+        rec.egress = Some(record::Egress {
+            rules: Some(req.egress.iter().map(Rule::text).collect()),
+            egress_proxy: Some(GUEST_URL.to_string()),
+            other: Map::new(),
+        });
     }
-    let egress_rec = (!req.egress.is_empty()).then(|| {
-        let rules: Vec<String> = req.egress.iter().map(Rule::text).collect();
-        json!({"rules": rules, "egress_proxy": GUEST_URL})
-    });
-    if let Some(e) = &egress_rec {
-        rec.insert("egress".into(), e.clone());
-    }
+    let egress_rec = (!req.egress.is_empty())
+        .then(|| rec.egress.clone())
+        .flatten();
     let name_c = s.name.clone();
     vm::registry().update(move |vms| {
         vms.insert(name_c, rec);
@@ -380,13 +319,13 @@ fn start_reserved(
         arch: s.arch.clone(),
         machine: s.machine.clone(),
         qemu_version: version,
-        port_forwards: forwards_json(&s.forwards),
+        port_forwards: s.forwards.iter().map(Forward::to_record).collect(),
         qmp_socket: s.qmp_socket.display().to_string(),
         qga_socket: s.qga_socket.display().to_string(),
         serial_log: s.serial_log.display().to_string(),
         warnings,
-        sandbox: req.extra_record.get("sandbox").cloned(),
-        cloud_init: req.extra_record.get("cloud_init").cloned(),
+        sandbox: req.extra_record.sandbox.clone(),
+        cloud_init: req.extra_record.cloud_init.clone(),
         egress: egress_rec,
     })
 }
@@ -490,40 +429,46 @@ fn launched_record(
     pid: Option<i32>,
     accel: &str,
     version: &str,
-) -> crate::state::registry::Record {
-    let display = |p: &Path| p.display().to_string();
-    to_record(&LaunchedRecord {
-        name: &s.name,
-        source: "spawned",
-        pid,
-        arch: &s.arch,
-        machine: &s.machine,
-        accel,
-        memory_mb: s.memory_mb,
-        cpus: s.cpus,
-        disks: s.disks.iter().map(|(p, _)| display(p)).collect(),
-        disk_formats: s
-            .disks
-            .iter()
-            .map(|(p, f)| (display(p), json!(f)))
-            .collect(),
-        iso: s.iso.as_deref().map(display),
-        firmware: &req.firmware,
-        kernel: s.kernel.as_deref().map(display),
-        initrd: s.initrd.as_deref().map(display),
-        append: s.append.as_deref(),
-        no_net: s.no_net,
-        restrict_net: s.restrict_net,
-        port_forwards: forwards_json(&s.forwards),
+) -> Record {
+    let display = |p: &Path| Some(p.display().to_string());
+    Record {
+        name: Some(s.name.clone()),
+        source: Some("spawned".into()),
+        pid: pid.map(i64::from),
+        arch: Some(s.arch.clone()),
+        machine: Some(s.machine.clone()),
+        accel: Some(accel.to_string()),
+        memory_mb: Some(s.memory_mb),
+        cpus: Some(s.cpus),
+        disks: Some(s.disks.iter().filter_map(|(p, _)| display(p)).collect()),
+        disk_formats: Some(
+            s.disks
+                .iter()
+                .map(|(p, f)| (p.display().to_string(), f.clone()))
+                .collect(),
+        ),
+        iso: s.iso.as_deref().and_then(display),
+        firmware: Some(req.firmware.clone()),
+        kernel: s.kernel.as_deref().and_then(display),
+        initrd: s.initrd.as_deref().and_then(display),
+        append: s.append.clone(),
+        no_net: Some(s.no_net),
+        restrict_net: Some(s.restrict_net),
+        port_forwards: Some(s.forwards.iter().map(Forward::to_record).collect()),
         qmp_socket: display(&s.qmp_socket),
         qga_socket: display(&s.qga_socket),
         serial_socket: display(&s.serial_socket),
         serial_log: display(&s.serial_log),
         pidfile: display(&s.pidfile),
-        extra_args: &s.extra_args,
-        input: crate::ops::vm::records::input_devices(&s.arch, &s.machine, &s.extra_args),
-        qemu_version: version,
-        created_at: crate::clock::iso8601(crate::clock::now_secs()),
-        spec: serde_json::to_value(s).unwrap_or(Value::Null),
-    })
+        extra_args: Some(s.extra_args.clone()),
+        input: Some(crate::ops::vm::records::input_devices(
+            &s.arch,
+            &s.machine,
+            &s.extra_args,
+        )),
+        qemu_version: Some(version.to_string()),
+        created_at: Some(crate::clock::iso8601(crate::clock::now_secs())),
+        spec: serde_json::to_value(s).ok(),
+        ..Record::default()
+    }
 }

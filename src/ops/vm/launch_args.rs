@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use crate::cloudinit::CloudInit;
 use crate::host::{self, binaries, decide};
@@ -21,6 +21,7 @@ use crate::qemu::extra_args::check_extra_args;
 use crate::qemu::firmware;
 use crate::qemu::forwards::{resolve_forwards, Forward};
 use crate::qemu::vm;
+use crate::state::record::Record;
 use crate::state::roots::{self, Access};
 
 /// What launch_vm (and sandbox_vm, template_create, image_prepare) were asked for, as given:
@@ -78,12 +79,10 @@ impl LaunchArgs {
 /// a format an earlier launch of VM `name` pinned stays pinned (a guest that wrote another
 /// format's header into its raw disk cannot change how the next launch opens it).
 pub fn checked_disks(name: &str, disks: &[String]) -> Result<Vec<(PathBuf, String)>, OpError> {
-    let pinned: Map<String, Value> = vm::registry()
+    let pinned = vm::registry()
         .load()
-        .get(name)
-        .and_then(|r| r.get("disk_formats"))
-        .and_then(Value::as_object)
-        .cloned()
+        .remove(name)
+        .and_then(|r| r.disk_formats)
         .unwrap_or_default();
     let mut out = Vec::new();
     for (i, d) in disks.iter().enumerate() {
@@ -95,7 +94,7 @@ pub fn checked_disks(name: &str, disks: &[String]) -> Result<Vec<(PathBuf, Strin
                 p.display()
             )));
         }
-        let pin = pinned.get(&p.display().to_string()).and_then(Value::as_str);
+        let pin = pinned.get(&p.display().to_string()).map(String::as_str);
         let fmt = checked_image(&p, &format!("disks[{i}]"), pin)?.format;
         out.push((p, fmt));
     }
@@ -164,7 +163,7 @@ pub fn request(
     }
     Ok(LaunchRequest {
         spec,
-        extra_record: Map::new(),
+        extra_record: Record::default(),
         accel_note,
         kvm_fallback: requested == "auto",
         firmware,

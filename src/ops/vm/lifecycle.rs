@@ -12,7 +12,7 @@ use crate::ops::vm::records::{self, lookup_live};
 use crate::qemu::qmp::{self, QmpError};
 use crate::qemu::vm::{self, measure};
 use crate::qemu::{process, sock};
-use crate::state::registry::to_record;
+use crate::state::record::Record;
 
 /// A run-state change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,18 +83,6 @@ pub struct Attached {
     pub qemu_version: String,
 }
 
-/// The record of a QEMU adopted with attach_vm.
-#[derive(Serialize)]
-struct AttachedRecord<'a> {
-    name: &'a str,
-    source: &'static str,
-    pid: Option<i32>,
-    qmp_socket: String,
-    qga_socket: Option<String>,
-    qemu_version: &'a str,
-    created_at: String,
-}
-
 /// The socket at `path` (parameter `key`), resolved: refused unless it is a unix socket.
 fn socket(path: &Path, key: &str) -> Result<PathBuf, OpError> {
     let p = std::fs::canonicalize(path)
@@ -142,15 +130,16 @@ pub fn attach(req: &AttachRequest) -> Result<Attached, OpError> {
         )),
     })?;
     let name = req.name.clone();
-    let rec = to_record(&AttachedRecord {
-        name: &name,
-        source: "attached",
-        pid: req.pid,
-        qmp_socket: qmp_path.display().to_string(),
+    let rec = Record {
+        name: Some(name.clone()),
+        source: Some("attached".into()),
+        pid: req.pid.map(i64::from),
+        qmp_socket: Some(qmp_path.display().to_string()),
         qga_socket: qga.as_ref().map(|p| p.display().to_string()),
-        qemu_version: &version,
-        created_at: crate::clock::iso8601(crate::clock::now_secs()),
-    });
+        qemu_version: Some(version.clone()),
+        created_at: Some(crate::clock::iso8601(crate::clock::now_secs())),
+        ..Record::default()
+    };
     let name_c = name.clone();
     vm::registry().update(move |vms| {
         if let Some(old) = vms.get(&name_c) {

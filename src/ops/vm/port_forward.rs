@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde::Serialize;
-use serde_json::{json, Value};
+use serde_json::json;
 
 use crate::host::{self, decide};
 use crate::net::egress::forwards::{ask, CONTROL_SOCKET};
@@ -66,19 +66,8 @@ fn shown(f: &Forward) -> Shown {
     }
 }
 
-fn parse_recorded(v: &Value) -> Vec<Forward> {
-    v.as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|f| {
-            Some(Forward {
-                addr: f["addr"].as_str()?.parse().ok()?,
-                host: u16::try_from(f["host"].as_u64()?).ok()?,
-                guest: u16::try_from(f["guest"].as_u64()?).ok()?,
-                auto: f["auto"].as_bool().unwrap_or(false),
-            })
-        })
-        .collect()
+fn parse_recorded(v: &[crate::state::record::Forward]) -> Vec<Forward> {
+    v.iter().filter_map(Forward::from_record).collect()
 }
 
 /// Which recorded forward `spec` names for removal.
@@ -203,7 +192,7 @@ pub fn apply(req: &Request) -> Result<Outcome, String> {
 fn forwardable(name: &str) -> Result<crate::state::registry::Record, String> {
     let rec =
         crate::ops::vm::records::lookup_live(name, "start it first").map_err(|e| e.to_string())?;
-    if rec.get("no_net").and_then(Value::as_bool) == Some(true) {
+    if rec.no_net == Some(true) {
         return Err(format!(
             "VM {name:?} was launched with no_net=true: it has no network to forward into"
         ));
@@ -283,15 +272,12 @@ fn change_live(
 }
 
 fn record(name: &str, now: &[Forward]) -> Result<(), String> {
-    let list: Vec<Value> = now
-        .iter()
-        .map(|f| json!({"addr": f.addr.to_string(), "host": f.host, "guest": f.guest, "auto": f.auto}))
-        .collect();
+    let list: Vec<_> = now.iter().map(Forward::to_record).collect();
     let name = name.to_string();
     vm::registry()
         .update(move |vms| {
             if let Some(r) = vms.get_mut(&name) {
-                r.insert("port_forwards".into(), Value::Array(list));
+                r.port_forwards = Some(list);
             }
             Ok::<_, crate::state::registry::RegistryError>(())
         })

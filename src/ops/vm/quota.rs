@@ -3,8 +3,6 @@
 //! MemTotal or of the server's cgroup memory limit, whichever is smaller), and at most as many vCPUs per VM as the host has CPUs. Checked while the name is
 //! reserved under the registry lock, so concurrent launches cannot overshoot together.
 
-use serde_json::Value;
-
 use crate::ops::error::OpError;
 use crate::qemu::sock;
 use crate::qemu::vm::{self, Status};
@@ -92,10 +90,7 @@ pub fn admit_many(
             limits.max_vms
         )));
     }
-    let used: u64 = running
-        .iter()
-        .filter_map(|(_, r)| r.get("memory_mb").and_then(Value::as_u64))
-        .sum();
+    let used: u64 = running.iter().filter_map(|(_, r)| r.memory_mb).sum();
     if used.saturating_add(memory_mb.saturating_mul(count)) > limits.max_memory_mb {
         let what = match count {
             1 => format!("memory_mb={memory_mb}"),
@@ -118,10 +113,10 @@ mod tests {
 
     fn live_record(memory_mb: u64) -> Record {
         // This process is alive; `source: attached` skips the QEMU identity check.
-        json!({"pid": std::process::id(), "source": "attached", "qmp_socket": "/nonexistent",
-               "memory_mb": memory_mb})
-        .as_object()
-        .cloned()
+        serde_json::from_value(
+            json!({"pid": std::process::id(), "source": "attached", "qmp_socket": "/nonexistent",
+               "memory_mb": memory_mb}),
+        )
         .unwrap_or_default()
     }
 
@@ -136,9 +131,7 @@ mod tests {
         vms.insert("a".into(), live_record(400));
         vms.insert(
             "dead".into(),
-            json!({"pid": null, "qmp_socket": "/x", "memory_mb": 5000})
-                .as_object()
-                .cloned()
+            serde_json::from_value(json!({"pid": null, "qmp_socket": "/x", "memory_mb": 5000}))
                 .unwrap_or_default(),
         );
         assert!(admit(&vms, "new", 600, 2, limits).is_ok());

@@ -1,11 +1,11 @@
 //! The VM records every VM operation starts from: look-ups that say how to find the right
 //! name, the state of a launch not yet finished, and forgetting a record.
 
-use serde_json::{json, Value};
+use serde_json::Map;
 
 use crate::ops::error::OpError;
 use crate::qemu::vm::{self, measure, Status};
-use crate::state::registry::Record;
+use crate::state::record::{Input, Record};
 
 /// VM and template names: the rule, and the refusal naming it.
 pub use crate::state::registry::{invalid_name, valid_name};
@@ -42,7 +42,7 @@ pub fn lookup_live(name: &str, what_next: &str) -> Result<Record, OpError> {
 /// The launch spec a VM runs, as its record keeps it (a fork's copies and a resume start the
 /// same devices from it).
 pub fn spec_of(name: &str, rec: &Record) -> Result<crate::qemu::cmdline::LaunchSpec, OpError> {
-    let spec = rec.get("spec").filter(|s| s.is_object()).ok_or_else(|| {
+    let spec = rec.spec.as_ref().filter(|s| s.is_object()).ok_or_else(|| {
         OpError::new(format!(
             "VM {name:?} was started by an mcqemu that did not keep its launch spec, so it \
              cannot be copied or saved; sandbox_destroy it and start it again"
@@ -95,7 +95,7 @@ pub fn forget(name: &str, force: bool) -> Result<bool, OpError> {
 /// virt board's virtio keyboard, and everywhere the virtio tablet (absolute pointer); a kind
 /// the machine lacks is the first such device `extra_args` adds (the input tools' refusal
 /// advises exactly that).
-pub fn input_devices(arch: &str, machine: &str, extra_args: &[String]) -> Value {
+pub fn input_devices(arch: &str, machine: &str, extra_args: &[String]) -> Input {
     let x86 = crate::qemu::cmdline::x86(arch);
     let pc = x86 && !machine.starts_with("microvm");
     let added = added_drivers(extra_args);
@@ -118,7 +118,12 @@ pub fn input_devices(arch: &str, machine: &str, extra_args: &[String]) -> Value 
     } else {
         first(|d| d.contains("mouse"))
     };
-    json!({"keyboard": keyboard, "pointer": "virtio-tablet", "relative_pointer": relative})
+    Input {
+        keyboard: Some(keyboard),
+        pointer: Some("virtio-tablet".into()),
+        relative_pointer: Some(relative),
+        other: Map::new(),
+    }
 }
 
 /// The drivers of the `-device X` options in `extra_args` (the driver is X's first bare
@@ -148,11 +153,30 @@ fn added_drivers(extra_args: &[String]) -> Vec<String> {
 
 /// The input device of `kind` (`keyboard`, `pointer`, `relative_pointer`) a VM's record says it
 /// has; records from before input devices were recorded are PCs, which have all three.
-pub fn input<'a>(rec: &'a Record, kind: &str) -> Option<&'a str> {
-    match rec.get("input").and_then(|i| i.get(kind)) {
+pub fn input(rec: &Record, kind: InputKind) -> Option<&str> {
+    let Some(i) = &rec.input else {
+        return Some("unrecorded");
+    };
+    let device = match kind {
+        InputKind::Keyboard => &i.keyboard,
+        InputKind::Pointer => &i.pointer,
+        InputKind::RelativePointer => &i.relative_pointer,
+    };
+    match device {
         None => Some("unrecorded"),
-        Some(v) => v.as_str().filter(|d| *d != "none"),
+        Some(d) => Some(d.as_str()).filter(|d| *d != "none"),
     }
+}
+
+/// A kind of input device a VM may lack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputKind {
+    /// A keyboard.
+    Keyboard,
+    /// An absolute pointer (the tablet).
+    Pointer,
+    /// A relative pointer (a mouse).
+    RelativePointer,
 }
 
 #[cfg(test)]
@@ -161,48 +185,53 @@ mod tests {
 
     #[test]
     fn pcs_have_ps2_and_virt_boards_a_usb_keyboard_and_no_relative_mouse() {
-        let rec = |i: Value| -> Record {
-            let mut r = Record::new();
-            r.insert("input".into(), i);
-            r
+        let rec = |i: Input| -> Record {
+            Record {
+                input: Some(i),
+                ..Record::default()
+            }
         };
         let pc = rec(input_devices("x86_64", "pc-q35-7.2", &[]));
-        assert_eq!(input(&pc, "keyboard"), Some("ps2"));
-        assert_eq!(input(&pc, "relative_pointer"), Some("ps2"));
+        assert_eq!(input(&pc, InputKind::Keyboard), Some("ps2"));
+        assert_eq!(input(&pc, InputKind::RelativePointer), Some("ps2"));
         let arm = rec(input_devices("aarch64", "virt-7.2", &[]));
-        assert_eq!(input(&arm, "keyboard"), Some("virtio"));
-        assert_eq!(input(&arm, "pointer"), Some("virtio-tablet"));
-        assert_eq!(input(&arm, "relative_pointer"), None);
+        assert_eq!(input(&arm, InputKind::Keyboard), Some("virtio"));
+        assert_eq!(input(&arm, InputKind::Pointer), Some("virtio-tablet"));
+        assert_eq!(input(&arm, InputKind::RelativePointer), None);
         let micro = rec(input_devices("x86_64", "microvm", &[]));
-        assert_eq!(input(&micro, "keyboard"), None);
-        assert_eq!(input(&Record::new(), "keyboard"), Some("unrecorded"));
+        assert_eq!(input(&micro, InputKind::Keyboard), None);
+        assert_eq!(
+            input(&Record::default(), InputKind::Keyboard),
+            Some("unrecorded")
+        );
     }
 
     #[test]
     fn devices_added_through_extra_args_are_recorded() {
         let rec = |extra: &[&str]| -> Record {
             let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
-            let mut r = Record::new();
-            r.insert("input".into(), input_devices("x86_64", "microvm", &extra));
-            r
+            Record {
+                input: Some(input_devices("x86_64", "microvm", &extra)),
+                ..Record::default()
+            }
         };
         // The refusal's own advice: a microvm given a keyboard through extra_args has one.
         let kb = rec(&["-device", "virtio-keyboard-pci"]);
-        assert_eq!(input(&kb, "keyboard"), Some("virtio-keyboard-pci"));
+        assert_eq!(input(&kb, InputKind::Keyboard), Some("virtio-keyboard-pci"));
         let usb = rec(&["-device", "qemu-xhci", "-device", "driver=usb-kbd,id=k"]);
-        assert_eq!(input(&usb, "keyboard"), Some("usb-kbd"));
+        assert_eq!(input(&usb, InputKind::Keyboard), Some("usb-kbd"));
         let mouse = rec(&["--device", "usb-mouse,bus=usb.0"]);
-        assert_eq!(input(&mouse, "relative_pointer"), Some("usb-mouse"));
-        assert_eq!(input(&mouse, "keyboard"), None);
+        assert_eq!(input(&mouse, InputKind::RelativePointer), Some("usb-mouse"));
+        assert_eq!(input(&mouse, InputKind::Keyboard), None);
         // A PC keeps its PS/2 keyboard; naming a device's id "kbd" adds none.
-        let pc = Record::from_iter([(
-            "input".to_string(),
-            input_devices(
+        let pc = Record {
+            input: Some(input_devices(
                 "x86_64",
                 "pc-q35-7.2",
                 &["-device".into(), "e1000,id=kbd".into()],
-            ),
-        )]);
-        assert_eq!(input(&pc, "keyboard"), Some("ps2"));
+            )),
+            ..Record::default()
+        };
+        assert_eq!(input(&pc, InputKind::Keyboard), Some("ps2"));
     }
 }

@@ -9,7 +9,7 @@ use serde::Serialize;
 use crate::ops::error::OpError;
 use crate::ops::vm::records::lookup;
 use crate::ops::work::Work;
-use crate::qemu::vm;
+use crate::state::record::text;
 use crate::state::registry::Record;
 use crate::state::tail;
 
@@ -18,14 +18,12 @@ pub const WINDOW: u64 = 256 * 1024;
 
 /// The VM's serial log file; attached VMs have none.
 pub fn log_path(name: &str, rec: &Record) -> Result<PathBuf, OpError> {
-    vm::field(rec, "serial_log")
-        .map(PathBuf::from)
-        .ok_or_else(|| {
-            OpError::new(format!(
-                "VM {name:?} has no serial log (VMs adopted with attach_vm have none); use \
+    text(&rec.serial_log).map(PathBuf::from).ok_or_else(|| {
+        OpError::new(format!(
+            "VM {name:?} has no serial log (VMs adopted with attach_vm have none); use \
                  vm_screenshot instead"
-            ))
-        })
+        ))
+    })
 }
 
 fn file_len(path: &Path) -> u64 {

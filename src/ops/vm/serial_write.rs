@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::ops::error::OpError;
-use crate::qemu::{sock, vm};
+use crate::qemu::sock;
+use crate::state::record;
 
 /// What a write did.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -22,7 +23,7 @@ pub struct Written {
 /// Writes `text` to VM `name`'s serial console.
 pub fn write(name: &str, text: &str) -> Result<Written, OpError> {
     let rec = crate::ops::vm::records::lookup_live(name, "launch it first")?;
-    let sock_path = vm::field(&rec, "serial_socket")
+    let sock_path = record::text(&rec.serial_socket)
         .map(PathBuf::from)
         .ok_or_else(|| {
             OpError::new(format!(
@@ -30,7 +31,7 @@ pub fn write(name: &str, text: &str) -> Result<Written, OpError> {
                  launched by an older mcqemu, have none)"
             ))
         })?;
-    let offset = vm::field(&rec, "serial_log")
+    let offset = record::text(&rec.serial_log)
         .map(|p| std::fs::metadata(Path::new(p)).map_or(0, |m| m.len()));
     let lock = sock::session_lock(&sock_path);
     let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());

@@ -24,13 +24,12 @@ use std::io::{self, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde_json::Value;
-
 use super::frame;
 use super::port::{Channel, Port, Program};
 use crate::ops::guest::stream::{self as gs, Watch};
-use crate::qemu::cmdline::{data_socket, DATA_PORT};
+use crate::qemu::cmdline::{data_socket, LaunchSpec, DATA_PORT};
 use crate::qemu::qga::{Qga, QgaError};
+use crate::state::record::text;
 use crate::state::registry::Record;
 
 /// Exit codes of the guest scripts that mean "use the agent instead", with why.
@@ -102,15 +101,14 @@ const FREE: &str = r#"free "$dev"; [ -z "$1" ] || rm -rf "$1""#;
 /// The VM's data channel socket, when its QEMU was started with one; else why not.
 pub fn socket_of(rec: &Record) -> Result<PathBuf, &'static str> {
     let wired = rec
-        .get("spec")
-        .and_then(|s| s.get("data_channel"))
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
+        .spec
+        .clone()
+        .and_then(|s| serde_json::from_value::<LaunchSpec>(s).ok())
+        .is_some_and(|s| s.data_channel);
     if !wired {
         return Err("this VM was started without mcqemu's data channel (attached, or started by an older mcqemu); a VM launched now has it");
     }
-    rec.get("qga_socket")
-        .and_then(Value::as_str)
+    text(&rec.qga_socket)
         .map(|s| data_socket(Path::new(s)))
         .ok_or("this VM has no runtime folder for a data channel")
 }

@@ -1,0 +1,366 @@
+//! A VM's registry record as typed structs: a misspelt field is a compile error, not a silent
+//! `None`.
+//!
+//! Records outlive the version that wrote them (older and newer mcqemu, the Python server share
+//! one registry), so reading is lenient and nothing read is lost: a field this version does not
+//! know, or a known field holding a value of another type, is kept as read in `other` and
+//! written back unchanged; the code sees the typed field as absent, as it saw a mistyped value
+//! before. A `null` reads as absent and is not written back.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::{Map, Value};
+
+/// Declares a record struct whose fields are all optional and typed, with `other` for the rest,
+/// and its lenient conversions from and to a JSON object (serde goes through them).
+macro_rules! lenient {
+    ($(#[$sm:meta])* pub struct $name:ident { $($(#[$fm:meta])* $field:ident: $ty:ty,)* }) => {
+        $(#[$sm])*
+        #[derive(Debug, Clone, Default, PartialEq)]
+        pub struct $name {
+            $($(#[$fm])* pub $field: Option<$ty>,)*
+            /// Fields this version does not know, and known ones holding another type: kept as
+            /// read and written back.
+            pub other: Map<String, Value>,
+        }
+
+        impl $name {
+            /// The typed view of a JSON object; never fails (see the module doc).
+            pub fn from_map(mut m: Map<String, Value>) -> Self {
+                let mut r = Self::default();
+                $(
+                    if let Some(v) = m.remove(stringify!($field)) {
+                        match <$ty as Deserialize>::deserialize(&v) {
+                            Ok(x) => r.$field = Some(x),
+                            Err(_) if v.is_null() => {}
+                            Err(_) => {
+                                m.insert(stringify!($field).to_string(), v);
+                            }
+                        }
+                    }
+                )*
+                r.other = m;
+                r
+            }
+
+            /// The JSON object: typed fields in declaration order, then the others.
+            pub fn to_map(&self) -> Map<String, Value> {
+                let mut m = Map::new();
+                $(
+                    if let Some(v) = &self.$field {
+                        if let Ok(j) = serde_json::to_value(v) {
+                            m.insert(stringify!($field).to_string(), j);
+                        }
+                    }
+                )*
+                for (k, v) in &self.other {
+                    m.entry(k.clone()).or_insert_with(|| v.clone());
+                }
+                m
+            }
+        }
+
+        impl Serialize for $name {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                self.to_map().serialize(s)
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                Map::deserialize(d).map(Self::from_map)
+            }
+        }
+    };
+}
+
+lenient! {
+    /// One VM's record (`vms.json`'s `vms.NAME`), in the order launch_vm writes it.
+    pub struct Record {
+        /// The VM's name (also its key).
+        name: String,
+        /// `spawned` or `attached` (absent: spawned).
+        source: String,
+        /// Its QEMU's PID (a positive integer; the registry skips a record with another).
+        pid: i64,
+        /// Target architecture.
+        arch: String,
+        /// Machine type.
+        machine: String,
+        /// Accelerator in use (`kvm`, `tcg`).
+        accel: String,
+        /// Guest memory.
+        memory_mb: u64,
+        /// vCPUs.
+        cpus: u64,
+        /// Disk image paths.
+        disks: Vec<String>,
+        /// Each disk's format, probed once when first seen and pinned from then on.
+        disk_formats: BTreeMap<String, String>,
+        /// A CD-ROM image.
+        iso: String,
+        /// `bios` or `uefi`.
+        firmware: String,
+        /// A kernel booted directly.
+        kernel: String,
+        /// Its initrd.
+        initrd: String,
+        /// Its command line.
+        append: String,
+        /// No network device at all.
+        no_net: bool,
+        /// Guest network restricted to forwards (no outbound).
+        restrict_net: bool,
+        /// Host port forwards as stored.
+        port_forwards: Vec<Forward>,
+        /// The QMP socket.
+        qmp_socket: String,
+        /// The guest agent's socket.
+        qga_socket: String,
+        /// The serial console's socket.
+        serial_socket: String,
+        /// The serial console's log.
+        serial_log: String,
+        /// QEMU's pidfile.
+        pidfile: String,
+        /// Options passed to QEMU as they are.
+        extra_args: Vec<String>,
+        /// The keyboard and pointers it has (input tools refuse a kind a VM lacks).
+        input: Input,
+        /// QEMU's version.
+        qemu_version: String,
+        /// When it was registered (ISO 8601).
+        created_at: String,
+        /// The whole launch spec (qemu's `LaunchSpec`): forks' copies and resumes start the
+        /// same devices from it.
+        spec: Value,
+        /// A launch in progress: whose, since when.
+        launching: Launching,
+        /// What a sandbox was made from.
+        sandbox: Sandbox,
+        /// The cloud-init seed it booted with, as sandbox_vm reports it.
+        cloud_init: Value,
+        /// Its egress proxy's rules.
+        egress: Egress,
+        /// A person's hold on its input (the live view).
+        hold: Hold,
+        /// Background processes by handle.
+        background: BTreeMap<String, Background>,
+        /// The template whose pool holds this clone (a pooled clone is not yet handed out).
+        pooled: String,
+        /// The pooled clone answered and may be handed out.
+        pool_ready: bool,
+        /// When it was pooled (seconds since the epoch).
+        pooled_at: i64,
+        /// The QMP socket its QEMU was started with (a pooled clone moves folders later).
+        launch_qmp_socket: String,
+        /// Where sandbox_suspend saved it (its QEMU is gone).
+        suspended: Saved,
+        /// The suspend folder it was resumed from.
+        resumed_from: String,
+        /// Why its clock could not be set after a clone or resume (vm_info shows it).
+        clock_warning: String,
+        /// Why its guest's random generator could not be reseeded.
+        reseed_warning: String,
+    }
+}
+
+lenient! {
+    /// A host port forward as a record keeps it.
+    pub struct Forward {
+        /// The host address it listens on.
+        addr: String,
+        /// The host port.
+        host: u16,
+        /// The guest port.
+        guest: u16,
+        /// The host port was picked by mcqemu.
+        auto: bool,
+    }
+}
+
+lenient! {
+    /// A VM's input devices by kind: a driver name, or `none`.
+    pub struct Input {
+        /// The keyboard.
+        keyboard: String,
+        /// The absolute pointer.
+        pointer: String,
+        /// The relative pointer (mouse).
+        relative_pointer: String,
+    }
+}
+
+lenient! {
+    /// A reservation's owner while its QEMU starts.
+    pub struct Launching {
+        /// The launching server's PID.
+        owner_pid: u32,
+        /// Since when (seconds since the epoch).
+        since: i64,
+    }
+}
+
+lenient! {
+    /// What a sandbox was made from and where its writes go.
+    pub struct Sandbox {
+        /// The image its overlay is on.
+        base_image: String,
+        /// That image's format.
+        base_format: String,
+        /// Its overlay (its disk).
+        overlay: String,
+        /// Whether, or where, it may reach the network.
+        allow_network: Network,
+        /// The template it was cloned from.
+        template: String,
+        /// The template this VM is building (a builder, not a sandbox to fork).
+        template_build: String,
+        /// The server building it.
+        builder_pid: u32,
+        /// The sandbox it was forked from.
+        fork_of: String,
+        /// The frozen image its overlay now sits on.
+        frozen: String,
+        /// Its frozen images, oldest first.
+        chain: Vec<String>,
+    }
+}
+
+lenient! {
+    /// Where and how sandbox_suspend saved a VM.
+    pub struct Saved {
+        /// The folder holding its `ram` and `state`.
+        dir: String,
+        /// When (seconds since the epoch).
+        at: i64,
+        /// The device state's size.
+        state_bytes: u64,
+        /// The memory's size.
+        ram_bytes: u64,
+        /// The id its memory backend had (the resumed QEMU's must match).
+        memory_id: String,
+        /// Its guest ran when it was saved.
+        was_running: bool,
+    }
+}
+
+lenient! {
+    /// A VM's egress proxy as recorded.
+    pub struct Egress {
+        /// The rules as given.
+        rules: Vec<String>,
+        /// The proxy's URL in the guest.
+        egress_proxy: String,
+    }
+}
+
+lenient! {
+    /// A person holds a VM's input from the live view.
+    pub struct Hold {
+        /// Since when (seconds since the epoch).
+        since: i64,
+        /// The hold's token digest.
+        sha256: String,
+    }
+}
+
+lenient! {
+    /// A background process started with guest_exec.
+    pub struct Background {
+        /// Its guest PID.
+        pid: i64,
+        /// What was started.
+        command: String,
+        /// Its arguments.
+        args: Vec<String>,
+        /// Its spool's id in the guest.
+        spool: String,
+        /// When (seconds since the epoch).
+        started_at: i64,
+        /// How it ended, once seen.
+        ended: Ended,
+    }
+}
+
+lenient! {
+    /// How a background process ended.
+    pub struct Ended {
+        /// Its exit code.
+        exitcode: i64,
+        /// The signal that ended it.
+        signal: i64,
+    }
+}
+
+impl Record {
+    /// This record with `over`'s fields laid over it: a field `over` holds replaces this one's.
+    pub fn overlaid(&self, over: &Record) -> Record {
+        let mut m = self.to_map();
+        m.extend(over.to_map());
+        Record::from_map(m)
+    }
+}
+
+/// A sandbox's `allow_network`: all or nothing, or the egress rules it may reach.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Network {
+    /// `true`: the whole network; `false`: only its forwards.
+    All(bool),
+    /// Only these names (its egress proxy's rules).
+    Rules(Vec<String>),
+}
+
+/// A string field, absent when empty.
+pub fn text(field: &Option<String>) -> Option<&str> {
+    field.as_deref().filter(|s| !s.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn rec(v: Value) -> Record {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn known_fields_are_typed_and_unknown_ones_kept() {
+        let r = rec(json!({"name": "a", "pid": 7, "future": {"k": [1]},
+            "sandbox": {"overlay": "/o", "chain": ["x"], "later": 1}}));
+        assert_eq!(r.name.as_deref(), Some("a"));
+        assert_eq!(r.pid, Some(7));
+        let sb = r.sandbox.as_ref().unwrap();
+        assert_eq!(sb.chain.as_deref(), Some(&["x".to_string()][..]));
+        let back = serde_json::to_value(&r).unwrap();
+        assert_eq!(back["future"]["k"][0], 1);
+        assert_eq!(back["sandbox"]["later"], 1);
+        assert_eq!(rec(back), r);
+    }
+
+    #[test]
+    fn a_mistyped_known_field_reads_absent_and_is_written_back() {
+        let r = rec(json!({"memory_mb": "lots", "cpus": 2, "iso": null}));
+        assert_eq!(r.memory_mb, None);
+        assert_eq!(r.cpus, Some(2));
+        let back = serde_json::to_value(&r).unwrap();
+        assert_eq!(back["memory_mb"], "lots");
+        assert!(back.get("iso").is_none());
+    }
+
+    #[test]
+    fn a_typed_value_replaces_the_mistyped_one_it_read() {
+        let mut r = rec(json!({"memory_mb": "lots"}));
+        r.memory_mb = Some(512);
+        assert_eq!(serde_json::to_value(&r).unwrap()["memory_mb"], 512);
+    }
+
+    #[test]
+    fn empty_text_reads_absent() {
+        assert_eq!(text(&Some(String::new())), None);
+        assert_eq!(text(&Some("x".into())), Some("x"));
+    }
+}
