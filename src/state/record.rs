@@ -3,9 +3,9 @@
 //!
 //! Records outlive the version that wrote them (older and newer mcqemu, the Python server share
 //! one registry), so reading is lenient and nothing read is lost: a field this version does not
-//! know, or a known field holding a value of another type, is kept as read in `other` and
-//! written back unchanged; the code sees the typed field as absent, as it saw a mistyped value
-//! before. A `null` reads as absent and is not written back.
+//! know, or a known field holding a value of another type (or `null`), is kept as read in
+//! `other` and written back unchanged; the code sees the typed field as absent, as it saw a
+//! mistyped value before. A value the code sets replaces what `other` kept.
 
 use std::collections::BTreeMap;
 
@@ -32,9 +32,8 @@ macro_rules! lenient {
                 $(
                     if let Some(v) = m.remove(stringify!($field)) {
                         match <$ty as Deserialize>::deserialize(&v) {
-                            Ok(x) => r.$field = Some(x),
-                            Err(_) if v.is_null() => {}
-                            Err(_) => {
+                            Ok(x) if !v.is_null() => r.$field = Some(x),
+                            _ => {
                                 m.insert(stringify!($field).to_string(), v);
                             }
                         }
@@ -343,12 +342,13 @@ mod tests {
 
     #[test]
     fn a_mistyped_known_field_reads_absent_and_is_written_back() {
-        let r = rec(json!({"memory_mb": "lots", "cpus": 2, "iso": null}));
+        let r = rec(json!({"memory_mb": "lots", "cpus": 2, "iso": null, "spec": null}));
         assert_eq!(r.memory_mb, None);
         assert_eq!(r.cpus, Some(2));
+        assert_eq!((r.iso.clone(), r.spec.clone()), (None, None));
         let back = serde_json::to_value(&r).unwrap();
         assert_eq!(back["memory_mb"], "lots");
-        assert!(back.get("iso").is_none());
+        assert_eq!(back.get("iso"), Some(&Value::Null));
     }
 
     #[test]
