@@ -1,5 +1,6 @@
 //! Talking to QEMU and its tooling.
 
+pub mod agent_calls;
 pub mod blockdev;
 pub mod cmdline;
 pub mod encode;

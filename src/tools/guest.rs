@@ -198,10 +198,8 @@ fn exec(ctx: &ToolCtx, args: &Args) -> ToolResult {
         ..spool::Launch::default()
     };
     // With a progress token, the program's new lines go out in its progress while it runs.
-    Ok(
-        guest_ops::run_program(ctx, name, &launch, timeout, ctx.has_progress())
-            .map(ToolOutput::json)?,
-    )
+    let ran = guest_ops::run_program(ctx, name, &launch, timeout, ctx.has_progress())?;
+    crate::tools::to_output(&ran)
 }
 
 const FILE_READ_DESCRIPTION: &str = "Read a file inside the guest through the agent, in chunks, \

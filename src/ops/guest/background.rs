@@ -7,11 +7,12 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use serde_json::{json, Map, Value};
+use serde_json::Map;
 
 use crate::ops::guest::spool::{self, Launch};
 use crate::ops::guest::with_guest;
-use crate::qemu::qga::{Qga, QgaError};
+use crate::qemu::agent_calls::{self, ExecStatus};
+use crate::qemu::qga::{Qga, QgaError, COMMAND_TIMEOUT};
 use crate::qemu::vm;
 use crate::state::record::{Background, Ended, Record};
 
@@ -208,21 +209,21 @@ type Spawned = (i64, Option<Ended>);
 /// Starts `launch` and waits (briefly, bounded) for the wrapper to have either refused or
 /// handed over to the program.
 fn start_in(q: &mut Qga, launch: &Launch) -> Result<Result<Spawned, BgError>, QgaError> {
-    let pid = crate::ops::guest::stream::spawn(q, launch.request())?;
+    let pid = crate::ops::guest::stream::spawn(q, &launch.request())?;
     // The wrapper refuses a missing cwd before it makes the output files: wait (bounded) for
     // either the refusal or the files.
     let out = spool::paths(launch.spool.unwrap_or_default()).0;
     let until = Instant::now() + Duration::from_secs(10);
     let mut pause = Duration::from_millis(1);
     while Instant::now() < until {
-        let s = q.execute("guest-exec-status", Some(json!({"pid": pid})))?;
-        if s.get("exited").and_then(Value::as_bool) == Some(true) {
+        let s = agent_calls::exec_status(q, pid, COMMAND_TIMEOUT)?;
+        if s.exited {
             if let Some(why) = spool::wrapper_refusal(&s) {
                 return Ok(Err(BgError(why)));
             }
             let ended = Ended {
-                exitcode: s.get("exitcode").and_then(Value::as_i64),
-                signal: s.get("signal").and_then(Value::as_i64),
+                exitcode: s.exitcode,
+                signal: s.signal,
                 other: Map::new(),
             };
             return Ok(Ok((pid, Some(ended))));
@@ -329,21 +330,19 @@ fn poll_end(q: &mut Qga, name: &str, handle: &str, k: &mut Known) -> Result<bool
     if k.ended.is_some() {
         return Ok(false);
     }
-    let s = match q.execute("guest-exec-status", Some(json!({"pid": k.pid}))) {
+    let s = match agent_calls::exec_status(q, k.pid, COMMAND_TIMEOUT) {
         Ok(s) => s,
         // The agent forgot it (restarted, or answered its end to another caller).
-        Err(QgaError::Command { desc, .. }) if desc.contains("Invalid parameter") => {
-            json!({"exited": true})
-        }
+        Err(QgaError::Command { desc, .. }) if desc.contains("Invalid parameter") => ExecStatus {
+            exited: true,
+            ..ExecStatus::default()
+        },
         Err(e) => return Err(e),
     };
-    if s.get("exited").and_then(Value::as_bool) != Some(true) {
+    if !s.exited {
         return Ok(true);
     }
-    let (code, sig) = (
-        s.get("exitcode").and_then(Value::as_i64),
-        s.get("signal").and_then(Value::as_i64),
-    );
+    let (code, sig) = (s.exitcode, s.signal);
     record_end(name, handle, code, sig);
     k.ended = Some((code, sig));
     Ok(false)

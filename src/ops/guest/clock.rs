@@ -12,8 +12,9 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use serde_json::{json, Value};
+use serde_json::json;
 
+use crate::qemu::agent_calls::{self, ExecRequest};
 use crate::qemu::qga::{self, Qga, QgaError};
 use crate::qemu::vm;
 use crate::state::registry::{Record, RegistryError};
@@ -154,22 +155,20 @@ fn set(q: &mut Qga) -> Result<&'static str, QgaError> {
 /// returns its exit code (None when a signal ended it).
 fn run(q: &mut Qga, path: &str, args: &[&str], timeout: Duration) -> Result<Option<i64>, QgaError> {
     let deadline = Instant::now() + timeout;
-    let started = q.execute_within(
-        "guest-exec",
-        Some(json!({"path": path, "arg": args, "capture-output": false})),
-        timeout,
-    )?;
-    let pid = started
-        .get("pid")
-        .and_then(Value::as_i64)
-        .ok_or_else(|| QgaError::Garbage(format!("guest-exec returned no pid: {started}")))?;
+    let req = ExecRequest {
+        path: path.to_string(),
+        arg: args.iter().map(|a| a.to_string()).collect(),
+        capture_output: false,
+        input_data: None,
+    };
+    let pid = agent_calls::exec(q, &req, timeout)?;
     loop {
         let left = deadline
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(10));
-        let st = q.execute_within("guest-exec-status", Some(json!({ "pid": pid })), left)?;
-        if st.get("exited").and_then(Value::as_bool) == Some(true) {
-            return Ok(st.get("exitcode").and_then(Value::as_i64));
+        let st = agent_calls::exec_status(q, pid, left)?;
+        if st.exited {
+            return Ok(st.exitcode);
         }
         if Instant::now() >= deadline {
             return Err(QgaError::Timeout(format!("{path} in the guest")));

@@ -5,12 +5,12 @@
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use serde_json::{json, Value};
 
 use super::stream as guest_stream;
 use super::with_guest;
 use crate::b64;
 use crate::ops::error::OpError;
+use crate::qemu::agent_calls::{self, FileHandle, Whence};
 use crate::qemu::qga::{Qga, QgaError};
 
 /// Bytes per guest-file-read / guest-file-write call: large, since every call is a round trip
@@ -84,13 +84,9 @@ pub struct FileRead {
 pub fn read(req: &ReadRequest) -> Result<FileRead, OpError> {
     let (path, offset, max) = (&req.path, req.offset, req.max);
     let (data, truncated, file_size) = with_guest(&req.name, "guest-file-read", |q| {
-        let handle = q.execute("guest-file-open", Some(json!({"path": path, "mode": "r"})))?;
-        let result = read_at(q, &handle, offset, max);
-        let _ = q.execute_within(
-            "guest-file-close",
-            Some(json!({"handle": handle})),
-            Duration::from_secs(10),
-        );
+        let handle = agent_calls::file_open(q, path, "r")?;
+        let result = read_at(q, handle, offset, max);
+        let _ = agent_calls::file_close(q, handle, Duration::from_secs(10));
         result
     })?;
     let (content, encoding) = if req.base64 {
@@ -119,24 +115,17 @@ pub fn read(req: &ReadRequest) -> Result<FileRead, OpError> {
 /// that cannot seek, such as /proc files and pipes: they are read from their start).
 fn read_at(
     q: &mut Qga,
-    handle: &Value,
+    handle: FileHandle,
     offset: u64,
     max: usize,
 ) -> Result<(Vec<u8>, bool, Option<u64>), QgaError> {
-    let end = q.execute(
-        "guest-file-seek",
-        Some(json!({"handle": handle, "offset": 0, "whence": "end"})),
-    );
-    let size = match end {
-        Ok(r) => r.get("position").and_then(Value::as_u64),
+    let size = match agent_calls::file_seek(q, handle, 0, Whence::End) {
+        Ok(position) => Some(position),
         Err(QgaError::Command { .. }) => None,
         Err(e) => return Err(e),
     };
     if size.is_some() || offset > 0 {
-        q.execute(
-            "guest-file-seek",
-            Some(json!({"handle": handle, "offset": offset, "whence": "set"})),
-        )?;
+        agent_calls::file_seek(q, handle, offset as i64, Whence::Set)?;
     }
     // A /proc file reports size 0 and still has content: read it as it is.
     let size = size.filter(|s| *s > 0 || offset > 0);
@@ -144,7 +133,7 @@ fn read_at(
     Ok((data, truncated, size))
 }
 
-fn read_all(q: &mut Qga, handle: &Value, max: usize) -> Result<(Vec<u8>, bool), QgaError> {
+fn read_all(q: &mut Qga, handle: FileHandle, max: usize) -> Result<(Vec<u8>, bool), QgaError> {
     let mut data = Vec::new();
     let mut idle = 0;
     loop {
@@ -198,13 +187,9 @@ pub fn write(req: &WriteRequest) -> Result<Written, OpError> {
     let path = &req.path;
     let written = with_guest(&req.name, "guest-file-write", |q| {
         let mode = if req.append { "a" } else { "w" };
-        let handle = q.execute("guest-file-open", Some(json!({"path": path, "mode": mode})))?;
-        let result = write_all(q, &handle, &req.data);
-        let closed = q.execute_within(
-            "guest-file-close",
-            Some(json!({"handle": handle})),
-            Duration::from_secs(10),
-        );
+        let handle = agent_calls::file_open(q, path, mode)?;
+        let result = write_all(q, handle, &req.data);
+        let closed = agent_calls::file_close(q, handle, Duration::from_secs(10));
         let n = result?;
         closed?;
         Ok(n)
@@ -217,16 +202,12 @@ pub fn write(req: &WriteRequest) -> Result<Written, OpError> {
     })
 }
 
-fn write_all(q: &mut Qga, handle: &Value, data: &[u8]) -> Result<usize, QgaError> {
+fn write_all(q: &mut Qga, handle: FileHandle, data: &[u8]) -> Result<usize, QgaError> {
     let mut done = 0;
     let mut idle = 0;
     while done < data.len() {
         let end = (done + FILE_CHUNK).min(data.len());
-        let r = q.execute(
-            "guest-file-write",
-            Some(json!({"handle": handle, "buf-b64": b64::encode(&data[done..end])})),
-        )?;
-        let n = r.get("count").and_then(Value::as_u64).unwrap_or(0) as usize;
+        let n = agent_calls::file_write(q, handle, &data[done..end])? as usize;
         if n == 0 {
             idle += 1;
             if idle >= 3 {

@@ -120,13 +120,13 @@ pub fn list(req: &Request) -> Result<Listing, String> {
         spool::run_in(q, &launch, Duration::from_secs(60))
     })
     .map_err(|e| e.to_string())?;
-    if status.get("exitcode").and_then(serde_json::Value::as_i64) == Some(3) {
+    if status.exitcode == Some(3) {
         return Err(format!(
             "{} is not a folder in VM {:?} (or cannot be entered)",
             req.path, req.name
         ));
     }
-    let out = String::from_utf8_lossy(&spool::stream(&status, "out-data")).into_owned();
+    let out = String::from_utf8_lossy(&status.stdout()).into_owned();
     let (entries, truncated) = parse(&out, req.max_entries.min(MAX_ENTRIES));
     Ok(Listing {
         name: req.name.clone(),

@@ -17,7 +17,8 @@ pub mod spool;
 pub mod stream;
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
+use serde::Serialize;
+use serde_json::Value;
 
 use self::spool::Launch;
 use crate::b64;
@@ -25,6 +26,7 @@ use crate::ops::error::OpError;
 use crate::ops::session;
 use crate::ops::vm::records::lookup;
 use crate::ops::work::Work;
+use crate::qemu::agent_calls::{self, ExecRequest, ExecStatus};
 use crate::qemu::qga::{Qga, QgaError};
 
 /// How long guest_exec holds one agent session while polling before letting others in. While
@@ -48,13 +50,7 @@ pub const MAX_OUTPUT: usize = 1024 * 1024;
 
 /// Decodes one captured stream, capped at [`MAX_OUTPUT`]; true when it was cut here or by the
 /// agent.
-pub fn decode_stream(v: &Value, data: &str, flag: &str) -> (String, bool) {
-    let mut bytes = v
-        .get(data)
-        .and_then(Value::as_str)
-        .and_then(|s| b64::decode(s).ok())
-        .unwrap_or_default();
-    let mut cut = v.get(flag).and_then(Value::as_bool).unwrap_or(false);
+pub fn decode_stream(mut bytes: Vec<u8>, mut cut: bool) -> (String, bool) {
     if bytes.len() > MAX_OUTPUT {
         bytes.truncate(MAX_OUTPUT);
         cut = true;
@@ -71,7 +67,7 @@ pub fn exec(
     argv: &[&str],
     stdin: Option<&str>,
     timeout: Duration,
-) -> Result<Value, OpError> {
+) -> Result<Executed, OpError> {
     let args: Vec<String> = argv.iter().map(|a| a.to_string()).collect();
     let launch = Launch {
         command,
@@ -144,7 +140,7 @@ pub fn run_program(
     launch: &Launch,
     timeout: Duration,
     live: bool,
-) -> Result<Value, OpError> {
+) -> Result<Executed, OpError> {
     // Only a live run needs a spool slot (it is held until the run's end).
     let slot = live.then(spool::Slot::take);
     let launch = Launch {
@@ -198,7 +194,7 @@ struct Run<'a> {
     ctx: &'a dyn Work,
     name: &'a str,
     command: &'a str,
-    req: Value,
+    req: ExecRequest,
     live: Option<Live>,
     started: Instant,
     timeout: Duration,
@@ -211,11 +207,11 @@ impl Run<'_> {
     /// One polling window over one agent session: starts the program the first time, then
     /// polls its status (reading live output and reporting progress) until it exits (its
     /// final status), or the window, the deadline or a cancel ends the window (None).
-    fn window(&mut self, q: &mut Qga, window_end: Instant) -> Result<Option<Value>, QgaError> {
+    fn window(&mut self, q: &mut Qga, window_end: Instant) -> Result<Option<ExecStatus>, QgaError> {
         let pid = match self.pid {
             Some(p) => p,
             None => {
-                let p = crate::ops::guest::stream::spawn(q, self.req.clone())?;
+                let p = crate::ops::guest::stream::spawn(q, &self.req)?;
                 let msg = format!(
                     "guest_exec in {}: {} (guest pid {p})",
                     self.name, self.command
@@ -228,12 +224,8 @@ impl Run<'_> {
         loop {
             // The final status carries the whole capture (up to 16 MiB of stdout and of
             // stderr, in base64): under TCG that reply alone can take several seconds.
-            let status = q.execute_within(
-                "guest-exec-status",
-                Some(json!({"pid": pid})),
-                crate::qemu::qga::COMMAND_TIMEOUT,
-            )?;
-            if status.get("exited").and_then(Value::as_bool) == Some(true) {
+            let status = agent_calls::exec_status(q, pid, crate::qemu::qga::COMMAND_TIMEOUT)?;
+            if status.exited {
                 return Ok(Some(match &self.live {
                     Some(l) if spool::wrapper_refusal(&status).is_none() => {
                         with_spooled_output(q, status, &l.id)?
@@ -273,23 +265,23 @@ impl Run<'_> {
     }
 
     /// guest_exec's result from the program's final status.
-    fn result(&self, status: &Value) -> Result<Value, OpError> {
+    fn result(&self, status: &ExecStatus) -> Result<Executed, OpError> {
         if let Some(why) = spool::wrapper_refusal(status) {
             return Err(OpError::new(why));
         }
-        let stdout = decode_stream(status, "out-data", "out-truncated");
-        let stderr = decode_stream(status, "err-data", "err-truncated");
-        Ok(json!({
-            "name": self.name,
-            "pid": self.pid.unwrap_or(0),
-            "exitcode": status.get("exitcode").and_then(Value::as_i64),
-            "signal": status.get("signal").and_then(Value::as_i64),
-            "stdout": stdout.0,
-            "stderr": stderr.0,
-            "stdout_truncated": stdout.1,
-            "stderr_truncated": stderr.1,
-            "duration_ms": self.started.elapsed().as_millis() as u64,
-        }))
+        let stdout = decode_stream(status.stdout(), status.out_truncated);
+        let stderr = decode_stream(status.stderr(), status.err_truncated);
+        Ok(Executed {
+            name: self.name.to_string(),
+            pid: self.pid.unwrap_or(0),
+            exitcode: status.exitcode,
+            signal: status.signal,
+            stdout: stdout.0,
+            stderr: stderr.0,
+            stdout_truncated: stdout.1,
+            stderr_truncated: stderr.1,
+            duration_ms: self.started.elapsed().as_millis() as u64,
+        })
     }
 
     /// An error once the caller cancelled or the deadline passed (the program keeps running).
@@ -317,17 +309,40 @@ const MIN_QUIET: Duration = Duration::from_millis(450);
 
 /// The final status of a spooled run with its output files in place of the capture (both
 /// capped past [`MAX_OUTPUT`]), the files emptied for the slot's next run.
-fn with_spooled_output(q: &mut Qga, mut status: Value, id: &str) -> Result<Value, QgaError> {
+fn with_spooled_output(
+    q: &mut Qga,
+    mut status: ExecStatus,
+    id: &str,
+) -> Result<ExecStatus, QgaError> {
     let (out, err) = spool::paths(id);
-    for (path, data, flag) in [
-        (out, "out-data", "out-truncated"),
-        (err, "err-data", "err-truncated"),
-    ] {
-        let (bytes, cut) = spool::read_and_empty(q, &path, MAX_OUTPUT)?;
-        status[data] = json!(b64::encode(&bytes));
-        status[flag] = json!(cut);
-    }
+    let (bytes, cut) = spool::read_and_empty(q, &out, MAX_OUTPUT)?;
+    (status.out_data, status.out_truncated) = (Some(b64::encode(&bytes)), cut);
+    let (bytes, cut) = spool::read_and_empty(q, &err, MAX_OUTPUT)?;
+    (status.err_data, status.err_truncated) = (Some(b64::encode(&bytes)), cut);
     Ok(status)
+}
+
+/// guest_exec's result (in this order).
+#[derive(Debug, Clone, Serialize)]
+pub struct Executed {
+    /// The VM.
+    pub name: String,
+    /// The program's guest PID.
+    pub pid: i64,
+    /// Its exit code, when it exited normally.
+    pub exitcode: Option<i64>,
+    /// The signal that ended it.
+    pub signal: Option<i64>,
+    /// Its stdout (lossy UTF-8, capped at [`MAX_OUTPUT`]).
+    pub stdout: String,
+    /// Its stderr.
+    pub stderr: String,
+    /// Its stdout was cut (here or by the agent).
+    pub stdout_truncated: bool,
+    /// Its stderr was cut.
+    pub stderr_truncated: bool,
+    /// How long the call took.
+    pub duration_ms: u64,
 }
 
 /// The agent's version, the guest OS and the agent commands enabled: guest_info's result.

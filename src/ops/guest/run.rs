@@ -30,9 +30,9 @@ pub fn run(
 ) -> Result<Ran, OpError> {
     let out = crate::ops::guest::exec(ctx, name, command, args, None, timeout)?;
     Ok(Ran {
-        exitcode: out.get("exitcode").and_then(Value::as_i64),
-        stdout: out["stdout"].as_str().unwrap_or_default().to_string(),
-        stderr: out["stderr"].as_str().unwrap_or_default().to_string(),
+        exitcode: out.exitcode,
+        stdout: out.stdout,
+        stderr: out.stderr,
     })
 }
 

@@ -7,11 +7,13 @@
 
 use std::time::Duration;
 
-use serde_json::{json, Value};
-
 use crate::b64;
 use crate::ops::guest::stream::{read_chunk, spawn, CHUNK};
-use crate::qemu::qga::{Qga, QgaError};
+use crate::qemu::agent_calls::{self, ExecRequest, ExecStatus, FileHandle, Whence};
+use crate::qemu::qga::{self, Qga, QgaError};
+
+/// How long closing a guest file may take.
+const CLOSE_WITHIN: Duration = Duration::from_secs(10);
 
 /// The folder in the guest that holds the output files: made 0700 by the wrapper, and refused
 /// when it is a link or not root's (another user of the guest cannot plant it).
@@ -62,7 +64,7 @@ impl Launch<'_> {
     }
 
     /// The guest-exec arguments.
-    pub fn request(&self) -> Value {
+    pub fn request(&self) -> ExecRequest {
         let (path, arg): (&str, Vec<String>) = if self.plain() {
             (self.command, self.args.to_vec())
         } else {
@@ -81,10 +83,8 @@ impl Launch<'_> {
             a.extend(self.args.iter().cloned());
             ("/bin/sh", a)
         };
-        let mut req = json!({"path": path, "arg": arg, "capture-output": true});
-        if let Some(input) = self.stdin {
-            req["input-data"] = json!(b64::encode(input.as_bytes()));
-        }
+        let mut req = ExecRequest::captured(path, &arg);
+        req.input_data = self.stdin.map(|input| b64::encode(input.as_bytes()));
         req
     }
 }
@@ -119,16 +119,11 @@ pub fn check_cwd(cwd: &str) -> Result<(), String> {
 }
 
 /// The refusal the wrapper reported, if the program never started: a final guest-exec-status.
-pub fn wrapper_refusal(status: &Value) -> Option<String> {
-    if status.get("exitcode").and_then(Value::as_i64) != Some(WRAPPER_FAILED) {
+pub fn wrapper_refusal(status: &ExecStatus) -> Option<String> {
+    if status.exitcode != Some(WRAPPER_FAILED) {
         return None;
     }
-    let err = status
-        .get("err-data")
-        .and_then(Value::as_str)
-        .and_then(|s| b64::decode(s).ok())
-        .map(|b| String::from_utf8_lossy(&b).into_owned())
-        .unwrap_or_default();
+    let err = String::from_utf8_lossy(&status.stderr()).into_owned();
     let line = err.lines().next()?;
     if let Some(rest) = line.strip_prefix(CWD_MARK) {
         return Some(format!(
@@ -193,7 +188,7 @@ impl Drop for Slot {
 /// Reads guest file `path` from its start, up to `max` bytes (and whether there was more),
 /// then empties it when it held anything: open, read, close, and no program to run.
 pub fn read_and_empty(q: &mut Qga, path: &str, max: usize) -> Result<(Vec<u8>, bool), QgaError> {
-    let handle = match q.execute("guest-file-open", Some(json!({"path": path, "mode": "r"}))) {
+    let handle = match agent_calls::file_open(q, path, "r") {
         Ok(h) => h,
         Err(QgaError::Command { desc, .. }) if desc.contains("No such file") => {
             return Ok((Vec::new(), false))
@@ -203,7 +198,7 @@ pub fn read_and_empty(q: &mut Qga, path: &str, max: usize) -> Result<(Vec<u8>, b
     let mut data = Vec::new();
     let read = loop {
         let want = (max + 1 - data.len()).min(CHUNK);
-        let (chunk, eof) = match read_chunk(q, &handle, want) {
+        let (chunk, eof) = match read_chunk(q, handle, want) {
             Ok(r) => r,
             Err(e) => break Err(e),
         };
@@ -213,19 +208,11 @@ pub fn read_and_empty(q: &mut Qga, path: &str, max: usize) -> Result<(Vec<u8>, b
             break Ok(());
         }
     };
-    let _ = q.execute_within(
-        "guest-file-close",
-        Some(json!({"handle": handle})),
-        Duration::from_secs(10),
-    );
+    let _ = agent_calls::file_close(q, handle, CLOSE_WITHIN);
     read?;
     if !data.is_empty() {
-        let h = q.execute("guest-file-open", Some(json!({"path": path, "mode": "w"})))?;
-        q.execute_within(
-            "guest-file-close",
-            Some(json!({"handle": h})),
-            Duration::from_secs(10),
-        )?;
+        let h = agent_calls::file_open(q, path, "w")?;
+        agent_calls::file_close(q, h, CLOSE_WITHIN)?;
     }
     let cut = data.len() > max;
     data.truncate(max);
@@ -234,13 +221,9 @@ pub fn read_and_empty(q: &mut Qga, path: &str, max: usize) -> Result<(Vec<u8>, b
 
 /// True when guest file `path` exists (it can be opened for reading).
 pub fn exists(q: &mut Qga, path: &str) -> Result<bool, QgaError> {
-    match q.execute("guest-file-open", Some(json!({"path": path, "mode": "r"}))) {
+    match agent_calls::file_open(q, path, "r") {
         Ok(h) => {
-            q.execute_within(
-                "guest-file-close",
-                Some(json!({"handle": h})),
-                Duration::from_secs(10),
-            )?;
+            agent_calls::file_close(q, h, CLOSE_WITHIN)?;
             Ok(true)
         }
         Err(QgaError::Command { .. }) => Ok(false),
@@ -277,34 +260,26 @@ pub fn read_from(
     max: usize,
     keep: u64,
 ) -> Result<Slice, QgaError> {
-    let handle = match q.execute("guest-file-open", Some(json!({"path": path, "mode": "r"}))) {
+    let handle = match agent_calls::file_open(q, path, "r") {
         Ok(h) => h,
         Err(QgaError::Command { desc, .. }) if desc.contains("No such file") => {
             return Ok(Slice::default())
         }
         Err(e) => return Err(e),
     };
-    let read = read_open(q, &handle, from, max, keep);
-    let _ = q.execute_within(
-        "guest-file-close",
-        Some(json!({"handle": handle})),
-        Duration::from_secs(10),
-    );
+    let read = read_open(q, handle, from, max, keep);
+    let _ = agent_calls::file_close(q, handle, CLOSE_WITHIN);
     read
 }
 
 fn read_open(
     q: &mut Qga,
-    handle: &Value,
+    handle: FileHandle,
     from: u64,
     max: usize,
     keep: u64,
 ) -> Result<Slice, QgaError> {
-    let end = q.execute(
-        "guest-file-seek",
-        Some(json!({"handle": handle, "offset": 0, "whence": "end"})),
-    )?;
-    let size = end.get("position").and_then(Value::as_u64).unwrap_or(0);
+    let size = agent_calls::file_seek(q, handle, 0, Whence::End)?;
     let start = from.max(size.saturating_sub(keep)).min(size);
     if start == size || max == 0 {
         return Ok(Slice {
@@ -313,10 +288,7 @@ fn read_open(
             data: Vec::new(),
         });
     }
-    q.execute(
-        "guest-file-seek",
-        Some(json!({"handle": handle, "offset": start, "whence": "set"})),
-    )?;
+    agent_calls::file_seek(q, handle, start as i64, Whence::Set)?;
     let want = ((size - start) as usize).min(max);
     let mut data = Vec::with_capacity(want);
     while data.len() < want {
@@ -332,13 +304,13 @@ fn read_open(
 
 /// Runs `launch` to its end on session `q` (a short helper program: a listing, a kill),
 /// polling within `timeout`; returns the agent's final status.
-pub fn run_in(q: &mut Qga, launch: &Launch, timeout: Duration) -> Result<Value, QgaError> {
-    let pid = spawn(q, launch.request())?;
+pub fn run_in(q: &mut Qga, launch: &Launch, timeout: Duration) -> Result<ExecStatus, QgaError> {
+    let pid = spawn(q, &launch.request())?;
     let deadline = std::time::Instant::now() + timeout;
     let mut pause = Duration::from_millis(2);
     loop {
-        let s = q.execute("guest-exec-status", Some(json!({"pid": pid})))?;
-        if s.get("exited").and_then(Value::as_bool) == Some(true) {
+        let s = agent_calls::exec_status(q, pid, qga::COMMAND_TIMEOUT)?;
+        if s.exited {
             return Ok(s);
         }
         if std::time::Instant::now() >= deadline {
@@ -350,15 +322,6 @@ pub fn run_in(q: &mut Qga, launch: &Launch, timeout: Duration) -> Result<Value, 
         std::thread::sleep(pause);
         pause = (pause * 2).min(Duration::from_millis(100));
     }
-}
-
-/// A stream of a final status, decoded.
-pub fn stream(status: &Value, key: &str) -> Vec<u8> {
-    status
-        .get(key)
-        .and_then(Value::as_str)
-        .and_then(|s| b64::decode(s).ok())
-        .unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -373,8 +336,7 @@ mod tests {
             args: &args,
             ..Launch::default()
         };
-        assert_eq!(plain.request()["path"], json!("ls"));
-        assert_eq!(plain.request()["arg"], json!(args));
+        assert_eq!(plain.request(), ExecRequest::captured("ls", &args));
         let env = vec![("A_1".to_string(), "x y=z".to_string())];
         let wrapped = Launch {
             command: "ls",
@@ -385,8 +347,8 @@ mod tests {
             ..Launch::default()
         };
         let r = wrapped.request();
-        assert_eq!(r["path"], json!("/bin/sh"));
-        let a: Vec<String> = serde_json::from_value(r["arg"].clone()).unwrap();
+        assert_eq!(r.path, "/bin/sh");
+        let a = r.arg;
         assert_eq!(
             &a[2..],
             &[
@@ -418,7 +380,12 @@ mod tests {
 
     #[test]
     fn the_wrappers_own_refusal_is_told_apart_from_a_program_exiting_125() {
-        let status = |code: i64, err: &str| json!({"exited": true, "exitcode": code, "err-data": b64::encode(err.as_bytes())});
+        let status = |code: i64, err: &str| ExecStatus {
+            exited: true,
+            exitcode: Some(code),
+            err_data: Some(b64::encode(err.as_bytes())),
+            ..ExecStatus::default()
+        };
         let r = wrapper_refusal(&status(125, "mcqemu-wrapper: cwd /nope is not a folder\n"));
         assert!(r.is_some_and(|m| m.starts_with("cwd: /nope")));
         assert_eq!(wrapper_refusal(&status(125, "my program failed\n")), None);

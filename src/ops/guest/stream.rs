@@ -7,9 +7,7 @@ use std::cell::Cell;
 use std::io::{self, Read, Write};
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
-
-use crate::b64;
+use crate::qemu::agent_calls::{self, ExecRequest, FileHandle};
 use crate::qemu::qga::{Qga, QgaError};
 
 /// Bytes per guest-file-read / guest-file-write: a multiple of 3, so base64 chunks need no
@@ -25,45 +23,23 @@ pub trait Watch {
 }
 
 /// Starts a program with guest-exec request `req`; returns its guest PID.
-pub fn spawn(q: &mut Qga, req: Value) -> Result<i64, QgaError> {
-    let r = q.execute_within("guest-exec", Some(req), Duration::from_secs(30))?;
-    r.get("pid")
-        .and_then(Value::as_i64)
-        .ok_or_else(|| QgaError::Garbage(format!("guest-exec returned no pid: {r}")))
+pub fn spawn(q: &mut Qga, req: &ExecRequest) -> Result<i64, QgaError> {
+    agent_calls::exec(q, req, Duration::from_secs(30))
 }
 
 /// One guest-file-read of up to `count` bytes: the bytes and whether the agent saw the end.
-pub fn read_chunk(q: &mut Qga, handle: &Value, count: usize) -> Result<(Vec<u8>, bool), QgaError> {
-    let r = q.execute(
-        "guest-file-read",
-        Some(json!({"handle": handle, "count": count})),
-    )?;
-    let chunk = r
-        .get("buf-b64")
-        .and_then(Value::as_str)
-        .map(b64::decode)
-        .transpose()
-        .map_err(|e| QgaError::Garbage(format!("the agent sent bad base64: {e}")))?
-        .unwrap_or_default();
-    Ok((
-        chunk,
-        r.get("eof").and_then(Value::as_bool).unwrap_or(false),
-    ))
+pub fn read_chunk(q: &mut Qga, h: FileHandle, count: usize) -> Result<(Vec<u8>, bool), QgaError> {
+    agent_calls::file_read(q, h, count)
 }
 
 /// Opens `path` in the guest with `mode` ("r", "w"); returns the agent's handle.
-pub fn open(q: &mut Qga, path: &str, mode: &str) -> Result<Value, QgaError> {
-    q.execute("guest-file-open", Some(json!({"path": path, "mode": mode})))
+pub fn open(q: &mut Qga, path: &str, mode: &str) -> Result<FileHandle, QgaError> {
+    agent_calls::file_open(q, path, mode)
 }
 
 /// Closes a guest file handle (bounded; its failure is returned for writers to check).
-pub fn close(q: &mut Qga, handle: &Value) -> Result<(), QgaError> {
-    q.execute_within(
-        "guest-file-close",
-        Some(json!({"handle": handle})),
-        Duration::from_secs(10),
-    )
-    .map(|_| ())
+pub fn close(q: &mut Qga, h: FileHandle) -> Result<(), QgaError> {
+    agent_calls::file_close(q, h, Duration::from_secs(10))
 }
 
 /// The error an agent failure becomes inside an io stream; the agent error itself is kept
@@ -77,7 +53,7 @@ fn stream_err(slot: &mut Option<QgaError>, e: QgaError) -> io::Error {
 /// Writes to an open guest file in [`CHUNK`]s, reporting progress and stopping at `cap`.
 pub struct GuestWriter<'a> {
     q: &'a mut Qga,
-    handle: Value,
+    handle: FileHandle,
     buf: Vec<u8>,
     /// Bytes the guest has accepted.
     pub sent: u64,
@@ -93,7 +69,7 @@ impl<'a> GuestWriter<'a> {
     /// A writer on `handle` expecting about `total` bytes, refusing more than `cap`.
     pub fn new(
         q: &'a mut Qga,
-        handle: Value,
+        handle: FileHandle,
         total: u64,
         cap: u64,
         files: &'a Cell<u64>,
@@ -119,12 +95,10 @@ impl<'a> GuestWriter<'a> {
         let mut done = 0;
         let mut idle = 0;
         while done < self.buf.len() {
-            let args = json!({"handle": self.handle, "buf-b64": b64::encode(&self.buf[done..])});
-            let r = match self.q.execute("guest-file-write", Some(args)) {
-                Ok(r) => r,
+            let n = match agent_calls::file_write(self.q, self.handle, &self.buf[done..]) {
+                Ok(n) => n as usize,
                 Err(e) => return Err(stream_err(&mut self.failure, e)),
             };
-            let n = r.get("count").and_then(Value::as_u64).unwrap_or(0) as usize;
             idle = if n == 0 { idle + 1 } else { 0 };
             if idle >= 3 {
                 return Err(io::Error::other(format!(
@@ -142,9 +116,9 @@ impl<'a> GuestWriter<'a> {
     }
 
     /// Sends what is buffered and gives the session back.
-    pub fn finish(mut self) -> io::Result<(u64, Value)> {
+    pub fn finish(mut self) -> io::Result<(u64, FileHandle)> {
         self.send()?;
-        Ok((self.sent, self.handle.clone()))
+        Ok((self.sent, self.handle))
     }
 }
 
@@ -172,7 +146,7 @@ impl Write for GuestWriter<'_> {
 /// Reads an open guest file in [`CHUNK`]s, reporting progress and stopping past `cap`.
 pub struct GuestReader<'a> {
     q: &'a mut Qga,
-    handle: Value,
+    handle: FileHandle,
     buf: Vec<u8>,
     pos: usize,
     eof: bool,
@@ -190,7 +164,7 @@ impl<'a> GuestReader<'a> {
     /// A reader on `handle` of a file of `total` bytes (0: unknown), refusing past `cap`.
     pub fn new(
         q: &'a mut Qga,
-        handle: Value,
+        handle: FileHandle,
         total: u64,
         cap: u64,
         files: &'a Cell<u64>,
@@ -217,7 +191,7 @@ impl<'a> GuestReader<'a> {
         }
         let mut idle = 0;
         loop {
-            let (chunk, eof) = match read_chunk(self.q, &self.handle, CHUNK) {
+            let (chunk, eof) = match read_chunk(self.q, self.handle, CHUNK) {
                 Ok(r) => r,
                 Err(e) => return Err(stream_err(&mut self.failure, e)),
             };
@@ -242,7 +216,7 @@ impl<'a> GuestReader<'a> {
     }
 
     /// The agent session and handle back, to close the file.
-    pub fn into_parts(self) -> (&'a mut Qga, Value) {
+    pub fn into_parts(self) -> (&'a mut Qga, FileHandle) {
         (self.q, self.handle)
     }
 }
@@ -283,27 +257,18 @@ pub fn run(
     let Some((program, args)) = argv.split_first() else {
         return Ok(Err("nothing to run".into()));
     };
-    let pid = spawn(
-        q,
-        json!({"path": program, "arg": args, "capture-output": true}),
-    )?;
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    let pid = spawn(q, &ExecRequest::captured(program, &args))?;
     let deadline = Instant::now() + timeout;
     let mut slice = Duration::from_millis(2);
     loop {
-        let s = q.execute("guest-exec-status", Some(json!({"pid": pid})))?;
-        if s.get("exited").and_then(Value::as_bool) == Some(true) {
-            let text = |k: &str| {
-                let bytes = s
-                    .get(k)
-                    .and_then(Value::as_str)
-                    .and_then(|d| b64::decode(d).ok())
-                    .unwrap_or_default();
-                String::from_utf8_lossy(&bytes).trim().to_string()
-            };
+        let s = agent_calls::exec_status(q, pid, crate::qemu::qga::COMMAND_TIMEOUT)?;
+        if s.exited {
+            let text = |b: Vec<u8>| String::from_utf8_lossy(&b).trim().to_string();
             return Ok(Ok(Ran {
-                code: s.get("exitcode").and_then(Value::as_i64),
-                stdout: text("out-data"),
-                stderr: text("err-data"),
+                code: s.exitcode,
+                stdout: text(s.stdout()),
+                stderr: text(s.stderr()),
             }));
         }
         if watch.is_some_and(|w| w.cancelled()) {
@@ -315,7 +280,7 @@ pub fn run(
         if now >= deadline {
             return Ok(Err(format!(
                 "{} did not finish in the guest within {} s; it is still running as pid {pid}",
-                args.first().copied().unwrap_or(program),
+                args.first().map_or(*program, String::as_str),
                 timeout.as_secs()
             )));
         }

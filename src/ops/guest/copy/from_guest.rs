@@ -12,6 +12,7 @@ use super::{
 };
 use crate::ops::guest::stream::{self as gs, GuestReader, Watch};
 use crate::ops::guest::with_guest;
+use crate::qemu::agent_calls::{self, Whence};
 use crate::qemu::qga::Qga;
 use crate::state::extract::Extract;
 use crate::state::roots::{self, Access};
@@ -115,18 +116,8 @@ fn receive(
 ) -> Step<Counts> {
     let handle = gs::open(q, t, "r")?;
     // The archive's size, for the cap and the progress total (0 when the agent cannot seek).
-    let size = q
-        .execute(
-            "guest-file-seek",
-            Some(serde_json::json!({"handle": handle, "offset": 0, "whence": "end"})),
-        )
-        .ok()
-        .and_then(|r| r.get("position").and_then(serde_json::Value::as_u64))
-        .unwrap_or(0);
-    let rewound = q.execute(
-        "guest-file-seek",
-        Some(serde_json::json!({"handle": handle, "offset": 0, "whence": "set"})),
-    );
+    let size = agent_calls::file_seek(q, handle, 0, Whence::End).unwrap_or(0);
+    let rewound = agent_calls::file_seek(q, handle, 0, Whence::Set);
     let files = Cell::new(0);
     let archive_cap = cap + cap / 8 + (1 << 20);
     let result = if size > archive_cap {
@@ -139,15 +130,15 @@ fn receive(
     } else if let Err(e) = rewound {
         Err(format!("cannot rewind the guest's archive: {e}"))
     } else {
-        let mut r = GuestReader::new(q, handle.clone(), size, archive_cap, &files, watch);
+        let mut r = GuestReader::new(q, handle, size, archive_cap, &files, watch);
         let out = extract(&mut r, folder, tmp, top, cap, &files);
         if let Some(e) = r.failure.take() {
-            let _ = gs::close(r.into_parts().0, &handle);
+            let _ = gs::close(r.into_parts().0, handle);
             return Err(e);
         }
         out
     };
-    let _ = gs::close(q, &handle);
+    let _ = gs::close(q, handle);
     Ok(result)
 }
 

@@ -12,11 +12,9 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
-
-use crate::b64;
 use crate::ops::guest::stream::{self as gs, Watch};
-use crate::qemu::qga::{Qga, QgaError};
+use crate::qemu::agent_calls::{self, ExecRequest};
+use crate::qemu::qga::{self, Qga, QgaError};
 
 /// One socket read or write wait, between checks of the guest program and the caller.
 const TICK: Duration = Duration::from_millis(500);
@@ -91,10 +89,7 @@ impl Program {
     pub(super) fn start(q: &mut Qga, script: &str, args: &[&str]) -> Result<Program, QgaError> {
         let mut argv = vec!["-c".to_string(), script.to_string(), "sh".to_string()];
         argv.extend(args.iter().map(|a| a.to_string()));
-        let pid = gs::spawn(
-            q,
-            json!({"path": "sh", "arg": argv, "capture-output": true}),
-        )?;
+        let pid = gs::spawn(q, &ExecRequest::captured("sh", &argv))?;
         Ok(Program {
             pid,
             ended: None,
@@ -107,17 +102,10 @@ impl Program {
         if self.ended.is_some() {
             return Ok(());
         }
-        let s = q.execute("guest-exec-status", Some(json!({"pid": self.pid})))?;
-        if s.get("exited").and_then(Value::as_bool) == Some(true) {
-            let err = s
-                .get("err-data")
-                .and_then(Value::as_str)
-                .and_then(|d| b64::decode(d).ok())
-                .unwrap_or_default();
-            let code = s
-                .get("exitcode")
-                .and_then(Value::as_i64)
-                .or_else(|| s.get("signal").map(|_| -1));
+        let s = agent_calls::exec_status(q, self.pid, qga::COMMAND_TIMEOUT)?;
+        if s.exited {
+            let err = s.stderr();
+            let code = s.exitcode.or(s.signal.map(|_| -1));
             self.ended = Some((code, String::from_utf8_lossy(&err).trim().to_string()));
             self.ended_at = Some(Instant::now());
         }

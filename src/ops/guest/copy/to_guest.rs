@@ -265,7 +265,7 @@ fn send(
     // The cap counts content; the archive adds headers, and files may grow meanwhile.
     let mut w = GuestWriter::new(
         q,
-        handle.clone(),
+        handle,
         total,
         cap + (total / 8) + (1 << 20),
         &files,
@@ -283,7 +283,7 @@ fn send(
     };
     let failure = w.failure.take();
     let flushed = packed.and_then(|()| w.finish().map(|_| ()));
-    let closed = gs::close(q, &handle);
+    let closed = gs::close(q, handle);
     if let Some(e) = failure {
         return Err(e);
     }

@@ -1,0 +1,187 @@
+//! The guest agent's file and exec commands as mcqemu uses them, typed: what is sent, and the
+//! reply fields read. The wire names (`capture-output`, `buf-b64`, ...) live here only.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use super::qga::{Qga, QgaError};
+use crate::b64;
+
+/// A file the agent opened (`guest-file-open`'s handle).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct FileHandle(pub i64);
+
+/// `guest-exec`'s arguments.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ExecRequest {
+    /// The program.
+    pub path: String,
+    /// Its arguments.
+    pub arg: Vec<String>,
+    /// Keep its stdout and stderr for `guest-exec-status`.
+    #[serde(rename = "capture-output")]
+    pub capture_output: bool,
+    /// Its stdin, base64.
+    #[serde(rename = "input-data", skip_serializing_if = "Option::is_none")]
+    pub input_data: Option<String>,
+}
+
+impl ExecRequest {
+    /// `path` with `arg`, its output captured, no stdin.
+    pub fn captured(path: &str, arg: &[String]) -> ExecRequest {
+        ExecRequest {
+            path: path.to_string(),
+            arg: arg.to_vec(),
+            capture_output: true,
+            input_data: None,
+        }
+    }
+}
+
+/// `guest-exec-status`'s reply: the fields mcqemu reads.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+pub struct ExecStatus {
+    /// The program ended.
+    #[serde(default)]
+    pub exited: bool,
+    /// Its exit code, when it exited normally.
+    pub exitcode: Option<i64>,
+    /// The signal that ended it.
+    pub signal: Option<i64>,
+    /// Its captured stdout, base64.
+    #[serde(rename = "out-data")]
+    pub out_data: Option<String>,
+    /// Its captured stderr, base64.
+    #[serde(rename = "err-data")]
+    pub err_data: Option<String>,
+    /// The agent cut its stdout.
+    #[serde(rename = "out-truncated", default)]
+    pub out_truncated: bool,
+    /// The agent cut its stderr.
+    #[serde(rename = "err-truncated", default)]
+    pub err_truncated: bool,
+}
+
+impl ExecStatus {
+    /// Its stdout, decoded (empty when none or not base64).
+    pub fn stdout(&self) -> Vec<u8> {
+        decode(&self.out_data)
+    }
+
+    /// Its stderr, decoded.
+    pub fn stderr(&self) -> Vec<u8> {
+        decode(&self.err_data)
+    }
+}
+
+fn decode(data: &Option<String>) -> Vec<u8> {
+    data.as_deref()
+        .and_then(|d| b64::decode(d).ok())
+        .unwrap_or_default()
+}
+
+/// Starts a program; its guest PID.
+pub fn exec(q: &mut Qga, req: &ExecRequest, within: Duration) -> Result<i64, QgaError> {
+    let args = serde_json::to_value(req).map_err(|e| QgaError::Garbage(e.to_string()))?;
+    let r = q.execute_within("guest-exec", Some(args), within)?;
+    r.get("pid")
+        .and_then(Value::as_i64)
+        .ok_or_else(|| QgaError::Garbage(format!("guest-exec returned no pid: {r}")))
+}
+
+/// A started program's status.
+pub fn exec_status(q: &mut Qga, pid: i64, within: Duration) -> Result<ExecStatus, QgaError> {
+    let r = q.execute_within("guest-exec-status", Some(json!({"pid": pid})), within)?;
+    serde_json::from_value(r.clone())
+        .map_err(|e| QgaError::Garbage(format!("guest-exec-status replied {r}: {e}")))
+}
+
+/// Opens `path` in the guest with `mode` ("r", "w").
+pub fn file_open(q: &mut Qga, path: &str, mode: &str) -> Result<FileHandle, QgaError> {
+    let r = q.execute("guest-file-open", Some(json!({"path": path, "mode": mode})))?;
+    r.as_i64()
+        .map(FileHandle)
+        .ok_or_else(|| QgaError::Garbage(format!("guest-file-open returned no handle: {r}")))
+}
+
+/// One read of up to `count` bytes: the bytes and whether the agent saw the end.
+pub fn file_read(q: &mut Qga, h: FileHandle, count: usize) -> Result<(Vec<u8>, bool), QgaError> {
+    let r = q.execute(
+        "guest-file-read",
+        Some(json!({"handle": h, "count": count})),
+    )?;
+    let chunk = r
+        .get("buf-b64")
+        .and_then(Value::as_str)
+        .map(b64::decode)
+        .transpose()
+        .map_err(|e| QgaError::Garbage(format!("the agent sent bad base64: {e}")))?
+        .unwrap_or_default();
+    Ok((
+        chunk,
+        r.get("eof").and_then(Value::as_bool).unwrap_or(false),
+    ))
+}
+
+/// One write of `bytes`; how many the guest took.
+pub fn file_write(q: &mut Qga, h: FileHandle, bytes: &[u8]) -> Result<u64, QgaError> {
+    let args = json!({"handle": h, "buf-b64": b64::encode(bytes)});
+    let r = q.execute("guest-file-write", Some(args))?;
+    Ok(r.get("count").and_then(Value::as_u64).unwrap_or(0))
+}
+
+/// Where a seek's offset counts from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Whence {
+    /// The file's start.
+    Set,
+    /// The file's end.
+    End,
+}
+
+/// Moves a handle's position; the new position.
+pub fn file_seek(q: &mut Qga, h: FileHandle, offset: i64, whence: Whence) -> Result<u64, QgaError> {
+    let whence = match whence {
+        Whence::Set => "set",
+        Whence::End => "end",
+    };
+    let r = q.execute(
+        "guest-file-seek",
+        Some(json!({"handle": h, "offset": offset, "whence": whence})),
+    )?;
+    Ok(r.get("position").and_then(Value::as_u64).unwrap_or(0))
+}
+
+/// Closes a handle (its failure is returned for writers to check).
+pub fn file_close(q: &mut Qga, h: FileHandle, within: Duration) -> Result<(), QgaError> {
+    q.execute_within("guest-file-close", Some(json!({"handle": h})), within)
+        .map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_and_replies_use_the_agent_s_names() {
+        let mut r = ExecRequest::captured("ls", &["-l".to_string()]);
+        assert_eq!(
+            serde_json::to_value(&r).unwrap(),
+            json!({"path": "ls", "arg": ["-l"], "capture-output": true})
+        );
+        r.input_data = Some("aGk=".into());
+        assert_eq!(serde_json::to_value(&r).unwrap()["input-data"], "aGk=");
+        let s: ExecStatus = serde_json::from_value(json!({
+            "exited": true, "exitcode": 3, "out-data": "aGk=", "out-truncated": true
+        }))
+        .unwrap();
+        assert_eq!((s.exited, s.exitcode, s.signal), (true, Some(3), None));
+        assert_eq!(s.stdout(), b"hi");
+        assert!(s.out_truncated && !s.err_truncated && s.stderr().is_empty());
+        let running: ExecStatus = serde_json::from_value(json!({"exited": false})).unwrap();
+        assert!(!running.exited);
+    }
+}
