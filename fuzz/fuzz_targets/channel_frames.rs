@@ -32,7 +32,10 @@ fuzz_target!(|data: &[u8]| -> Corpus {
         return Corpus::Keep;
     };
     assert!(has(data, format!("MCQ-BEGIN {NONCE}").as_bytes()));
-    assert!(!rest.contains('\n'), "the opening line's rest spans lines: {rest:?}");
+    assert!(
+        !rest.contains('\n'),
+        "the opening line's rest spans lines: {rest:?}"
+    );
     {
         let mut tr = Reader::new(&mut r);
         loop {

@@ -20,7 +20,11 @@ fn request(data: &[u8]) {
         return;
     };
     assert!(head.ends_with(b"\r\n\r\n"), "a head ends with a blank line");
-    assert!(head.len() <= MAX_HEAD + 4096, "head past its bound: {}", head.len());
+    assert!(
+        head.len() <= MAX_HEAD + 4096,
+        "head past its bound: {}",
+        head.len()
+    );
     assert_eq!(
         head.len() + rest.len() + r.len(),
         data.len(),
@@ -37,7 +41,10 @@ fn request(data: &[u8]) {
     );
     if !req.origin_head.is_empty() {
         let text = String::from_utf8_lossy(&req.origin_head).to_ascii_lowercase();
-        assert!(text.ends_with("\r\n\r\n"), "origin head unterminated: {text:?}");
+        assert!(
+            text.ends_with("\r\n\r\n"),
+            "origin head unterminated: {text:?}"
+        );
         assert_eq!(
             text.matches("\r\n\r\n").count(),
             1,
@@ -52,8 +59,14 @@ fn request(data: &[u8]) {
         for h in passed {
             let name = h.split(':').next().unwrap_or_default().trim();
             assert!(
-                !["proxy-connection", "proxy-authorization", "connection", "keep-alive", "upgrade"]
-                    .contains(&name),
+                ![
+                    "proxy-connection",
+                    "proxy-authorization",
+                    "connection",
+                    "keep-alive",
+                    "upgrade"
+                ]
+                .contains(&name),
                 "header {name:?} passed on: {text:?}"
             );
         }
@@ -72,10 +85,17 @@ fn request(data: &[u8]) {
         };
         let rule = Rule::parse(&format!("{literal}:{}", req.port));
         if let Ok(rule) = rule {
-            assert!(rule.allows(&host, req.port), "{literal}:{} denies itself", req.port);
+            assert!(
+                rule.allows(&host, req.port),
+                "{literal}:{} denies itself",
+                req.port
+            );
             let other = req.port.wrapping_add(1).max(1);
             if other != req.port {
-                assert!(!rule.allows(&host, other), "a port rule allowed port {other}");
+                assert!(
+                    !rule.allows(&host, other),
+                    "a port rule allowed port {other}"
+                );
             }
         }
     }
@@ -107,7 +127,10 @@ fn rules(data: &[u8]) {
             }
         }
         if let Host::Suffix(d) = &rule.host {
-            assert!(!rule.allows(&Host::Name(d.clone()), 443), "*.{d} allows {d} itself");
+            assert!(
+                !rule.allows(&Host::Name(d.clone()), 443),
+                "*.{d} allows {d} itself"
+            );
         }
     }
 }

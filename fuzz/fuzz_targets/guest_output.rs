@@ -15,9 +15,10 @@ use std::time::Duration;
 
 use libfuzzer_sys::{fuzz_target, Corpus};
 use mcqemu::ops::guest::background::{shape, Known, StatusRequest};
-use mcqemu::ops::guest::{decode_stream, MAX_OUTPUT};
 use mcqemu::ops::guest::listing::parse;
 use mcqemu::ops::guest::spool::{wrapper_refusal, Slice};
+use mcqemu::ops::guest::{decode_stream, MAX_OUTPUT};
+use mcqemu::qemu::agent_calls::ExecStatus;
 use serde_json::json;
 
 fn listing(data: &[u8]) {
@@ -85,10 +86,7 @@ fn slices(data: &[u8]) {
         command: "c".into(),
         ended: None,
     };
-    let (o_end, e_end) = (
-        o.start + o.data.len() as u64,
-        e.start + e.data.len() as u64,
-    );
+    let (o_end, e_end) = (o.start + o.data.len() as u64, e.start + e.data.len() as u64);
     let (o_size, e_size, o_start) = (o.size, e.size, o.start);
     let s = shape(&req, &k, true, o, e);
     assert!(s.stdout_next_offset >= o_end, "{s:?}");
@@ -102,21 +100,32 @@ fn slices(data: &[u8]) {
 fn exec_status(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
     // Either JSON the agent might send, or the bytes as a capture.
-    let status = serde_json::from_str(&text).unwrap_or_else(|_| {
+    let reply = serde_json::from_str(&text).unwrap_or_else(|_| {
         let b64 = mcqemu::b64::encode(data);
         let code = data.first().map_or(0, |b| i64::from(*b % 130));
         json!({"exited": true, "exitcode": code, "out-data": b64, "err-data": b64,
                "out-truncated": data.len() % 2 == 1})
     });
-    for (d, f) in [("out-data", "out-truncated"), ("err-data", "err-truncated")] {
-        let (out, cut) = decode_stream(&status, d, f);
+    // A reply that is not a guest-exec-status is refused whole (QgaError::Garbage).
+    let Ok(status) = serde_json::from_value::<ExecStatus>(reply) else {
+        return;
+    };
+    for (bytes, flag) in [
+        (status.stdout(), status.out_truncated),
+        (status.stderr(), status.err_truncated),
+    ] {
+        let (out, cut) = decode_stream(bytes, flag);
         assert!(out.len() <= MAX_OUTPUT * 3, "{} bytes", out.len());
-        if status[f] == json!(true) {
+        if flag {
             assert!(cut);
         }
     }
     if wrapper_refusal(&status).is_some() {
-        assert_eq!(status["exitcode"], json!(125), "a refusal without the wrapper's code");
+        assert_eq!(
+            status.exitcode,
+            Some(125),
+            "a refusal without the wrapper's code"
+        );
     }
 }
 

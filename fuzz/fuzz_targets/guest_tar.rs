@@ -93,7 +93,11 @@ fuzz_target!(|data: &[u8]| -> Corpus {
         if let Ok(rel) = p.strip_prefix(dest.join(&tmp)) {
             for c in rel.components() {
                 let name = c.as_os_str().to_string_lossy();
-                assert!(!name.starts_with('.'), "a hidden name was written: {}", p.display());
+                assert!(
+                    !name.starts_with('.'),
+                    "a hidden name was written: {}",
+                    p.display()
+                );
             }
         }
     }

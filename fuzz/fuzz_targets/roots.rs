@@ -106,7 +106,10 @@ fuzz_target!(|data: &[u8]| -> Corpus {
             continue;
         }
         // Accepted: the kernel must agree that it lies inside the root.
-        assert!(resolved.starts_with(&canon_root), "{p:?} accepted as {resolved:?}");
+        assert!(
+            resolved.starts_with(&canon_root),
+            "{p:?} accepted as {resolved:?}"
+        );
         let real = kernel_resolves(&p).or_else(|| {
             p.parent()
                 .and_then(kernel_resolves)
@@ -122,7 +125,9 @@ fuzz_target!(|data: &[u8]| -> Corpus {
         assert!(
             !resolved
                 .strip_prefix(&canon_root)
-                .map(|r| r.components().any(|c| c.as_os_str().as_bytes().starts_with(b".")))
+                .map(|r| r
+                    .components()
+                    .any(|c| c.as_os_str().as_bytes().starts_with(b".")))
                 .unwrap_or(true),
             "{resolved:?} has a hidden component below the root"
         );

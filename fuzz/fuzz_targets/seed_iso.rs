@@ -24,7 +24,10 @@ fuzz_target!(|data: &[u8]| -> Corpus {
         };
         files.push((String::from_utf8_lossy(name).into_owned(), body.to_vec()));
     }
-    let refs: Vec<(&str, &[u8])> = files.iter().map(|(n, b)| (n.as_str(), b.as_slice())).collect();
+    let refs: Vec<(&str, &[u8])> = files
+        .iter()
+        .map(|(n, b)| (n.as_str(), b.as_slice()))
+        .collect();
     let Ok(img) = write("cidata", &refs, 1_764_547_200) else {
         return Corpus::Keep;
     };
@@ -35,13 +38,19 @@ fuzz_target!(|data: &[u8]| -> Corpus {
     assert_eq!(img[18 * SECTOR], 255);
     let total = le32(&img[16 * SECTOR + 80..]);
     assert_eq!(total * SECTOR, img.len());
-    for root_sector in [le32(&img[16 * SECTOR + 158..]), le32(&img[17 * SECTOR + 158..])] {
+    for root_sector in [
+        le32(&img[16 * SECTOR + 158..]),
+        le32(&img[17 * SECTOR + 158..]),
+    ] {
         let dir = &img[root_sector * SECTOR..(root_sector + 1) * SECTOR];
         let mut at = 0;
         let mut seen = 0;
         while at < SECTOR && dir[at] != 0 {
             let len = dir[at] as usize;
-            assert!(len >= 34 && at + len <= SECTOR, "record at {at} of length {len}");
+            assert!(
+                len >= 34 && at + len <= SECTOR,
+                "record at {at} of length {len}"
+            );
             let id_len = dir[at + 32] as usize;
             assert!(33 + id_len <= len);
             let extent = le32(&dir[at + 2..]);
@@ -50,7 +59,11 @@ fuzz_target!(|data: &[u8]| -> Corpus {
             at += len;
             seen += 1;
         }
-        assert_eq!(seen, files.len() + 2, "every file has a record, plus . and ..");
+        assert_eq!(
+            seen,
+            files.len() + 2,
+            "every file has a record, plus . and .."
+        );
     }
     // The Joliet names map back to the files, with their bytes at their extents.
     let jroot = le32(&img[17 * SECTOR + 158..]);
@@ -65,7 +78,10 @@ fuzz_target!(|data: &[u8]| -> Corpus {
             .collect();
         assert_eq!(&String::from_utf16_lossy(&units), name);
         let extent = le32(&dir[at + 2..]);
-        assert_eq!(&img[extent * SECTOR..extent * SECTOR + body.len()], body.as_slice());
+        assert_eq!(
+            &img[extent * SECTOR..extent * SECTOR + body.len()],
+            body.as_slice()
+        );
         at += len;
     }
     Corpus::Keep
