@@ -5,8 +5,6 @@
 
 use std::time::Duration;
 
-use serde_json::Value;
-
 use super::error::OpError;
 use crate::cloudinit::ConfigError;
 use crate::net::download::DownloadError;
@@ -160,15 +158,9 @@ pub fn explain_agent(name: &str, rec: &Record, cmd: &str, e: &QgaError) -> OpErr
             let state = if m.alive() {
                 // Bounded: an explanation must not wait behind a long monitor session.
                 qmp::with_session_within(&vm::qmp_socket(rec), Duration::from_secs(3), |q| {
-                    q.execute_within("query-status", None, Duration::from_secs(3))
+                    q.query_status_within(Duration::from_secs(3))
                 })
-                .ok()
-                .and_then(|s| {
-                    s.get("status")
-                        .and_then(Value::as_str)
-                        .map(Status::from_run_state)
-                })
-                .unwrap_or(m.status)
+                .map_or(m.status, |s| Status::from_run_state(&s.status))
             } else {
                 m.status
             };

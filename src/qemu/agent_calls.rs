@@ -83,6 +83,56 @@ fn decode(data: &Option<String>) -> Vec<u8> {
         .unwrap_or_default()
 }
 
+/// `guest-ping`: the agent answers.
+pub fn ping(q: &mut Qga, within: Duration) -> Result<(), QgaError> {
+    q.execute_within("guest-ping", None, within).map(drop)
+}
+
+/// `guest-set-time` to `nanos` since the epoch.
+pub fn set_time(q: &mut Qga, nanos: u64, within: Duration) -> Result<(), QgaError> {
+    q.execute_within("guest-set-time", Some(json!({"time": nanos})), within)
+        .map(drop)
+}
+
+/// What `guest-info` says: the agent's version and its commands.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+pub struct GuestInfo {
+    /// qemu-ga's version.
+    #[serde(default)]
+    pub version: String,
+    /// Its commands, each enabled or blocked by the guest's configuration.
+    #[serde(default)]
+    pub supported_commands: Vec<GuestCommand>,
+}
+
+/// One agent command as `guest-info` lists it.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+pub struct GuestCommand {
+    /// Its name.
+    #[serde(default)]
+    pub name: String,
+    /// The guest allows it.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// `guest-info`.
+pub fn info(q: &mut Qga, within: Duration) -> Result<GuestInfo, QgaError> {
+    let r = q.execute_within("guest-info", None, within)?;
+    serde_json::from_value(r.clone())
+        .map_err(|e| QgaError::Garbage(format!("guest-info replied {r}: {e}")))
+}
+
+/// `guest-get-osinfo`: the guest's own description of its OS, passed on as the agent gives it
+/// (its fields vary by OS and agent version).
+pub fn os_info(q: &mut Qga, within: Duration) -> Result<Value, QgaError> {
+    q.execute_within("guest-get-osinfo", None, within)
+}
+
 /// Starts a program; its guest PID.
 pub fn exec(q: &mut Qga, req: &ExecRequest, within: Duration) -> Result<i64, QgaError> {
     let args = serde_json::to_value(req).map_err(|e| QgaError::Garbage(e.to_string()))?;

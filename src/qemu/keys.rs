@@ -1,5 +1,7 @@
 //! The key table: QEMU qcodes, friendly aliases, chords, and the US layout for typing text.
 
+use super::qmp_calls::InputEvent;
+
 /// Every qcode QEMU's QKeyCode enum defines that a user may want to press.
 const QCODES: &[&str] = &[
     "shift",
@@ -182,8 +184,11 @@ const ALIASES: &[(&str, &str)] = &[
 ];
 
 /// A key press or release by qcode, as QMP's `input-send-event` takes it.
-pub fn key_event(qcode: &str, down: bool) -> serde_json::Value {
-    serde_json::json!({"type": "key", "data": {"down": down, "key": {"type": "qcode", "data": qcode}}})
+pub fn key_event(qcode: &str, down: bool) -> InputEvent {
+    InputEvent::Key {
+        qcode: qcode.to_string(),
+        down,
+    }
 }
 
 /// Maps one key name (qcode or alias, case-insensitive) to its qcode.

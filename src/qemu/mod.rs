@@ -16,6 +16,7 @@ pub mod process;
 pub mod qcow2;
 pub mod qga;
 pub mod qmp;
+pub mod qmp_calls;
 pub mod reseed_elf;
 /// Bounded runs of external programs live below, in `host`; kept here under their old path.
 pub use crate::host::run;

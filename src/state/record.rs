@@ -138,8 +138,8 @@ lenient! {
         launching: Launching,
         /// What a sandbox was made from.
         sandbox: Sandbox,
-        /// The cloud-init seed it booted with, as sandbox_vm reports it.
-        cloud_init: Value,
+        /// The cloud-init seed it booted with.
+        cloud_init: Seed,
         /// Its egress proxy's rules.
         egress: Egress,
         /// A person's hold on its input (the live view).
@@ -224,6 +224,16 @@ lenient! {
         frozen: String,
         /// Its frozen images, oldest first.
         chain: Vec<String>,
+    }
+}
+
+lenient! {
+    /// The cloud-init seed a launch wrote.
+    pub struct Seed {
+        /// Its instance id (a fresh one each launch).
+        instance_id: String,
+        /// The seed ISO.
+        seed: String,
     }
 }
 

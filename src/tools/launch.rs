@@ -6,7 +6,7 @@ use serde_json::json;
 
 use super::params::{launch_args, launch_out, launch_props};
 use super::{object, presets, vm_name_arg};
-use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolOutput, ToolResult};
+use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolResult};
 use crate::ops::guest::run::{agent_then_cloud_init, report_cloud_init};
 use crate::ops::vm::launch::launch;
 use crate::ops::vm::launch_args::{checked_disks, request};
@@ -45,12 +45,12 @@ fn launch_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let name = vm_name_arg(args)?;
     let disks = checked_disks(&name, &args.str_list("disks")?)?;
     let req = request(&launch_args(args)?, &name, disks)?;
-    let mut out = launch(ctx, req)?.to_json();
+    let mut out = launch(ctx, req)?;
     if args.bool_or("wait_cloud_init", false)? {
         let wait = args.opt_f64("wait_cloud_init_s")?.unwrap_or(600.0);
         let (waited, saw) =
             agent_then_cloud_init(ctx, &name, Duration::from_secs_f64(wait.clamp(0.0, 3600.0)))?;
-        report_cloud_init(&mut out, waited, &saw);
+        report_cloud_init(&mut out.warnings, &mut out.cloud_init, waited, &saw);
     }
-    Ok(ToolOutput::json(out))
+    crate::tools::to_output(&out)
 }

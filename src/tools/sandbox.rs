@@ -5,7 +5,7 @@ use serde_json::json;
 
 use super::params::{self, sandbox_request};
 use super::{object, presets, vm_name_arg};
-use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolOutput, ToolResult};
+use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolResult};
 use crate::ops::sandbox;
 
 const SANDBOX_DESCRIPTION: &str = "Create a qcow2 overlay on base_image (the base is never \
@@ -54,7 +54,8 @@ pub const SANDBOX: ToolDef = ToolDef {
 };
 
 fn sandbox_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
-    Ok(sandbox::create(ctx, &sandbox_request(args)?).map(ToolOutput::json)?)
+    let made = sandbox::create(ctx, &sandbox_request(args)?)?;
+    crate::tools::to_output(&made)
 }
 
 const DESTROY_DESCRIPTION: &str = "Stop a sandbox VM (verified, with SIGKILL if needed), delete \

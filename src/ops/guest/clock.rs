@@ -12,8 +12,6 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use serde_json::json;
-
 use crate::qemu::agent_calls::{self, ExecRequest};
 use crate::qemu::qga::{self, Qga, QgaError};
 use crate::qemu::vm;
@@ -132,8 +130,7 @@ fn now() -> Duration {
 /// Sets the guest clock to the host's on a synced session: guest-set-time, or, where the agent
 /// cannot (no /sbin/hwclock in the guest), `date -u -s @SECONDS` run through the agent.
 fn set(q: &mut Qga) -> Result<&'static str, QgaError> {
-    let time = json!({ "time": now().as_nanos() as u64 });
-    match q.execute_within("guest-set-time", Some(time), SET_TIMEOUT) {
+    match agent_calls::set_time(q, now().as_nanos() as u64, SET_TIMEOUT) {
         Ok(_) => Ok("guest-set-time"),
         Err(QgaError::Command { .. }) => {
             let at = format!("@{}", now().as_secs());

@@ -35,7 +35,7 @@ pub struct Pong {
 pub fn ping(name: &str) -> Result<Pong, OpError> {
     let t = Instant::now();
     with_guest(name, "guest-ping", |q| {
-        q.execute_within("guest-ping", None, Duration::from_secs(5))
+        agent_calls::ping(q, Duration::from_secs(5))
     })?;
     Ok(Pong {
         name: name.to_string(),

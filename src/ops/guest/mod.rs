@@ -26,7 +26,7 @@ use crate::ops::error::OpError;
 use crate::ops::session;
 use crate::ops::vm::records::lookup;
 use crate::ops::work::Work;
-use crate::qemu::agent_calls::{self, ExecRequest, ExecStatus};
+use crate::qemu::agent_calls::{self, ExecRequest, ExecStatus, GuestCommand};
 use crate::qemu::qga::{Qga, QgaError};
 
 /// How long guest_exec holds one agent session while polling before letting others in. While
@@ -348,41 +348,19 @@ pub struct Executed {
 /// The agent's version, the guest OS and the agent commands enabled: guest_info's result.
 pub fn info(name: &str) -> Result<AgentInfo, OpError> {
     let (info, os) = with_guest(name, "guest-info", |q| {
-        let info = q.execute_within("guest-info", None, Duration::from_secs(10))?;
-        let os = q
-            .execute_within("guest-get-osinfo", None, Duration::from_secs(10))
-            .ok();
+        let info = agent_calls::info(q, Duration::from_secs(10))?;
+        let os = agent_calls::os_info(q, Duration::from_secs(10)).ok();
         Ok((info, os))
     })?;
-    let mut enabled = Vec::new();
-    let mut disabled = Vec::new();
-    for c in info
-        .get("supported_commands")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-    {
-        let n = c
-            .get("name")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string();
-        if c.get("enabled").and_then(Value::as_bool).unwrap_or(true) {
-            enabled.push(n);
-        } else {
-            disabled.push(n);
-        }
-    }
+    let (enabled, disabled): (Vec<GuestCommand>, Vec<GuestCommand>) =
+        info.supported_commands.into_iter().partition(|c| c.enabled);
+    let names = |cs: Vec<GuestCommand>| cs.into_iter().map(|c| c.name).collect();
     Ok(AgentInfo {
         name: name.to_string(),
-        version: info
-            .get("version")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string(),
+        version: info.version,
         os,
-        enabled_commands: enabled,
-        disabled_commands: disabled,
+        enabled_commands: names(enabled),
+        disabled_commands: names(disabled),
     })
 }
 

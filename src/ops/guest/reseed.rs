@@ -13,10 +13,9 @@ use std::io::Read;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
-
 use crate::b64;
 use crate::ops::error::OpError;
+use crate::qemu::agent_calls::{self, ExecRequest, ExecStatus};
 use crate::qemu::qga::{self, Qga, QgaError};
 use crate::qemu::reseed_elf::{self, SEED_LEN};
 
@@ -62,47 +61,33 @@ pub fn reseed_on(
         )));
     };
     let path = format!("/tmp/.mcqemu-reseed-{}", hex(&tag));
-    let req = json!({
-        "path": "/bin/sh",
-        "arg": ["-c", WRAPPER, path],
-        "input-data": b64::encode(&elf),
-        "capture-output": true,
-    });
-    let status = match wait_exit(q, req, deadline)? {
+    let mut req = ExecRequest::captured("/bin/sh", &["-c".into(), WRAPPER.into(), path.clone()]);
+    req.input_data = Some(b64::encode(&elf));
+    let status = match wait_exit(q, &req, deadline)? {
         Ok(status) => status,
         Err(why) => return Ok(Err(why)),
     };
-    let code = status.get("exitcode").and_then(Value::as_i64);
-    let stderr = status
-        .get("err-data")
-        .and_then(Value::as_str)
-        .and_then(|d| b64::decode(d).ok())
-        .map(|b| String::from_utf8_lossy(&b).trim().to_string())
-        .unwrap_or_default();
-    Ok(judge(code, &path, &stderr))
+    let stderr = String::from_utf8_lossy(&status.stderr()).trim().to_string();
+    Ok(judge(status.exitcode, &path, &stderr))
 }
 
 /// Starts guest-exec request `req` and polls until it exits or `deadline` passes; returns its
 /// final guest-exec-status.
 fn wait_exit(
     q: &mut Qga,
-    req: Value,
+    req: &ExecRequest,
     deadline: Instant,
-) -> Result<Result<Value, String>, QgaError> {
+) -> Result<Result<ExecStatus, String>, QgaError> {
     let left = || {
         deadline
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(50))
     };
-    let started = q.execute_within("guest-exec", Some(req), left())?;
-    let pid = started
-        .get("pid")
-        .and_then(Value::as_i64)
-        .ok_or_else(|| QgaError::Garbage(format!("guest-exec returned no pid: {started}")))?;
+    let pid = agent_calls::exec(q, req, left())?;
     let mut pause = Duration::from_millis(2);
     loop {
-        let st = q.execute_within("guest-exec-status", Some(json!({ "pid": pid })), left())?;
-        if st.get("exited").and_then(Value::as_bool) == Some(true) {
+        let st = agent_calls::exec_status(q, pid, left())?;
+        if st.exited {
             return Ok(Ok(st));
         }
         let now = Instant::now();
@@ -151,6 +136,7 @@ fn hex(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::{json, Value};
     use std::io::{BufRead, BufReader, Write};
     use std::os::unix::net::UnixStream;
 

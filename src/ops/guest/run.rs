@@ -7,6 +7,7 @@ use serde_json::{json, Value};
 
 use crate::ops::error::OpError;
 use crate::ops::vm::agent::{AgentWait, CloudInitSeen};
+use crate::ops::vm::cloud_init::{CloudInitOut, Waited};
 use crate::ops::work::Work;
 
 /// What a program run in the guest did.
@@ -38,8 +39,8 @@ pub fn run(
 
 /// True when a [`wait_cloud_init`] report says cloud-init found no datasource (`cloud-init
 /// status` names it `none`; its detail `DataSourceNone`).
-pub fn saw_no_datasource(waited: &Value) -> bool {
-    let report = &waited["report"];
+pub fn saw_no_datasource(waited: &Waited) -> bool {
+    let report = &waited.report;
     report["datasource"].as_str() == Some("none")
         || report["detail"]
             .as_str()
@@ -54,7 +55,7 @@ pub fn agent_then_cloud_init(
     ctx: &dyn Work,
     name: &str,
     wait: Duration,
-) -> Result<(Value, CloudInitSeen), OpError> {
+) -> Result<(Waited, CloudInitSeen), OpError> {
     let start = Instant::now();
     let rec = crate::ops::vm::records::lookup(name)?;
     let seeded = rec.cloud_init.is_some();
@@ -82,44 +83,36 @@ pub fn agent_then_cloud_init(
 /// Adds a [`wait_cloud_init`] report to a launch result: beside what the launch recorded in
 /// `cloud_init` (instance id, seed), and its problem, if any, to `warnings` (once: a module
 /// the console already named has its warning).
-pub fn report_cloud_init(out: &mut Value, mut waited: Value, saw: &CloudInitSeen) {
+pub fn report_cloud_init(
+    warnings: &mut Vec<String>,
+    cloud_init: &mut Option<CloudInitOut>,
+    mut waited: Waited,
+    saw: &CloudInitSeen,
+) {
     add_failed_modules(&mut waited, saw);
     let named = saw.failed_modules();
-    let new = waited["failed_modules"]
-        .as_array()
-        .is_some_and(|m| m.iter().any(|x| !named.iter().any(|n| x == n)));
-    if let (Some(problem), Some(w)) = (cloud_init_problem(&waited), out["warnings"].as_array_mut())
-    {
+    let new = waited.failed_modules.iter().any(|x| !named.contains(x));
+    if let Some(problem) = cloud_init_problem(&waited) {
         if new || named.is_empty() {
-            w.push(json!(problem));
+            warnings.push(problem);
         }
     }
-    match (
-        out.get_mut("cloud_init").and_then(Value::as_object_mut),
-        waited,
-    ) {
-        (Some(launched), Value::Object(w)) => launched.extend(w),
-        (_, w) => out["cloud_init"] = w,
-    }
+    cloud_init
+        .get_or_insert_with(CloudInitOut::default)
+        .add_waited(waited);
 }
 
 /// Sets a [`wait_cloud_init`] report's `failed_modules`: the modules its errors name and those
 /// the console named while the agent was awaited.
-pub fn add_failed_modules(waited: &mut Value, saw: &CloudInitSeen) {
+pub fn add_failed_modules(waited: &mut Waited, saw: &CloudInitSeen) {
     let mut modules = saw.failed_modules();
-    let had: Vec<String> = waited["failed_modules"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .map(String::from)
-        .collect();
-    for m in had.into_iter().chain(report_modules(&waited["report"])) {
+    let had = std::mem::take(&mut waited.failed_modules);
+    for m in had.into_iter().chain(report_modules(&waited.report)) {
         if !modules.contains(&m) {
             modules.push(m);
         }
     }
-    waited["failed_modules"] = json!(modules);
+    waited.failed_modules = modules;
 }
 
 /// The modules `cloud-init status --format json`'s errors name: each error reads
@@ -146,12 +139,12 @@ fn report_modules(report: &Value) -> Vec<String> {
 /// What a [`wait_cloud_init`] report says went wrong, when cloud-init finished with status
 /// `error` (a module failed) or `degraded` (newer cloud-init's recoverable errors): its own
 /// error lines, for a warning the caller cannot miss.
-pub fn cloud_init_problem(waited: &Value) -> Option<String> {
-    let status = waited["status"].as_str().unwrap_or_default();
+pub fn cloud_init_problem(waited: &Waited) -> Option<String> {
+    let status = waited.status.as_deref().unwrap_or_default();
     if !(status.starts_with("error") || status.starts_with("degraded")) {
         return None;
     }
-    let report = &waited["report"];
+    let report = &waited.report;
     let mut lines: Vec<String> = ["errors", "recoverable_errors"]
         .iter()
         .flat_map(|k| match &report[*k] {
@@ -184,7 +177,7 @@ pub const BOOT_FINISHED: &str = "/var/lib/cloud/instance/boot-finished";
 /// Waits (at most `wait`, with progress) until cloud-init has finished in VM `name`, then
 /// returns cloud-init's own report (`cloud-init status --format json`), or a clear error when
 /// it did not finish in time.
-pub fn wait_cloud_init(ctx: &dyn Work, name: &str, wait: Duration) -> Result<Value, OpError> {
+pub fn wait_cloud_init(ctx: &dyn Work, name: &str, wait: Duration) -> Result<Waited, OpError> {
     let start = Instant::now();
     let deadline = start + wait;
     loop {
@@ -231,13 +224,16 @@ pub fn wait_cloud_init(ctx: &dyn Work, name: &str, wait: Duration) -> Result<Val
     let report: Value = serde_json::from_str(status.stdout.trim()).unwrap_or_else(
         |_| json!({"status": "unknown", "output": status.stdout, "stderr": status.stderr}),
     );
-    Ok(json!({
-        "finished": true,
-        "wait_ms": start.elapsed().as_millis() as u64,
-        "exitcode": status.exitcode,
-        "status": report.get("status").cloned().unwrap_or(Value::Null),
-        "report": report,
-    }))
+    Ok(Waited {
+        wait_ms: start.elapsed().as_millis() as u64,
+        exitcode: status.exitcode,
+        status: report
+            .get("status")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        report,
+        failed_modules: Vec::new(),
+    })
 }
 
 #[cfg(test)]
@@ -253,24 +249,33 @@ mod tests {
 
     #[test]
     fn a_failed_module_is_named_and_a_clean_finish_says_nothing() {
-        let report: Value = serde_json::from_str(FAILED).unwrap();
-        let waited = json!({"finished": true, "status": "error", "report": report});
-        let p = cloud_init_problem(&waited).unwrap();
+        let waited = |status: &str, report: Value| Waited {
+            status: Some(status.to_string()),
+            report,
+            ..Waited::default()
+        };
+        let failed = waited("error", serde_json::from_str(FAILED).unwrap());
+        let p = cloud_init_problem(&failed).unwrap();
         assert!(p.contains("status \"error\""), "{p}");
         assert!(p.contains("package-update-upgrade-install"), "{p}");
-        let degraded = json!({"status": "degraded done",
-            "report": {"recoverable_errors": {"WARNING": ["x failed"]}}});
+        let degraded = waited(
+            "degraded done",
+            json!({"recoverable_errors": {"WARNING": ["x failed"]}}),
+        );
         assert!(cloud_init_problem(&degraded).unwrap().contains("x failed"));
-        let done = json!({"status": "done", "report": {"errors": []}});
+        let done = waited("done", json!({"errors": []}));
         assert_eq!(cloud_init_problem(&done), None);
-        let long = json!({"status": "error", "report": {"errors": ["é".repeat(900)]}});
+        let long = waited("error", json!({"errors": ["é".repeat(900)]}));
         assert!(cloud_init_problem(&long).unwrap().len() < 1200);
     }
 
     #[test]
     fn the_failed_modules_are_read_from_the_errors_and_the_console() {
-        let report: Value = serde_json::from_str(FAILED).unwrap();
-        let mut waited = json!({"finished": true, "status": "error", "report": report});
+        let mut waited = Waited {
+            status: Some("error".into()),
+            report: serde_json::from_str(FAILED).unwrap(),
+            ..Waited::default()
+        };
         let saw = CloudInitSeen {
             failures: vec![crate::cloudinit::console::ModuleFailure {
                 module: "resizefs".into(),
@@ -280,8 +285,8 @@ mod tests {
         };
         add_failed_modules(&mut waited, &saw);
         assert_eq!(
-            waited["failed_modules"],
-            json!(["resizefs", "package-update-upgrade-install"])
+            waited.failed_modules,
+            ["resizefs", "package-update-upgrade-install"]
         );
         let odd = json!({"errors": ["('a b', X)", "no quote", "('', Y)", 3]});
         assert!(report_modules(&odd).is_empty());

@@ -15,7 +15,9 @@ use crate::cloudinit::CloudInit;
 use crate::ops::error::OpError;
 use crate::ops::guest::run as guest_run;
 use crate::ops::sandbox::request::SandboxRequest;
+use crate::ops::sandbox::result::Sandboxed;
 use crate::ops::vm::agent::AgentWait;
+use crate::ops::vm::cloud_init::CloudInitOut;
 use crate::ops::vm::launch_args::LaunchArgs;
 use crate::ops::vm::stop;
 use crate::ops::work::Work;
@@ -71,13 +73,13 @@ pub struct Prepared {
     /// Its size.
     pub bytes: u64,
     /// The guest agent's version.
-    pub agent_version: Value,
+    pub agent_version: String,
     /// The guest OS as the agent reports it.
-    pub os: Value,
+    pub os: Option<Value>,
     /// cloud-init's report of the boot.
-    pub cloud_init: Value,
+    pub cloud_init: CloudInitOut,
     /// What went wrong but did not stop it.
-    pub warnings: Value,
+    pub warnings: Vec<String>,
     /// The stock image.
     pub source: String,
     /// How long it took.
@@ -130,7 +132,7 @@ pub fn prepare(ctx: &dyn Work, req: &PrepareRequest) -> Result<Prepared, OpError
                 "{} while the prepared VM {name:?} booted; nothing was written to dest. Last \
                  serial output: {}",
                 f.describe(),
-                crate::ops::sandbox::destroy::serial_tail(&out, 8)
+                crate::ops::sandbox::destroy::serial_tail(&out.launched, 8)
             )));
         }
         finish(ctx, &name, &out, dest)
@@ -167,10 +169,20 @@ fn seed_with_agent(given: Option<&Value>) -> Result<Value, OpError> {
 
 /// Steps 2-4: the agent and OS reported, the instance cleaned, the guest stopped, the overlay
 /// flattened into `dest`.
-fn finish(ctx: &dyn Work, name: &str, booted: &Value, dest: &Path) -> Result<Prepared, OpError> {
-    if booted["agent_ready"] != json!(true) {
-        let serial = crate::ops::sandbox::destroy::serial_tail(booted, 8);
-        if let Some(ds) = booted["cloud_init"]["console"]["datasource"].as_str() {
+fn finish(
+    ctx: &dyn Work,
+    name: &str,
+    booted: &Sandboxed,
+    dest: &Path,
+) -> Result<Prepared, OpError> {
+    if !booted.agent_ready {
+        let serial = crate::ops::sandbox::destroy::serial_tail(&booted.launched, 8);
+        let console = booted
+            .launched
+            .cloud_init
+            .as_ref()
+            .and_then(|c| c.console.as_ref());
+        if let Some(ds) = console.map(|c| c.datasource.as_str()) {
             return Err(OpError::new(format!(
                 "cloud-init finished in the prepared VM {name:?} (datasource {ds}) but the guest \
                  agent never started: installing qemu-guest-agent failed. The guest needs \
@@ -186,7 +198,7 @@ fn finish(ctx: &dyn Work, name: &str, booted: &Value, dest: &Path) -> Result<Pre
              (allow_network). Nothing was written to dest. Last serial output: {serial}"
         )));
     }
-    let overlay = booted["overlay"].as_str().unwrap_or_default().to_string();
+    let overlay = booted.overlay.clone().unwrap_or_default();
     ctx.progress(1.0, None, "cloud-init finished; reading the agent and OS");
     let info = crate::ops::guest::info(name)?;
     ctx.progress(2.0, None, "cleaning cloud-init state and the machine-id");
@@ -229,10 +241,10 @@ fn finish(ctx: &dyn Work, name: &str, booted: &Value, dest: &Path) -> Result<Pre
         dest: dest.display().to_string(),
         format: "qcow2",
         bytes,
-        agent_version: Value::String(info.version),
-        os: info.os.unwrap_or(Value::Null),
-        cloud_init: booted.get("cloud_init").cloned().unwrap_or(json!({})),
-        warnings: booted.get("warnings").cloned().unwrap_or(json!([])),
+        agent_version: info.version,
+        os: info.os,
+        cloud_init: booted.launched.cloud_init.clone().unwrap_or_default(),
+        warnings: booted.launched.warnings.clone(),
         source: String::new(),
         duration_ms: 0,
     })

@@ -9,8 +9,6 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
-
 use crate::ops::error::OpError;
 use crate::ops::sandbox::scratch::Scratch;
 use crate::ops::session;
@@ -206,9 +204,8 @@ pub fn capture(ctx: &dyn Work, plan: &Plan) -> Result<Captured, OpError> {
 /// is cancelled; this makes sure).
 fn ensure_running(plan: &Plan) {
     let _ = session::monitor(plan.name, plan.rec, |q| {
-        let st = q.execute("query-status", None)?;
-        if st.get("running").and_then(Value::as_bool) != Some(true) {
-            q.execute("cont", None)?;
+        if !q.query_status()?.running {
+            q.cont()?;
         }
         Ok(())
     });
@@ -240,8 +237,7 @@ fn look(plan: &Plan) -> Result<Look, OpError> {
             ))
             .into());
         }
-        let running = q.execute("query-status", None)?;
-        let running = running.get("running").and_then(Value::as_bool) == Some(true);
+        let running = q.query_status()?.running;
         let memory_id = match (&spec.memory_id, &spec.memory_file) {
             (Some(id), _) => id.clone(),
             (None, Some(_)) => MEMORY_ID.to_string(),
@@ -249,12 +245,7 @@ fn look(plan: &Plan) -> Result<Look, OpError> {
         };
         let (version, kvm) = live_migrate::engine(q)?;
         let vmgenid = match &spec.vmgenid {
-            Some(_) => q
-                .execute("query-vm-generation-id", None)?
-                .get("guid")
-                .and_then(Value::as_str)
-                .filter(|g| is_guid(g))
-                .map(str::to_string),
+            Some(_) => q.vm_generation_id()?.filter(|g| is_guid(g)),
             None => None,
         };
         Ok(Look {
@@ -278,18 +269,10 @@ fn is_guid(g: &str) -> bool {
 
 /// The RAM id QEMU gives machine `machine` when no memory backend is named (`pc.ram`).
 fn default_ram_id(q: &mut Qmp, machine: &str) -> Result<String, QmpError> {
-    let machines = q.execute("query-machines", None)?;
-    machines
-        .as_array()
+    q.query_machines()?
         .into_iter()
-        .flatten()
-        .find(|m| {
-            m.get("name").and_then(Value::as_str) == Some(machine)
-                || m.get("alias").and_then(Value::as_str) == Some(machine)
-        })
-        .and_then(|m| m.get("default-ram-id"))
-        .and_then(Value::as_str)
-        .map(str::to_string)
+        .find(|m| m.name == machine || m.alias.as_deref() == Some(machine))
+        .and_then(|m| m.default_ram_id)
         .ok_or_else(|| {
             QmpError::Garbage(format!(
                 "QEMU names no default RAM id for machine {machine:?} (query-machines)"
@@ -450,11 +433,11 @@ fn copy_guest(
         let t = Instant::now();
         match plan.then {
             Then::RunOn if was_running => {
-                q.execute("cont", None)?;
+                q.cont()?;
             }
             Then::RunOn => {}
             Then::Quit => {
-                let _ = q.execute_within("quit", None, Duration::from_secs(2));
+                let _ = q.quit_within(Duration::from_secs(2));
             }
         }
         Ok(sent.downtime_ms + t.elapsed().as_millis() as u64)
@@ -488,7 +471,7 @@ fn save_receiver(recv: &Receiver, to: &Path, deadline: Instant) -> Result<u64, O
     let fail = |e: QmpError| OpError::new(format!("saving the copied guest failed: {e}"));
     live_migrate::wait_received(&mut rq, deadline).map_err(fail)?;
     let bytes = migrate::save(&mut rq, to, deadline).map_err(fail)?;
-    let _ = rq.execute_within("quit", None, Duration::from_secs(2));
+    let _ = rq.quit_within(Duration::from_secs(2));
     Ok(bytes)
 }
 

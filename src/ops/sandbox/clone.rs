@@ -9,8 +9,6 @@ use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
-
 use crate::cloudinit::CloudInit;
 use crate::host::{self, binaries, decide};
 use crate::net::egress::process::GUEST_URL;
@@ -18,9 +16,10 @@ use crate::ops::error::OpError;
 use crate::ops::guest::clock as guest_clock;
 use crate::ops::sandbox::destroy;
 use crate::ops::sandbox::request::{checked_name, SandboxRequest};
+use crate::ops::sandbox::result::{CloneSteps, Sandboxed};
 use crate::ops::sandbox::templates as template;
 use crate::ops::session;
-use crate::ops::vm::launch::{self, LaunchRequest};
+use crate::ops::vm::launch::{self, LaunchRequest, Launched};
 use crate::ops::vm::records::lookup;
 use crate::ops::work::Work;
 use crate::qemu::cmdline::LaunchSpec;
@@ -39,7 +38,7 @@ pub fn start(
     req: &SandboxRequest,
     template_name: &str,
     checked: Checked,
-) -> Result<Value, OpError> {
+) -> Result<Sandboxed, OpError> {
     Ok(start_checked(ctx, req, template_name, checked, Record::default())?.0)
 }
 
@@ -136,7 +135,7 @@ pub fn start_with(
     req: &SandboxRequest,
     template_name: &str,
     fields: Record,
-) -> Result<(Value, Option<JoinHandle<guest_clock::Outcome>>), OpError> {
+) -> Result<(Sandboxed, Option<JoinHandle<guest_clock::Outcome>>), OpError> {
     let checked = check(req, template_name)?;
     start_checked(ctx, req, template_name, checked, fields)
 }
@@ -172,7 +171,7 @@ fn start_checked(
     template_name: &str,
     checked: Checked,
     fields: Record,
-) -> Result<(Value, Option<JoinHandle<guest_clock::Outcome>>), OpError> {
+) -> Result<(Sandboxed, Option<JoinHandle<guest_clock::Outcome>>), OpError> {
     let started = Instant::now();
     let tdir = template::dir_of(template_name);
     let name = checked_name(req.name.as_deref())?;
@@ -213,7 +212,7 @@ fn start_checked(
         times,
     );
     let (mut out, clock) = out?;
-    out["ready_ms"] = json!(started.elapsed().as_millis() as u64);
+    out.ready_ms = Some(started.elapsed().as_millis() as u64);
     Ok((out, clock))
 }
 
@@ -290,7 +289,7 @@ fn launch_clone(
     name: &str,
     made: &Made,
     fields: Record,
-) -> Result<Value, OpError> {
+) -> Result<Launched, OpError> {
     let Checked {
         template: t,
         cloud_init,
@@ -352,7 +351,7 @@ fn launch_clone(
         uefi_vars_from: None,
         egress: req.launch.egress.clone(),
     };
-    Ok(launch::launch(ctx, lr)?.to_json())
+    launch::launch(ctx, lr)
 }
 
 /// Where a clone's time went, step by step (the bench prints each step's share).
@@ -400,10 +399,10 @@ fn hand_out(
     tdir: &Path,
     name: &str,
     rec: &crate::state::registry::Record,
-    mut out: Value,
+    launched: Launched,
     made: &Made,
     mut times: Times,
-) -> Result<(Value, Option<JoinHandle<guest_clock::Outcome>>), OpError> {
+) -> Result<(Sandboxed, Option<JoinHandle<guest_clock::Outcome>>), OpError> {
     let wait = req.agent_wait();
     let t_agent = Instant::now();
     let ready = match text(&rec.qga_socket) {
@@ -424,27 +423,28 @@ fn hand_out(
         Err(why) => (Err(why), None),
     };
     let ms = |d: Duration| (d.as_secs_f64() * 1000.0 * 10.0).round() / 10.0;
-    out["steps_ms"] = json!({
-        "overlay": ms(times.overlay), "qemu_start": ms(times.qemu), "state_load": ms(times.load),
-        "first_agent_answer": ms(times.agent),
+    let mut out = Sandboxed::of(launched);
+    out.steps_ms = Some(CloneSteps {
+        overlay: ms(times.overlay),
+        qemu_start: ms(times.qemu),
+        state_load: ms(times.load),
+        first_agent_answer: ms(times.agent),
     });
     // The launch saw the QEMU waiting for its state; it runs now.
-    out["status"] = json!("running");
-    out["template"] = json!(template_name);
-    out["agent_ready"] = json!(ready.is_ok());
-    out["overlay"] = json!(made.overlay.display().to_string());
-    out["base_image"] = json!(template::disk_of(tdir).display().to_string());
+    out.launched.status = "running".into();
+    out.template = Some(template_name.to_string());
+    out.agent_ready = ready.is_ok();
+    out.overlay = Some(made.overlay.display().to_string());
+    out.base_image = Some(template::disk_of(tdir).display().to_string());
     match ready {
         Ok(()) => {}
         Err(why) if wait.is_zero() => {
-            if let Some(w) = out["warnings"].as_array_mut() {
-                w.push(json!(format!(
-                    "{why} (wait_agent_s is 0); sandbox_destroy {name} removes the clone"
-                )));
-            }
+            out.launched.warnings.push(format!(
+                "{why} (wait_agent_s is 0); sandbox_destroy {name} removes the clone"
+            ));
         }
         Err(why) => {
-            let serial = destroy::serial_tail(&out, 8);
+            let serial = destroy::serial_tail(&out.launched, 8);
             destroy::destroy_quietly(ctx, name);
             return Err(OpError::new(format!(
                 "the clone of template {template_name:?} was removed: its guest agent did not \

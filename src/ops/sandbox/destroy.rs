@@ -5,10 +5,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde_json::Value;
-
 use crate::ops::error::OpError;
 use crate::ops::vm::agent::tail;
+use crate::ops::vm::launch::Launched;
 use crate::ops::vm::records::lookup;
 use crate::ops::work::Work;
 use crate::qemu::process;
@@ -30,11 +29,11 @@ pub fn overlay_path(name: &str) -> Result<(PathBuf, PathBuf), OpError> {
 }
 
 /// The last `lines` lines of the serial log a launch result names.
-pub fn serial_tail(launched: &Value, lines: usize) -> String {
-    launched["serial_log"]
-        .as_str()
-        .map(|p| tail(Path::new(p), lines))
-        .unwrap_or_else(|| "(no serial log)".into())
+pub fn serial_tail(launched: &Launched, lines: usize) -> String {
+    match launched.serial_log.as_str() {
+        "" => "(no serial log)".into(),
+        p => tail(Path::new(p), lines),
+    }
 }
 
 /// Destroys a sandbox this call made and is giving up on, ignoring what that reports.
@@ -152,9 +151,7 @@ fn stop_verified(
         return "already stopped".to_string();
     }
     let sock_path = vm::qmp_socket(rec);
-    let _ = qmp::with_session(&sock_path, |q| {
-        q.execute_within("quit", None, Duration::from_secs(2))
-    });
+    let _ = qmp::with_session(&sock_path, |q| q.quit_within(Duration::from_secs(2)));
     let mut stopped = "quit".to_string();
     if let Some(pid) = vm::pid(rec) {
         if !process::wait_dead(pid, Duration::from_secs(2)) {

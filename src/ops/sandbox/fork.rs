@@ -17,7 +17,7 @@ use crate::ops::sandbox::destroy::{destroy_quietly, overlay_path};
 use crate::ops::sandbox::frozen;
 use crate::ops::sandbox::templates;
 use crate::ops::session;
-use crate::ops::vm::launch::{self, LaunchRequest};
+use crate::ops::vm::launch::{self, LaunchRequest, Launched};
 use crate::ops::vm::quota;
 use crate::ops::vm::records::{lookup, spec_of};
 use crate::ops::work::Work;
@@ -51,7 +51,7 @@ pub struct Forked {
     /// The sandbox copied; it runs on.
     pub parent: String,
     /// Each copy, as sandbox_vm describes a sandbox.
-    pub copies: Vec<Value>,
+    pub copies: Vec<ForkCopy>,
     /// How long the parent was stopped.
     pub parent_paused_ms: u64,
     /// `live` (stopped only for the last dirty pages) or `stopped` (for the whole copy: a
@@ -60,7 +60,7 @@ pub struct Forked {
     /// The capture of the parent (its copy into the frozen state).
     pub capture_ms: u64,
     /// The capture's steps: the live copy, the receiver's save, the memory written out.
-    pub capture_steps_ms: Value,
+    pub capture_steps_ms: CaptureSteps,
     /// From the call to the first copy's agent answering.
     pub first_ready_ms: u64,
     /// From the call to the last copy's agent answering.
@@ -71,6 +71,31 @@ pub struct Forked {
     pub ram_bytes: u64,
     /// The frozen state's folder.
     pub frozen: String,
+}
+
+/// One copy a fork started (in this order): the launch, then what the fork adds.
+#[derive(Debug, Clone, Serialize)]
+pub struct ForkCopy {
+    /// The launch (its status the copy's now: running).
+    #[serde(flatten)]
+    pub launched: Launched,
+    /// The sandbox it is a copy of.
+    pub fork_of: String,
+    /// Always true: a copy whose agent does not answer is removed.
+    pub agent_ready: bool,
+    /// From the fork call to its agent's answer.
+    pub ready_at_ms: u64,
+}
+
+/// A fork's capture steps, in milliseconds.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct CaptureSteps {
+    /// The live copy of the parent.
+    pub copy: u64,
+    /// The receiver's save.
+    pub save: u64,
+    /// The memory written out.
+    pub write: u64,
 }
 
 /// sandbox_fork: `req.count` live copies of sandbox `req.name`; all of them or none.
@@ -116,11 +141,11 @@ pub fn fork(ctx: &dyn Work, req: &ForkRequest) -> Result<Forked, OpError> {
         started,
     };
     let copies = start_all(ctx, &parent, &names)?;
-    let ready = |f: fn(&Value) -> Option<u64>| copies.iter().filter_map(f);
+    let ready = || copies.iter().map(|c| c.ready_at_ms);
     Ok(Forked {
         parent: req.name.clone(),
-        first_ready_ms: ready(|c| c["ready_at_ms"].as_u64()).min().unwrap_or(0),
-        all_ready_ms: ready(|c| c["ready_at_ms"].as_u64()).max().unwrap_or(0),
+        first_ready_ms: ready().min().unwrap_or(0),
+        all_ready_ms: ready().max().unwrap_or(0),
         copies,
         parent_paused_ms: captured.paused_ms,
         copied: match captured.copy {
@@ -128,8 +153,11 @@ pub fn fork(ctx: &dyn Work, req: &ForkRequest) -> Result<Forked, OpError> {
             live_migrate::Method::Stopped => "stopped",
         },
         capture_ms: captured.total_ms,
-        capture_steps_ms: json!({"copy": captured.steps_ms[0], "save": captured.steps_ms[1],
-                                 "write": captured.steps_ms[2]}),
+        capture_steps_ms: CaptureSteps {
+            copy: captured.steps_ms[0],
+            save: captured.steps_ms[1],
+            write: captured.steps_ms[2],
+        },
         state_bytes: captured.state_bytes,
         ram_bytes: captured.ram_bytes,
         frozen: dest.display().to_string(),
@@ -342,9 +370,9 @@ struct Parent<'a> {
 
 /// Starts every copy at once; when one fails, the others are destroyed and the error says
 /// which failed and why.
-fn start_all(ctx: &dyn Work, p: &Parent, names: &[String]) -> Result<Vec<Value>, OpError> {
+fn start_all(ctx: &dyn Work, p: &Parent, names: &[String]) -> Result<Vec<ForkCopy>, OpError> {
     templates::ensure_blank_overlay(p.dest)?;
-    let results: Vec<Result<Value, OpError>> = std::thread::scope(|s| {
+    let results: Vec<Result<ForkCopy, OpError>> = std::thread::scope(|s| {
         let handles: Vec<_> = names
             .iter()
             .map(|n| s.spawn(move || start_copy(ctx, p, n)))
@@ -381,7 +409,7 @@ fn start_all(ctx: &dyn Work, p: &Parent, names: &[String]) -> Result<Vec<Value>,
 
 /// One copy: its overlay on the frozen disk, its QEMU waiting for the frozen state, the state
 /// loaded, its agent awaited (then its clock set and, without vmgenid, its randomness reseeded).
-fn start_copy(ctx: &dyn Work, p: &Parent, name: &str) -> Result<Value, OpError> {
+fn start_copy(ctx: &dyn Work, p: &Parent, name: &str) -> Result<ForkCopy, OpError> {
     let launched = launch_copy(ctx, p, name)?;
     let rec = lookup(name)?;
     let loaded = session::monitor(name, &rec, |q| {
@@ -406,16 +434,18 @@ fn start_copy(ctx: &dyn Work, p: &Parent, name: &str) -> Result<Value, OpError> 
             "its guest agent did not answer ({why})"
         )));
     }
-    let mut out = launched;
-    out["status"] = json!("running");
-    out["fork_of"] = json!(p.name);
-    out["agent_ready"] = json!(true);
-    out["ready_at_ms"] = json!(p.started.elapsed().as_millis() as u64);
-    Ok(out)
+    let mut launched = launched;
+    launched.status = "running".into();
+    Ok(ForkCopy {
+        launched,
+        fork_of: p.name.to_string(),
+        agent_ready: true,
+        ready_at_ms: p.started.elapsed().as_millis() as u64,
+    })
 }
 
 /// Makes the copy's files and launches its QEMU waiting for the frozen state.
-fn launch_copy(ctx: &dyn Work, p: &Parent, name: &str) -> Result<Value, OpError> {
+fn launch_copy(ctx: &dyn Work, p: &Parent, name: &str) -> Result<Launched, OpError> {
     let (sd, overlay) = overlay_path(name)?;
     templates::new_overlay(p.dest, &overlay)?;
     let uefi = match &p.spec.uefi {
@@ -441,7 +471,7 @@ fn launch_copy(ctx: &dyn Work, p: &Parent, name: &str) -> Result<Value, OpError>
         egress: crate::ops::vm::egress::rules_from(p.rec)?,
     };
     match launch::launch(ctx, lr) {
-        Ok(l) => Ok(l.to_json()),
+        Ok(l) => Ok(l),
         Err(e) => {
             let _ = std::fs::remove_file(&overlay);
             let _ = std::fs::remove_file(sd.join("uefi-vars.fd"));

@@ -13,6 +13,7 @@ pub mod fork;
 pub mod frozen;
 pub mod pool;
 pub mod request;
+pub mod result;
 pub mod scratch;
 pub mod suspend;
 pub mod template_create;
@@ -20,14 +21,14 @@ pub mod templates;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
-
 use crate::ops::error::OpError;
 use crate::ops::guest::run as guest_run;
 use crate::ops::sandbox::destroy::{destroy_quietly, overlay_path, serial_tail};
 use crate::ops::sandbox::request::{checked_name, SandboxRequest};
+use crate::ops::sandbox::result::Sandboxed;
 use crate::ops::vm::agent::{no_agent_reason, unseen_seed_reason, wait_for_agent, AgentWait};
 use crate::ops::vm::checks::{checked_image, checked_path};
+use crate::ops::vm::cloud_init::{CloudInitOut, ConsoleFinish, Waited};
 use crate::ops::vm::disk_size;
 use crate::ops::vm::launch;
 use crate::ops::vm::launch_args;
@@ -40,13 +41,13 @@ use crate::state::roots::Access;
 /// sandbox_vm: an overlay on `base_image` launched and waited on (or, with `template`, a
 /// clone). A sandbox whose agent does not answer within its wait (`wait_agent_s` above 0) is
 /// removed and an error says why, with the console's last lines.
-pub fn create(ctx: &dyn Work, req: &SandboxRequest) -> Result<Value, OpError> {
+pub fn create(ctx: &dyn Work, req: &SandboxRequest) -> Result<Sandboxed, OpError> {
     if req.template.is_some() {
         return boot(ctx, req).map(|(out, _, _)| out);
     }
     let (out, waited, wait) = boot(ctx, req)?;
-    let name = out["name"].as_str().unwrap_or_default().to_string();
-    let seeded = out.get("cloud_init").is_some_and(|c| !c.is_null());
+    let name = out.launched.name.clone();
+    let seeded = out.launched.cloud_init.is_some();
     let why = match &waited {
         AgentWait::Ready => return Ok(out),
         AgentWait::TimedOut if wait.is_zero() => return Ok(out),
@@ -63,7 +64,7 @@ pub fn create(ctx: &dyn Work, req: &SandboxRequest) -> Result<Value, OpError> {
             f.describe()
         ),
     };
-    let serial = serial_tail(&out, 8);
+    let serial = serial_tail(&out.launched, 8);
     destroy_quietly(ctx, &name);
     Err(OpError::new(format!(
         "{why}. The sandbox was removed. Last serial output: {serial}"
@@ -72,7 +73,10 @@ pub fn create(ctx: &dyn Work, req: &SandboxRequest) -> Result<Value, OpError> {
 
 /// [`create`] without its verdict on the agent: the sandbox as launched and how the wait for
 /// its agent ended (image_prepare says itself what a guest without an agent means).
-pub fn boot(ctx: &dyn Work, req: &SandboxRequest) -> Result<(Value, AgentWait, Duration), OpError> {
+pub fn boot(
+    ctx: &dyn Work,
+    req: &SandboxRequest,
+) -> Result<(Sandboxed, AgentWait, Duration), OpError> {
     match &req.template {
         Some(t) => boot_clone(ctx, req, t),
         None => boot_overlay(ctx, req),
@@ -85,7 +89,7 @@ fn boot_clone(
     ctx: &dyn Work,
     req: &SandboxRequest,
     t: &str,
-) -> Result<(Value, AgentWait, Duration), OpError> {
+) -> Result<(Sandboxed, AgentWait, Duration), OpError> {
     let checked = crate::ops::sandbox::clone::check(req, t)?;
     if crate::ops::sandbox::pool::size(t) > 0 && crate::ops::sandbox::pool::fits(req) {
         let name = checked_name(req.name.as_deref())?;
@@ -101,7 +105,7 @@ fn boot_clone(
 fn boot_overlay(
     ctx: &dyn Work,
     req: &SandboxRequest,
-) -> Result<(Value, AgentWait, Duration), OpError> {
+) -> Result<(Sandboxed, AgentWait, Duration), OpError> {
     let Some(base_raw) = req.base_image.as_deref() else {
         return Err(OpError::new(
             "give base_image (a disk image to boot on an overlay) or template (from \
@@ -137,7 +141,7 @@ fn launch_overlay(
     base: &Path,
     base_fmt: &str,
     overlay: &Path,
-) -> Result<Value, OpError> {
+) -> Result<Sandboxed, OpError> {
     let mut la = req.launch.clone();
     if la.port_forwards.is_none() {
         la.port_forwards = Some(vec!["auto:22".to_string()]);
@@ -151,9 +155,9 @@ fn launch_overlay(
         allow_network: Some(req.network()),
         ..Sandbox::default()
     });
-    let mut out = launch::launch(ctx, lr)?.to_json();
-    out["overlay"] = json!(overlay.display().to_string());
-    out["base_image"] = json!(base.display().to_string());
+    let mut out = Sandboxed::of(launch::launch(ctx, lr)?);
+    out.overlay = Some(overlay.display().to_string());
+    out.base_image = Some(base.display().to_string());
     Ok(out)
 }
 
@@ -163,15 +167,16 @@ fn wait_ready(
     ctx: &dyn Work,
     req: &SandboxRequest,
     name: &str,
-    mut out: Value,
-) -> Result<(Value, AgentWait, Duration), OpError> {
+    mut out: Sandboxed,
+) -> Result<(Sandboxed, AgentWait, Duration), OpError> {
     let wait = req.agent_wait();
     let rec = lookup(name)?;
     let started = Instant::now();
     let seeded = rec.cloud_init.is_some();
     let (waited, saw) = wait_for_agent(ctx, name, &rec, wait)?;
     let ready = waited == AgentWait::Ready;
-    saw.add_to(&mut out, name);
+    let l = &mut out.launched;
+    saw.add_to(&mut l.warnings, &mut l.cloud_init, name);
     if let AgentWait::NoAgent(f) = &waited {
         if seeded && f.no_datasource() {
             destroy_quietly(ctx, name);
@@ -180,16 +185,21 @@ fn wait_ready(
                 unseen_seed_reason(name, &f.datasource)
             )));
         }
-        out["cloud_init"]["console"] = json!({
-            "finished": true, "datasource": f.datasource, "version": f.version,
-            "uptime_s": f.uptime_s
+        l.cloud_init
+            .get_or_insert_with(CloudInitOut::default)
+            .console = Some(ConsoleFinish {
+            finished: true,
+            datasource: f.datasource.clone(),
+            version: f.version.clone(),
+            uptime_s: f.uptime_s,
         });
     }
-    out["agent_ready"] = json!(ready);
-    out["agent_wait_ms"] = json!(started.elapsed().as_millis() as u64);
+    out.agent_ready = ready;
+    out.agent_wait_ms = Some(started.elapsed().as_millis() as u64);
     if ready && req.wait_cloud_init {
         let waited = cloud_init_step(ctx, name, seeded, req.cloud_init_wait())?;
-        guest_run::report_cloud_init(&mut out, waited, &saw);
+        let l = &mut out.launched;
+        guest_run::report_cloud_init(&mut l.warnings, &mut l.cloud_init, waited, &saw);
     }
     Ok((out, waited, wait))
 }
@@ -201,10 +211,10 @@ pub fn cloud_init_step(
     name: &str,
     seeded: bool,
     wait: Duration,
-) -> Result<Value, OpError> {
+) -> Result<Waited, OpError> {
     let waited = guest_run::wait_cloud_init(ctx, name, wait)?;
     if seeded && guest_run::saw_no_datasource(&waited) {
-        let ds = waited["report"]["detail"]
+        let ds = waited.report["detail"]
             .as_str()
             .unwrap_or_default()
             .to_string();

@@ -17,13 +17,15 @@ use std::path::{Path, PathBuf};
 use std::sync::{Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 
 use crate::ops::error::OpError;
 use crate::ops::sandbox::clone;
 use crate::ops::sandbox::destroy;
 use crate::ops::sandbox::request::SandboxRequest;
+use crate::ops::sandbox::result::Sandboxed;
 use crate::ops::sandbox::templates;
+use crate::ops::vm::launch::Launched;
 use crate::ops::work::Work;
 use crate::qemu::vm::{self, Status};
 use crate::qemu::{qga, qmp};
@@ -127,7 +129,7 @@ pub fn fits(req: &SandboxRequest) -> bool {
 /// `name`'s. None when the pool has none ready (the caller starts a fresh clone). A claimed
 /// clone whose QEMU does not answer now (killed since the keeper's last round) is destroyed
 /// and the next one is tried: the registry alone is never trusted with a take.
-pub fn take(template: &str, name: &str) -> Result<Option<Value>, OpError> {
+pub fn take(template: &str, name: &str) -> Result<Option<Sandboxed>, OpError> {
     let started = Instant::now();
     // Each failed try removes one pooled clone, so a pool is tried through at most once.
     for _ in 0..=MAX_POOL {
@@ -166,45 +168,45 @@ fn answers(rec: &Record) -> Result<(), String> {
     if !runs(rec) {
         return Err("its QEMU process is gone".into());
     }
-    let status = qmp::with_session_within(&vm::qmp_socket(rec), TAKE_CHECK, |q| {
-        q.execute_within("query-status", None, TAKE_CHECK)
+    let st = qmp::with_session_within(&vm::qmp_socket(rec), TAKE_CHECK, |q| {
+        q.query_status_within(TAKE_CHECK)
     })
     .map_err(|e: qmp::QmpError| format!("its monitor did not answer: {e}"))?;
-    match status.get("status").and_then(Value::as_str) {
-        Some("running") => Ok(()),
-        other => Err(format!(
-            "its guest is {}",
-            other.unwrap_or("in no known state")
-        )),
+    match st.status.as_str() {
+        "running" => Ok(()),
+        other => Err(format!("its guest is {other}")),
     }
 }
 
 /// sandbox_vm's result for a clone taken from the pool.
-fn taken(template: &str, name: &str, rec: &Record, started: Instant) -> Value {
-    let mut out = json!({
-        "name": name,
-        "status": "running",
-        "pid": rec.pid,
-        "accel": rec.accel,
-        "arch": rec.arch,
-        "machine": rec.machine,
-        "qemu_version": rec.qemu_version,
-        "port_forwards": vm::forwards(rec),
-        "qmp_socket": rec.qmp_socket,
-        "qga_socket": rec.qga_socket,
-        "serial_log": rec.serial_log,
-        "warnings": [],
-        "template": template,
-        "pooled": true,
-        "agent_ready": true,
-        "ready_ms": started.elapsed().as_millis() as u64,
-    });
-    if let Some(sb) = &rec.sandbox {
-        out["sandbox"] = json!(sb);
-        out["overlay"] = json!(sb.overlay);
-        out["base_image"] = json!(sb.base_image);
+fn taken(template: &str, name: &str, rec: &Record, started: Instant) -> Sandboxed {
+    let own = |f: &Option<String>| f.clone().unwrap_or_default();
+    let sb = rec.sandbox.clone();
+    Sandboxed {
+        template: Some(template.to_string()),
+        pooled: Some(true),
+        agent_ready: true,
+        ready_ms: Some(started.elapsed().as_millis() as u64),
+        overlay: sb.as_ref().and_then(|s| s.overlay.clone()),
+        base_image: sb.as_ref().and_then(|s| s.base_image.clone()),
+        ..Sandboxed::of(Launched {
+            name: name.to_string(),
+            status: "running".into(),
+            pid: vm::pid(rec),
+            accel: own(&rec.accel),
+            arch: own(&rec.arch),
+            machine: own(&rec.machine),
+            qemu_version: own(&rec.qemu_version),
+            port_forwards: vm::forwards(rec),
+            qmp_socket: own(&rec.qmp_socket),
+            qga_socket: own(&rec.qga_socket),
+            serial_log: own(&rec.serial_log),
+            warnings: Vec::new(),
+            sandbox: sb,
+            cloud_init: None,
+            egress: None,
+        })
     }
-    out
 }
 
 /// Under the registry lock: the oldest live, unfrozen pooled clone of `template` is renamed
@@ -369,7 +371,7 @@ pub fn keep_all() {
             && text(&rec.qga_socket).is_some_and(|s| {
                 let bound = qga::IDLE_KEEP + Duration::from_secs(1);
                 let ping = qga::with_agent(Path::new(s), bound, |q| {
-                    q.execute_within("guest-ping", None, bound)
+                    crate::qemu::agent_calls::ping(q, bound)
                 });
                 // Leave the agent's one channel free for whoever takes the clone.
                 qga::release_idle(Path::new(s));
@@ -431,15 +433,13 @@ fn refill(ctx: &dyn Work, template: &str, want: u64) -> Result<(), OpError> {
             ..Record::default()
         };
         match clone::start_with(ctx, &req, template, fields) {
-            Ok((out, Some(clock))) if out["agent_ready"] == json!(true) => {
+            Ok((out, Some(clock))) if out.agent_ready => {
                 // A pooled clone is handed out with its clock already right.
                 if let Ok(Err(why)) = clock.join() {
                     crate::log::stderr("warn", &format!("pooled clone {name}: {why}"));
                 }
                 // Its agent is free for whoever takes it (the taker reaches it by a new path).
-                if let Some(s) = out["qga_socket"].as_str() {
-                    qga::release_idle(Path::new(s));
-                }
+                qga::release_idle(Path::new(&out.launched.qga_socket));
                 mark_ready(&name)?
             }
             Ok(_) => {
@@ -491,6 +491,7 @@ pub fn ready(template: &str) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn a_pooled_clone_fits_only_a_plain_request() {

@@ -272,7 +272,7 @@ fn load(name: &str, dir: &Path, paused: bool) -> Result<(), OpError> {
     session::monitor(name, &rec, |q| {
         migrate::load(q, &dir.join("state"), Instant::now() + LOAD_BUDGET)?;
         if paused {
-            q.execute("stop", None)?;
+            q.stop_vcpus()?;
         }
         Ok(())
     })

@@ -6,7 +6,6 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use serde_json::{json, Value};
 
 use crate::ops::error::OpError;
 use crate::ops::guest::run as guest_run;
@@ -16,6 +15,7 @@ use crate::ops::sandbox::templates::{
 };
 use crate::ops::vm::agent::{self, AgentWait};
 use crate::ops::vm::checks::{checked_image, checked_path, Access};
+use crate::ops::vm::cloud_init::CloudInitOut;
 use crate::ops::vm::disk_size;
 use crate::ops::vm::launch::{self, LaunchRequest};
 use crate::ops::vm::launch_args::{request as launch_request, LaunchArgs};
@@ -87,10 +87,10 @@ pub struct Created {
     /// What each setup step printed.
     pub setup: Vec<SetupRan>,
     /// What went wrong but did not stop it (a cloud-init module that failed).
-    pub warnings: Value,
+    pub warnings: Vec<String>,
     /// cloud-init's report, when it was waited for.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub cloud_init: Option<Value>,
+    pub cloud_init: Option<CloudInitOut>,
     /// Warm clones kept.
     pub pool: u64,
     /// How long it took.
@@ -267,7 +267,7 @@ fn prepare_and_save(
     let tmp = dir.join("state.tmp");
     let bytes = crate::ops::session::monitor(vm_name, &rec, |q| {
         let bytes = migrate::save(q, &tmp, Instant::now() + Duration::from_secs(60))?;
-        let _ = q.execute_within("quit", None, Duration::from_secs(2));
+        let _ = q.quit_within(Duration::from_secs(2));
         Ok(bytes)
     })?;
     let save_ms = save_start.elapsed().as_millis() as u64;
@@ -287,8 +287,8 @@ fn prepare_and_save(
         state_bytes: bytes,
         save_ms,
         setup: ran,
-        warnings: ready["warnings"].clone(),
-        cloud_init: ready.get("cloud_init").filter(|c| c.is_object()).cloned(),
+        warnings: ready.warnings,
+        cloud_init: ready.cloud_init,
         pool: 0,
         duration_ms: 0,
     })
@@ -303,11 +303,11 @@ fn wait_ready(
     vm_name: &str,
     rec: &Record,
     seed: bool,
-) -> Result<Value, OpError> {
+) -> Result<Ready, OpError> {
     let wait = Duration::from_secs_f64(req.wait_agent_s.clamp(1.0, 3600.0));
     let (how, saw) = agent::wait_for_agent(ctx, vm_name, rec, wait)?;
-    let mut ready = json!({"warnings": []});
-    saw.add_to(&mut ready, vm_name);
+    let mut ready = Ready::default();
+    saw.add_to(&mut ready.warnings, &mut ready.cloud_init, vm_name);
     match how {
         AgentWait::Ready => {}
         AgentWait::TimedOut => {
@@ -334,15 +334,22 @@ fn wait_ready(
         let w = req.wait_cloud_init_s.clamp(0.0, 3600.0);
         let waited = guest_run::wait_cloud_init(ctx, vm_name, Duration::from_secs_f64(w))?;
         if seed && guest_run::saw_no_datasource(&waited) {
-            let ds = waited["report"]["detail"].as_str().unwrap_or_default();
+            let ds = waited.report["detail"].as_str().unwrap_or_default();
             return Err(OpError::new(format!(
                 "{}; nothing was saved",
                 agent::unseen_seed_reason(vm_name, ds)
             )));
         }
-        guest_run::report_cloud_init(&mut ready, waited, &saw);
+        guest_run::report_cloud_init(&mut ready.warnings, &mut ready.cloud_init, waited, &saw);
     }
     Ok(ready)
+}
+
+/// What waiting for a template's guest found: warnings, and cloud-init's end when awaited.
+#[derive(Default)]
+struct Ready {
+    warnings: Vec<String>,
+    cloud_init: Option<CloudInitOut>,
 }
 
 /// Runs each setup step in the guest, in order; the first that fails ends template_create

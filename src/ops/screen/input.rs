@@ -6,15 +6,14 @@
 
 use std::time::Duration;
 
-use serde_json::{json, Value};
-
 use crate::qemu::qmp::{Qmp, QmpError};
+use crate::qemu::qmp_calls::InputEvent;
 
 /// One thing to do: send these events in one command, or wait.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Step {
     /// One `input-send-event` command with these events.
-    Send(Vec<Value>),
+    Send(Vec<InputEvent>),
     /// A pause.
     Pause(Duration),
 }
@@ -46,7 +45,7 @@ pub fn run(q: &mut Qmp, plan: &[Step], cancelled: &dyn Fn() -> bool) -> Result<S
             Step::Pause(d) if sent.complete => std::thread::sleep(*d),
             Step::Pause(_) => continue,
             Step::Send(events) if sent.complete || releases(events) => {
-                q.execute("input-send-event", Some(json!({ "events": events })))?;
+                q.send_input(events)?;
                 sent.commands += 1;
             }
             Step::Send(_) => continue,
@@ -59,14 +58,15 @@ pub fn run(q: &mut Qmp, plan: &[Step], cancelled: &dyn Fn() -> bool) -> Result<S
 }
 
 /// Whether a command only releases buttons or keys.
-fn releases(events: &[Value]) -> bool {
-    events.iter().all(|e| e["data"]["down"] == json!(false))
+fn releases(events: &[InputEvent]) -> bool {
+    events.iter().all(|e| e.down() == Some(false))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::qemu::keys::key_event;
+    use crate::qemu::qmp_calls::Axis;
 
     #[test]
     fn a_plan_counts_its_commands_and_only_releases_pass_a_cancel() {
@@ -78,11 +78,13 @@ mod tests {
         assert_eq!(commands(&plan), 2);
         assert!(!releases(&[key_event("a", true), key_event("b", false)]));
         assert!(releases(&[key_event("a", false)]));
-        assert!(releases(&[
-            json!({"type": "btn", "data": {"down": false, "button": "left"}})
-        ]));
-        assert!(!releases(&[
-            json!({"type": "abs", "data": {"axis": "x", "value": 1}})
-        ]));
+        assert!(releases(&[InputEvent::Btn {
+            button: "left".into(),
+            down: false
+        }]));
+        assert!(!releases(&[InputEvent::Abs {
+            axis: Axis::X,
+            value: 1
+        }]));
     }
 }

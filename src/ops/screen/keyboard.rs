@@ -224,7 +224,7 @@ mod tests {
     use super::super::input::commands;
     use super::*;
     use crate::qemu::keys;
-    use serde_json::json;
+    use crate::qemu::qmp_calls::InputEvent;
 
     /// The plan as text: "+a" a press, "-a" a release, "|" a command boundary, "~N" a pause.
     fn show(plan: &[Step]) -> String {
@@ -233,13 +233,11 @@ mod tests {
                 Step::Pause(d) => format!("~{}", d.as_millis()),
                 Step::Send(evs) => evs
                     .iter()
-                    .map(|e| {
-                        let sign = if e["data"]["down"] == json!(true) {
-                            "+"
-                        } else {
-                            "-"
-                        };
-                        format!("{sign}{}", e["data"]["key"]["data"].as_str().unwrap())
+                    .map(|e| match e {
+                        InputEvent::Key { qcode, down } => {
+                            format!("{}{qcode}", if *down { "+" } else { "-" })
+                        }
+                        other => format!("{other:?}"),
                     })
                     .collect::<Vec<_>>()
                     .join(" "),

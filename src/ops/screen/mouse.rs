@@ -6,7 +6,6 @@
 use std::time::Duration;
 
 use serde::Serialize;
-use serde_json::{json, Value};
 
 use super::input::{self, Step};
 use super::pointer::{abs_axis, screen_point, Point, CLICK_GAP};
@@ -15,6 +14,7 @@ use crate::ops::session::{self, SessionError};
 use crate::ops::vm::records;
 use crate::ops::work::Work;
 use crate::qemu::qmp::{Qmp, QmpError};
+use crate::qemu::qmp_calls::{Axis, InputEvent};
 use crate::qemu::screen::scaled_size;
 
 /// Largest |dx| or |dy| for vm_mouse_move.
@@ -98,13 +98,16 @@ pub fn click(req: &ClickRequest) -> Result<Clicked, OpError> {
         let Some(at) = screen_point(req.x, req.y, req.scale, w, h) else {
             return Ok((w, h, None));
         };
-        q.execute(
-            "input-send-event",
-            Some(json!({"events": [
-                {"type": "abs", "data": {"axis": "x", "value": abs_axis(at.x, w)}},
-                {"type": "abs", "data": {"axis": "y", "value": abs_axis(at.y, h)}}
-            ]})),
-        )?;
+        q.send_input(&[
+            InputEvent::Abs {
+                axis: Axis::X,
+                value: abs_axis(at.x, w),
+            },
+            InputEvent::Abs {
+                axis: Axis::Y,
+                value: abs_axis(at.y, h),
+            },
+        ])?;
         press_keys(q, &req.hold, true)?;
         click_cmds(q, &req.button, req.double)?;
         press_keys(q, &req.hold, false)?;
@@ -125,8 +128,11 @@ pub fn click(req: &ClickRequest) -> Result<Clicked, OpError> {
     })
 }
 
-fn button_event(button: &str, down: bool) -> Value {
-    json!({"type": "btn", "data": {"down": down, "button": button}})
+fn button_event(button: &str, down: bool) -> InputEvent {
+    InputEvent::Btn {
+        button: button.to_string(),
+        down,
+    }
 }
 
 fn click_cmds(q: &mut Qmp, button: &str, double: bool) -> Result<(), QmpError> {
@@ -135,15 +141,9 @@ fn click_cmds(q: &mut Qmp, button: &str, double: bool) -> Result<(), QmpError> {
             std::thread::sleep(CLICK_GAP);
         }
         // Down and up in separate commands: in one command both are lost on PS/2 and USB tablets.
-        q.execute(
-            "input-send-event",
-            Some(json!({"events": [button_event(button, true)]})),
-        )?;
+        q.send_input(&[button_event(button, true)])?;
         std::thread::sleep(MOUSE_PACE);
-        q.execute(
-            "input-send-event",
-            Some(json!({"events": [button_event(button, false)]})),
-        )?;
+        q.send_input(&[button_event(button, false)])?;
     }
     Ok(())
 }
@@ -153,12 +153,12 @@ fn press_keys(q: &mut Qmp, hold: &[&str], down: bool) -> Result<(), QmpError> {
     if hold.is_empty() {
         return Ok(());
     }
-    let events: Vec<Value> = hold
+    let events: Vec<InputEvent> = hold
         .iter()
         .map(|k| crate::qemu::keys::key_event(k, down))
         .collect();
     std::thread::sleep(MOUSE_PACE);
-    q.execute("input-send-event", Some(json!({ "events": events })))?;
+    q.send_input(&events)?;
     std::thread::sleep(MOUSE_PACE);
     Ok(())
 }
@@ -302,13 +302,19 @@ fn send_moves(
     plan: &[(i64, i64)],
 ) -> Result<(), SessionError<QmpError>> {
     let rel = |x: i64, y: i64| {
-        json!({"events": [
-            {"type": "rel", "data": {"axis": "x", "value": x}},
-            {"type": "rel", "data": {"axis": "y", "value": y}}
-        ]})
+        [
+            InputEvent::Rel {
+                axis: Axis::X,
+                value: x,
+            },
+            InputEvent::Rel {
+                axis: Axis::Y,
+                value: y,
+            },
+        ]
     };
     for (i, (sx, sy)) in plan.iter().enumerate() {
-        q.execute("input-send-event", Some(rel(*sx, *sy)))?;
+        q.send_input(&rel(*sx, *sy))?;
         if i % 64 == 63 && work.cancelled() {
             return Err(OpError::new("cancelled").into());
         }
@@ -319,7 +325,7 @@ fn send_moves(
         // arrives (and before any click, not merged into it).
         for _ in 0..2 {
             std::thread::sleep(MOUSE_PACE);
-            q.execute("input-send-event", Some(rel(0, 0)))?;
+            q.send_input(&rel(0, 0))?;
         }
         std::thread::sleep(MOUSE_PACE);
     }

@@ -5,12 +5,11 @@
 
 use std::time::Duration;
 
-use serde_json::json;
-
 use crate::ops::error::OpError;
 pub use crate::ops::screen::input::Step;
 use crate::qemu::keys;
 use crate::qemu::keys::key_event;
+use crate::qemu::qmp_calls::{Axis, InputEvent};
 
 /// Maps a coordinate of a scaled image of the screen (`image` pixels along this axis for
 /// `screen` screen pixels) to the screen pixel under the image pixel's centre.
@@ -111,15 +110,22 @@ pub fn abs_axis(pos: u32, size: u32) -> i64 {
 
 fn move_to(p: Point, screen: (u32, u32)) -> Step {
     Step::Send(vec![
-        json!({"type": "abs", "data": {"axis": "x", "value": abs_axis(p.x, screen.0)}}),
-        json!({"type": "abs", "data": {"axis": "y", "value": abs_axis(p.y, screen.1)}}),
+        InputEvent::Abs {
+            axis: Axis::X,
+            value: abs_axis(p.x, screen.0),
+        },
+        InputEvent::Abs {
+            axis: Axis::Y,
+            value: abs_axis(p.y, screen.1),
+        },
     ])
 }
 
 fn button(name: &str, down: bool) -> Step {
-    Step::Send(vec![
-        json!({"type": "btn", "data": {"down": down, "button": name}}),
-    ])
+    Step::Send(vec![InputEvent::Btn {
+        button: name.to_string(),
+        down,
+    }])
 }
 
 fn keys_event(hold: &[&str], down: bool) -> Step {
@@ -223,9 +229,8 @@ pub fn scroll_plan(
 mod tests {
     use super::super::input::commands;
     use super::*;
-    use serde_json::Value;
 
-    fn sends(plan: &[Step]) -> Vec<Vec<Value>> {
+    fn sends(plan: &[Step]) -> Vec<Vec<InputEvent>> {
         plan.iter()
             .filter_map(|s| match s {
                 Step::Send(e) => Some(e.clone()),
@@ -234,21 +239,14 @@ mod tests {
             .collect()
     }
 
-    fn kind(e: &Value) -> String {
-        let d = &e["data"];
-        match e["type"].as_str().unwrap() {
-            "abs" => format!("{}={}", d["axis"].as_str().unwrap(), d["value"]),
-            "btn" => format!(
-                "{}{}",
-                d["button"].as_str().unwrap(),
-                if d["down"] == true { "+" } else { "-" }
-            ),
-            "key" => format!(
-                "{}{}",
-                d["key"]["data"].as_str().unwrap(),
-                if d["down"] == true { "+" } else { "-" }
-            ),
-            t => t.to_string(),
+    fn kind(e: &InputEvent) -> String {
+        let sign = |down: &bool| if *down { "+" } else { "-" };
+        let axis = |a: &Axis| if *a == Axis::X { "x" } else { "y" };
+        match e {
+            InputEvent::Abs { axis: a, value } => format!("{}={value}", axis(a)),
+            InputEvent::Btn { button, down } => format!("{button}{}", sign(down)),
+            InputEvent::Key { qcode, down } => format!("{qcode}{}", sign(down)),
+            InputEvent::Rel { .. } => "rel".to_string(),
         }
     }
 

@@ -96,11 +96,9 @@ fn poll(name: &str, rec: &Record, budget: Duration) -> Result<(String, bool, Fra
     let dir = vm::state_dir(name);
     let deadline = Instant::now() + budget;
     qmp::with_session_within(&vm::qmp_socket(rec), budget, |q| {
-        let st = q.execute_within("query-status", None, budget.min(qmp::COMMAND_TIMEOUT))?;
-        let status = st["status"].as_str().unwrap_or("unknown").to_string();
-        let running = st["running"].as_bool().unwrap_or(false);
+        let st = q.query_status_within(budget.min(qmp::COMMAND_TIMEOUT))?;
         let frame = crate::qemu::screen::capture_by(q, &dir, Some(deadline))?;
-        Ok((status, running, frame))
+        Ok((st.status, st.running, frame))
     })
 }
 

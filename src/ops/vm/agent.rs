@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::cloudinit::console;
 use crate::ops::error::OpError;
+use crate::ops::vm::cloud_init::CloudInitOut;
 use crate::ops::work::Work;
 use crate::qemu::vm;
 use crate::qemu::{process, qga};
@@ -99,20 +100,20 @@ impl CloudInitSeen {
 
     /// Adds what was seen to a launch result: `warnings`, and `status` and `failed_modules`
     /// in its `cloud_init` object (made when the launch had none and cloud-init spoke).
-    pub fn add_to(&self, out: &mut serde_json::Value, vm: &str) {
-        use serde_json::{json, Value};
-        if let Some(w) = out["warnings"].as_array_mut() {
-            w.extend(self.warnings(vm).into_iter().map(Value::from));
-        }
+    pub fn add_to(
+        &self,
+        warnings: &mut Vec<String>,
+        cloud_init: &mut Option<CloudInitOut>,
+        vm: &str,
+    ) {
+        warnings.extend(self.warnings(vm));
         let spoke = !self.failures.is_empty() || self.finished.is_some();
-        if !out["cloud_init"].is_object() && !spoke {
+        if cloud_init.is_none() && !spoke {
             return;
         }
-        if !out["cloud_init"].is_object() {
-            out["cloud_init"] = json!({});
-        }
-        out["cloud_init"]["status"] = json!(self.status());
-        out["cloud_init"]["failed_modules"] = json!(self.failed_modules());
+        let c = cloud_init.get_or_insert_with(CloudInitOut::default);
+        c.status = Some(self.status().to_string());
+        c.failed_modules = Some(self.failed_modules());
     }
 }
 
@@ -167,7 +168,7 @@ fn wait_noting(
         }
         let slice = POLL_SLICE.min(deadline - now);
         let probe = qga::with_agent(&sock_path, slice, |q| {
-            q.execute_within("guest-ping", None, slice.max(Duration::from_millis(50)))
+            crate::qemu::agent_calls::ping(q, slice.max(Duration::from_millis(50)))
         });
         let seen = console
             .as_mut()
@@ -181,7 +182,7 @@ fn wait_noting(
             // Checked once more: the console's word alone does not end a wait for an agent
             // that answers.
             let probe = qga::with_agent(&sock_path, POLL_SLICE, |q| {
-                q.execute_within("guest-ping", None, POLL_SLICE)
+                crate::qemu::agent_calls::ping(q, POLL_SLICE)
             });
             return Ok(if probe.is_ok() {
                 AgentWait::Ready

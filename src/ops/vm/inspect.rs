@@ -9,7 +9,6 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use serde_json::Value;
 
 use crate::ops::error::OpError;
 use crate::ops::screen::hold::{self, Held};
@@ -17,6 +16,7 @@ use crate::ops::session::explain_qmp;
 use crate::ops::vm::egress::EgressInfo;
 use crate::ops::vm::records::lookup;
 use crate::qemu::qmp::{self, QmpError};
+use crate::qemu::qmp_calls::{BlockInfo, RunState};
 use crate::qemu::vm::{self, Measured, Status};
 use crate::state::record::{Forward, Record, Sandbox};
 use crate::state::registry::Vms;
@@ -181,15 +181,15 @@ pub fn list() -> VmList {
 #[derive(Debug, Clone, Serialize)]
 pub struct BlockDevice {
     /// QEMU's device name.
-    pub device: Option<Value>,
+    pub device: Option<String>,
     /// Its qdev path.
-    pub qdev: Option<Value>,
+    pub qdev: Option<String>,
     /// The image file.
-    pub file: Option<Value>,
+    pub file: Option<String>,
     /// Its format driver.
-    pub format: Option<Value>,
+    pub format: Option<String>,
     /// Read-only.
-    pub read_only: Option<Value>,
+    pub read_only: Option<bool>,
 }
 
 /// vm_info's result (in this order).
@@ -263,16 +263,12 @@ pub fn info(name: &str) -> Result<VmInfo, OpError> {
     }
     match ask_live(&out.record) {
         Ok((status, block, facts)) => {
-            out.status = status
-                .get("status")
-                .and_then(Value::as_str)
-                .unwrap_or("unknown")
-                .to_string();
+            out.status = status.status;
             out.vcpus = facts.vcpus;
             out.accel = Some(facts.accel.to_string());
             out.qemu_version = Some(facts.version);
             out.memory_mb = facts.memory_mb;
-            out.block_devices = block_devices(&block);
+            out.block_devices = block_devices(block);
         }
         Err(e) => {
             // The session failed: say why without another wait (busy, unresponsive, exited).
@@ -290,7 +286,7 @@ pub fn info(name: &str) -> Result<VmInfo, OpError> {
 
 /// One QMP session within [`INFO_BUDGET`]: the run state, the block devices and the static
 /// facts (asked once per QEMU process, then cached).
-fn ask_live(rec: &Record) -> Result<(Value, Value, StaticFacts), QmpError> {
+fn ask_live(rec: &Record) -> Result<(RunState, Vec<BlockInfo>, StaticFacts), QmpError> {
     let deadline = Instant::now() + INFO_BUDGET;
     let left = || {
         deadline
@@ -306,53 +302,23 @@ fn ask_live(rec: &Record) -> Result<(Value, Value, StaticFacts), QmpError> {
     let (status, block, facts) = qmp::with_session_within(&sock, INFO_BUDGET, |q| {
         // What cannot change while this QEMU runs is asked once per process; the rest goes
         // out in one pipelined round trip.
-        let mut cmds: Vec<(&str, Option<Value>)> =
-            vec![("query-status", None), ("query-block", None)];
-        if cached.is_none() {
-            cmds.extend([
-                ("query-cpus-fast", None),
-                ("query-kvm", None),
-                ("query-memory-size-summary", None),
-            ]);
-        }
-        let mut replies = q.execute_pipelined(&cmds, left())?.into_iter();
-        let status = replies.next().unwrap_or(Err(QmpError::Closed))?;
-        let block = replies.next().unwrap_or(Err(QmpError::Closed))?;
-        let facts = match &cached {
-            Some(f) => f.clone(),
-            None => facts_from(&mut replies, &q.version)?,
+        let look = q.look(cached.is_none(), left())?;
+        let facts = match (&cached, look.fixed) {
+            (Some(f), _) => f.clone(),
+            (None, Some(f)) => StaticFacts {
+                vcpus: f.vcpus,
+                accel: if f.kvm { "kvm" } else { "tcg" },
+                memory_mb: f.memory_mb,
+                version: q.version.clone(),
+            },
+            (None, None) => return Err(QmpError::Closed),
         };
-        Ok::<_, QmpError>((status, block, facts))
+        Ok::<_, QmpError>((look.status, look.block, facts))
     })?;
     if cached.is_none() {
         remember(key, &facts);
     }
     Ok((status, block, facts))
-}
-
-/// The static facts from the replies to query-cpus-fast, query-kvm and
-/// query-memory-size-summary (the last may fail: memory is then unknown).
-fn facts_from(
-    replies: &mut impl Iterator<Item = Result<Value, QmpError>>,
-    version: &str,
-) -> Result<StaticFacts, QmpError> {
-    let cpus = replies.next().unwrap_or(Err(QmpError::Closed))?;
-    let kvm = replies.next().unwrap_or(Err(QmpError::Closed))?;
-    let mem = replies.next().and_then(Result::ok);
-    Ok(StaticFacts {
-        vcpus: cpus.as_array().map(Vec::len),
-        accel: if kvm.get("enabled").and_then(Value::as_bool) == Some(true) {
-            "kvm"
-        } else {
-            "tcg"
-        },
-        memory_mb: mem
-            .as_ref()
-            .and_then(|m| m.get("base-memory"))
-            .and_then(Value::as_u64)
-            .map(|b| b / (1024 * 1024)),
-        version: version.to_string(),
-    })
 }
 
 /// Caches one QEMU's static facts.
@@ -367,23 +333,18 @@ fn remember(key: (PathBuf, Option<i32>), facts: &StaticFacts) {
 }
 
 /// query-block's devices that hold a medium, in vm_info's shape.
-fn block_devices(block: &Value) -> Vec<BlockDevice> {
+fn block_devices(block: Vec<BlockInfo>) -> Vec<BlockDevice> {
     block
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter(|d| d.get("inserted").is_some())
-                .map(|d| {
-                    let ins = &d["inserted"];
-                    BlockDevice {
-                        device: d.get("device").cloned(),
-                        qdev: d.get("qdev").cloned(),
-                        file: ins.get("file").cloned(),
-                        format: ins.get("drv").cloned(),
-                        read_only: ins.get("ro").cloned(),
-                    }
-                })
-                .collect()
+        .into_iter()
+        .filter_map(|d| {
+            let ins = d.inserted?;
+            Some(BlockDevice {
+                device: d.device,
+                qdev: d.qdev,
+                file: ins.file,
+                format: ins.drv,
+                read_only: Some(ins.ro),
+            })
         })
-        .unwrap_or_default()
+        .collect()
 }

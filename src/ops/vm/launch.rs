@@ -6,13 +6,14 @@
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
-use serde_json::{json, Map, Value};
+use serde_json::Map;
 
 use crate::cloudinit::CloudInit;
 use crate::host::decide;
 use crate::net::egress::process::GUEST_URL;
 use crate::net::egress::rules::Rule;
 use crate::ops::error::OpError;
+use crate::ops::vm::cloud_init::CloudInitOut;
 use crate::ops::vm::egress;
 use crate::ops::vm::quota;
 use crate::ops::work::Work;
@@ -91,20 +92,12 @@ pub struct Launched {
     /// A sandbox's details.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sandbox: Option<record::Sandbox>,
-    /// The seed's instance id and path.
+    /// The seed's instance id and path (and, once known, what cloud-init did).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub cloud_init: Option<Value>,
+    pub cloud_init: Option<CloudInitOut>,
     /// The egress rules and the proxy's URL in the guest.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub egress: Option<record::Egress>,
-}
-
-impl Launched {
-    /// The result as JSON, for callers that add their own fields.
-    pub fn to_json(&self) -> Value {
-        serde_json::to_value(self)
-            .unwrap_or_else(|e| json!({"name": self.name, "error": e.to_string()}))
-    }
 }
 
 /// Everything a launch needs beyond the spec, shared by launch_vm and sandbox_vm.
@@ -151,8 +144,11 @@ fn write_seed(req: &mut LaunchRequest, sd: &Path) -> Result<(), OpError> {
                 seed.display()
             ))
         })?;
-    req.extra_record.cloud_init =
-        Some(json!({"instance_id": instance_id, "seed": seed.display().to_string()}));
+    req.extra_record.cloud_init = Some(record::Seed {
+        instance_id: Some(instance_id),
+        seed: Some(seed.display().to_string()),
+        other: Map::new(),
+    });
     req.spec.seed = Some(seed);
     Ok(())
 }
@@ -325,7 +321,11 @@ fn start_reserved(
         serial_log: s.serial_log.display().to_string(),
         warnings,
         sandbox: req.extra_record.sandbox.clone(),
-        cloud_init: req.extra_record.cloud_init.clone(),
+        cloud_init: req
+            .extra_record
+            .cloud_init
+            .as_ref()
+            .map(CloudInitOut::of_seed),
         egress: egress_rec,
     })
 }
@@ -405,21 +405,12 @@ fn enter_for(proxy: Option<&egress::Started>) -> Result<Option<process::PreExec>
 /// The accelerator QEMU really uses, its run state and its version, asked right after start.
 fn first_look(qmp_socket: &Path) -> Result<(String, String, String), QmpError> {
     let (kvm, st, version) = qmp::with_session(qmp_socket, |q| -> Result<_, QmpError> {
-        let kvm = q.execute("query-kvm", None)?;
-        let st = q.execute("query-status", None)?;
+        let kvm = q.kvm_enabled()?;
+        let st = q.query_status()?;
         Ok((kvm, st, q.version.clone()))
     })?;
-    let accel = if kvm.get("enabled").and_then(Value::as_bool) == Some(true) {
-        "kvm"
-    } else {
-        "tcg"
-    };
-    let status = st
-        .get("status")
-        .and_then(Value::as_str)
-        .unwrap_or("unknown")
-        .to_string();
-    Ok((accel.to_string(), status, version))
+    let accel = if kvm { "kvm" } else { "tcg" };
+    Ok((accel.to_string(), st.status, version))
 }
 
 /// The registry record of a VM just started from `s`.

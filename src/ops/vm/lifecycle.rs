@@ -4,7 +4,6 @@
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
-use serde_json::Value;
 
 use crate::ops::error::OpError;
 use crate::ops::session;
@@ -35,21 +34,16 @@ pub struct RunState {
 /// Pauses or resumes running VM `name`; returns the state QEMU reports after.
 pub fn change(name: &str, how: Change) -> Result<RunState, OpError> {
     let rec = lookup_live(name, "launch it with launch_vm")?;
-    let cmd = match how {
-        Change::Pause => "stop",
-        Change::Resume => "cont",
-    };
     let st = session::monitor(name, &rec, |q| {
-        q.execute(cmd, None)?;
-        Ok(q.execute("query-status", None)?)
+        match how {
+            Change::Pause => q.stop_vcpus()?,
+            Change::Resume => q.cont()?,
+        }
+        Ok(q.query_status()?)
     })?;
     Ok(RunState {
         name: name.to_string(),
-        status: st
-            .get("status")
-            .and_then(Value::as_str)
-            .unwrap_or("unknown")
-            .to_string(),
+        status: st.status,
     })
 }
 
@@ -109,14 +103,7 @@ pub fn attach(req: &AttachRequest) -> Result<Attached, OpError> {
         }
     }
     let (status, version) = qmp::with_session(&qmp_path, |q| -> Result<_, QmpError> {
-        let st = q.execute("query-status", None)?;
-        Ok((
-            st.get("status")
-                .and_then(Value::as_str)
-                .unwrap_or("unknown")
-                .to_string(),
-            q.version.clone(),
-        ))
+        Ok((q.query_status()?.status, q.version.clone()))
     })
     .map_err(|e| match e {
         QmpError::NoGreeting => OpError::new(format!(

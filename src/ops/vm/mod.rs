@@ -5,6 +5,7 @@
 
 pub mod agent;
 pub mod checks;
+pub mod cloud_init;
 pub mod consoles;
 pub mod disk_size;
 pub mod egress;

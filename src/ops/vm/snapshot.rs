@@ -5,13 +5,13 @@
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use serde_json::{json, Value};
 
 use crate::clock;
 use crate::ops::error::OpError;
 use crate::ops::session;
 use crate::ops::work::Work;
 use crate::qemu::qmp::{Qmp, QmpError};
+use crate::qemu::qmp_calls::{SnapshotInfo, SnapshotJob};
 use crate::state::registry::Record;
 
 /// Bound for one snapshot job.
@@ -29,29 +29,21 @@ pub enum Op {
 }
 
 /// The writable block nodes that can hold internal snapshots, and QEMU's snapshot list.
-fn snapshot_nodes(q: &mut Qmp) -> Result<(Vec<String>, Vec<Value>), QmpError> {
-    let block = q.execute("query-block", None)?;
+fn snapshot_nodes(q: &mut Qmp) -> Result<(Vec<String>, Vec<SnapshotInfo>), QmpError> {
     let mut nodes = Vec::new();
     let mut snaps = Vec::new();
-    for d in block.as_array().into_iter().flatten() {
-        let Some(ins) = d.get("inserted") else {
+    for d in q.query_block()? {
+        let Some(ins) = d.inserted else {
             continue;
         };
-        if ins.get("ro").and_then(Value::as_bool) == Some(true)
-            || ins.get("drv").and_then(Value::as_str) != Some("qcow2")
-        {
+        if ins.ro || ins.drv.as_deref() != Some("qcow2") {
             continue;
         }
-        if let Some(n) = ins.get("node-name").and_then(Value::as_str) {
+        if let Some(n) = ins.node_name {
             if nodes.is_empty() {
-                snaps = ins
-                    .get("image")
-                    .and_then(|i| i.get("snapshots"))
-                    .and_then(Value::as_array)
-                    .cloned()
-                    .unwrap_or_default();
+                snaps = ins.image.map(|i| i.snapshots).unwrap_or_default();
             }
-            nodes.push(n.to_string());
+            nodes.push(n);
         }
     }
     Ok((nodes, snaps))
@@ -61,9 +53,9 @@ fn snapshot_nodes(q: &mut Qmp) -> Result<(Vec<String>, Vec<Value>), QmpError> {
 #[derive(Debug, Clone, Serialize)]
 pub struct LiveSnapshot {
     /// QEMU's id.
-    pub id: Option<Value>,
+    pub id: Option<String>,
     /// The tag.
-    pub tag: Option<Value>,
+    pub tag: Option<String>,
     /// Bytes of saved VM state.
     pub vm_state_size: u64,
     /// When it was taken, ISO 8601.
@@ -72,22 +64,16 @@ pub struct LiveSnapshot {
     pub vm_clock: String,
 }
 
-fn structured(snaps: &[Value]) -> Vec<LiveSnapshot> {
+fn structured(snaps: &[SnapshotInfo]) -> Vec<LiveSnapshot> {
     snaps
         .iter()
         .map(|s| {
-            let secs = s.get("vm-clock-sec").and_then(Value::as_u64).unwrap_or(0);
-            let nsecs = s.get("vm-clock-nsec").and_then(Value::as_u64).unwrap_or(0);
-            let clock_ns = secs * 1_000_000_000 + nsecs;
-            let date = s
-                .get("date-sec")
-                .and_then(Value::as_i64)
-                .map(clock::iso8601);
+            let clock_ns = s.vm_clock_sec * 1_000_000_000 + s.vm_clock_nsec;
             LiveSnapshot {
-                id: s.get("id").cloned(),
-                tag: s.get("name").cloned(),
-                vm_state_size: s.get("vm-state-size").and_then(Value::as_u64).unwrap_or(0),
-                date: date.unwrap_or_default(),
+                id: s.id.clone(),
+                tag: s.name.clone(),
+                vm_state_size: s.vm_state_size,
+                date: s.date_sec.map(clock::iso8601).unwrap_or_default(),
                 vm_clock: clock::vm_clock(clock_ns),
             }
         })
@@ -104,27 +90,27 @@ pub enum Verdict {
 }
 
 /// Starts a snapshot job and watches it to its end, sending progress.
-fn run_job(ctx: &dyn Work, q: &mut Qmp, cmd: &str, mut args: Value) -> Result<Verdict, QmpError> {
+fn run_job(
+    ctx: &dyn Work,
+    q: &mut Qmp,
+    job: SnapshotJob,
+    tag: &str,
+    nodes: &[String],
+) -> Result<Verdict, QmpError> {
+    let cmd = job.command();
     let job_id = format!("mcq-{cmd}-{}-{}", std::process::id(), clock::now_secs());
-    args["job-id"] = json!(job_id);
-    q.execute(cmd, Some(args))?;
+    q.start_snapshot_job(job, &job_id, tag, nodes)?;
     let start = Instant::now();
     loop {
-        let jobs = q.execute("query-jobs", None)?;
-        let job = jobs
-            .as_array()
-            .and_then(|a| a.iter().find(|j| j["id"] == job_id.as_str()))
-            .cloned();
+        let job = q.query_jobs()?.into_iter().find(|j| j.id == job_id);
         let Some(job) = job else {
             return Ok(Verdict::Refused(format!(
                 "the {cmd} job disappeared before it concluded"
             )));
         };
-        let status = job["status"].as_str().unwrap_or("");
-        if status == "concluded" || status == "null" {
-            let err = job.get("error").and_then(Value::as_str).map(str::to_string);
-            let _ = q.execute("job-dismiss", Some(json!({"id": job_id})));
-            return Ok(match err {
+        if job.status == "concluded" || job.status == "null" {
+            let _ = q.job_dismiss(&job_id);
+            return Ok(match job.error {
                 Some(e) => Verdict::Refused(e),
                 None => Verdict::Done,
             });
@@ -132,17 +118,17 @@ fn run_job(ctx: &dyn Work, q: &mut Qmp, cmd: &str, mut args: Value) -> Result<Ve
         ctx.progress(
             start.elapsed().as_secs_f64(),
             None,
-            &format!("{cmd}: {status}"),
+            &format!("{cmd}: {}", job.status),
         );
         if start.elapsed() > SNAPSHOT_TIMEOUT {
-            let _ = q.execute("job-cancel", Some(json!({"id": job_id})));
+            let _ = q.job_cancel(&job_id);
             return Ok(Verdict::Refused(format!(
                 "the {cmd} job did not finish within {} minutes and was cancelled",
                 SNAPSHOT_TIMEOUT.as_secs() / 60
             )));
         }
         if ctx.cancelled() {
-            let _ = q.execute("job-cancel", Some(json!({"id": job_id})));
+            let _ = q.job_cancel(&job_id);
             return Ok(Verdict::Refused("cancelled by the client".into()));
         }
         let _ = q.next_event(Duration::from_millis(100))?;
@@ -215,20 +201,16 @@ pub fn operate(ctx: &dyn Work, name: &str, tag: &str, op: Op) -> Result<Operated
         if nodes.is_empty() {
             return Err(no_disk(name).into());
         }
-        let (cmd, args) = job_for(op, name, tag, &nodes, &snaps)?;
-        let verdict = match run_job(ctx, q, cmd, args) {
+        let job = job_for(op, name, tag, &snaps)?;
+        let cmd = job.command();
+        let verdict = match run_job(ctx, q, job, tag, &nodes) {
             // QEMU before 6.0 has no snapshot jobs: fall back to HMP and read its text.
             Err(QmpError::Command { class, .. }) if class == "CommandNotFound" => {
                 hmp_snapshot(q, op, tag)?
             }
             other => other?,
         };
-        let status = q
-            .execute("query-status", None)?
-            .get("status")
-            .and_then(Value::as_str)
-            .unwrap_or("unknown")
-            .to_string();
+        let status = q.query_status()?.status;
         match verdict {
             Verdict::Done => Ok(status),
             Verdict::Refused(e) => Err(refused(op, cmd, tag, &status, &e).into()),
@@ -263,17 +245,11 @@ impl Op {
     }
 }
 
-/// The QMP job command and arguments for `op` on `nodes`, or why it cannot run: saving over
-/// an existing tag, loading or deleting one that is not there (`snaps` is QEMU's list).
-fn job_for(
-    op: Op,
-    name: &str,
-    tag: &str,
-    nodes: &[String],
-    snaps: &[Value],
-) -> Result<(&'static str, Value), OpError> {
-    let exists = snaps.iter().any(|s| s["name"] == tag);
-    let tags: Vec<&str> = snaps.iter().filter_map(|s| s["name"].as_str()).collect();
+/// The snapshot job for `op`, or why it cannot run: saving over an existing tag, loading or
+/// deleting one that is not there (`snaps` is QEMU's list).
+fn job_for(op: Op, name: &str, tag: &str, snaps: &[SnapshotInfo]) -> Result<SnapshotJob, OpError> {
+    let tags: Vec<&str> = snaps.iter().filter_map(|s| s.name.as_deref()).collect();
+    let exists = tags.contains(&tag);
     match op {
         Op::Save if exists => Err(OpError::new(format!(
             "snapshot {tag:?} already exists in VM {name:?}; delete it first or choose another \
@@ -283,15 +259,9 @@ fn job_for(
             "VM {name:?} has no snapshot {tag:?}; existing tags: [{}]",
             tags.join(", ")
         ))),
-        Op::Save => Ok((
-            "snapshot-save",
-            json!({"tag": tag, "vmstate": nodes[0], "devices": nodes}),
-        )),
-        Op::Load => Ok((
-            "snapshot-load",
-            json!({"tag": tag, "vmstate": nodes[0], "devices": nodes}),
-        )),
-        Op::Delete => Ok(("snapshot-delete", json!({"tag": tag, "devices": nodes}))),
+        Op::Save => Ok(SnapshotJob::Save),
+        Op::Load => Ok(SnapshotJob::Load),
+        Op::Delete => Ok(SnapshotJob::Delete),
     }
 }
 

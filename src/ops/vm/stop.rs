@@ -100,7 +100,7 @@ fn graceful_stop(
     let started = Instant::now();
     let deadline = started + timeout;
     let outcome = qmp::with_session(&sock_path, |q| {
-        q.execute("system_powerdown", None)?;
+        q.system_powerdown()?;
         loop {
             if gone(rec) {
                 return Ok((true, q.event_names()));
@@ -179,7 +179,7 @@ fn force_stop(name: &str, rec: &Record) -> Result<(String, Vec<String>), OpError
         let left = deadline
             .saturating_duration_since(Instant::now())
             .max(Duration::from_millis(1));
-        match q.execute_within("quit", None, left) {
+        match q.quit_within(left) {
             Ok(_) | Err(QmpError::Closed) => Ok(q.event_names()),
             Err(e) => Err(e),
         }
