@@ -5,102 +5,80 @@ use serde_json::{json, Value};
 
 use crate::mcp::tool::{Args, ToolDef, ToolError};
 
-pub mod background;
 pub mod boundary;
-pub mod copy;
-pub mod download;
-pub mod drive;
-pub mod fork;
-pub mod forward;
 pub mod guest;
 pub mod image;
-pub mod image_catalog;
-pub mod image_snapshot;
-pub mod inspect;
-pub mod keyboard;
-pub mod launch;
-pub mod lifecycle;
 pub mod params;
-pub mod pointer;
-pub mod prepare;
 pub mod presets;
-pub mod pull;
 pub mod resources;
 pub mod sandbox;
-pub mod screen_params;
-pub mod screen_wait;
-pub mod screenshot;
-pub mod serial;
-pub mod snapshot;
-pub mod stop;
-pub mod template;
-pub mod template_manage;
-pub mod view;
+pub mod screen;
+pub mod vm;
 
 pub use crate::ops::vm::checks::checked_image;
 pub use params::path_arg;
 
 /// Every tool, in the order `tools/list` shows them.
 pub static ALL: &[ToolDef] = &[
-    launch::LAUNCH,
-    stop::STOP,
-    lifecycle::PAUSE,
-    lifecycle::RESUME,
-    lifecycle::ATTACH,
-    lifecycle::FORGET,
-    inspect::LIST,
-    inspect::INFO,
-    forward::FORWARD,
-    snapshot::CREATE,
-    snapshot::RESTORE,
-    snapshot::DELETE,
-    snapshot::LIST,
-    screenshot::SCREENSHOT,
-    screen_wait::SCREEN_WAIT,
-    view::VIEW,
-    view::TAKEOVER,
-    view::FRAME,
-    view::INPUT,
-    keyboard::SEND_KEYS,
-    keyboard::TYPE_TEXT,
-    drive::CLICK,
-    drive::MOUSE_MOVE,
-    pointer::DRAG,
-    pointer::SCROLL,
-    serial::READ,
-    serial::WRITE,
-    serial::WAIT,
-    image::CREATE,
-    image::INFO,
-    image::CONVERT,
-    image::RESIZE,
-    image_snapshot::SNAPSHOT_LIST,
-    image_snapshot::SNAPSHOT_CREATE,
-    image_snapshot::SNAPSHOT_APPLY,
-    image_snapshot::SNAPSHOT_DELETE,
-    download::DOWNLOAD,
-    pull::PULL,
-    image_catalog::CATALOG,
-    prepare::PREPARE,
-    sandbox::SANDBOX,
-    sandbox::DESTROY,
-    fork::FORK,
-    fork::SUSPEND,
-    fork::RESUME,
-    template::CREATE,
-    template_manage::LIST,
-    template_manage::POOL,
-    template_manage::DELETE,
-    guest::PING,
-    guest::INFO,
-    guest::EXEC,
-    background::STATUS,
-    background::KILL,
-    guest::FILE_READ,
-    guest::FILE_WRITE,
-    copy::COPY_IN,
-    copy::COPY_OUT,
-    guest::LIST_DIR,
+    vm::launch::LAUNCH,
+    vm::stop::STOP,
+    vm::lifecycle::PAUSE,
+    vm::lifecycle::RESUME,
+    vm::lifecycle::ATTACH,
+    vm::lifecycle::FORGET,
+    vm::inspect::LIST,
+    vm::inspect::INFO,
+    vm::forward::FORWARD,
+    vm::snapshot::CREATE,
+    vm::snapshot::RESTORE,
+    vm::snapshot::DELETE,
+    vm::snapshot::LIST,
+    screen::screenshot::SCREENSHOT,
+    screen::wait::SCREEN_WAIT,
+    screen::view::VIEW,
+    screen::view::TAKEOVER,
+    screen::view::FRAME,
+    screen::view::INPUT,
+    screen::keyboard::SEND_KEYS,
+    screen::keyboard::TYPE_TEXT,
+    screen::drive::CLICK,
+    screen::drive::MOUSE_MOVE,
+    screen::pointer::DRAG,
+    screen::pointer::SCROLL,
+    vm::serial::READ,
+    vm::serial::WRITE,
+    vm::serial::WAIT,
+    image::disk::CREATE,
+    image::disk::INFO,
+    image::disk::CONVERT,
+    image::disk::RESIZE,
+    image::snapshots::SNAPSHOT_LIST,
+    image::snapshots::SNAPSHOT_CREATE,
+    image::snapshots::SNAPSHOT_APPLY,
+    image::snapshots::SNAPSHOT_DELETE,
+    image::download::DOWNLOAD,
+    image::pull::PULL,
+    image::catalog::CATALOG,
+    image::prepare::PREPARE,
+    sandbox::vm::SANDBOX,
+    sandbox::vm::DESTROY,
+    sandbox::fork::FORK,
+    sandbox::fork::SUSPEND,
+    sandbox::fork::RESUME,
+    sandbox::template::CREATE,
+    sandbox::template_manage::LIST,
+    sandbox::template_manage::POOL,
+    sandbox::template_manage::DELETE,
+    guest::agent::PING,
+    guest::agent::INFO,
+    guest::agent::EXEC,
+    guest::background::STATUS,
+    guest::background::KILL,
+    guest::agent::FILE_READ,
+    guest::agent::FILE_WRITE,
+    guest::copy::COPY_IN,
+    guest::copy::COPY_OUT,
+    guest::agent::LIST_DIR,
 ];
 
 /// Finds a tool by name.

@@ -1,13 +1,13 @@
 //! `image_pull`: distribution cloud images downloaded and verified (the operation is
-//! [`crate::ops::image::pull`]). `image_catalog` is in [`super::image_catalog`].
+//! [`crate::ops::image::pull`]). `image_catalog` is in [`crate::tools::image::catalog`].
 
 use serde_json::json;
 
-use super::object;
-use super::presets;
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolResult};
 use crate::ops::image::catalog;
 use crate::ops::image::pull::{self, PullRequest};
+use crate::tools::object;
+use crate::tools::presets;
 
 const PULL_DESCRIPTION: &str = "Download a distribution cloud image and verify it. Name a \
     catalog entry with image (image_catalog lists them): its pinned, dated URL is pulled first \
@@ -100,5 +100,5 @@ fn pull(ctx: &ToolCtx, args: &Args) -> ToolResult {
         path: text("path")?,
         overwrite: args.bool_or("overwrite", false)?,
     };
-    super::to_output(&pull::pull(ctx, &req)?)
+    crate::tools::to_output(&pull::pull(ctx, &req)?)
 }

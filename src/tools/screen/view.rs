@@ -6,11 +6,11 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::{object, presets, vm_name_arg};
 use crate::b64;
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult, Ui};
 use crate::ops::screen::parse_hash;
 use crate::ops::{screen::hold, screen::view};
+use crate::tools::{object, presets, vm_name_arg};
 
 /// The view's resource.
 pub const URI: &str = presets::VIEW_URI;

@@ -1,13 +1,13 @@
 //! `template_create`: boot a guest, run its setup through the agent, and save it into the
 //! template store (the operation is [`crate::ops::sandbox::template_create`]'s). `template_list`
-//! and `template_delete` are in [`super::template_manage`].
+//! and `template_delete` are in [`crate::tools::sandbox::template_manage`].
 
 use serde_json::{json, Value};
 
-use super::params::{self, launch_args};
-use super::{object, presets, template_name_arg};
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolResult};
 use crate::ops::sandbox::template_create::{self, SetupStep, TemplateRequest};
+use crate::tools::params::{self, launch_args};
+use crate::tools::{object, presets, template_name_arg};
 
 fn setup_schema() -> Value {
     json!({
@@ -117,5 +117,5 @@ fn create(ctx: &ToolCtx, args: &Args) -> ToolResult {
         setup,
         pool: args.i64_or("pool", 0)?.max(0) as u64,
     };
-    super::to_output(&template_create::create(ctx, &req)?)
+    crate::tools::to_output(&template_create::create(ctx, &req)?)
 }

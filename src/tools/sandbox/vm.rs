@@ -3,10 +3,10 @@
 
 use serde_json::json;
 
-use super::params::{self, sandbox_request};
-use super::{object, presets, vm_name_arg};
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolResult};
 use crate::ops::sandbox;
+use crate::tools::params::{self, sandbox_request};
+use crate::tools::{object, presets, vm_name_arg};
 
 const SANDBOX_DESCRIPTION: &str = "Create a qcow2 overlay on base_image (the base is never \
     modified), launch a VM on it, and wait up to wait_agent_s seconds for qemu-guest-agent to \
@@ -88,7 +88,7 @@ pub const DESTROY: ToolDef = ToolDef {
 };
 
 fn destroy(ctx: &ToolCtx, args: &Args) -> ToolResult {
-    super::to_output(&crate::ops::sandbox::destroy::destroy(
+    crate::tools::to_output(&crate::ops::sandbox::destroy::destroy(
         ctx,
         &vm_name_arg(args)?,
     )?)

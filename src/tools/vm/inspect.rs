@@ -2,9 +2,9 @@
 
 use serde_json::json;
 
-use super::{presets, vm_name_arg};
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolResult};
 use crate::ops::vm::inspect;
+use crate::tools::{presets, vm_name_arg};
 
 const LIST_DESCRIPTION: &str = "List every registered VM with its measured status (process and \
     QMP checked now): running, paused, stopped, starting, busy (another operation holds its \
@@ -49,7 +49,7 @@ pub const LIST: ToolDef = ToolDef {
 };
 
 fn list_vms(_ctx: &ToolCtx, _args: &Args) -> ToolResult {
-    super::to_output(&inspect::list())
+    crate::tools::to_output(&inspect::list())
 }
 
 const INFO_DESCRIPTION: &str = "A VM's record plus live details from QMP: run state, QEMU \
@@ -93,5 +93,5 @@ pub const INFO: ToolDef = ToolDef {
 };
 
 fn vm_info(_ctx: &ToolCtx, args: &Args) -> ToolResult {
-    super::to_output(&inspect::info(&vm_name_arg(args)?)?)
+    crate::tools::to_output(&inspect::info(&vm_name_arg(args)?)?)
 }

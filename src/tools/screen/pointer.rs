@@ -1,17 +1,17 @@
 //! Pointer gestures beyond a click: vm_drag (button down at one point, moves, up at another)
 //! and vm_scroll (wheel clicks at a point), both through the absolute tablet and with
 //! modifier keys optionally held (`hold`); the plans are [`crate::ops::screen::pointer`]'s. The
-//! coordinates and `scale` mean what they mean for vm_click ([`super::drive`]).
+//! coordinates and `scale` mean what they mean for vm_click ([`crate::tools::screen::drive`]).
 
 use std::time::Duration;
 
 use serde_json::json;
 
-use super::params::{scale_arg, scale_param};
-use super::{object, presets, vm_name_arg};
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::ops::screen::mouse;
 use crate::ops::screen::pointer::{self, Wheel};
+use crate::tools::params::{scale_arg, scale_param};
+use crate::tools::{object, presets, vm_name_arg};
 
 const DRAG_DESCRIPTION: &str = "Drag with the absolute tablet: move to (x, y), press button, \
     move in steps to (to_x, to_y), release; hold keeps modifier keys down throughout (e.g. \
@@ -36,7 +36,7 @@ pub const DRAG: ToolDef = ToolDef {
                 "button": {
                     "type": "string", "enum": ["left", "right", "middle"], "default": "left"
                 },
-                "hold": super::params::hold_param(),
+                "hold": crate::tools::params::hold_param(),
                 "steps": {
                     "type": "integer", "minimum": 1, "maximum": pointer::MAX_STEPS,
                     "default": 12, "description": "Moves between press and release."
@@ -80,7 +80,7 @@ fn drag(ctx: &ToolCtx, args: &Args) -> ToolResult {
             "button must be left, right or middle, not {button:?}; nothing was sent"
         )));
     }
-    let hold = super::params::hold_arg(args)?;
+    let hold = crate::tools::params::hold_arg(args)?;
     let steps = args
         .i64_or("steps", 12)?
         .clamp(1, i64::from(pointer::MAX_STEPS)) as u32;
@@ -121,7 +121,7 @@ pub const SCROLL: ToolDef = ToolDef {
                 "clicks": {
                     "type": "integer", "minimum": 1, "maximum": pointer::MAX_STEPS, "default": 1
                 },
-                "hold": super::params::hold_param()
+                "hold": crate::tools::params::hold_param()
             }),
             &["name", "x", "y"],
         )
@@ -168,7 +168,7 @@ fn scroll(ctx: &ToolCtx, args: &Args) -> ToolResult {
             pointer::MAX_STEPS
         )));
     }
-    let hold = super::params::hold_arg(args)?;
+    let hold = crate::tools::params::hold_arg(args)?;
     let sent = mouse::gesture(ctx, (&name, "vm_scroll"), &[(x, y)], scale, |p, s| {
         pointer::scroll_plan(p[0], s, dir, clicks as u32, &hold)
     })?;

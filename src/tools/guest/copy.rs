@@ -3,10 +3,10 @@
 
 use serde_json::{json, Value};
 
-use super::{object, presets, vm_name_arg};
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::ops::guest::copy::{self, Copied, CopyIn, CopyOut};
 use crate::ops::guest::stream::Watch;
+use crate::tools::{object, presets, vm_name_arg};
 
 /// Progress and cancellation of a copy, as the call's context reports them.
 struct CtxWatch<'a>(&'a ToolCtx, &'static str);

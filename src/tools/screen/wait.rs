@@ -4,12 +4,13 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::{object, presets, screen_params, vm_name_arg};
 use crate::b64;
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::ops::screen::wait::{self as screen_wait, WaitRequest};
 use crate::ops::screen::{hash_text, parse_hash};
 use crate::ops::screen::{Rect, MAX_DIM};
+use crate::tools::screen::params;
+use crate::tools::{object, presets, vm_name_arg};
 
 const DESCRIPTION: &str = "Wait until the VM's screen changes and then holds still, and return \
     it: instead of sleeping and polling screenshots after a key or click. Waits until the screen \
@@ -56,10 +57,10 @@ pub const SCREEN_WAIT: ToolDef = ToolDef {
                     "additionalProperties": false,
                     "description": "Only changes in this rectangle count."
                 },
-                "max_edge": screen_params::max_edge_schema(),
-                "max_width": screen_params::max_width_schema(),
-                "max_height": screen_params::max_height_schema(),
-                "max_bytes": screen_params::max_bytes_schema(),
+                "max_edge": params::max_edge_schema(),
+                "max_width": params::max_width_schema(),
+                "max_height": params::max_height_schema(),
+                "max_bytes": params::max_bytes_schema(),
             }),
             &["name"],
         )
@@ -142,7 +143,7 @@ fn request(args: &Args) -> Result<WaitRequest, ToolError> {
         timeout,
         region: region_arg(args)?,
         since,
-        bounds: screen_params::bounds(args, true)?,
+        bounds: params::bounds(args, true)?,
     })
 }
 

@@ -4,12 +4,12 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::params::{launch_args, launch_out, launch_props};
-use super::{object, presets, vm_name_arg};
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolResult};
 use crate::ops::guest::run::{agent_then_cloud_init, report_cloud_init};
 use crate::ops::vm::launch::launch;
 use crate::ops::vm::launch_args::{checked_disks, request};
+use crate::tools::params::{launch_args, launch_out, launch_props};
+use crate::tools::{object, presets, vm_name_arg};
 
 const LAUNCH_DESCRIPTION: &str = "Start a QEMU virtual machine that outlives this server, with a \
     QMP control socket, a guest-agent channel (virtio-serial org.qemu.guest_agent.0) and a serial \

@@ -4,10 +4,10 @@ use std::path::PathBuf;
 
 use serde_json::{json, Value};
 
-use super::{object, path_arg, presets, vm_name_arg};
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolResult};
 use crate::ops::vm::checks::Access;
 use crate::ops::vm::lifecycle::{self, AttachRequest, Change};
+use crate::tools::{object, path_arg, presets, vm_name_arg};
 
 fn run_state_out() -> Value {
     json!({
@@ -47,7 +47,7 @@ pub const RESUME: ToolDef = ToolDef {
 };
 
 fn run_state_change(args: &Args, how: Change) -> ToolResult {
-    super::to_output(&lifecycle::change(&vm_name_arg(args)?, how)?)
+    crate::tools::to_output(&lifecycle::change(&vm_name_arg(args)?, how)?)
 }
 
 // ---- attach / forget ----
@@ -107,7 +107,7 @@ fn attach_vm(_ctx: &ToolCtx, args: &Args) -> ToolResult {
         qga_socket: socket_arg(args, "qga_socket")?,
         pid: args.opt_i64("pid")?.map(|p| p as i32),
     };
-    super::to_output(&lifecycle::attach(&req)?)
+    crate::tools::to_output(&lifecycle::attach(&req)?)
 }
 
 const FORGET_DESCRIPTION: &str = "Drop a VM's registry record only; the QEMU process and its \
@@ -151,5 +151,5 @@ fn forget_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
         "notice",
         &format!("forget_vm {name} (was running: {})", done.was_running),
     );
-    super::to_output(&done)
+    crate::tools::to_output(&done)
 }

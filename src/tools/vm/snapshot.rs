@@ -3,9 +3,9 @@
 
 use serde_json::{json, Value};
 
-use super::{check_tag, object, presets, vm_name_arg};
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolResult};
 use crate::ops::vm::snapshot::{self, Op};
+use crate::tools::{check_tag, object, presets, vm_name_arg};
 
 fn tag_in() -> Value {
     object(
@@ -77,11 +77,11 @@ fn snapshot_op(ctx: &ToolCtx, args: &Args, op: Op) -> ToolResult {
     let name = vm_name_arg(args)?;
     let tag = args.str("tag")?.to_string();
     check_tag(&tag)?;
-    super::to_output(&snapshot::operate(ctx, &name, &tag, op)?)
+    crate::tools::to_output(&snapshot::operate(ctx, &name, &tag, op)?)
 }
 
 fn list(_ctx: &ToolCtx, args: &Args) -> ToolResult {
-    super::to_output(&snapshot::list(&vm_name_arg(args)?)?)
+    crate::tools::to_output(&snapshot::list(&vm_name_arg(args)?)?)
 }
 
 const LIST_DESCRIPTION: &str = "List the live snapshots of a running VM: tag, id, saved VM state \

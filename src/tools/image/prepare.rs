@@ -3,12 +3,12 @@
 
 use serde_json::json;
 
-use super::{object, path_arg};
-use super::{params, presets};
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolResult};
 use crate::ops::image::prepare::{self, PrepareRequest};
 use crate::ops::vm::checks::Access;
 use crate::ops::vm::launch_args::LaunchArgs;
+use crate::tools::{object, path_arg};
+use crate::tools::{params, presets};
 
 const PREPARE_DESCRIPTION: &str = "Turn a stock cloud image (image_pull) into an agent-ready \
     base for sandbox_vm: boot it once on an overlay (source is never written) with a cloud-init \
@@ -88,5 +88,5 @@ fn prepare(ctx: &ToolCtx, args: &Args) -> ToolResult {
         disk_size: text("disk_size")?,
         allow_network: args.bool_or("allow_network", true)?,
     };
-    super::to_output(&prepare::prepare(ctx, &req)?)
+    crate::tools::to_output(&prepare::prepare(ctx, &req)?)
 }

@@ -2,11 +2,12 @@
 
 use serde_json::json;
 
-use super::{object, presets, screen_params, vm_name_arg};
 use crate::b64;
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolResult};
 use crate::ops::screen::{self as ops_screen, ScreenshotRequest};
 use crate::ops::vm::checks::Access;
+use crate::tools::screen::params;
+use crate::tools::{object, presets, vm_name_arg};
 
 const SCREENSHOT_DESCRIPTION: &str = "Capture the VM's screen as a PNG image. Returned inline \
     (MCP image content), a screen whose longer edge is over 1568 px is scaled down to 1568 \
@@ -33,10 +34,10 @@ pub const SCREENSHOT: ToolDef = ToolDef {
                     "type": "string",
                     "description": "Save the PNG here instead of returning it inline."
                 },
-                "max_edge": screen_params::max_edge_schema(),
-                "max_width": screen_params::max_width_schema(),
-                "max_height": screen_params::max_height_schema(),
-                "max_bytes": screen_params::max_bytes_schema(),
+                "max_edge": params::max_edge_schema(),
+                "max_width": params::max_width_schema(),
+                "max_height": params::max_height_schema(),
+                "max_bytes": params::max_bytes_schema(),
             }),
             &["name"],
         )
@@ -77,17 +78,17 @@ pub const SCREENSHOT: ToolDef = ToolDef {
 fn screenshot(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     let name = vm_name_arg(args)?;
     let save_to = match args.opt_str("path")? {
-        Some(_) => Some(super::path_arg(args, "path", Access::Write)?),
+        Some(_) => Some(crate::tools::path_arg(args, "path", Access::Write)?),
         None => None,
     };
-    let bounds = screen_params::bounds(args, save_to.is_none())?;
+    let bounds = params::bounds(args, save_to.is_none())?;
     let req = ScreenshotRequest {
         name,
         bounds,
         save_to,
     };
     let (shot, png) = ops_screen::screenshot(&req)?;
-    let mut out = super::to_output(&shot)?;
+    let mut out = crate::tools::to_output(&shot)?;
     if let Some(png) = png {
         out.extra
             .push(json!({"type": "image", "data": b64::encode(&png), "mimeType": "image/png"}));

@@ -5,10 +5,10 @@ use std::path::Path;
 
 use serde_json::json;
 
-use super::{object, presets, template_name_arg};
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::ops::sandbox::pool;
 use crate::ops::sandbox::templates::{clones_of, dir_of, load, meta_of, remove_dir, templates_dir};
+use crate::tools::{object, presets, template_name_arg};
 
 const LIST_DESCRIPTION: &str = "List the templates: name, base image, memory, size on disk, \
     when saved, and the clones alive now.";

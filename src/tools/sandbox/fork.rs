@@ -5,10 +5,10 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::{object, presets, vm_name_arg};
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::ops::sandbox::fork::{self, ForkRequest, MAX_COPIES};
 use crate::ops::sandbox::suspend;
+use crate::tools::{object, presets, vm_name_arg};
 
 const FORK_DESCRIPTION: &str = "Make count live copies of a running sandbox as it is now: \
     memory, disk and running processes. The sandbox is paused only for the last step of the \
@@ -115,7 +115,7 @@ pub const SUSPEND: ToolDef = ToolDef {
 };
 
 fn sandbox_suspend(ctx: &ToolCtx, args: &Args) -> ToolResult {
-    super::to_output(&suspend::suspend(ctx, &vm_name_arg(args)?)?)
+    crate::tools::to_output(&suspend::suspend(ctx, &vm_name_arg(args)?)?)
 }
 
 const RESUME_DESCRIPTION: &str = "Bring a suspended sandbox back: its processes, memory and \
@@ -155,7 +155,7 @@ pub const RESUME: ToolDef = ToolDef {
 };
 
 fn sandbox_resume(ctx: &ToolCtx, args: &Args) -> ToolResult {
-    super::to_output(&suspend::resume(
+    crate::tools::to_output(&suspend::resume(
         ctx,
         &vm_name_arg(args)?,
         wait(args, 60.0)?,

@@ -2,9 +2,9 @@
 
 use serde_json::json;
 
-use super::presets;
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolResult};
 use crate::ops::image::download::{self, DownloadRequest};
+use crate::tools::presets;
 
 const DOWNLOAD_DESCRIPTION: &str = "Download a file (typically a cloud or installer image) over \
     http or https to path. Streams to a temporary file beside path, verifies sha256 when given, \
@@ -71,5 +71,5 @@ fn run(ctx: &ToolCtx, args: &Args) -> ToolResult {
         max_bytes: args.opt_i64("max_bytes")?.map(|n| n.max(0) as u64),
         overwrite: args.bool_or("overwrite", false)?,
     };
-    super::to_output(&download::download(ctx, &req)?)
+    crate::tools::to_output(&download::download(ctx, &req)?)
 }

@@ -1,12 +1,12 @@
-//! `image_catalog`: the built-in catalog of cloud images image_pull ([`super::pull`]) takes
-//! by name, each with whether it is already pulled into the default folder (the listing is
-//! [`crate::ops::image::catalog`]'s).
+//! `image_catalog`: the built-in catalog of cloud images image_pull
+//! ([`crate::tools::image::pull`]) takes by name, each with whether it is already pulled into
+//! the default folder (the listing is [`crate::ops::image::catalog`]'s).
 
 use serde_json::json;
 
-use super::presets;
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolResult};
 use crate::ops::image::catalog;
+use crate::tools::presets;
 
 const CATALOG_DESCRIPTION: &str = "List the built-in catalog of distribution cloud images \
     (Debian, Ubuntu, Fedora, Alpine, Rocky, AlmaLinux, CentOS Stream, Arch; x86_64 and \
@@ -51,5 +51,5 @@ pub const CATALOG: ToolDef = ToolDef {
 };
 
 fn list_catalog(_ctx: &ToolCtx, _args: &Args) -> ToolResult {
-    super::to_output(&catalog::list())
+    crate::tools::to_output(&catalog::list())
 }

@@ -3,9 +3,9 @@
 
 use serde_json::json;
 
-use super::{object, presets, vm_name_arg};
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::ops::vm::port_forward as pf;
+use crate::tools::{object, presets, vm_name_arg};
 
 const DESCRIPTION: &str = "Add and remove host port forwards on a running VM (its user \
     network takes them live): add takes launch_vm's forms (\"HOST:GUEST\", \"auto:GUEST\", \

@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::{object, presets, vm_name_arg};
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolResult};
 use crate::ops::guest::background::{self as bg, BgError};
+use crate::tools::{object, presets, vm_name_arg};
 
 impl From<BgError> for ToolError {
     fn from(e: BgError) -> Self {
@@ -76,7 +76,7 @@ fn status(ctx: &ToolCtx, args: &Args) -> ToolResult {
         stderr_offset: offset(args, "stderr_offset")?,
         wait: Duration::from_secs_f64(args.opt_f64("wait_s")?.unwrap_or(0.0).clamp(0.0, 300.0)),
     };
-    super::to_output(&bg::status(&req, &|| ctx.cancelled())?)
+    crate::tools::to_output(&bg::status(&req, &|| ctx.cancelled())?)
 }
 
 const KILL_DESCRIPTION: &str = "End a background process: its signal (TERM by default; a name \
@@ -129,5 +129,5 @@ fn kill(_ctx: &ToolCtx, args: &Args) -> ToolResult {
         handle: args.str("handle")?.to_string(),
         signal,
     };
-    super::to_output(&bg::kill(&req)?)
+    crate::tools::to_output(&bg::kill(&req)?)
 }

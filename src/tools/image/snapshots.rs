@@ -3,11 +3,11 @@
 
 use serde_json::{json, Value};
 
-use super::params::{out_object, path_schema, snapshot_item_schema, tag_schema};
-use super::{check_tag, object, path_arg, presets};
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolResult};
 use crate::ops::image::snapshots::{self, SnapshotOp};
 use crate::ops::vm::checks::Access;
+use crate::tools::params::{out_object, path_schema, snapshot_item_schema, tag_schema};
+use crate::tools::{check_tag, object, path_arg, presets};
 
 fn snapshot_list_out() -> Value {
     out_object(
@@ -57,7 +57,7 @@ pub const SNAPSHOT_LIST: ToolDef = ToolDef {
 
 fn snapshot_list(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     let path = path_arg(args, "path", Access::Read)?;
-    super::to_output(&snapshots::list(&path)?)
+    crate::tools::to_output(&snapshots::list(&path)?)
 }
 
 const SNAPSHOT_CREATE_DESCRIPTION: &str = "Store an internal snapshot of a qcow2 image that no VM \
@@ -109,5 +109,5 @@ fn snapshot_op(_ctx: &ToolCtx, args: &Args, op: SnapshotOp) -> ToolResult {
     let path = path_arg(args, "path", Access::Write)?;
     let tag = args.str("tag")?;
     check_tag(tag)?;
-    super::to_output(&snapshots::operate(&path, tag, op)?)
+    crate::tools::to_output(&snapshots::operate(&path, tag, op)?)
 }

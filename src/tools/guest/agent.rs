@@ -4,11 +4,11 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::{object, presets, vm_name_arg};
 use crate::b64;
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::ops::guest::files::{self, MAX_READ};
 use crate::ops::guest::{self as guest_ops, background, listing, spool};
+use crate::tools::{object, presets, vm_name_arg};
 
 const PING_DESCRIPTION: &str = "Check that qemu-guest-agent answers inside the VM. The agent can \
     answer before the guest has finished booting.";
@@ -36,7 +36,7 @@ pub const PING: ToolDef = ToolDef {
 };
 
 fn ping(_ctx: &ToolCtx, args: &Args) -> ToolResult {
-    super::to_output(&files::ping(&vm_name_arg(args)?)?)
+    crate::tools::to_output(&files::ping(&vm_name_arg(args)?)?)
 }
 
 const INFO_DESCRIPTION: &str = "The guest agent's version, the guest OS, and which agent commands \
@@ -67,7 +67,7 @@ pub const INFO: ToolDef = ToolDef {
 };
 
 fn info(_ctx: &ToolCtx, args: &Args) -> ToolResult {
-    super::to_output(&guest_ops::info(&vm_name_arg(args)?)?)
+    crate::tools::to_output(&guest_ops::info(&vm_name_arg(args)?)?)
 }
 
 const EXEC_DESCRIPTION: &str = "Run a program inside the guest through the agent (not a shell: \
@@ -260,7 +260,7 @@ fn file_read(_ctx: &ToolCtx, args: &Args) -> ToolResult {
         offset: u64::try_from(args.i64_or("offset", 0)?)
             .map_err(|_| ToolError::new("offset must be 0 or more"))?,
     };
-    super::to_output(&files::read(&req)?)
+    crate::tools::to_output(&files::read(&req)?)
 }
 
 const LIST_DIR_DESCRIPTION: &str = "List a folder inside the guest: each entry's name, type \
@@ -365,5 +365,5 @@ fn file_write(_ctx: &ToolCtx, args: &Args) -> ToolResult {
             content.as_bytes().to_vec()
         },
     };
-    super::to_output(&files::write(&req)?)
+    crate::tools::to_output(&files::write(&req)?)
 }

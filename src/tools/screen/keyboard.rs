@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::{object, presets, vm_name_arg};
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolResult};
 use crate::ops::screen::keyboard::{self, KeysRequest, TextRequest, MAX_TEXT};
+use crate::tools::{object, presets, vm_name_arg};
 
 const SEND_KEYS_DESCRIPTION: &str = "Press keys or chords in order, e.g. [\"ctrl-alt-del\"], \
     [\"esc\"], [\"alt-f4\", \"enter\"]. Names are QEMU qcodes (a, 1, ret, f1, ctrl, shift_r, ...) \
@@ -60,7 +60,7 @@ fn send_keys(ctx: &ToolCtx, args: &Args) -> ToolResult {
         hold: Duration::from_millis(args.i64_or("hold_ms", 100)?.clamp(1, 10_000) as u64),
         delay: Duration::from_millis(args.i64_or("delay_ms", 50)?.clamp(0, 10_000) as u64),
     };
-    super::to_output(&keyboard::send_keys(ctx, &req)?)
+    crate::tools::to_output(&keyboard::send_keys(ctx, &req)?)
 }
 
 const TYPE_TEXT_DESCRIPTION: &str = "Type text on a US keyboard layout (shifted characters as \
@@ -108,5 +108,5 @@ fn type_text(ctx: &ToolCtx, args: &Args) -> ToolResult {
         enter: args.bool_or("enter", false)?,
         gap: Duration::from_millis(args.i64_or("delay_ms", 30)?.clamp(0, 1000) as u64),
     };
-    super::to_output(&keyboard::type_text(ctx, &req)?)
+    crate::tools::to_output(&keyboard::type_text(ctx, &req)?)
 }

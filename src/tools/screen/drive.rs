@@ -1,13 +1,13 @@
 //! Drive the mouse: vm_click through the absolute tablet and vm_mouse_move through the
 //! relative mouse (the operations are [`crate::ops::screen::mouse`]'s; the keyboard is in
-//! [`super::keyboard`], the screen in [`super::screenshot`]).
+//! [`crate::tools::screen::keyboard`], the screen in [`crate::tools::screen::screenshot`]).
 
 use serde_json::json;
 
-use super::params::{scale_arg, scale_param};
-use super::{object, presets, vm_name_arg};
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolResult};
 use crate::ops::screen::mouse::{self, ClickRequest, MoveRequest, MAX_DELTA};
+use crate::tools::params::{scale_arg, scale_param};
+use crate::tools::{object, presets, vm_name_arg};
 
 const CLICK_DESCRIPTION: &str = "Move the pointer to (x, y) through the absolute tablet and \
     click. Coordinates are screen pixels, or, with scale (the scale a vm_screenshot returned), \
@@ -31,7 +31,7 @@ pub const CLICK: ToolDef = ToolDef {
                     "type": "string", "enum": ["left", "right", "middle"], "default": "left"
                 },
                 "double": {"type": "boolean", "default": false},
-                "hold": super::params::hold_param()
+                "hold": crate::tools::params::hold_param()
             }),
             &["name", "x", "y"],
         )
@@ -123,9 +123,9 @@ fn click(_ctx: &ToolCtx, args: &Args) -> ToolResult {
         scale: scale_arg(args)?,
         button: args.str_or("button", "left")?.to_string(),
         double: args.bool_or("double", false)?,
-        hold: super::params::hold_arg(args)?,
+        hold: crate::tools::params::hold_arg(args)?,
     };
-    super::to_output(&mouse::click(&req)?)
+    crate::tools::to_output(&mouse::click(&req)?)
 }
 
 fn mouse_move(ctx: &ToolCtx, args: &Args) -> ToolResult {
@@ -139,5 +139,5 @@ fn mouse_move(ctx: &ToolCtx, args: &Args) -> ToolResult {
         click: args.opt_str("click")?.map(str::to_string),
         double: args.bool_or("double", false)?,
     };
-    super::to_output(&mouse::mouse_move(&req, ctx)?)
+    crate::tools::to_output(&mouse::mouse_move(&req, ctx)?)
 }

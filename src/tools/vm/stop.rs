@@ -4,9 +4,9 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::{object, presets, vm_name_arg};
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolResult};
 use crate::ops::vm::stop;
+use crate::tools::{object, presets, vm_name_arg};
 
 const STOP_DESCRIPTION: &str = "Stop a VM. Graceful by default: ACPI power-down, then wait up to \
     timeout seconds for QEMU to exit (a guest without an OS or still booting may ignore it). \
@@ -53,7 +53,7 @@ pub const STOP: ToolDef = ToolDef {
 fn stop_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let timeout =
         Duration::from_secs_f64(args.opt_f64("timeout")?.unwrap_or(30.0).clamp(0.0, 3600.0));
-    super::to_output(&stop::stop(
+    crate::tools::to_output(&stop::stop(
         ctx,
         &vm_name_arg(args)?,
         args.bool_or("force", false)?,

@@ -4,9 +4,9 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::{object, presets, vm_name_arg};
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::ops::vm::serial::{self, WaitRequest};
+use crate::tools::{object, presets, vm_name_arg};
 
 /// Longest text vm_serial_write accepts.
 pub const MAX_TEXT: usize = 4096;
@@ -50,7 +50,7 @@ pub const READ: ToolDef = ToolDef {
 fn read(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     let name = vm_name_arg(args)?;
     let want = args.i64_or("tail_lines", 50)?;
-    super::to_output(&serial::read_tail(&name, want)?)
+    crate::tools::to_output(&serial::read_tail(&name, want)?)
 }
 
 const WRITE_DESCRIPTION: &str = "Send text to the VM's serial console (ttyS0), e.g. a shell \
@@ -153,5 +153,5 @@ fn wait(ctx: &ToolCtx, args: &Args) -> ToolResult {
         ),
         offset: args.opt_i64("offset")?.map(|o| o.max(0) as u64),
     };
-    super::to_output(&serial::wait(ctx, &req)?)
+    crate::tools::to_output(&serial::wait(ctx, &req)?)
 }

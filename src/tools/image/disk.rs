@@ -3,11 +3,11 @@
 
 use serde_json::{json, Value};
 
-use super::params::{out_object, path_schema, snapshot_item_schema};
-use super::{object, path_arg, presets};
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolResult};
 use crate::ops::image::disk::{self, ConvertRequest, CreateRequest, FORMATS};
 use crate::ops::vm::checks::Access;
+use crate::tools::params::{out_object, path_schema, snapshot_item_schema};
+use crate::tools::{object, path_arg, presets};
 
 fn formats_schema(desc: &str) -> Value {
     json!({"type": "string", "enum": FORMATS, "default": "qcow2", "description": desc})
@@ -71,7 +71,7 @@ fn create(_ctx: &ToolCtx, args: &Args) -> ToolResult {
         overwrite: args.bool_or("overwrite", false)?,
         backing_file: args.opt_str("backing_file")?.map(str::to_string),
     };
-    super::to_output(&disk::create(&req)?)
+    crate::tools::to_output(&disk::create(&req)?)
 }
 
 // ---- image_info ----
@@ -116,7 +116,7 @@ pub const INFO: ToolDef = ToolDef {
 fn info(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     let path = path_arg(args, "path", Access::Read)?;
     let chain = args.bool_or("backing_chain", false)?;
-    super::to_output(&disk::info(&path, chain)?)
+    crate::tools::to_output(&disk::info(&path, chain)?)
 }
 
 // ---- image_convert ----
@@ -168,7 +168,7 @@ fn convert(ctx: &ToolCtx, args: &Args) -> ToolResult {
         compress: args.bool_or("compress", false)?,
         overwrite: args.bool_or("overwrite", false)?,
     };
-    super::to_output(&disk::convert(ctx, &req)?)
+    crate::tools::to_output(&disk::convert(ctx, &req)?)
 }
 
 // ---- image_resize ----
@@ -214,5 +214,5 @@ fn resize(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     let path = path_arg(args, "path", Access::Write)?;
     let size = args.str("size")?;
     let shrink = args.bool_or("shrink", false)?;
-    super::to_output(&disk::resize(&path, size, shrink)?)
+    crate::tools::to_output(&disk::resize(&path, size, shrink)?)
 }

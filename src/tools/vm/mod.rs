@@ -1,0 +1,10 @@
+//! VM tools: launch, stop, pause/resume/attach/forget, list and info, port forwards, live
+//! snapshots, the serial console.
+
+pub mod forward;
+pub mod inspect;
+pub mod launch;
+pub mod lifecycle;
+pub mod serial;
+pub mod snapshot;
+pub mod stop;
