@@ -4,8 +4,10 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
+use serde::Deserialize;
 use serde_json::Value;
 
+use super::qmp_calls::SnapshotInfo;
 use crate::host::run::{run, RunError};
 
 /// Bound for quick qemu-img operations (info, create, snapshot, resize).
@@ -103,10 +105,71 @@ fn os(s: &str) -> &std::ffi::OsStr {
     std::ffi::OsStr::new(s)
 }
 
+/// `qemu-img info`'s answer for one image: the fields mcqemu reads, and the whole JSON as
+/// qemu-img printed it (image_info shows it).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+pub struct ImageInfo {
+    /// The format.
+    pub format: Option<String>,
+    /// The virtual size in bytes.
+    #[serde(rename = "virtual-size")]
+    pub virtual_size: Option<u64>,
+    /// Bytes on disk.
+    #[serde(rename = "actual-size")]
+    pub actual_size: Option<u64>,
+    /// The backing file, resolved.
+    #[serde(rename = "full-backing-filename")]
+    pub full_backing_filename: Option<String>,
+    /// The backing file as the image names it.
+    #[serde(rename = "backing-filename")]
+    pub backing_filename: Option<String>,
+    /// The backing file's format, when the image records it.
+    #[serde(rename = "backing-filename-format")]
+    pub backing_format: Option<String>,
+    /// Internal snapshots.
+    #[serde(default)]
+    pub snapshots: Vec<SnapshotInfo>,
+    /// The whole JSON.
+    #[serde(skip)]
+    pub raw: Value,
+}
+
+impl ImageInfo {
+    /// The backing file: resolved when qemu-img could, else as named.
+    pub fn backing(&self) -> Option<&str> {
+        self.full_backing_filename
+            .as_deref()
+            .or(self.backing_filename.as_deref())
+    }
+
+    fn of(raw: Value) -> Result<ImageInfo, ImgError> {
+        let mut info: ImageInfo = serde_json::from_value(raw.clone())
+            .map_err(|e| ImgError::BadOutput(format!("unexpected qemu-img info: {e}")))?;
+        info.raw = raw;
+        Ok(info)
+    }
+}
+
+/// `qemu-img info` of the image at `path`, read as `format` (see [`info_json`]).
+pub fn info(path: &Path, format: &str) -> Result<ImageInfo, ImgError> {
+    ImageInfo::of(info_json(path, format, false)?)
+}
+
+/// `qemu-img info` of every image in the backing chain of `path`, top first (check it with
+/// `untrusted::check` first: this opens every file in it).
+pub fn info_chain(path: &Path, format: &str) -> Result<Vec<ImageInfo>, ImgError> {
+    match info_json(path, format, true)? {
+        Value::Array(all) => all.into_iter().map(ImageInfo::of).collect(),
+        _ => Err(ImgError::BadOutput(
+            "the backing chain is not a list".into(),
+        )),
+    }
+}
+
 /// `qemu-img info --output=json` (with `-U`, so an image a VM holds can still be inspected),
-/// read as `format` (never probed: see [`info_as`]). With `chain`, returns the array of the
-/// whole backing chain (check it with `untrusted::check` first: this opens every file in it).
-pub fn info(path: &Path, format: &str, chain: bool) -> Result<Value, ImgError> {
+/// read as `format` (never probed: see [`info_as`]). With `chain`, the array of the whole
+/// backing chain.
+fn info_json(path: &Path, format: &str, chain: bool) -> Result<Value, ImgError> {
     let mut args = vec![
         os("info"),
         os("--output=json"),

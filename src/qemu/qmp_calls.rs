@@ -61,7 +61,8 @@ pub struct ImageInfo {
     pub snapshots: Vec<SnapshotInfo>,
 }
 
-/// An internal snapshot as QEMU lists it.
+/// An internal snapshot as QEMU lists it (QAPI's `SnapshotInfo`, which `qemu-img info` prints
+/// too).
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 pub struct SnapshotInfo {
     /// QEMU's id.
@@ -75,8 +76,8 @@ pub struct SnapshotInfo {
     #[serde(rename = "date-sec")]
     pub date_sec: Option<i64>,
     /// The guest's clock then: seconds.
-    #[serde(rename = "vm-clock-sec", default)]
-    pub vm_clock_sec: u64,
+    #[serde(rename = "vm-clock-sec")]
+    pub vm_clock_sec: Option<u64>,
     /// And nanoseconds.
     #[serde(rename = "vm-clock-nsec", default)]
     pub vm_clock_nsec: u64,
@@ -390,6 +391,7 @@ mod tests {
         assert_eq!(ins.node_name.as_deref(), Some("n1"));
         let snap = &ins.image.as_ref().unwrap().snapshots[0];
         assert_eq!((snap.name.as_deref(), snap.vm_state_size), (Some("t"), 9));
+        assert_eq!(snap.vm_clock_sec, Some(1));
         assert!(block[1].inserted.is_none());
         assert!(reply::<Vec<JobInfo>>("query-jobs", json!({"x": 1})).is_err());
     }

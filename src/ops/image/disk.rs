@@ -11,6 +11,7 @@ use super::snapshots::{snapshots_of, SnapshotItem};
 use crate::ops::error::OpError;
 use crate::ops::vm::checks::{checked_image, checked_path, must_exist, refuse_in_use, Access};
 use crate::ops::work::Work;
+use crate::qemu::img::ImageInfo;
 use crate::qemu::img::{self, ImgError};
 
 /// The formats the image tools write.
@@ -22,28 +23,25 @@ pub struct Summary {
     /// The image.
     pub path: String,
     /// Its format.
-    pub format: Option<Value>,
+    pub format: Option<String>,
     /// Its virtual size.
-    pub virtual_size: Option<Value>,
+    pub virtual_size: Option<u64>,
     /// Its size on disk.
-    pub actual_size: Option<Value>,
+    pub actual_size: Option<u64>,
     /// Its backing file.
-    pub backing_file: Option<Value>,
+    pub backing_file: Option<String>,
     /// The backing file's format.
-    pub backing_format: Option<Value>,
+    pub backing_format: Option<String>,
 }
 
-fn summary(path: &Path, info: &Value) -> Summary {
-    let backing = info
-        .get("full-backing-filename")
-        .or_else(|| info.get("backing-filename"));
+fn summary(path: &Path, info: &ImageInfo) -> Summary {
     Summary {
         path: path.display().to_string(),
-        format: info.get("format").cloned(),
-        virtual_size: info.get("virtual-size").cloned(),
-        actual_size: info.get("actual-size").cloned(),
-        backing_file: backing.cloned(),
-        backing_format: info.get("backing-filename-format").cloned(),
+        format: info.format.clone(),
+        virtual_size: info.virtual_size,
+        actual_size: info.actual_size,
+        backing_file: info.backing().map(str::to_string),
+        backing_format: info.backing_format.clone(),
     }
 }
 
@@ -136,7 +134,7 @@ pub fn create(req: &CreateRequest) -> Result<Summary, OpError> {
             path.display()
         )));
     }
-    let info = img::info(path, &req.format, false)?;
+    let info = img::info(path, &req.format)?;
     Ok(summary(path, &info))
 }
 
@@ -152,7 +150,7 @@ pub struct Info {
     pub info: Value,
     /// qemu-img info's JSON of every image in the backing chain, when asked for.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub chain: Option<Value>,
+    pub chain: Option<Vec<Value>>,
 }
 
 /// The (checked) image at `path`, with its backing chain when `chain`.
@@ -162,20 +160,19 @@ pub fn info(path: &Path, chain: bool) -> Result<Info, OpError> {
     // every file in the chain is opened below.
     let format = checked_image(path, "image", None)?.format;
     let (top, chain_v) = if chain {
-        let all = img::info(path, &format, true)?;
+        let all = img::info_chain(path, &format)?;
         let top = all
-            .as_array()
-            .and_then(|a| a.first())
+            .first()
             .cloned()
             .ok_or_else(|| ImgError::BadOutput("empty backing chain".into()))?;
-        (top, Some(all))
+        (top, Some(all.into_iter().map(|i| i.raw).collect()))
     } else {
-        (img::info(path, &format, false)?, None)
+        (img::info(path, &format)?, None)
     };
     Ok(Info {
         summary: summary(path, &top),
         snapshots: snapshots_of(&top),
-        info: top,
+        info: top.raw,
         chain: chain_v,
     })
 }
@@ -247,7 +244,7 @@ pub fn convert(work: &dyn Work, req: &ConvertRequest) -> Result<Converted, OpErr
         )));
     }
     work.progress(1.0, Some(1.0), "done");
-    let info = img::info(dest, format, false)?;
+    let info = img::info(dest, format)?;
     Ok(Converted {
         summary: summary(dest, &info),
         source: source.display().to_string(),
@@ -265,7 +262,7 @@ pub struct Resized {
     /// The virtual size before.
     pub old_size: u64,
     /// The virtual size after.
-    pub new_size: Value,
+    pub new_size: u64,
 }
 
 /// Resizes the (checked) image at `path` to `size`: absolute ("20G") or relative ("+5G",
@@ -274,10 +271,8 @@ pub fn resize(path: &Path, size: &str, shrink: bool) -> Result<Resized, OpError>
     let size_s = size.trim();
     let format = checked_image(path, "image", None)?.format;
     refuse_in_use(path)?;
-    let info = img::info(path, &format, false)?;
-    let old = info
-        .get("virtual-size")
-        .and_then(Value::as_u64)
+    let old = img::info(path, &format)?
+        .virtual_size
         .ok_or_else(|| ImgError::BadOutput("no virtual-size".into()))?;
     let new = if let Some(rest) = size_s.strip_prefix('+') {
         old.checked_add(img::parse_size(rest)?)
@@ -302,13 +297,10 @@ pub fn resize(path: &Path, size: &str, shrink: bool) -> Result<Resized, OpError>
     if new != old {
         img::resize(path, &format, new, new < old)?;
     }
-    let after = img::info(path, &format, false)?;
+    let after = img::info(path, &format)?;
     Ok(Resized {
         summary: summary(path, &after),
         old_size: old,
-        new_size: after
-            .get("virtual-size")
-            .cloned()
-            .unwrap_or(Value::from(new)),
+        new_size: after.virtual_size.unwrap_or(new),
     })
 }

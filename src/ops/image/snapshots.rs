@@ -4,12 +4,11 @@
 use std::path::Path;
 
 use serde::Serialize;
-use serde_json::Value;
 
 use crate::clock;
 use crate::ops::error::OpError;
 use crate::ops::vm::checks::{checked_image, refuse_in_use};
-use crate::qemu::img;
+use crate::qemu::img::{self, ImageInfo};
 
 /// What an image snapshot operation does.
 pub use crate::qemu::img::SnapshotOp;
@@ -30,39 +29,20 @@ pub struct SnapshotItem {
 }
 
 /// Snapshots of an image, structured, from qemu-img's JSON.
-pub fn snapshots_of(info: &Value) -> Vec<SnapshotItem> {
-    info.get("snapshots")
-        .and_then(Value::as_array)
-        .map(|list| {
-            list.iter()
-                .map(|s| {
-                    let date = s
-                        .get("date-sec")
-                        .and_then(Value::as_i64)
-                        .map(clock::iso8601);
-                    let vm_clock = s.get("vm-clock-sec").and_then(Value::as_u64).map(|sec| {
-                        let nsec = s.get("vm-clock-nsec").and_then(Value::as_u64).unwrap_or(0);
-                        clock::vm_clock(sec * 1_000_000_000 + nsec)
-                    });
-                    SnapshotItem {
-                        id: s
-                            .get("id")
-                            .and_then(Value::as_str)
-                            .unwrap_or("")
-                            .to_string(),
-                        tag: s
-                            .get("name")
-                            .and_then(Value::as_str)
-                            .unwrap_or("")
-                            .to_string(),
-                        vm_state_size: s.get("vm-state-size").and_then(Value::as_u64).unwrap_or(0),
-                        date: date.unwrap_or_default(),
-                        vm_clock: vm_clock.unwrap_or_default(),
-                    }
-                })
-                .collect()
+pub fn snapshots_of(info: &ImageInfo) -> Vec<SnapshotItem> {
+    info.snapshots
+        .iter()
+        .map(|s| SnapshotItem {
+            id: s.id.clone().unwrap_or_default(),
+            tag: s.name.clone().unwrap_or_default(),
+            vm_state_size: s.vm_state_size,
+            date: s.date_sec.map(clock::iso8601).unwrap_or_default(),
+            vm_clock: s
+                .vm_clock_sec
+                .map(|sec| clock::vm_clock(sec * 1_000_000_000 + s.vm_clock_nsec))
+                .unwrap_or_default(),
         })
-        .unwrap_or_default()
+        .collect()
 }
 
 /// An image's snapshots (image_snapshot_list's result).
@@ -77,7 +57,7 @@ pub struct Listed {
 /// The snapshots of the (checked) image at `path`.
 pub fn list(path: &Path) -> Result<Listed, OpError> {
     let format = checked_image(path, "image", None)?.format;
-    let info = img::info(path, &format, false)?;
+    let info = img::info(path, &format)?;
     Ok(Listed {
         path: path.display().to_string(),
         snapshots: snapshots_of(&info),
@@ -101,7 +81,7 @@ pub struct Done {
 pub fn operate(path: &Path, tag: &str, op: SnapshotOp) -> Result<Done, OpError> {
     let format = checked_image(path, "image", None)?.format;
     refuse_in_use(path)?;
-    let info = img::info(path, &format, false)?;
+    let info = img::info(path, &format)?;
     let existing = snapshots_of(&info);
     let has = existing.iter().any(|s| s.tag == tag);
     let tags: Vec<&str> = existing.iter().map(|s| s.tag.as_str()).collect();
@@ -122,7 +102,7 @@ pub fn operate(path: &Path, tag: &str, op: SnapshotOp) -> Result<Done, OpError> 
         _ => {}
     }
     img::snapshot(path, &format, op, tag)?;
-    let after = img::info(path, &format, false)?;
+    let after = img::info(path, &format)?;
     Ok(Done {
         path: path.display().to_string(),
         tag: tag.to_string(),

@@ -68,7 +68,7 @@ fn structured(snaps: &[SnapshotInfo]) -> Vec<LiveSnapshot> {
     snaps
         .iter()
         .map(|s| {
-            let clock_ns = s.vm_clock_sec * 1_000_000_000 + s.vm_clock_nsec;
+            let clock_ns = s.vm_clock_sec.unwrap_or(0) * 1_000_000_000 + s.vm_clock_nsec;
             LiveSnapshot {
                 id: s.id.clone(),
                 tag: s.name.clone(),
