@@ -159,11 +159,21 @@ fn a_desktop_driven_by_screenshots_clicks_drags_wheel_and_keys() {
 
 /// At 1280x800, screenshots unscaled (and one at max_edge 640, scale 0.5).
 fn clicks_1280(s: &mut Server, ev: &mut Events, ready: &Value) {
-    // The full-size screenshot shows the buttons where the program put them.
-    let shot = screenshot(s, json!({}));
+    // The full-size screenshot shows the buttons where the program put them. The program
+    // says it is ready 300 ms after it starts; under TCG its first paint can come later, so the
+    // screen is watched (bounded) for the button rather than read once.
+    let until = Instant::now() + Duration::from_secs(30);
+    let (shot, found) = loop {
+        let shot = screenshot(s, json!({}));
+        let found = shot.find(RED);
+        if found.is_some() || Instant::now() >= until {
+            break (shot, found);
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
     assert_eq!((shot.w, shot.h, shot.scale), (1280, 800, 1.0));
     let (ok_x, ok_y) = centre(ready, "ok");
-    let (fx, fy, _) = shot.find(RED).expect("the red OK button in the screenshot");
+    let (fx, fy, _) = found.expect("the red OK button in the screenshot within 30 s");
     assert!(
         (fx - ok_x).abs() <= 3 && (fy - ok_y).abs() <= 3,
         "OK at ({fx}, {fy}), program says ({ok_x}, {ok_y})"
