@@ -123,7 +123,7 @@ fn yes() -> bool {
 /// `guest-info`.
 pub fn info(q: &mut Qga, within: Duration) -> Result<GuestInfo, QgaError> {
     let r = q.execute_within("guest-info", None, within)?;
-    serde_json::from_value(r.clone())
+    GuestInfo::deserialize(&r)
         .map_err(|e| QgaError::Garbage(format!("guest-info replied {r}: {e}")))
 }
 
@@ -145,7 +145,7 @@ pub fn exec(q: &mut Qga, req: &ExecRequest, within: Duration) -> Result<i64, Qga
 /// A started program's status.
 pub fn exec_status(q: &mut Qga, pid: i64, within: Duration) -> Result<ExecStatus, QgaError> {
     let r = q.execute_within("guest-exec-status", Some(json!({"pid": pid})), within)?;
-    serde_json::from_value(r.clone())
+    ExecStatus::deserialize(&r)
         .map_err(|e| QgaError::Garbage(format!("guest-exec-status replied {r}: {e}")))
 }
 

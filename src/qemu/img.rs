@@ -143,7 +143,7 @@ impl ImageInfo {
     }
 
     fn of(raw: Value) -> Result<ImageInfo, ImgError> {
-        let mut info: ImageInfo = serde_json::from_value(raw.clone())
+        let mut info = ImageInfo::deserialize(&raw)
             .map_err(|e| ImgError::BadOutput(format!("unexpected qemu-img info: {e}")))?;
         info.raw = raw;
         Ok(info)

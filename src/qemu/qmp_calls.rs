@@ -228,7 +228,7 @@ pub struct Fixed {
 
 /// A reply read as `T`, or a clear error naming the command.
 pub fn reply<T: DeserializeOwned>(cmd: &str, v: Value) -> Result<T, QmpError> {
-    serde_json::from_value(v).map_err(|e| QmpError::Garbage(format!("{cmd} replied oddly: {e}")))
+    T::deserialize(&v).map_err(|e| QmpError::Garbage(format!("{cmd} replied oddly: {e}")))
 }
 
 impl Qmp {

@@ -29,16 +29,7 @@ macro_rules! lenient {
             /// The typed view of a JSON object; never fails (see the module doc).
             pub fn from_map(mut m: Map<String, Value>) -> Self {
                 let mut r = Self::default();
-                $(
-                    if let Some(v) = m.remove(stringify!($field)) {
-                        match <$ty as Deserialize>::deserialize(&v) {
-                            Ok(x) if !v.is_null() => r.$field = Some(x),
-                            _ => {
-                                m.insert(stringify!($field).to_string(), v);
-                            }
-                        }
-                    }
-                )*
+                $(r.$field = take(&mut m, stringify!($field));)*
                 r.other = m;
                 r
             }
@@ -46,13 +37,7 @@ macro_rules! lenient {
             /// The JSON object: typed fields in declaration order, then the others.
             pub fn to_map(&self) -> Map<String, Value> {
                 let mut m = Map::new();
-                $(
-                    if let Some(v) = &self.$field {
-                        if let Ok(j) = serde_json::to_value(v) {
-                            m.insert(stringify!($field).to_string(), j);
-                        }
-                    }
-                )*
+                $(put(&mut m, stringify!($field), &self.$field);)*
                 for (k, v) in &self.other {
                     m.entry(k.clone()).or_insert_with(|| v.clone());
                 }
@@ -72,6 +57,28 @@ macro_rules! lenient {
             }
         }
     };
+}
+
+/// Takes `key` out of `m` as a `T`; a value of another type (or `null`) stays in `m`. One
+/// function per type, not per field: the macro's expansions stay small.
+#[inline(never)]
+fn take<T: for<'de> Deserialize<'de>>(m: &mut Map<String, Value>, key: &str) -> Option<T> {
+    let v = m.remove(key)?;
+    match T::deserialize(&v) {
+        Ok(x) if !v.is_null() => Some(x),
+        _ => {
+            m.insert(key.to_string(), v);
+            None
+        }
+    }
+}
+
+/// Puts `field` into `m` as `key` when it is set.
+#[inline(never)]
+fn put<T: Serialize>(m: &mut Map<String, Value>, key: &str, field: &Option<T>) {
+    if let Some(j) = field.as_ref().and_then(|v| serde_json::to_value(v).ok()) {
+        m.insert(key.to_string(), j);
+    }
 }
 
 lenient! {
