@@ -32,8 +32,6 @@ use crate::qemu::{qga, qmp};
 use crate::state::record::text;
 use crate::state::registry::{Record, RegistryError};
 
-/// The record field that marks a pooled clone (its template's name).
-pub const POOLED: &str = "pooled";
 /// Largest pool a template may keep.
 pub const MAX_POOL: u64 = 16;
 /// How often the keeper looks at the pools when nothing wakes it.
