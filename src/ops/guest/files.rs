@@ -6,7 +6,6 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use super::stream as guest_stream;
 use super::with_guest;
 use crate::b64;
 use crate::ops::error::OpError;
@@ -139,7 +138,7 @@ fn read_all(q: &mut Qga, handle: FileHandle, max: usize) -> Result<(Vec<u8>, boo
     loop {
         // Ask for one byte past the cap, so a file of exactly max bytes is not called truncated.
         let want = (max + 1 - data.len()).min(FILE_CHUNK);
-        let (chunk, eof) = guest_stream::read_chunk(q, handle, want)?;
+        let (chunk, eof) = agent_calls::file_read(q, handle, want)?;
         if chunk.is_empty() {
             idle += 1;
         } else {

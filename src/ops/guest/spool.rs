@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use crate::b64;
-use crate::ops::guest::stream::{read_chunk, spawn, CHUNK};
+use crate::ops::guest::stream::{spawn, CHUNK};
 use crate::qemu::agent_calls::{self, ExecRequest, ExecStatus, FileHandle, Whence};
 use crate::qemu::qga::{self, Qga, QgaError};
 
@@ -198,7 +198,7 @@ pub fn read_and_empty(q: &mut Qga, path: &str, max: usize) -> Result<(Vec<u8>, b
     let mut data = Vec::new();
     let read = loop {
         let want = (max + 1 - data.len()).min(CHUNK);
-        let (chunk, eof) = match read_chunk(q, handle, want) {
+        let (chunk, eof) = match agent_calls::file_read(q, handle, want) {
             Ok(r) => r,
             Err(e) => break Err(e),
         };
@@ -292,7 +292,7 @@ fn read_open(
     let want = ((size - start) as usize).min(max);
     let mut data = Vec::with_capacity(want);
     while data.len() < want {
-        let (chunk, _) = read_chunk(q, handle, (want - data.len()).min(CHUNK))?;
+        let (chunk, _) = agent_calls::file_read(q, handle, (want - data.len()).min(CHUNK))?;
         if chunk.is_empty() {
             break;
         }

@@ -27,16 +27,6 @@ pub fn spawn(q: &mut Qga, req: &ExecRequest) -> Result<i64, QgaError> {
     agent_calls::exec(q, req, Duration::from_secs(30))
 }
 
-/// One guest-file-read of up to `count` bytes: the bytes and whether the agent saw the end.
-pub fn read_chunk(q: &mut Qga, h: FileHandle, count: usize) -> Result<(Vec<u8>, bool), QgaError> {
-    agent_calls::file_read(q, h, count)
-}
-
-/// Opens `path` in the guest with `mode` ("r", "w"); returns the agent's handle.
-pub fn open(q: &mut Qga, path: &str, mode: &str) -> Result<FileHandle, QgaError> {
-    agent_calls::file_open(q, path, mode)
-}
-
 /// Closes a guest file handle (bounded; its failure is returned for writers to check).
 pub fn close(q: &mut Qga, h: FileHandle) -> Result<(), QgaError> {
     agent_calls::file_close(q, h, Duration::from_secs(10))
@@ -191,7 +181,7 @@ impl<'a> GuestReader<'a> {
         }
         let mut idle = 0;
         loop {
-            let (chunk, eof) = match read_chunk(self.q, self.handle, CHUNK) {
+            let (chunk, eof) = match agent_calls::file_read(self.q, self.handle, CHUNK) {
                 Ok(r) => r,
                 Err(e) => return Err(stream_err(&mut self.failure, e)),
             };

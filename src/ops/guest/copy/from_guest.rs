@@ -114,7 +114,7 @@ fn receive(
     cap: u64,
     watch: &dyn Watch,
 ) -> Step<Counts> {
-    let handle = gs::open(q, t, "r")?;
+    let handle = agent_calls::file_open(q, t, "r")?;
     // The archive's size, for the cap and the progress total (0 when the agent cannot seek).
     let size = agent_calls::file_seek(q, handle, 0, Whence::End).unwrap_or(0);
     let rewound = agent_calls::file_seek(q, handle, 0, Whence::Set);

@@ -12,6 +12,7 @@ use super::{
 };
 use crate::ops::guest::stream::{self as gs, GuestWriter, Watch};
 use crate::ops::guest::with_guest;
+use crate::qemu::agent_calls;
 use crate::qemu::qga::Qga;
 use crate::state::roots::{self, Access};
 use crate::state::tar::Writer;
@@ -260,7 +261,7 @@ fn send(
     cap: u64,
     watch: &dyn Watch,
 ) -> Step<Counts> {
-    let handle = gs::open(q, to, "w")?;
+    let handle = agent_calls::file_open(q, to, "w")?;
     let files = Cell::new(0);
     // The cap counts content; the archive adds headers, and files may grow meanwhile.
     let mut w = GuestWriter::new(
