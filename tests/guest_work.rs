@@ -91,11 +91,47 @@ fn env_cwd_live_output_and_background_processes() {
     );
     assert!(err.contains("env") && err.contains("1BAD"), "{err}");
 
+    // A progress token without live: heartbeats only (the time it ran, at most one a
+    // second, none in the first second), no wrapper and no spool files in the guest.
+    let (r, took, progress) = s
+        .try_call_with_token(
+            "guest_exec",
+            json!({"name": "w", "command": "sh",
+                   "args": ["-c", "for i in 1 2 3; do echo beat-$i; sleep 1; done"]}),
+            CALL,
+        )
+        .unwrap();
+    let out = tool_ok(&r, "the 3-second program");
+    assert_eq!(out["stdout"], json!("beat-1\nbeat-2\nbeat-3\n"), "{out}");
+    eprintln!("3 s program without live: {took:?}, {progress:?}");
+    assert!(!progress.is_empty(), "no heartbeat in {took:?}");
+    assert!(progress.len() <= 4, "{progress:?}");
+    for p in &progress {
+        let m = p["params"]["message"].as_str().unwrap_or_default();
+        assert!(
+            m.contains("running in the guest") && !m.contains("beat-"),
+            "{p}"
+        );
+    }
+    let quick = s
+        .try_call_with_token("guest_exec", json!({"name": "w", "command": "true"}), CALL)
+        .unwrap();
+    assert!(
+        quick.2.is_empty(),
+        "a fast call sent progress: {:?}",
+        quick.2
+    );
+    assert_eq!(
+        sh(s, "w", "test -e /tmp/.mcqemu-exec; echo $?")["stdout"],
+        json!("1\n"),
+        "a run without live made spool files"
+    );
+
     // Live output: a 12-second program printing a line a second.
     let (r, took, progress) = s
         .try_call_with_token(
             "guest_exec",
-            json!({"name": "w", "command": "sh", "timeout": 60,
+            json!({"name": "w", "command": "sh", "timeout": 60, "live": true,
                    "args": ["-c", "for i in $(seq 1 12); do echo line-$i; sleep 1; done; echo bye >&2"]}),
             CALL,
         )
@@ -141,14 +177,14 @@ fn env_cwd_live_output_and_background_processes() {
         json!("")
     );
 
-    // Quick runs with a token read their slot's files in the poll that sees them end: each
+    // Quick live runs with a token read their slot's files in the poll that sees them end: each
     // gets its own output (none of the run before), and one past the early read's 64 KiB
     // is read whole by path.
     let quick = |s: &mut Server, script: &str| {
         let (r, _, _) = s
             .try_call_with_token(
                 "guest_exec",
-                json!({"name": "w", "command": "sh", "args": ["-c", script]}),
+                json!({"name": "w", "command": "sh", "live": true, "args": ["-c", script]}),
                 CALL,
             )
             .unwrap();

@@ -9,25 +9,24 @@ pub const MAX_LEN: usize = 1500;
 
 /// The instructions, one line per topic.
 pub const INSTRUCTIONS: &str = concat!(
-    "mcqemu runs QEMU virtual machines on this host. They outlive this server; list_vms shows \
-     them.\n",
+    "mcqemu runs QEMU virtual machines on this host; they outlive it (list_vms).\n",
     "Three journeys, each started by one tool:\n",
     "1. Sandbox a distribution from the catalog (image_catalog): image_pull, image_prepare (adds \
      the guest agent), sandbox_vm; then guest_exec, guest_file_read, guest_file_write; \
-     sandbox_destroy at the end.\n",
+     sandbox_destroy ends it.\n",
     "2. Drive a desktop or an installer: launch_vm with iso (a disk from image_create); look with \
      vm_screenshot, act with vm_click, vm_drag, vm_scroll, vm_type_text, vm_send_keys; after \
      each action vm_screen_wait returns the screen once it has settled.\n",
     "3. Boot a kernel and read its serial console: launch_vm with kernel, initrd and append \
      (console=ttyS0); then vm_serial_wait for a string, vm_serial_read for the tail.\n",
     "Many fast sandboxes of one kind: template_create once (a base image plus setup commands), \
-     then sandbox_vm {\"template\": NAME} starts a clone in well under a second. \
+     then sandbox_vm {\"template\": NAME} starts a clone in under a second. \
      sandbox_fork copies a running one; sandbox_suspend/sandbox_resume park one on disk.\n",
-    "Roots: every host path (disks, ISOs, kernels, images, screenshots) must lie inside the \
-     roots: the client's roots or the operator's --root folders; a refusal names them.\n",
-    "Long calls report progress when given a progressToken, and stop when cancelled.\n",
-    "Resources: mcqemu://vm/{name}/serial (the console log's tail) and \
-     mcqemu://vm/{name}/screen (PNG).\n",
+    "Roots: every host path (disks, ISOs, kernels, images, screenshots) must lie in the roots: \
+     the client's or the operator's --root folders; a refusal names them.\n",
+    "Long calls report progress given a progressToken and stop when cancelled; guest_exec \
+     streams output only with live=true (builds, tests).\n",
+    "Resources: mcqemu://vm/{name}/serial (console tail), mcqemu://vm/{name}/screen (PNG).\n",
     "A person may watch and take over (vm_view): ask them for a password or a CAPTCHA.\n",
     "Failed calls are isError results that say what to do next.",
 );

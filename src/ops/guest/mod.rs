@@ -163,6 +163,7 @@ pub fn run_program(
         // Fine at first: most programs are done within milliseconds.
         slice: Duration::from_millis(1),
         pid: None,
+        beat_at: None,
     };
     loop {
         // Poll over one session held for a window, sleeping while connected: while no host
@@ -201,6 +202,8 @@ struct Run<'a> {
     deadline: Instant,
     slice: Duration,
     pid: Option<i64>,
+    /// When the last heartbeat went out (runs without live output).
+    beat_at: Option<Instant>,
 }
 
 impl Run<'_> {
@@ -243,18 +246,36 @@ impl Run<'_> {
         }
     }
 
-    /// Progress while the program runs: what it printed lately, on a live run.
+    /// Progress while the program runs: what it printed lately, on a live run; otherwise a
+    /// heartbeat with the time it has run, at most every [`HEARTBEAT_GAP`] and none in the
+    /// call's first second (a fast call with a token costs nothing).
     fn report(&mut self, q: &mut Qga, pid: i64) -> Result<(), QgaError> {
         let mut note = None;
-        if let Some(l) = self.live.as_mut() {
-            if self.started.elapsed() >= MIN_QUIET {
-                l.read(q)?;
-                note = l.take_note();
+        let elapsed = self.started.elapsed();
+        match self.live.as_mut() {
+            Some(l) => {
+                if elapsed >= MIN_QUIET {
+                    l.read(q)?;
+                    note = l.take_note();
+                }
+            }
+            None => {
+                let due = self
+                    .beat_at
+                    .map_or(elapsed >= HEARTBEAT_GAP, |t| t.elapsed() >= HEARTBEAT_GAP);
+                if !due {
+                    return Ok(());
+                }
+                self.beat_at = Some(Instant::now());
             }
         }
         let what = match note {
             Some(out) => format!("{} (pid {pid}) printed:\n{out}", self.command),
-            None => format!("{} running in the guest (pid {pid})", self.command),
+            None => format!(
+                "{} running in the guest (pid {pid}) for {} s",
+                self.command,
+                elapsed.as_secs()
+            ),
         };
         self.ctx.progress(
             self.started.elapsed().as_secs_f64(),
@@ -302,6 +323,10 @@ impl Run<'_> {
         Ok(())
     }
 }
+
+/// Least time between two heartbeats of a run without live output, and the silence before
+/// its first.
+const HEARTBEAT_GAP: Duration = Duration::from_secs(1);
 
 /// A live run's output is read from the call's first half second on (a call done sooner
 /// says nothing, and reads nothing it would not report).

@@ -72,12 +72,13 @@ fn info(_ctx: &ToolCtx, args: &Args) -> ToolResult {
 
 const EXEC_DESCRIPTION: &str = "Run a program inside the guest through the agent (not a shell: \
     for pipes or globs run e.g. command=\"sh\", args=[\"-c\", \"...\"]), with env added to \
-    its environment and cwd as its folder. Waits up to timeout seconds, its new output lines \
-    going out in the call's progress while it runs, and returns exitcode (or signal), stdout, \
-    stderr (each capped at 1 MiB) and truncation flags. On timeout the program is still running \
-    in the guest; the error gives its guest PID. background=true returns at once with a handle \
-    for guest_exec_status and guest_exec_kill (for servers, builds and long tests). env, cwd, \
-    live output and background need /bin/sh in the guest.";
+    its environment and cwd as its folder. Waits up to timeout seconds and returns exitcode (or \
+    signal), stdout, stderr (each capped at 1 MiB) and truncation flags. live=true sends its new \
+    output lines in the call's progress while it runs (ask for it on builds, tests and long \
+    installs; a progress token alone sends only heartbeats). On timeout the program is still \
+    running in the guest; the error gives its guest PID. background=true returns at once with a \
+    handle for guest_exec_status and guest_exec_kill (for servers, builds and long tests). env, \
+    cwd, live output and background need /bin/sh in the guest.";
 
 /// `guest_exec`.
 pub const EXEC: ToolDef = ToolDef {
@@ -112,6 +113,13 @@ pub const EXEC: ToolDef = ToolDef {
                     "description": "Start it and return at once with a handle: read its output \
                                     by offsets with guest_exec_status, end it with \
                                     guest_exec_kill."
+                },
+                "live": {
+                    "type": "boolean", "default": false,
+                    "description": "Send the program's new output lines in the call's progress \
+                                    notifications while it runs (builds, tests, long installs). \
+                                    Costs a few ms per call; without it a progress token gets \
+                                    heartbeats only."
                 }
             }),
             &["name", "command"],
@@ -197,8 +205,10 @@ fn exec(ctx: &ToolCtx, args: &Args) -> ToolResult {
         cwd,
         ..spool::Launch::default()
     };
-    // With a progress token, the program's new lines go out in its progress while it runs.
-    let ran = guest_ops::run_program(ctx, name, &launch, timeout, ctx.has_progress())?;
+    // Live output only when asked for (and only where someone listens): a progress token
+    // alone gets heartbeats, so a fast call costs what it costs without one.
+    let live = args.bool_or("live", false)? && ctx.has_progress();
+    let ran = guest_ops::run_program(ctx, name, &launch, timeout, live)?;
     crate::tools::to_output(&ran)
 }
 
