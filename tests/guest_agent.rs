@@ -366,6 +366,16 @@ fn guest_agent_exec_and_files() {
     assert_eq!(r["size"], json!(1000));
     assert!(b64::decode(r["content"].as_str().unwrap()).unwrap() == data[..1000]);
 
+    // An empty file reads as empty, within the declared schema (the harness checks every
+    // result against it: a null file_size broke the official TypeScript client).
+    e.sh(vm, ": > /tmp/empty");
+    let r = e
+        .srv()
+        .call_ok("guest_file_read", json!({"name": vm, "path": "/tmp/empty"}));
+    assert_eq!(r["content"], json!(""), "{r}");
+    assert_eq!((&r["size"], &r["truncated"]), (&json!(0), &json!(false)));
+    assert!(r.get("file_size").is_none_or(|s| s == 0), "{r}");
+
     // Binary content read as UTF-8 is refused with a hint.
     let msg = e.srv().call_err(
         "guest_file_read",

@@ -254,6 +254,37 @@ fn unknown_method_is_32601_at_once() {
     s.assert_alive();
 }
 
+// ---- the harness's output-schema check ----
+
+#[test]
+fn the_harness_refuses_results_that_break_their_output_schema() {
+    let problems = |schema: Value, v: Value| {
+        let mut p = Vec::new();
+        common::schema::check(&schema, &v, "data", &mut p);
+        p
+    };
+    let s = json!({"type": "object", "properties": {"file_size": {"type": "integer"}},
+                   "required": ["content"]});
+    assert!(problems(s.clone(), json!({"content": "", "file_size": 3})).is_empty());
+    assert_eq!(
+        problems(s.clone(), json!({"content": "", "file_size": null})).len(),
+        1
+    );
+    assert_eq!(problems(s, json!({"file_size": 3})).len(), 1);
+    let nullable = json!({"anyOf": [{"type": "integer"}, {"type": "null"}]});
+    assert!(problems(nullable.clone(), json!(null)).is_empty());
+    assert!(!problems(nullable, json!("x")).is_empty());
+    // A keyword the checker does not know fails instead of passing unchecked.
+    assert!(!problems(json!({"patternProperties": {}}), json!({})).is_empty());
+    // A real call's result is checked by the reader: guest_file_read's schema refuses a null
+    // file_size, so a response carrying one is an error of the read itself.
+    let resp = json!({"jsonrpc": "2.0", "id": 1, "result": {"content": [], "structuredContent":
+        {"name": "v", "path": "/e", "content": "", "encoding": "utf-8", "size": 0,
+         "truncated": false, "offset": 0, "file_size": null}}});
+    let why = common::schema::check_call_response("guest_file_read", &resp).unwrap_err();
+    assert!(why.contains("file_size"), "{why}");
+}
+
 // ---- instructions ----
 
 /// The longest the instructions may be: one screen.

@@ -158,11 +158,22 @@ pub fn run_cli_with(
         .env("MCQEMU_RUNTIME_DIR", tmp.join("runtime"))
         .env("MCQEMU_ROOTS", super::server::test_roots());
     let done = try_run_command(&mut cmd, stdin, timeout).unwrap_or_else(|e| panic!("{e}"));
-    CliOutput {
+    let out = CliOutput {
         code: done.status.code(),
         stdout: String::from_utf8_lossy(&done.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&done.stderr).into_owned(),
+    };
+    // `mcqemu call TOOL` prints the structured result on success: it must match the tool's
+    // output schema as a stdio result must.
+    if let (["call", tool, ..], Some(0)) = (args, out.code) {
+        if let Ok(sc) = serde_json::from_str::<serde_json::Value>(&out.stdout) {
+            let resp = serde_json::json!({"result": {"structuredContent": sc}});
+            if let Err(why) = super::schema::check_call_response(tool, &resp) {
+                panic!("mcqemu call {tool}: {why}");
+            }
+        }
     }
+    out
 }
 
 /// Runs `mcqemu ARGS` (no stdin) with a 60 s bound.

@@ -23,6 +23,7 @@
 //! - `http.rs`: a local HTTP server with fixed routes.
 //! - `files.rs`: [`TempDir`], folder listings, pseudo-random data, SHA-256.
 //! - `browser.rs`: Chromium and the npm packages of the live-view tests (`tests/browser/`).
+//! - `schema.rs`: every tool result read is checked against the tool's `outputSchema`.
 //! - `security.rs`: the fixtures of the `security_*` tests: [`Fence`], [`Tripwire`], refusals.
 
 // Each test binary (and the bench) compiles this whole harness but uses only part of it, and
@@ -46,6 +47,7 @@ mod installer;
 mod lab;
 mod qemu;
 pub mod qemu10;
+pub mod schema;
 mod security;
 mod server;
 pub mod stock;

@@ -1,7 +1,7 @@
 //! The MCP server under test: a running `mcqemu` spoken to over its stdin and stdout, one JSON
 //! message per line, with every read bounded. The tool-call helpers are in `tools.rs`.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
@@ -44,7 +44,14 @@ enum Incoming {
     Msg(Value),
     /// One line that did not (the server must never write such a line).
     Garbage(String),
+    /// A tool's result that breaks its declared output schema (the official SDK client
+    /// refuses such a result): what is wrong.
+    Invalid(String),
 }
+
+/// The tool each `tools/call` request in flight names, by its id (as JSON text): the reader
+/// checks the response against that tool's output schema.
+type Calls = Arc<Mutex<HashMap<String, String>>>;
 
 /// A running `mcqemu` serving MCP on pipes, with its own state and runtime folders.
 pub struct Server {
@@ -54,10 +61,46 @@ pub struct Server {
     /// Messages read while waiting for something else, not yet handed out.
     backlog: VecDeque<Value>,
     stderr: Arc<Mutex<Vec<u8>>>,
+    calls: Calls,
     next_id: i64,
     /// The server's own folder, for the test's files; it also holds the server's `state/` and
     /// `runtime/` unless the server was started on other folders ([`Server::start_in`]).
     pub tmp: TempDir,
+}
+
+/// Notes the `tools/call` requests among the JSON lines of `bytes` (other bytes pass
+/// unnoted: a test may send anything).
+fn note_calls(calls: &Calls, bytes: &[u8]) {
+    for line in bytes.split(|b| *b == b'\n') {
+        let Ok(msg) = serde_json::from_slice::<Value>(line) else {
+            continue;
+        };
+        for m in msg.as_array().cloned().unwrap_or_else(|| vec![msg]) {
+            if let (Some(id), Some(tool), Some("tools/call")) = (
+                m.get("id"),
+                m["params"]["name"].as_str(),
+                m["method"].as_str(),
+            ) {
+                let mut c = calls.lock().unwrap_or_else(|p| p.into_inner());
+                c.insert(id.to_string(), tool.to_string());
+            }
+        }
+    }
+}
+
+/// A message as read: a tool's response is checked against the tool's output schema.
+fn checked(calls: &Calls, msg: Value) -> Incoming {
+    if msg.get("method").is_some() {
+        return Incoming::Msg(msg);
+    }
+    let tool = msg.get("id").and_then(|id| {
+        let mut c = calls.lock().unwrap_or_else(|p| p.into_inner());
+        c.remove(&id.to_string())
+    });
+    match tool.map(|t| super::schema::check_call_response(&t, &msg)) {
+        Some(Err(why)) => Incoming::Invalid(why),
+        _ => Incoming::Msg(msg),
+    }
 }
 
 /// The `initialize` parameters for `version`.
@@ -132,6 +175,8 @@ impl Server {
         };
 
         let (tx, rx) = mpsc::channel();
+        let calls: Calls = Arc::default();
+        let pending = Arc::clone(&calls);
         std::thread::spawn(move || {
             let mut r = BufReader::new(stdout);
             loop {
@@ -142,7 +187,7 @@ impl Server {
                 }
                 let text = String::from_utf8_lossy(&line).into_owned();
                 let msg = match serde_json::from_str::<Value>(text.trim_end()) {
-                    Ok(v) => Incoming::Msg(v),
+                    Ok(v) => checked(&pending, v),
                     Err(_) => Incoming::Garbage(text),
                 };
                 if tx.send(msg).is_err() {
@@ -175,6 +220,7 @@ impl Server {
             rx,
             backlog: VecDeque::new(),
             stderr,
+            calls,
             next_id: 1,
             tmp,
         })
@@ -224,6 +270,7 @@ impl Server {
 
     /// [`Server::send_raw`], with an error instead of a panic.
     pub fn try_send_raw(&self, bytes: &[u8]) -> Result<(), String> {
+        note_calls(&self.calls, bytes);
         let mut guard = self.stdin.lock().unwrap_or_else(|p| p.into_inner());
         let stdin = guard
             .as_mut()
@@ -343,6 +390,7 @@ impl Server {
     }
 
     /// The next message from the server, or None when nothing arrives within `timeout`.
+    /// A tool result that breaks its output schema fails the test here.
     pub fn recv(&mut self, timeout: Duration) -> Option<Value> {
         self.try_recv(timeout).unwrap_or_else(|e| panic!("{e}"))
     }
@@ -358,6 +406,7 @@ impl Server {
             Ok(Incoming::Garbage(line)) => {
                 Err(format!("server wrote a line that is not JSON: {line:?}"))
             }
+            Ok(Incoming::Invalid(why)) => Err(why),
             Err(RecvTimeoutError::Timeout) => Ok(None),
             Err(RecvTimeoutError::Disconnected) => Ok(None),
         }
@@ -410,6 +459,7 @@ impl Server {
             match self.rx.recv_timeout(left) {
                 Ok(Incoming::Msg(v)) => out.push(v),
                 Ok(Incoming::Garbage(line)) => panic!("server wrote a non-JSON line: {line:?}"),
+                Ok(Incoming::Invalid(why)) => panic!("{why}"),
                 Err(RecvTimeoutError::Timeout) => return out,
                 Err(RecvTimeoutError::Disconnected) => {
                     std::thread::sleep(left);

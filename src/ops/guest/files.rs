@@ -75,7 +75,10 @@ pub struct FileRead {
     pub truncated: bool,
     /// Where the read started.
     pub offset: u64,
-    /// The file's size, when it can seek (not /proc files or pipes).
+    /// The file's size, when it can seek (not /proc files or pipes) and is not empty (an
+    /// empty file reads like a /proc file); absent otherwise, never null (the schema says an
+    /// integer, and the official client refuses a null).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub file_size: Option<u64>,
 }
 

@@ -74,7 +74,8 @@ pub struct Prepared {
     pub bytes: u64,
     /// The guest agent's version.
     pub agent_version: String,
-    /// The guest OS as the agent reports it.
+    /// The guest OS as the agent reports it (absent when it does not).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub os: Option<Value>,
     /// cloud-init's report of the boot.
     pub cloud_init: CloudInitOut,

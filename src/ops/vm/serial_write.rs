@@ -16,7 +16,9 @@ pub struct Written {
     pub name: String,
     /// Bytes written.
     pub bytes: usize,
-    /// The serial log's length before the write (where its echo starts), if it has a log.
+    /// The serial log's length before the write (where its echo starts), if it has a log
+    /// (absent otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub offset: Option<u64>,
 }
 
