@@ -479,13 +479,31 @@ fn view_1024(lab: &Lab, s: &mut Server, ev: &mut Events) {
         seen["steps"]["drawn"][0].as_f64() < Some(1024.0),
         "the view was meant to draw the screen scaled: {seen}"
     );
+    // The batch "xéy": x and y arrived, é (no US key) was named on the page.
     ev.wait(s, m, "text typed in the view", |v| {
-        is(v, "text", "entry") && v["value"] == text
+        is(v, "text", "entry") && v["value"] == format!("{text}xy")
     });
+    let status = seen["steps"]["status_after_typing"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        status.contains("not typed") && status.contains('é'),
+        "{seen}"
+    );
     let chord = ev.wait(s, m, "ctrl+a from the view", |v| {
         is(v, "key", "entry") && v["keysym"] == "a" && has_mod(v, "control")
     });
     assert!(chord["t"].is_number(), "{chord}");
+    // Chords arrive as pressed: shift held with ctrl, and ctrl+! as ctrl+shift+1.
+    ev.wait(s, m, "ctrl+shift+a from the view", |v| {
+        is(v, "key", "entry") && v["keysym"] == "A" && has_mod(v, "control") && has_mod(v, "shift")
+    });
+    ev.wait(s, m, "ctrl+shift+1 from the view", |v| {
+        is(v, "key", "entry")
+            && v["keysym"] == "exclam"
+            && has_mod(v, "control")
+            && has_mod(v, "shift")
+    });
     let presses: Vec<Value> = ev
         .since(s, m)
         .into_iter()
@@ -509,6 +527,23 @@ fn view_1024(lab: &Lab, s: &mut Server, ev: &mut Events) {
         latency.push((press["t"].as_f64().unwrap() * 1000.0 - offset - made).round());
     }
     eprintln!("click in the view to the program's press (ms): {latency:?}");
+    // Only the entry's text cursor blinks now: once seen blinking, no frame in 5 s.
+    let (learning, window, hash) = common::view::frames_while_still(s, VM, Duration::from_secs(4));
+    eprintln!("vm_view_frame on the desktop: {learning} frames while learning, {window} in 5 s");
+    assert_eq!(window, 0, "frames sent for a blinking text cursor");
+    // A real change still goes out at once.
+    s.call_ok("vm_type_text", json!({"name": VM, "text": "z"}));
+    let f = s.call_tool_within(
+        "vm_view_frame",
+        json!({"name": VM, "since": hash, "wait_ms": 10000, "max_width": 320}),
+        Duration::from_secs(60),
+    );
+    let sc = tool_ok(&f, "vm_view_frame after typing");
+    assert_eq!(
+        sc["changed"],
+        json!(true),
+        "a real change was held back: {sc}"
+    );
     let info = s.call_ok("vm_info", json!({"name": VM}));
     assert!(
         info["held"].is_null(),

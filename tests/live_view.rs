@@ -97,6 +97,19 @@ fn a_person_takes_over_types_and_hands_back() {
         .iter()
         .any(|c| c["type"] == "image"));
 
+    // Only the cursor blinks (the test guest's kernel draws nothing on the VGA screen:
+    // SeaBIOS's last lines stay): after the view has seen it blink (at most three frames), no
+    // frame goes out in 5 s. The desktop test checks that a real change still goes out.
+    let (learning, window, _) = common::view::frames_while_still(s, name, Duration::from_secs(3));
+    eprintln!(
+        "vm_view_frame on a blinking console: {learning} frames while learning, {window} in 5 s"
+    );
+    assert!(
+        (2..=3).contains(&learning),
+        "the cursor did not blink as expected, or the blink was not learned: {learning} frames"
+    );
+    assert_eq!(window, 0, "frames sent for a blinking cursor");
+
     let t = tool_ok(
         &s.call_tool_within("vm_takeover", json!({"name": name}), STEP),
         "vm_takeover",

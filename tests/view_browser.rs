@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::browser::{chromium, decode, node_dir, run_node};
 use common::view::{boot_test_sandbox, finish_tty_reader, spawn_view, start_tty_reader};
 use common::*;
-use serde_json::json;
+use serde_json::{json, Value};
 
 const STEP: Duration = Duration::from_secs(60);
 
@@ -75,7 +75,29 @@ fn the_view_in_chromium_shows_the_screen_and_a_person_types_into_the_guest() {
     let png = std::fs::read(&shot).expect("the page's screenshot");
     assert!(png.len() > 1000);
 
-    assert_eq!(finish_tty_reader(lab.srv(), &reader), typed);
+    // x and y of the batch "xéy" arrived (é has no US key); the page said what it left out.
+    assert_eq!(finish_tty_reader(lab.srv(), &reader), format!("{typed}xy"));
+    let status = seen["steps"]["status_after_typing"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        status.contains("not typed") && status.contains('é'),
+        "{seen}"
+    );
+    // Chords went out as pressed, and the server took them.
+    let inputs = seen["inputs"].as_array().expect("the input batches");
+    let chords: Vec<&Value> = inputs
+        .iter()
+        .flat_map(|i| i["events"].as_array().into_iter().flatten())
+        .filter(|e| e["type"] == "keys")
+        .flat_map(|e| e["keys"].as_array().into_iter().flatten())
+        .collect();
+    assert!(
+        chords.contains(&&json!("ctrl-shift-a")) && chords.contains(&&json!("ctrl-shift-1")),
+        "{chords:?}"
+    );
+    let refused: Vec<&Value> = inputs.iter().filter(|i| i["error"] == true).collect();
+    assert!(refused.is_empty(), "the server refused input: {refused:?}");
     let info = lab.srv().call_ok("vm_info", json!({"name": name}));
     assert!(
         info["held"].is_null(),
@@ -124,5 +146,10 @@ fn the_view_as_an_mcp_app_under_the_official_host_bridge() {
     );
     assert_eq!(seen["steps"]["held_before_teardown"], json!(true), "{seen}");
     assert_eq!(seen["steps"]["held_after_teardown"], json!(false), "{seen}");
+    assert_eq!(
+        seen["steps"]["calls_after_teardown"],
+        json!([]),
+        "the view went on calling after its teardown: {seen}"
+    );
     assert_eq!(finish_tty_reader(lab.srv(), &reader), typed);
 }

@@ -260,15 +260,33 @@ pub fn chord(spec: &str) -> Result<Vec<&'static str>, KeyError> {
     if parts.iter().any(|p| p.is_empty()) {
         return Err(KeyError::NotAChord(spec.to_string()));
     }
-    parts
-        .iter()
-        .map(|p| {
-            qcode(p).ok_or_else(|| KeyError::UnknownKey {
-                key: p.to_string(),
-                spec: spec.to_string(),
-            })
-        })
-        .collect()
+    let mut out: Vec<&'static str> = Vec::new();
+    for p in &parts {
+        let keys = part_keys(p).ok_or_else(|| KeyError::UnknownKey {
+            key: p.to_string(),
+            spec: spec.to_string(),
+        })?;
+        for k in keys {
+            if !out.contains(&k) {
+                out.push(k);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The keys of one chord part: a qcode or alias, or a character of the US layout, with shift
+/// before it when the character needs it (`ctrl-!` is ctrl, shift and 1, as pressed).
+fn part_keys(part: &str) -> Option<Vec<&'static str>> {
+    if let Some(q) = qcode(part) {
+        return Some(vec![q]);
+    }
+    let mut chars = part.chars();
+    let (c, None) = (chars.next()?, chars.next()) else {
+        return None;
+    };
+    let (q, shift) = us_key(c)?;
+    Some(if shift { vec!["shift", q] } else { vec![q] })
 }
 
 /// The US-layout key for a character: (qcode, shift held).
@@ -354,6 +372,12 @@ mod tests {
         assert_eq!(chord("win").unwrap(), vec!["meta_l"]);
         assert!(chord("ctrl-bogus").is_err());
         assert!(chord("").is_err());
+        // A chord as a person presses it: shift kept, punctuation by its key.
+        assert_eq!(chord("ctrl-shift-a").unwrap(), vec!["ctrl", "shift", "a"]);
+        assert_eq!(chord("ctrl-!").unwrap(), vec!["ctrl", "shift", "1"]);
+        assert_eq!(chord("ctrl-shift-1").unwrap(), vec!["ctrl", "shift", "1"]);
+        assert_eq!(chord("alt-?").unwrap(), vec!["alt", "shift", "slash"]);
+        assert!(chord("ctrl-é").is_err());
     }
 
     #[test]

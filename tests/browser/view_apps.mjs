@@ -15,6 +15,7 @@ import path from "node:path";
 const [bin, vm, text] = process.argv.slice(2);
 const here = path.dirname(fileURLToPath(import.meta.url));
 const out = { console_errors: [], elsewhere: [], calls: {}, steps: {} };
+const callTimes = [];
 
 const client = new Client({ name: "mcqemu-apps-test", version: "1.0.0" });
 await client.connect(new StdioClientTransport({ command: bin, env: process.env, stderr: "inherit" }));
@@ -43,6 +44,7 @@ try {
     if (source.frame !== page.mainFrame()) throw new Error("not the host frame");
     const p = JSON.parse(params);
     out.calls[p.name] = (out.calls[p.name] || 0) + 1;
+    callTimes.push({ name: p.name, t: Date.now() });
     try {
       return JSON.stringify(await client.callTool(p));
     } catch (e) {
@@ -76,8 +78,12 @@ try {
   const during = await client.callTool({ name: "vm_info", arguments: { name: vm } });
   out.steps.held_before_teardown = !!during.structuredContent.held;
   await page.evaluate(() => window.teardown());
+  const answered = Date.now();
   const after = await client.callTool({ name: "vm_info", arguments: { name: vm } });
   out.steps.held_after_teardown = !!after.structuredContent.held;
+  // Nothing of the view's may call a tool once it answered the teardown.
+  await page.waitForTimeout(2500);
+  out.steps.calls_after_teardown = callTimes.filter((c) => c.t > answered);
 } finally {
   await browser.close();
   await client.close();

@@ -90,3 +90,39 @@ pub fn spawn_view(lab: &Lab, name: &str) -> (Child, String) {
         .expect("the URL line");
     (child, line.trim().to_string())
 }
+
+/// Polls vm_view_frame as the live view does (each call `since` the frame the view shows) for
+/// `learn`, then for 5 s more; returns the frames sent while learning, those sent in the 5 s,
+/// and the hash of the frame the view then shows. A screen whose only change is a blinking
+/// cursor must send none in the 5 s.
+pub fn frames_while_still(
+    s: &mut Server,
+    name: &str,
+    learn: Duration,
+) -> (usize, usize, Option<String>) {
+    let mut hash: Option<String> = None;
+    let mut sent = |s: &mut Server, within: Duration| {
+        let end = std::time::Instant::now() + within;
+        let mut n = 0;
+        loop {
+            let left = end.saturating_duration_since(std::time::Instant::now());
+            if left < Duration::from_millis(50) {
+                return n;
+            }
+            let mut args = json!({"name": name, "max_width": 320,
+                                  "wait_ms": left.as_millis() as u64});
+            if let Some(h) = &hash {
+                args["since"] = json!(h);
+            }
+            let f = s.call_tool_within("vm_view_frame", args, STEP);
+            let sc = tool_ok(&f, "vm_view_frame");
+            if sc["changed"] == true {
+                n += 1;
+                hash = sc["hash"].as_str().map(str::to_string);
+            }
+        }
+    };
+    let learning = sent(s, learn);
+    let window = sent(s, Duration::from_secs(5));
+    (learning, window, hash)
+}

@@ -5,6 +5,7 @@
 //! A VM's screen as a bounded PNG: the one capture `vm_screenshot` and the screen resource
 //! share. The monitor is held for the capture only; scaling and encoding happen after it.
 
+pub mod blinks;
 pub mod hold;
 pub mod input;
 pub mod keyboard;

@@ -1,5 +1,6 @@
 //! The live view's own operations: a frame of a VM's screen as soon as it differs from the one
-//! the view shows (a long poll: nothing is sent while the screen holds still), and a batch of
+//! the view shows (a long poll: nothing is sent while the screen holds still or only a cursor
+//! blinks, see [`crate::ops::screen::blinks`]), and a batch of
 //! the person's input (clicks on the scaled image, typed text, key chords, console text),
 //! which passes a hold only with its secret.
 
@@ -79,7 +80,9 @@ pub fn frame(ctx: &dyn Work, req: &FrameRequest) -> Result<Frame, OpError> {
             ))
         })?;
         let digest = grabbed.digest(None);
-        let changed = req.since != Some(digest);
+        // Only a cursor's blink since the view's frame is no change: no image goes out.
+        let same = crate::ops::screen::blinks::observe(&req.name, digest, req.since);
+        let changed = !same;
         let now = Instant::now();
         if changed || now >= deadline || ctx.cancelled() {
             let status = vm::measure_within(&rec, Duration::from_secs(1)).status;
@@ -89,7 +92,12 @@ pub fn frame(ctx: &dyn Work, req: &FrameRequest) -> Result<Frame, OpError> {
                 name: req.name.clone(),
                 status: status.to_string(),
                 changed,
-                hash: screen::hash_text(digest),
+                // Unchanged (or blinking): the view keeps the frame it has, and its hash.
+                hash: screen::hash_text(if changed {
+                    digest
+                } else {
+                    req.since.unwrap_or(digest)
+                }),
                 width: w,
                 height: h,
                 scale: 1.0,
@@ -181,6 +189,9 @@ pub struct Done {
     pub chords: usize,
     /// Bytes written to the serial console.
     pub serial_bytes: usize,
+    /// The characters of the text events that have no key on the US layout, in order: left
+    /// out, the rest typed around them (a person's typing is never dropped whole).
+    pub not_typed: String,
 }
 
 /// Sends the person's `events` to VM `name`, in order; a hold must be passed with its secret.
@@ -243,7 +254,17 @@ fn plan(e: &Event, done: &mut Done) -> Result<Vec<crate::ops::screen::input::Ste
             crate::ops::screen::pointer::click_plan(at, (w, h), &btn, count.unwrap_or(1), &[])
         }
         Event::Text { text } => {
-            let events = keys::type_events(text).map_err(|e| OpError::new(e.to_string()))?;
+            let typable: String = text
+                .chars()
+                .filter(|c| {
+                    let ok = keys::us_key(*c).is_some();
+                    if !ok {
+                        done.not_typed.push(*c);
+                    }
+                    ok
+                })
+                .collect();
+            let events = keys::type_events(&typable).map_err(|e| OpError::new(e.to_string()))?;
             done.characters += events.len();
             // vm_type_text's default pace: the guest drains the emulated keyboard in time
             // even on a loaded host.
@@ -292,6 +313,26 @@ mod tests {
         .unwrap();
         assert!(!p.is_empty());
         assert_eq!(done.chords, 1);
+        // An untypable character is left out and reported; the rest is typed, in order.
+        let p = plan(
+            &Event::Text {
+                text: "xéy".into()
+            },
+            &mut done,
+        )
+        .unwrap();
+        assert_eq!(done.characters, 2);
+        assert_eq!(done.not_typed, "é");
+        let downs: Vec<String> = p
+            .iter()
+            .filter_map(|s| match s {
+                crate::ops::screen::input::Step::Send(evs) => Some(format!("{evs:?}")),
+                _ => None,
+            })
+            .collect();
+        let all = downs.join(" ");
+        let (x, y) = (all.find("\"x\"").unwrap(), all.find("\"y\"").unwrap());
+        assert!(x < y, "{all}");
         let far = Event::Click {
             x: 900,
             y: 1,

@@ -172,7 +172,9 @@ pub const INPUT: ToolDef = ToolDef {
     name: "vm_view_input",
     title: "The person's input from the live view",
     description: "For the live view: sends the person's clicks, text, key chords and console \
-        text, in order. While a person holds the VM, hold (the secret) must be given.",
+        text, in order. While a person holds the VM, hold (the secret) must be given. Characters \
+        with no key on the US layout are left out of the text, the rest typed, and named in \
+        not_typed.",
     input_schema: || {
         object(
             json!({
@@ -183,7 +185,23 @@ pub const INPUT: ToolDef = ToolDef {
             &["name", "events"],
         )
     },
-    output_schema: || json!({"type": "object"}),
+    output_schema: || {
+        json!({
+            "type": "object",
+            "properties": {
+                "name": {"type": "string"},
+                "clicks": {"type": "integer"},
+                "characters": {"type": "integer"},
+                "chords": {"type": "integer"},
+                "serial_bytes": {"type": "integer"},
+                "not_typed": {
+                    "type": "string",
+                    "description": "Characters of the text left out (no key on the US layout)."
+                }
+            },
+            "required": ["name", "clicks", "characters", "chords", "serial_bytes", "not_typed"]
+        })
+    },
     annotations: presets::DESTRUCTIVE,
     handler: input,
     ui: APP_ONLY,
