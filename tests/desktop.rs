@@ -527,9 +527,23 @@ fn view_1024(lab: &Lab, s: &mut Server, ev: &mut Events) {
         latency.push((press["t"].as_f64().unwrap() * 1000.0 - offset - made).round());
     }
     eprintln!("click in the view to the program's press (ms): {latency:?}");
-    // Only the entry's text cursor blinks now: once seen blinking, no frame in 5 s.
+    // A window whose text cursor blinks (Tk's default 600/300 ms; the test program's own
+    // cursor is steady): once the view has seen it blink, no frame goes out in 5 s.
+    let blinker = "import tkinter as tk; r = tk.Tk(); r.geometry('220x60+40+40'); \
+                   e = tk.Entry(r); e.pack(); r.after(300, e.focus_force); r.mainloop()";
+    let bg = s.call_ok(
+        "guest_exec",
+        json!({"name": VM, "command": "python3", "args": ["-c", blinker],
+               "env": {"DISPLAY": ":0"}, "background": true}),
+    );
+    let handle = bg["handle"].as_str().expect("a handle").to_string();
+    std::thread::sleep(Duration::from_secs(3));
     let (learning, window, hash) = common::view::frames_while_still(s, VM, Duration::from_secs(4));
     eprintln!("vm_view_frame on the desktop: {learning} frames while learning, {window} in 5 s");
+    assert!(
+        learning >= 2,
+        "the text cursor was not seen blinking: {learning} frames while learning"
+    );
     assert_eq!(window, 0, "frames sent for a blinking text cursor");
     // A real change still goes out at once.
     s.call_ok("vm_type_text", json!({"name": VM, "text": "z"}));
@@ -544,6 +558,7 @@ fn view_1024(lab: &Lab, s: &mut Server, ev: &mut Events) {
         json!(true),
         "a real change was held back: {sc}"
     );
+    s.call_ok("guest_exec_kill", json!({"name": VM, "handle": handle}));
     let info = s.call_ok("vm_info", json!({"name": VM}));
     assert!(
         info["held"].is_null(),
