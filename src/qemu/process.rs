@@ -79,6 +79,22 @@ impl std::error::Error for SpawnError {
 /// namespaces of a VM's egress proxy.
 pub type PreExec = Box<dyn Fn() -> std::io::Result<()> + Send + Sync>;
 
+/// `enter` after turning transparent huge pages off for the child (PR_SET_THP_DISABLE, kept
+/// across exec): QEMU asks for huge pages on its translation buffer and its own RAM blocks, and
+/// each 2 MiB page a clone touches there is its own memory (4.6 MiB of a 256 MiB clone's 42 MiB
+/// of Pss_Anon). For VMs whose guest RAM is a file (templates, clones, forks, resumes), which
+/// gets no huge pages anyway.
+pub fn without_thp(enter: Option<PreExec>) -> PreExec {
+    Box::new(move || {
+        // SAFETY: prctl is a plain system call, async-signal-safe, touching no parent memory.
+        unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
+        match &enter {
+            Some(f) => f(),
+            None => Ok(()),
+        }
+    })
+}
+
 /// Starts `binary argv...` detached: in its own session, stdin on /dev/null, stdout and stderr
 /// into `log`, and ready once something listens on `ready_socket` (QEMU's QMP socket). QEMU's
 /// own `-daemonize` cannot be used: it forks after QEMU has entered its seccomp sandbox, which

@@ -367,6 +367,10 @@ fn spawn_with_fallback(
     proxy: Option<&egress::Started>,
 ) -> Result<(process::Started, LaunchSpec, Option<String>), OpError> {
     let spawn = |s: &LaunchSpec, enter: Option<process::PreExec>| {
+        let enter = match s.memory_file {
+            Some(_) => Some(process::without_thp(enter)),
+            None => enter,
+        };
         let argv = cmdline::build_argv(s);
         crate::log::stderr(
             "info",
