@@ -14,11 +14,15 @@
 //!   cloud-init seeds; HTTP downloads.
 //! - [`state`]: where things live on disk (paths, the registry, the roots, tails and trees).
 //!
+//! [`agent`] is apart: the guest side, `mcqemu-agent`, a program of its own (std and libc only)
+//! that runs inside guests.
+//!
 //! [`cli`] wires them: `serve` hands [`tools::ALL`] and the resource provider to the server.
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 #![deny(clippy::print_stdout)]
 
+pub mod agent;
 pub mod b64;
 pub mod cli;
 pub mod clock;

@@ -236,6 +236,15 @@ fn guest_agent_exec_and_files() {
         .collect();
     assert!(enabled.contains(&"guest-exec"), "{enabled:?}");
     assert!(enabled.contains(&"guest-file-read"), "{enabled:?}");
+    // The agent the guest was built with answers (MCQEMU_TEST_AGENT: qemu-ga or ours).
+    let ours = info["version"]
+        .as_str()
+        .is_some_and(|v| v.starts_with("mcqemu-agent"));
+    assert_eq!(
+        ours,
+        agent_variant().unwrap().is_some(),
+        "the wrong agent answered: {info}"
+    );
 
     // A plain program with arguments.
     let t = Instant::now();

@@ -27,6 +27,16 @@ pub struct ExecRequest {
     /// Its stdin, base64.
     #[serde(rename = "input-data", skip_serializing_if = "Option::is_none")]
     pub input_data: Option<String>,
+    /// `K=V` entries (mcqemu-agent: added to its own environment with `env_merge`; qemu-ga
+    /// would take them as the whole environment, so only ours is sent them).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub env: Option<Vec<String>>,
+    /// mcqemu-agent: `env` is added to the agent's environment.
+    #[serde(rename = "env-merge", skip_serializing_if = "Option::is_none")]
+    pub env_merge: Option<bool>,
+    /// mcqemu-agent: the program's working folder.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
 }
 
 impl ExecRequest {
@@ -37,7 +47,58 @@ impl ExecRequest {
             arg: arg.to_vec(),
             capture_output: true,
             input_data: None,
+            env: None,
+            env_merge: None,
+            cwd: None,
         }
+    }
+}
+
+/// The version prefix of mcqemu's own agent (`guest-info`), which has the `mcqemu-*` commands.
+pub const OUR_AGENT: &str = "mcqemu-agent";
+
+/// `mcqemu-exec-output`'s reply: a running program's output from given offsets.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+pub struct ExecOutput {
+    /// The program ended (its status follows, and guest-exec-status collects it).
+    #[serde(default)]
+    pub exited: bool,
+    /// Its stdout from the offset, base64.
+    #[serde(rename = "out-data")]
+    pub out_data: Option<String>,
+    /// Its stderr from the offset, base64.
+    #[serde(rename = "err-data")]
+    pub err_data: Option<String>,
+    /// The stdout offset after `out_data`.
+    #[serde(rename = "out-next", default)]
+    pub out_next: u64,
+    /// The stderr offset after `err_data`.
+    #[serde(rename = "err-next", default)]
+    pub err_next: u64,
+}
+
+/// mcqemu-agent's `mcqemu-exec-output`: the output of program `pid` past `offsets` (stdout,
+/// stderr), waiting up to `wait` in the guest for some.
+pub fn exec_output(
+    q: &mut Qga,
+    pid: i64,
+    offsets: (u64, u64),
+    wait: Duration,
+) -> Result<ExecOutput, QgaError> {
+    let args = json!({"pid": pid, "out-offset": offsets.0, "err-offset": offsets.1,
+                      "wait-ms": wait.as_millis() as u64});
+    let r = q.execute_within("mcqemu-exec-output", Some(args), wait + COMMAND_BOUND)?;
+    ExecOutput::deserialize(&r)
+        .map_err(|e| QgaError::Garbage(format!("mcqemu-exec-output replied {r}: {e}")))
+}
+
+/// Bound of a reply beyond a command's own wait in the guest.
+const COMMAND_BOUND: Duration = Duration::from_secs(10);
+
+impl ExecOutput {
+    /// Its new stdout and stderr, decoded.
+    pub fn streams(&self) -> (Vec<u8>, Vec<u8>) {
+        (decode(&self.out_data), decode(&self.err_data))
     }
 }
 

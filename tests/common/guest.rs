@@ -53,12 +53,74 @@ pub fn try_test_guest_arm64() -> Result<Guest, String> {
     GUEST.get_or_init(build_arm64).clone()
 }
 
+/// Which agent the test guest carries, from `MCQEMU_TEST_AGENT`: qemu-ga (unset or
+/// `qemu-ga`), mcqemu-agent started by the guest's init (`mcqemu`), or mcqemu-agent as the
+/// guest's PID 1 (`mcqemu-init`). CI runs the agent suites once more with each of ours.
+pub fn agent_variant() -> Result<Option<&'static str>, String> {
+    match std::env::var("MCQEMU_TEST_AGENT").as_deref() {
+        Err(_) | Ok("") | Ok("qemu-ga") => Ok(None),
+        Ok("mcqemu") => Ok(Some("service")),
+        Ok("mcqemu-init") => Ok(Some("init")),
+        Ok(other) => Err(format!(
+            "MCQEMU_TEST_AGENT={other:?}: use qemu-ga, mcqemu or mcqemu-init"
+        )),
+    }
+}
+
 fn build() -> Result<Guest, String> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let out = root.join("target").join("test-guest");
     let script = root.join("tests").join("guest").join("build_guest.py");
-    let v = super::cli::run_locked_builder("test guest", &script, &out, GUEST_BUILD_TIMEOUT)?;
+    let Some(mode) = agent_variant()? else {
+        let v = super::cli::run_locked_builder("test guest", &script, &out, GUEST_BUILD_TIMEOUT)?;
+        return from_json(&v);
+    };
+    let agent = static_agent("x86_64-unknown-linux-musl")?;
+    let mut cmd = std::process::Command::new("python3");
+    cmd.arg(&script)
+        .arg("--agent")
+        .arg(&agent)
+        .args(["--agent-mode", mode])
+        .arg(&out);
+    let what = "test guest with mcqemu-agent";
+    let stdout = super::cli::run_locked(what, &mut cmd, &out, GUEST_BUILD_TIMEOUT)?;
+    let v: serde_json::Value = serde_json::from_slice(&stdout).map_err(|e| {
+        format!(
+            "build_guest.py --agent printed no JSON ({e}): {}",
+            String::from_utf8_lossy(&stdout)
+        )
+    })?;
     from_json(&v)
+}
+
+/// The static mcqemu-agent for a musl `target`, built (or found up to date) by cargo: the
+/// program the guests carry.
+pub fn static_agent(target: &str) -> Result<std::path::PathBuf, String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = std::process::Command::new(cargo);
+    cmd.current_dir(root).args([
+        "build",
+        "--release",
+        "--quiet",
+        "--bin",
+        "mcqemu-agent",
+        "--target",
+        target,
+    ]);
+    let done = super::cli::try_run_command(&mut cmd, None, GUEST_BUILD_TIMEOUT)?;
+    if !done.status.success() {
+        return Err(format!(
+            "building mcqemu-agent for {target} failed ({}): {} (the target comes from \
+             `rustup target add {target}`)",
+            done.status,
+            String::from_utf8_lossy(&done.stderr)
+        ));
+    }
+    let target_dir = std::env::var("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|_| root.join("target"));
+    Ok(target_dir.join(target).join("release").join("mcqemu-agent"))
 }
 
 fn build_arm64() -> Result<Guest, String> {

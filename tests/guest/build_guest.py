@@ -11,7 +11,13 @@ Two architectures:
   is the raw arm64 Image (it carries the EFI stub, so QEMU's -kernel on the virt board and
   UEFI firmware both boot it), the serial console ttyAMA0.
 
-Usage: build_guest.py [--arch x86_64|aarch64] OUTDIR
+With --agent PATH (a static mcqemu-agent), the guest carries mcqemu's own agent instead of
+qemu-ga: `--agent-mode service` starts it from the busybox init script as qemu-ga was started;
+`--agent-mode init` makes it the guest's PID 1 (/init), with the modules it loads listed in
+/etc/mcqemu-agent/modules and the rest of the set-up (busybox's links, the serial shell) in
+/etc/mcqemu-agent/start.
+
+Usage: build_guest.py [--arch x86_64|aarch64] [--agent PATH [--agent-mode service|init]] OUTDIR
   -> prints {"kernel": ..., "initrd": ..., "append": ..., "packages": [...]} as JSON.
 The output is cached in OUTDIR/<key>/, keyed by the exact package versions (and the init
 script and command line), so each architecture has keys of its own.
@@ -112,6 +118,29 @@ while :; do sleep 3600; done
 """
 INIT = INIT_TEMPLATE % {"modules": " ".join(MODULES), "serial": "ttyS0"}
 INIT_ARM64 = INIT_TEMPLATE % {"modules": " ".join(MODULES_ARM64), "serial": "ttyAMA0"}
+
+# mcqemu-agent in qemu-ga's place, started the same way.
+QEMU_GA_LOOP = '(while :; do qemu-ga -m virtio-serial -p "$agent" -t /run; sleep 0.2; done) &'
+AGENT_LOOP = '(while :; do /usr/sbin/mcqemu-agent --port "$agent"; sleep 0.2; done) &'
+
+# With mcqemu-agent as PID 1: what the init script did besides mounting, loading modules,
+# naming the host, the network and the power button (the agent's own), run by the agent.
+START_TEMPLATE = r"""#!/bin/busybox sh
+/bin/busybox mkdir -p /bin /sbin /usr/bin /usr/sbin
+/bin/busybox --install -s /bin
+/bin/busybox ln -sf /bin/busybox /sbin/hwclock
+export PATH=/sbin:/usr/sbin:/bin:/usr/bin
+ln -sf /run /var/run
+echo "mcqemu-test-guest: ready (agent: mcqemu-agent as PID 1)" > /dev/%(serial)s
+case " $(cat /proc/cmdline) " in
+  *" mcqemu.serial_shell=1 "*)
+    (while :; do
+      setsid sh -c 'exec </dev/%(serial)s >/dev/%(serial)s 2>&1; echo; echo "Please press Enter to activate this console."; read x; exec sh -i'
+      sleep 0.2
+    done) &
+    ;;
+esac
+"""
 
 SHUTDOWN = """#!/bin/sh
 # busybox has no shutdown(8); qemu-ga runs /sbin/shutdown for guest-shutdown.
@@ -332,8 +361,18 @@ def module_depends(path):
     return []
 
 
-def build(out_dir, arch="x86_64", force_update=False):
+def build(out_dir, arch="x86_64", force_update=False, agent=None, agent_mode="service"):
     a = ARCHES[arch]
+    serial = "ttyAMA0" if arch == "aarch64" else "ttyS0"
+    init = a.init
+    start = None
+    agent_bytes = b""
+    if agent:
+        agent_bytes = open(agent, "rb").read()
+        if agent_mode == "service":
+            init = init.replace(QEMU_GA_LOOP, AGENT_LOOP)
+        else:
+            start = START_TEMPLATE % {"serial": serial}
     apt_opts = refresh_lists(out_dir, a.deb_arch, force_update) if a.private_lists else []
     kpkg = kernel_package(a.kernel_meta, apt_opts)
     lib_packages = LIB_PACKAGES
@@ -341,7 +380,10 @@ def build(out_dir, arch="x86_64", force_update=False):
         lib_packages = ["%s:%s" % (p, a.deb_arch) for p in LIB_PACKAGES]
     pkgs = [kpkg] + lib_packages
     versions = ["%s=%s" % (p, v) for p, v in zip(pkgs, candidates(pkgs, apt_opts))]
-    key = hashlib.sha256(("\n".join(versions) + a.init + SHUTDOWN + a.append).encode()).hexdigest()[:16]
+    keyed = ("\n".join(versions) + init + SHUTDOWN + a.append).encode()
+    if agent:
+        keyed += hashlib.sha256(agent_bytes).hexdigest().encode() + agent_mode.encode()
+    key = hashlib.sha256(keyed).hexdigest()[:16]
     dest = os.path.join(out_dir, key)
     result = {"kernel": os.path.join(dest, a.kernel_file), "initrd": os.path.join(dest, "initrd.cpio"),
               "append": a.append, "packages": versions}
@@ -374,16 +416,27 @@ def build(out_dir, arch="x86_64", force_update=False):
             cpio.dir(d)
         cpio.chardev("dev/console", 5, 1)
         cpio.chardev("dev/null", 1, 3)
-        cpio.file("init", a.init.encode())
+        if start is None:
+            cpio.file("init", init.encode())
+        else:
+            cpio.file("init", agent_bytes)
+            cpio.dir("etc/mcqemu-agent")
+            cpio.file("etc/mcqemu-agent/start", start.encode())
+            cpio.file("etc/hostname", b"mcqemu-guest\n", 0o644)
+            cpio.file("etc/mcqemu-agent/modules",
+                      "".join("/lib/modules/%s.ko\n" % m for m in a.modules).encode(), 0o644)
         cpio.file("bin/busybox", open(os.path.join(root, "bin/busybox"), "rb").read())
         cpio.file("sbin/shutdown", SHUTDOWN.encode())
         cpio.file("etc/acpi/PWRF/00000080", POWER_BUTTON.encode())
         cpio.file("etc/passwd", b"root:x:0:0:root:/root:/bin/sh\n", 0o644)
         cpio.file("etc/group", b"root:x:0:\n", 0o644)
-        ga = os.path.join(root, "usr/sbin/qemu-ga")
-        if not os.path.exists(ga):
-            ga = os.path.join(root, "usr/bin/qemu-ga")
-        cpio.file("usr/sbin/qemu-ga", open(ga, "rb").read())
+        if agent:
+            cpio.file("usr/sbin/mcqemu-agent", agent_bytes)
+        else:
+            ga = os.path.join(root, "usr/sbin/qemu-ga")
+            if not os.path.exists(ga):
+                ga = os.path.join(root, "usr/bin/qemu-ga")
+            cpio.file("usr/sbin/qemu-ga", open(ga, "rb").read())
         add_tree_libs(cpio, root, a.libdirs)
         moddir = [d for d in os.listdir(os.path.join(kroot, "lib/modules"))][0]
         mroot = os.path.join(kroot, "lib/modules", moddir, "kernel")
@@ -433,18 +486,21 @@ def build(out_dir, arch="x86_64", force_update=False):
 
 
 def main(argv):
-    arch = "x86_64"
-    if len(argv) == 4 and argv[1] == "--arch":
-        arch = argv[2]
-        argv = argv[:1] + argv[3:]
-    if len(argv) != 2 or arch not in ARCHES:
+    opts = {"--arch": "x86_64", "--agent": None, "--agent-mode": "service"}
+    args = argv[1:]
+    while len(args) >= 2 and args[0] in opts:
+        opts[args[0]] = args[1]
+        args = args[2:]
+    arch, agent, mode = opts["--arch"], opts["--agent"], opts["--agent-mode"]
+    if len(args) != 1 or arch not in ARCHES or mode not in ("service", "init"):
         sys.exit(__doc__)
-    out_dir = os.path.abspath(argv[1])
+    out_dir = os.path.abspath(args[0])
+    agent = os.path.abspath(agent) if agent else None
     try:
-        result = build(out_dir, arch)
+        result = build(out_dir, arch, agent=agent, agent_mode=mode)
     except DownloadFailed:
         # The private lists name versions the archive no longer has: refresh them once.
-        result = build(out_dir, arch, force_update=True)
+        result = build(out_dir, arch, force_update=True, agent=agent, agent_mode=mode)
     print(json.dumps(result))
 
 

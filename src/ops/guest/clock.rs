@@ -156,7 +156,7 @@ fn run(q: &mut Qga, path: &str, args: &[&str], timeout: Duration) -> Result<Opti
         path: path.to_string(),
         arg: args.iter().map(|a| a.to_string()).collect(),
         capture_output: false,
-        input_data: None,
+        ..ExecRequest::captured(path, &[])
     };
     let pid = agent_calls::exec(q, &req, timeout)?;
     loop {
