@@ -167,6 +167,10 @@ fn env_cwd_live_output_and_background_processes() {
         })
         .collect();
     assert!(seen.windows(2).all(|w| w[1] > w[0]), "{seen:?}");
+    if agent_variant().unwrap().is_some() {
+        // mcqemu-agent hands out every line as it comes: none is skipped.
+        assert_eq!(seen, (1..=12).collect::<Vec<u32>>(), "{progress:?}");
+    }
     // The run's spool files are emptied (kept for the next run to reuse).
     assert_eq!(
         sh(
@@ -213,6 +217,14 @@ fn env_cwd_live_output_and_background_processes() {
         (after["stdout"].clone(), after["stderr"].clone()),
         (json!(""), json!(""))
     );
+    // On mcqemu-agent, env, cwd and live output need no wrapper: no spool file was made.
+    if agent_variant().unwrap().is_some() {
+        assert_eq!(
+            sh(s, "w", "test -e /tmp/.mcqemu-exec; echo $?")["stdout"],
+            json!("1\n"),
+            "mcqemu-agent's runs made spool files"
+        );
+    }
 
     // A background process: a handle at once; output by offsets, stderr apart.
     let t = Instant::now();

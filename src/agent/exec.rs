@@ -130,6 +130,11 @@ impl Table {
             }
         }
         if let Some(dir) = &s.cwd {
+            match std::fs::metadata(dir) {
+                Ok(m) if m.is_dir() => {}
+                Ok(_) => return Err(format!("cwd {dir:?} is not a folder in the guest")),
+                Err(e) => return Err(format!("cwd {dir:?} in the guest: {}", os_text(&e))),
+            }
             cmd.current_dir(dir);
         }
         cmd.stdin(if s.input.is_some() {

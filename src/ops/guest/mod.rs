@@ -86,32 +86,53 @@ const LIVE_NOTE: usize = 4096;
 /// The output a live run has read and not yet reported.
 #[derive(Default)]
 struct Live {
-    id: String,
+    /// The spool slot its output goes to (qemu-ga); None: mcqemu-agent hands the output out
+    /// itself while the program runs.
+    id: Option<String>,
     offsets: [u64; 2],
     unsent: String,
     read_at: Option<Instant>,
 }
 
 impl Live {
-    /// Reads what the program wrote since the last read, when it is time to.
+    /// Reads what the program wrote since the last read, when it is time to (spooled runs).
     fn read(&mut self, q: &mut Qga) -> Result<(), QgaError> {
+        let Some(id) = &self.id else {
+            return Ok(());
+        };
         if self.read_at.is_some_and(|t| t.elapsed() < LIVE_EVERY) {
             return Ok(());
         }
         self.read_at = Some(Instant::now());
-        let (out, err) = spool::paths(&self.id);
+        let (out, err) = spool::paths(id);
         for (i, path) in [out, err].iter().enumerate() {
             let got = spool::read_from(q, path, self.offsets[i], 256 * 1024, u64::MAX)?;
             self.offsets[i] = got.start + got.data.len() as u64;
-            let text = String::from_utf8_lossy(&got.data);
-            for line in text.split_inclusive('\n') {
-                if i == 1 {
-                    self.unsent.push_str("stderr: ");
-                }
-                self.unsent.push_str(line);
-            }
+            self.add(i, &got.data);
         }
         Ok(())
+    }
+
+    /// Waits up to `wait` in the guest for output past what was read (mcqemu-agent's own
+    /// command: no spool files), and takes what came.
+    fn read_native(&mut self, q: &mut Qga, pid: i64, wait: Duration) -> Result<(), QgaError> {
+        let offsets = (self.offsets[0], self.offsets[1]);
+        let got = agent_calls::exec_output(q, pid, offsets, wait)?;
+        let (out, err) = got.streams();
+        self.offsets = [got.out_next, got.err_next];
+        self.add(0, &out);
+        self.add(1, &err);
+        Ok(())
+    }
+
+    fn add(&mut self, stream: usize, data: &[u8]) {
+        let text = String::from_utf8_lossy(data);
+        for line in text.split_inclusive('\n') {
+            if stream == 1 {
+                self.unsent.push_str("stderr: ");
+            }
+            self.unsent.push_str(line);
+        }
     }
 
     /// The note for the next progress notification: the unsent output's last lines.
@@ -132,8 +153,31 @@ impl Live {
     }
 }
 
-/// Runs `launch` in VM `name` (see [`exec`]); `live`: its output goes to spool files in the
-/// guest and its new lines go out in the call's progress while it runs.
+/// Whether mcqemu-agent answers VM `name` (QEMU process `pid`): asked once per process with
+/// guest-info, then remembered (a guest's agent stays what it booted with).
+fn agent_is_ours(name: &str, pid: Option<i64>) -> Result<bool, OpError> {
+    type Known = std::sync::Mutex<std::collections::HashMap<(String, Option<i64>), bool>>;
+    static KNOWN: std::sync::OnceLock<Known> = std::sync::OnceLock::new();
+    let known = KNOWN.get_or_init(Known::default);
+    let key = (name.to_string(), pid);
+    if let Some(ours) = known.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+        return Ok(*ours);
+    }
+    let info = with_guest(name, "guest-info", |q| {
+        agent_calls::info(q, Duration::from_secs(10))
+    })?;
+    let ours = info.version.starts_with(agent_calls::OUR_AGENT);
+    let mut k = known.lock().unwrap_or_else(|p| p.into_inner());
+    if k.len() > 256 {
+        k.clear();
+    }
+    k.insert(key, ours);
+    Ok(ours)
+}
+
+/// Runs `launch` in VM `name` (see [`exec`]); `live`: its new lines go out in the call's
+/// progress while it runs (mcqemu-agent hands them out itself; with qemu-ga the output goes
+/// to spool files in the guest, read as they grow).
 pub fn run_program(
     ctx: &dyn Work,
     name: &str,
@@ -141,20 +185,26 @@ pub fn run_program(
     timeout: Duration,
     live: bool,
 ) -> Result<Executed, OpError> {
-    // Only a live run needs a spool slot (it is held until the run's end).
-    let slot = live.then(spool::Slot::take);
+    let ours = agent_is_ours(name, lookup(name)?.pid)?;
+    // Only a live run on qemu-ga needs a spool slot (it is held until the run's end).
+    let slot = (live && !ours).then(spool::Slot::take);
     let launch = Launch {
         spool: slot.as_ref().map(|s| s.id.as_str()).or(launch.spool),
         ..launch.clone()
+    };
+    let req = if ours && launch.spool.is_none() && !launch.session {
+        launch.native_request()
+    } else {
+        launch.request()
     };
     let started = Instant::now();
     let mut run = Run {
         ctx,
         name,
         command: launch.command,
-        req: launch.request(),
-        live: slot.as_ref().map(|s| Live {
-            id: s.id.clone(),
+        req,
+        live: live.then(|| Live {
+            id: slot.as_ref().map(|s| s.id.clone()),
             ..Live::default()
         }),
         started,
@@ -229,46 +279,58 @@ impl Run<'_> {
             // stderr, in base64): under TCG that reply alone can take several seconds.
             let status = agent_calls::exec_status(q, pid, crate::qemu::qga::COMMAND_TIMEOUT)?;
             if status.exited {
-                return Ok(Some(match &self.live {
-                    Some(l) if spool::wrapper_refusal(&status).is_none() => {
-                        with_spooled_output(q, status, &l.id)?
+                return Ok(Some(match self.live.as_ref().and_then(|l| l.id.as_ref()) {
+                    Some(id) if spool::wrapper_refusal(&status).is_none() => {
+                        with_spooled_output(q, status, id)?
                     }
                     _ => status,
                 }));
             }
-            self.report(q, pid)?;
             let now = Instant::now();
             if self.ctx.cancelled() || now >= self.deadline || now >= window_end {
+                self.report(q, pid)?;
                 return Ok(None);
             }
-            std::thread::sleep(self.slice.min(self.deadline - now));
+            let wait = self.slice.min(self.deadline - now).min(window_end - now);
+            match self.live.as_mut() {
+                // mcqemu-agent: the wait is in the guest, and ends as soon as output comes.
+                Some(l) if l.id.is_none() => {
+                    l.read_native(q, pid, NATIVE_WAIT.min(self.deadline - now))?;
+                }
+                _ => std::thread::sleep(wait),
+            }
+            self.report(q, pid)?;
             self.slice = (self.slice * 2).min(Duration::from_millis(250));
         }
     }
 
-    /// Progress while the program runs: what it printed lately, on a live run; otherwise a
+    /// Progress while the program runs: what it printed lately, on a live run (on
+    /// mcqemu-agent the first lines at once, then what came meanwhile at most every
+    /// [`NOTE_GAP`], so that the progress layer's coalescing never drops a line); otherwise a
     /// heartbeat with the time it has run, at most every [`HEARTBEAT_GAP`] and none in the
     /// call's first second (a fast call with a token costs nothing).
     fn report(&mut self, q: &mut Qga, pid: i64) -> Result<(), QgaError> {
-        let mut note = None;
         let elapsed = self.started.elapsed();
-        match self.live.as_mut() {
-            Some(l) => {
-                if elapsed >= MIN_QUIET {
-                    l.read(q)?;
-                    note = l.take_note();
+        let since_sent = self.beat_at.map(|t| t.elapsed());
+        let note = match self.live.as_mut() {
+            Some(l) if l.id.is_none() => {
+                if since_sent.is_none_or(|d| d >= NOTE_GAP) {
+                    l.take_note()
+                } else {
+                    None
                 }
             }
-            None => {
-                let due = self
-                    .beat_at
-                    .map_or(elapsed >= HEARTBEAT_GAP, |t| t.elapsed() >= HEARTBEAT_GAP);
-                if !due {
-                    return Ok(());
-                }
-                self.beat_at = Some(Instant::now());
+            Some(l) if elapsed >= MIN_QUIET => {
+                l.read(q)?;
+                l.take_note()
             }
+            _ => None,
+        };
+        let beat_due = since_sent.map_or(elapsed >= HEARTBEAT_GAP, |d| d >= HEARTBEAT_GAP);
+        if note.is_none() && !beat_due {
+            return Ok(());
         }
+        self.beat_at = Some(Instant::now());
         let what = match note {
             Some(out) => format!("{} (pid {pid}) printed:\n{out}", self.command),
             None => format!(
@@ -323,6 +385,14 @@ impl Run<'_> {
         Ok(())
     }
 }
+
+/// Least time between two notes of a live run's output on mcqemu-agent: the progress layer's
+/// own gap (500 ms; it keeps only the latest message of a gap), so each note is sent whole.
+const NOTE_GAP: Duration = Duration::from_millis(500);
+
+/// Longest wait in the guest for a live run's output on mcqemu-agent (it answers as soon as
+/// some comes, or the program ends).
+const NATIVE_WAIT: Duration = Duration::from_millis(250);
 
 /// Least time between two heartbeats of a run without live output, and the silence before
 /// its first.

@@ -63,6 +63,20 @@ impl Launch<'_> {
         self.env.is_empty() && self.cwd.is_none() && self.spool.is_none()
     }
 
+    /// The guest-exec arguments for mcqemu-agent, which takes env and cwd itself: the
+    /// program is started as it is, with no wrapper and no shell (spool and session are the
+    /// wrapper's, and not looked at).
+    pub fn native_request(&self) -> ExecRequest {
+        let mut req = ExecRequest::captured(self.command, self.args);
+        if !self.env.is_empty() {
+            req.env = Some(self.env.iter().map(|(k, v)| format!("{k}={v}")).collect());
+            req.env_merge = Some(true);
+        }
+        req.cwd = self.cwd.map(str::to_string);
+        req.input_data = self.stdin.map(|input| b64::encode(input.as_bytes()));
+        req
+    }
+
     /// The guest-exec arguments.
     pub fn request(&self) -> ExecRequest {
         let (path, arg): (&str, Vec<String>) = if self.plain() {
