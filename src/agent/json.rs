@@ -349,9 +349,10 @@ impl Parser<'_> {
                 return Ok(Json::Int(i));
             }
         }
-        text.parse::<f64>()
-            .map(Json::Float)
-            .map_err(|_| self.err("bad number"))
+        match text.parse::<f64>() {
+            Ok(f) if f.is_finite() => Ok(Json::Float(f)),
+            _ => Err(self.err("number out of range")),
+        }
     }
 }
 
@@ -389,6 +390,7 @@ mod tests {
             b"\"\xff\"",
             b"-",
             b"1.",
+            b"1e400",
         ] {
             assert!(parse(bad).is_err(), "{:?}", String::from_utf8_lossy(bad));
         }
