@@ -419,7 +419,19 @@ fn guest_agent_exec_and_files() {
     let r = e.exec(vm, "echo", &["back"]);
     assert_eq!(r["stdout"], json!("back\n"));
 
-    e.stop(vm);
+    // stop_vm's graceful path: the ACPI power button powers the guest off (acpid with qemu-ga;
+    // mcqemu-agent watches the button itself, as PID 1 too), no force needed.
+    let r = e.srv().call_ok_within(
+        "stop_vm",
+        json!({"name": vm, "timeout": 60}),
+        Duration::from_secs(90),
+    );
+    eprintln!("graceful stop: {r}");
+    assert_eq!(
+        (r["status"].clone(), r["method"].clone()),
+        (json!("stopped"), json!("acpi")),
+        "{r}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
