@@ -49,8 +49,13 @@
 //! (`mcp_latency/desktop.rs`, name `desktop`) boots the desktop test image and times boot to
 //! desktop, key to screen change and the pointer tools. The copies section
 //! (`mcp_latency/copies.rs`, name `copies`) times guest_copy_in/out over the data channel,
-//! 64 MiB and 1 GiB each way and a 1,000-file tree, beside the agent's own rates.
+//! 64 MiB and 1 GiB each way and a 1,000-file tree, beside the agent's own rates. The agent
+//! section (`mcp_latency/agent.rs`, name `agent`) compares mcqemu-agent with qemu-ga on the
+//! same test guest: guest_exec with and without a token and live output, the first live
+//! line's latency, clones' ready times, the agent's memory.
 
+#[path = "mcp_latency/agent.rs"]
+mod agent;
 #[path = "mcp_latency/arm64.rs"]
 mod arm64;
 #[path = "mcp_latency/clones.rs"]
@@ -218,6 +223,11 @@ fn run() -> Res<()> {
     // 11. Copies over the data channel against the agent's own rates.
     if wanted("copies") {
         copies::copy_rows(&mut table, &dirs, &image);
+    }
+
+    // 12. mcqemu-agent beside qemu-ga on the same guest.
+    if wanted("agent") {
+        agent::agent_rows(&mut table, &dirs);
     }
 
     table.footer();

@@ -44,6 +44,7 @@ pub fn checks() -> Vec<Check> {
     out.extend(dir_checks());
     out.push(seccomp_check(host));
     out.push(egress_check());
+    out.extend(agent_checks(host));
     out.push(roots_check());
     out.push(registry_check());
     out
@@ -262,6 +263,27 @@ fn egress_check() -> Check {
         ),
         Err(e) => row("egress", "warn", format!("cannot probe: {e}"), false),
     }
+}
+
+/// mcqemu-agent for the host's architecture and for aarch64 (a warning when missing: only
+/// roots and images that need mcqemu's own agent use it; the detail says how to build it).
+fn agent_checks(host: &Host) -> Vec<Check> {
+    let mut arches = vec![host.arch.as_str()];
+    if host.arch != "aarch64" {
+        arches.push("aarch64");
+    }
+    arches
+        .into_iter()
+        .map(|arch| match crate::host::agent::find(arch) {
+            Ok(p) => row(
+                format!("agent {arch}"),
+                "ok",
+                format!("mcqemu-agent at {}", p.display()),
+                false,
+            ),
+            Err(e) => row(format!("agent {arch}"), "warn", e, false),
+        })
+        .collect()
 }
 
 fn roots_check() -> Check {

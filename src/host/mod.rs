@@ -6,6 +6,7 @@
 //! here ([`decide`]), as functions of a [`Host`] that tests write by hand for hosts this
 //! machine is not (x86 with KVM, aarch64, RHEL paths, QEMU 7.2 and 10.0).
 
+pub mod agent;
 pub mod binaries;
 pub mod decide;
 pub mod kvm;

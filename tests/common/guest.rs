@@ -68,10 +68,18 @@ pub fn agent_variant() -> Result<Option<&'static str>, String> {
 }
 
 fn build() -> Result<Guest, String> {
+    try_test_guest_with(agent_variant()?)
+}
+
+/// The x86_64 test guest with qemu-ga (`None`) or with mcqemu-agent started by its init
+/// (`Some("service")`) or as its PID 1 (`Some("init")`), whatever `MCQEMU_TEST_AGENT` says
+/// (for the bench, which compares them in one run). Built on each call (the builder's own
+/// cache makes a repeat cost its package check, about a second).
+pub fn try_test_guest_with(mode: Option<&str>) -> Result<Guest, String> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let out = root.join("target").join("test-guest");
     let script = root.join("tests").join("guest").join("build_guest.py");
-    let Some(mode) = agent_variant()? else {
+    let Some(mode) = mode else {
         let v = super::cli::run_locked_builder("test guest", &script, &out, GUEST_BUILD_TIMEOUT)?;
         return from_json(&v);
     };

@@ -13,7 +13,8 @@
 //! - `lab.rs`: [`Lab`], the fixture of tests that run real QEMUs.
 //! - `qemu.rs`: guest slots, short runtime folders, [`VmKiller`], /proc and pidfile helpers,
 //!   `qemu-img info`.
-//! - `guest.rs`: the test guest ([`test_guest`]).
+//! - `guest.rs`: the test guest ([`test_guest`]), with qemu-ga or mcqemu-agent
+//!   (`MCQEMU_TEST_AGENT`, [`try_test_guest_with`]), and the static agent it carries.
 //! - `cloud.rs`: the test cloud image, Debian with cloud-init ([`test_cloud_image`]).
 //! - `desktop.rs`: the desktop image (Xorg, openbox, a Tk program logging its input).
 //! - `installer.rs`: the Debian 12 installer ISO ([`test_installer`]).

@@ -15,9 +15,10 @@ With --agent PATH (a static mcqemu-agent), the guest carries mcqemu's own agent 
 qemu-ga: `--agent-mode service` starts it from the busybox init script as qemu-ga was started;
 `--agent-mode init` makes it the guest's PID 1 (/init), with the modules it loads listed in
 /etc/mcqemu-agent/modules and the rest of the set-up (busybox's links, the serial shell) in
-/etc/mcqemu-agent/start.
+/etc/mcqemu-agent/start; `--agent-mode bare` is a root with no shell at all: the agent as
+/init, its module list, and one static program (/bin/busybox, without its links).
 
-Usage: build_guest.py [--arch x86_64|aarch64] [--agent PATH [--agent-mode service|init]] OUTDIR
+Usage: build_guest.py [--arch x86_64|aarch64] [--agent PATH [--agent-mode service|init|bare]] OUTDIR
   -> prints {"kernel": ..., "initrd": ..., "append": ..., "packages": [...]} as JSON.
 The output is cached in OUTDIR/<key>/, keyed by the exact package versions (and the init
 script and command line), so each architecture has keys of its own.
@@ -371,8 +372,9 @@ def build(out_dir, arch="x86_64", force_update=False, agent=None, agent_mode="se
         agent_bytes = open(agent, "rb").read()
         if agent_mode == "service":
             init = init.replace(QEMU_GA_LOOP, AGENT_LOOP)
-        else:
+        elif agent_mode == "init":
             start = START_TEMPLATE % {"serial": serial}
+    bare = bool(agent) and agent_mode == "bare"
     apt_opts = refresh_lists(out_dir, a.deb_arch, force_update) if a.private_lists else []
     kpkg = kernel_package(a.kernel_meta, apt_opts)
     lib_packages = LIB_PACKAGES
@@ -416,28 +418,37 @@ def build(out_dir, arch="x86_64", force_update=False, agent=None, agent_mode="se
             cpio.dir(d)
         cpio.chardev("dev/console", 5, 1)
         cpio.chardev("dev/null", 1, 3)
-        if start is None:
+        modules_list = "".join("/lib/modules/%s.ko\n" % m for m in a.modules).encode()
+        if bare:
+            # No shell, no libraries, nothing else: the agent as /init and one static program
+            # (busybox, without its links: there is no /bin/sh).
+            cpio.file("init", agent_bytes)
+            cpio.dir("etc/mcqemu-agent")
+            cpio.file("etc/mcqemu-agent/modules", modules_list, 0o644)
+            cpio.file("etc/hostname", b"mcqemu-bare\n", 0o644)
+            cpio.file("bin/busybox", open(os.path.join(root, "bin/busybox"), "rb").read())
+        elif start is None:
             cpio.file("init", init.encode())
         else:
             cpio.file("init", agent_bytes)
             cpio.dir("etc/mcqemu-agent")
             cpio.file("etc/mcqemu-agent/start", start.encode())
             cpio.file("etc/hostname", b"mcqemu-guest\n", 0o644)
-            cpio.file("etc/mcqemu-agent/modules",
-                      "".join("/lib/modules/%s.ko\n" % m for m in a.modules).encode(), 0o644)
-        cpio.file("bin/busybox", open(os.path.join(root, "bin/busybox"), "rb").read())
-        cpio.file("sbin/shutdown", SHUTDOWN.encode())
-        cpio.file("etc/acpi/PWRF/00000080", POWER_BUTTON.encode())
-        cpio.file("etc/passwd", b"root:x:0:0:root:/root:/bin/sh\n", 0o644)
-        cpio.file("etc/group", b"root:x:0:\n", 0o644)
-        if agent:
-            cpio.file("usr/sbin/mcqemu-agent", agent_bytes)
-        else:
-            ga = os.path.join(root, "usr/sbin/qemu-ga")
-            if not os.path.exists(ga):
-                ga = os.path.join(root, "usr/bin/qemu-ga")
-            cpio.file("usr/sbin/qemu-ga", open(ga, "rb").read())
-        add_tree_libs(cpio, root, a.libdirs)
+            cpio.file("etc/mcqemu-agent/modules", modules_list, 0o644)
+        if not bare:
+            cpio.file("bin/busybox", open(os.path.join(root, "bin/busybox"), "rb").read())
+            cpio.file("sbin/shutdown", SHUTDOWN.encode())
+            cpio.file("etc/acpi/PWRF/00000080", POWER_BUTTON.encode())
+            cpio.file("etc/passwd", b"root:x:0:0:root:/root:/bin/sh\n", 0o644)
+            cpio.file("etc/group", b"root:x:0:\n", 0o644)
+            if agent:
+                cpio.file("usr/sbin/mcqemu-agent", agent_bytes)
+            else:
+                ga = os.path.join(root, "usr/sbin/qemu-ga")
+                if not os.path.exists(ga):
+                    ga = os.path.join(root, "usr/bin/qemu-ga")
+                cpio.file("usr/sbin/qemu-ga", open(ga, "rb").read())
+            add_tree_libs(cpio, root, a.libdirs)
         moddir = [d for d in os.listdir(os.path.join(kroot, "lib/modules"))][0]
         mroot = os.path.join(kroot, "lib/modules", moddir, "kernel")
         found = {}
@@ -492,7 +503,7 @@ def main(argv):
         opts[args[0]] = args[1]
         args = args[2:]
     arch, agent, mode = opts["--arch"], opts["--agent"], opts["--agent-mode"]
-    if len(args) != 1 or arch not in ARCHES or mode not in ("service", "init"):
+    if len(args) != 1 or arch not in ARCHES or mode not in ("service", "init", "bare"):
         sys.exit(__doc__)
     out_dir = os.path.abspath(args[0])
     agent = os.path.abspath(agent) if agent else None

@@ -1,0 +1,128 @@
+//! A root with no shell at all: mcqemu-agent as its PID 1 and one static program (busybox,
+//! without its links, so there is no /bin/sh), built by `tests/guest/build_guest.py
+//! --agent-mode bare`. The guest_* tools that need no shell work on it: guest_exec with env,
+//! cwd, stdin and live output (the agent takes them natively), files both ways, the agent's
+//! identity; and stop_vm's graceful path powers it off through the agent's power button.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::json;
+
+const STEP: Duration = Duration::from_secs(60);
+
+#[test]
+fn a_root_without_a_shell_runs_programs_with_env_cwd_and_live_output() {
+    let guest = try_test_guest_with(Some("bare")).unwrap_or_else(|e| panic!("{e}"));
+    let mut lab = Lab::new("bare");
+    let base = lab.srv().tmp.join("base.img");
+    std::fs::File::create(&base)
+        .and_then(|f| f.set_len(1 << 20))
+        .expect("create the base image");
+    let r = lab.srv().call_tool_within(
+        "sandbox_vm",
+        json!({"name": "bare", "base_image": base.to_str().unwrap(), "memory_mb": 128,
+               "cpus": 1, "port_forwards": [], "wait_agent_s": 90, "kernel": guest.kernel,
+               "initrd": guest.initrd, "append": guest.append}),
+        Duration::from_secs(150),
+    );
+    lab.track(&r);
+    let sb = tool_ok(&r, "sandbox_vm");
+    assert_eq!(sb["agent_ready"], true, "{sb}");
+    let s = lab.srv();
+
+    let info = s.call_ok("guest_info", json!({"name": "bare"}));
+    assert!(
+        info["version"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("mcqemu-agent"),
+        "{info}"
+    );
+    // No shell: qemu-ga's way (a /bin/sh wrapper) could not run env and cwd here.
+    let r = s.call_ok(
+        "guest_file_read",
+        json!({"name": "bare", "path": "/etc/hostname"}),
+    );
+    assert_eq!(r["content"], json!("mcqemu-bare\n"), "{r}");
+    let no_sh = s.call_err_within(
+        "guest_exec",
+        json!({"name": "bare", "command": "/bin/sh", "args": ["-c", "true"]}),
+        STEP,
+    );
+    assert!(no_sh.contains("/bin/sh"), "{no_sh}");
+
+    let r = s.call_ok_within(
+        "guest_exec",
+        json!({"name": "bare", "command": "/bin/busybox", "args": ["env"],
+               "env": {"GREETING": "hello there"}, "cwd": "/etc"}),
+        STEP,
+    );
+    let out = r["stdout"].as_str().unwrap_or_default();
+    assert!(out.contains("GREETING=hello there"), "{r}");
+    assert!(
+        out.contains("PATH="),
+        "the agent's own environment stays: {r}"
+    );
+    let r = s.call_ok_within(
+        "guest_exec",
+        json!({"name": "bare", "command": "/bin/busybox", "args": ["pwd"], "cwd": "/etc"}),
+        STEP,
+    );
+    assert_eq!(r["stdout"], json!("/etc\n"), "{r}");
+    let r = s.call_ok_within(
+        "guest_exec",
+        json!({"name": "bare", "command": "/bin/busybox", "args": ["cat"],
+               "stdin": "fed in\n"}),
+        STEP,
+    );
+    assert_eq!(r["stdout"], json!("fed in\n"), "{r}");
+
+    // Live output with a progress token, with no spool file and no shell.
+    let (r, took, progress) = s
+        .try_call_with_token(
+            "guest_exec",
+            json!({"name": "bare", "command": "/bin/busybox", "live": true,
+                   "args": ["ping", "-c", "4", "-i", "0.5", "127.0.0.1"]}),
+            STEP,
+        )
+        .unwrap();
+    let out = tool_ok(&r, "live ping");
+    eprintln!(
+        "live output without a shell: {took:?}, {} notifications",
+        progress.len()
+    );
+    assert_eq!(out["exitcode"], json!(0), "{out}");
+    assert!(
+        progress.iter().any(|p| p["params"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("bytes from 127.0.0.1"))),
+        "{progress:?}"
+    );
+    assert!(!out.to_string().contains(".mcqemu-exec"), "{out}");
+
+    // Files both ways through the agent.
+    s.call_ok(
+        "guest_file_write",
+        json!({"name": "bare", "path": "/tmp/note", "content": "written\n"}),
+    );
+    let r = s.call_ok(
+        "guest_file_read",
+        json!({"name": "bare", "path": "/tmp/note"}),
+    );
+    assert_eq!(r["content"], json!("written\n"));
+
+    // The power button reaches PID 1: a graceful stop, no acpid, no force.
+    let r = s.call_ok_within(
+        "stop_vm",
+        json!({"name": "bare", "timeout": 60}),
+        Duration::from_secs(90),
+    );
+    assert_eq!(
+        (r["status"].clone(), r["method"].clone()),
+        (json!("stopped"), json!("acpi")),
+        "{r}"
+    );
+}
