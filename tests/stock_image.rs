@@ -139,7 +139,7 @@ fn stock_image_pull_prepare_sandbox_template_clone() {
         "image_prepare",
         json!({
             "source": source, "dest": prepared, "firmware": "uefi",
-            "memory_mb": 1024, "cpus": 1, "timeout_s": 1200,
+            "memory_mb": 1024, "cpus": 1, "timeout_s": 1200, "agent": "qemu-ga",
             "cloud_init": local_mirror(&http),
         }),
         CLOUD_CALL,
@@ -410,6 +410,75 @@ fn a_stock_image_without_an_agent_ends_the_wait_when_cloud_init_is_done() {
     );
     assert!(!cg::vm_names(&mut s).contains(&"bare".to_string()));
     assert!(!lab.vm_dir("bare").exists());
+}
+
+/// image_prepare with mcqemu-agent: the agent rides on the seed, so the guest needs no network
+/// and no package manager; the prepared image's sandboxes answer through mcqemu-agent (as a
+/// systemd service of the image), env and cwd included, and stop gracefully.
+#[test]
+fn image_prepare_with_mcqemu_agent_needs_no_network() {
+    static_agent("x86_64-unknown-linux-musl").unwrap_or_else(|e| panic!("{e}"));
+    let image = test_stock_image();
+    let (lab, mut s) = cloud_lab("prepours");
+    let dir = s.tmp.subdir("images");
+    let source = dir.join("stock.qcow2");
+    std::fs::copy(&image.disk, &source).unwrap();
+    let prepared = dir.join("prepared-ours.qcow2");
+    let t = Instant::now();
+    let prep = s.call_ok_within(
+        "image_prepare",
+        json!({
+            "source": source, "dest": prepared, "firmware": "uefi", "memory_mb": 1024,
+            "cpus": 1, "timeout_s": 1200, "agent": "mcqemu", "allow_network": false,
+        }),
+        CLOUD_CALL,
+    );
+    let prepare_ms = t.elapsed().as_millis();
+    eprintln!("image_prepare with mcqemu-agent, no network: {prepare_ms} ms: {prep}");
+    assert!(
+        prep["agent_version"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("mcqemu-agent")),
+        "{prep}"
+    );
+    assert_eq!(prep["os"]["id"], json!("debian"), "{prep}");
+    assert_eq!(
+        machine_id_size(&image, &prepared, &dir),
+        Some(0),
+        "the prepared image's /etc/machine-id is missing or not empty"
+    );
+    let t = Instant::now();
+    let r = s.call_tool_within(
+        "sandbox_vm",
+        json!({"name": "ours", "base_image": prepared, "firmware": "uefi", "memory_mb": 1024,
+               "cpus": 1, "wait_agent_s": 1200}),
+        CLOUD_CALL,
+    );
+    lab.track(&r);
+    let sb = tool_ok(&r, "sandbox_vm from the prepared image");
+    eprintln!("a cold sandbox of it: {:?}", t.elapsed());
+    assert_eq!(sb["agent_ready"], json!(true), "{sb}");
+    let r = s.call_ok_within(
+        "guest_exec",
+        json!({"name": "ours", "command": "sh", "args": ["-c", "echo $GREETING in $PWD"],
+               "env": {"GREETING": "hello"}, "cwd": "/etc"}),
+        Duration::from_secs(60),
+    );
+    assert_eq!(r["stdout"], json!("hello in /etc\n"), "{r}");
+    let info = s.call_ok("guest_info", json!({"name": "ours"}));
+    assert!(
+        info["version"]
+            .as_str()
+            .unwrap_or("")
+            .starts_with("mcqemu-agent"),
+        "{info}"
+    );
+    let d = s.call_ok_within(
+        "sandbox_destroy",
+        json!({"name": "ours"}),
+        Duration::from_secs(120),
+    );
+    eprintln!("destroyed: {d}");
 }
 
 /// The size of `/etc/machine-id` in the root file system of qcow2 `disk` (partition 1 of the

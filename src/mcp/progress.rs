@@ -148,6 +148,17 @@ impl Progress {
     }
 
     pub(super) fn send(&self, progress: f64, total: Option<f64>, message: &str) {
+        self.send_with(progress, total, message, false);
+    }
+
+    /// As [`Progress::send`] for output the caller asked to see as it comes (a program's
+    /// live lines): the first goes out at once instead of after the call's first half second;
+    /// later ones keep the gap.
+    pub(super) fn send_output(&self, progress: f64, total: Option<f64>, message: &str) {
+        self.send_with(progress, total, message, true);
+    }
+
+    fn send_with(&self, progress: f64, total: Option<f64>, message: &str, first_at_once: bool) {
         let inner = &self.inner;
         let mut st = inner.lock();
         let floor = st
@@ -161,7 +172,10 @@ impl Progress {
         }
         // The gap runs from the call's start too: a call done within half a second says
         // nothing, and a long one speaks first after half a second.
-        let recent = st.sent_at.unwrap_or(inner.started).elapsed() < MIN_GAP;
+        let recent = match st.sent_at {
+            Some(at) => at.elapsed() < MIN_GAP,
+            None => !first_at_once && inner.started.elapsed() < MIN_GAP,
+        };
         if recent || inner.done.load(Ordering::SeqCst) {
             if !inner.done.load(Ordering::SeqCst) {
                 st.pending = Some((progress, total, message.to_string()));
@@ -286,6 +300,24 @@ mod tests {
         let lines = Lines::default();
         let out = Arc::new(Output::new(Box::new(lines.clone())));
         (lines, Progress::new(json!("t"), out))
+    }
+
+    #[test]
+    fn followed_output_goes_out_at_once_then_keeps_the_gap() {
+        let (lines, p) = recorded();
+        let t0 = Instant::now();
+        p.send_output(0.1, Some(30.0), "printed: line-1");
+        p.send_output(0.2, Some(30.0), "printed: line-2");
+        let first = lines.0.lock().unwrap().clone();
+        assert_eq!(first.len(), 1, "{first:?}");
+        assert!(first[0].0 - t0 < Duration::from_millis(50));
+        assert_eq!(first[0].1["params"]["message"], json!("printed: line-1"));
+        // The second waits for the gap (the ticker sends it), and nothing is lost.
+        std::thread::sleep(MIN_GAP + Duration::from_millis(200));
+        p.finish();
+        let seen = lines.0.lock().unwrap().clone();
+        assert_eq!(seen.len(), 2, "{seen:?}");
+        assert!(seen[1].0 - seen[0].0 >= Duration::from_millis(480));
     }
 
     #[test]

@@ -233,6 +233,14 @@ impl ToolCtx {
         }
     }
 
+    /// Reports output the caller asked to follow as it comes (a program's live lines): the
+    /// first notification goes out at once, not after the call's first half second.
+    pub fn progress_output(&self, done: f64, total: Option<f64>, message: &str) {
+        if let Some(p) = &self.progress {
+            p.send_output(done, total, message);
+        }
+    }
+
     /// Reports a value that must arrive (a final one, a phase): as [`ToolCtx::progress`],
     /// whose latest update is never dropped.
     pub fn progress_now(&self, done: f64, total: Option<f64>, message: &str) {

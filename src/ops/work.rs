@@ -14,6 +14,11 @@ pub trait Work: Sync {
     fn progress(&self, done: f64, total: Option<f64>, message: &str);
     /// Reports the next phase of a long call (one step past the last progress value).
     fn progress_phase(&self, message: &str);
+    /// Reports output the caller asked to follow as it comes: like [`Work::progress`], but
+    /// the first goes out at once.
+    fn progress_output(&self, done: f64, total: Option<f64>, message: &str) {
+        self.progress(done, total, message);
+    }
     /// Logs a line for the caller (and stderr).
     fn log(&self, level: &str, message: &str);
 

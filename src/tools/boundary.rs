@@ -25,6 +25,9 @@ impl Work for ToolCtx {
     fn progress_phase(&self, message: &str) {
         ToolCtx::progress_phase(self, message);
     }
+    fn progress_output(&self, done: f64, total: Option<f64>, message: &str) {
+        ToolCtx::progress_output(self, done, total, message);
+    }
     fn log(&self, level: &str, message: &str) {
         self.log.log(level, message);
     }

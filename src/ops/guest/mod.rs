@@ -331,6 +331,15 @@ impl Run<'_> {
             return Ok(());
         }
         self.beat_at = Some(Instant::now());
+        let native = self.live.as_ref().is_some_and(|l| l.id.is_none());
+        if let (true, Some(out)) = (native, &note) {
+            // Lines the caller asked to follow: the first need not wait for half a second.
+            let what = format!("{} (pid {pid}) printed:\n{out}", self.command);
+            let total = Some(self.timeout.as_secs_f64());
+            self.ctx
+                .progress_output(self.started.elapsed().as_secs_f64(), total, &what);
+            return Ok(());
+        }
         let what = match note {
             Some(out) => format!("{} (pid {pid}) printed:\n{out}", self.command),
             None => format!(

@@ -1,6 +1,8 @@
 //! image_prepare: a stock cloud image turned into an agent-ready base for sandboxes. The
 //! source is booted once as a sandbox (an overlay: the source is never written) with a seed
-//! that installs and enables qemu-guest-agent plus the caller's own cloud-init; once cloud-init
+//! that enables a guest agent plus the caller's own cloud-init: mcqemu-agent carried on the
+//! seed itself (no network needed), or qemu-guest-agent, kept where the image has it and
+//! installed from the guest's package mirror otherwise ([`AgentChoice`]); once cloud-init
 //! has finished, its state and the machine-id are cleaned so every sandbox from the result is a
 //! new instance, the guest is shut down cleanly, and the overlay is flattened into a compact
 //! `dest`.
@@ -32,6 +34,46 @@ const AGENT_SETUP: &str = "command -v qemu-ga >/dev/null 2>&1 || \
     systemctl enable --now qemu-guest-agent 2>/dev/null || \
     (rc-update add qemu-guest-agent default && rc-service qemu-guest-agent start)";
 
+/// Enables mcqemu-agent, written by the seed's write_files: qemu-ga, if the image has one, is
+/// stopped and masked (both cannot serve the one port), then the unit is started; a guest
+/// without systemd gets the agent started in the background.
+const OURS_SETUP: &str = "systemctl disable --now qemu-guest-agent 2>/dev/null;     systemctl mask qemu-guest-agent 2>/dev/null;     (systemctl daemon-reload && systemctl enable --now mcqemu-agent.service) ||     (setsid /usr/local/sbin/mcqemu-agent </dev/null >/dev/console 2>&1 &)";
+
+/// The systemd unit of mcqemu-agent.
+const OURS_UNIT: &str = "[Unit]\nDescription=mcqemu guest agent\n\
+    After=systemd-udev-settle.service\n\n[Service]\nExecStart=/usr/local/sbin/mcqemu-agent\n\
+    Restart=always\nRestartSec=1\n\n[Install]\nWantedBy=multi-user.target\n";
+
+/// Where the seed writes mcqemu-agent in the guest.
+const OURS_PATH: &str = "/usr/local/sbin/mcqemu-agent";
+
+/// Which guest agent a prepared image gets.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum AgentChoice {
+    /// qemu-ga where the image has it; else mcqemu-agent when this host has one for the
+    /// guest's architecture; else qemu-ga from the guest's package mirror.
+    #[default]
+    Auto,
+    /// mcqemu-agent, carried on the seed (no network needed); qemu-ga is masked.
+    Mcqemu,
+    /// qemu-guest-agent, from the image or its package mirror.
+    QemuGa,
+}
+
+impl AgentChoice {
+    /// From image_prepare's `agent` argument.
+    pub fn parse(s: Option<&str>) -> Result<AgentChoice, OpError> {
+        match s.unwrap_or("auto") {
+            "auto" => Ok(AgentChoice::Auto),
+            "mcqemu" => Ok(AgentChoice::Mcqemu),
+            "qemu-ga" => Ok(AgentChoice::QemuGa),
+            other => Err(OpError::new(format!(
+                "agent {other:?} is not one of auto, mcqemu, qemu-ga"
+            ))),
+        }
+    }
+}
+
 /// Forgets this boot: cloud-init runs again on the next one, with a new machine-id.
 /// /etc/machine-id is left present and empty whatever cloud-init did with it (22.4 removes it;
 /// newer versions write "uninitialized"): a missing file makes every boot a systemd first boot,
@@ -61,6 +103,8 @@ pub struct PrepareRequest {
     pub disk_size: Option<String>,
     /// Network for the guest (to install the agent).
     pub allow_network: bool,
+    /// Which agent the image gets.
+    pub agent: AgentChoice,
 }
 
 /// What image_prepare made (in this order).
@@ -103,7 +147,19 @@ pub fn prepare(ctx: &dyn Work, req: &PrepareRequest) -> Result<Prepared, OpError
         )));
     }
     let timeout = req.timeout_s.clamp(30.0, 7200.0);
-    let ci = seed_with_agent(req.cloud_init.as_ref())?;
+    let arch = req
+        .launch
+        .arch
+        .clone()
+        .unwrap_or_else(|| crate::host::get().arch.clone());
+    let ours = match req.agent {
+        AgentChoice::QemuGa => None,
+        AgentChoice::Mcqemu => Some(read_agent(&arch)?),
+        AgentChoice::Auto => crate::host::agent::find(&arch)
+            .ok()
+            .and_then(|p| std::fs::read(p).ok()),
+    };
+    let ci = seed_with_agent(req.cloud_init.as_ref(), ours.as_deref(), req.agent)?;
     let name = format!(
         "prepare-{}-{}",
         std::process::id(),
@@ -146,8 +202,24 @@ pub fn prepare(ctx: &dyn Work, req: &PrepareRequest) -> Result<Prepared, OpError
     Ok(out)
 }
 
-/// The caller's cloud_init, checked, with the agent's installation added to its runcmd.
-fn seed_with_agent(given: Option<&Value>) -> Result<Value, OpError> {
+/// mcqemu-agent for `arch`, read from where this host keeps it.
+fn read_agent(arch: &str) -> Result<Vec<u8>, OpError> {
+    let path = crate::host::agent::find(arch).map_err(OpError::new)?;
+    std::fs::read(&path).map_err(|e| {
+        OpError::new(format!(
+            "cannot read mcqemu-agent at {}: {e}",
+            path.display()
+        ))
+    })
+}
+
+/// The caller's cloud_init, checked, with the agent's set-up added: mcqemu-agent and its unit
+/// in write_files when `ours` is given, and the runcmd that `choice` calls for.
+fn seed_with_agent(
+    given: Option<&Value>,
+    ours: Option<&[u8]>,
+    choice: AgentChoice,
+) -> Result<Value, OpError> {
     let mut ci = match given {
         None | Some(Value::Null) => json!({}),
         Some(v) => v.clone(),
@@ -159,12 +231,31 @@ fn seed_with_agent(given: Option<&Value>) -> Result<Value, OpError> {
              structured cloud_init fields, not raw user_data",
         ));
     }
+    let setup = match (choice, ours.is_some()) {
+        (AgentChoice::Mcqemu, _) => OURS_SETUP.to_string(),
+        (AgentChoice::Auto, true) => format!(
+            "if command -v qemu-ga >/dev/null 2>&1; then systemctl enable --now \
+             qemu-guest-agent 2>/dev/null || (rc-update add qemu-guest-agent default && \
+             rc-service qemu-guest-agent start); else {OURS_SETUP}; fi"
+        ),
+        _ => AGENT_SETUP.to_string(),
+    };
     if let Some(m) = ci.as_object_mut() {
+        if let Some(bytes) = ours {
+            let files = m.entry("write_files").or_insert_with(|| json!([]));
+            if let Some(list) = files.as_array_mut() {
+                list.push(json!({"path": OURS_PATH, "encoding": "b64",
+                                 "content": crate::b64::encode(bytes), "permissions": "0755"}));
+                list.push(json!({"path": "/etc/systemd/system/mcqemu-agent.service",
+                                 "content": OURS_UNIT, "permissions": "0644"}));
+            }
+        }
         let runcmd = m.entry("runcmd").or_insert_with(|| json!([]));
         if let Some(list) = runcmd.as_array_mut() {
-            list.push(json!(["sh", "-c", AGENT_SETUP]));
+            list.push(json!(["sh", "-c", setup]));
         }
     }
+    CloudInit::parse(&ci)?;
     Ok(ci)
 }
 
@@ -186,10 +277,10 @@ fn finish(
         if let Some(ds) = console.map(|c| c.datasource.as_str()) {
             return Err(OpError::new(format!(
                 "cloud-init finished in the prepared VM {name:?} (datasource {ds}) but the guest \
-                 agent never started: installing qemu-guest-agent failed. The guest needs \
-                 allow_network=true and a package mirror it can reach (its own, or one written \
-                 into its sources through cloud_init write_files). Nothing was written to dest. \
-                 Last serial output: {serial}"
+                 agent never started. Installing qemu-guest-agent needs allow_network=true and a \
+                 package mirror the guest can reach (its own, or one written into its sources \
+                 through cloud_init write_files); agent=\"mcqemu\" needs neither. Nothing was \
+                 written to dest. Last serial output: {serial}"
             )));
         }
         return Err(OpError::new(format!(
@@ -249,4 +340,56 @@ fn finish(
         source: String::new(),
         duration_ms: 0,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn runcmd(ci: &Value) -> String {
+        ci["runcmd"].to_string()
+    }
+
+    #[test]
+    fn the_seed_carries_mcqemu_agent_or_installs_qemu_ga() {
+        let given = json!({"write_files": [{"path": "/etc/mine", "content": "x"}]});
+        let agent = vec![0x7f, b'E', b'L', b'F', 0, 1, 2];
+        let ci = seed_with_agent(Some(&given), Some(&agent), AgentChoice::Mcqemu).unwrap();
+        let files = ci["write_files"].as_array().unwrap();
+        assert_eq!(
+            files[0]["path"],
+            json!("/etc/mine"),
+            "the caller's files stay first"
+        );
+        assert_eq!(files[1]["path"], json!(OURS_PATH));
+        assert_eq!(
+            crate::b64::decode(files[1]["content"].as_str().unwrap()).unwrap(),
+            agent
+        );
+        assert_eq!(files[1]["permissions"], json!("0755"));
+        assert!(runcmd(&ci).contains("mask qemu-guest-agent"), "{ci}");
+        // auto with an agent at hand: qemu-ga where the image has it, ours otherwise.
+        let ci = seed_with_agent(None, Some(&agent), AgentChoice::Auto).unwrap();
+        let r = runcmd(&ci);
+        assert!(
+            r.contains("command -v qemu-ga") && r.contains("mcqemu-agent.service"),
+            "{r}"
+        );
+        assert!(
+            !r.contains("apt-get"),
+            "auto with mcqemu-agent needs no mirror: {r}"
+        );
+        // No agent on this host, or qemu-ga asked for: the package manager's way, no file.
+        for (ours, choice) in [
+            (None, AgentChoice::Auto),
+            (Some(&agent[..]), AgentChoice::QemuGa),
+        ] {
+            let ci = seed_with_agent(None, ours.filter(|_| choice != AgentChoice::QemuGa), choice)
+                .unwrap();
+            assert!(runcmd(&ci).contains("apt-get install -y qemu-guest-agent"));
+            assert!(ci.get("write_files").is_none(), "{ci}");
+        }
+        assert!(AgentChoice::parse(Some("systemd")).is_err());
+        assert_eq!(AgentChoice::parse(None).unwrap(), AgentChoice::Auto);
+    }
 }

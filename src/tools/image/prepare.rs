@@ -12,7 +12,9 @@ use crate::tools::{params, presets};
 
 const PREPARE_DESCRIPTION: &str = "Turn a stock cloud image (image_pull) into an agent-ready \
     base for sandbox_vm: boot it once on an overlay (source is never written) with a cloud-init \
-    seed that installs and enables qemu-guest-agent plus your own cloud_init, wait for \
+    seed that enables a guest agent (agent: mcqemu-agent carried on the seed, no network \
+    needed; or qemu-guest-agent, the image's or installed from its mirror) plus your own \
+    cloud_init, wait for \
     cloud-init to finish, clean cloud-init's state and the machine-id (every sandbox from the \
     result is a new instance), shut the guest down cleanly, and write a compact qcow2 dest. \
     Progress at each phase; takes minutes under TCG. Reports the agent version and the OS.";
@@ -31,6 +33,12 @@ pub const PREPARE: ToolDef = ToolDef {
                          "description": "Where to write the prepared qcow2."},
                 "overwrite": {"type": "boolean", "default": false},
                 "cloud_init": params::cloud_init_schema(),
+                "agent": {"type": "string", "enum": ["auto", "mcqemu", "qemu-ga"],
+                          "default": "auto",
+                          "description": "The guest agent: mcqemu (mcqemu's own, carried on \
+                                          the seed: no network, no package manager), qemu-ga \
+                                          (the image's, or installed from its mirror), auto \
+                                          (qemu-ga where the image has it, else mcqemu)."},
                 "allow_network": {"type": "boolean", "default": true,
                                   "description": "Let the guest reach the network (to install \
                                                   the agent and packages)."},
@@ -87,6 +95,7 @@ fn prepare(ctx: &ToolCtx, args: &Args) -> ToolResult {
         },
         disk_size: text("disk_size")?,
         allow_network: args.bool_or("allow_network", true)?,
+        agent: prepare::AgentChoice::parse(args.opt_str("agent")?)?,
     };
     crate::tools::to_output(&prepare::prepare(ctx, &req)?)
 }
