@@ -94,6 +94,26 @@ pub struct CloudInit {
     pub user_data: UserData,
     /// network-config, when given.
     pub network_config: Option<Value>,
+    /// Files of mcqemu's own beside user-data on the seed (never from a tool call): what a
+    /// guest copies off its seed instead of parsing it out of user-data (cloud-init reads
+    /// user-data's YAML in pure Python at each of its stages: a 600 KB program inlined there
+    /// cost a TCG guest about 100 s).
+    pub files: Vec<SeedFile>,
+}
+
+/// One extra file on the seed.
+#[derive(Clone, PartialEq)]
+pub struct SeedFile {
+    /// Its name on the seed.
+    pub name: String,
+    /// Its bytes.
+    pub bytes: Vec<u8>,
+}
+
+impl std::fmt::Debug for SeedFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SeedFile({:?}, {} bytes)", self.name, self.bytes.len())
+    }
 }
 
 /// What goes into `user-data`.
@@ -135,6 +155,7 @@ impl CloudInit {
                 hostname: None,
                 user_data: UserData::Raw(string(raw, "user_data")?),
                 network_config,
+                files: Vec::new(),
             });
         }
         let cfg = config(m, hostname.as_deref())?;
@@ -142,6 +163,7 @@ impl CloudInit {
             hostname,
             user_data: UserData::Config(cfg),
             network_config,
+            files: Vec::new(),
         })
     }
 
@@ -186,6 +208,9 @@ impl CloudInit {
         ];
         if let Some(n) = &net {
             files.push(("network-config", n.as_bytes()));
+        }
+        for f in &self.files {
+            files.push((f.name.as_str(), f.bytes.as_slice()));
         }
         iso::write("cidata", &files, now)
     }

@@ -56,6 +56,7 @@ pub fn launch_args(args: &Args) -> Result<LaunchArgs, ToolError> {
         port_forwards: args.opt_str_list("port_forwards")?,
         cloud_init: args.get("cloud_init").cloned(),
         egress,
+        seed_files: Vec::new(),
     })
 }
 

@@ -34,10 +34,18 @@ const AGENT_SETUP: &str = "command -v qemu-ga >/dev/null 2>&1 || \
     systemctl enable --now qemu-guest-agent 2>/dev/null || \
     (rc-update add qemu-guest-agent default && rc-service qemu-guest-agent start)";
 
-/// Enables mcqemu-agent, written by the seed's write_files: qemu-ga, if the image has one, is
-/// stopped and masked (both cannot serve the one port), then the unit is started; a guest
-/// without systemd gets the agent started in the background.
-const OURS_SETUP: &str = "systemctl disable --now qemu-guest-agent 2>/dev/null;     systemctl mask qemu-guest-agent 2>/dev/null;     (systemctl daemon-reload && systemctl enable --now mcqemu-agent.service) ||     (setsid /usr/local/sbin/mcqemu-agent </dev/null >/dev/console 2>&1 &)";
+/// Copies mcqemu-agent off the seed (a file of its own there, beside user-data: the seed is
+/// mounted read-only by its label for the copy) and enables it: qemu-ga, if the image has one,
+/// is stopped and masked (both cannot serve the one port), then the unit (from write_files)
+/// is started; a guest without systemd gets the agent started in the background.
+const OURS_SETUP: &str = "m=$(mktemp -d) && \
+    dev=$(blkid -L cidata 2>/dev/null || blkid -L CIDATA 2>/dev/null || echo /dev/sr0) && \
+    mount -o ro \"$dev\" \"$m\" && cp \"$m/mcqemu-agent\" /usr/local/sbin/mcqemu-agent && \
+    chmod 0755 /usr/local/sbin/mcqemu-agent; umount \"$m\" 2>/dev/null; rmdir \"$m\"; \
+    systemctl disable --now qemu-guest-agent 2>/dev/null; \
+    systemctl mask qemu-guest-agent 2>/dev/null; \
+    (systemctl daemon-reload && systemctl enable --now mcqemu-agent.service) || \
+    (setsid /usr/local/sbin/mcqemu-agent </dev/null >/dev/console 2>&1 &)";
 
 /// The systemd unit of mcqemu-agent.
 const OURS_UNIT: &str = "[Unit]\nDescription=mcqemu guest agent\n\
@@ -159,7 +167,14 @@ pub fn prepare(ctx: &dyn Work, req: &PrepareRequest) -> Result<Prepared, OpError
             .ok()
             .and_then(|p| std::fs::read(p).ok()),
     };
-    let ci = seed_with_agent(req.cloud_init.as_ref(), ours.as_deref(), req.agent)?;
+    let ci = seed_with_agent(req.cloud_init.as_ref(), ours.is_some(), req.agent)?;
+    let seed_files: Vec<crate::cloudinit::SeedFile> = ours
+        .into_iter()
+        .map(|bytes| crate::cloudinit::SeedFile {
+            name: "mcqemu-agent".into(),
+            bytes,
+        })
+        .collect();
     let name = format!(
         "prepare-{}-{}",
         std::process::id(),
@@ -173,6 +188,7 @@ pub fn prepare(ctx: &dyn Work, req: &PrepareRequest) -> Result<Prepared, OpError
         launch: LaunchArgs {
             port_forwards: Some(Vec::new()),
             cloud_init: Some(ci),
+            seed_files,
             ..req.launch.clone()
         },
         allow_network: req.allow_network,
@@ -213,11 +229,12 @@ fn read_agent(arch: &str) -> Result<Vec<u8>, OpError> {
     })
 }
 
-/// The caller's cloud_init, checked, with the agent's set-up added: mcqemu-agent and its unit
-/// in write_files when `ours` is given, and the runcmd that `choice` calls for.
+/// The caller's cloud_init, checked, with the agent's set-up added: mcqemu-agent's unit in
+/// write_files when `ours` (the agent rides on the seed as a file of its own), and the runcmd
+/// that `choice` calls for.
 fn seed_with_agent(
     given: Option<&Value>,
-    ours: Option<&[u8]>,
+    ours: bool,
     choice: AgentChoice,
 ) -> Result<Value, OpError> {
     let mut ci = match given {
@@ -231,21 +248,20 @@ fn seed_with_agent(
              structured cloud_init fields, not raw user_data",
         ));
     }
-    let setup = match (choice, ours.is_some()) {
+    let setup = match (choice, ours) {
         (AgentChoice::Mcqemu, _) => OURS_SETUP.to_string(),
         (AgentChoice::Auto, true) => format!(
-            "if command -v qemu-ga >/dev/null 2>&1; then systemctl enable --now \
+            "if command -v qemu-ga >/dev/null 2>&1; then rm -f {OURS_PATH} \
+             /etc/systemd/system/mcqemu-agent.service; systemctl enable --now \
              qemu-guest-agent 2>/dev/null || (rc-update add qemu-guest-agent default && \
              rc-service qemu-guest-agent start); else {OURS_SETUP}; fi"
         ),
         _ => AGENT_SETUP.to_string(),
     };
     if let Some(m) = ci.as_object_mut() {
-        if let Some(bytes) = ours {
+        if ours {
             let files = m.entry("write_files").or_insert_with(|| json!([]));
             if let Some(list) = files.as_array_mut() {
-                list.push(json!({"path": OURS_PATH, "encoding": "b64",
-                                 "content": crate::b64::encode(bytes), "permissions": "0755"}));
                 list.push(json!({"path": "/etc/systemd/system/mcqemu-agent.service",
                                  "content": OURS_UNIT, "permissions": "0644"}));
             }
@@ -351,26 +367,30 @@ mod tests {
     }
 
     #[test]
-    fn the_seed_carries_mcqemu_agent_or_installs_qemu_ga() {
+    fn the_seed_sets_mcqemu_agent_up_or_installs_qemu_ga() {
         let given = json!({"write_files": [{"path": "/etc/mine", "content": "x"}]});
-        let agent = vec![0x7f, b'E', b'L', b'F', 0, 1, 2];
-        let ci = seed_with_agent(Some(&given), Some(&agent), AgentChoice::Mcqemu).unwrap();
+        let ci = seed_with_agent(Some(&given), true, AgentChoice::Mcqemu).unwrap();
         let files = ci["write_files"].as_array().unwrap();
         assert_eq!(
             files[0]["path"],
             json!("/etc/mine"),
             "the caller's files stay first"
         );
-        assert_eq!(files[1]["path"], json!(OURS_PATH));
         assert_eq!(
-            crate::b64::decode(files[1]["content"].as_str().unwrap()).unwrap(),
-            agent
+            files[1]["path"],
+            json!("/etc/systemd/system/mcqemu-agent.service")
         );
-        assert_eq!(files[1]["permissions"], json!("0755"));
-        assert!(runcmd(&ci).contains("mask qemu-guest-agent"), "{ci}");
-        // auto with an agent at hand: qemu-ga where the image has it, ours otherwise.
-        let ci = seed_with_agent(None, Some(&agent), AgentChoice::Auto).unwrap();
+        assert!(
+            ci.to_string().len() < 4096,
+            "the agent itself rides beside user-data, not in it"
+        );
         let r = runcmd(&ci);
+        assert!(
+            r.contains("mask qemu-guest-agent") && r.contains("blkid -L cidata"),
+            "{r}"
+        );
+        // auto with an agent at hand: qemu-ga where the image has it, ours otherwise.
+        let r = runcmd(&seed_with_agent(None, true, AgentChoice::Auto).unwrap());
         assert!(
             r.contains("command -v qemu-ga") && r.contains("mcqemu-agent.service"),
             "{r}"
@@ -380,12 +400,8 @@ mod tests {
             "auto with mcqemu-agent needs no mirror: {r}"
         );
         // No agent on this host, or qemu-ga asked for: the package manager's way, no file.
-        for (ours, choice) in [
-            (None, AgentChoice::Auto),
-            (Some(&agent[..]), AgentChoice::QemuGa),
-        ] {
-            let ci = seed_with_agent(None, ours.filter(|_| choice != AgentChoice::QemuGa), choice)
-                .unwrap();
+        for choice in [AgentChoice::Auto, AgentChoice::QemuGa] {
+            let ci = seed_with_agent(None, false, choice).unwrap();
             assert!(runcmd(&ci).contains("apt-get install -y qemu-guest-agent"));
             assert!(ci.get("write_files").is_none(), "{ci}");
         }

@@ -58,6 +58,9 @@ pub struct LaunchArgs {
     pub port_forwards: Option<Vec<String>>,
     /// The `cloud_init` parameter as given (parsed and checked here).
     pub cloud_init: Option<Value>,
+    /// Files of mcqemu's own for the seed, beside user-data (image_prepare's agent); only
+    /// with a `cloud_init`.
+    pub seed_files: Vec<crate::cloudinit::SeedFile>,
     /// `allow_network` rules (already parsed): the VM reaches only these names, through its
     /// egress proxy.
     pub egress: Vec<Rule>,
@@ -71,6 +74,12 @@ impl LaunchArgs {
             .filter(|v| !v.is_null())
             .map(CloudInit::parse)
             .transpose()
+            .map(|c| {
+                c.map(|mut c| {
+                    c.files = self.seed_files.clone();
+                    c
+                })
+            })
             .map_err(OpError::from)
     }
 }
