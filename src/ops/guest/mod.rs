@@ -163,10 +163,15 @@ fn agent_is_ours(name: &str, pid: Option<i64>) -> Result<bool, OpError> {
     if let Some(ours) = known.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
         return Ok(*ours);
     }
-    let info = with_guest(name, "guest-info", |q| {
-        agent_calls::info(q, Duration::from_secs(10))
+    // An agent that refuses guest-info (a qemu-ga with it blocked) is not ours: it is
+    // served the way qemu-ga is.
+    let ours = with_guest(name, "guest-info", |q| {
+        match agent_calls::info(q, Duration::from_secs(10)) {
+            Ok(info) => Ok(info.version.starts_with(agent_calls::OUR_AGENT)),
+            Err(QgaError::Command { .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
     })?;
-    let ours = info.version.starts_with(agent_calls::OUR_AGENT);
     let mut k = known.lock().unwrap_or_else(|p| p.into_inner());
     if k.len() > 256 {
         k.clear();
