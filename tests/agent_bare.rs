@@ -1,8 +1,9 @@
 //! A root with no shell at all: mcqemu-agent as its PID 1 and one static program (busybox,
 //! without its links, so there is no /bin/sh), built by `tests/guest/build_guest.py
-//! --agent-mode bare`. The guest_* tools that need no shell work on it: guest_exec with env,
-//! cwd, stdin and live output (the agent takes them natively), files both ways, the agent's
-//! identity; and stop_vm's graceful path powers it off through the agent's power button.
+//! --agent-mode bare`. The guest_* tools work on it without a shell: guest_exec with env, cwd,
+//! stdin and live output (the agent takes them natively), guest_list_dir (the agent reads the
+//! folder), files both ways, the agent's identity; and stop_vm's graceful path powers it off
+//! through the agent's power button.
 
 mod common;
 
@@ -102,6 +103,22 @@ fn a_root_without_a_shell_runs_programs_with_env_cwd_and_live_output() {
         "{progress:?}"
     );
     assert!(!out.to_string().contains(".mcqemu-exec"), "{out}");
+
+    // A folder listed by the agent itself (no sh, no stat in this root).
+    let l = s.call_ok("guest_list_dir", json!({"name": "bare", "path": "/etc"}));
+    let names: Vec<&str> = l["entries"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|e| e["name"].as_str()).collect())
+        .unwrap_or_default();
+    assert!(
+        names.contains(&"hostname") && names.contains(&"mcqemu-agent"),
+        "{l}"
+    );
+    let err = s.call_err(
+        "guest_list_dir",
+        json!({"name": "bare", "path": "/etc/hostname"}),
+    );
+    assert!(err.contains("not a folder"), "{err}");
 
     // Files both ways through the agent.
     s.call_ok(

@@ -21,6 +21,7 @@ const ANSWER_ONLY: &[&str] = &[
     "guest-info",
     "guest-exec-status",
     "mcqemu-exec-output",
+    "mcqemu-list-dir",
     "guest-file-read",
     "guest-file-write",
     "guest-file-seek",

@@ -31,6 +31,7 @@ pub const COMMANDS: &[(&str, bool)] = &[
     ("guest-get-osinfo", true),
     ("guest-shutdown", false),
     ("mcqemu-exec-output", true),
+    ("mcqemu-list-dir", true),
 ];
 
 /// What the agent holds between requests.
@@ -228,6 +229,25 @@ impl Agent {
                     .programs
                     .status(pid, from, Duration::from_millis(wait), false)?;
                 ret(status_json(&st, true))
+            }
+            "mcqemu-list-dir" => {
+                let max = a.opt_int("max")?.unwrap_or(10_000).clamp(0, 100_000) as usize;
+                let (entries, truncated) = super::files::list_dir(a.str("path")?, max)?;
+                let items = entries
+                    .into_iter()
+                    .map(|e| {
+                        Json::obj([
+                            ("name", Json::str(e.name)),
+                            ("mode", Json::Int(e.mode.into())),
+                            ("size", Json::Int(e.size as i64)),
+                            ("mtime", Json::Int(e.mtime)),
+                        ])
+                    })
+                    .collect();
+                ret(Json::obj([
+                    ("entries", Json::Arr(items)),
+                    ("truncated", Json::Bool(truncated)),
+                ]))
             }
             "guest-file-open" => {
                 let h = self

@@ -137,6 +137,54 @@ impl Files {
     }
 }
 
+/// Most entries a listing reads from one folder (the host returns at most 10,000 of them,
+/// sorted by name; past this many it says the listing is cut).
+pub const MAX_LISTED: usize = 100_000;
+
+/// One entry of a folder, as lstat sees it (a link is not followed).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Listed {
+    /// Its name (not UTF-8: lossily).
+    pub name: String,
+    /// st_mode: type and permission bits.
+    pub mode: u32,
+    /// Size in bytes.
+    pub size: u64,
+    /// Modification time, seconds since the epoch.
+    pub mtime: i64,
+}
+
+/// The entries of folder `path`, sorted by name, at most `max`; and whether there were more.
+pub fn list_dir(path: &str, max: usize) -> Result<(Vec<Listed>, bool), String> {
+    use std::os::unix::fs::MetadataExt;
+    let rd = std::fs::read_dir(path)
+        .map_err(|e| format!("{path} is not a folder that can be read: {}", os_text(&e)))?;
+    let mut out = Vec::new();
+    let mut cut = false;
+    for entry in rd {
+        let Ok(entry) = entry else { continue };
+        if out.len() >= MAX_LISTED {
+            cut = true;
+            break;
+        }
+        let Ok(m) = entry.path().symlink_metadata() else {
+            continue; // gone meanwhile
+        };
+        out.push(Listed {
+            name: entry.file_name().to_string_lossy().into_owned(),
+            mode: m.mode(),
+            size: m.size(),
+            mtime: m.mtime(),
+        });
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    if out.len() > max {
+        out.truncate(max);
+        cut = true;
+    }
+    Ok((out, cut))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -163,6 +211,22 @@ mod tests {
         assert!(e.contains("No such file"), "{e}");
         let h = fs.open(dir.to_str().unwrap(), "r").unwrap();
         assert!(fs.read(h, 10).unwrap_err().contains("directory"));
+        std::os::unix::fs::symlink("f", dir.join("link")).unwrap();
+        let (entries, cut) = list_dir(dir.to_str().unwrap(), 10).unwrap();
+        assert!(!cut);
+        let names: Vec<&str> = entries.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(names, ["f", "link"]);
+        assert_eq!(
+            (entries[0].size, entries[0].mode & 0o170000),
+            (11, 0o100000)
+        );
+        assert_eq!(
+            entries[1].mode & 0o170000,
+            0o120000,
+            "a link is not followed"
+        );
+        assert!(list_dir(dir.to_str().unwrap(), 1).unwrap().1);
+        assert!(list_dir(p.to_str().unwrap(), 10).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

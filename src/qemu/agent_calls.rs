@@ -92,6 +92,44 @@ pub fn exec_output(
         .map_err(|e| QgaError::Garbage(format!("mcqemu-exec-output replied {r}: {e}")))
 }
 
+/// One entry of `mcqemu-list-dir` (lstat's view: a link is not followed).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+pub struct DirEntry {
+    /// Its name.
+    pub name: String,
+    /// st_mode: type and permission bits.
+    pub mode: u32,
+    /// Size in bytes.
+    #[serde(default)]
+    pub size: u64,
+    /// Modification time, seconds since the epoch.
+    #[serde(default)]
+    pub mtime: i64,
+}
+
+/// `mcqemu-list-dir`'s reply.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+pub struct DirListing {
+    /// The entries, sorted by name.
+    #[serde(default)]
+    pub entries: Vec<DirEntry>,
+    /// There were more than asked for.
+    #[serde(default)]
+    pub truncated: bool,
+}
+
+/// mcqemu-agent's `mcqemu-list-dir`: folder `path`'s entries, at most `max`, read by the agent
+/// itself (no shell or stat in the guest).
+pub fn list_dir(q: &mut Qga, path: &str, max: usize) -> Result<DirListing, QgaError> {
+    let r = q.execute_within(
+        "mcqemu-list-dir",
+        Some(json!({"path": path, "max": max})),
+        COMMAND_BOUND * 6,
+    )?;
+    DirListing::deserialize(&r)
+        .map_err(|e| QgaError::Garbage(format!("mcqemu-list-dir replied {r}: {e}")))
+}
+
 /// Bound of a reply beyond a command's own wait in the guest.
 const COMMAND_BOUND: Duration = Duration::from_secs(10);
 

@@ -1,6 +1,7 @@
 //! guest_list_dir: a folder's entries (names, types, sizes, modes, modification times) read in
-//! the guest by one `stat` over the folder's names, bounded in count. Typed request and
-//! result; no MCP here. Needs `sh` and `stat` in the guest (busybox has both).
+//! the guest by one `stat` over the folder's names, bounded in count, or by mcqemu-agent
+//! itself (`mcqemu-list-dir`). Typed request and result; no MCP here. With qemu-ga it needs
+//! `sh` and `stat` in the guest (busybox has both); with mcqemu-agent, nothing.
 
 use std::time::Duration;
 
@@ -8,6 +9,7 @@ use serde::Serialize;
 
 use crate::ops::guest::spool::{self, Launch};
 use crate::ops::guest::with_guest;
+use crate::qemu::agent_calls;
 
 /// Most entries one listing returns.
 pub const MAX_ENTRIES: usize = 10_000;
@@ -105,6 +107,35 @@ pub fn list(req: &Request) -> Result<Listing, String> {
     if !req.path.starts_with('/') {
         return Err(format!("path {:?} must be absolute in the guest", req.path));
     }
+    let max = req.max_entries.min(MAX_ENTRIES);
+    let pid = crate::ops::vm::records::lookup(&req.name)
+        .map_err(|e| e.to_string())?
+        .pid;
+    if crate::ops::guest::agent_is_ours(&req.name, pid).map_err(|e| e.to_string())? {
+        // mcqemu-agent reads the folder itself: no shell or stat needed in the guest.
+        let got = with_guest(&req.name, "mcqemu-list-dir", |q| {
+            agent_calls::list_dir(q, &req.path, max)
+        })
+        .map_err(|e| e.to_string())?;
+        let entries = got
+            .entries
+            .into_iter()
+            .filter(|e| !e.name.is_empty() && !e.name.contains('/'))
+            .map(|e| Entry {
+                name: e.name,
+                kind: kind(e.mode),
+                size: e.size,
+                mode: format!("{:04o}", e.mode & 0o7777),
+                mtime: e.mtime,
+            })
+            .collect();
+        return Ok(Listing {
+            name: req.name.clone(),
+            path: req.path.clone(),
+            entries,
+            truncated: got.truncated,
+        });
+    }
     let args = vec![
         "-c".to_string(),
         LISTER.to_string(),
@@ -127,7 +158,7 @@ pub fn list(req: &Request) -> Result<Listing, String> {
         ));
     }
     let out = String::from_utf8_lossy(&status.stdout()).into_owned();
-    let (entries, truncated) = parse(&out, req.max_entries.min(MAX_ENTRIES));
+    let (entries, truncated) = parse(&out, max);
     Ok(Listing {
         name: req.name.clone(),
         path: req.path.clone(),

@@ -155,7 +155,7 @@ impl Live {
 
 /// Whether mcqemu-agent answers VM `name` (QEMU process `pid`): asked once per process with
 /// guest-info, then remembered (a guest's agent stays what it booted with).
-fn agent_is_ours(name: &str, pid: Option<i64>) -> Result<bool, OpError> {
+pub(crate) fn agent_is_ours(name: &str, pid: Option<i64>) -> Result<bool, OpError> {
     type Known = std::sync::Mutex<std::collections::HashMap<(String, Option<i64>), bool>>;
     static KNOWN: std::sync::OnceLock<Known> = std::sync::OnceLock::new();
     let known = KNOWN.get_or_init(Known::default);
