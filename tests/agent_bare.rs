@@ -18,30 +18,10 @@ const STEP: Duration = Duration::from_secs(60);
 fn a_root_without_a_shell_runs_programs_with_env_cwd_and_live_output() {
     let guest = try_test_guest_with(Some("bare")).unwrap_or_else(|e| panic!("{e}"));
     let mut lab = Lab::new("bare");
-    let base = lab.srv().tmp.join("base.img");
-    std::fs::File::create(&base)
-        .and_then(|f| f.set_len(1 << 20))
-        .expect("create the base image");
-    let r = lab.srv().call_tool_within(
-        "sandbox_vm",
-        json!({"name": "bare", "base_image": base.to_str().unwrap(), "memory_mb": 128,
-               "cpus": 1, "port_forwards": [], "wait_agent_s": 90, "kernel": guest.kernel,
-               "initrd": guest.initrd, "append": guest.append}),
-        Duration::from_secs(150),
-    );
-    lab.track(&r);
-    let sb = tool_ok(&r, "sandbox_vm");
-    assert_eq!(sb["agent_ready"], true, "{sb}");
+    lab.boot_guest_sandbox("bare", &guest, "");
     let s = lab.srv();
 
-    let info = s.call_ok("guest_info", json!({"name": "bare"}));
-    assert!(
-        info["version"]
-            .as_str()
-            .unwrap_or("")
-            .starts_with("mcqemu-agent"),
-        "{info}"
-    );
+    assert!(our_agent_answers(s, "bare"), "qemu-ga answered");
     // No shell: qemu-ga's way (a /bin/sh wrapper) could not run env and cwd here.
     let r = s.call_ok(
         "guest_file_read",

@@ -160,3 +160,11 @@ fn from_json(v: &serde_json::Value) -> Result<Guest, String> {
         append: field("append")?,
     })
 }
+
+/// Whether mcqemu-agent (not qemu-ga) answers VM `vm`, by guest_info's version.
+pub fn our_agent_answers(s: &mut super::Server, vm: &str) -> bool {
+    let info = s.call_ok("guest_info", serde_json::json!({ "name": vm }));
+    info["version"]
+        .as_str()
+        .is_some_and(|v| v.starts_with("mcqemu-agent"))
+}

@@ -106,6 +106,29 @@ impl Lab {
         self.state().join("vms").join(name)
     }
 
+    /// sandbox_vm `name` of a test guest built by `build_guest.py` (a 1 MiB blank base, 128
+    /// MiB, 1 vCPU, no forwards), `extra_append` added to its kernel command line; fails the
+    /// test unless its agent answers.
+    pub fn boot_guest_sandbox(&mut self, name: &str, guest: &super::Guest, extra_append: &str) {
+        let base = self.srv().tmp.join(&format!("{name}-base.img"));
+        std::fs::File::create(&base)
+            .and_then(|f| f.set_len(1 << 20))
+            .expect("create the base image");
+        let r = self.srv().call_tool_within(
+            "sandbox_vm",
+            serde_json::json!({
+                "base_image": base.to_str().unwrap(), "name": name, "memory_mb": 128, "cpus": 1,
+                "port_forwards": [], "wait_agent_s": 90,
+                "kernel": guest.kernel, "initrd": guest.initrd,
+                "append": format!("{} {extra_append}", guest.append).trim_end(),
+            }),
+            Duration::from_secs(150),
+        );
+        self.track(&r);
+        let sc = tool_ok(&r, "sandbox_vm");
+        assert_eq!(sc["agent_ready"], true, "agent never answered: {sc}");
+    }
+
     /// Remembers the QEMU of a launch_vm or sandbox_vm `CallToolResult` (whatever it says)
     /// for killing.
     pub fn track(&self, call_result: &Value) {

@@ -16,24 +16,7 @@ const STEP: Duration = Duration::from_secs(60);
 
 /// sandbox_vm `name` of the test guest (128 MiB, 1 vCPU, a serial shell), its agent answering.
 pub fn boot_test_sandbox(lab: &mut Lab, name: &str) {
-    let guest = test_guest();
-    let base = lab.srv().tmp.join("base.img");
-    std::fs::File::create(&base)
-        .and_then(|f| f.set_len(1 << 20))
-        .expect("create the base image");
-    let r = lab.srv().call_tool_within(
-        "sandbox_vm",
-        json!({
-            "base_image": base.to_str().unwrap(), "name": name, "memory_mb": 128, "cpus": 1,
-            "port_forwards": [], "wait_agent_s": 90,
-            "kernel": guest.kernel, "initrd": guest.initrd,
-            "append": format!("{} mcqemu.serial_shell=1", guest.append),
-        }),
-        Duration::from_secs(150),
-    );
-    lab.track(&r);
-    let sc = tool_ok(&r, "sandbox_vm");
-    assert_eq!(sc["agent_ready"], true, "agent never answered: {sc}");
+    lab.boot_guest_sandbox(name, &test_guest(), "mcqemu.serial_shell=1");
 }
 
 /// Starts a guest program that prints the first line typed on /dev/tty1; returns its call id
