@@ -124,7 +124,7 @@ pub fn list_dir(q: &mut Qga, path: &str, max: usize) -> Result<DirListing, QgaEr
     let r = q.execute_within(
         "mcqemu-list-dir",
         Some(json!({"path": path, "max": max})),
-        COMMAND_BOUND * 6,
+        LIST_BOUND,
     )?;
     DirListing::deserialize(&r)
         .map_err(|e| QgaError::Garbage(format!("mcqemu-list-dir replied {r}: {e}")))
@@ -132,6 +132,9 @@ pub fn list_dir(q: &mut Qga, path: &str, max: usize) -> Result<DirListing, QgaEr
 
 /// Bound of a reply beyond a command's own wait in the guest.
 const COMMAND_BOUND: Duration = Duration::from_secs(10);
+
+/// Bound of a folder listing (up to 100,000 lstats in the guest, under TCG).
+const LIST_BOUND: Duration = Duration::from_secs(60);
 
 impl ExecOutput {
     /// Its new stdout and stderr, decoded.

@@ -152,11 +152,10 @@ fn set(q: &mut Qga) -> Result<&'static str, QgaError> {
 /// returns its exit code (None when a signal ended it).
 fn run(q: &mut Qga, path: &str, args: &[&str], timeout: Duration) -> Result<Option<i64>, QgaError> {
     let deadline = Instant::now() + timeout;
+    let arg: Vec<String> = args.iter().map(|a| a.to_string()).collect();
     let req = ExecRequest {
-        path: path.to_string(),
-        arg: args.iter().map(|a| a.to_string()).collect(),
         capture_output: false,
-        ..ExecRequest::captured(path, &[])
+        ..ExecRequest::captured(path, &arg)
     };
     let pid = agent_calls::exec(q, &req, timeout)?;
     loop {

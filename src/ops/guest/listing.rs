@@ -108,10 +108,7 @@ pub fn list(req: &Request) -> Result<Listing, String> {
         return Err(format!("path {:?} must be absolute in the guest", req.path));
     }
     let max = req.max_entries.min(MAX_ENTRIES);
-    let pid = crate::ops::vm::records::lookup(&req.name)
-        .map_err(|e| e.to_string())?
-        .pid;
-    if crate::ops::guest::agent_is_ours(&req.name, pid).map_err(|e| e.to_string())? {
+    if crate::ops::guest::agent_is_ours(&req.name).map_err(|e| e.to_string())? {
         // mcqemu-agent reads the folder itself: no shell or stat needed in the guest.
         let got = with_guest(&req.name, "mcqemu-list-dir", |q| {
             agent_calls::list_dir(q, &req.path, max)

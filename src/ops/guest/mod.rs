@@ -153,13 +153,13 @@ impl Live {
     }
 }
 
-/// Whether mcqemu-agent answers VM `name` (QEMU process `pid`): asked once per process with
-/// guest-info, then remembered (a guest's agent stays what it booted with).
-pub(crate) fn agent_is_ours(name: &str, pid: Option<i64>) -> Result<bool, OpError> {
+/// Whether mcqemu-agent answers VM `name`: asked once per QEMU process with guest-info, then
+/// remembered (a guest's agent stays what it booted with).
+pub(crate) fn agent_is_ours(name: &str) -> Result<bool, OpError> {
     type Known = std::sync::Mutex<std::collections::HashMap<(String, Option<i64>), bool>>;
     static KNOWN: std::sync::OnceLock<Known> = std::sync::OnceLock::new();
     let known = KNOWN.get_or_init(Known::default);
-    let key = (name.to_string(), pid);
+    let key = (name.to_string(), lookup(name)?.pid);
     if let Some(ours) = known.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
         return Ok(*ours);
     }
@@ -190,7 +190,7 @@ pub fn run_program(
     timeout: Duration,
     live: bool,
 ) -> Result<Executed, OpError> {
-    let ours = agent_is_ours(name, lookup(name)?.pid)?;
+    let ours = agent_is_ours(name)?;
     // Only a live run on qemu-ga needs a spool slot (it is held until the run's end).
     let slot = (live && !ours).then(spool::Slot::take);
     let launch = Launch {
@@ -337,27 +337,27 @@ impl Run<'_> {
         }
         self.beat_at = Some(Instant::now());
         let native = self.live.as_ref().is_some_and(|l| l.id.is_none());
-        if let (true, Some(out)) = (native, &note) {
-            // Lines the caller asked to follow: the first need not wait for half a second.
-            let what = format!("{} (pid {pid}) printed:\n{out}", self.command);
-            let total = Some(self.timeout.as_secs_f64());
-            self.ctx
-                .progress_output(self.started.elapsed().as_secs_f64(), total, &what);
-            return Ok(());
+        let (done, total) = (elapsed.as_secs_f64(), Some(self.timeout.as_secs_f64()));
+        match note {
+            // Lines the caller asked to follow on mcqemu-agent: the first need not wait for
+            // the call's first half second.
+            Some(out) => {
+                let what = format!("{} (pid {pid}) printed:\n{out}", self.command);
+                if native {
+                    self.ctx.progress_output(done, total, &what);
+                } else {
+                    self.ctx.progress(done, total, &what);
+                }
+            }
+            None => {
+                let what = format!(
+                    "{} running in the guest (pid {pid}) for {} s",
+                    self.command,
+                    elapsed.as_secs()
+                );
+                self.ctx.progress(done, total, &what);
+            }
         }
-        let what = match note {
-            Some(out) => format!("{} (pid {pid}) printed:\n{out}", self.command),
-            None => format!(
-                "{} running in the guest (pid {pid}) for {} s",
-                self.command,
-                elapsed.as_secs()
-            ),
-        };
-        self.ctx.progress(
-            self.started.elapsed().as_secs_f64(),
-            Some(self.timeout.as_secs_f64()),
-            &what,
-        );
         Ok(())
     }
 
