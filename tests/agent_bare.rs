@@ -2,8 +2,9 @@
 //! without its links, so there is no /bin/sh), built by `tests/guest/build_guest.py
 //! --agent-mode bare`. The guest_* tools work on it without a shell: guest_exec with env, cwd,
 //! stdin and live output (the agent takes them natively), guest_list_dir (the agent reads the
-//! folder), files both ways, the agent's identity; and stop_vm's graceful path powers it off
-//! through the agent's power button.
+//! folder), files both ways, copies both ways over the data channel (the agent packs and
+//! unpacks: no tar, dd or sh), a background process read and killed, the agent's identity;
+//! and stop_vm's graceful path powers it off through the agent's power button.
 
 mod common;
 
@@ -111,6 +112,10 @@ fn a_root_without_a_shell_runs_programs_with_env_cwd_and_live_output() {
     );
     assert_eq!(r["content"], json!("written\n"));
 
+    copies_both_ways(&mut lab);
+    background_run_and_kill(lab.srv());
+    let s = lab.srv();
+
     // The power button reaches PID 1: a graceful stop, no acpid, no force.
     let r = s.call_ok_within(
         "stop_vm",
@@ -121,5 +126,136 @@ fn a_root_without_a_shell_runs_programs_with_env_cwd_and_live_output() {
         (r["status"].clone(), r["method"].clone()),
         (json!("stopped"), json!("acpi")),
         "{r}"
+    );
+}
+
+/// A tree and a single file in and back out over the data channel, the guest's side played
+/// by the agent itself (this root has no tar, dd or sh).
+fn copies_both_ways(lab: &mut Lab) {
+    let src = lab.dir.join("tree");
+    std::fs::create_dir_all(src.join("a/b")).unwrap();
+    let big = pseudo_random(3 << 20, 7);
+    std::fs::write(src.join("a/b/big.bin"), &big).unwrap();
+    std::fs::write(src.join("a/note.txt"), "note\n").unwrap();
+    std::os::unix::fs::symlink("b/big.bin", src.join("a/link")).unwrap();
+    let r = lab.srv().call_ok_within(
+        "guest_copy_in",
+        json!({"name": "bare", "host_path": src, "guest_path": "/tmp/tree"}),
+        STEP,
+    );
+    assert_eq!(r["via"], json!("channel"), "{r}");
+    assert_eq!(
+        (r["files"].clone(), r["symlinks"].clone()),
+        (json!(2), json!(1)),
+        "{r}"
+    );
+    // A second copy over it needs overwrite, then replaces it.
+    let err = lab.srv().call_err_within(
+        "guest_copy_in",
+        json!({"name": "bare", "host_path": src, "guest_path": "/tmp/tree"}),
+        STEP,
+    );
+    assert!(err.contains("already exists"), "{err}");
+    lab.srv().call_ok_within(
+        "guest_copy_in",
+        json!({"name": "bare", "host_path": src, "guest_path": "/tmp/tree", "overwrite": true}),
+        STEP,
+    );
+    let l = lab
+        .srv()
+        .call_ok("guest_list_dir", json!({"name": "bare", "path": "/tmp"}));
+    assert!(
+        !l.to_string().contains(".mcq-copy"),
+        "a temporary was left: {l}"
+    );
+
+    let back = lab.dir.join("back");
+    let r = lab.srv().call_ok_within(
+        "guest_copy_out",
+        json!({"name": "bare", "guest_path": "/tmp/tree", "host_path": back}),
+        STEP,
+    );
+    assert_eq!(r["via"], json!("channel"), "{r}");
+    assert_eq!(std::fs::read(back.join("a/b/big.bin")).unwrap(), big);
+    assert_eq!(
+        std::fs::read_to_string(back.join("a/note.txt")).unwrap(),
+        "note\n"
+    );
+    assert_eq!(
+        std::fs::read_link(back.join("a/link")).unwrap(),
+        std::path::Path::new("b/big.bin")
+    );
+
+    // One file each way; a missing guest path is named.
+    let one = lab.dir.join("one.txt");
+    std::fs::write(&one, "single\n").unwrap();
+    lab.srv().call_ok_within(
+        "guest_copy_in",
+        json!({"name": "bare", "host_path": one, "guest_path": "/tmp/one.txt"}),
+        STEP,
+    );
+    let r = lab.srv().call_ok(
+        "guest_file_read",
+        json!({"name": "bare", "path": "/tmp/one.txt"}),
+    );
+    assert_eq!(r["content"], json!("single\n"), "{r}");
+    let none = lab.dir.join("none");
+    let err = lab.srv().call_err_within(
+        "guest_copy_out",
+        json!({"name": "bare", "guest_path": "/tmp/none", "host_path": none}),
+        STEP,
+    );
+    assert!(err.contains("nothing is at /tmp/none"), "{err}");
+}
+
+/// A background program (kept by the agent, output and all), read while it runs, then
+/// killed through its group.
+fn background_run_and_kill(s: &mut Server) {
+    let r = s.call_ok_within(
+        "guest_exec",
+        json!({"name": "bare", "command": "/bin/busybox", "background": true,
+               "args": ["ping", "-i", "0.2", "127.0.0.1"]}),
+        STEP,
+    );
+    let handle = r["handle"].as_str().unwrap_or_default().to_string();
+    let st = s.call_ok_within(
+        "guest_exec_status",
+        json!({"name": "bare", "handle": handle, "wait_s": 5}),
+        STEP,
+    );
+    assert_eq!(st["running"], json!(true), "{st}");
+    assert!(
+        st["stdout"]
+            .as_str()
+            .is_some_and(|o| o.contains("bytes from")),
+        "{st}"
+    );
+    let next = st["stdout_next_offset"].as_u64().unwrap_or(0);
+    let st = s.call_ok_within(
+        "guest_exec_status",
+        json!({"name": "bare", "handle": handle, "stdout_offset": next, "wait_s": 5}),
+        STEP,
+    );
+    assert!(
+        st["stdout"]
+            .as_str()
+            .is_some_and(|o| !o.is_empty() && !o.contains("PING")),
+        "only what came after the offset: {st}"
+    );
+    let k = s.call_ok_within(
+        "guest_exec_kill",
+        json!({"name": "bare", "handle": handle}),
+        STEP,
+    );
+    assert_eq!(k["signalled"], json!(true), "{k}");
+    let done = s.call_ok_within(
+        "guest_exec_status",
+        json!({"name": "bare", "handle": handle}),
+        STEP,
+    );
+    assert_eq!(done["running"], json!(false), "{done}");
+    assert!(
+        done["signal"] == json!(15) || done["exitcode"].is_number(),
+        "{done}"
     );
 }

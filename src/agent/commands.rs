@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::exec::{self, Start, Table};
+use super::exec::{self, Start, Table, MAX_OUTPUT};
 use super::files::{Files, Whence};
 use super::json::Json;
 use super::system::{self, Mode};
@@ -32,6 +32,7 @@ pub const COMMANDS: &[(&str, bool)] = &[
     ("guest-shutdown", false),
     ("mcqemu-exec-output", true),
     ("mcqemu-list-dir", true),
+    ("mcqemu-kill", true),
 ];
 
 /// What the agent holds between requests.
@@ -208,13 +209,19 @@ impl Agent {
                     input: a.base64("input-data")?,
                     capture: capture(a.get("capture-output"))?,
                     cwd: a.opt_str("cwd")?.map(str::to_string),
+                    group: a.opt_bool("group")?.unwrap_or(false),
+                    keep_last: a
+                        .opt_int("keep-last")?
+                        .map(|n| n.clamp(4096, MAX_OUTPUT as i64) as usize),
                 };
                 let pid = self.programs.start(&start)?;
                 ret(Json::obj([("pid", Json::Int(pid.into()))]))
             }
             "guest-exec-status" => {
                 let pid = pid(a)?;
-                let st = self.programs.status(pid, (0, 0), Duration::ZERO, true)?;
+                let st = self
+                    .programs
+                    .status(pid, (0, 0), Duration::ZERO, (true, usize::MAX))?;
                 ret(status_json(&st, false))
             }
             "mcqemu-exec-output" => {
@@ -225,10 +232,20 @@ impl Agent {
                 };
                 let from = (offset("out-offset")?, offset("err-offset")?);
                 let wait = a.opt_int("wait-ms")?.unwrap_or(0).clamp(0, 2000) as u64;
-                let st = self
-                    .programs
-                    .status(pid, from, Duration::from_millis(wait), false)?;
+                let max = a.opt_int("max-bytes")?.unwrap_or(i64::MAX).max(0);
+                let max = usize::try_from(max).unwrap_or(usize::MAX);
+                let st =
+                    self.programs
+                        .status(pid, from, Duration::from_millis(wait), (false, max))?;
                 ret(status_json(&st, true))
+            }
+            "mcqemu-kill" => {
+                let sig = a.int("signal")?;
+                if !(1..=64).contains(&sig) {
+                    return Err("Invalid parameter 'signal'".to_string().into());
+                }
+                let sent = self.programs.signal(pid(a)?, sig as i32)?;
+                ret(Json::obj([("signalled", Json::Bool(sent))]))
             }
             "mcqemu-list-dir" => {
                 let max = a.opt_int("max")?.unwrap_or(10_000).clamp(0, 100_000) as usize;
@@ -391,8 +408,16 @@ fn status_json(st: &exec::Status, offsets: bool) -> Json {
         }
     }
     if offsets {
-        m.push(("out-next".into(), Json::Int(st.out_next as i64)));
-        m.push(("err-next".into(), Json::Int(st.err_next as i64)));
+        for (k, v) in [
+            ("out-next", st.out_next),
+            ("err-next", st.err_next),
+            ("out-start", st.out_start),
+            ("err-start", st.err_start),
+            ("out-end", st.out_end),
+            ("err-end", st.err_end),
+        ] {
+            m.push((k.into(), Json::Int(v as i64)));
+        }
     }
     Json::Obj(m)
 }

@@ -22,12 +22,53 @@ const MAX_PROGRAMS: usize = 1024;
 /// Longest wait of one `mcqemu-exec-output`.
 pub const MAX_WAIT: Duration = Duration::from_secs(2);
 
-/// One stream's capture.
+/// One stream's capture. Offsets count from the program's first byte: with a window, the
+/// oldest output is dropped (`dropped` says how much) and the latest is kept.
 #[derive(Debug, Default)]
 struct Stream {
     data: Vec<u8>,
     truncated: bool,
     closed: bool,
+    /// Bytes dropped from the front (window mode).
+    dropped: usize,
+    /// Keep (at least) the last this many bytes instead of the first [`MAX_OUTPUT`].
+    window: Option<usize>,
+}
+
+impl Stream {
+    fn add(&mut self, chunk: &[u8]) {
+        match self.window {
+            Some(w) => {
+                self.data.extend_from_slice(chunk);
+                // Dropped in batches, so a chatty program costs no quadratic shifting.
+                if self.data.len() > w.saturating_mul(2) {
+                    let cut = self.data.len() - w;
+                    self.data.drain(..cut);
+                    self.dropped += cut;
+                }
+            }
+            None => {
+                let room = MAX_OUTPUT - self.data.len();
+                if chunk.len() > room {
+                    self.truncated = true;
+                }
+                self.data.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            }
+        }
+    }
+
+    /// Up to `max` bytes from offset `at` (or from the oldest kept, if `at` was dropped):
+    /// (first offset returned, the bytes).
+    fn from(&self, at: usize, max: usize) -> (usize, &[u8]) {
+        let start = at.max(self.dropped).min(self.end());
+        let i = start - self.dropped;
+        let j = i.saturating_add(max).min(self.data.len());
+        (start, &self.data[i..j])
+    }
+
+    fn end(&self) -> usize {
+        self.dropped + self.data.len()
+    }
 }
 
 /// What is known of one program, shared with its pipe readers.
@@ -62,6 +103,10 @@ pub struct Start {
     pub capture: bool,
     /// Its working folder.
     pub cwd: Option<String>,
+    /// Its own process group, so that a kill reaches its children too.
+    pub group: bool,
+    /// Keep the last this many bytes of each stream (a background program's output).
+    pub keep_last: Option<usize>,
 }
 
 /// A program's state as reported.
@@ -81,6 +126,14 @@ pub struct Status {
     pub out_next: usize,
     /// The stderr offset after `err`.
     pub err_next: usize,
+    /// The stdout offset of `out`'s first byte (past the asked one when that was dropped).
+    pub out_start: usize,
+    /// The stderr offset of `err`'s first byte.
+    pub err_start: usize,
+    /// All the stdout written so far.
+    pub out_end: usize,
+    /// All the stderr written so far.
+    pub err_end: usize,
     /// Stdout went past the cap.
     pub out_truncated: bool,
     /// Stderr went past the cap.
@@ -94,6 +147,8 @@ pub struct Status {
 pub struct Table {
     programs: HashMap<i32, Program>,
     captured: HashMap<i32, bool>,
+    /// The programs that lead a process group of their own.
+    groups: std::collections::HashSet<i32>,
     /// Reap every child (PID 1: orphans are ours to reap), not only the programs started.
     reap_all: bool,
 }
@@ -148,6 +203,10 @@ impl Table {
             (Stdio::null(), Stdio::null())
         };
         cmd.stdout(o).stderr(e);
+        if s.group {
+            use std::os::unix::process::CommandExt;
+            cmd.process_group(0);
+        }
         let mut child = cmd.spawn().map_err(|e| {
             let where_ = s
                 .cwd
@@ -161,7 +220,10 @@ impl Table {
             )
         })?;
         let pid = child.id() as i32;
-        let shared = Arc::new((Mutex::new(Shared::default()), Condvar::new()));
+        let mut fresh = Shared::default();
+        fresh.out.window = s.keep_last;
+        fresh.err.window = s.keep_last;
+        let shared = Arc::new((Mutex::new(fresh), Condvar::new()));
         if let (Some(mut stdin), Some(input)) = (child.stdin.take(), s.input.clone()) {
             std::thread::spawn(move || {
                 use std::io::Write;
@@ -190,7 +252,34 @@ impl Table {
             },
         );
         self.captured.insert(pid, s.capture);
+        if s.group {
+            self.groups.insert(pid);
+        }
         Ok(pid)
+    }
+
+    /// Sends `sig` to a program started here: to its whole group when it has one of its own.
+    /// False when it had already ended.
+    pub fn signal(&mut self, pid: i32, sig: i32) -> Result<bool, String> {
+        self.reap();
+        let Some(p) = self.programs.get(&pid) else {
+            return Err("Invalid parameter 'pid'".into());
+        };
+        if lock(&p.shared.0).status.is_some() {
+            return Ok(false);
+        }
+        let target = if self.groups.contains(&pid) {
+            -pid
+        } else {
+            pid
+        };
+        // SAFETY: kill(2) on a child of ours that has not been reaped (so its PID, and its
+        // group's, cannot have been reused).
+        if unsafe { libc::kill(target, sig) } != 0 {
+            let e = std::io::Error::last_os_error();
+            return Err(format!("cannot signal {pid}: {}", os_text(&e)));
+        }
+        Ok(true)
     }
 
     fn forget_oldest(&mut self) {
@@ -206,6 +295,7 @@ impl Table {
         if let Some(pid) = oldest_ended {
             self.programs.remove(&pid);
             self.captured.remove(&pid);
+            self.groups.remove(&pid);
         }
     }
 
@@ -262,7 +352,7 @@ impl Table {
         pid: i32,
         from: (usize, usize),
         wait: Duration,
-        forget: bool,
+        (forget, max): (bool, usize),
     ) -> Result<Status, String> {
         self.reap();
         let Some(p) = self.programs.get(&pid) else {
@@ -275,7 +365,7 @@ impl Table {
         let mut g = lock(m);
         loop {
             let done = g.status.is_some() && g.out.closed && g.err.closed;
-            let news = g.out.data.len() > from.0 || g.err.data.len() > from.1;
+            let news = g.out.end() > from.0 || g.err.end() > from.1;
             let now = Instant::now();
             if done || news || now >= deadline {
                 break;
@@ -294,16 +384,20 @@ impl Table {
         }
         let exited = g.status.is_some() && g.out.closed && g.err.closed;
         let (exitcode, signal) = g.status.unwrap_or((None, None));
-        let slice =
-            |s: &Stream, at: usize| s.data.get(at.min(s.data.len())..).unwrap_or(&[]).to_vec();
+        let (out_start, out) = g.out.from(from.0, max);
+        let (err_start, err) = g.err.from(from.1, max);
         let st = Status {
             exited,
             exitcode: if exited { exitcode } else { None },
             signal: if exited { signal } else { None },
-            out: slice(&g.out, from.0),
-            err: slice(&g.err, from.1),
-            out_next: g.out.data.len(),
-            err_next: g.err.data.len(),
+            out_next: out_start + out.len(),
+            err_next: err_start + err.len(),
+            out: out.to_vec(),
+            err: err.to_vec(),
+            out_start,
+            err_start,
+            out_end: g.out.end(),
+            err_end: g.err.end(),
             out_truncated: g.out.truncated,
             err_truncated: g.err.truncated,
             captured,
@@ -312,6 +406,7 @@ impl Table {
         if exited && forget {
             self.programs.remove(&pid);
             self.captured.remove(&pid);
+            self.groups.remove(&pid);
         }
         Ok(st)
     }
@@ -349,11 +444,7 @@ fn drain<R: Read + Send + 'static>(mut pipe: R, shared: Arc<(Mutex<Shared>, Cond
                 cv.notify_all();
                 return;
             }
-            let room = MAX_OUTPUT - s.data.len();
-            if n > room {
-                s.truncated = true;
-            }
-            s.data.extend_from_slice(&buf[..n.min(room)]);
+            s.add(&buf[..n]);
             cv.notify_all();
         }
     });
@@ -377,7 +468,7 @@ mod tests {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let st = t
-                .status(pid, (0, 0), Duration::from_millis(200), true)
+                .status(pid, (0, 0), Duration::from_millis(200), (true, usize::MAX))
                 .unwrap();
             if st.exited || Instant::now() > deadline {
                 return st;
@@ -401,6 +492,7 @@ mod tests {
                 input: Some(b"in\n".to_vec()),
                 capture: true,
                 cwd: Some("/".into()),
+                ..Start::default()
             },
         );
         assert!(st.exited);
@@ -418,7 +510,9 @@ mod tests {
         );
         assert_eq!((st.exitcode, st.signal), (None, Some(9)));
         assert!(t.programs.is_empty(), "reported programs are forgotten");
-        assert!(t.status(12345678, (0, 0), Duration::ZERO, true).is_err());
+        assert!(t
+            .status(12345678, (0, 0), Duration::ZERO, (true, usize::MAX))
+            .is_err());
         let err = t
             .start(&Start {
                 path: "/no/such/program".into(),
@@ -443,20 +537,91 @@ mod tests {
             })
             .unwrap();
         let st = t
-            .status(pid, (0, 0), Duration::from_secs(2), false)
+            .status(pid, (0, 0), Duration::from_secs(2), (false, usize::MAX))
             .unwrap();
         assert_eq!(st.out, b"one\n");
         assert!(!st.exited);
         let st = t
-            .status(pid, (st.out_next, 0), Duration::from_secs(2), false)
+            .status(
+                pid,
+                (st.out_next, 0),
+                Duration::from_secs(2),
+                (false, usize::MAX),
+            )
             .unwrap();
         assert_eq!(st.out, b"two\n");
         let st = loop {
-            let st = t.status(pid, (8, 0), Duration::from_secs(1), true).unwrap();
+            let st = t
+                .status(pid, (8, 0), Duration::from_secs(1), (true, usize::MAX))
+                .unwrap();
             if st.exited {
                 break st;
             }
         };
         assert_eq!((st.exitcode, st.out.len(), st.out_next), (Some(0), 0, 8));
+    }
+
+    #[test]
+    fn a_window_keeps_the_latest_output_and_says_what_was_dropped() {
+        let mut s = Stream {
+            window: Some(4),
+            ..Stream::default()
+        };
+        for c in [b"abc".as_slice(), b"def", b"ghi"] {
+            s.add(c);
+        }
+        assert_eq!(s.end(), 9);
+        assert!(s.dropped > 0 && s.data.len() >= 4);
+        let (start, data) = s.from(0, usize::MAX);
+        assert_eq!(start, s.dropped);
+        assert!(b"abcdefghi".ends_with(data));
+        assert_eq!(s.from(7, 1), (7, &b"h"[..]));
+        assert_eq!(s.from(50, 10).1, b"");
+    }
+
+    #[test]
+    fn a_kill_reaches_the_programs_whole_group() {
+        let mut t = Table::new();
+        let pid = t
+            .start(&Start {
+                path: "sh".into(),
+                args: vec!["-c".into(), "sleep 30 & echo $!; wait".into()],
+                capture: true,
+                group: true,
+                keep_last: Some(4096),
+                ..Start::default()
+            })
+            .unwrap();
+        let st = t
+            .status(pid, (0, 0), Duration::from_secs(2), (false, usize::MAX))
+            .unwrap();
+        let child: i32 = String::from_utf8_lossy(&st.out).trim().parse().unwrap();
+        assert_eq!(t.signal(pid, libc::SIGTERM), Ok(true));
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let st = loop {
+            let st = t
+                .status(pid, (0, 0), Duration::from_millis(200), (false, usize::MAX))
+                .unwrap();
+            if st.exited || Instant::now() > deadline {
+                break st;
+            }
+        };
+        assert_eq!(st.signal, Some(libc::SIGTERM));
+        // Gone, or a zombie waiting for whoever inherited it.
+        let alive = || {
+            std::fs::read_to_string(format!("/proc/{child}/stat")).is_ok_and(|s| {
+                !s.rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .trim_start()
+                    .starts_with('Z')
+            })
+        };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while alive() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(!alive(), "the group's other member got the signal too");
+        assert_eq!(t.signal(pid, libc::SIGTERM), Ok(false), "it had ended");
     }
 }

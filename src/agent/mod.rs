@@ -7,8 +7,10 @@
 //! - [`json`]: the JSON it reads and writes; [`reader`]: requests cut from the byte stream.
 //! - [`commands`]: the commands; [`exec`], [`files`], [`system`]: what they act on.
 //! - [`port`]: the virtio port and the serving loop; [`init`]: PID 1's set-up.
+//! - [`copy`]: the guest's side of the data channel's copies (`mcqemu-agent copy-*`).
 
 pub mod commands;
+pub mod copy;
 pub mod exec;
 pub mod files;
 pub mod init;
@@ -24,10 +26,15 @@ use std::time::Duration;
 const USAGE: &str = "usage: mcqemu-agent [--port DEVICE] [--init]
   Serves the host's guest-agent channel (the virtio port org.qemu.guest_agent.0, found in
   /sys/class/virtio-ports unless --port names it). As PID 1 (or with --init) it also sets the
-  guest up: file systems, modules, hostname, network, the power button.";
+  guest up: file systems, modules, hostname, network, the power button.
+       mcqemu-agent copy-out|copy-in|copy-free ARGS...
+  The guest's side of one copy over mcqemu's data channel (started by the host).";
 
 /// The agent's entry point; its exit status (PID 1 never returns).
 pub fn main(args: Vec<String>) -> i32 {
+    if let Some(code) = args.first().and_then(|c| copy::main(c, &args[1..])) {
+        return code;
+    }
     let mut port: Option<PathBuf> = None;
     let mut force_init = false;
     let mut it = args.into_iter();

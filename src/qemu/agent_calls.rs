@@ -37,6 +37,12 @@ pub struct ExecRequest {
     /// mcqemu-agent: the program's working folder.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cwd: Option<String>,
+    /// mcqemu-agent: a process group of its own (so `mcqemu-kill` reaches its children).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group: Option<bool>,
+    /// mcqemu-agent: keep the last this many bytes of each stream (not the first 16 MiB).
+    #[serde(rename = "keep-last", skip_serializing_if = "Option::is_none")]
+    pub keep_last: Option<u64>,
 }
 
 impl ExecRequest {
@@ -50,6 +56,8 @@ impl ExecRequest {
             env: None,
             env_merge: None,
             cwd: None,
+            group: None,
+            keep_last: None,
         }
     }
 }
@@ -75,6 +83,24 @@ pub struct ExecOutput {
     /// The stderr offset after `err_data`.
     #[serde(rename = "err-next", default)]
     pub err_next: u64,
+    /// The stdout offset of `out_data`'s first byte (older output was dropped).
+    #[serde(rename = "out-start", default)]
+    pub out_start: u64,
+    /// The stderr offset of `err_data`'s first byte.
+    #[serde(rename = "err-start", default)]
+    pub err_start: u64,
+    /// All the stdout written so far.
+    #[serde(rename = "out-end", default)]
+    pub out_end: u64,
+    /// All the stderr written so far.
+    #[serde(rename = "err-end", default)]
+    pub err_end: u64,
+    /// Its exit code, once exited.
+    #[serde(default)]
+    pub exitcode: Option<i64>,
+    /// The signal that ended it.
+    #[serde(default)]
+    pub signal: Option<i64>,
 }
 
 /// mcqemu-agent's `mcqemu-exec-output`: the output of program `pid` past `offsets` (stdout,
@@ -85,11 +111,36 @@ pub fn exec_output(
     offsets: (u64, u64),
     wait: Duration,
 ) -> Result<ExecOutput, QgaError> {
-    let args = json!({"pid": pid, "out-offset": offsets.0, "err-offset": offsets.1,
+    exec_output_capped(q, pid, offsets, wait, None)
+}
+
+/// [`exec_output`] with at most `max` bytes of each stream in the reply.
+pub fn exec_output_capped(
+    q: &mut Qga,
+    pid: i64,
+    offsets: (u64, u64),
+    wait: Duration,
+    max: Option<u64>,
+) -> Result<ExecOutput, QgaError> {
+    let mut args = json!({"pid": pid, "out-offset": offsets.0, "err-offset": offsets.1,
                       "wait-ms": wait.as_millis() as u64});
+    if let Some(m) = max {
+        args["max-bytes"] = json!(m);
+    }
     let r = q.execute_within("mcqemu-exec-output", Some(args), wait + COMMAND_BOUND)?;
     ExecOutput::deserialize(&r)
         .map_err(|e| QgaError::Garbage(format!("mcqemu-exec-output replied {r}: {e}")))
+}
+
+/// mcqemu-agent's `mcqemu-kill`: `sig` to program `pid` (started by the agent) and its
+/// group; false when it had already ended.
+pub fn kill(q: &mut Qga, pid: i64, sig: i32) -> Result<bool, QgaError> {
+    let r = q.execute_within(
+        "mcqemu-kill",
+        Some(json!({"pid": pid, "signal": sig})),
+        COMMAND_BOUND,
+    )?;
+    Ok(r.get("signalled").and_then(Value::as_bool).unwrap_or(false))
 }
 
 /// One entry of `mcqemu-list-dir` (lstat's view: a link is not followed).

@@ -22,6 +22,8 @@ pub struct Extract<'a> {
     pub counts: Counts,
     /// Whether `tmp` exists yet (so a failure knows whether to clean up).
     pub started: bool,
+    /// Write hidden names too (a guest's own copy; the roots rule is the host's).
+    keep_hidden: bool,
 }
 
 fn refuse(path: &[u8], why: &str) -> io::Error {
@@ -44,7 +46,15 @@ impl<'a> Extract<'a> {
             dirs: Vec::new(),
             counts: Counts::default(),
             started: false,
+            keep_hidden: false,
         }
+    }
+
+    /// The same, writing hidden names too: for the guest's side of a copy in, where the
+    /// host's roots rule does not apply (a `.git` sent in arrives whole).
+    pub fn keeping_hidden(mut self) -> Self {
+        self.keep_hidden = true;
+        self
     }
 
     /// The components below `top`, or None for an entry left out (hidden).
@@ -63,7 +73,7 @@ impl<'a> Extract<'a> {
             if c == b".." {
                 return Err(refuse(path, "'..' would leave the destination"));
             }
-            if hidden(c) {
+            if hidden(c) && !self.keep_hidden {
                 self.counts
                     .skip(path, "hidden names are never written below a root");
                 return Ok(None);

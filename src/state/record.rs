@@ -291,8 +291,10 @@ lenient! {
         command: String,
         /// Its arguments.
         args: Vec<String>,
-        /// Its spool's id in the guest.
+        /// Its spool's id in the guest (the wrapper's output files).
         spool: String,
+        /// "mcqemu-agent" when the agent itself keeps its output and its group (no spool).
+        kept_by: String,
         /// When (seconds since the epoch).
         started_at: i64,
         /// How it ended, once seen.

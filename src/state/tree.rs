@@ -86,6 +86,19 @@ impl Folder {
         Ok(cur)
     }
 
+    /// Opens a folder by a path that may hold symlinks (the guest's side of a copy, where the
+    /// path is the guest's own, as its `tar -C` would take it).
+    pub fn open_following(path: &Path) -> io::Result<Folder> {
+        let f = std::fs::File::open(path)?;
+        if !f.metadata()?.is_dir() {
+            return Err(io::Error::other(format!(
+                "{} is not a folder",
+                path.display()
+            )));
+        }
+        Ok(Folder { fd: f.into() })
+    }
+
     fn raw(&self) -> libc::c_int {
         self.fd.as_raw_fd()
     }

@@ -1,7 +1,9 @@
-//! Background processes in a guest: started through the spool wrapper (their output goes to
-//! files in the guest, see [`crate::ops::guest::spool`]), known by a handle kept in the VM's registry
-//! record (so a restarted server still knows them), read by offsets, and ended with a signal
-//! to their whole session. Typed requests and results; no MCP here.
+//! Background processes in a guest, known by a handle kept in the VM's registry record (so a
+//! restarted server still knows them), read by offsets, and ended with a signal to their whole
+//! group. mcqemu-agent keeps them itself (their output in memory, the last [`KEEP`] bytes of
+//! each stream, and a process group of their own: no shell in the guest); with qemu-ga they
+//! start through the spool wrapper, their output in files in the guest
+//! ([`crate::ops::guest::spool`]). Typed requests and results; no MCP here.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -126,7 +128,12 @@ pub struct Known {
     pub command: String,
     /// Its exit code and signal, once it ended.
     pub ended: Option<(Option<i64>, Option<i64>)>,
+    /// mcqemu-agent keeps it (its output, its group), not the spool wrapper.
+    pub native: bool,
 }
+
+/// Who keeps a background process's output: recorded as `kept_by`.
+const KEPT_BY_AGENT: &str = "mcqemu-agent";
 
 /// Starts a background process.
 pub fn start(req: &StartRequest) -> Result<Started, BgError> {
@@ -135,23 +142,35 @@ pub fn start(req: &StartRequest) -> Result<Started, BgError> {
         spool::check_cwd(c).map_err(BgError)?;
     }
     let id = spool::new_id();
+    let native = crate::ops::guest::agent_is_ours(&req.name).map_err(err)?;
     let launch = Launch {
         command: &req.command,
         args: &req.args,
         stdin: req.stdin.as_deref(),
         env: &req.env,
         cwd: req.cwd.as_deref(),
-        spool: Some(&id),
+        spool: (!native).then_some(id.as_str()),
         session: true,
     };
-    let (pid, ended) =
-        with_guest(&req.name, "guest-exec", |q| start_in(q, &launch)).map_err(err)??;
+    let (pid, ended) = if native {
+        let mut r = launch.native_request();
+        r.group = Some(true);
+        r.keep_last = Some(KEEP);
+        let pid = with_guest(&req.name, "guest-exec", |q| {
+            crate::ops::guest::stream::spawn(q, &r)
+        })
+        .map_err(err)?;
+        (pid, None)
+    } else {
+        with_guest(&req.name, "guest-exec", |q| start_in(q, &launch)).map_err(err)??
+    };
     let handle = format!("bg-{id}");
     let entry = Background {
         pid: Some(pid),
         command: Some(req.command.clone()),
         args: Some(req.args.clone()),
-        spool: Some(id),
+        spool: (!native).then_some(id),
+        kept_by: native.then(|| KEPT_BY_AGENT.to_string()),
         started_at: Some(crate::clock::now_secs()),
         ended,
         other: Map::new(),
@@ -291,6 +310,7 @@ fn known(name: &str, handle: &str) -> Result<(Known, String), BgError> {
                 pid: p.pid.unwrap_or(0),
                 command: p.command.unwrap_or_default(),
                 ended: p.ended.map(|e| (e.exitcode, e.signal)),
+                native: p.kept_by.as_deref() == Some(KEPT_BY_AGENT),
             },
             p.spool.unwrap_or_default(),
         ));
@@ -330,6 +350,24 @@ fn poll_end(q: &mut Qga, name: &str, handle: &str, k: &mut Known) -> Result<bool
     if k.ended.is_some() {
         return Ok(false);
     }
+    if k.native {
+        // Asked without collecting it: guest-exec-status would make the agent forget it
+        // (and its output).
+        let s = match native_output(
+            q,
+            k.pid,
+            (i64::MAX as u64, i64::MAX as u64),
+            Duration::ZERO,
+            0,
+        )? {
+            Some(s) if !s.exited => return Ok(true),
+            Some(s) => (s.exitcode, s.signal),
+            None => (None, None),
+        };
+        record_end(name, handle, s.0, s.1);
+        k.ended = Some(s);
+        return Ok(false);
+    }
     let s = match agent_calls::exec_status(q, k.pid, COMMAND_TIMEOUT) {
         Ok(s) => s,
         // The agent forgot it (restarted, or answered its end to another caller).
@@ -352,6 +390,9 @@ fn poll_end(q: &mut Qga, name: &str, handle: &str, k: &mut Known) -> Result<bool
 /// for new output or the end.
 pub fn status(req: &StatusRequest, cancelled: &dyn Fn() -> bool) -> Result<Status, BgError> {
     let (mut k, id) = known(&req.name, &req.handle)?;
+    if k.native {
+        return native_status(req, &mut k, cancelled);
+    }
     let deadline = Instant::now() + req.wait;
     let (out, errp) = spool::paths(&id);
     loop {
@@ -368,6 +409,72 @@ pub fn status(req: &StatusRequest, cancelled: &dyn Fn() -> bool) -> Result<Statu
             return Ok(shape(req, &k, running, o, e));
         }
         std::thread::sleep(Duration::from_millis(200).min(deadline - Instant::now()));
+    }
+}
+
+/// The agent's view of its program `pid`: output past `from`, at most `max` bytes a stream,
+/// waiting up to `wait` for news. None: the agent no longer knows it (the guest rebooted).
+fn native_output(
+    q: &mut Qga,
+    pid: i64,
+    from: (u64, u64),
+    wait: Duration,
+    max: u64,
+) -> Result<Option<agent_calls::ExecOutput>, QgaError> {
+    match agent_calls::exec_output_capped(q, pid, from, wait, Some(max)) {
+        Ok(o) => Ok(Some(o)),
+        Err(QgaError::Command { desc, .. }) if desc.contains("Invalid parameter") => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// guest_exec_status on a process mcqemu-agent keeps: its output straight from the agent,
+/// waiting there (a short wait at a time) for news or the end.
+fn native_status(
+    req: &StatusRequest,
+    k: &mut Known,
+    cancelled: &dyn Fn() -> bool,
+) -> Result<Status, BgError> {
+    let deadline = Instant::now() + req.wait;
+    loop {
+        let wait = deadline
+            .saturating_duration_since(Instant::now())
+            .min(Duration::from_secs(2));
+        let from = (req.stdout_offset, req.stderr_offset);
+        let got = with_guest(&req.name, "mcqemu-exec-output", |q| {
+            native_output(q, k.pid, from, wait, PER_CALL as u64)
+        })
+        .map_err(err)?;
+        let Some(o) = got else {
+            if k.ended.is_none() {
+                record_end(&req.name, &req.handle, None, None);
+                k.ended = Some((None, None));
+            }
+            let none = || spool::Slice {
+                size: 0,
+                start: 0,
+                data: Vec::new(),
+            };
+            return Ok(shape(req, k, false, none(), none()));
+        };
+        if o.exited && k.ended.is_none() {
+            record_end(&req.name, &req.handle, o.exitcode, o.signal);
+            k.ended = Some((o.exitcode, o.signal));
+        }
+        let slice = |data: &Option<String>, start: u64, end: u64| spool::Slice {
+            size: end,
+            start,
+            data: data
+                .as_deref()
+                .and_then(|d| crate::b64::decode(d).ok())
+                .unwrap_or_default(),
+        };
+        let out = slice(&o.out_data, o.out_start, o.out_end);
+        let errs = slice(&o.err_data, o.err_start, o.err_end);
+        let new = !out.data.is_empty() || !errs.data.is_empty();
+        if o.exited || new || Instant::now() >= deadline || cancelled() {
+            return Ok(shape(req, k, !o.exited, out, errs));
+        }
     }
 }
 
@@ -448,8 +555,13 @@ pub fn signal_number(name: &str) -> Option<i32> {
     })
 }
 
-/// Sends `sig` to the process's session (its children too), falling back to the process.
-fn send(q: &mut Qga, pid: i64, sig: i32) -> Result<(), QgaError> {
+/// Sends `sig` to the process's session (its children too), falling back to the process;
+/// mcqemu-agent signals its group itself.
+fn send(q: &mut Qga, k: &Known, sig: i32) -> Result<(), QgaError> {
+    let pid = k.pid;
+    if k.native {
+        return agent_calls::kill(q, pid, sig).map(|_| ());
+    }
     let args = vec![
         "-c".to_string(),
         format!("kill -{sig} -- -{pid} 2>/dev/null || kill -{sig} {pid}"),
@@ -472,7 +584,7 @@ pub fn kill(req: &KillRequest) -> Result<Killed, BgError> {
         if !poll_end(q, &name, &handle, &mut k)? {
             return Ok((false, false));
         }
-        send(q, k.pid, req.signal)?;
+        send(q, &k, req.signal)?;
         let stops = ![19, 18].contains(&req.signal);
         let until = Instant::now() + KILL_GRACE;
         while stops && Instant::now() < until {
@@ -484,7 +596,7 @@ pub fn kill(req: &KillRequest) -> Result<Killed, BgError> {
         if !stops {
             return Ok((true, false));
         }
-        send(q, k.pid, 9)?;
+        send(q, &k, 9)?;
         let until = Instant::now() + KILL_GRACE;
         while Instant::now() < until {
             if !poll_end(q, &name, &handle, &mut k)? {
@@ -550,6 +662,7 @@ mod tests {
             pid: 1,
             command: "c".into(),
             ended: None,
+            native: false,
         };
         let o = spool::Slice {
             size: 100,

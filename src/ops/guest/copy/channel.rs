@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::frame;
-use super::port::{Channel, Port, Program};
+use super::port::{Channel, Port, Program, Side};
 use crate::ops::guest::stream::{self as gs, Watch};
 use crate::qemu::cmdline::{data_socket, LaunchSpec, DATA_PORT};
 use crate::qemu::qga::{Qga, QgaError};
@@ -129,13 +129,13 @@ fn script(body: &str) -> String {
 
 /// After a failed transfer: kill what still holds the port in the guest, and remove a copy
 /// in's unpack folder `leftover` (best effort).
-fn clean_up(q: &mut Qga, leftover: &str) {
-    let _ = gs::run(
-        q,
-        &["sh", "-c", &script(FREE), "sh", leftover],
-        Duration::from_secs(20),
-        None,
-    );
+fn clean_up(q: &mut Qga, side: Side, leftover: &str) {
+    let free = script(FREE);
+    let argv: &[&str] = match side {
+        Side::Shell => &["sh", "-c", &free, "sh", leftover],
+        Side::Agent => &["/proc/self/exe", "copy-free", leftover],
+    };
+    let _ = gs::run(q, argv, Duration::from_secs(20), None);
 }
 
 /// A transfer whose opening line never came: the agent's failure, the guest's own
@@ -156,21 +156,26 @@ fn never_began<T>(
         .prog
         .failure(what)
         .map_or_else(|| format!("{what} failed: {e}"), strip_exit);
-    clean_up(port.q, leftover);
+    clean_up(port.q, port.prog.side, leftover);
     Ok(Moved::Done(Err(msg)))
 }
 
 /// Streams the guest's `parent/name` as a tar into `sink` (which extracts it).
 pub fn out<T>(
     q: &mut Qga,
-    ch: &mut Channel,
+    (ch, side): (&mut Channel, Side),
     (parent, name, nonce, cap): (&str, &str, &str, u64),
     files: &Cell<u64>,
     watch: &dyn Watch,
     sink: impl FnOnce(&mut dyn Read) -> Result<T, String>,
 ) -> Result<Moved<T>, QgaError> {
     let cap_k = (cap >> 10).to_string();
-    let prog = Program::start(q, &script(OUT), &[parent, name, nonce, &cap_k])?;
+    let prog = Program::start(
+        q,
+        side,
+        (&script(OUT), "copy-out"),
+        &[parent, name, nonce, &cap_k],
+    )?;
     let archive_cap = cap + cap / 8 + (1 << 20);
     let mut port = Port::new(ch, q, prog, watch, files, (0, archive_cap));
     // Buffered: the framing and the tar are read in large pieces, not a syscall a byte.
@@ -195,7 +200,7 @@ pub fn out<T>(
     let Port { q, mut prog, .. } = port;
     if got.is_err() {
         // A writer that is still going (garbage, an endless stream) is stopped, not awaited.
-        clean_up(q, "");
+        clean_up(q, side, "");
         return Ok(Moved::Done(got));
     }
     prog.wait(q, Duration::from_secs(30), watch)?;
@@ -208,7 +213,7 @@ pub fn out<T>(
         (Some(_), None) => Ok(v),
     });
     if got.is_err() {
-        clean_up(q, "");
+        clean_up(q, side, "");
     }
     Ok(Moved::Done(got))
 }
@@ -226,7 +231,7 @@ fn strip_exit(msg: String) -> String {
 #[allow(clippy::too_many_arguments)]
 pub fn into<T>(
     q: &mut Qga,
-    ch: &mut Channel,
+    (ch, side): (&mut Channel, Side),
     (unpack, nonce, dst, overwrite, old): (&str, &str, &str, &str, &str),
     exact: u64,
     (place, place_time): (&str, Duration),
@@ -237,7 +242,12 @@ pub fn into<T>(
     let body = format!("{IN}{place}");
     // Whole blocks for the guest's dd; the zeros after the archive's end are nothing to tar.
     let exact = exact.div_ceil(BLOCK) * BLOCK;
-    let prog = Program::start(q, &script(&body), &[unpack, nonce, dst, overwrite, old])?;
+    let prog = Program::start(
+        q,
+        side,
+        (&script(&body), "copy-in"),
+        &[unpack, nonce, dst, overwrite, old],
+    )?;
     let mut port = Port::new(ch, q, prog, watch, files, (exact, u64::MAX));
     // Nothing the host needs follows the line: what the buffer read past it is dropped.
     let ready = frame::sync(
@@ -271,7 +281,7 @@ pub fn into<T>(
             let msg = prog
                 .failure("unpacking")
                 .map_or_else(|| format!("sending to the guest failed: {e}"), strip_exit);
-            clean_up(q, unpack);
+            clean_up(q, side, unpack);
             return Ok(Moved::Done(Err(msg)));
         }
     };
@@ -279,7 +289,7 @@ pub fn into<T>(
     prog.wait(q, place_time, watch)?;
     let done = match (&prog.ended, prog.failure("putting the copy in place")) {
         (None, _) => {
-            clean_up(q, unpack);
+            clean_up(q, side, unpack);
             Err(format!(
                 "the guest did not finish unpacking within {} s (pid {})",
                 place_time.as_secs(),

@@ -52,11 +52,11 @@ pub fn copy_out(req: &CopyOut, watch: &dyn Watch) -> Result<Copied, String> {
     let mut chan = channel_for(&req.name, watch)?;
     let received = with_guest(&req.name, "guest-exec", |q| -> Step<(Counts, Via)> {
         let why = match &mut chan {
-            Ok(ch) => {
+            Ok((ch, side)) => {
                 let files = Cell::new(0);
                 let moved = channel::out(
                     q,
-                    ch,
+                    (ch, *side),
                     (&gparent, &gbase, &nonce(), cap),
                     &files,
                     watch,

@@ -5,8 +5,10 @@
 //! temporary name beside the destination and rename it into place at the end.
 //!
 //! The bytes go over the VM's data channel when it has one (`channel`, `port`), streamed with
-//! no archive in the guest; through the agent's file commands otherwise (one agent session,
-//! `guest_stream`); the result says which (`via`) and why.
+//! no archive in the guest (its side played by mcqemu-agent itself where it answers, so the
+//! guest needs no shell or tar; by sh and tar otherwise); through the agent's file commands
+//! when there is no channel (one agent session, `guest_stream`); the result says which
+//! (`via`) and why.
 //!
 //! - `to_guest.rs`: copy_in; `from_guest.rs`: copy_out.
 //! - `channel.rs`: the guest's side of a channel transfer and its framing.
@@ -30,7 +32,7 @@ use crate::ops::guest::stream::{self as gs, Watch};
 use crate::ops::vm::records::lookup;
 use crate::qemu::qga::{Qga, QgaError};
 use crate::state::tree::Counts;
-use port::{Channel, Open};
+use port::{Channel, Open, Side};
 
 /// Default cap per call on the bytes copied (MCQEMU_MAX_COPY_MB).
 const DEFAULT_MAX_MB: u64 = 2048;
@@ -94,16 +96,22 @@ impl Via {
     }
 }
 
-/// The VM's data channel, opened for one transfer, or why the agent carries the copy.
+/// The VM's data channel, opened for one transfer, with who plays the guest's side
+/// (mcqemu-agent itself, or sh and tar), or why the agent's file commands carry the copy.
 /// `Err(Err(..))`: the channel is held by another transfer past the wait.
-fn channel_for(name: &str, watch: &dyn Watch) -> Result<Result<Channel, String>, String> {
+fn channel_for(name: &str, watch: &dyn Watch) -> Result<Result<(Channel, Side), String>, String> {
     let rec = lookup(name).map_err(|e| e.0)?;
     let sock = match channel::socket_of(&rec) {
         Ok(s) => s,
         Err(why) => return Ok(Err(why.to_string())),
     };
+    let side = if crate::ops::guest::agent_is_ours(name).map_err(|e| e.0)? {
+        Side::Agent
+    } else {
+        Side::Shell
+    };
     match Channel::open(&sock, watch) {
-        Ok(ch) => Ok(Ok(ch)),
+        Ok(ch) => Ok(Ok((ch, side))),
         Err(Open::Unusable(why)) => Ok(Err(why)),
         Err(Open::Busy(msg)) => Err(msg),
     }

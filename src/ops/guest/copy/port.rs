@@ -77,21 +77,48 @@ pub enum Open {
     Busy(String),
 }
 
+/// Who plays the guest's side of a transfer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    /// `sh` and `tar` started through any agent's guest-exec.
+    Shell,
+    /// mcqemu-agent's own `copy-*` programs: no shell, tar or dd needed in the guest.
+    Agent,
+}
+
+/// How the host names mcqemu-agent's own program to guest-exec (the agent's child execs it
+/// as what the agent itself is).
+const AGENT_SELF: &str = "/proc/self/exe";
+
 /// A guest program started for a transfer, and what is known of its end.
 pub(super) struct Program {
     pub(super) pid: i64,
+    pub(super) side: Side,
     pub(super) ended: Option<(Option<i64>, String)>,
     pub(super) ended_at: Option<Instant>,
 }
 
 impl Program {
-    /// Starts `sh -c script sh args...` with its output captured.
-    pub(super) fn start(q: &mut Qga, script: &str, args: &[&str]) -> Result<Program, QgaError> {
-        let mut argv = vec!["-c".to_string(), script.to_string(), "sh".to_string()];
+    /// Starts the guest's side: `sh -c script sh args...`, or `mcqemu-agent sub args...`,
+    /// with its output captured.
+    pub(super) fn start(
+        q: &mut Qga,
+        side: Side,
+        (script, sub): (&str, &str),
+        args: &[&str],
+    ) -> Result<Program, QgaError> {
+        let (path, mut argv) = match side {
+            Side::Shell => (
+                "sh",
+                vec!["-c".to_string(), script.to_string(), "sh".to_string()],
+            ),
+            Side::Agent => (AGENT_SELF, vec![sub.to_string()]),
+        };
         argv.extend(args.iter().map(|a| a.to_string()));
-        let pid = gs::spawn(q, &ExecRequest::captured("sh", &argv))?;
+        let pid = gs::spawn(q, &ExecRequest::captured(path, &argv))?;
         Ok(Program {
             pid,
+            side,
             ended: None,
             ended_at: None,
         })

@@ -8,7 +8,7 @@ use std::time::Instant;
 use super::channel::{self, Moved};
 use super::{
     channel_for, guest_split, guest_time, host_parts, join, max_bytes, nonce, sh, temp_tag, Copied,
-    CopyIn, Step, Via, RENAME, TOP,
+    CopyIn, Side, Step, Via, RENAME, TOP,
 };
 use crate::ops::guest::stream::{self as gs, GuestWriter, Watch};
 use crate::ops::guest::with_guest;
@@ -65,18 +65,26 @@ pub fn copy_in(req: &CopyIn, watch: &dyn Watch) -> Result<Copied, String> {
     let mut chan = channel_for(&req.name, watch)?;
     let (counts, via) = with_guest(&req.name, "guest-exec", |q| -> Step<(Counts, Via)> {
         let ow = if req.overwrite { "1" } else { "0" };
-        if let Err(e) = sh(
-            q,
-            PREFLIGHT_IN,
-            &[&gparent, &dst, ow],
-            guest_time(0),
-            "the check",
-            Some(watch),
-        )? {
-            return Ok(Err(e));
-        }
+        let preflight = |q: &mut Qga| {
+            sh(
+                q,
+                PREFLIGHT_IN,
+                &[&gparent, &dst, ow],
+                guest_time(0),
+                "the check",
+                Some(watch),
+            )
+        };
+        // mcqemu-agent's own side of the channel checks the same itself.
+        let mut checked = false;
         let why = match &mut chan {
-            Ok(ch) => {
+            Ok((ch, side)) => {
+                if *side == Side::Shell {
+                    if let Err(e) = preflight(q)? {
+                        return Ok(Err(e));
+                    }
+                    checked = true;
+                }
                 let files = Cell::new(0);
                 let mut measure = Counter(0);
                 if let Err(e) = pack(&folder, leaf, &top, &mut measure, &files) {
@@ -84,7 +92,7 @@ pub fn copy_in(req: &CopyIn, watch: &dyn Watch) -> Result<Copied, String> {
                 }
                 let moved = channel::into(
                     q,
-                    ch,
+                    (ch, *side),
                     (
                         &join(&gparent, &format!("{tag}.d")),
                         &nonce(),
@@ -105,6 +113,11 @@ pub fn copy_in(req: &CopyIn, watch: &dyn Watch) -> Result<Copied, String> {
             }
             Err(why) => why.clone(),
         };
+        if !checked {
+            if let Err(e) = preflight(q)? {
+                return Ok(Err(e));
+            }
+        }
         let sent = join(&gparent, &format!("{tag}.tar"));
         let mut step = send(q, &folder, leaf, &top, &sent, scan.1, cap, watch);
         let mode = if top.kind == Type::File {
