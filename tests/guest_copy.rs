@@ -399,8 +399,14 @@ fn out_overwrite_checks(e: &mut Lab, vm: &str, dest: &Path) {
 }
 
 /// A hostile guest sends an entry under a symlink its archive made, pointing outside:
-/// refused, nothing written outside, no temporary left.
+/// refused, nothing written outside, no temporary left. The guest plays it by swapping the
+/// /bin/sh that sends the archive; mcqemu-agent sends archives itself, without sh, so this
+/// runs on the qemu-ga guest (the host's reader, under test here, is the same for both).
 fn hostile_archive_check(e: &mut Lab, vm: &str, out: &Path) {
+    if our_agent_answers(e.srv(), vm) {
+        eprintln!("hostile archive: skipped, mcqemu-agent sends archives without sh");
+        return;
+    }
     let mut w = mcqemu::state::tar::Writer::new(Vec::new());
     w.dir(b"evil", 0o755, 0).unwrap();
     w.symlink(b"evil/l", out.as_os_str().as_encoded_bytes(), 0)

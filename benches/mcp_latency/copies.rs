@@ -175,7 +175,7 @@ fn round1(x: f64) -> f64 {
     (x * 10.0).round() / 10.0
 }
 
-fn via_channel(r: &Value) -> Res<()> {
+pub(crate) fn via_channel(r: &Value) -> Res<()> {
     let out = structured(r)?;
     match out["via"].as_str() {
         Some("channel") => Ok(()),
@@ -184,7 +184,7 @@ fn via_channel(r: &Value) -> Res<()> {
 }
 
 /// `mib` MiB of pseudo-random bytes, written a MiB at a time (the bench holds no 1 GiB buffer).
-fn write_pseudo_random(path: &Path, mib: usize) -> Res<()> {
+pub(crate) fn write_pseudo_random(path: &Path, mib: usize) -> Res<()> {
     let mut f = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
     for i in 0..mib {
         f.write_all(&crate::common::pseudo_random(MIB, i as u64 * 7 + 3))
@@ -194,7 +194,7 @@ fn write_pseudo_random(path: &Path, mib: usize) -> Res<()> {
 }
 
 /// Whether two files hold the same bytes, compared a MiB at a time.
-fn same_bytes(a: &Path, b: &Path) -> Res<()> {
+pub(crate) fn same_bytes(a: &Path, b: &Path) -> Res<()> {
     let open = |p: &Path| std::fs::File::open(p).map_err(|e| format!("{}: {e}", p.display()));
     let (mut fa, mut fb) = (open(a)?, open(b)?);
     let (mut ba, mut bb) = (vec![0u8; MIB], vec![0u8; MIB]);

@@ -197,7 +197,8 @@ pub fn run_program(
         spool: slot.as_ref().map(|s| s.id.as_str()).or(launch.spool),
         ..launch.clone()
     };
-    let req = if ours && launch.spool.is_none() && !launch.session {
+    let native = ours && launch.spool.is_none() && !launch.session;
+    let req = if native {
         launch.native_request()
     } else {
         launch.request()
@@ -208,6 +209,7 @@ pub fn run_program(
         name,
         command: launch.command,
         req,
+        native,
         live: live.then(|| Live {
             id: slot.as_ref().map(|s| s.id.clone()),
             ..Live::default()
@@ -251,6 +253,8 @@ struct Run<'a> {
     name: &'a str,
     command: &'a str,
     req: ExecRequest,
+    /// Started on mcqemu-agent as it is: its end is waited for in the guest.
+    native: bool,
     live: Option<Live>,
     started: Instant,
     timeout: Duration,
@@ -301,6 +305,13 @@ impl Run<'_> {
                 // mcqemu-agent: the wait is in the guest, and ends as soon as output comes.
                 Some(l) if l.id.is_none() => {
                     l.read_native(q, pid, NATIVE_WAIT.min(self.deadline - now))?;
+                }
+                // Without live output too: asked past any output, the agent answers as soon
+                // as the program ends (no polling slices on the host).
+                None if self.native => {
+                    let past = (i64::MAX as u64, i64::MAX as u64);
+                    let wait = NATIVE_WAIT.min(self.deadline - now).min(window_end - now);
+                    agent_calls::exec_output_capped(q, pid, past, wait, Some(0))?;
                 }
                 _ => std::thread::sleep(wait),
             }
