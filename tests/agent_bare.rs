@@ -4,7 +4,9 @@
 //! stdin and live output (the agent takes them natively), guest_list_dir (the agent reads the
 //! folder), files both ways, copies both ways over the data channel (the agent packs and
 //! unpacks: no tar, dd or sh), a background process read and killed, the agent's identity;
-//! and stop_vm's graceful path powers it off through the agent's power button.
+//! and stop_vm's graceful path powers it off through the agent's power button. The same root
+//! for aarch64 (the agent cross-built for it, Debian's arm64 kernel) runs the same checks
+//! under qemu-system-aarch64.
 
 mod common;
 
@@ -20,6 +22,39 @@ fn a_root_without_a_shell_runs_programs_with_env_cwd_and_live_output() {
     let guest = try_test_guest_with(Some("bare")).unwrap_or_else(|e| panic!("{e}"));
     let mut lab = Lab::new("bare");
     lab.boot_guest_sandbox("bare", &guest, "");
+    smoke(&mut lab);
+}
+
+/// The same root and checks on an aarch64 guest (QEMU's virt board, TCG), one at a time.
+#[test]
+fn an_aarch64_root_without_a_shell_does_the_same() {
+    let guest = try_test_guest_arm64_with("bare").unwrap_or_else(|e| panic!("{e}"));
+    let mut lab = Lab::with_slots("bare-a64", QEMU_SLOTS);
+    let base = lab.srv().tmp.join("bare-base.img");
+    std::fs::File::create(&base)
+        .and_then(|f| f.set_len(1 << 20))
+        .expect("create the base image");
+    let r = lab.srv().call_tool_within(
+        "sandbox_vm",
+        json!({"base_image": base, "name": "bare", "arch": "aarch64", "memory_mb": 256,
+               "cpus": 1, "wait_agent_s": 150, "kernel": guest.kernel,
+               "initrd": guest.initrd, "append": guest.append}),
+        Duration::from_secs(240),
+    );
+    lab.track(&r);
+    let sb = tool_ok(&r, "sandbox_vm aarch64");
+    assert_eq!(sb["agent_ready"], json!(true), "agent never answered: {sb}");
+    let u = lab.srv().call_ok_within(
+        "guest_exec",
+        json!({"name": "bare", "command": "/bin/busybox", "args": ["uname", "-m"]}),
+        STEP,
+    );
+    assert_eq!(u["stdout"], json!("aarch64\n"), "{u}");
+    smoke(&mut lab);
+}
+
+/// Everything a shell-less root must do, on the sandbox `bare` of `lab`.
+fn smoke(lab: &mut Lab) {
     let s = lab.srv();
 
     assert!(our_agent_answers(s, "bare"), "qemu-ga answered");
@@ -112,7 +147,7 @@ fn a_root_without_a_shell_runs_programs_with_env_cwd_and_live_output() {
     );
     assert_eq!(r["content"], json!("written\n"));
 
-    copies_both_ways(&mut lab);
+    copies_both_ways(lab);
     background_run_and_kill(lab.srv());
     let s = lab.srv();
 

@@ -83,9 +83,23 @@ pub fn try_test_guest_with(mode: Option<&str>) -> Result<Guest, String> {
         let v = super::cli::run_locked_builder("test guest", &script, &out, GUEST_BUILD_TIMEOUT)?;
         return from_json(&v);
     };
-    let agent = static_agent("x86_64-unknown-linux-musl")?;
+    guest_with_agent("x86_64", mode)
+}
+
+/// The aarch64 test guest carrying mcqemu-agent (built for aarch64) in `mode` (`init`: as its
+/// PID 1; `bare`: with no shell at all).
+pub fn try_test_guest_arm64_with(mode: &str) -> Result<Guest, String> {
+    guest_with_agent("aarch64", mode)
+}
+
+fn guest_with_agent(arch: &str, mode: &str) -> Result<Guest, String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = root.join("target").join("test-guest");
+    let script = root.join("tests").join("guest").join("build_guest.py");
+    let agent = static_agent(&format!("{arch}-unknown-linux-musl"))?;
     let mut cmd = std::process::Command::new("python3");
     cmd.arg(&script)
+        .args(["--arch", arch])
         .arg("--agent")
         .arg(&agent)
         .args(["--agent-mode", mode])
@@ -116,6 +130,12 @@ pub fn static_agent(target: &str) -> Result<std::path::PathBuf, String> {
         "--target",
         target,
     ]);
+    if target.starts_with("aarch64") {
+        // A cross build with no aarch64 C toolchain: clang for ring's C, and the LLD that
+        // ships with every rustup toolchain to link (as .ci/cross-aarch64 does).
+        cmd.env("CC_aarch64_unknown_linux_musl", "clang")
+            .env("CARGO_TARGET_AARCH64_UNKNOWN_LINUX_MUSL_LINKER", "rust-lld");
+    }
     let done = super::cli::try_run_command(&mut cmd, None, GUEST_BUILD_TIMEOUT)?;
     if !done.status.success() {
         return Err(format!(

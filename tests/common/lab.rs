@@ -37,6 +37,14 @@ impl Lab {
         lab
     }
 
+    /// [`Lab::new`] holding `slots` guest slots (an emulated guest of another architecture
+    /// takes them all, so that it runs alone).
+    pub fn with_slots(label: &str, slots: usize) -> Lab {
+        let mut lab = Lab::without_server(label, slots);
+        lab.server = Some(lab.spawn_server());
+        lab
+    }
+
     /// [`Lab::new`] whose server may reach only the lab's own folder and the test-guest cache,
     /// so that a folder made anywhere else is outside every root, wherever the checkout is
     /// (a checkout under /tmp lies inside the usual test roots).
