@@ -27,7 +27,7 @@ pub fn build_command(arch: &str) -> String {
     };
     format!(
         "rustup target add {t} && {cross}cargo build --release --target {t} --bin mcqemu-agent \
-         (in mcqemu's source folder)"
+         (in mcqemu's source folder; .ci/build-agents there builds it for x86_64 and aarch64)"
     )
 }
 
