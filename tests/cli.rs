@@ -81,11 +81,12 @@ fn call_success_prints_json_and_exits_zero() {
 }
 
 #[test]
-fn call_tool_error_exits_one() {
+fn call_tool_error_exits_by_its_kind() {
     let tmp = TempDir::new("cli");
     let args = json!({"path": tmp.file("missing.qcow2")}).to_string();
     let out = run_cli(&tmp, &["call", "image_info", &args]);
-    assert_eq!(out.code, Some(1), "{out:?}");
+    assert_eq!(out.code, Some(3), "not_found: {out:?}");
+    assert!(out.stderr.starts_with("[not_found] "), "{out:?}");
     assert!(out.stderr.contains("missing.qcow2"), "{out:?}");
     assert!(out.stdout.trim().is_empty(), "nothing on stdout: {out:?}");
     // Refusing to clobber is a tool error too.
@@ -93,8 +94,13 @@ fn call_tool_error_exits_one() {
     std::fs::write(&existing, b"keep").unwrap();
     let args = json!({"path": existing.to_str().unwrap(), "size": "1M"}).to_string();
     let out = run_cli(&tmp, &["call", "image_create", &args]);
-    assert_eq!(out.code, Some(1), "{out:?}");
+    assert_eq!(out.code, Some(6), "invalid_argument: {out:?}");
+    assert!(out.stderr.starts_with("[invalid_argument] "), "{out:?}");
     assert_eq!(std::fs::read(&existing).unwrap(), b"keep");
+    // Outside the roots: refused by policy.
+    let args = json!({"path": "/etc/passwd"}).to_string();
+    let out = run_cli(&tmp, &["call", "image_info", &args]);
+    assert_eq!(out.code, Some(5), "refused: {out:?}");
 }
 
 #[test]

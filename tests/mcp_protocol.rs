@@ -1124,3 +1124,19 @@ fn cancel_is_honoured_while_the_http_server_is_silent() {
         list_dir(&dir)
     );
 }
+
+/// Every tool error carries its kind in `_meta` (a stable code a program can act on): an
+/// unknown VM is not_found, a path outside the roots refused, arguments the schema or the
+/// tool refuses invalid_argument.
+#[test]
+fn tool_errors_say_their_kind() {
+    let mut s = Server::ready();
+    s.call_err_kind("vm_info", json!({"name": "no-such-vm"}), "not_found");
+    s.call_err_kind("image_info", json!({"path": "/etc/passwd"}), "refused");
+    s.call_err_kind("list_vms", json!({"bogus": 1}), "invalid_argument");
+    s.call_err_kind(
+        "vm_snapshot_create",
+        json!({"name": "x", "tag": "../bad"}),
+        "invalid_argument",
+    );
+}

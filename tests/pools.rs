@@ -271,7 +271,7 @@ fn a_pool_past_the_quota_is_refused_and_pooled_clones_count() {
     let r = s.call_tool_within("template_create", template_args("tq", 0), CREATE);
     lab.track(&r);
     tool_ok(&r, "template_create");
-    let err = s.call_err("template_pool", json!({"name": "tq", "size": 3}));
+    let err = s.call_err_kind("template_pool", json!({"name": "tq", "size": 3}), "refused");
     assert!(err.contains("MCQEMU_MAX_VMS"), "{err}");
     let ok = s.call_ok("template_pool", json!({"name": "tq", "size": 2}));
     assert_eq!(ok["pool"], json!(2), "{ok}");

@@ -22,13 +22,14 @@ pub const INSTRUCTIONS: &str = concat!(
     "Many fast sandboxes of one kind: template_create once (a base image plus setup commands), \
      then sandbox_vm {\"template\": NAME} starts a clone in under a second. \
      sandbox_fork copies a running one; sandbox_suspend/sandbox_resume park one on disk.\n",
-    "Roots: every host path (disks, ISOs, kernels, images, screenshots) must lie in the roots: \
-     the client's or the operator's --root folders; a refusal names them.\n",
+    "Roots: every host path must lie in the roots (the client's or the operator's --root \
+     folders); a refusal names them.\n",
     "Long calls report progress given a progressToken and stop when cancelled; guest_exec \
-     streams output only with live=true (builds, tests).\n",
+     streams output with live=true.\n",
     "Resources: mcqemu://vm/{name}/serial (console tail), mcqemu://vm/{name}/screen (PNG).\n",
     "A person may watch and take over (vm_view): ask them for a password or a CAPTCHA.\n",
-    "Failed calls are isError results that say what to do next.",
+    "Failed calls are isError results saying what to do next; \
+     _meta[\"mcqemu/error\"].kind names the kind (busy: retry).",
 );
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 //! the resources are through a [`resources::Provider`] the caller hands to the server.
 
 pub mod args;
+pub mod call;
 pub mod client_roots;
 pub mod era;
 pub mod instructions;

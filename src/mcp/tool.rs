@@ -136,9 +136,15 @@ impl ToolOutput {
     }
 }
 
-/// The MCP `CallToolResult` for a tool error.
+/// The MCP `CallToolResult` for a tool error: the message as text, its kind's code in
+/// `_meta` (where a program reads it; no structuredContent, which the tool's outputSchema
+/// describes for successes only).
 pub fn error_result(err: &ToolError) -> Value {
-    json!({ "content": [{"type": "text", "text": err.0}], "isError": true })
+    json!({
+        "content": [{"type": "text", "text": err.msg}],
+        "isError": true,
+        "_meta": { super::tool_error::ERROR_META: { "kind": err.kind } },
+    })
 }
 
 /// Where log messages go: always stderr, and to the client as `notifications/message` when

@@ -2,8 +2,6 @@
 //! record of what it is a part of, the lock that keeps two downloads of one file apart, and the
 //! server's answer to a Range request.
 
-use std::fs::File;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use super::error::DownloadError;
@@ -30,30 +28,19 @@ pub fn lock_part(dest: &Path) -> Result<PartLock, DownloadError> {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let path = dest.with_file_name(format!(".{name}.partial.lock"));
-    let file = File::options()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&path)
+    let lock = crate::state::lockfile::try_lock(&path)
         .map_err(|error| DownloadError::File {
             op: "lock",
             path: path.clone(),
             error,
-        })?;
-    use std::os::unix::io::AsRawFd;
-    // SAFETY: flock(2) on a descriptor this function owns.
-    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if rc != 0 {
-        return Err(DownloadError::Busy(dest.to_path_buf()));
-    }
-    Ok(PartLock { _file: file, path })
+        })?
+        .ok_or_else(|| DownloadError::Busy(dest.to_path_buf()))?;
+    Ok(PartLock { _lock: lock, path })
 }
 
 /// The held lock of a resumable download; its file goes when the download ends.
 pub struct PartLock {
-    _file: File,
+    _lock: crate::state::lockfile::FileLock,
     path: PathBuf,
 }
 

@@ -1,33 +1,185 @@
-//! The operations' one error type: a message written for the agent (what happened, what to do
-//! next). The tools layer turns it into an MCP tool error once, at its boundary.
+//! The operations' one error type: a kind a program can act on (retry, fix the arguments, give
+//! up) and a message written for the agent (what happened, what to do next). The layers below
+//! convert into it once (`session.rs`); the tools layer turns it into an MCP tool error once, at
+//! its boundary, with the kind's code beside the message.
 
-/// An operation's failure, its message already for the agent.
+/// What kind of failure an operation met: what a caller can do about it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// The VM, template, image, handle or file named does not exist.
+    NotFound,
+    /// Something else holds it right now (another call, a transfer, a monitor): retry shortly.
+    Busy,
+    /// Refused by policy: outside the roots, over a quota, held by a person, isolated, unsafe.
+    Refused,
+    /// The arguments are wrong, or do not fit together or the VM's state.
+    InvalidArgument,
+    /// The guest or its agent failed (a command's own failure, an agent that does not answer).
+    GuestFailed,
+    /// The host failed: QEMU, qemu-img, the file system, the network.
+    HostFailed,
+    /// A bounded wait ran out.
+    TimedOut,
+    /// The client cancelled the call.
+    Cancelled,
+}
+
+impl ErrorKind {
+    /// Every kind, in the order of their exit codes.
+    pub const ALL: [ErrorKind; 8] = [
+        ErrorKind::NotFound,
+        ErrorKind::Busy,
+        ErrorKind::Refused,
+        ErrorKind::InvalidArgument,
+        ErrorKind::GuestFailed,
+        ErrorKind::HostFailed,
+        ErrorKind::TimedOut,
+        ErrorKind::Cancelled,
+    ];
+
+    /// The stable code a program reads (the tool error's `_meta`, `mcqemu call`'s stderr).
+    pub fn code(self) -> &'static str {
+        match self {
+            ErrorKind::NotFound => "not_found",
+            ErrorKind::Busy => "busy",
+            ErrorKind::Refused => "refused",
+            ErrorKind::InvalidArgument => "invalid_argument",
+            ErrorKind::GuestFailed => "guest_failed",
+            ErrorKind::HostFailed => "host_failed",
+            ErrorKind::TimedOut => "timed_out",
+            ErrorKind::Cancelled => "cancelled",
+        }
+    }
+
+    /// The kind of a code (None for an unknown one).
+    pub fn from_code(code: &str) -> Option<ErrorKind> {
+        ErrorKind::ALL.into_iter().find(|k| k.code() == code)
+    }
+
+    /// Whether the same call may well succeed if simply made again a little later.
+    pub fn retryable(self) -> bool {
+        matches!(self, ErrorKind::Busy | ErrorKind::TimedOut)
+    }
+}
+
+/// An operation's failure: its kind, and its message already for the agent.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OpError(pub String);
+pub struct OpError {
+    /// What kind of failure.
+    pub kind: ErrorKind,
+    /// What happened and what to do next.
+    pub msg: String,
+}
 
 impl OpError {
-    /// Builds an error from any message.
+    /// A failure of `kind`.
+    pub fn of(kind: ErrorKind, msg: impl Into<String>) -> Self {
+        OpError {
+            kind,
+            msg: msg.into(),
+        }
+    }
+
+    /// A failure of the host's side (QEMU, qemu-img, files): the kind when no other fits.
     pub fn new(msg: impl Into<String>) -> Self {
-        OpError(msg.into())
+        OpError::of(ErrorKind::HostFailed, msg)
+    }
+
+    /// Nothing by that name.
+    pub fn not_found(msg: impl Into<String>) -> Self {
+        OpError::of(ErrorKind::NotFound, msg)
+    }
+
+    /// Held by something else right now; retry shortly.
+    pub fn busy(msg: impl Into<String>) -> Self {
+        OpError::of(ErrorKind::Busy, msg)
+    }
+
+    /// Refused by policy.
+    pub fn refused(msg: impl Into<String>) -> Self {
+        OpError::of(ErrorKind::Refused, msg)
+    }
+
+    /// Wrong arguments.
+    pub fn invalid(msg: impl Into<String>) -> Self {
+        OpError::of(ErrorKind::InvalidArgument, msg)
+    }
+
+    /// The guest or its agent failed.
+    pub fn guest(msg: impl Into<String>) -> Self {
+        OpError::of(ErrorKind::GuestFailed, msg)
+    }
+
+    /// A bounded wait ran out.
+    pub fn timed_out(msg: impl Into<String>) -> Self {
+        OpError::of(ErrorKind::TimedOut, msg)
+    }
+
+    /// The client cancelled.
+    pub fn cancelled(msg: impl Into<String>) -> Self {
+        OpError::of(ErrorKind::Cancelled, msg)
+    }
+
+    /// The same failure with its message prefixed (`what: message`), its kind kept.
+    pub fn context(self, what: impl std::fmt::Display) -> Self {
+        OpError::of(self.kind, format!("{what}: {}", self.msg))
     }
 }
 
 impl std::fmt::Display for OpError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.msg)
     }
 }
 
 impl std::error::Error for OpError {}
 
+/// A bare message from a helper below: a host-side failure unless the helper says otherwise.
 impl From<String> for OpError {
     fn from(s: String) -> Self {
-        OpError(s)
+        OpError::new(s)
     }
 }
 
 impl From<&str> for OpError {
     fn from(s: &str) -> Self {
-        OpError(s.to_string())
+        OpError::new(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_stable_distinct_and_read_back() {
+        let codes: Vec<&str> = ErrorKind::ALL.iter().map(|k| k.code()).collect();
+        assert_eq!(
+            codes,
+            [
+                "not_found",
+                "busy",
+                "refused",
+                "invalid_argument",
+                "guest_failed",
+                "host_failed",
+                "timed_out",
+                "cancelled"
+            ]
+        );
+        for k in ErrorKind::ALL {
+            assert_eq!(ErrorKind::from_code(k.code()), Some(k));
+        }
+        assert_eq!(ErrorKind::from_code("nope"), None);
+        assert!(ErrorKind::Busy.retryable() && !ErrorKind::Refused.retryable());
+    }
+
+    #[test]
+    fn context_keeps_the_kind() {
+        let e = OpError::busy("held").context("vm_pause");
+        assert_eq!(
+            (e.kind, e.msg.as_str()),
+            (ErrorKind::Busy, "vm_pause: held")
+        );
     }
 }

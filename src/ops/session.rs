@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use super::error::OpError;
+use super::error::{ErrorKind, OpError};
 use crate::cloudinit::ConfigError;
 use crate::net::download::DownloadError;
 use crate::qemu::extra_args::ArgsError;
@@ -23,33 +23,68 @@ use crate::state::record::text;
 use crate::state::registry::{Record, RegistryError};
 use crate::state::roots::RootsError;
 
-/// `From<E> for OpError` for errors whose messages are already written for the agent.
+/// `From<E> for OpError` for errors whose messages are already written for the agent, each
+/// with the kind it always is.
 macro_rules! tool_error_from {
-    ($($error:ty),* $(,)?) => {$(
+    ($($kind:ident: $error:ty),* $(,)?) => {$(
         impl From<$error> for OpError {
             fn from(e: $error) -> Self {
-                OpError(e.to_string())
+                OpError::of(ErrorKind::$kind, e.to_string())
             }
         }
     )*};
 }
 
 tool_error_from!(
-    RegistryError,
-    ImgError,
-    RunError,
-    SizeError,
-    ArgsError,
-    ForwardError,
-    FirmwareError,
-    SpawnError,
-    KillError,
-    KeyError,
-    DownloadError,
-    RootsError,
-    ImageError,
-    ConfigError,
+    HostFailed: ImgError,
+    HostFailed: RunError,
+    InvalidArgument: SizeError,
+    Refused: ArgsError,
+    InvalidArgument: ForwardError,
+    HostFailed: FirmwareError,
+    HostFailed: SpawnError,
+    HostFailed: KillError,
+    InvalidArgument: KeyError,
+    HostFailed: DownloadError,
+    InvalidArgument: ConfigError,
 );
+
+/// The roots' refusals: a path outside them, hidden or read-only is refused by policy; text
+/// that is no path is an argument's fault; one that cannot be resolved names nothing.
+impl From<RootsError> for OpError {
+    fn from(e: RootsError) -> Self {
+        let kind = match e {
+            RootsError::Invalid(_) => ErrorKind::InvalidArgument,
+            RootsError::Unresolvable(_) => ErrorKind::NotFound,
+            _ => ErrorKind::Refused,
+        };
+        OpError::of(kind, e.to_string())
+    }
+}
+
+/// An untrusted image's refusals (what it reaches, its depth) are policy; qemu-img's own
+/// failure to read it is the host's.
+impl From<ImageError> for OpError {
+    fn from(e: ImageError) -> Self {
+        let kind = match e {
+            ImageError::Img(_) => ErrorKind::HostFailed,
+            _ => ErrorKind::Refused,
+        };
+        OpError::of(kind, e.to_string())
+    }
+}
+
+/// The registry's failures: a record another server holds is busy; the rest are the host's.
+impl From<RegistryError> for OpError {
+    fn from(e: RegistryError) -> Self {
+        let kind = match e {
+            RegistryError::LockTimeout => ErrorKind::Busy,
+            RegistryError::NewerSchema(_) => ErrorKind::Refused,
+            _ => ErrorKind::HostFailed,
+        };
+        OpError::of(kind, e.to_string())
+    }
+}
 
 /// What can fail inside a VM session: the channel itself (explained for the VM when the
 /// session ends), or the tool's own work between commands (passed through as it is).
@@ -96,7 +131,7 @@ pub fn monitor<T>(
     f: impl FnOnce(&mut Qmp) -> Result<T, SessionError<QmpError>>,
 ) -> Result<T, OpError> {
     qmp::with_session(&vm::qmp_socket(rec), f).map_err(|e| match e {
-        SessionError::Channel(c) => OpError::new(explain_qmp(name, rec, &c)),
+        SessionError::Channel(c) => OpError::of(qmp_kind(rec, &c), explain_qmp(name, rec, &c)),
         SessionError::Tool(t) => t,
     })
 }
@@ -119,6 +154,24 @@ pub fn agent<T>(
         SessionError::Channel(c) => explain_agent(name, rec, cmd, &c),
         SessionError::Tool(t) => t,
     })
+}
+
+/// The kind of a monitor failure, by the same checks as [`explain_qmp`]'s words.
+fn qmp_kind(rec: &Record, e: &QmpError) -> ErrorKind {
+    let proc_alive = vm::pid(rec).map(process::alive);
+    if rec.suspended.is_some() {
+        return ErrorKind::InvalidArgument;
+    }
+    match e {
+        QmpError::NoGreeting if proc_alive != Some(false) => ErrorKind::Busy,
+        QmpError::Connect(_) | QmpError::Closed | QmpError::NoGreeting
+            if proc_alive != Some(true) =>
+        {
+            ErrorKind::InvalidArgument
+        }
+        QmpError::Timeout(_) => ErrorKind::TimedOut,
+        _ => ErrorKind::HostFailed,
+    }
 }
 
 /// Maps a QMP error for a VM to words for the agent, checking the process instead of guessing.
@@ -164,6 +217,11 @@ pub fn explain_agent(name: &str, rec: &Record, cmd: &str, e: &QgaError) -> OpErr
             } else {
                 m.status
             };
+            let kind = if state == Status::Running {
+                ErrorKind::GuestFailed
+            } else {
+                ErrorKind::InvalidArgument
+            };
             let msg = match state {
                 Status::Suspended => format!(
                     "VM {name:?} is suspended (saved to disk, no QEMU); sandbox_resume it first"
@@ -181,19 +239,19 @@ pub fn explain_agent(name: &str, rec: &Record, cmd: &str, e: &QgaError) -> OpErr
                 ),
                 other => format!("no guest agent answers in VM {name:?}: the VM is {other}"),
             };
-            OpError::new(msg)
+            OpError::of(kind, msg)
         }
-        e if e.is_disabled() => OpError::new(format!(
+        e if e.is_disabled() => OpError::refused(format!(
             "the guest has disabled {cmd} in its agent configuration (qemu-ga \
              --block-rpcs/--allow-rpcs); guest_info lists the enabled commands. Agent said: {e}"
         )),
         QgaError::Command { .. } => {
-            OpError::new(format!("{cmd} failed inside guest {name:?}: {e}"))
+            OpError::guest(format!("{cmd} failed inside guest {name:?}: {e}"))
         }
-        QgaError::Timeout(_) => OpError::new(format!(
+        QgaError::Timeout(_) => OpError::timed_out(format!(
             "the guest agent in VM {name:?} did not answer {cmd} in time; the guest may be \
              overloaded. Retry"
         )),
-        other => OpError::new(format!("guest agent of VM {name:?}: {other}")),
+        other => OpError::guest(format!("guest agent of VM {name:?}: {other}")),
     }
 }

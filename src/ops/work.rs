@@ -25,7 +25,7 @@ pub trait Work: Sync {
     /// Fails with a clear error once cancelled; call between slices of a long wait.
     fn check_cancel(&self) -> Result<(), OpError> {
         if self.cancelled() {
-            Err(OpError::new("cancelled by the client"))
+            Err(OpError::cancelled("cancelled by the client"))
         } else {
             Ok(())
         }

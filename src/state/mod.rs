@@ -3,6 +3,7 @@
 pub mod beneath;
 pub mod copy;
 pub mod extract;
+pub mod lockfile;
 pub mod paths;
 pub mod record;
 pub mod registry;

@@ -12,7 +12,7 @@ use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{json, Map, Value};
 
@@ -346,31 +346,11 @@ impl Registry {
                 .map_err(|e| RegistryError::Io(format!("cannot create {}: {e}", dir.display())))?;
         }
         let lock_path = self.path.with_file_name("vms.json.lock");
-        let file = File::options()
-            .create(true)
-            .truncate(false)
-            .read(true)
-            .write(true)
-            .open(&lock_path)
-            .map_err(|e| RegistryError::Io(format!("cannot open {}: {e}", lock_path.display())))?;
-        let mut lock = fd_lock::RwLock::new(file);
-        let deadline = Instant::now() + LOCK_WAIT;
-        loop {
-            match lock.try_write() {
-                Ok(_guard) => return f(),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    if Instant::now() >= deadline {
-                        return Err(RegistryError::LockTimeout);
-                    }
-                }
-                Err(e) => {
-                    return Err(RegistryError::Io(format!(
-                        "cannot lock {}: {e}",
-                        lock_path.display()
-                    )))
-                }
-            }
-            std::thread::sleep(Duration::from_millis(5));
+        let held = super::lockfile::lock_within(&lock_path, LOCK_WAIT, &|| false)
+            .map_err(|e| RegistryError::Io(format!("cannot lock {}: {e}", lock_path.display())))?;
+        match held {
+            Some(_held) => f(),
+            None => Err(RegistryError::LockTimeout),
         }
     }
 

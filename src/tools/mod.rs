@@ -81,11 +81,6 @@ pub static ALL: &[ToolDef] = &[
     guest::agent::LIST_DIR,
 ];
 
-/// Finds a tool by name.
-pub fn find(name: &str) -> Option<&'static ToolDef> {
-    ALL.iter().find(|t| t.name == name)
-}
-
 /// Checks a snapshot tag against `^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`.
 pub fn check_tag(tag: &str) -> Result<(), ToolError> {
     let mut chars = tag.chars();

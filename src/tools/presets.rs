@@ -131,7 +131,7 @@ mod tests {
             };
             let err = match (tool.handler)(&ctx, &Args(arguments(&schema))) {
                 Ok(_) => panic!("{} took the name {BAD:?}", tool.name),
-                Err(e) => e.0,
+                Err(e) => e.msg,
             };
             let want = format!(
                 "invalid {what} name {BAD:?}: use 1-48 characters from A-Z a-z 0-9 _ . -, \

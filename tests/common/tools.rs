@@ -78,6 +78,14 @@ impl Server {
         self.call_err_within(name, args, RESPONSE_TIMEOUT)
     }
 
+    /// A call that must fail with an error of `kind` (`ops::error::ErrorKind`'s code); its text.
+    pub fn call_err_kind(&mut self, name: &str, args: Value, kind: &str) -> String {
+        let r = self.call_tool_within(name, args, RESPONSE_TIMEOUT);
+        let text = tool_err(&r, name);
+        assert_eq!(error_kind(&r), kind, "{name}: {text}");
+        text
+    }
+
     /// [`Server::call_ok`] with a custom bound.
     pub fn call_ok_within(&mut self, name: &str, args: Value, timeout: Duration) -> Value {
         self.try_call_ok_within(name, args, timeout)
@@ -172,8 +180,21 @@ pub fn tool_err(result: &Value, what: &str) -> String {
         json!(true),
         "{what} should have failed: {result}"
     );
+    let kind = error_kind(result);
+    assert!(
+        mcqemu::ops::error::ErrorKind::from_code(&kind).is_some(),
+        "{what}: an error without a known kind in _meta: {result}"
+    );
     result["content"][0]["text"]
         .as_str()
         .unwrap_or_else(|| panic!("{what}: error without text: {result}"))
+        .to_string()
+}
+
+/// The kind code of an error result (`_meta["mcqemu/error"].kind`; empty when it has none).
+pub fn error_kind(result: &Value) -> String {
+    result["_meta"]["mcqemu/error"]["kind"]
+        .as_str()
+        .unwrap_or_default()
         .to_string()
 }

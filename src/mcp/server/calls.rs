@@ -9,11 +9,11 @@ use jsonrpc_core::Error as RpcError;
 use serde_json::{Map, Value};
 
 use super::state::Server;
+use crate::mcp::call;
 use crate::mcp::client_roots::ROOTS_WAIT;
 use crate::mcp::era::Era;
 use crate::mcp::protocol::{error_response, invalid_params, response};
-use crate::mcp::schema::check_arguments;
-use crate::mcp::tool::{error_result, Args, Handler, Progress, ToolCtx, ToolDef, ToolError};
+use crate::mcp::tool::{error_result, Args, Progress, ToolCtx, ToolDef, ToolError};
 use crate::mcp::workers::Job;
 
 /// A call's result as the response to request `id`, stamped for `era`.
@@ -22,19 +22,12 @@ fn answer(id: &Value, era: Era, mut result: Value) -> Value {
     response(id, result)
 }
 
-/// Runs tool `name`'s handler; a tool error and a panic alike become an error result (a
-/// panicking handler must still answer and release its slot; otherwise the client waits
-/// forever and the server's shutdown waits for a call that is gone). The call's progress
-/// ends before the result is returned.
-fn run_handler(handler: Handler, name: &str, ctx: &ToolCtx, args: Args) -> Value {
-    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handler(ctx, &args)));
-    ctx.finish();
-    match run {
-        Ok(Ok(out)) => out.to_result(),
-        Ok(Err(e)) => error_result(&ToolError::new(format!("{name}: {}", e.0))),
-        Err(_) => error_result(&ToolError::new(format!(
-            "{name}: internal error (the tool panicked); this is a bug in mcqemu, please report it"
-        ))),
+/// Runs a checked call's handler (the one call path, `mcp::call`); a tool error and a panic
+/// alike become an error result, so a panicking handler still answers and releases its slot.
+fn run_handler(tool: &ToolDef, ctx: &ToolCtx, args: Args) -> Value {
+    match call::run(tool, ctx, args) {
+        Ok(out) => out.to_result(),
+        Err(e) => error_result(&e),
     }
 }
 
@@ -48,11 +41,8 @@ impl Server {
             .get("name")
             .and_then(Value::as_str)
             .ok_or_else(|| invalid_params("tools/call needs \"name\" (a string)"))?;
-        let tool = self.tools.iter().find(|t| t.name == name).ok_or_else(|| {
-            invalid_params(format!(
-                "unknown tool {name:?}; tools/list shows the available tools"
-            ))
-        })?;
+        // An unknown tool is a protocol error (the spec's), not a tool error.
+        let tool = call::find(self.tools, name).map_err(|e| invalid_params(e.msg))?;
         let args = match params.get("arguments") {
             None | Some(Value::Null) => Map::new(),
             Some(Value::Object(a)) => a.clone(),
@@ -69,8 +59,7 @@ impl Server {
             Err(e) => return self.send(&error_response(&id, e)),
         };
         let name = tool.name;
-        if let Err(msg) = check_arguments(&(tool.input_schema)(), &args) {
-            let err = ToolError::new(format!("{name}: {msg}"));
+        if let Err(err) = call::check(tool, &args) {
             return self.send(&answer(&id, era, error_result(&err)));
         }
         let cancel = match self.claim(&id) {
@@ -115,7 +104,7 @@ impl Server {
             if era == Era::Handshake {
                 server.roots.wait_ready(ROOTS_WAIT);
             }
-            let result = run_handler(tool.handler, tool.name, &ctx, args);
+            let result = run_handler(tool, &ctx, args);
             if let Ok(mut map) = server.inflight.lock() {
                 map.remove(&id.to_string());
             }

@@ -30,14 +30,15 @@ pub const QEMU_WAIT: Duration = Duration::from_secs(120);
 
 /// The proxy's parameters.
 #[derive(Debug)]
-struct Config {
+pub struct Config {
     runtime: PathBuf,
     state: PathBuf,
     rules: Vec<Rule>,
     forwards: Vec<(Ipv4Addr, u16)>,
 }
 
-fn parse_args(args: &[String]) -> Result<Config, String> {
+/// The subcommand's arguments (`--runtime`, `--state`, rules and forwards).
+pub fn parse_args(args: &[String]) -> Result<Config, String> {
     let (mut runtime, mut state, mut rules, mut forwards) = (None, None, Vec::new(), Vec::new());
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -62,35 +63,16 @@ fn parse_args(args: &[String]) -> Result<Config, String> {
     })
 }
 
-/// The subcommand's entry: 0 when its VM ended, 2 on a start-up failure (written to stderr).
-pub fn main(args: &[String]) -> i32 {
-    if args == ["--probe"] {
-        return match probe() {
-            Ok(()) => 0,
-            Err(e) => {
-                eprintln!("{e}");
-                2
-            }
-        };
-    }
-    match parse_args(args).and_then(|c| run(&c)) {
-        Ok(()) => 0,
-        Err(e) => {
-            crate::log::stderr("error", &format!("egress proxy: {e}"));
-            2
-        }
-    }
-}
-
 /// Can this host make a VM's empty network (for `mcqemu doctor`)?
-fn probe() -> Result<(), String> {
+pub fn probe() -> Result<(), String> {
     netns::enter_user_namespace()?;
     std::thread::spawn(netns::enter_net_namespace)
         .join()
         .map_err(|_| "the probe thread panicked".to_string())?
 }
 
-fn run(c: &Config) -> Result<(), String> {
+/// Runs the proxy until its VM ends.
+pub fn run(c: &Config) -> Result<(), String> {
     netns::enter_user_namespace()?;
     let (ready_tx, ready_rx) = mpsc::channel();
     let (dial_tx, dial_rx) = mpsc::channel::<Dial>();

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use serde_json::Map;
 
+use crate::ops::error::OpError;
 use crate::ops::guest::spool::{self, Launch};
 use crate::ops::guest::with_guest;
 use crate::qemu::agent_calls::{self, ExecStatus};
@@ -26,20 +27,6 @@ pub const KEEP: u64 = 8 * 1024 * 1024;
 pub const PER_CALL: usize = 1024 * 1024;
 /// How long a kill waits after its signal before it sends SIGKILL.
 const KILL_GRACE: Duration = Duration::from_secs(5);
-
-/// An operation's failure, written for the agent.
-#[derive(Debug, Clone, PartialEq)]
-pub struct BgError(pub String);
-
-impl std::fmt::Display for BgError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-fn err(e: impl std::fmt::Display) -> BgError {
-    BgError(e.to_string())
-}
 
 /// guest_exec {background: true}.
 #[derive(Debug, Clone)]
@@ -136,13 +123,13 @@ pub struct Known {
 const KEPT_BY_AGENT: &str = "mcqemu-agent";
 
 /// Starts a background process.
-pub fn start(req: &StartRequest) -> Result<Started, BgError> {
-    spool::check_env(&req.env).map_err(BgError)?;
+pub fn start(req: &StartRequest) -> Result<Started, OpError> {
+    spool::check_env(&req.env).map_err(OpError::invalid)?;
     if let Some(c) = &req.cwd {
-        spool::check_cwd(c).map_err(BgError)?;
+        spool::check_cwd(c).map_err(OpError::invalid)?;
     }
     let id = spool::new_id();
-    let native = crate::ops::guest::agent_is_ours(&req.name).map_err(err)?;
+    let native = crate::ops::guest::agent_is_ours(&req.name)?;
     let launch = Launch {
         command: &req.command,
         args: &req.args,
@@ -158,11 +145,10 @@ pub fn start(req: &StartRequest) -> Result<Started, BgError> {
         r.keep_last = Some(KEEP);
         let pid = with_guest(&req.name, "guest-exec", |q| {
             crate::ops::guest::stream::spawn(q, &r)
-        })
-        .map_err(err)?;
+        })?;
         (pid, None)
     } else {
-        with_guest(&req.name, "guest-exec", |q| start_in(q, &launch)).map_err(err)??
+        with_guest(&req.name, "guest-exec", |q| start_in(q, &launch))??
     };
     let handle = format!("bg-{id}");
     let entry = Background {
@@ -177,29 +163,21 @@ pub fn start(req: &StartRequest) -> Result<Started, BgError> {
     };
     let name = req.name.clone();
     let h = handle.clone();
-    vm::registry()
-        .update(move |vms| {
-            let rec = vms
-                .get_mut(&name)
-                .ok_or_else(|| BgError(format!("VM {name:?} is gone")))?;
-            let list = rec.background.get_or_insert_with(BTreeMap::new);
-            prune(list);
-            list.insert(h, entry);
-            Ok::<_, BgError>(())
-        })
-        .map_err(err)?;
+    vm::registry().update(move |vms| {
+        let rec = vms
+            .get_mut(&name)
+            .ok_or_else(|| OpError::not_found(format!("VM {name:?} is gone")))?;
+        let list = rec.background.get_or_insert_with(BTreeMap::new);
+        prune(list);
+        list.insert(h, entry);
+        Ok::<_, OpError>(())
+    })?;
     Ok(Started {
         name: req.name.clone(),
         handle,
         pid,
         background: true,
     })
-}
-
-impl From<crate::state::registry::RegistryError> for BgError {
-    fn from(e: crate::state::registry::RegistryError) -> Self {
-        err(e)
-    }
 }
 
 /// Drops the oldest ended processes past [`MAX_PER_VM`].
@@ -227,7 +205,7 @@ type Spawned = (i64, Option<Ended>);
 
 /// Starts `launch` and waits (briefly, bounded) for the wrapper to have either refused or
 /// handed over to the program.
-fn start_in(q: &mut Qga, launch: &Launch) -> Result<Result<Spawned, BgError>, QgaError> {
+fn start_in(q: &mut Qga, launch: &Launch) -> Result<Result<Spawned, OpError>, QgaError> {
     let pid = crate::ops::guest::stream::spawn(q, &launch.request())?;
     // The wrapper refuses a missing cwd before it makes the output files: wait (bounded) for
     // either the refusal or the files.
@@ -238,7 +216,7 @@ fn start_in(q: &mut Qga, launch: &Launch) -> Result<Result<Spawned, BgError>, Qg
         let s = agent_calls::exec_status(q, pid, COMMAND_TIMEOUT)?;
         if s.exited {
             if let Some(why) = spool::wrapper_refusal(&s) {
-                return Ok(Err(BgError(why)));
+                return Ok(Err(OpError::invalid(why)));
             }
             let ended = Ended {
                 exitcode: s.exitcode,
@@ -296,10 +274,10 @@ pub struct Listed {
 }
 
 /// The process of `handle` in VM `name`, or an error naming where it is (or that it is not).
-fn known(name: &str, handle: &str) -> Result<(Known, String), BgError> {
+fn known(name: &str, handle: &str) -> Result<(Known, String), OpError> {
     let vms = vm::registry().load();
     let Some(rec) = vms.get(name) else {
-        return Err(BgError(format!(
+        return Err(OpError::not_found(format!(
             "no VM named {name:?}; list_vms shows the known VMs"
         )));
     };
@@ -316,11 +294,11 @@ fn known(name: &str, handle: &str) -> Result<(Known, String), BgError> {
         ));
     }
     if let Some((other, _)) = vms.iter().find(|(_, r)| of(r).is_some()) {
-        return Err(BgError(format!(
+        return Err(OpError::invalid(format!(
             "handle {handle:?} belongs to VM {other:?}, not {name:?}"
         )));
     }
-    Err(BgError(format!(
+    Err(OpError::not_found(format!(
         "VM {name:?} has no background process {handle:?}; vm_info lists its background \
          processes (guest_exec with background=true starts one)"
     )))
@@ -341,7 +319,7 @@ fn record_end(name: &str, handle: &str, exitcode: Option<i64>, signal: Option<i6
                 other: Map::new(),
             });
         }
-        Ok::<_, BgError>(())
+        Ok::<_, OpError>(())
     });
 }
 
@@ -388,7 +366,7 @@ fn poll_end(q: &mut Qga, name: &str, handle: &str, k: &mut Known) -> Result<bool
 
 /// guest_exec_status: the state and the output past the given offsets, waiting up to `wait`
 /// for new output or the end.
-pub fn status(req: &StatusRequest, cancelled: &dyn Fn() -> bool) -> Result<Status, BgError> {
+pub fn status(req: &StatusRequest, cancelled: &dyn Fn() -> bool) -> Result<Status, OpError> {
     let (mut k, id) = known(&req.name, &req.handle)?;
     if k.native {
         return native_status(req, &mut k, cancelled);
@@ -401,8 +379,7 @@ pub fn status(req: &StatusRequest, cancelled: &dyn Fn() -> bool) -> Result<Statu
             let o = spool::read_from(q, &out, req.stdout_offset, PER_CALL, KEEP)?;
             let e = spool::read_from(q, &errp, req.stderr_offset, PER_CALL, KEEP)?;
             Ok((running, o, e))
-        })
-        .map_err(err)?;
+        })?;
         let (running, o, e) = seen;
         let new = !o.data.is_empty() || !e.data.is_empty();
         if !running || new || Instant::now() >= deadline || cancelled() {
@@ -434,7 +411,7 @@ fn native_status(
     req: &StatusRequest,
     k: &mut Known,
     cancelled: &dyn Fn() -> bool,
-) -> Result<Status, BgError> {
+) -> Result<Status, OpError> {
     let deadline = Instant::now() + req.wait;
     loop {
         let wait = deadline
@@ -443,8 +420,7 @@ fn native_status(
         let from = (req.stdout_offset, req.stderr_offset);
         let got = with_guest(&req.name, "mcqemu-exec-output", |q| {
             native_output(q, k.pid, from, wait, PER_CALL as u64)
-        })
-        .map_err(err)?;
+        })?;
         let Some(o) = got else {
             if k.ended.is_none() {
                 record_end(&req.name, &req.handle, None, None);
@@ -577,7 +553,7 @@ fn send(q: &mut Qga, k: &Known, sig: i32) -> Result<(), QgaError> {
 /// guest_exec_kill: the signal, then (for catchable ones) up to [`KILL_GRACE`] for it to end,
 /// then SIGKILL. Its output stays readable by guest_exec_status (the files are in the
 /// guest's /tmp).
-pub fn kill(req: &KillRequest) -> Result<Killed, BgError> {
+pub fn kill(req: &KillRequest) -> Result<Killed, OpError> {
     let (mut k, _) = known(&req.name, &req.handle)?;
     let (name, handle) = (req.name.clone(), req.handle.clone());
     let outcome = with_guest(&req.name, "guest-exec", |q| {
@@ -605,8 +581,7 @@ pub fn kill(req: &KillRequest) -> Result<Killed, BgError> {
             std::thread::sleep(Duration::from_millis(50));
         }
         Ok((true, true))
-    })
-    .map_err(err)?;
+    })?;
     let (exitcode, signal) = k.ended.unwrap_or((None, None));
     Ok(Killed {
         name: req.name.clone(),

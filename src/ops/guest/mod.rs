@@ -396,12 +396,12 @@ impl Run<'_> {
     fn check_going_on(&self) -> Result<(), OpError> {
         let (command, pid) = (self.command, self.pid.unwrap_or(0));
         if self.ctx.cancelled() {
-            return Err(OpError::new(format!(
+            return Err(OpError::cancelled(format!(
                 "cancelled; {command} is still running in the guest as pid {pid}"
             )));
         }
         if Instant::now() >= self.deadline {
-            return Err(OpError::new(format!(
+            return Err(OpError::timed_out(format!(
                 "{command} did not finish within {} s; it is still running in the guest as pid \
                  {pid} (stop it with guest_exec command=\"kill\" args=[\"{pid}\"])",
                 self.timeout.as_secs_f64()

@@ -31,7 +31,7 @@ const WRAPPER: &str = "umask 077; cat > \"$0\" || { rm -f \"$0\"; exit 1; }; \
 pub fn reseed(qga_socket: &Path, arch: &str, budget: Duration) -> Result<(), OpError> {
     let deadline = Instant::now() + budget;
     let fail = |why: String| {
-        OpError::new(format!(
+        OpError::guest(format!(
             "the guest's random number generator was not reseeded from the host: {why}"
         ))
     };

@@ -199,7 +199,7 @@ pub fn wait_cloud_init(ctx: &dyn Work, name: &str, wait: Duration) -> Result<Wai
             break;
         }
         if Instant::now() >= deadline {
-            return Err(OpError::new(format!(
+            return Err(OpError::timed_out(format!(
                 "cloud-init in VM {name:?} did not finish within {} s ({BOOT_FINISHED} is not \
                  there yet); the VM is running: check vm_serial_read, or run `cloud-init status \
                  --long` with guest_exec",

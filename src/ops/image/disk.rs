@@ -47,14 +47,14 @@ fn summary(path: &Path, info: &ImageInfo) -> Summary {
 
 fn refuse_existing(path: &Path, overwrite: bool) -> Result<(), OpError> {
     if !overwrite && std::fs::symlink_metadata(path).is_ok() {
-        return Err(OpError::new(format!(
+        return Err(OpError::invalid(format!(
             "{} already exists; pass overwrite=true to replace it, or choose another path",
             path.display()
         )));
     }
     if let Some(parent) = path.parent() {
         if !parent.is_dir() {
-            return Err(OpError::new(format!(
+            return Err(OpError::not_found(format!(
                 "folder {} does not exist; create it first or choose another path",
                 parent.display()
             )));
@@ -100,7 +100,7 @@ pub fn create(req: &CreateRequest) -> Result<Summary, OpError> {
         Some(b) => {
             let b = checked_path(b, "backing_file", Access::Read)?;
             if &b == path {
-                return Err(OpError::new(
+                return Err(OpError::invalid(
                     "backing_file and path are the same file; an image cannot back itself",
                 ));
             }
@@ -211,12 +211,12 @@ pub fn convert(work: &dyn Work, req: &ConvertRequest) -> Result<Converted, OpErr
     let (source, dest, format) = (&req.source, &req.dest, req.format.as_str());
     must_exist(source, "source image")?;
     if source == dest {
-        return Err(OpError::new(
+        return Err(OpError::invalid(
             "source and dest are the same file; choose another dest",
         ));
     }
     if req.compress && format != "qcow2" {
-        return Err(OpError::new(format!(
+        return Err(OpError::invalid(format!(
             "compress=true needs format \"qcow2\", not {format:?}"
         )));
     }
@@ -288,7 +288,7 @@ pub fn resize(path: &Path, size: &str, shrink: bool) -> Result<Resized, OpError>
         img::parse_size(size_s)?
     };
     if new < old && !shrink {
-        return Err(OpError::new(format!(
+        return Err(OpError::guest(format!(
             "refusing to shrink {} from {old} to {new} bytes: data past the new end is lost. \
              Shrink the guest's filesystems and partitions first, then pass shrink=true",
             path.display()

@@ -75,7 +75,7 @@ impl AgentChoice {
             "auto" => Ok(AgentChoice::Auto),
             "mcqemu" => Ok(AgentChoice::Mcqemu),
             "qemu-ga" => Ok(AgentChoice::QemuGa),
-            other => Err(OpError::new(format!(
+            other => Err(OpError::invalid(format!(
                 "agent {other:?} is not one of auto, mcqemu, qemu-ga"
             ))),
         }
@@ -144,12 +144,12 @@ pub fn prepare(ctx: &dyn Work, req: &PrepareRequest) -> Result<Prepared, OpError
     let started = std::time::Instant::now();
     let (source, dest) = (&req.source, &req.dest);
     if dest == source {
-        return Err(OpError::new(
+        return Err(OpError::invalid(
             "dest and source are the same file; choose another dest",
         ));
     }
     if dest.exists() && !req.overwrite {
-        return Err(OpError::new(format!(
+        return Err(OpError::invalid(format!(
             "{} already exists; pass overwrite=true to replace it",
             dest.display()
         )));
@@ -243,7 +243,7 @@ fn seed_with_agent(
     };
     CloudInit::parse(&ci)?;
     if ci.get("user_data").is_some() {
-        return Err(OpError::new(
+        return Err(OpError::invalid(
             "image_prepare adds its own runcmd to install the guest agent, so it takes the \
              structured cloud_init fields, not raw user_data",
         ));
@@ -291,7 +291,7 @@ fn finish(
             .as_ref()
             .and_then(|c| c.console.as_ref());
         if let Some(ds) = console.map(|c| c.datasource.as_str()) {
-            return Err(OpError::new(format!(
+            return Err(OpError::refused(format!(
                 "cloud-init finished in the prepared VM {name:?} (datasource {ds}) but the guest \
                  agent never started. Installing qemu-guest-agent needs allow_network=true and a \
                  package mirror the guest can reach (its own, or one written into its sources \
@@ -299,7 +299,7 @@ fn finish(
                  written to dest. Last serial output: {serial}"
             )));
         }
-        return Err(OpError::new(format!(
+        return Err(OpError::timed_out(format!(
             "the guest agent never answered in the prepared VM {name:?} within timeout_s and \
              cloud-init never reported finishing on the serial console; the image may lack \
              cloud-init, a serial console, or network to install qemu-guest-agent \
@@ -323,7 +323,7 @@ fn finish(
     stop::stop(ctx, name, false, Duration::from_secs(180)).map_err(|e| {
         OpError::new(format!(
             "the prepared guest did not shut down cleanly: {}",
-            e.0
+            e.msg
         ))
     })?;
     ctx.progress(4.0, None, "writing the compact image");

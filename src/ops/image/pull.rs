@@ -203,7 +203,7 @@ fn pull_source(work: &dyn Work, src: &Source, overwrite: bool) -> Result<Got, Fa
 fn dest_for(path: Option<&str>, file_name: &str) -> Result<PathBuf, OpError> {
     if let Some(p) = path {
         return roots::check_str(p, Access::Write)
-            .map_err(|e| OpError::new(format!("parameter 'path': {e}")));
+            .map_err(|e| OpError::invalid(format!("parameter 'path': {e}")));
     }
     let dir = images_dir();
     std::fs::create_dir_all(&dir)
@@ -279,7 +279,7 @@ fn plan_for(req: &PullRequest) -> Result<Plan, OpError> {
         }
         (None, Some(url)) => {
             let sums = req.checksums_url.as_deref().ok_or_else(|| {
-                OpError::new(
+                OpError::invalid(
                     "url needs checksums_url: the publisher's checksum file that lists it \
                      (every pulled image is verified)",
                 )
@@ -292,8 +292,8 @@ fn plan_for(req: &PullRequest) -> Result<Plan, OpError> {
             }];
             Ok((None, plan, None))
         }
-        (Some(_), Some(_)) => Err(OpError::new("give image or url, not both")),
-        (None, None) => Err(OpError::new(
+        (Some(_), Some(_)) => Err(OpError::invalid("give image or url, not both")),
+        (None, None) => Err(OpError::invalid(
             "give image (a catalog entry; image_catalog lists them) or url + checksums_url",
         )),
     }
@@ -332,7 +332,7 @@ fn pin_gone(name: &str, unverifiable: Option<&str>, fetch: &str, code: u16) -> O
              checksums_url"
         ),
     };
-    OpError::new(format!(
+    OpError::invalid(format!(
         "{fetch} answered HTTP {code}: the publisher has removed the dated image the catalog \
          pins for {name} (the catalog needs a newer pin); {next}"
     ))

@@ -87,7 +87,7 @@ pub fn operate(path: &Path, tag: &str, op: SnapshotOp) -> Result<Done, OpError> 
     let tags: Vec<&str> = existing.iter().map(|s| s.tag.as_str()).collect();
     match op {
         SnapshotOp::Create if has => {
-            return Err(OpError::new(format!(
+            return Err(OpError::invalid(format!(
                 "snapshot {tag:?} already exists in {}; delete it first or choose another tag",
                 path.display()
             )))

@@ -424,7 +424,7 @@ fn copy_guest(
     deadline: Instant,
 ) -> Result<u64, OpError> {
     let mut rq = Qmp::connect(&recv.qmp, Duration::from_secs(10))
-        .map_err(|e| OpError::new(format!("the receiving QEMU did not answer: {e}")))?;
+        .map_err(|e| OpError::timed_out(format!("the receiving QEMU did not answer: {e}")))?;
     live_migrate::listen(&mut rq, &recv.migration, deadline)
         .map_err(|e| OpError::new(format!("the receiving QEMU refused the copy: {e}")))?;
     session::monitor(plan.name, plan.rec, |q| {
@@ -467,7 +467,7 @@ fn freeze(q: &mut Qmp, plan: &Plan, disks: &Disks) -> Result<(), QmpError> {
 /// and quits it.
 fn save_receiver(recv: &Receiver, to: &Path, deadline: Instant) -> Result<u64, OpError> {
     let mut rq = Qmp::connect(&recv.qmp, Duration::from_secs(10))
-        .map_err(|e| OpError::new(format!("the receiving QEMU did not answer: {e}")))?;
+        .map_err(|e| OpError::timed_out(format!("the receiving QEMU did not answer: {e}")))?;
     let fail = |e: QmpError| OpError::new(format!("saving the copied guest failed: {e}"));
     live_migrate::wait_received(&mut rq, deadline).map_err(fail)?;
     let bytes = migrate::save(&mut rq, to, deadline).map_err(fail)?;

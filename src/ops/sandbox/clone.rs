@@ -55,7 +55,7 @@ pub struct Checked {
 pub fn check(req: &SandboxRequest, template_name: &str) -> Result<Checked, OpError> {
     let t = template::load(template_name)?;
     if let Some(refused) = fixed_by_template(req) {
-        return Err(OpError::new(format!(
+        return Err(OpError::invalid(format!(
             "{refused} comes from the template and cannot be changed for a clone; drop it, or \
              make another template"
         )));
@@ -120,7 +120,7 @@ fn check_same(
     asked: Option<&str>,
 ) -> Result<(), OpError> {
     match asked {
-        Some(a) if a != value => Err(OpError::new(format!(
+        Some(a) if a != value => Err(OpError::invalid(format!(
             "template {template_name:?} has {param} {value}; its clones cannot have {param} \
              {a}: drop {param}, or make another template"
         ))),
@@ -382,7 +382,7 @@ fn load_state(
         return Err(OpError::new(format!(
             "the clone of template {template_name:?} could not load its saved state: {}; the \
              clone was removed. If this repeats, template_delete the template and create it again",
-            e.0
+            e.msg
         )));
     }
     times.load = t_load.elapsed();
@@ -446,7 +446,7 @@ fn hand_out(
         Err(why) => {
             let serial = destroy::serial_tail(&out.launched, 8);
             destroy::destroy_quietly(ctx, name);
-            return Err(OpError::new(format!(
+            return Err(OpError::guest(format!(
                 "the clone of template {template_name:?} was removed: its guest agent did not \
                  answer ({why}). Last serial output: {serial}"
             )));
@@ -494,8 +494,9 @@ mod tests {
         assert!(check_same("t", "arch", "x86_64", None).is_ok());
         assert!(check_same("t", "arch", "x86_64", Some("x86_64")).is_ok());
         let e = check_same("t", "arch", "x86_64", Some("aarch64")).unwrap_err();
+        assert_eq!(e.kind, crate::ops::error::ErrorKind::InvalidArgument, "{e}");
         assert!(
-            e.0.contains("arch x86_64") && e.0.contains("drop arch"),
+            e.msg.contains("arch x86_64") && e.msg.contains("drop arch"),
             "{e}"
         );
     }

@@ -85,7 +85,7 @@ pub fn destroy(ctx: &dyn Work, name: &str) -> Result<Destroyed, OpError> {
     let name = name.to_string();
     let rec = lookup(&name)?;
     let sb = rec.sandbox.clone().ok_or_else(|| {
-        OpError::new(format!(
+        OpError::invalid(format!(
             "VM {name:?} is not a sandbox; use stop_vm and forget_vm for ordinary VMs"
         ))
     })?;

@@ -168,7 +168,7 @@ pub fn fork(ctx: &dyn Work, req: &ForkRequest) -> Result<Forked, OpError> {
 /// `NAME-fork-N`; `count` out of 1..=16 is refused.
 fn copy_names(req: &ForkRequest) -> Result<Vec<String>, OpError> {
     if !(1..=MAX_COPIES).contains(&req.count) {
-        return Err(OpError::new(format!(
+        return Err(OpError::invalid(format!(
             "count {} is out of range: a fork makes 1 to {MAX_COPIES} copies",
             req.count
         )));
@@ -176,7 +176,7 @@ fn copy_names(req: &ForkRequest) -> Result<Vec<String>, OpError> {
     let vms = vm::registry().load();
     let names = match &req.names {
         Some(n) if n.len() != req.count => {
-            return Err(OpError::new(format!(
+            return Err(OpError::invalid(format!(
                 "names has {} entries but count is {}; give one name per copy or leave names out",
                 n.len(),
                 req.count
@@ -191,10 +191,12 @@ fn copy_names(req: &ForkRequest) -> Result<Vec<String>, OpError> {
     };
     for (i, n) in names.iter().enumerate() {
         if !valid_name(n) {
-            return Err(OpError::new(crate::state::registry::invalid_name("VM", n)));
+            return Err(OpError::invalid(crate::state::registry::invalid_name(
+                "VM", n,
+            )));
         }
         if vms.contains_key(n) || names[..i].contains(n) {
-            return Err(OpError::new(format!(
+            return Err(OpError::invalid(format!(
                 "a VM named {n:?} already exists (or is named twice); choose other names"
             )));
         }
@@ -206,7 +208,7 @@ fn copy_names(req: &ForkRequest) -> Result<Vec<String>, OpError> {
 /// qcow2 overlay in its own folder, not a template's build.
 pub fn forkable(name: &str, rec: &Record) -> Result<LaunchSpec, OpError> {
     let sb = rec.sandbox.as_ref().ok_or_else(|| {
-        OpError::new(format!(
+        OpError::invalid(format!(
             "VM {name:?} is not a sandbox; sandbox_fork copies VMs made by sandbox_vm (or its \
              forks), whose disk is an overlay mcqemu owns"
         ))
@@ -252,10 +254,10 @@ pub fn live(name: &str, rec: &Record) -> Result<(), OpError> {
         Some(m) if m.status == vm::Status::Starting => {
             Err(crate::ops::vm::records::being_launched(name))
         }
-        Some(m) if m.status == vm::Status::Suspended => Err(OpError::new(format!(
+        Some(m) if m.status == vm::Status::Suspended => Err(OpError::invalid(format!(
             "VM {name:?} is suspended; sandbox_resume it first"
         ))),
-        Some(m) if !m.alive() => Err(OpError::new(format!(
+        Some(m) if !m.alive() => Err(OpError::invalid(format!(
             "VM {name:?} is not running; there is nothing to copy"
         ))),
         _ => Ok(()),
@@ -388,7 +390,7 @@ fn start_all(ctx: &dyn Work, p: &Parent, names: &[String]) -> Result<Vec<ForkCop
     let failed: Vec<String> = results
         .iter()
         .zip(names)
-        .filter_map(|(r, n)| r.as_ref().err().map(|e| format!("{n}: {}", e.0)))
+        .filter_map(|(r, n)| r.as_ref().err().map(|e| format!("{n}: {}", e.msg)))
         .collect();
     if failed.is_empty() {
         return Ok(results.into_iter().filter_map(Result::ok).collect());
@@ -420,7 +422,7 @@ fn start_copy(ctx: &dyn Work, p: &Parent, name: &str) -> Result<ForkCopy, OpErro
         destroy_quietly(ctx, name);
         return Err(OpError::new(format!(
             "it could not load the frozen state: {}",
-            e.0
+            e.msg
         )));
     }
     let reseed = (p.spec.vmgenid.is_none() || !x86(&p.spec.arch)).then(|| p.spec.arch.clone());
@@ -430,7 +432,7 @@ fn start_copy(ctx: &dyn Work, p: &Parent, name: &str) -> Result<ForkCopy, OpErro
     };
     if let Err(why) = ready {
         destroy_quietly(ctx, name);
-        return Err(OpError::new(format!(
+        return Err(OpError::timed_out(format!(
             "its guest agent did not answer ({why})"
         )));
     }
@@ -551,16 +553,20 @@ mod tests {
 
     #[test]
     fn counts_and_names_are_checked_before_anything_starts() {
+        use crate::ops::error::ErrorKind::InvalidArgument;
         for bad in [0, 17] {
             let e = copy_names(&req(bad, None)).unwrap_err();
-            assert!(e.0.contains("1 to 16"), "{e}");
+            assert_eq!(e.kind, InvalidArgument, "{e}");
+            assert!(e.msg.contains("1 to 16"), "{e}");
         }
         let e = copy_names(&req(2, Some(vec!["a"]))).unwrap_err();
-        assert!(e.0.contains("one name per copy"), "{e}");
+        assert_eq!(e.kind, InvalidArgument, "{e}");
+        assert!(e.msg.contains("one name per copy"), "{e}");
         let e = copy_names(&req(2, Some(vec!["a", "a"]))).unwrap_err();
-        assert!(e.0.contains("named twice"), "{e}");
+        assert_eq!(e.kind, InvalidArgument, "{e}");
+        assert!(e.msg.contains("named twice"), "{e}");
         let e = copy_names(&req(1, Some(vec!["../x"]))).unwrap_err();
-        assert!(e.0.contains("name"), "{e}");
+        assert_eq!(e.kind, InvalidArgument, "{e}");
     }
 
     #[test]
@@ -584,10 +590,10 @@ mod tests {
     fn a_vm_that_is_no_sandbox_cannot_be_forked() {
         let rec: Record = serde_json::from_value(json!({"pid": 1})).unwrap();
         let e = forkable("v", &rec).unwrap_err();
-        assert!(e.0.contains("not a sandbox"), "{e}");
+        assert!(e.msg.contains("not a sandbox"), "{e}");
         let rec: Record =
             serde_json::from_value(json!({"sandbox": {"template_build": "t"}})).unwrap();
         let e = forkable("v", &rec).unwrap_err();
-        assert!(e.0.contains("template"), "{e}");
+        assert!(e.msg.contains("template"), "{e}");
     }
 }

@@ -107,7 +107,7 @@ fn boot_overlay(
     req: &SandboxRequest,
 ) -> Result<(Sandboxed, AgentWait, Duration), OpError> {
     let Some(base_raw) = req.base_image.as_deref() else {
-        return Err(OpError::new(
+        return Err(OpError::invalid(
             "give base_image (a disk image to boot on an overlay) or template (from \
              template_create)",
         ));

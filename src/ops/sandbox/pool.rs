@@ -55,37 +55,27 @@ pub fn size(template: &str) -> u64 {
 pub fn set_size(ctx: &dyn Work, template: &str, n: u64) -> Result<(), OpError> {
     let t = templates::load(template)?;
     if n > MAX_POOL {
-        return Err(OpError::new(format!(
+        return Err(OpError::refused(format!(
             "pool {n} is more than the {MAX_POOL} clones a pool may keep; ask for fewer"
         )));
     }
     let have = pooled(template).len() as u64;
     if n > have {
+        // The pool's clones run all the time: the quotas admit them as they would any VMs.
         let limits = crate::ops::vm::quota::Limits::current();
-        let vms = vm::registry().load();
-        let running: Vec<&Record> = vms
-            .values()
-            .filter(|r| vm::measure_process(r).is_none_or(|m| m.alive()))
-            .collect();
-        let used: u64 = running.iter().filter_map(|r| r.memory_mb).sum();
-        let more = n - have;
-        if running.len() as u64 + more > limits.max_vms {
-            return Err(OpError::new(format!(
-                "a pool of {n} would run {} VMs, over the {} allowed (MCQEMU_MAX_VMS); ask for a \
-                 smaller pool, stop VMs, or ask the operator to raise MCQEMU_MAX_VMS",
-                running.len() as u64 + more,
-                limits.max_vms
-            )));
-        }
-        if used + more * t.memory_mb > limits.max_memory_mb {
-            return Err(OpError::new(format!(
-                "a pool of {n} clones of {} MiB would need {} MiB more, and running VMs already \
-                 use {used} of the {} MiB allowed (MCQEMU_MAX_MEMORY_MB); ask for a smaller pool",
-                t.memory_mb,
-                more * t.memory_mb,
-                limits.max_memory_mb
-            )));
-        }
+        crate::ops::vm::quota::admit_many(
+            &vm::registry().load(),
+            "",
+            n - have,
+            t.memory_mb,
+            t.cpus,
+            limits,
+        )
+        .map_err(|e| {
+            e.context(format_args!(
+                "a pool of {n} clones of template {template:?}"
+            ))
+        })?;
     }
     let file = size_file(template);
     let tmp = file.with_extension("tmp");
@@ -215,7 +205,7 @@ fn claim(template: &str, name: &str) -> Result<Option<(String, Record)>, OpError
     vm::registry().update(move |vms| {
         if let Some(r) = vms.get(&name) {
             if vm::measure_process(r).is_none_or(|m| m.alive()) {
-                return Err(OpError::new(format!(
+                return Err(OpError::invalid(format!(
                     "a VM named {name:?} already exists; choose another name"
                 )));
             }
@@ -403,18 +393,12 @@ pub fn keep_all() {
 /// Starts clones of `template` until `want` are pooled, under the template's pool lock (two
 /// servers never overfill one pool).
 fn refill(ctx: &dyn Work, template: &str, want: u64) -> Result<(), OpError> {
-    use std::os::unix::io::AsRawFd;
     let lock_path = templates::dir_of(template).join(".pool.lock");
-    let lock = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .map_err(|e| OpError::new(format!("cannot open {}: {e}", lock_path.display())))?;
-    // SAFETY: flock on a descriptor this function owns; released when `lock` closes.
-    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+    let Some(lock) = crate::state::lockfile::try_lock(&lock_path)
+        .map_err(|e| OpError::new(format!("cannot lock {}: {e}", lock_path.display())))?
+    else {
         return Ok(()); // another server is refilling it now
-    }
+    };
     while (pooled(template).len() as u64) < want && size(template) >= want {
         let name = format!("pool-{}", &crate::cloudinit::new_instance_id()[11..23]);
         let req = SandboxRequest {
@@ -442,7 +426,7 @@ fn refill(ctx: &dyn Work, template: &str, want: u64) -> Result<(), OpError> {
             }
             Ok(_) => {
                 destroy::destroy_quietly(ctx, &name);
-                return Err(OpError::new("a pooled clone's agent did not answer"));
+                return Err(OpError::timed_out("a pooled clone's agent did not answer"));
             }
             Err(e) => {
                 let _ = vm::registry().update(|vms| {

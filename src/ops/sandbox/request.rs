@@ -55,7 +55,7 @@ impl SandboxRequest {
 pub fn checked_name(name: Option<&str>) -> Result<String, OpError> {
     match name {
         Some(n) if valid_name(n) => Ok(n.to_string()),
-        Some(n) => Err(OpError::new(invalid_name("VM", n))),
+        Some(n) => Err(OpError::invalid(invalid_name("VM", n))),
         None => Ok(first_free_name()),
     }
 }

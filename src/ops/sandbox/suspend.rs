@@ -84,7 +84,7 @@ pub fn suspend(ctx: &dyn Work, name: &str) -> Result<Suspended, OpError> {
     let started = Instant::now();
     let rec = lookup(name)?;
     if rec.suspended.is_some() {
-        return Err(OpError::new(format!(
+        return Err(OpError::invalid(format!(
             "VM {name:?} is already suspended; sandbox_resume brings it back"
         )));
     }
@@ -191,7 +191,7 @@ pub fn resume(ctx: &dyn Work, name: &str, wait: Duration) -> Result<Resumed, OpE
     let rec = lookup(name)?;
     let Some(saved) = rec.suspended.clone() else {
         live(name, &rec)?;
-        return Err(OpError::new(format!(
+        return Err(OpError::invalid(format!(
             "VM {name:?} is not suspended (it is running); sandbox_suspend suspends it"
         )));
     };
@@ -279,7 +279,7 @@ fn load(name: &str, dir: &Path, paused: bool) -> Result<(), OpError> {
     .map_err(|e| {
         OpError::new(format!(
             "{name:?} could not load its saved state ({}); it stays suspended",
-            e.0
+            e.msg
         ))
     })
 }

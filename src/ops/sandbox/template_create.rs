@@ -105,7 +105,7 @@ pub fn create(ctx: &dyn Work, req: &TemplateRequest) -> Result<Created, OpError>
     let dir = dir_of(&name);
     end_stale_build(ctx, &name)?;
     if meta_of(&dir).exists() {
-        return Err(OpError::new(format!(
+        return Err(OpError::invalid(format!(
             "a template named {name:?} already exists; template_delete it first or choose \
              another name"
         )));
@@ -177,7 +177,7 @@ fn template_disk(req: &TemplateRequest, dir: &Path) -> Result<Option<PathBuf>, O
     };
     let disk_size = disk_size::checked(req.disk_size.as_deref(), base.as_ref().map_or(0, |b| b.2))?;
     if base.is_none() && req.launch.kernel.is_none() {
-        return Err(OpError::new(
+        return Err(OpError::invalid(
             "give base_image, or kernel (and initrd) for a guest without a disk image",
         ));
     }
@@ -233,7 +233,7 @@ fn end_stale_build(ctx: &dyn Work, name: &str) -> Result<(), OpError> {
     let builder = rec.sandbox.as_ref().and_then(|s| s.builder_pid);
     if let Some(p) = builder.and_then(|p| i32::try_from(p).ok()) {
         if p as u32 != std::process::id() && crate::qemu::process::alive(p) {
-            return Err(OpError::new(format!(
+            return Err(OpError::busy(format!(
                 "template {name:?} is being created by another mcqemu (PID {p}); wait for it"
             )));
         }
@@ -311,7 +311,7 @@ fn wait_ready(
     match how {
         AgentWait::Ready => {}
         AgentWait::TimedOut => {
-            return Err(OpError::new(format!(
+            return Err(OpError::timed_out(format!(
                 "the template guest's agent did not answer within {} s; a template needs \
                  qemu-guest-agent in the guest (nothing was saved)",
                 wait.as_secs()

@@ -172,13 +172,13 @@ pub fn new_overlay(dir: &Path, overlay: &Path) -> Result<(), OpError> {
 /// Loads a template, checking that its files are all there and whole.
 pub fn load(name: &str) -> Result<Template, OpError> {
     if !valid_name(name) {
-        return Err(OpError::new(crate::state::registry::invalid_name(
+        return Err(OpError::invalid(crate::state::registry::invalid_name(
             "template", name,
         )));
     }
     let dir = dir_of(name);
     let bytes = std::fs::read(meta_of(&dir)).map_err(|_| {
-        OpError::new(format!(
+        OpError::not_found(format!(
             "no template named {name:?}; template_list shows the templates, template_create \
              makes one"
         ))

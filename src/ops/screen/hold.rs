@@ -60,7 +60,7 @@ pub fn take(name: &str) -> Result<(String, Held), OpError> {
     let name = name.to_string();
     vm::registry().update(|vms| {
         let Some(rec) = vms.get_mut(&name) else {
-            return Err(OpError::new(format!(
+            return Err(OpError::not_found(format!(
                 "no VM named {name:?}; list_vms shows the known VMs"
             )));
         };
@@ -94,7 +94,7 @@ pub fn release(name: &str, secret: &str) -> Result<bool, OpError> {
     let name = name.to_string();
     vm::registry().update(|vms| {
         let Some(rec) = vms.get_mut(&name) else {
-            return Err(OpError::new(format!("no VM named {name:?}")));
+            return Err(OpError::not_found(format!("no VM named {name:?}")));
         };
         let Some(stored) = digest_of(rec) else {
             return Ok(false);
@@ -126,7 +126,7 @@ pub fn check_agent(name: &str, tool: &str) -> Result<(), OpError> {
     let Some(h) = vms.get(name).and_then(of) else {
         return Ok(());
     };
-    Err(OpError::new(format!(
+    Err(OpError::refused(format!(
         "{tool} refused: a person has taken over VM {name:?} since {} (vm_takeover) and is \
          using its screen, keyboard and mouse; they hand it back when done. Meanwhile look with \
          vm_screenshot, or wait for the screen to change with vm_screen_wait; guest_exec and the \
@@ -140,7 +140,7 @@ pub fn check_agent(name: &str, tool: &str) -> Result<(), OpError> {
 pub fn check_view(name: &str, secret: Option<&str>) -> Result<(), OpError> {
     let vms = vm::registry().load();
     let Some(rec) = vms.get(name) else {
-        return Err(OpError::new(format!("no VM named {name:?}")));
+        return Err(OpError::not_found(format!("no VM named {name:?}")));
     };
     let Some(stored) = digest_of(rec) else {
         return Ok(());

@@ -83,7 +83,7 @@ pub fn send_keys(work: &dyn Work, req: &KeysRequest) -> Result<KeysSent, OpError
         Ok(input::run(q, &plan, &|| work.cancelled())?)
     })?;
     if !sent.complete {
-        return Err(OpError::new(format!(
+        return Err(OpError::cancelled(format!(
             "cancelled after {} of {} key commands (keys pressed were released)",
             sent.commands,
             input::commands(&plan)
@@ -142,7 +142,7 @@ pub fn type_text(work: &dyn Work, req: &TextRequest) -> Result<Typed, OpError> {
         Ok(input::run(q, &plan, &|| work.cancelled())?)
     })?;
     if !sent.complete {
-        return Err(OpError::new(format!(
+        return Err(OpError::cancelled(format!(
             "cancelled after {} of {commands} key batches",
             sent.commands
         )));

@@ -28,7 +28,7 @@ const MOUSE_PACE: Duration = Duration::from_millis(20);
 /// The refusal for a point outside the screenshot (or screen) it was read from.
 pub fn outside(x: i64, y: i64, scale: f64, w: u32, h: u32) -> OpError {
     let (iw, ih) = scaled_size(w, h, scale);
-    OpError::new(if scale < 1.0 {
+    OpError::invalid(if scale < 1.0 {
         format!(
             "({x}, {y}) is outside the {iw}x{ih} screenshot (scale {scale}) of the {w}x{h} \
              screen; nothing was sent"
@@ -244,7 +244,7 @@ pub fn mouse_move(req: &MoveRequest, work: &dyn Work) -> Result<Moved, OpError> 
 /// (dx, dy) of a screenshot at `scale` in screen pixels; either past [`MAX_DELTA`] is refused.
 pub fn screen_delta(dx: i64, dy: i64, scale: f64) -> Result<(i64, i64), OpError> {
     if dx.abs() > MAX_DELTA || dy.abs() > MAX_DELTA {
-        return Err(OpError::new(format!(
+        return Err(OpError::invalid(format!(
             "|dx| and |dy| must be at most {MAX_DELTA}; nothing was sent"
         )));
     }
@@ -316,7 +316,7 @@ fn send_moves(
     for (i, (sx, sy)) in plan.iter().enumerate() {
         q.send_input(&rel(*sx, *sy))?;
         if i % 64 == 63 && work.cancelled() {
-            return Err(OpError::new("cancelled").into());
+            return Err(OpError::cancelled("cancelled").into());
         }
     }
     if !plan.is_empty() {
@@ -366,7 +366,7 @@ pub fn gesture(
         let plan = make(&pts, (w, h));
         let sent = input::run(q, &plan, &|| work.cancelled())?;
         if !sent.complete {
-            return Err(OpError::new("cancelled (buttons and keys released)").into());
+            return Err(OpError::cancelled("cancelled (buttons and keys released)").into());
         }
         Ok(Gesture {
             screen: (w, h),

@@ -88,7 +88,7 @@ pub fn modifiers(names: &[String]) -> Result<Vec<&'static str>, OpError> {
         let q = keys::qcode(n)
             .filter(|q| MODIFIERS.contains(q))
             .ok_or_else(|| {
-                OpError::new(format!(
+                OpError::invalid(format!(
                     "hold {n:?} is not a modifier key; hold shift, ctrl, alt, altgr or win (or \
                  their _r variants); nothing was sent"
                 ))
@@ -342,7 +342,7 @@ mod tests {
         assert_eq!(modifiers(&list(&["win"])).unwrap(), ["meta_l"]);
         assert!(modifiers(&list(&["a"]))
             .unwrap_err()
-            .0
+            .msg
             .contains("not a modifier"));
         assert!(modifiers(&list(&["shift", "ctrl", "alt", "altgr", "meta_l"])).is_err());
     }

@@ -244,11 +244,11 @@ fn plan(e: &Event, done: &mut Done) -> Result<Vec<crate::ops::screen::input::Ste
         } => {
             let (w, h) = (*screen_width, *screen_height);
             let at = crate::ops::screen::pointer::screen_point(*x, *y, *scale, w, h).ok_or_else(
-                || OpError::new(format!("({x}, {y}) is outside the image at scale {scale}")),
+                || OpError::invalid(format!("({x}, {y}) is outside the image at scale {scale}")),
             )?;
             let btn = match button.as_deref().unwrap_or("left") {
                 b @ ("left" | "right" | "middle") => b.to_string(),
-                other => return Err(OpError::new(format!("unknown button {other:?}"))),
+                other => return Err(OpError::invalid(format!("unknown button {other:?}"))),
             };
             done.clicks += 1;
             crate::ops::screen::pointer::click_plan(at, (w, h), &btn, count.unwrap_or(1), &[])

@@ -109,7 +109,7 @@ fn explain(name: &str, rec: &Record, e: CaptureError, waited: Duration) -> OpErr
         CaptureError::Qmp(QmpError::NoGreeting | QmpError::Timeout(_))
             if vm::pid(rec).is_some_and(crate::qemu::process::alive) =>
         {
-            OpError::new(format!(
+            OpError::busy(format!(
                 "VM {name:?}: QEMU did not answer its monitor within {} s (frozen, overloaded, \
                  or another call holds the monitor); the screen wait ended after {waited:.1} s. \
                  Retry, see vm_info, or stop_vm with force=true",

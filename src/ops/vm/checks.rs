@@ -12,14 +12,15 @@ pub use crate::state::roots::Access;
 /// Path parameter `param`'s text, checked against the roots for `access` and resolved (every
 /// symlink and `..`): the caller must use the returned path from then on, never the text.
 pub fn checked_path(raw: &str, param: &str, access: Access) -> Result<PathBuf, OpError> {
-    roots::check_str(raw, access).map_err(|e| OpError::new(format!("parameter '{param}': {e}")))
+    roots::check_str(raw, access)
+        .map_err(|e| OpError::from(e).context(format_args!("parameter '{param}'")))
 }
 
 /// An existing disk image, checked as untrusted data: its backing chain and external data
 /// file must stay inside the roots. `format` pins how it is read (None probes it once).
 pub fn checked_image(path: &Path, what: &str, format: Option<&str>) -> Result<Checked, OpError> {
     if !path.is_file() {
-        return Err(OpError::new(format!(
+        return Err(OpError::not_found(format!(
             "{what} {} does not exist or is not a file",
             path.display()
         )));
@@ -46,15 +47,22 @@ fn recorded_format(path: &Path) -> Option<String> {
 pub fn must_exist(path: &Path, what: &str) -> Result<(), OpError> {
     match std::fs::metadata(path) {
         Ok(m) if m.is_file() => Ok(()),
-        Ok(_) => Err(OpError::new(format!(
+        Ok(_) => Err(OpError::invalid(format!(
             "{what} {} is not a regular file",
             path.display()
         ))),
-        Err(e) => Err(OpError::new(format!(
-            "{what} {} cannot be read: {e}; check the path (image_info works on any existing \
-             image)",
-            path.display()
-        ))),
+        Err(e) => {
+            let msg = format!(
+                "{what} {} cannot be read: {e}; check the path (image_info works on any \
+                 existing image)",
+                path.display()
+            );
+            Err(if e.kind() == std::io::ErrorKind::NotFound {
+                OpError::not_found(msg)
+            } else {
+                OpError::new(msg)
+            })
+        }
     }
 }
 

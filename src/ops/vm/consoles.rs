@@ -103,7 +103,7 @@ fn monitor_failure(name: &str, rec: &Record, e: &QmpError) -> String {
 pub fn screen_png(name: &str) -> Result<Vec<u8>, Unread> {
     record(name)?;
     let rec = records::lookup_live(name, "launch it with launch_vm, then read its screen")
-        .map_err(|e| Unread::Failed(e.0))?;
+        .map_err(|e| Unread::Failed(e.msg))?;
     if let Some(m) = vm::measure_process(&rec).filter(|m| m.status == Status::Frozen) {
         return Err(Unread::Failed(format!(
             "VM {name:?} cannot show its screen: {}",

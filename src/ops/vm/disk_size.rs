@@ -24,14 +24,14 @@ pub fn checked(text: Option<&str>, base_bytes: u64) -> Result<Option<u64>, OpErr
     let Some(text) = text else {
         return Ok(None);
     };
-    let bytes =
-        img::parse_size(text).map_err(|e| OpError::new(format!("parameter 'disk_size': {e}")))?;
+    let bytes = img::parse_size(text)
+        .map_err(|e| OpError::invalid(format!("parameter 'disk_size': {e}")))?;
     check(text, bytes, base_bytes, max_bytes()).map(Some)
 }
 
 fn check(text: &str, bytes: u64, base_bytes: u64, max: u64) -> Result<u64, OpError> {
     if bytes < base_bytes {
-        return Err(OpError::new(format!(
+        return Err(OpError::invalid(format!(
             "parameter 'disk_size': {text:?} ({bytes} bytes) is smaller than the base image \
              ({base_bytes} bytes, {:.1} GiB); a disk cannot shrink under the guest's file \
              system: ask for at least that much, or leave disk_size out",
@@ -39,7 +39,7 @@ fn check(text: &str, bytes: u64, base_bytes: u64, max: u64) -> Result<u64, OpErr
         )));
     }
     if bytes > max {
-        return Err(OpError::new(format!(
+        return Err(OpError::refused(format!(
             "parameter 'disk_size': {text:?} is more than the {} GiB allowed \
              (MCQEMU_MAX_DISK_GB); ask for less, or ask the operator to raise MCQEMU_MAX_DISK_GB",
             max >> 30
@@ -57,12 +57,17 @@ mod tests {
         let g = 1u64 << 30;
         assert_eq!(check("20G", 20 * g, 2 * g, 100 * g).unwrap(), 20 * g);
         assert_eq!(check("2G", 2 * g, 2 * g, 100 * g).unwrap(), 2 * g);
-        let small = check("1G", g, 2 * g, 100 * g).unwrap_err().0;
+        use crate::ops::error::ErrorKind;
+        let small = check("1G", g, 2 * g, 100 * g).unwrap_err();
+        assert_eq!(small.kind, ErrorKind::InvalidArgument);
+        let small = small.msg;
         assert!(
             small.contains("disk_size") && small.contains("smaller"),
             "{small}"
         );
-        let big = check("200G", 200 * g, 2 * g, 100 * g).unwrap_err().0;
+        let big = check("200G", 200 * g, 2 * g, 100 * g).unwrap_err();
+        assert_eq!(big.kind, ErrorKind::Refused);
+        let big = big.msg;
         assert!(
             big.contains("disk_size") && big.contains("MCQEMU_MAX_DISK_GB"),
             "{big}"

@@ -37,7 +37,7 @@ impl Started {
     /// The namespaces a QEMU joins, opened afresh for each spawn.
     pub fn join(&self) -> Result<Join, OpError> {
         Join::open(self.pid, self.tid).map_err(|e| {
-            OpError::new(format!(
+            OpError::not_found(format!(
                 "the egress proxy of this VM is gone ({e}); launch again"
             ))
         })

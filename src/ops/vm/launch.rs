@@ -204,7 +204,7 @@ pub fn launch(ctx: &dyn Work, mut req: LaunchRequest) -> Result<Launched, OpErro
         quota::admit(vms, &name, memory_mb, cpus, limits)?;
         if let Some(old) = vms.get(&name) {
             if old.suspended.is_some() && extra.resumed_from.is_none() {
-                return Err(OpError::new(format!(
+                return Err(OpError::invalid(format!(
                     "a VM named {name:?} is suspended; sandbox_resume it, or sandbox_destroy it \
                      first, or choose another name"
                 )));
@@ -344,7 +344,7 @@ fn prepare_dirs(s: &LaunchSpec, rt: &Path, sd: &Path) -> Result<(), OpError> {
     }
     if s.qmp_socket.exists() {
         if sock::is_listening(&s.qmp_socket) {
-            return Err(OpError::new(format!(
+            return Err(OpError::refused(format!(
                 "a QEMU is still listening on {}: VM {:?} seems to be running outside the \
                  registry. Adopt it with attach_vm, or stop that QEMU first",
                 s.qmp_socket.display(),

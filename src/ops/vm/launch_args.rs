@@ -98,7 +98,7 @@ pub fn checked_disks(name: &str, disks: &[String]) -> Result<Vec<(PathBuf, Strin
         let p = roots::check_str(d, Access::Write)
             .map_err(|e| OpError::new(format!("disks[{i}]: {e}")))?;
         if !p.is_file() {
-            return Err(OpError::new(format!(
+            return Err(OpError::not_found(format!(
                 "disks[{i}]: {} does not exist or is not a file; create one with image_create",
                 p.display()
             )));
@@ -168,7 +168,7 @@ pub fn request(
         ..LaunchSpec::default()
     };
     if spec.initrd.is_some() && spec.kernel.is_none() {
-        return Err(OpError::new("initrd needs kernel (direct kernel boot)"));
+        return Err(OpError::invalid("initrd needs kernel (direct kernel boot)"));
     }
     Ok(LaunchRequest {
         spec,
@@ -278,7 +278,7 @@ fn existing(raw: Option<&str>, param: &str, what: &str) -> Result<Option<PathBuf
     };
     let p = checked_path(raw, param, Access::Read)?;
     if !p.is_file() {
-        return Err(OpError::new(format!(
+        return Err(OpError::not_found(format!(
             "{what} {} does not exist or is not a file",
             p.display()
         )));
@@ -300,7 +300,7 @@ mod tests {
             ..LaunchArgs::default()
         };
         let e = firmware_name(&bios, "aarch64").unwrap_err();
-        assert!(e.0.contains("firmware=\"uefi\""), "{e}");
+        assert!(e.msg.contains("firmware=\"uefi\""), "{e}");
         let kernel = LaunchArgs {
             kernel: Some("/k".into()),
             ..bios.clone()
@@ -315,7 +315,7 @@ mod tests {
             port_forwards: Some(vec!["auto:22".into()]),
             ..LaunchArgs::default()
         };
-        assert!(forwards(&a).unwrap_err().0.contains("no_net"));
+        assert!(forwards(&a).unwrap_err().msg.contains("no_net"));
         let ok = LaunchArgs {
             port_forwards: Some(vec!["auto:22".into()]),
             ..LaunchArgs::default()

@@ -82,7 +82,7 @@ fn socket(path: &Path, key: &str) -> Result<PathBuf, OpError> {
     let p = std::fs::canonicalize(path)
         .map_err(|e| OpError::new(format!("{key} {}: {e}", path.display())))?;
     if !sock::is_socket(&p) {
-        return Err(OpError::new(format!(
+        return Err(OpError::invalid(format!(
             "{key} {} is not a unix socket",
             p.display()
         )));
@@ -99,7 +99,7 @@ pub fn attach(req: &AttachRequest) -> Result<Attached, OpError> {
     };
     if let Some(p) = req.pid {
         if !process::alive(p) {
-            return Err(OpError::new(format!("process {p} is not running")));
+            return Err(OpError::invalid(format!("process {p} is not running")));
         }
     }
     let (status, version) = qmp::with_session(&qmp_path, |q| -> Result<_, QmpError> {

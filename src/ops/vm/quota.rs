@@ -72,7 +72,7 @@ pub fn admit_many(
     limits: Limits,
 ) -> Result<(), OpError> {
     if cpus > limits.max_cpus {
-        return Err(OpError::new(format!(
+        return Err(OpError::refused(format!(
             "cpus={cpus} is more than this host's {} CPUs; ask for at most {}",
             limits.max_cpus, limits.max_cpus
         )));
@@ -82,7 +82,7 @@ pub fn admit_many(
         .filter(|(n, r)| n.as_str() != name && counts(r))
         .collect();
     if running.len() as u64 + count > limits.max_vms {
-        return Err(OpError::new(format!(
+        return Err(OpError::refused(format!(
             "{} VMs are running and {count} more would pass the most allowed \
              (MCQEMU_MAX_VMS={}); stop one with stop_vm or sandbox_destroy first, or ask the \
              operator to raise MCQEMU_MAX_VMS",
@@ -96,7 +96,7 @@ pub fn admit_many(
             1 => format!("memory_mb={memory_mb}"),
             n => format!("{n} VMs of memory_mb={memory_mb}"),
         };
-        return Err(OpError::new(format!(
+        return Err(OpError::refused(format!(
             "{what} does not fit: running VMs already use {used} MiB of the \
              {} MiB allowed (MCQEMU_MAX_MEMORY_MB); ask for less, stop a VM, or ask the \
              operator to raise MCQEMU_MAX_MEMORY_MB",
@@ -137,18 +137,18 @@ mod tests {
         assert!(admit(&vms, "new", 600, 2, limits).is_ok());
         let e = admit(&vms, "new", 601, 1, limits)
             .err()
-            .map(|e| e.0)
+            .map(|e| e.msg)
             .unwrap_or_default();
         assert!(e.contains("MCQEMU_MAX_MEMORY_MB"), "{e}");
         let e = admit(&vms, "new", 1, 3, limits)
             .err()
-            .map(|e| e.0)
+            .map(|e| e.msg)
             .unwrap_or_default();
         assert!(e.contains("CPUs"), "{e}");
         vms.insert("b".into(), live_record(1));
         let e = admit(&vms, "new", 1, 1, limits)
             .err()
-            .map(|e| e.0)
+            .map(|e| e.msg)
             .unwrap_or_default();
         assert!(e.contains("MCQEMU_MAX_VMS"), "{e}");
         // Relaunching a name does not count its old record.
@@ -167,10 +167,10 @@ mod tests {
         assert!(admit_many(&vms, "c1", 2, 200, 1, limits).is_ok());
         let e = admit_many(&vms, "c1", 3, 200, 1, limits).unwrap_err();
         assert!(
-            e.0.contains("3 more") && e.0.contains("MCQEMU_MAX_VMS"),
+            e.msg.contains("3 more") && e.msg.contains("MCQEMU_MAX_VMS"),
             "{e}"
         );
         let e = admit_many(&vms, "c1", 2, 500, 1, limits).unwrap_err();
-        assert!(e.0.contains("2 VMs of memory_mb=500"), "{e}");
+        assert!(e.msg.contains("2 VMs of memory_mb=500"), "{e}");
     }
 }

@@ -18,7 +18,7 @@ pub fn status_within(rec: &Record, within: std::time::Duration) -> String {
 /// Looks up a VM record or says how to find the right name.
 pub fn lookup(name: &str) -> Result<Record, OpError> {
     vm::registry().load().remove(name).ok_or_else(|| {
-        OpError::new(format!(
+        OpError::not_found(format!(
             "no VM named {name:?}; list_vms shows the known VMs (attach_vm adopts one started \
              elsewhere)"
         ))
@@ -32,7 +32,7 @@ pub fn lookup_live(name: &str, what_next: &str) -> Result<Record, OpError> {
     let rec = lookup(name)?;
     match vm::measure_process(&rec) {
         Some(m) if m.status == Status::Starting => Err(being_launched(name)),
-        Some(m) if !m.alive() => Err(OpError::new(format!(
+        Some(m) if !m.alive() => Err(OpError::invalid(format!(
             "VM {name:?} is not running; {what_next}"
         ))),
         _ => Ok(rec),
@@ -71,7 +71,7 @@ pub fn forget(name: &str, force: bool) -> Result<bool, OpError> {
     let name_c = name.to_string();
     let (was_running, rec) = vm::registry().update(move |vms| {
         let rec = vms.get(&name_c).cloned().ok_or_else(|| {
-            OpError::new(format!(
+            OpError::not_found(format!(
                 "no VM named {name_c:?}; list_vms shows the known VMs"
             ))
         })?;

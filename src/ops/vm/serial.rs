@@ -52,7 +52,7 @@ pub struct Tail {
 /// The last `want` lines (at least 1) of VM `name`'s serial log, within [`WINDOW`].
 pub fn read_tail(name: &str, want: i64) -> Result<Tail, OpError> {
     if want < 1 {
-        return Err(OpError::new("tail_lines must be at least 1"));
+        return Err(OpError::invalid("tail_lines must be at least 1"));
     }
     let rec = lookup(name)?;
     let path = log_path(name, &rec)?;
@@ -160,7 +160,7 @@ pub fn wait(work: &dyn Work, req: &WaitRequest) -> Result<Found, OpError> {
             let tail = tail::read_span(&path, 0, Some(size), 300)
                 .map(|t| t.data)
                 .unwrap_or_default();
-            return Err(OpError::new(format!(
+            return Err(OpError::timed_out(format!(
                 "{:?} did not appear on the serial console of {name:?} within {} s; the last \
                  output was: {:?}",
                 String::from_utf8_lossy(pattern),

@@ -251,7 +251,7 @@ fn job_for(op: Op, name: &str, tag: &str, snaps: &[SnapshotInfo]) -> Result<Snap
     let tags: Vec<&str> = snaps.iter().filter_map(|s| s.name.as_deref()).collect();
     let exists = tags.contains(&tag);
     match op {
-        Op::Save if exists => Err(OpError::new(format!(
+        Op::Save if exists => Err(OpError::invalid(format!(
             "snapshot {tag:?} already exists in VM {name:?}; delete it first or choose another \
              tag"
         ))),

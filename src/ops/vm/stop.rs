@@ -140,7 +140,7 @@ fn graceful_stop(
         )));
     }
     ctx.check_cancel()?;
-    Err(OpError::new(format!(
+    Err(OpError::timed_out(format!(
         "VM {name:?} did not power off within {} s after ACPI power-down (events seen: [{}]). The \
          guest may ignore ACPI (no OS, still booting, or no acpid). Retry with a longer timeout, \
          or use force=true",

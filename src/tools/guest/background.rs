@@ -6,14 +6,8 @@ use std::time::Duration;
 use serde_json::json;
 
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolResult};
-use crate::ops::guest::background::{self as bg, BgError};
+use crate::ops::guest::background as bg;
 use crate::tools::{object, presets, vm_name_arg};
-
-impl From<BgError> for ToolError {
-    fn from(e: BgError) -> Self {
-        ToolError(e.0)
-    }
-}
 
 const STATUS_DESCRIPTION: &str = "A background process's state (running, or its exitcode or \
     signal) and the output it wrote since stdout_offset / stderr_offset, with the offsets to \

@@ -3,7 +3,7 @@
 
 use serde_json::{json, Value};
 
-use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolOutput, ToolResult};
 use crate::ops::guest::copy::{self, Copied, CopyIn, CopyOut};
 use crate::ops::guest::stream::Watch;
 use crate::tools::{object, presets, vm_name_arg};
@@ -128,7 +128,7 @@ fn copy_in(ctx: &ToolCtx, args: &Args) -> ToolResult {
         guest_path: args.str("guest_path")?.to_string(),
         overwrite: args.bool_or("overwrite", false)?,
     };
-    let copied = copy::copy_in(&req, &CtxWatch(ctx, "guest_copy_in")).map_err(ToolError)?;
+    let copied = copy::copy_in(&req, &CtxWatch(ctx, "guest_copy_in"))?;
     Ok(result(&name, copied))
 }
 
@@ -162,6 +162,6 @@ fn copy_out(ctx: &ToolCtx, args: &Args) -> ToolResult {
         host_path: args.str("host_path")?.to_string(),
         overwrite: args.bool_or("overwrite", false)?,
     };
-    let copied = copy::copy_out(&req, &CtxWatch(ctx, "guest_copy_out")).map_err(ToolError)?;
+    let copied = copy::copy_out(&req, &CtxWatch(ctx, "guest_copy_out"))?;
     Ok(result(&name, copied))
 }

@@ -73,7 +73,7 @@ fn list(_ctx: &ToolCtx, _args: &Args) -> ToolResult {
                 })),
                 // Half-made (interrupted) or damaged: shown, never offered as usable.
                 Err(e) if meta_of(&dir).exists() => out.push(json!({
-                    "name": n, "usable": false, "problem": e.0,
+                    "name": n, "usable": false, "problem": e.msg,
                     "size_on_disk": folder_bytes(&dir), "clones": own_clones(&n),
                 })),
                 Err(_) => {}

@@ -188,7 +188,7 @@ mod tests {
         let map = args.as_object().cloned().unwrap_or_default();
         match (tool.handler)(&ToolCtx::detached(), &Args(map)) {
             Ok(_) => panic!("{} took {args}", tool.name),
-            Err(e) => e.0,
+            Err(e) => e.msg,
         }
     }
 

@@ -199,7 +199,7 @@ mod tests {
                 height: 4
             })
         );
-        let err = |v: Value| request(&args(v)).err().unwrap().0;
+        let err = |v: Value| request(&args(v)).err().unwrap().msg;
         assert!(err(json!({"since": "xyz"})).contains("since"));
         let e = err(json!({"region": {"x": 0, "y": 0, "width": 0, "height": 5}}));
         assert!(e.contains("1x1"), "{e}");

@@ -10,6 +10,7 @@ use super::{
     channel_for, guest_split, guest_time, host_parts, join, max_bytes, nonce, sh, temp_tag, Copied,
     CopyOut, Step, Via,
 };
+use crate::ops::error::OpError;
 use crate::ops::guest::stream::{self as gs, GuestReader, Watch};
 use crate::ops::guest::with_guest;
 use crate::qemu::agent_calls::{self, Whence};
@@ -32,19 +33,20 @@ tar -c -f "$t" -C "$p" "$b" || { rm -f "$t"; echo "tar could not pack $p/$b (is 
 echo "$t""#;
 
 /// Copies a guest file or tree to the host.
-pub fn copy_out(req: &CopyOut, watch: &dyn Watch) -> Result<Copied, String> {
+pub fn copy_out(req: &CopyOut, watch: &dyn Watch) -> Result<Copied, OpError> {
     let started = Instant::now();
     let host = roots::check_str(&req.host_path, Access::Write)
-        .map_err(|e| format!("parameter 'host_path': {e}"))?;
+        .map_err(|e| OpError::from(e).context("parameter 'host_path'"))?;
     if std::fs::symlink_metadata(&host).is_ok() && !req.overwrite {
-        return Err(format!(
+        return Err(OpError::invalid(format!(
             "{} already exists; pass overwrite=true to replace it, or choose another host_path",
             host.display()
-        ));
+        )));
     }
-    let (gparent, gbase) = guest_split(&req.guest_path)?;
+    let (gparent, gbase) = guest_split(&req.guest_path).map_err(OpError::invalid)?;
     let (dir, leaf) = host_parts(&host)?;
-    let folder = Folder::open(dir).map_err(|e| format!("cannot open {}: {e}", dir.display()))?;
+    let folder = Folder::open(dir)
+        .map_err(|e| OpError::new(format!("cannot open {}: {e}", dir.display())))?;
     let tag = temp_tag();
     let tmp = OsString::from(format!(".{}{tag}", leaf.to_string_lossy()));
     let cap = max_bytes();
@@ -84,10 +86,11 @@ pub fn copy_out(req: &CopyOut, watch: &dyn Watch) -> Result<Copied, String> {
         let _ = sh(q, "rm -f \"$1\"", &[&t], guest_time(0), "cleanup", None);
         Ok(got?.map(|c| (c, Via::Agent(why))))
     })
-    .map_err(|e| e.0)
-    .and_then(|r| r);
+    .and_then(|r| r.map_err(super::guest_failure));
     let placed = received.and_then(|(counts, via)| {
-        place(&folder, dir, &tmp, leaf, req.overwrite, &tag).map(|()| (counts, via))
+        place(&folder, dir, &tmp, leaf, req.overwrite, &tag)
+            .map(|()| (counts, via))
+            .map_err(OpError::new)
     });
     if placed.is_err() {
         remove_tree(&dir.join(&tmp));

@@ -28,6 +28,7 @@ use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::ops::error::OpError;
 use crate::ops::guest::stream::{self as gs, Watch};
 use crate::ops::vm::records::lookup;
 use crate::qemu::qga::{Qga, QgaError};
@@ -99,13 +100,13 @@ impl Via {
 /// The VM's data channel, opened for one transfer, with who plays the guest's side
 /// (mcqemu-agent itself, or sh and tar), or why the agent's file commands carry the copy.
 /// `Err(Err(..))`: the channel is held by another transfer past the wait.
-fn channel_for(name: &str, watch: &dyn Watch) -> Result<Result<(Channel, Side), String>, String> {
-    let rec = lookup(name).map_err(|e| e.0)?;
+fn channel_for(name: &str, watch: &dyn Watch) -> Result<Result<(Channel, Side), String>, OpError> {
+    let rec = lookup(name)?;
     let sock = match channel::socket_of(&rec) {
         Ok(s) => s,
         Err(why) => return Ok(Err(why.to_string())),
     };
-    let side = if crate::ops::guest::agent_is_ours(name).map_err(|e| e.0)? {
+    let side = if crate::ops::guest::agent_is_ours(name)? {
         Side::Agent
     } else {
         Side::Shell
@@ -113,7 +114,26 @@ fn channel_for(name: &str, watch: &dyn Watch) -> Result<Result<(Channel, Side), 
     match Channel::open(&sock, watch) {
         Ok(ch) => Ok(Ok((ch, side))),
         Err(Open::Unusable(why)) => Ok(Err(why)),
-        Err(Open::Busy(msg)) => Err(msg),
+        Err(Open::Busy(msg)) => Err(OpError::busy(msg)),
+    }
+}
+
+/// A guest-side failure of a copy as an operation error: the guest's refusals that are the
+/// caller's to fix get their kinds (the messages are the copy scripts' and programs' own).
+fn guest_failure(msg: String) -> OpError {
+    if msg.contains("already exists") || msg.contains("appeared in the guest meanwhile") {
+        OpError::invalid(msg)
+    } else if msg.contains("nothing is at") || msg.contains("does not exist") {
+        OpError::not_found(msg)
+    } else if msg.contains("more than the cap")
+        || msg.contains("pass the cap")
+        || (msg.contains("archive entry") && msg.contains("refused"))
+    {
+        OpError::refused(msg)
+    } else if msg.contains("cancelled by the client") {
+        OpError::cancelled(msg)
+    } else {
+        OpError::guest(msg)
     }
 }
 

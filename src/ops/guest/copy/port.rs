@@ -5,9 +5,7 @@
 //! an idle bound are checked; reads and writes are counted against a cap.
 
 use std::cell::Cell;
-use std::fs::File;
 use std::io::{self, Read, Write};
-use std::os::unix::io::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -15,6 +13,7 @@ use std::time::{Duration, Instant};
 use crate::ops::guest::stream::{self as gs, Watch};
 use crate::qemu::agent_calls::{self, ExecRequest};
 use crate::qemu::qga::{self, Qga, QgaError};
+use crate::state::lockfile::{self, FileLock};
 
 /// One socket read or write wait, between checks of the guest program and the caller.
 const TICK: Duration = Duration::from_millis(500);
@@ -30,7 +29,7 @@ const LOCK_WAIT: Duration = Duration::from_secs(30);
 
 /// The channel, held for one transfer: the lock file (released when dropped) and the socket.
 pub struct Channel {
-    _lock: File,
+    _lock: FileLock,
     stream: UnixStream,
 }
 
@@ -38,24 +37,17 @@ impl Channel {
     /// Takes the channel at `sock` (waiting up to [`LOCK_WAIT`] for another transfer) and
     /// connects to it; [`Open`] says whether to fall back to the agent or to refuse.
     pub fn open(sock: &Path, watch: &dyn Watch) -> Result<Channel, Open> {
-        let lock = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(sock.with_file_name("data.lock"))
-            .map_err(|e| Open::Unusable(format!("cannot create the channel's lock: {e}")))?;
-        let start = Instant::now();
-        // SAFETY: flock(2) on a descriptor this function owns; released when it closes.
-        while unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            if start.elapsed() > LOCK_WAIT || watch.cancelled() {
-                return Err(Open::Busy(format!(
-                    "another copy has held this VM's data channel for over {} s; wait for it \
-                     to finish, then retry",
-                    LOCK_WAIT.as_secs()
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let lock = lockfile::lock_within(&sock.with_file_name("data.lock"), LOCK_WAIT, &|| {
+            watch.cancelled()
+        })
+        .map_err(|e| Open::Unusable(format!("cannot take the channel's lock: {e}")))?
+        .ok_or_else(|| {
+            Open::Busy(format!(
+                "another copy has held this VM's data channel for over {} s; wait for it to \
+                 finish, then retry",
+                LOCK_WAIT.as_secs()
+            ))
+        })?;
         let stream = UnixStream::connect(sock)
             .map_err(|e| Open::Unusable(format!("cannot connect to {}: {e}", sock.display())))?;
         stream

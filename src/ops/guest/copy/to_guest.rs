@@ -10,6 +10,7 @@ use super::{
     channel_for, guest_split, guest_time, host_parts, join, max_bytes, nonce, sh, temp_tag, Copied,
     CopyIn, Side, Step, Via, RENAME, TOP,
 };
+use crate::ops::error::OpError;
 use crate::ops::guest::stream::{self as gs, GuestWriter, Watch};
 use crate::ops::guest::with_guest;
 use crate::qemu::agent_calls;
@@ -39,27 +40,28 @@ fi
 "#;
 
 /// Copies a host file or tree into the guest.
-pub fn copy_in(req: &CopyIn, watch: &dyn Watch) -> Result<Copied, String> {
+pub fn copy_in(req: &CopyIn, watch: &dyn Watch) -> Result<Copied, OpError> {
     let started = Instant::now();
     let host = roots::check_str(&req.host_path, Access::Read)
-        .map_err(|e| format!("parameter 'host_path': {e}"))?;
-    let (gparent, gbase) = guest_split(&req.guest_path)?;
+        .map_err(|e| OpError::from(e).context("parameter 'host_path'"))?;
+    let (gparent, gbase) = guest_split(&req.guest_path).map_err(OpError::invalid)?;
     let dst = join(&gparent, &gbase);
     let (dir, leaf) = host_parts(&host)?;
-    let folder = Folder::open(dir).map_err(|e| format!("cannot open {}: {e}", dir.display()))?;
+    let folder = Folder::open(dir)
+        .map_err(|e| OpError::new(format!("cannot open {}: {e}", dir.display())))?;
     let top = folder
         .meta(leaf)
-        .map_err(|e| format!("cannot read {}: {e}", host.display()))?;
+        .map_err(|e| OpError::not_found(format!("cannot read {}: {e}", host.display())))?;
     let scan = scan(&folder, leaf, &top)?;
     let cap = max_bytes();
     if scan.0.bytes > cap {
-        return Err(format!(
+        return Err(OpError::refused(format!(
             "{} holds {} MiB, more than the cap of {} MiB per copy (MCQEMU_MAX_COPY_MB); copy \
              a smaller part, or ask the operator to raise it",
             host.display(),
             scan.0.bytes >> 20,
             cap >> 20
-        ));
+        )));
     }
     let tag = temp_tag();
     let mut chan = channel_for(&req.name, watch)?;
@@ -149,8 +151,8 @@ pub fn copy_in(req: &CopyIn, watch: &dyn Watch) -> Result<Copied, String> {
             let _ = sh(q, "rm -f \"$1\"", &[&sent], guest_time(0), "cleanup", None);
         }
         Ok(step?.map(|c| (c, Via::Agent(why))))
-    })
-    .map_err(|e| e.0)??;
+    })?
+    .map_err(super::guest_failure)?;
     let (via, via_reason) = via.parts();
     Ok(Copied {
         counts: in_host_terms(counts, &host),
@@ -174,7 +176,7 @@ fn in_host_terms(mut counts: Counts, host: &Path) -> Counts {
 }
 
 /// Counts what a copy in will send (before anything is sent) and estimates the archive size.
-fn scan(folder: &Folder, leaf: &OsStr, top: &Meta) -> Result<(Counts, u64), String> {
+fn scan(folder: &Folder, leaf: &OsStr, top: &Meta) -> Result<(Counts, u64), OpError> {
     if top.kind == Type::File {
         let c = Counts {
             bytes: top.size,
@@ -184,11 +186,11 @@ fn scan(folder: &Folder, leaf: &OsStr, top: &Meta) -> Result<(Counts, u64), Stri
         return Ok((c, top.size));
     }
     if top.kind != Type::Dir {
-        return Err(format!(
+        return Err(OpError::invalid(format!(
             "{} is not a regular file or folder (a symlink given as host_path is resolved \
              first; devices, fifos and sockets are never copied)",
             leaf.to_string_lossy()
-        ));
+        )));
     }
     let mut counts = Counts::default();
     let mut archive = 1024u64;
@@ -213,7 +215,7 @@ fn scan(folder: &Folder, leaf: &OsStr, top: &Meta) -> Result<(Counts, u64), Stri
             Ok(())
         },
     )
-    .map_err(|e| format!("cannot read the tree: {e}"))?;
+    .map_err(|e| OpError::new(format!("cannot read the tree: {e}")))?;
     Ok((counts, archive))
 }
 

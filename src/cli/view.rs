@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use serde_json::{json, Map, Value};
 
-use crate::mcp::schema::check_arguments;
-use crate::mcp::tool::{error_result, Args, ToolCtx, ToolError};
+use crate::mcp::call as mcp_call;
+use crate::mcp::tool::{error_result, ToolCtx, ToolError};
 use crate::tools;
 
 /// Most connections served at once (frame long polls hold one each).
@@ -257,20 +257,17 @@ fn route(s: &Served, req: &Request) -> Vec<u8> {
     }
 }
 
-/// Runs one of the view's tools for this server's VM; the result is a `CallToolResult`.
+/// Runs one of the view's tools for this server's VM (through the one call path,
+/// `mcp::call`, limited to the view's tools); the result is a `CallToolResult`.
 fn call(s: &Served, body: &[u8]) -> Value {
     let fail = |m: String| error_result(&ToolError::new(m));
     let Ok(req) = serde_json::from_slice::<Value>(body) else {
         return fail("the body is not JSON".into());
     };
     let name = req["name"].as_str().unwrap_or_default();
-    let Some(tool) = VIEW_TOOLS
-        .contains(&name)
-        .then(|| tools::find(name))
-        .flatten()
-    else {
+    if !VIEW_TOOLS.contains(&name) {
         return fail(format!("{name:?} is not a tool of the view"));
-    };
+    }
     let args: Map<String, Value> = match &req["arguments"] {
         Value::Object(m) => m.clone(),
         _ => Map::new(),
@@ -278,10 +275,7 @@ fn call(s: &Served, body: &[u8]) -> Value {
     if args.get("name").and_then(Value::as_str) != Some(s.vm.as_str()) {
         return fail(format!("this view serves VM {:?} only", s.vm));
     }
-    if let Err(m) = check_arguments(&(tool.input_schema)(), &args) {
-        return fail(format!("{name}: {m}"));
-    }
-    match (tool.handler)(&ToolCtx::detached(), &Args(args)) {
+    match mcp_call::call(tools::ALL, name, &ToolCtx::detached(), args) {
         Ok(out) => {
             if name == "vm_takeover" {
                 if let (Some(h), Ok(mut holds)) = (out.structured["hold"].as_str(), s.holds.lock())

@@ -1,13 +1,16 @@
-//! Subcommands: serve (default), tools, call, doctor, view, --version, --help.
+//! The front ends, one a subcommand: serve (default: the stdio MCP server), tools, `call`
+//! (one tool from the shell), `doctor`, `view` (the live view over local HTTP), the egress
+//! helper's entry, --version, --help. Every tool call goes through `mcp::call`.
 
 #![allow(clippy::print_stdout)] // this subcommand's results are its stdout; `serve` prints nothing
 
-use std::io::Read;
+mod call;
+pub mod doctor;
+mod egress;
+mod view;
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
-use crate::mcp::schema::check_arguments;
-use crate::mcp::tool::{Args, ToolCtx};
 use crate::tools;
 
 const HELP: &str = "mcqemu - an MCP server that lets LLM agents run QEMU virtual machines
@@ -25,7 +28,9 @@ USAGE:
     mcqemu egress-proxy ...             (internal) one VM's egress proxy, started with it
     mcqemu --version | --help
 
-EXIT STATUS (call): 0 success, 1 tool error, 2 usage error.
+EXIT STATUS (call): 0 success, 2 usage error; a tool error's kind (printed in brackets):
+    1 host_failed, 3 not_found, 4 busy, 5 refused, 6 invalid_argument, 7 guest_failed,
+    8 timed_out, 9 cancelled.
 
 ENVIRONMENT:
     MCQEMU_STATE_DIR, MCQEMU_RUNTIME_DIR   where the registry/logs and sockets live
@@ -72,15 +77,15 @@ pub fn main(args: Vec<String>) -> i32 {
             0
         }
         Some("tools") => list_tools(&args[1..]),
-        Some("call") => call(&args[1..]),
-        Some("doctor") => crate::doctor::run_doctor(),
-        Some("view") => crate::view_http::main(&args[1..]),
-        Some("egress-proxy") => crate::net::egress::process::main(&args[1..]),
+        Some("call") => call::main(&args[1..]),
+        Some("doctor") => doctor::run_doctor(),
+        Some("view") => view::main(&args[1..]),
+        Some("egress-proxy") => egress::main(&args[1..]),
         Some(other) => usage(&format!("unknown command {other:?}")),
     }
 }
 
-fn usage(msg: &str) -> i32 {
+pub(crate) fn usage(msg: &str) -> i32 {
     eprintln!("mcqemu: {msg}\n\n{HELP}");
     2
 }
@@ -106,81 +111,4 @@ fn list_tools(rest: &[String]) -> i32 {
         }
         Some(other) => usage(&format!("unknown option {other:?} for 'tools'")),
     }
-}
-
-fn call(rest: &[String]) -> i32 {
-    if let Err(e) = crate::state::roots::set_operator_roots(&crate::state::roots::env_roots()) {
-        return usage(&e);
-    }
-    let mut positional = Vec::new();
-    let mut out_file = None;
-    let mut it = rest.iter();
-    while let Some(a) = it.next() {
-        if a == "--out" {
-            match it.next() {
-                Some(f) => out_file = Some(f.clone()),
-                None => return usage("--out needs a file name"),
-            }
-        } else {
-            positional.push(a.clone());
-        }
-    }
-    let (name, json_arg) = match positional.as_slice() {
-        [name] => (name.clone(), "{}".to_string()),
-        [name, json] => (name.clone(), json.clone()),
-        _ => return usage("call takes TOOL and optionally one JSON argument"),
-    };
-    let tool = match tools::find(&name) {
-        Some(t) => t,
-        None => return usage(&format!("unknown tool {name:?}; 'mcqemu tools' lists them")),
-    };
-    let text = if json_arg == "-" {
-        let mut s = String::new();
-        if let Err(e) = std::io::stdin().take(64 << 20).read_to_string(&mut s) {
-            return usage(&format!("cannot read arguments from stdin: {e}"));
-        }
-        s
-    } else {
-        json_arg
-    };
-    let args: Map<String, Value> = match serde_json::from_str::<Value>(&text) {
-        Ok(Value::Object(m)) => m,
-        Ok(_) => return usage("the arguments must be a JSON object"),
-        Err(e) => return usage(&format!("the arguments are not valid JSON: {e}")),
-    };
-    if let Err(msg) = check_arguments(&(tool.input_schema)(), &args) {
-        return usage(&format!("{name}: {msg}"));
-    }
-    match (tool.handler)(&ToolCtx::detached(), &Args(args)) {
-        Ok(out) => {
-            if let Some(file) = out_file {
-                if let Err(e) = save_images(&out.extra, &file) {
-                    eprintln!("mcqemu: {e}");
-                    return 1;
-                }
-            }
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&out.structured).unwrap_or_default()
-            );
-            0
-        }
-        Err(e) => {
-            eprintln!("{name}: {e}");
-            1
-        }
-    }
-}
-
-fn save_images(extra: &[Value], file: &str) -> Result<(), String> {
-    let image = extra
-        .iter()
-        .find(|c| c.get("type").and_then(Value::as_str) == Some("image"))
-        .ok_or("the result has no image content to save")?;
-    let data = image
-        .get("data")
-        .and_then(Value::as_str)
-        .ok_or("image content without data")?;
-    let bytes = crate::b64::decode(data).map_err(|e| e.to_string())?;
-    std::fs::write(file, bytes).map_err(|e| format!("cannot write {file}: {e}"))
 }

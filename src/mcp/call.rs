@@ -1,0 +1,79 @@
+//! One tool call, the same for every front end (the stdio server, `mcqemu call`, the live
+//! view's HTTP page): find the tool, check the arguments against its schema, run its handler
+//! (a panic becomes an error result, never a lost answer), and name the tool in a failure.
+
+use serde_json::{Map, Value};
+
+use super::schema::check_arguments;
+use super::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput};
+use super::tool_error::INVALID_ARGUMENT;
+
+/// The kind of a call whose tool does not exist.
+const NOT_FOUND: &str = "not_found";
+/// The kind of a handler that panicked (a bug: the host's side failed).
+const HOST_FAILED: &str = "host_failed";
+
+/// The tool named `name` among `tools`.
+pub fn find<'a>(tools: &'a [ToolDef], name: &str) -> Result<&'a ToolDef, ToolError> {
+    tools.iter().find(|t| t.name == name).ok_or_else(|| {
+        ToolError::of(
+            NOT_FOUND,
+            format!("unknown tool {name:?}; tools/list (or `mcqemu tools`) shows the tools"),
+        )
+    })
+}
+
+/// The arguments checked against `tool`'s input schema.
+pub fn check(tool: &ToolDef, args: &Map<String, Value>) -> Result<(), ToolError> {
+    check_arguments(&(tool.input_schema)(), args)
+        .map_err(|msg| ToolError::of(INVALID_ARGUMENT, format!("{}: {msg}", tool.name)))
+}
+
+/// Runs `tool`'s handler on checked arguments; a failure (or a panic) is the tool's error,
+/// its message starting with the tool's name.
+pub fn run(tool: &ToolDef, ctx: &ToolCtx, args: Args) -> Result<ToolOutput, ToolError> {
+    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (tool.handler)(ctx, &args)));
+    ctx.finish();
+    match run {
+        Ok(Ok(out)) => Ok(out),
+        Ok(Err(e)) => Err(e.context(tool.name)),
+        Err(_) => Err(ToolError::of(
+            HOST_FAILED,
+            format!(
+                "{}: internal error (the tool panicked); this is a bug in mcqemu, please report it",
+                tool.name
+            ),
+        )),
+    }
+}
+
+/// All three: the tool `name` of `tools`, its arguments checked, its handler run.
+pub fn call(
+    tools: &[ToolDef],
+    name: &str,
+    ctx: &ToolCtx,
+    args: Map<String, Value>,
+) -> Result<ToolOutput, ToolError> {
+    let tool = find(tools, name)?;
+    check(tool, &args)?;
+    run(tool, ctx, Args(args))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn every_failure_has_a_kind_and_names_the_tool() {
+        let tools = crate::tools::ALL;
+        let ctx = ToolCtx::detached();
+        let e = call(tools, "no_such_tool", &ctx, Map::new()).unwrap_err();
+        assert_eq!(e.kind, NOT_FOUND);
+        let mut bad = Map::new();
+        bad.insert("nope".into(), json!(1));
+        let e = call(tools, "list_vms", &ctx, bad).unwrap_err();
+        assert_eq!(e.kind, INVALID_ARGUMENT);
+        assert!(e.msg.starts_with("list_vms: "), "{}", e.msg);
+    }
+}

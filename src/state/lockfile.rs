@@ -1,0 +1,96 @@
+//! Exclusive locks across processes on a lock file (flock(2)), in one place: the registry's,
+//! a template pool's refill, a VM's data channel, a resumable download. The lock goes with
+//! the descriptor: dropping the [`FileLock`] (or the process dying) releases it, so a crashed
+//! holder never leaves a stale lock behind.
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::io::AsRawFd;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// A held lock; released when dropped.
+#[derive(Debug)]
+pub struct FileLock {
+    _file: File,
+}
+
+/// Takes the lock on `path` (created if missing, never through a symlink) if nobody holds
+/// it: None when another descriptor (this process's or another's) does.
+pub fn try_lock(path: &Path) -> io::Result<Option<FileLock>> {
+    let file = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)?;
+    // SAFETY: flock(2) on a descriptor owned here; the lock lives as long as it does.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        return Ok(Some(FileLock { _file: file }));
+    }
+    let e = io::Error::last_os_error();
+    if e.kind() == io::ErrorKind::WouldBlock {
+        Ok(None)
+    } else {
+        Err(e)
+    }
+}
+
+/// Takes the lock on `path`, waiting up to `wait` (polling from 5 ms up to every 100 ms) while
+/// `give_up` says no; None when it is still held then.
+pub fn lock_within(
+    path: &Path,
+    wait: Duration,
+    give_up: &dyn Fn() -> bool,
+) -> io::Result<Option<FileLock>> {
+    let deadline = Instant::now() + wait;
+    let mut pause = Duration::from_millis(5);
+    loop {
+        if let Some(l) = try_lock(path)? {
+            return Ok(Some(l));
+        }
+        let now = Instant::now();
+        if now >= deadline || give_up() {
+            return Ok(None);
+        }
+        std::thread::sleep(pause.min(deadline - now));
+        pause = (pause * 2).min(Duration::from_millis(100));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_holder_at_a_time_and_dropping_releases() {
+        let path = std::env::temp_dir().join(format!("mcq-lockfile-{}", std::process::id()));
+        let held = try_lock(&path).unwrap().expect("free at first");
+        assert!(
+            try_lock(&path).unwrap().is_none(),
+            "a second descriptor waits"
+        );
+        let t = Instant::now();
+        assert!(lock_within(&path, Duration::from_millis(50), &|| false)
+            .unwrap()
+            .is_none());
+        assert!(t.elapsed() >= Duration::from_millis(50));
+        drop(held);
+        assert!(lock_within(&path, Duration::from_secs(1), &|| false)
+            .unwrap()
+            .is_some());
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn a_symlink_is_never_followed() {
+        let dir = std::env::temp_dir().join(format!("mcq-lockfile-l-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::os::unix::fs::symlink(dir.join("target"), dir.join("lock")).unwrap();
+        assert!(try_lock(&dir.join("lock")).is_err());
+        assert!(!dir.join("target").exists());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
