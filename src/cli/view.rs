@@ -73,7 +73,7 @@ pub fn main(args: &[String]) -> i32 {
         Err(e) => return fail(&format!("cannot listen on 127.0.0.1:{port}: {e}")),
     };
     let port = listener.local_addr().map(|a| a.port()).unwrap_or(port);
-    let secret = match crate::ops::screen::hold::new_secret() {
+    let secret = match crate::ops::vm::hold::new_secret() {
         Ok(s) => s,
         Err(e) => return fail(&e.to_string()),
     };
@@ -143,7 +143,7 @@ fn release_on_exit(served: Arc<Served>) {
             if signals.forever().next().is_some() {
                 let holds = served.holds.lock().map(|h| h.clone()).unwrap_or_default();
                 for h in holds {
-                    let _ = crate::ops::screen::hold::release(&served.vm, &h);
+                    let _ = crate::ops::vm::hold::release(&served.vm, &h);
                 }
                 std::process::exit(0);
             }
@@ -239,7 +239,7 @@ fn route(s: &Served, req: &Request) -> Vec<u8> {
     let (Some(given), Some(tail)) = (rest.get(..n), rest.get(n..)) else {
         return reply(404, "text/plain", b"not found");
     };
-    if !crate::ops::screen::hold::same(given, &s.secret) {
+    if !crate::ops::vm::hold::same(given, &s.secret) {
         return reply(404, "text/plain", b"not found");
     }
     match (req.method.as_str(), tail) {

@@ -62,18 +62,50 @@ pub fn call(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mcp::tool::{Annotations, Ui};
     use serde_json::json;
+
+    fn panics(_: &ToolCtx, _: &Args) -> Result<ToolOutput, ToolError> {
+        panic!("a bug")
+    }
+
+    fn busy(_: &ToolCtx, _: &Args) -> Result<ToolOutput, ToolError> {
+        Err(ToolError::of("busy", "held"))
+    }
+
+    fn tool(name: &'static str, handler: crate::mcp::tool::Handler) -> ToolDef {
+        ToolDef {
+            name,
+            title: "t",
+            description: "d",
+            input_schema: || json!({"type": "object", "properties": {}, "additionalProperties": false}),
+            output_schema: || json!({"type": "object"}),
+            annotations: Annotations {
+                read_only: true,
+                destructive: false,
+                idempotent: true,
+                open_world: false,
+            },
+            handler,
+            ui: Ui::NONE,
+        }
+    }
 
     #[test]
     fn every_failure_has_a_kind_and_names_the_tool() {
-        let tools = crate::tools::ALL;
+        let tools = [tool("p", panics), tool("b", busy)];
         let ctx = ToolCtx::detached();
-        let e = call(tools, "no_such_tool", &ctx, Map::new()).unwrap_err();
+        let e = call(&tools, "nope", &ctx, Map::new()).unwrap_err();
         assert_eq!(e.kind, NOT_FOUND);
         let mut bad = Map::new();
-        bad.insert("nope".into(), json!(1));
-        let e = call(tools, "list_vms", &ctx, bad).unwrap_err();
+        bad.insert("x".into(), json!(1));
+        let e = call(&tools, "b", &ctx, bad).unwrap_err();
         assert_eq!(e.kind, INVALID_ARGUMENT);
-        assert!(e.msg.starts_with("list_vms: "), "{}", e.msg);
+        assert!(e.msg.starts_with("b: "), "{}", e.msg);
+        let e = call(&tools, "b", &ctx, Map::new()).unwrap_err();
+        assert_eq!((e.kind, e.msg.as_str()), ("busy", "b: held"));
+        let e = call(&tools, "p", &ctx, Map::new()).unwrap_err();
+        assert_eq!(e.kind, HOST_FAILED);
+        assert!(e.msg.contains("panicked"), "{}", e.msg);
     }
 }

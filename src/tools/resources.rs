@@ -5,7 +5,7 @@
 //!
 //! The MCP adapter of the resources, beside the tools: the server (`mcp::resources`) knows
 //! only the [`Provider`] that [`provider`] hands to it. The reads are
-//! [`crate::ops::vm::consoles`]': the serial log's last window as `vm_serial_read` reads it, the
+//! [`crate::ops::screen::consoles`]': the serial log's last window as `vm_serial_read` reads it, the
 //! screen as `vm_screenshot` captures it, with its inline bounds, but within [`SCREEN_BUDGET`]
 //! so that a wedged QEMU cannot hold up `resources/read`.
 
@@ -14,7 +14,7 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 
 use crate::mcp::resources::{Provider, ReadError};
-use crate::ops::vm::consoles::{self, Unread};
+use crate::ops::screen::consoles::{self, Unread};
 use crate::ops::vm::records::valid_name;
 use crate::ops::vm::serial;
 
@@ -27,7 +27,7 @@ pub const SCREEN_TEMPLATE: &str = "mcqemu://vm/{name}/screen";
 /// How much of the end of a serial log a read returns (the same window as `vm_serial_read`).
 pub const SERIAL_WINDOW: u64 = serial::WINDOW;
 /// The longest a screen read takes, the wait for the monitor included.
-pub use crate::ops::vm::consoles::SCREEN_BUDGET;
+pub use crate::ops::screen::consoles::SCREEN_BUDGET;
 
 const SERIAL_DESCRIPTION: &str = "The last 256 KiB of the VM's serial console log (kernel \
     messages, login prompts, a shell on ttyS0), read now. vm_serial_wait waits for text in it, \

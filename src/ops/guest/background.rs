@@ -234,45 +234,6 @@ fn start_in(q: &mut Qga, launch: &Launch) -> Result<Result<Spawned, OpError>, Qg
     Ok(Ok((pid, None)))
 }
 
-/// The processes recorded for VM `name` (handle, pid, command, state), for vm_info.
-pub fn list(rec: &Record) -> Vec<Listed> {
-    let mut v: Vec<Listed> = rec
-        .background
-        .iter()
-        .flatten()
-        .map(|(h, p)| Listed {
-            handle: h.clone(),
-            pid: p.pid,
-            command: p.command.clone(),
-            started_at: p.started_at,
-            running: p.ended.is_none(),
-            exitcode: p.ended.as_ref().and_then(|e| e.exitcode),
-            signal: p.ended.as_ref().and_then(|e| e.signal),
-        })
-        .collect();
-    v.sort_by_key(|p| p.started_at.unwrap_or(0));
-    v
-}
-
-/// A background process as vm_info lists it (in this order; `null` where the record has none).
-#[derive(Debug, Clone, Serialize)]
-pub struct Listed {
-    /// Its handle.
-    pub handle: String,
-    /// Its guest PID.
-    pub pid: Option<i64>,
-    /// What was started.
-    pub command: Option<String>,
-    /// When (seconds since the epoch).
-    pub started_at: Option<i64>,
-    /// Not yet seen ending.
-    pub running: bool,
-    /// Its exit code, once ended.
-    pub exitcode: Option<i64>,
-    /// The signal that ended it.
-    pub signal: Option<i64>,
-}
-
 /// The process of `handle` in VM `name`, or an error naming where it is (or that it is not).
 fn known(name: &str, handle: &str) -> Result<(Known, String), OpError> {
     let vms = vm::registry().load();

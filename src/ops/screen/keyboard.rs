@@ -66,7 +66,7 @@ pub struct KeysSent {
 /// Sends the chords, unless a person holds the VM; a cancel releases what was pressed.
 pub fn send_keys(work: &dyn Work, req: &KeysRequest) -> Result<KeysSent, OpError> {
     let name = &req.name;
-    crate::ops::screen::hold::check_agent(name, "vm_send_keys")?;
+    crate::ops::vm::hold::check_agent(name, "vm_send_keys")?;
     if req.specs.is_empty() {
         return Err(OpError::new(
             "keys is empty; give at least one key or chord",
@@ -124,7 +124,7 @@ pub struct Typed {
 /// Types the text, unless a person holds the VM; a cancel releases what was pressed.
 pub fn type_text(work: &dyn Work, req: &TextRequest) -> Result<Typed, OpError> {
     let name = &req.name;
-    crate::ops::screen::hold::check_agent(name, "vm_type_text")?;
+    crate::ops::vm::hold::check_agent(name, "vm_type_text")?;
     let mut text = req.text.clone();
     if text.chars().count() > MAX_TEXT {
         return Err(OpError::new(format!(

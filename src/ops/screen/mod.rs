@@ -6,7 +6,7 @@
 //! share. The monitor is held for the capture only; scaling and encoding happen after it.
 
 pub mod blinks;
-pub mod hold;
+pub mod consoles;
 pub mod input;
 pub mod keyboard;
 pub mod memory;

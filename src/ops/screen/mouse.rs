@@ -91,7 +91,7 @@ pub struct Clicked {
 /// Clicks at the request's point, unless a person holds the VM or the point is off screen.
 pub fn click(req: &ClickRequest) -> Result<Clicked, OpError> {
     let name = &req.name;
-    super::hold::check_agent(name, "vm_click")?;
+    crate::ops::vm::hold::check_agent(name, "vm_click")?;
     let rec = records::lookup_live(name, "launch it first")?;
     let (w, h, at) = session::monitor(name, &rec, |q| {
         let (w, h) = screen_size(q, name)?;
@@ -209,7 +209,7 @@ pub struct Moved {
 /// Moves the relative mouse; refused when the VM has none (the virt boards' tablet only).
 pub fn mouse_move(req: &MoveRequest, work: &dyn Work) -> Result<Moved, OpError> {
     let name = &req.name;
-    super::hold::check_agent(name, "vm_mouse_move")?;
+    crate::ops::vm::hold::check_agent(name, "vm_mouse_move")?;
     let (sdx, sdy) = screen_delta(req.dx, req.dy, req.scale)?;
     // Relative motion needs a relative mouse (a PC's PS/2 one); the virt boards have only the
     // absolute tablet, where this motion would go nowhere.
@@ -352,7 +352,7 @@ pub fn gesture(
     scale: f64,
     make: impl FnOnce(&[Point], (u32, u32)) -> Vec<Step>,
 ) -> Result<Gesture, OpError> {
-    super::hold::check_agent(name, tool)?;
+    crate::ops::vm::hold::check_agent(name, tool)?;
     let rec = records::lookup_live(name, "launch it first")?;
     session::monitor(name, &rec, |q| {
         let (w, h) = screen_size(q, name)?;

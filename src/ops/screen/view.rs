@@ -4,12 +4,13 @@
 //! the person's input (clicks on the scaled image, typed text, key chords, console text),
 //! which passes a hold only with its secret.
 
+use crate::ops::vm::serial_write::By;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::ops::error::OpError;
-use crate::ops::screen::hold::{self, Held};
 use crate::ops::screen::{self, Wait};
+use crate::ops::vm::hold::{self, Held};
 use crate::ops::work::Work;
 use crate::qemu::screen::Bounds;
 use crate::qemu::{keys, vm};
@@ -217,7 +218,7 @@ pub fn input(
     for e in events {
         ctx.check_cancel()?;
         if let Event::Serial { text } = e {
-            done.serial_bytes += crate::ops::vm::serial_write::write(name, text)?.bytes;
+            done.serial_bytes += crate::ops::vm::serial_write::write(name, text, By::View)?.bytes;
             continue;
         }
         let plan = plan(e, &mut done)?;

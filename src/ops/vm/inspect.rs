@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::ops::error::OpError;
-use crate::ops::screen::hold::{self, Held};
 use crate::ops::session::explain_qmp;
 use crate::ops::vm::egress::EgressInfo;
+use crate::ops::vm::hold::{self, Held};
 use crate::ops::vm::records::lookup;
 use crate::qemu::qmp::{self, QmpError};
 use crate::qemu::qmp_calls::{BlockInfo, RunState};
@@ -204,7 +204,7 @@ pub struct VmInfo {
     /// Its host forwards.
     pub port_forwards: Vec<Forward>,
     /// Its background processes.
-    pub background: Vec<crate::ops::guest::background::Listed>,
+    pub background: Vec<BackgroundListed>,
     /// Block devices with a medium.
     pub block_devices: Vec<BlockDevice>,
     /// vCPUs, from QMP.
@@ -244,7 +244,7 @@ pub fn info(name: &str) -> Result<VmInfo, OpError> {
             .map_or(Status::Running, |m| m.status.clone())
             .to_string(),
         port_forwards: vm::forwards(&rec),
-        background: crate::ops::guest::background::list(&rec),
+        background: background_list(&rec),
         block_devices: Vec::new(),
         vcpus: None,
         memory_mb: None,
@@ -347,4 +347,43 @@ fn block_devices(block: Vec<BlockInfo>) -> Vec<BlockDevice> {
             })
         })
         .collect()
+}
+
+/// The processes recorded for VM `name` (handle, pid, command, state), for vm_info.
+fn background_list(rec: &Record) -> Vec<BackgroundListed> {
+    let mut v: Vec<BackgroundListed> = rec
+        .background
+        .iter()
+        .flatten()
+        .map(|(h, p)| BackgroundListed {
+            handle: h.clone(),
+            pid: p.pid,
+            command: p.command.clone(),
+            started_at: p.started_at,
+            running: p.ended.is_none(),
+            exitcode: p.ended.as_ref().and_then(|e| e.exitcode),
+            signal: p.ended.as_ref().and_then(|e| e.signal),
+        })
+        .collect();
+    v.sort_by_key(|p| p.started_at.unwrap_or(0));
+    v
+}
+
+/// A background process as vm_info lists it (in this order; `null` where the record has none).
+#[derive(Debug, Clone, Serialize)]
+pub struct BackgroundListed {
+    /// Its handle.
+    pub handle: String,
+    /// Its guest PID.
+    pub pid: Option<i64>,
+    /// What was started.
+    pub command: Option<String>,
+    /// When (seconds since the epoch).
+    pub started_at: Option<i64>,
+    /// Not yet seen ending.
+    pub running: bool,
+    /// Its exit code, once ended.
+    pub exitcode: Option<i64>,
+    /// The signal that ended it.
+    pub signal: Option<i64>,
 }

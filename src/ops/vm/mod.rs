@@ -6,9 +6,9 @@
 pub mod agent;
 pub mod checks;
 pub mod cloud_init;
-pub mod consoles;
 pub mod disk_size;
 pub mod egress;
+pub mod hold;
 pub mod inspect;
 pub mod launch;
 pub mod launch_args;

@@ -22,8 +22,21 @@ pub struct Written {
     pub offset: Option<u64>,
 }
 
+/// Who writes to a serial console: an agent's tool (refused while a person holds the VM), or
+/// the person's live view (whose hold the view has checked).
+#[derive(Debug, Clone, Copy)]
+pub enum By<'a> {
+    /// The tool of this name.
+    Tool(&'a str),
+    /// The live view.
+    View,
+}
+
 /// Writes `text` to VM `name`'s serial console.
-pub fn write(name: &str, text: &str) -> Result<Written, OpError> {
+pub fn write(name: &str, text: &str, by: By) -> Result<Written, OpError> {
+    if let By::Tool(tool) = by {
+        crate::ops::vm::hold::check_agent(name, tool)?;
+    }
     let rec = crate::ops::vm::records::lookup_live(name, "launch it first")?;
     let sock_path = record::text(&rec.serial_socket)
         .map(PathBuf::from)

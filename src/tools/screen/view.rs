@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 use crate::b64;
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult, Ui};
 use crate::ops::screen::parse_hash;
-use crate::ops::{screen::hold, screen::view};
+use crate::ops::{screen::view, vm::hold};
 use crate::tools::{object, presets, vm_name_arg};
 
 /// The view's resource.

@@ -1,5 +1,6 @@
 //! The serial console: read the tail of its log, type into it, wait for text to appear.
 
+use crate::ops::vm::serial_write::By;
 use std::time::Duration;
 
 use serde_json::json;
@@ -90,7 +91,6 @@ pub const WRITE: ToolDef = ToolDef {
 
 fn write(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     let name = vm_name_arg(args)?;
-    crate::ops::screen::hold::check_agent(&name, "vm_serial_write")?;
     let mut text = args.str("text")?.to_string();
     if text.chars().count() > MAX_TEXT {
         return Err(ToolError::new(format!(
@@ -100,7 +100,7 @@ fn write(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     if args.bool_or("enter", false)? {
         text.push('\r');
     }
-    let w = crate::ops::vm::serial_write::write(&name, &text)?;
+    let w = crate::ops::vm::serial_write::write(&name, &text, By::Tool("vm_serial_write"))?;
     Ok(ToolOutput::json(
         json!({"name": w.name, "bytes": w.bytes, "offset": w.offset}),
     ))

@@ -139,7 +139,7 @@ fn guest_failure(msg: String) -> OpError {
 
 /// A per-transfer nonce for the channel's framing.
 fn nonce() -> String {
-    crate::ops::screen::hold::new_secret()
+    crate::ops::vm::hold::new_secret()
         .map(|s| s.chars().take(24).collect())
         .unwrap_or_else(|_| temp_tag())
 }
