@@ -2,7 +2,6 @@
 //! status (process and QMP, never remembered).
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -11,13 +10,7 @@ use super::process;
 use super::qmp::{self, QmpError};
 use crate::state::paths;
 use crate::state::record::{text, Forward};
-use crate::state::registry::{Record, Registry};
-
-/// The registry of this process's state folder.
-pub fn registry() -> &'static Registry {
-    static REG: OnceLock<Registry> = OnceLock::new();
-    REG.get_or_init(|| Registry::new(paths::registry_file()))
-}
+use crate::state::registry::Record;
 
 /// Per-VM runtime folder (sockets, pidfile).
 pub fn runtime_dir(name: &str) -> PathBuf {
@@ -259,7 +252,7 @@ pub fn classify(rec: &Record, e: &QmpError, budget: Duration) -> Measured {
 /// Resolved paths of images that live VMs use (their disks, and sandbox bases), with the VM name.
 pub fn images_in_use() -> Vec<(String, PathBuf)> {
     let mut out = Vec::new();
-    for (name, rec) in registry().load() {
+    for (name, rec) in crate::state::registry::shared().load() {
         let mut paths: Vec<PathBuf> = rec.disks.iter().flatten().map(PathBuf::from).collect();
         if let Some(b) = rec.sandbox.as_ref().and_then(|s| s.base_image.as_ref()) {
             paths.push(PathBuf::from(b));

@@ -16,6 +16,12 @@ use std::time::Duration;
 
 use serde_json::{json, Map, Value};
 
+/// The registry of this process's state folder: one per process, shared by every operation.
+pub fn shared() -> &'static Registry {
+    static REG: std::sync::OnceLock<Registry> = std::sync::OnceLock::new();
+    REG.get_or_init(|| Registry::new(super::paths::registry_file()))
+}
+
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: u64 = 1;
 

@@ -16,7 +16,6 @@ use crate::ops::guest::spool::{self, Launch};
 use crate::ops::guest::with_guest;
 use crate::qemu::agent_calls::{self, ExecStatus};
 use crate::qemu::qga::{Qga, QgaError, COMMAND_TIMEOUT};
-use crate::qemu::vm;
 use crate::state::record::{Background, Ended, Record};
 
 /// Most background processes one VM keeps; the oldest ended ones go first.
@@ -163,7 +162,7 @@ pub fn start(req: &StartRequest) -> Result<Started, OpError> {
     };
     let name = req.name.clone();
     let h = handle.clone();
-    vm::registry().update(move |vms| {
+    crate::state::registry::shared().update(move |vms| {
         let rec = vms
             .get_mut(&name)
             .ok_or_else(|| OpError::not_found(format!("VM {name:?} is gone")))?;
@@ -236,7 +235,7 @@ fn start_in(q: &mut Qga, launch: &Launch) -> Result<Result<Spawned, OpError>, Qg
 
 /// The process of `handle` in VM `name`, or an error naming where it is (or that it is not).
 fn known(name: &str, handle: &str) -> Result<(Known, String), OpError> {
-    let vms = vm::registry().load();
+    let vms = crate::state::registry::shared().load();
     let Some(rec) = vms.get(name) else {
         return Err(OpError::not_found(format!(
             "no VM named {name:?}; list_vms shows the known VMs"
@@ -268,7 +267,7 @@ fn known(name: &str, handle: &str) -> Result<(Known, String), OpError> {
 /// Records that `handle` ended, as the agent said (it says so only once).
 fn record_end(name: &str, handle: &str, exitcode: Option<i64>, signal: Option<i64>) {
     let (name, handle) = (name.to_string(), handle.to_string());
-    let _ = vm::registry().update(move |vms| {
+    let _ = crate::state::registry::shared().update(move |vms| {
         if let Some(p) = vms
             .get_mut(&name)
             .and_then(|r| r.background.as_mut())

@@ -14,7 +14,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::qemu::agent_calls::{self, ExecRequest};
 use crate::qemu::qga::{self, Qga, QgaError};
-use crate::qemu::vm;
 use crate::state::registry::{Record, RegistryError};
 
 /// Bound for guest-set-time (hwclock included) and for the date(1) fallback.
@@ -111,7 +110,7 @@ fn set_when_answered(
 /// it): sandbox_vm has answered before the clock is set.
 fn note_in_record(sock: &Path, why: &str, set: fn(&mut Record, String)) {
     let (sock, why) = (sock.display().to_string(), why.to_string());
-    let _ = vm::registry().update(move |vms| {
+    let _ = crate::state::registry::shared().update(move |vms| {
         for rec in vms.values_mut() {
             if rec.qga_socket.as_deref() == Some(sock.as_str()) {
                 set(rec, why.clone());

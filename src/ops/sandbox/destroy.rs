@@ -120,7 +120,7 @@ pub fn destroy(ctx: &dyn Work, name: &str) -> Result<Destroyed, OpError> {
     let files_gone = !overlay.as_ref().is_some_and(|o| o.exists());
     if files_gone {
         let n = name.clone();
-        if let Err(e) = vm::registry().update(move |vms| {
+        if let Err(e) = crate::state::registry::shared().update(move |vms| {
             vms.remove(&n);
             Ok::<_, RegistryError>(())
         }) {

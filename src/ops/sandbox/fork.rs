@@ -173,7 +173,7 @@ fn copy_names(req: &ForkRequest) -> Result<Vec<String>, OpError> {
             req.count
         )));
     }
-    let vms = vm::registry().load();
+    let vms = crate::state::registry::shared().load();
     let names = match &req.names {
         Some(n) if n.len() != req.count => {
             return Err(OpError::invalid(format!(
@@ -266,7 +266,7 @@ pub fn live(name: &str, rec: &Record) -> Result<(), OpError> {
 
 /// Refuses the fork before anything starts when its copies would pass the quotas.
 fn admit(names: &[String], spec: &LaunchSpec) -> Result<(), OpError> {
-    let vms = vm::registry().load();
+    let vms = crate::state::registry::shared().load();
     let limits = quota::Limits::current();
     let first = names.first().map(String::as_str).unwrap_or_default();
     quota::admit_many(
@@ -324,7 +324,7 @@ fn settle_parent(name: &str, rec: &Record, next: &Move, id: &str) {
         id.to_string(),
         next.overlay.display().to_string(),
     );
-    let _ = vm::registry().update(move |vms| {
+    let _ = crate::state::registry::shared().update(move |vms| {
         if let Some(r) = vms.get_mut(&n) {
             moved_onto(r, &next, &id);
         }

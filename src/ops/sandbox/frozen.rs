@@ -49,7 +49,7 @@ pub fn memory_of(rec: &Record) -> Option<String> {
 /// Removes the frozen states no record stands on, and the memory of those no live copy maps.
 /// Returns what could not be removed.
 pub fn collect() -> Vec<String> {
-    let vms = vm::registry().load();
+    let vms = crate::state::registry::shared().load();
     let mut needed: HashSet<String> = HashSet::new();
     let mut mapped: HashSet<String> = HashSet::new();
     for rec in vms.values() {

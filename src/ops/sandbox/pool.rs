@@ -64,7 +64,7 @@ pub fn set_size(ctx: &dyn Work, template: &str, n: u64) -> Result<(), OpError> {
         // The pool's clones run all the time: the quotas admit them as they would any VMs.
         let limits = crate::ops::vm::quota::Limits::current();
         crate::ops::vm::quota::admit_many(
-            &vm::registry().load(),
+            &crate::state::registry::shared().load(),
             "",
             n - have,
             t.memory_mb,
@@ -93,7 +93,7 @@ pub fn set_size(ctx: &dyn Work, template: &str, n: u64) -> Result<(), OpError> {
 
 /// The pooled clones of `template` whose QEMU is alive (ready or starting), oldest first.
 pub fn pooled(template: &str) -> Vec<String> {
-    let mut v: Vec<(String, i64)> = vm::registry()
+    let mut v: Vec<(String, i64)> = crate::state::registry::shared()
         .load()
         .into_iter()
         .filter(|(_, r)| r.pooled.as_deref() == Some(template))
@@ -202,7 +202,7 @@ fn taken(template: &str, name: &str, rec: &Record, started: Instant) -> Sandboxe
 fn claim(template: &str, name: &str) -> Result<Option<(String, Record)>, OpError> {
     let name = name.to_string();
     let template = template.to_string();
-    vm::registry().update(move |vms| {
+    crate::state::registry::shared().update(move |vms| {
         if let Some(r) = vms.get(&name) {
             if vm::measure_process(r).is_none_or(|m| m.alive()) {
                 return Err(OpError::invalid(format!(
@@ -348,7 +348,7 @@ pub fn start_keeper() {
 pub fn keep_all() {
     let ctx = crate::ops::work::Detached;
     // Pooled clones that died, froze, or whose template is gone or no longer pooled.
-    for (name, rec) in vm::registry().load() {
+    for (name, rec) in crate::state::registry::shared().load() {
         let Some(t) = rec.pooled.as_deref() else {
             continue;
         };
@@ -429,7 +429,7 @@ fn refill(ctx: &dyn Work, template: &str, want: u64) -> Result<(), OpError> {
                 return Err(OpError::timed_out("a pooled clone's agent did not answer"));
             }
             Err(e) => {
-                let _ = vm::registry().update(|vms| {
+                let _ = crate::state::registry::shared().update(|vms| {
                     vms.remove(&name);
                     Ok::<_, RegistryError>(())
                 });
@@ -444,7 +444,7 @@ fn refill(ctx: &dyn Work, template: &str, want: u64) -> Result<(), OpError> {
 /// Marks pooled clone `name` ready to be taken.
 fn mark_ready(name: &str) -> Result<(), OpError> {
     let name = name.to_string();
-    vm::registry().update(move |vms| {
+    crate::state::registry::shared().update(move |vms| {
         if let Some(rec) = vms.get_mut(&name) {
             rec.pool_ready = Some(true);
         }
@@ -461,7 +461,7 @@ fn runs(rec: &Record) -> bool {
 
 /// The number of pooled clones of `template` ready to be taken.
 pub fn ready(template: &str) -> usize {
-    vm::registry()
+    crate::state::registry::shared()
         .load()
         .values()
         .filter(|r| r.pooled.as_deref() == Some(template))

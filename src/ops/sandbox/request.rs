@@ -4,7 +4,6 @@ use std::time::Duration;
 
 use crate::ops::error::OpError;
 use crate::ops::vm::launch_args::LaunchArgs;
-use crate::qemu::vm;
 use crate::state::record::Network;
 use crate::state::registry::{invalid_name, valid_name};
 
@@ -62,7 +61,7 @@ pub fn checked_name(name: Option<&str>) -> Result<String, OpError> {
 
 /// The first free sandbox name: sandbox, sandbox-2, ...
 pub fn first_free_name() -> String {
-    let vms = vm::registry().load();
+    let vms = crate::state::registry::shared().load();
     (1..1000)
         .map(|i| {
             if i == 1 {

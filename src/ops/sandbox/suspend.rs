@@ -119,7 +119,7 @@ pub fn suspend(ctx: &dyn Work, name: &str) -> Result<Suspended, OpError> {
         other: Map::new(),
     };
     let n = name.to_string();
-    vm::registry().update(move |vms| {
+    crate::state::registry::shared().update(move |vms| {
         if let Some(r) = vms.get_mut(&n) {
             r.pid = None;
             r.suspended = Some(saved);
@@ -287,7 +287,7 @@ fn load(name: &str, dir: &Path, paused: bool) -> Result<(), OpError> {
 /// Writes the suspended record back after a resume that failed.
 fn put_back(name: &str, rec: &Record) {
     let (n, r) = (name.to_string(), rec.clone());
-    let _ = vm::registry().update(move |vms| {
+    let _ = crate::state::registry::shared().update(move |vms| {
         vms.insert(n, r);
         Ok::<_, RegistryError>(())
     });

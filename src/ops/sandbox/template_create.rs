@@ -227,7 +227,7 @@ fn template_meta(name: &str, base: Option<PathBuf>, req: &LaunchRequest) -> Temp
 /// is still running is refused instead.
 fn end_stale_build(ctx: &dyn Work, name: &str) -> Result<(), OpError> {
     let vm_name = format!("template-{name}");
-    let Some(rec) = vm::registry().load().remove(&vm_name) else {
+    let Some(rec) = crate::state::registry::shared().load().remove(&vm_name) else {
         return Ok(());
     };
     let builder = rec.sandbox.as_ref().and_then(|s| s.builder_pid);

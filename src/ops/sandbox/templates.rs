@@ -224,7 +224,7 @@ pub fn load(name: &str) -> Result<Template, OpError> {
 /// Names of the VMs that stand on template `name`'s disk: its live clones, their forks and
 /// the suspended ones among them.
 pub fn clones_of(name: &str) -> Vec<String> {
-    vm::registry()
+    crate::state::registry::shared()
         .load()
         .into_iter()
         .filter(|(_, r)| {

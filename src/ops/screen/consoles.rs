@@ -40,7 +40,7 @@ pub struct Shown {
 /// The VMs whose consoles are offered, in the registry's order: pooled clones (the server's)
 /// and VMs still being launched are left out.
 pub fn shown() -> Vec<Shown> {
-    vm::registry()
+    crate::state::registry::shared()
         .load()
         .into_iter()
         .filter(|(_, rec)| rec.pooled.is_none() && rec.launching.is_none())
@@ -53,18 +53,21 @@ pub fn shown() -> Vec<Shown> {
 
 /// The registry file, whose identity changes at every change (resources' list stamp).
 pub fn registry_file() -> std::path::PathBuf {
-    vm::registry().path().to_path_buf()
+    crate::state::registry::shared().path().to_path_buf()
 }
 
 /// The record of VM `name`, or the not-found error saying what to do.
 fn record(name: &str) -> Result<Record, Unread> {
-    vm::registry().load().remove(name).ok_or_else(|| {
-        Unread::NotFound(format!(
+    crate::state::registry::shared()
+        .load()
+        .remove(name)
+        .ok_or_else(|| {
+            Unread::NotFound(format!(
             "resource not found: there is no VM named {name:?} (it was forgotten or destroyed, \
              or never existed); resources/list and list_vms show the VMs there are, and \
              launch_vm or sandbox_vm starts one"
         ))
-    })
+        })
 }
 
 /// The last [`serial::WINDOW`] of VM `name`'s serial log; `instead` names what to read when it

@@ -87,7 +87,10 @@ pub fn frame(ctx: &dyn Work, req: &FrameRequest) -> Result<Frame, OpError> {
         let now = Instant::now();
         if changed || now >= deadline || ctx.cancelled() {
             let status = vm::measure_within(&rec, Duration::from_secs(1)).status;
-            let held = vm::registry().load().get(&req.name).and_then(hold::of);
+            let held = crate::state::registry::shared()
+                .load()
+                .get(&req.name)
+                .and_then(hold::of);
             let (w, h) = (grabbed.width, grabbed.height);
             let mut out = Frame {
                 name: req.name.clone(),

@@ -37,7 +37,7 @@ pub fn checked_image(path: &Path, what: &str, format: Option<&str>) -> Result<Ch
 /// The format a VM's record pinned for the disk at `path`, if any VM used it.
 fn recorded_format(path: &Path) -> Option<String> {
     let key = path.display().to_string();
-    crate::qemu::vm::registry()
+    crate::state::registry::shared()
         .load()
         .values()
         .find_map(|rec| rec.disk_formats.as_ref()?.get(&key).cloned())

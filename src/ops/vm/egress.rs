@@ -222,7 +222,11 @@ pub struct EgressInfo {
 /// The proxy variables a guest program of a VM with rules gets, under any `env` the caller
 /// gave (an explicit variable wins).
 pub fn guest_env(name: &str, mut env: Vec<(String, String)>) -> Vec<(String, String)> {
-    let has_rules = vm::registry().load().get(name).and_then(rules_of).is_some();
+    let has_rules = crate::state::registry::shared()
+        .load()
+        .get(name)
+        .and_then(rules_of)
+        .is_some();
     if has_rules {
         for (k, v) in proxy_env() {
             if !env.iter().any(|(e, _)| e == k) {

@@ -7,7 +7,6 @@
 use serde_json::Map;
 
 use crate::ops::error::OpError;
-use crate::qemu::vm;
 use crate::state::record::{Hold, Record};
 
 /// A hold as vm_info and list_vms show it.
@@ -58,7 +57,7 @@ pub fn take(name: &str) -> Result<(String, Held), OpError> {
     let sha = digest(&secret);
     let since = crate::clock::now_secs();
     let name = name.to_string();
-    vm::registry().update(|vms| {
+    crate::state::registry::shared().update(|vms| {
         let Some(rec) = vms.get_mut(&name) else {
             return Err(OpError::not_found(format!(
                 "no VM named {name:?}; list_vms shows the known VMs"
@@ -92,7 +91,7 @@ pub fn take(name: &str) -> Result<(String, Held), OpError> {
 pub fn release(name: &str, secret: &str) -> Result<bool, OpError> {
     let want = digest(secret);
     let name = name.to_string();
-    vm::registry().update(|vms| {
+    crate::state::registry::shared().update(|vms| {
         let Some(rec) = vms.get_mut(&name) else {
             return Err(OpError::not_found(format!("no VM named {name:?}")));
         };
@@ -122,7 +121,7 @@ pub fn same(a: &str, b: &str) -> bool {
 /// For the agent's input tools: an error when a person holds VM `name`, saying since when and
 /// what the agent can do meanwhile.
 pub fn check_agent(name: &str, tool: &str) -> Result<(), OpError> {
-    let vms = vm::registry().load();
+    let vms = crate::state::registry::shared().load();
     let Some(h) = vms.get(name).and_then(of) else {
         return Ok(());
     };
@@ -138,7 +137,7 @@ pub fn check_agent(name: &str, tool: &str) -> Result<(), OpError> {
 
 /// For the view's input: passes when no hold stands or `secret` is the hold's.
 pub fn check_view(name: &str, secret: Option<&str>) -> Result<(), OpError> {
-    let vms = vm::registry().load();
+    let vms = crate::state::registry::shared().load();
     let Some(rec) = vms.get(name) else {
         return Err(OpError::not_found(format!("no VM named {name:?}")));
     };

@@ -141,7 +141,7 @@ fn measure_all(vms: &Vms) -> BTreeMap<String, Measured> {
 
 /// Every registered VM (pooled clones aside: template_list counts them), measured now.
 pub fn list() -> VmList {
-    let reg = vm::registry();
+    let reg = crate::state::registry::shared();
     let vms = reg.load();
     let mut measured = measure_all(&vms);
     let list = vms

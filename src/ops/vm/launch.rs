@@ -200,7 +200,7 @@ pub fn launch(ctx: &dyn Work, mut req: LaunchRequest) -> Result<Launched, OpErro
     let limits = quota::Limits::current();
     let (memory_mb, cpus) = (req.spec.memory_mb, req.spec.cpus);
     let extra = req.extra_record.clone();
-    vm::registry().update(|vms| {
+    crate::state::registry::shared().update(|vms| {
         quota::admit(vms, &name, memory_mb, cpus, limits)?;
         if let Some(old) = vms.get(&name) {
             if old.suspended.is_some() && extra.resumed_from.is_none() {
@@ -237,7 +237,7 @@ pub fn launch(ctx: &dyn Work, mut req: LaunchRequest) -> Result<Launched, OpErro
     })?;
     let result = write_seed(&mut req, &sd).and_then(|()| start_reserved(ctx, &req, &rt, &sd));
     if result.is_err() {
-        let _ = vm::registry().update(|vms| {
+        let _ = crate::state::registry::shared().update(|vms| {
             if vms.get(&name).is_some_and(|r| r.launching.is_some()) {
                 vms.remove(&name);
             }
@@ -303,7 +303,7 @@ fn start_reserved(
         .then(|| rec.egress.clone())
         .flatten();
     let name_c = s.name.clone();
-    vm::registry().update(move |vms| {
+    crate::state::registry::shared().update(move |vms| {
         vms.insert(name_c, rec);
         Ok::<_, RegistryError>(())
     })?;

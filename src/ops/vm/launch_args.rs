@@ -88,7 +88,7 @@ impl LaunchArgs {
 /// a format an earlier launch of VM `name` pinned stays pinned (a guest that wrote another
 /// format's header into its raw disk cannot change how the next launch opens it).
 pub fn checked_disks(name: &str, disks: &[String]) -> Result<Vec<(PathBuf, String)>, OpError> {
-    let pinned = vm::registry()
+    let pinned = crate::state::registry::shared()
         .load()
         .remove(name)
         .and_then(|r| r.disk_formats)

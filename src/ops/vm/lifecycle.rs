@@ -9,7 +9,7 @@ use crate::ops::error::OpError;
 use crate::ops::session;
 use crate::ops::vm::records::{self, lookup_live};
 use crate::qemu::qmp::{self, QmpError};
-use crate::qemu::vm::{self, measure};
+use crate::qemu::vm::measure;
 use crate::qemu::{process, sock};
 use crate::state::record::Record;
 
@@ -128,7 +128,7 @@ pub fn attach(req: &AttachRequest) -> Result<Attached, OpError> {
         ..Record::default()
     };
     let name_c = name.clone();
-    vm::registry().update(move |vms| {
+    crate::state::registry::shared().update(move |vms| {
         if let Some(old) = vms.get(&name_c) {
             if measure(old).alive() {
                 return Err(OpError::new(format!(

@@ -274,7 +274,7 @@ fn change_live(
 fn record(name: &str, now: &[Forward]) -> Result<(), String> {
     let list: Vec<_> = now.iter().map(Forward::to_record).collect();
     let name = name.to_string();
-    vm::registry()
+    crate::state::registry::shared()
         .update(move |vms| {
             if let Some(r) = vms.get_mut(&name) {
                 r.port_forwards = Some(list);

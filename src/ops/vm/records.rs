@@ -17,12 +17,15 @@ pub fn status_within(rec: &Record, within: std::time::Duration) -> String {
 
 /// Looks up a VM record or says how to find the right name.
 pub fn lookup(name: &str) -> Result<Record, OpError> {
-    vm::registry().load().remove(name).ok_or_else(|| {
-        OpError::not_found(format!(
-            "no VM named {name:?}; list_vms shows the known VMs (attach_vm adopts one started \
+    crate::state::registry::shared()
+        .load()
+        .remove(name)
+        .ok_or_else(|| {
+            OpError::not_found(format!(
+                "no VM named {name:?}; list_vms shows the known VMs (attach_vm adopts one started \
              elsewhere)"
-        ))
-    })
+            ))
+        })
 }
 
 /// Looks up a VM that must be running, judged without a QMP round trip (the caller's own
@@ -69,7 +72,7 @@ pub fn being_launched(name: &str) -> OpError {
 /// whether its QEMU was still running. A stopped VM's leftover sockets are removed.
 pub fn forget(name: &str, force: bool) -> Result<bool, OpError> {
     let name_c = name.to_string();
-    let (was_running, rec) = vm::registry().update(move |vms| {
+    let (was_running, rec) = crate::state::registry::shared().update(move |vms| {
         let rec = vms.get(&name_c).cloned().ok_or_else(|| {
             OpError::not_found(format!(
                 "no VM named {name_c:?}; list_vms shows the known VMs"
