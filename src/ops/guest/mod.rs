@@ -9,6 +9,7 @@
 pub mod background;
 pub mod clock;
 pub mod copy;
+pub mod exec;
 pub mod files;
 pub mod listing;
 pub mod reseed;

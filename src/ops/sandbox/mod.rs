@@ -17,6 +17,7 @@ pub mod result;
 pub mod scratch;
 pub mod suspend;
 pub mod template_create;
+pub mod template_manage;
 pub mod templates;
 use std::path::Path;
 use std::time::{Duration, Instant};

@@ -42,6 +42,19 @@ fn size_file(template: &str) -> PathBuf {
     templates::dir_of(template).join("pool")
 }
 
+/// Ends a template's pool (also one whose template is damaged): its size file goes, its
+/// clones are destroyed, and the keeper is woken.
+pub fn end(ctx: &dyn Work, template: &str) {
+    if size(template) == 0 && pooled(template).is_empty() {
+        return;
+    }
+    let _ = std::fs::remove_file(size_file(template));
+    for c in pooled(template) {
+        destroy::destroy_quietly(ctx, &c);
+    }
+    wake();
+}
+
 /// A template's pool size (0: none).
 pub fn size(template: &str) -> u64 {
     std::fs::read_to_string(size_file(template))

@@ -7,7 +7,7 @@ use serde_json::json;
 use crate::b64;
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
 use crate::ops::guest::files::{self, MAX_READ};
-use crate::ops::guest::{self as guest_ops, background, listing, spool};
+use crate::ops::guest::{self as guest_ops, exec as exec_ops, listing};
 use crate::tools::{object, presets, vm_name_arg};
 
 const PING_DESCRIPTION: &str = "Check that qemu-guest-agent answers inside the VM. The agent can \
@@ -165,51 +165,28 @@ fn env_arg(args: &Args) -> Result<Vec<(String, String)>, ToolError> {
                 .ok_or_else(|| ToolError::new(format!("env {k} must be a string")))
         })
         .collect::<Result<_, _>>()?;
-    spool::check_env(&env).map_err(ToolError::new)?;
     Ok(env)
 }
 
 fn exec(ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let timeout =
-        Duration::from_secs_f64(args.opt_f64("timeout")?.unwrap_or(30.0).clamp(1.0, 3600.0));
-    let argv = args.str_list("args")?;
-    let env = crate::ops::vm::egress::guest_env(&vm_name_arg(args)?, env_arg(args)?);
-    let cwd = args.opt_str("cwd")?;
-    if let Some(c) = cwd {
-        spool::check_cwd(c).map_err(ToolError::new)?;
-    }
-    let (name, command, stdin) = (
-        &vm_name_arg(args)?,
-        args.str("command")?,
-        args.opt_str("stdin")?,
-    );
-    if args.bool_or("background", false)? {
-        let req = background::StartRequest {
-            name: name.to_string(),
-            command: command.to_string(),
-            args: argv,
-            stdin: stdin.map(str::to_string),
-            env,
-            cwd: cwd.map(str::to_string),
-        };
-        let started = background::start(&req)?;
-        return Ok(ToolOutput::json(
-            serde_json::to_value(started).unwrap_or_default(),
-        ));
-    }
-    let launch = spool::Launch {
-        command,
-        args: &argv,
-        stdin,
-        env: &env,
-        cwd,
-        ..spool::Launch::default()
+    let req = exec_ops::ExecRequest {
+        name: vm_name_arg(args)?,
+        command: args.str("command")?.to_string(),
+        args: args.str_list("args")?,
+        stdin: args.opt_str("stdin")?.map(str::to_string),
+        env: env_arg(args)?,
+        cwd: args.opt_str("cwd")?.map(str::to_string),
+        timeout: Duration::from_secs_f64(
+            args.opt_f64("timeout")?.unwrap_or(30.0).clamp(1.0, 3600.0),
+        ),
+        // Live output only when asked for (and only where someone listens): a progress token
+        // alone gets heartbeats, so a fast call costs what it costs without one.
+        live: args.bool_or("live", false)? && ctx.has_progress(),
     };
-    // Live output only when asked for (and only where someone listens): a progress token
-    // alone gets heartbeats, so a fast call costs what it costs without one.
-    let live = args.bool_or("live", false)? && ctx.has_progress();
-    let ran = guest_ops::run_program(ctx, name, &launch, timeout, live)?;
-    crate::tools::to_output(&ran)
+    if args.bool_or("background", false)? {
+        return crate::tools::to_output(&exec_ops::start(&req)?);
+    }
+    crate::tools::to_output(&exec_ops::run(ctx, &req)?)
 }
 
 const FILE_READ_DESCRIPTION: &str = "Read a file inside the guest through the agent, in chunks, \
