@@ -123,9 +123,9 @@ const KEPT_BY_AGENT: &str = "mcqemu-agent";
 
 /// Starts a background process.
 pub fn start(req: &StartRequest) -> Result<Started, OpError> {
-    spool::check_env(&req.env).map_err(OpError::invalid)?;
+    spool::check_env(&req.env)?;
     if let Some(c) = &req.cwd {
-        spool::check_cwd(c).map_err(OpError::invalid)?;
+        spool::check_cwd(c)?;
     }
     let id = spool::new_id();
     let native = crate::ops::guest::agent_is_ours(&req.name)?;

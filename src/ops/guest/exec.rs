@@ -34,9 +34,9 @@ pub struct ExecRequest {
 
 /// The request's environment, checked, with the egress proxy's added where the VM has rules.
 fn environment(req: &ExecRequest) -> Result<Vec<(String, String)>, OpError> {
-    spool::check_env(&req.env).map_err(OpError::invalid)?;
+    spool::check_env(&req.env)?;
     if let Some(c) = &req.cwd {
-        spool::check_cwd(c).map_err(OpError::invalid)?;
+        spool::check_cwd(c)?;
     }
     Ok(crate::ops::vm::egress::guest_env(
         &req.name,

@@ -3,6 +3,7 @@
 //! itself (`mcqemu-list-dir`). Typed request and result; no MCP here. With qemu-ga it needs
 //! `sh` and `stat` in the guest (busybox has both); with mcqemu-agent, nothing.
 
+use crate::ops::error::OpError;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -103,17 +104,19 @@ pub fn parse(out: &str, max: usize) -> (Vec<Entry>, bool) {
 }
 
 /// guest_list_dir.
-pub fn list(req: &Request) -> Result<Listing, String> {
+pub fn list(req: &Request) -> Result<Listing, OpError> {
     if !req.path.starts_with('/') {
-        return Err(format!("path {:?} must be absolute in the guest", req.path));
+        return Err(OpError::invalid(format!(
+            "path {:?} must be absolute in the guest",
+            req.path
+        )));
     }
     let max = req.max_entries.min(MAX_ENTRIES);
-    if crate::ops::guest::agent_is_ours(&req.name).map_err(|e| e.to_string())? {
+    if crate::ops::guest::agent_is_ours(&req.name)? {
         // mcqemu-agent reads the folder itself: no shell or stat needed in the guest.
         let got = with_guest(&req.name, "mcqemu-list-dir", |q| {
             agent_calls::list_dir(q, &req.path, max)
-        })
-        .map_err(|e| e.to_string())?;
+        })?;
         let entries = got
             .entries
             .into_iter()
@@ -146,13 +149,12 @@ pub fn list(req: &Request) -> Result<Listing, String> {
     };
     let status = with_guest(&req.name, "guest-exec", |q| {
         spool::run_in(q, &launch, Duration::from_secs(60))
-    })
-    .map_err(|e| e.to_string())?;
+    })?;
     if status.exitcode == Some(3) {
-        return Err(format!(
+        return Err(OpError::invalid(format!(
             "{} is not a folder in VM {:?} (or cannot be entered)",
             req.path, req.name
-        ));
+        )));
     }
     let out = String::from_utf8_lossy(&status.stdout()).into_owned();
     let (entries, truncated) = parse(&out, max);

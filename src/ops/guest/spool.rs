@@ -5,6 +5,7 @@
 //! file commands read them as they grow. The same wrapper applies `env` and `cwd`, so the guest
 //! needs `/bin/sh` (and `setsid`, when it has one, for background processes).
 
+use crate::ops::error::OpError;
 use std::time::Duration;
 
 use crate::b64;
@@ -104,30 +105,32 @@ impl Launch<'_> {
 }
 
 /// Checks `env` names (a shell's `export NAME=...` must take them as they are).
-pub fn check_env(env: &[(String, String)]) -> Result<(), String> {
+pub fn check_env(env: &[(String, String)]) -> Result<(), OpError> {
     for (k, v) in env {
         let ok = !k.is_empty()
             && !k.starts_with(|c: char| c.is_ascii_digit())
             && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
         if !ok {
-            return Err(format!(
+            return Err(OpError::invalid(format!(
                 "env name {k:?} is not a valid variable name (letters, digits and _, not \
                  starting with a digit)"
-            ));
+            )));
         }
         if v.contains('\0') {
-            return Err(format!("env {k}'s value contains a NUL byte"));
+            return Err(OpError::invalid(format!(
+                "env {k}'s value contains a NUL byte"
+            )));
         }
     }
     Ok(())
 }
 
 /// Checks `cwd`: an absolute path without NUL bytes.
-pub fn check_cwd(cwd: &str) -> Result<(), String> {
+pub fn check_cwd(cwd: &str) -> Result<(), OpError> {
     if !cwd.starts_with('/') || cwd.contains('\0') {
-        return Err(format!(
+        return Err(OpError::invalid(format!(
             "cwd {cwd:?} must be an absolute path in the guest (starting with /)"
-        ));
+        )));
     }
     Ok(())
 }

@@ -3,6 +3,7 @@
 //! ports; the VM's record keeps the current set, so vm_info and a restarted server see it.
 //! Typed request and result; no MCP here.
 
+use crate::ops::error::OpError;
 use std::collections::HashSet;
 use std::net::Ipv4Addr;
 use std::path::Path;
@@ -71,7 +72,7 @@ fn parse_recorded(v: &[crate::state::record::Forward]) -> Vec<Forward> {
 }
 
 /// Which recorded forward `spec` names for removal.
-fn to_remove(spec: &str, current: &[Forward]) -> Result<Forward, String> {
+fn to_remove(spec: &str, current: &[Forward]) -> Result<Forward, OpError> {
     let (addr, host) = match spec.rsplit_once(':') {
         Some((a, h)) if a.parse::<Ipv4Addr>().is_ok() && h.parse::<u16>().is_ok() => {
             (a.parse::<Ipv4Addr>().ok(), h.parse::<u16>().ok())
@@ -79,21 +80,24 @@ fn to_remove(spec: &str, current: &[Forward]) -> Result<Forward, String> {
         _ => match spec.parse::<u16>() {
             Ok(p) => (None, Some(p)),
             Err(_) => {
-                let p = parse_forward(spec).map_err(|e| format!("remove: {e}"))?;
+                let p =
+                    parse_forward(spec).map_err(|e| OpError::invalid(format!("remove: {e}")))?;
                 (Some(p.addr), p.host)
             }
         },
     };
-    let host = host.ok_or_else(|| format!("remove {spec:?}: name the host port to remove"))?;
+    let host = host.ok_or_else(|| {
+        OpError::invalid(format!("remove {spec:?}: name the host port to remove"))
+    })?;
     current
         .iter()
         .find(|f| f.host == host && addr.is_none_or(|a| a == f.addr))
         .cloned()
         .ok_or_else(|| {
-            format!(
+            OpError::not_found(format!(
                 "remove {spec:?}: the VM has no forward from host port {host}; vm_info lists its \
                  forwards"
-            )
+            ))
         })
 }
 
@@ -143,7 +147,7 @@ fn to_add(specs: &[String], current: &[Forward]) -> Result<Vec<Forward>, String>
 }
 
 /// vm_port_forward: removes, then adds, live; the record follows what QEMU took.
-pub fn apply(req: &Request) -> Result<Outcome, String> {
+pub fn apply(req: &Request) -> Result<Outcome, OpError> {
     let rec = forwardable(&req.name)?;
     let current = parse_recorded(&vm::forwards(&rec));
     let removing: Vec<Forward> = req
@@ -156,7 +160,7 @@ pub fn apply(req: &Request) -> Result<Outcome, String> {
         .filter(|f| !removing.contains(f))
         .cloned()
         .collect();
-    let adding = to_add(&req.add, &left)?;
+    let adding = to_add(&req.add, &left).map_err(OpError::invalid)?;
     // A VM with allow_network rules: QEMU's forwards listen inside its proxy's network, the
     // proxy listens on the host.
     let proxy = crate::ops::vm::egress::rules_of(&rec)
@@ -164,8 +168,7 @@ pub fn apply(req: &Request) -> Result<Outcome, String> {
         .then(|| vm::runtime_dir(&req.name).join(CONTROL_SOCKET));
     let (removed, added, failure) = session::monitor(&req.name, &rec, |q| {
         Ok(change_live(q, proxy.as_deref(), &removing, &adding)?)
-    })
-    .map_err(|e| e.to_string())?;
+    })?;
     // Whatever QEMU took is recorded, even when a later step failed.
     let mut now: Vec<Forward> = current
         .iter()
@@ -175,10 +178,10 @@ pub fn apply(req: &Request) -> Result<Outcome, String> {
     now.extend(added.iter().cloned());
     record(&req.name, &now)?;
     if let Some(why) = failure {
-        return Err(format!(
+        return Err(OpError::new(format!(
             "{why}. The VM's forwards are now: {}",
             json!(now.iter().map(shown).collect::<Vec<_>>())
-        ));
+        )));
     }
     Ok(Outcome {
         name: req.name.clone(),
@@ -189,19 +192,18 @@ pub fn apply(req: &Request) -> Result<Outcome, String> {
 }
 
 /// The record of running VM `name`, when it has a network mcqemu made.
-fn forwardable(name: &str) -> Result<crate::state::registry::Record, String> {
-    let rec =
-        crate::ops::vm::records::lookup_live(name, "start it first").map_err(|e| e.to_string())?;
+fn forwardable(name: &str) -> Result<crate::state::registry::Record, OpError> {
+    let rec = crate::ops::vm::records::lookup_live(name, "start it first")?;
     if rec.no_net == Some(true) {
-        return Err(format!(
+        return Err(OpError::invalid(format!(
             "VM {name:?} was launched with no_net=true: it has no network to forward into"
-        ));
+        )));
     }
     if !vm::spawned(&rec) {
-        return Err(format!(
+        return Err(OpError::invalid(format!(
             "VM {name:?} was adopted with attach_vm: its network is not one mcqemu made; forward \
              with its own QEMU monitor"
-        ));
+        )));
     }
     Ok(rec)
 }
@@ -271,7 +273,7 @@ fn change_live(
     Ok((removed, added, None))
 }
 
-fn record(name: &str, now: &[Forward]) -> Result<(), String> {
+fn record(name: &str, now: &[Forward]) -> Result<(), OpError> {
     let list: Vec<_> = now.iter().map(Forward::to_record).collect();
     let name = name.to_string();
     crate::state::registry::shared()
@@ -281,7 +283,7 @@ fn record(name: &str, now: &[Forward]) -> Result<(), String> {
             }
             Ok::<_, crate::state::registry::RegistryError>(())
         })
-        .map_err(|e| e.to_string())
+        .map_err(OpError::from)
 }
 
 #[cfg(test)]
@@ -303,7 +305,9 @@ mod tests {
         assert_eq!(to_remove("8080", &cur).unwrap(), fw(8080, 80));
         assert_eq!(to_remove("127.0.0.1:2222", &cur).unwrap(), fw(2222, 22));
         assert_eq!(to_remove("2222:22", &cur).unwrap(), fw(2222, 22));
-        assert!(to_remove("9999", &cur).unwrap_err().contains("no forward"));
+        let e = to_remove("9999", &cur).unwrap_err();
+        assert_eq!(e.kind, crate::ops::error::ErrorKind::NotFound);
+        assert!(e.msg.contains("no forward"));
         assert!(to_remove("auto:22", &cur).is_err());
     }
 

@@ -296,7 +296,7 @@ fn list_dir(_ctx: &ToolCtx, args: &Args) -> ToolResult {
             .i64_or("max_entries", 1000)?
             .clamp(1, listing::MAX_ENTRIES as i64) as usize,
     };
-    let out = listing::list(&req).map_err(ToolError::new)?;
+    let out = listing::list(&req)?;
     serde_json::to_value(out)
         .map(ToolOutput::json)
         .map_err(|e| ToolError::new(format!("cannot shape the result: {e}")))

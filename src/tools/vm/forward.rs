@@ -57,7 +57,7 @@ fn forward(_ctx: &ToolCtx, args: &Args) -> ToolResult {
             "give add, remove or both (vm_info shows the VM's forwards)",
         ));
     }
-    let out = pf::apply(&req).map_err(ToolError::new)?;
+    let out = pf::apply(&req)?;
     serde_json::to_value(out)
         .map(ToolOutput::json)
         .map_err(|e| ToolError::new(format!("cannot shape the result: {e}")))
