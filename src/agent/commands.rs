@@ -4,9 +4,10 @@
 
 use std::time::Duration;
 
-use super::exec::{self, Start, Table, MAX_OUTPUT};
+use super::exec::{self, Start, Table};
 use super::files::{Files, Whence};
 use super::json::Json;
+use super::output::MAX_OUTPUT;
 use super::system::{self, Mode};
 use crate::b64;
 

@@ -14,14 +14,13 @@
 use std::ffi::{OsStr, OsString};
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufReader, BufWriter, Read, Write};
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::state::extract::Extract;
 use crate::state::tar::{Reader, Writer};
-use crate::state::tree::{archive_one, Counts, Folder, Meta, Type, MAX_DEPTH};
+use crate::state::tree::{archive_one, remove_quietly, walk_all, Counts, Folder, Type};
 
 /// The data channel's port name (the host's `qemu::cmdline::DATA_PORT`).
 pub const DATA_PORT: &str = "org.mcqemu.data.0";
@@ -45,7 +44,7 @@ pub fn main(cmd: &str, args: &[String]) -> Option<i32> {
         "copy-free" => {
             free_port();
             if !arg(0).is_empty() {
-                remove(Path::new(arg(0)));
+                remove_quietly(Path::new(arg(0)));
             }
             Ok(())
         }
@@ -154,11 +153,10 @@ fn copy_out(parent: &str, name: &str, nonce: &str, cap_k: &str) -> Result<(), Fa
         .saturating_mul(1024);
     let dir = open_folder(Path::new(parent), 4)?;
     let leaf = OsStr::new(name);
-    let top = dir
-        .meta(leaf)
+    dir.meta(leaf)
         .map_err(|_| fail(4, format!("nothing is at {parent}/{name} in the guest")))?;
-    let size = measure(&dir, leaf, &top, 0)
-        .map_err(|e| fail(5, format!("cannot read {parent}/{name}: {e}")))?;
+    let size =
+        measure(&dir, leaf).map_err(|e| fail(5, format!("cannot read {parent}/{name}: {e}")))?;
     if size > cap {
         return Err(fail(
             6,
@@ -174,17 +172,22 @@ fn copy_out(parent: &str, name: &str, nonce: &str, cap_k: &str) -> Result<(), Fa
     let mut w = BufWriter::with_capacity(64 << 10, port);
     let sent = writeln!(w, "MCQ-BEGIN {nonce} {size}").and_then(|()| {
         let mut tw = Writer::new(&mut w);
-        let mut counts = Counts::default();
-        walk(&dir, leaf, name.as_bytes(), &top, 0, &mut |d, n, p, m| {
-            if m.kind != Type::File {
-                return archive_one(&mut tw, d, n, p, m, &mut counts);
-            }
-            let f = d.open_file(n)?;
-            tw.file_with(p, (m.mode, m.mtime, m.size), |out| {
-                out.flush()?;
-                send_file(&f, out.get_ref(), m.size)
-            })
-        })?;
+        walk_all(
+            &dir,
+            leaf,
+            name.as_bytes(),
+            &mut Counts::default(),
+            &mut |d, n, p, m, c| {
+                if m.kind != Type::File {
+                    return archive_one(&mut tw, d, n, p, m, c);
+                }
+                let f = d.open_file(n)?;
+                tw.file_with(p, (m.mode, m.mtime, m.size), |out| {
+                    out.flush()?;
+                    send_file(&f, out.get_ref(), m.size)
+                })
+            },
+        )?;
         tw.finish().map(|_| ())
     });
     let status = i32::from(sent.is_err());
@@ -223,66 +226,21 @@ fn send_file(from: &File, to: &File, size: u64) -> io::Result<u64> {
 }
 
 /// The bytes of file content at and below `name`.
-fn measure(dir: &Folder, name: &OsStr, m: &Meta, depth: usize) -> io::Result<u64> {
+fn measure(dir: &Folder, name: &OsStr) -> io::Result<u64> {
     let mut total = 0u64;
-    walk_meta(dir, name, m, depth, &mut |_, _, m| {
-        if m.kind == Type::File {
-            total = total.saturating_add(m.size);
-        }
-        Ok(())
-    })?;
+    walk_all(
+        dir,
+        name,
+        b"",
+        &mut Counts::default(),
+        &mut |_, _, _, m, _| {
+            if m.kind == Type::File {
+                total = total.saturating_add(m.size);
+            }
+            Ok(())
+        },
+    )?;
     Ok(total)
-}
-
-type Seen<'a> = dyn FnMut(&Folder, &OsStr, &Meta) -> io::Result<()> + 'a;
-
-fn walk_meta(dir: &Folder, name: &OsStr, m: &Meta, depth: usize, f: &mut Seen) -> io::Result<()> {
-    f(dir, name, m)?;
-    if m.kind != Type::Dir {
-        return Ok(());
-    }
-    if depth >= MAX_DEPTH {
-        return Err(io::Error::other(format!(
-            "nested more than {MAX_DEPTH} folders deep"
-        )));
-    }
-    let sub = dir.sub(name)?;
-    for child in sub.names()? {
-        let cm = sub.meta(&child)?;
-        walk_meta(&sub, &child, &cm, depth + 1, f)?;
-    }
-    Ok(())
-}
-
-type Visit<'a> = dyn FnMut(&Folder, &OsStr, &[u8], &Meta) -> io::Result<()> + 'a;
-
-/// Every entry at and below `name` (hidden names too: this is the guest's own tree), with
-/// its path in the archive; links are never followed.
-fn walk(
-    dir: &Folder,
-    name: &OsStr,
-    path: &[u8],
-    m: &Meta,
-    depth: usize,
-    f: &mut Visit,
-) -> io::Result<()> {
-    f(dir, name, path, m)?;
-    if m.kind != Type::Dir {
-        return Ok(());
-    }
-    if depth >= MAX_DEPTH {
-        return Err(io::Error::other(format!(
-            "{} is nested more than {MAX_DEPTH} folders deep",
-            String::from_utf8_lossy(path)
-        )));
-    }
-    let sub = dir.sub(name)?;
-    for child in sub.names()? {
-        let cm = sub.meta(&child)?;
-        let child_path = [path, b"/", child.as_bytes()].concat();
-        walk(&sub, &child, &child_path, &cm, depth + 1, f)?;
-    }
-    Ok(())
 }
 
 /// copy-in UNPACK NONCE DEST OVERWRITE OLD: unpacks the host's tar from the port at UNPACK,
@@ -303,7 +261,7 @@ fn copy_in(unpack: &str, nonce: &str, dst: &str, overwrite: bool, old: &str) -> 
         .map_err(|e| fail(22, format!("cannot write to the data channel: {e}")))?;
     let len = opening(&mut port, nonce)?;
     let bye = |code: i32, msg: String| {
-        remove(Path::new(unpack));
+        remove_quietly(Path::new(unpack));
         fail(code, msg)
     };
     let mut body = BufReader::with_capacity(64 << 10, (&mut port).take(len));
@@ -328,7 +286,7 @@ fn copy_in(unpack: &str, nonce: &str, dst: &str, overwrite: bool, old: &str) -> 
             let _ = dir.rename(&old_name, &dst_name, false);
             return Err(bye(15, format!("cannot rename into {dst}: {e}")));
         }
-        remove(Path::new(old));
+        remove_quietly(Path::new(old));
     } else {
         dir.rename(&tmp, &dst_name, false)
             .map_err(|e| bye(15, format!("cannot rename into {dst}: {e}")))?;
@@ -384,19 +342,6 @@ fn unpack_into(dir: &Folder, tmp: &OsStr, r: &mut dyn Read) -> io::Result<()> {
     x.finish()
 }
 
-/// Removes a file, link or folder tree (never following a link), quietly.
-fn remove(p: &Path) {
-    match std::fs::symlink_metadata(p) {
-        Ok(m) if m.is_dir() => {
-            let _ = std::fs::remove_dir_all(p);
-        }
-        Ok(_) => {
-            let _ = std::fs::remove_file(p);
-        }
-        Err(_) => {}
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -416,15 +361,17 @@ mod tests {
         std::os::unix::fs::symlink("/etc/passwd", base.join("src/t/l")).unwrap();
         std::fs::create_dir_all(base.join("dst")).unwrap();
         let from = Folder::open_following(&base.join("src")).unwrap();
-        let top = from.meta(OsStr::new("t")).unwrap();
-        assert_eq!(measure(&from, OsStr::new("t"), &top, 0).unwrap(), 7);
+        assert_eq!(measure(&from, OsStr::new("t")).unwrap(), 7);
         let mut archive = Vec::new();
         {
             let mut tw = Writer::new(&mut archive);
-            let mut counts = Counts::default();
-            walk(&from, OsStr::new("t"), b"c", &top, 0, &mut |d, n, p, m| {
-                archive_one(&mut tw, d, n, p, m, &mut counts)
-            })
+            walk_all(
+                &from,
+                OsStr::new("t"),
+                b"c",
+                &mut Counts::default(),
+                &mut |d, n, p, m, c| archive_one(&mut tw, d, n, p, m, c),
+            )
             .unwrap();
             tw.finish().unwrap();
         }

@@ -1,6 +1,6 @@
 //! Programs the host starts (`guest-exec`), their captured output and their end. As qemu-ga:
-//! a program's stdout and stderr are kept up to [`MAX_OUTPUT`] each (the rest is read and
-//! dropped, so the program never blocks on a full pipe), and `guest-exec-status` reports it
+//! a program's stdout and stderr are kept up to 16 MiB each ([`super::output`]; the rest is
+//! read and dropped, so the program never blocks on a full pipe), and `guest-exec-status` reports it
 //! once the program has exited and both pipes have closed, then forgets it. Beyond qemu-ga:
 //! `cwd`, an environment added to the agent's own (`env-merge`), and `mcqemu-exec-output`,
 //! which hands out the output from given offsets while the program still runs (live output
@@ -15,61 +15,12 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-/// Output kept per stream (qemu-ga's own cap).
-pub const MAX_OUTPUT: usize = 16 << 20;
+use super::output::Stream;
+
 /// Programs remembered at once; past it, the oldest that ended is forgotten.
 const MAX_PROGRAMS: usize = 1024;
 /// Longest wait of one `mcqemu-exec-output`.
 pub const MAX_WAIT: Duration = Duration::from_secs(2);
-
-/// One stream's capture. Offsets count from the program's first byte: with a window, the
-/// oldest output is dropped (`dropped` says how much) and the latest is kept.
-#[derive(Debug, Default)]
-struct Stream {
-    data: Vec<u8>,
-    truncated: bool,
-    closed: bool,
-    /// Bytes dropped from the front (window mode).
-    dropped: usize,
-    /// Keep (at least) the last this many bytes instead of the first [`MAX_OUTPUT`].
-    window: Option<usize>,
-}
-
-impl Stream {
-    fn add(&mut self, chunk: &[u8]) {
-        match self.window {
-            Some(w) => {
-                self.data.extend_from_slice(chunk);
-                // Dropped in batches, so a chatty program costs no quadratic shifting.
-                if self.data.len() > w.saturating_mul(2) {
-                    let cut = self.data.len() - w;
-                    self.data.drain(..cut);
-                    self.dropped += cut;
-                }
-            }
-            None => {
-                let room = MAX_OUTPUT - self.data.len();
-                if chunk.len() > room {
-                    self.truncated = true;
-                }
-                self.data.extend_from_slice(&chunk[..chunk.len().min(room)]);
-            }
-        }
-    }
-
-    /// Up to `max` bytes from offset `at` (or from the oldest kept, if `at` was dropped):
-    /// (first offset returned, the bytes).
-    fn from(&self, at: usize, max: usize) -> (usize, &[u8]) {
-        let start = at.max(self.dropped).min(self.end());
-        let i = start - self.dropped;
-        let j = i.saturating_add(max).min(self.data.len());
-        (start, &self.data[i..j])
-    }
-
-    fn end(&self) -> usize {
-        self.dropped + self.data.len()
-    }
-}
 
 /// What is known of one program, shared with its pipe readers.
 #[derive(Debug, Default)]
@@ -559,24 +510,6 @@ mod tests {
             }
         };
         assert_eq!((st.exitcode, st.out.len(), st.out_next), (Some(0), 0, 8));
-    }
-
-    #[test]
-    fn a_window_keeps_the_latest_output_and_says_what_was_dropped() {
-        let mut s = Stream {
-            window: Some(4),
-            ..Stream::default()
-        };
-        for c in [b"abc".as_slice(), b"def", b"ghi"] {
-            s.add(c);
-        }
-        assert_eq!(s.end(), 9);
-        assert!(s.dropped > 0 && s.data.len() >= 4);
-        let (start, data) = s.from(0, usize::MAX);
-        assert_eq!(start, s.dropped);
-        assert!(b"abcdefghi".ends_with(data));
-        assert_eq!(s.from(7, 1), (7, &b"h"[..]));
-        assert_eq!(s.from(50, 10).1, b"");
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! own. With no init in the root it is PID 1 too ([`init`]).
 //!
 //! - [`json`]: the JSON it reads and writes; [`reader`]: requests cut from the byte stream.
-//! - [`commands`]: the commands; [`exec`], [`files`], [`system`]: what they act on.
+//! - [`commands`]: the commands; [`exec`] (with [`output`]), [`files`], [`system`]: what
+//!   they act on.
 //! - [`port`]: the virtio port and the serving loop; [`init`]: PID 1's set-up.
 //! - [`copy`]: the guest's side of the data channel's copies (`mcqemu-agent copy-*`).
 
@@ -15,6 +16,7 @@ pub mod exec;
 pub mod files;
 pub mod init;
 pub mod json;
+pub mod output;
 pub mod port;
 pub mod reader;
 pub mod system;

@@ -290,6 +290,29 @@ pub fn walk(
     counts: &mut Counts,
     visit: &mut Visit,
 ) -> io::Result<()> {
+    walk_tree(dir, name, path, (depth, false), counts, visit)
+}
+
+/// [`walk`] with hidden names visited too: a guest's own tree, where the host's roots rule
+/// does not apply.
+pub fn walk_all(
+    dir: &Folder,
+    name: &OsStr,
+    path: &[u8],
+    counts: &mut Counts,
+    visit: &mut Visit,
+) -> io::Result<()> {
+    walk_tree(dir, name, path, (0, true), counts, visit)
+}
+
+fn walk_tree(
+    dir: &Folder,
+    name: &OsStr,
+    path: &[u8],
+    (depth, keep_hidden): (usize, bool),
+    counts: &mut Counts,
+    visit: &mut Visit,
+) -> io::Result<()> {
     let meta = dir.meta(name)?;
     visit(dir, name, path, &meta, counts)?;
     if meta.kind != Type::Dir {
@@ -304,13 +327,34 @@ pub fn walk(
     let sub = dir.sub(name)?;
     for child in sub.names()? {
         let child_path = [path, b"/", child.as_bytes()].concat();
-        if hidden(child.as_bytes()) {
+        if !keep_hidden && hidden(child.as_bytes()) {
             counts.skip(&child_path, "hidden names are never reached below a root");
             continue;
         }
-        walk(&sub, &child, &child_path, depth + 1, counts, visit)?;
+        walk_tree(
+            &sub,
+            &child,
+            &child_path,
+            (depth + 1, keep_hidden),
+            counts,
+            visit,
+        )?;
     }
     Ok(())
+}
+
+/// Removes a file, link or folder tree, never following a link out of it; quietly (a
+/// failed copy's temporary, best effort).
+pub fn remove_quietly(path: &std::path::Path) {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => {
+            let _ = std::fs::remove_dir_all(path);
+        }
+        Ok(_) => {
+            let _ = std::fs::remove_file(path);
+        }
+        Err(_) => {}
+    }
 }
 
 /// Adds one walked entry to the archive and to the counts.

@@ -27,23 +27,6 @@ pub const PER_CALL: usize = 1024 * 1024;
 /// How long a kill waits after its signal before it sends SIGKILL.
 const KILL_GRACE: Duration = Duration::from_secs(5);
 
-/// guest_exec {background: true}.
-#[derive(Debug, Clone)]
-pub struct StartRequest {
-    /// The VM.
-    pub name: String,
-    /// The program and its arguments.
-    pub command: String,
-    /// Its arguments.
-    pub args: Vec<String>,
-    /// Text for its standard input.
-    pub stdin: Option<String>,
-    /// Added to its environment.
-    pub env: Vec<(String, String)>,
-    /// Its working folder.
-    pub cwd: Option<String>,
-}
-
 /// What a start returns.
 #[derive(Debug, Clone, Serialize)]
 pub struct Started {
@@ -121,58 +104,51 @@ pub struct Known {
 /// Who keeps a background process's output: recorded as `kept_by`.
 const KEPT_BY_AGENT: &str = "mcqemu-agent";
 
-/// Starts a background process.
-pub fn start(req: &StartRequest) -> Result<Started, OpError> {
-    spool::check_env(&req.env)?;
-    if let Some(c) = &req.cwd {
-        spool::check_cwd(c)?;
-    }
+/// Starts `program` (its env and cwd checked by the caller, `ops::guest::exec`) in the
+/// background in VM `name`.
+pub fn start(name: &str, program: &Launch) -> Result<Started, OpError> {
     let id = spool::new_id();
-    let native = crate::ops::guest::agent_is_ours(&req.name)?;
+    let native = crate::ops::guest::agent_is_ours(name)?;
     let launch = Launch {
-        command: &req.command,
-        args: &req.args,
-        stdin: req.stdin.as_deref(),
-        env: &req.env,
-        cwd: req.cwd.as_deref(),
         spool: (!native).then_some(id.as_str()),
         session: true,
+        ..program.clone()
     };
     let (pid, ended) = if native {
         let mut r = launch.native_request();
         r.group = Some(true);
         r.keep_last = Some(KEEP);
-        let pid = with_guest(&req.name, "guest-exec", |q| {
+        let pid = with_guest(name, "guest-exec", |q| {
             crate::ops::guest::stream::spawn(q, &r)
         })?;
         (pid, None)
     } else {
-        with_guest(&req.name, "guest-exec", |q| start_in(q, &launch))??
+        with_guest(name, "guest-exec", |q| start_in(q, &launch))??
     };
     let handle = format!("bg-{id}");
     let entry = Background {
         pid: Some(pid),
-        command: Some(req.command.clone()),
-        args: Some(req.args.clone()),
+        command: Some(program.command.to_string()),
+        args: Some(program.args.to_vec()),
         spool: (!native).then_some(id),
         kept_by: native.then(|| KEPT_BY_AGENT.to_string()),
         started_at: Some(crate::clock::now_secs()),
         ended,
         other: Map::new(),
     };
-    let name = req.name.clone();
+    let vm = name.to_string();
     let h = handle.clone();
     crate::state::registry::shared().update(move |vms| {
         let rec = vms
-            .get_mut(&name)
-            .ok_or_else(|| OpError::not_found(format!("VM {name:?} is gone")))?;
+            .get_mut(&vm)
+            .ok_or_else(|| OpError::not_found(format!("VM {vm:?} is gone")))?;
         let list = rec.background.get_or_insert_with(BTreeMap::new);
         prune(list);
         list.insert(h, entry);
         Ok::<_, OpError>(())
     })?;
     Ok(Started {
-        name: req.name.clone(),
+        name: name.to_string(),
         handle,
         pid,
         background: true,

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use super::background::{self, StartRequest, Started};
+use super::background::{self, Started};
 use super::spool::{self, Launch};
 use super::{run_program, Executed};
 use crate::ops::error::OpError;
@@ -44,29 +44,26 @@ fn environment(req: &ExecRequest) -> Result<Vec<(String, String)>, OpError> {
     ))
 }
 
-/// Runs the program in the foreground: its output and exit code once it ends (or its timeout).
-pub fn run(ctx: &dyn Work, req: &ExecRequest) -> Result<Executed, OpError> {
-    let env = environment(req)?;
-    let launch = Launch {
+/// The request as the program to start, with `env` (checked, egress added) as its environment.
+fn program<'a>(req: &'a ExecRequest, env: &'a [(String, String)]) -> Launch<'a> {
+    Launch {
         command: &req.command,
         args: &req.args,
         stdin: req.stdin.as_deref(),
-        env: &env,
+        env,
         cwd: req.cwd.as_deref(),
         ..Launch::default()
-    };
-    run_program(ctx, &req.name, &launch, req.timeout, req.live)
+    }
+}
+
+/// Runs the program in the foreground: its output and exit code once it ends (or its timeout).
+pub fn run(ctx: &dyn Work, req: &ExecRequest) -> Result<Executed, OpError> {
+    let env = environment(req)?;
+    run_program(ctx, &req.name, &program(req, &env), req.timeout, req.live)
 }
 
 /// Starts the program in the background: a handle for guest_exec_status and guest_exec_kill.
 pub fn start(req: &ExecRequest) -> Result<Started, OpError> {
     let env = environment(req)?;
-    background::start(&StartRequest {
-        name: req.name.clone(),
-        command: req.command.clone(),
-        args: req.args.clone(),
-        stdin: req.stdin.clone(),
-        env,
-        cwd: req.cwd.clone(),
-    })
+    background::start(&req.name, &program(req, &env))
 }

@@ -93,7 +93,7 @@ pub fn copy_out(req: &CopyOut, watch: &dyn Watch) -> Result<Copied, OpError> {
             .map_err(OpError::new)
     });
     if placed.is_err() {
-        remove_tree(&dir.join(&tmp));
+        crate::state::tree::remove_quietly(&dir.join(&tmp));
     }
     let (counts, via) = placed?;
     let (via, via_reason) = via.parts();
@@ -204,20 +204,7 @@ fn place(
         return Err(format!("cannot rename the copy into place: {e}"));
     }
     if exists {
-        remove_tree(&dir.join(&old));
+        crate::state::tree::remove_quietly(&dir.join(&old));
     }
     Ok(())
-}
-
-/// Removes a failed copy's temporary, file or tree (never following a link out of it).
-fn remove_tree(path: &Path) {
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if m.is_dir() => {
-            let _ = std::fs::remove_dir_all(path);
-        }
-        Ok(_) => {
-            let _ = std::fs::remove_file(path);
-        }
-        Err(_) => {}
-    }
 }
