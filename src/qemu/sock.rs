@@ -99,6 +99,40 @@ pub fn session_lock(path: &Path) -> Arc<Mutex<()>> {
     map.entry(path.to_path_buf()).or_default().clone()
 }
 
+/// What written on `stream` the peer has not read yet (`SIOCOUTQ`: 0 once it has read all;
+/// otherwise the kernel's buffer size for it, more than the bytes). QEMU drops what a
+/// chardev client sent but the guest did not take when the client hangs up, so a writer that
+/// is about to close asks this first.
+pub fn unread_by_peer(stream: &UnixStream) -> io::Result<usize> {
+    use std::os::unix::io::AsRawFd;
+    let mut n: libc::c_int = 0;
+    // SAFETY: TIOCOUTQ writes one int through the pointer, which outlives the call.
+    let rc = unsafe { libc::ioctl(stream.as_raw_fd(), libc::TIOCOUTQ, &mut n) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(usize::try_from(n).unwrap_or(0))
+}
+
+/// Waits until the peer has read everything written on `stream`, or until `deadline`.
+/// `Err(n)` carries [`unread_by_peer`] then.
+pub fn wait_read_by_peer(stream: &UnixStream, deadline: Instant) -> Result<(), usize> {
+    loop {
+        let left = match unread_by_peer(stream) {
+            Ok(n) => n,
+            // A socket that cannot say has nothing we can wait for.
+            Err(_) => return Ok(()),
+        };
+        if left == 0 {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(left);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// Why [`LineStream::read_line`] returned no line.
 #[derive(Debug, PartialEq, Eq)]
 pub enum LineError {
@@ -222,5 +256,36 @@ impl LineStream {
                 Err(_) => return Err(LineError::Closed),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+
+    #[test]
+    fn a_writer_learns_when_the_peer_has_read_everything() {
+        let (mut a, mut b) = UnixStream::pair().unwrap();
+        a.write_all(&[7u8; 1000]).unwrap();
+        assert!(unread_by_peer(&a).unwrap() > 0);
+        let reader = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            let mut buf = [0u8; 1000];
+            b.read_exact(&mut buf).unwrap();
+            b
+        });
+        let waited = wait_read_by_peer(&a, Instant::now() + Duration::from_secs(10));
+        assert_eq!(waited, Ok(()));
+        assert_eq!(unread_by_peer(&a).unwrap(), 0);
+        drop(reader.join().unwrap());
+    }
+
+    #[test]
+    fn a_peer_that_never_reads_is_reported_with_what_it_left() {
+        let (mut a, _b) = UnixStream::pair().unwrap();
+        a.write_all(b"echo hi\r").unwrap();
+        let waited = wait_read_by_peer(&a, Instant::now() + Duration::from_millis(30));
+        assert!(matches!(waited, Err(n) if n > 0), "{waited:?}");
     }
 }

@@ -9,6 +9,9 @@ use crate::ops::error::OpError;
 use crate::qemu::sock;
 use crate::state::record;
 
+/// How long a write waits for the guest to take its bytes, plus a millisecond a byte.
+const DRAIN_BASE: Duration = Duration::from_secs(5);
+
 /// What a write did.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Written {
@@ -65,8 +68,18 @@ pub fn write(name: &str, text: &str, by: By) -> Result<Written, OpError> {
         })?;
     }
     let _ = s.flush();
-    // Give QEMU a moment to drain the socket before we close it.
-    std::thread::sleep(Duration::from_millis(20));
+    // QEMU drops what the guest has not taken when we hang up, and a TCG guest on a busy host
+    // takes its 16-byte FIFO's worth at a time: close only once QEMU has read it all.
+    let drain = DRAIN_BASE + Duration::from_millis(text.len() as u64);
+    if sock::wait_read_by_peer(&s, std::time::Instant::now() + drain).is_err() {
+        return Err(OpError::timed_out(format!(
+            "the serial console of {name:?} did not take all {} bytes within {} s and the rest \
+             was dropped: the guest is not reading its console (still booting, or no getty on \
+             it). Wait for its prompt with vm_serial_wait and write again",
+            text.len(),
+            drain.as_secs()
+        )));
+    }
     Ok(Written {
         name: name.to_string(),
         bytes: text.len(),
