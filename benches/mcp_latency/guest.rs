@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 
 use crate::common::Guest;
 
-#[path = "../../tests/screenshots/desktop.rs"]
+#[path = "../../tests/it/screenshots/desktop.rs"]
 #[allow(dead_code)]
 mod desktop;
 use crate::report::{Stats, Table};
@@ -451,7 +451,7 @@ fn screen_parts(vb: &VmBench, table: &mut Table, qmp: &Path, dir: &Path, what: &
 }
 
 /// vm_screenshot of a 1920x1080 desktop: the guest sets the mode on QEMU's standard VGA and
-/// shows the tests' desktop picture (`tests/screenshots/desktop.rs`), then the tool call is
+/// shows the tests' desktop picture (`tests/it/screenshots/desktop.rs`), then the tool call is
 /// timed (scaled to 1568x882 by default) and its parts apart.
 fn desktop_rows(
     vb: &VmBench,

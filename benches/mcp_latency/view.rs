@@ -1,6 +1,6 @@
 //! The live view's rows: the test guest's screen followed in headless Chromium through the page
 //! `mcqemu view` serves (`tests/browser/view_bench.mjs`, playwright-core from
-//! target/browser-tests, which `cargo test --test view_browser` installs). A change is written
+//! target/browser-tests, which `cargo test --test it -- view_browser::` installs). A change is written
 //! into the VGA text buffer through /dev/mem (the text cursor is switched off first, so the
 //! screen holds still between changes); a row is from the start of the guest_exec that makes
 //! the change to the page's `load` of the new frame (an upper bound: the change happens inside
@@ -82,7 +82,7 @@ impl Viewer {
         (!Path::new("/usr/bin/chromium").exists()
             || !node.join("node_modules/playwright-core").exists())
         .then_some(
-            "needs /usr/bin/chromium and target/browser-tests (cargo test --test view_browser)",
+            "needs /usr/bin/chromium and target/browser-tests (cargo test --test it -- view_browser::)",
         )
     }
 
