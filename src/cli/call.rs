@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 
 use super::usage;
 use crate::mcp::call;
-use crate::mcp::tool::{Args, ToolCtx};
+use crate::mcp::tool::ToolCtx;
 use crate::tools;
 
 /// The exit status of a tool error of kind `kind` (the codes of `ops::error::ErrorKind`).
@@ -68,10 +68,11 @@ pub fn main(rest: &[String]) -> i32 {
         Ok(_) => return usage("the arguments must be a JSON object"),
         Err(e) => return usage(&format!("the arguments are not valid JSON: {e}")),
     };
-    if let Err(e) = call::check(tool, &args) {
-        return usage(&e.msg);
-    }
-    match call::run(tool, &ToolCtx::detached(), Args(args)) {
+    let args = match call::check(tool, args) {
+        Ok(args) => args,
+        Err(e) => return usage(&e.msg),
+    };
+    match call::run(tool, &ToolCtx::detached(), args) {
         Ok(out) => {
             if let Some(file) = out_file {
                 if let Err(e) = save_images(&out.extra, &file) {

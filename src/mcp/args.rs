@@ -4,11 +4,55 @@ use serde_json::{Map, Value};
 
 use super::tool_error::ToolError;
 
-/// Typed access to checked arguments. Schema checking has already run, so a wrong type here
-/// means the schema and the handler disagree: reported as a tool error, never a panic.
-pub struct Args(pub Map<String, Value>);
+/// Typed access to checked arguments. Schema checking has already run (types and bounds), so
+/// a wrong type here means the schema and the handler disagree: reported as a tool error,
+/// never a panic. The schema's defaults come along ([`Args::checked`]): a handler reads a
+/// parameter with a default through [`Args::int`] or [`Args::number`], so the default is
+/// written once, in the schema.
+pub struct Args(pub Map<String, Value>, Map<String, Value>);
 
 impl Args {
+    /// Arguments without schema defaults (tests, and callers that build them by hand).
+    pub fn new(values: Map<String, Value>) -> Args {
+        Args(values, Map::new())
+    }
+
+    /// Arguments checked against `schema`, with the defaults its properties declare.
+    pub fn checked(values: Map<String, Value>, schema: &Value) -> Args {
+        let defaults = schema["properties"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter_map(|(k, p)| Some((k.clone(), p.get("default")?.clone())))
+            .collect();
+        Args(values, defaults)
+    }
+
+    /// The argument, else the schema's default for it.
+    fn or_default(&self, name: &str) -> Result<&Value, ToolError> {
+        self.get(name)
+            .or_else(|| self.1.get(name).filter(|v| !v.is_null()))
+            .ok_or_else(|| {
+                ToolError::new(format!(
+                    "missing parameter '{name}' (its schema declares no default)"
+                ))
+            })
+    }
+
+    /// An integer parameter: the argument, else its schema default (bounds already checked).
+    pub fn int(&self, name: &str) -> Result<i64, ToolError> {
+        self.or_default(name)?
+            .as_i64()
+            .ok_or_else(|| ToolError::new(format!("parameter '{name}' must be an integer")))
+    }
+
+    /// A number parameter: the argument, else its schema default (bounds already checked).
+    pub fn number(&self, name: &str) -> Result<f64, ToolError> {
+        self.or_default(name)?
+            .as_f64()
+            .ok_or_else(|| ToolError::new(format!("parameter '{name}' must be a number")))
+    }
+
     /// Raw value, treating JSON null as absent.
     pub fn get(&self, name: &str) -> Option<&Value> {
         self.0.get(name).filter(|v| !v.is_null())

@@ -23,10 +23,13 @@ pub fn find<'a>(tools: &'a [ToolDef], name: &str) -> Result<&'a ToolDef, ToolErr
     })
 }
 
-/// The arguments checked against `tool`'s input schema.
-pub fn check(tool: &ToolDef, args: &Map<String, Value>) -> Result<(), ToolError> {
-    check_arguments(&(tool.input_schema)(), args)
-        .map_err(|msg| ToolError::of(INVALID_ARGUMENT, format!("{}: {msg}", tool.name)))
+/// The arguments checked against `tool`'s input schema (types, bounds, required, nothing
+/// else), with the schema's defaults for the handler to read.
+pub fn check(tool: &ToolDef, args: Map<String, Value>) -> Result<Args, ToolError> {
+    let schema = (tool.input_schema)();
+    check_arguments(&schema, &args)
+        .map_err(|msg| ToolError::of(INVALID_ARGUMENT, format!("{}: {msg}", tool.name)))?;
+    Ok(Args::checked(args, &schema))
 }
 
 /// Runs `tool`'s handler on checked arguments; a failure (or a panic) is the tool's error,
@@ -55,8 +58,8 @@ pub fn call(
     args: Map<String, Value>,
 ) -> Result<ToolOutput, ToolError> {
     let tool = find(tools, name)?;
-    check(tool, &args)?;
-    run(tool, ctx, Args(args))
+    let args = check(tool, args)?;
+    run(tool, ctx, args)
 }
 
 #[cfg(test)]

@@ -129,7 +129,7 @@ mod tests {
             } else {
                 "VM"
             };
-            let err = match (tool.handler)(&ctx, &Args(arguments(&schema))) {
+            let err = match (tool.handler)(&ctx, &Args::checked(arguments(&schema), &schema)) {
                 Ok(_) => panic!("{} took the name {BAD:?}", tool.name),
                 Err(e) => e.msg,
             };

@@ -59,9 +59,10 @@ impl Server {
             Err(e) => return self.send(&error_response(&id, e)),
         };
         let name = tool.name;
-        if let Err(err) = call::check(tool, &args) {
-            return self.send(&answer(&id, era, error_result(&err)));
-        }
+        let args = match call::check(tool, args) {
+            Ok(args) => args,
+            Err(err) => return self.send(&answer(&id, era, error_result(&err))),
+        };
         let cancel = match self.claim(&id) {
             Ok(c) => c,
             Err(e) => return self.send(&error_response(&id, e)),
@@ -76,7 +77,7 @@ impl Server {
         let job = Job {
             key: key.clone(),
             name: name.to_string(),
-            run: self.call_job(tool, id.clone(), Args(args), ctx, cancel, era),
+            run: self.call_job(tool, id.clone(), args, ctx, cancel, era),
         };
         if let Err(e) = self.workers.submit(job) {
             if let Ok(mut map) = self.inflight.lock() {

@@ -176,9 +176,7 @@ fn exec(ctx: &ToolCtx, args: &Args) -> ToolResult {
         stdin: args.opt_str("stdin")?.map(str::to_string),
         env: env_arg(args)?,
         cwd: args.opt_str("cwd")?.map(str::to_string),
-        timeout: Duration::from_secs_f64(
-            args.opt_f64("timeout")?.unwrap_or(30.0).clamp(1.0, 3600.0),
-        ),
+        timeout: Duration::from_secs_f64(args.number("timeout")?),
         // Live output only when asked for (and only where someone listens): a progress token
         // alone gets heartbeats, so a fast call costs what it costs without one.
         live: args.bool_or("live", false)? && ctx.has_progress(),
@@ -242,9 +240,9 @@ fn file_read(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     let req = files::ReadRequest {
         name: vm_name_arg(args)?,
         path: args.str("path")?.to_string(),
-        max: args.i64_or("max_bytes", 1_048_576)?.clamp(1, MAX_READ) as usize,
+        max: args.int("max_bytes")? as usize,
         base64: args.str_or("encoding", "utf-8")? == "base64",
-        offset: u64::try_from(args.i64_or("offset", 0)?)
+        offset: u64::try_from(args.int("offset")?)
             .map_err(|_| ToolError::new("offset must be 0 or more"))?,
     };
     crate::tools::to_output(&files::read(&req)?)
@@ -292,9 +290,7 @@ fn list_dir(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     let req = listing::Request {
         name: vm_name_arg(args)?,
         path: args.str("path")?.to_string(),
-        max_entries: args
-            .i64_or("max_entries", 1000)?
-            .clamp(1, listing::MAX_ENTRIES as i64) as usize,
+        max_entries: args.int("max_entries")? as usize,
     };
     let out = listing::list(&req)?;
     serde_json::to_value(out)

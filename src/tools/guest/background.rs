@@ -58,7 +58,7 @@ pub const STATUS: ToolDef = ToolDef {
 };
 
 fn offset(args: &Args, key: &str) -> Result<u64, ToolError> {
-    let v = args.i64_or(key, 0)?;
+    let v = args.int(key)?;
     u64::try_from(v).map_err(|_| ToolError::new(format!("{key} must be 0 or more")))
 }
 
@@ -68,7 +68,7 @@ fn status(ctx: &ToolCtx, args: &Args) -> ToolResult {
         handle: args.str("handle")?.to_string(),
         stdout_offset: offset(args, "stdout_offset")?,
         stderr_offset: offset(args, "stderr_offset")?,
-        wait: Duration::from_secs_f64(args.opt_f64("wait_s")?.unwrap_or(0.0).clamp(0.0, 300.0)),
+        wait: Duration::from_secs_f64(args.number("wait_s")?),
     };
     crate::tools::to_output(&bg::status(&req, &|| ctx.cancelled())?)
 }

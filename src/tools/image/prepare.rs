@@ -81,7 +81,7 @@ fn prepare(ctx: &ToolCtx, args: &Args) -> ToolResult {
         source: path_arg(args, "source", Access::Read)?,
         dest: path_arg(args, "dest", Access::Write)?,
         overwrite: args.bool_or("overwrite", false)?,
-        timeout_s: args.opt_f64("timeout_s")?.unwrap_or(1200.0),
+        timeout_s: args.number("timeout_s")?,
         cloud_init: args.0.get("cloud_init").cloned(),
         launch: LaunchArgs {
             memory_mb: args.opt_i64("memory_mb")?,

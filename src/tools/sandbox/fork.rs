@@ -72,7 +72,7 @@ fn sandbox_fork(ctx: &ToolCtx, args: &Args) -> ToolResult {
         name: vm_name_arg(args)?,
         count: usize::try_from(count).unwrap_or(0),
         names,
-        wait_agent: wait(args, 60.0)?,
+        wait_agent: wait(args)?,
     };
     let forked = fork::fork(ctx, &req)?;
     let out = serde_json::to_value(&forked)
@@ -80,9 +80,9 @@ fn sandbox_fork(ctx: &ToolCtx, args: &Args) -> ToolResult {
     Ok(ToolOutput::json(out))
 }
 
-fn wait(args: &Args, default: f64) -> Result<Duration, ToolError> {
-    let s = args.opt_f64("wait_agent_s")?.unwrap_or(default);
-    Ok(Duration::from_secs_f64(s.clamp(1.0, 600.0)))
+/// `wait_agent_s` (bounds and default in the schema).
+fn wait(args: &Args) -> Result<Duration, ToolError> {
+    Ok(Duration::from_secs_f64(args.number("wait_agent_s")?))
 }
 
 const SUSPEND_DESCRIPTION: &str = "Save a sandbox to disk with its processes, memory and devices, \
@@ -155,9 +155,5 @@ pub const RESUME: ToolDef = ToolDef {
 };
 
 fn sandbox_resume(ctx: &ToolCtx, args: &Args) -> ToolResult {
-    crate::tools::to_output(&suspend::resume(
-        ctx,
-        &vm_name_arg(args)?,
-        wait(args, 60.0)?,
-    )?)
+    crate::tools::to_output(&suspend::resume(ctx, &vm_name_arg(args)?, wait(args)?)?)
 }

@@ -111,9 +111,9 @@ fn create(ctx: &ToolCtx, args: &Args) -> ToolResult {
         allow_network: args.bool_or("allow_network", false)?,
         base_image: args.opt_str("base_image")?.map(str::to_string),
         disk_size: args.opt_str("disk_size")?.map(str::to_string),
-        wait_agent_s: args.opt_f64("wait_agent_s")?.unwrap_or(90.0),
+        wait_agent_s: args.number("wait_agent_s")?,
         wait_cloud_init: args.bool_or("wait_cloud_init", false)?,
-        wait_cloud_init_s: args.opt_f64("wait_cloud_init_s")?.unwrap_or(600.0),
+        wait_cloud_init_s: args.number("wait_cloud_init_s")?,
         setup,
         pool: args.i64_or("pool", 0)?.max(0) as u64,
     };

@@ -131,10 +131,10 @@ fn click(_ctx: &ToolCtx, args: &Args) -> ToolResult {
 fn mouse_move(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let req = MoveRequest {
         name: vm_name_arg(args)?,
-        dx: args.i64_or("dx", 0)?,
-        dy: args.i64_or("dy", 0)?,
+        dx: args.int("dx")?,
+        dy: args.int("dy")?,
         scale: scale_arg(args)?,
-        step: args.i64_or("step", 32)?,
+        step: args.int("step")?,
         home: args.opt_str("home")?.map(str::to_string),
         click: args.opt_str("click")?.map(str::to_string),
         double: args.bool_or("double", false)?,

@@ -57,8 +57,8 @@ fn send_keys(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let req = KeysRequest {
         name: vm_name_arg(args)?,
         specs: args.str_list("keys")?,
-        hold: Duration::from_millis(args.i64_or("hold_ms", 100)?.clamp(1, 10_000) as u64),
-        delay: Duration::from_millis(args.i64_or("delay_ms", 50)?.clamp(0, 10_000) as u64),
+        hold: Duration::from_millis(args.int("hold_ms")? as u64),
+        delay: Duration::from_millis(args.int("delay_ms")? as u64),
     };
     crate::tools::to_output(&keyboard::send_keys(ctx, &req)?)
 }
@@ -106,7 +106,7 @@ fn type_text(ctx: &ToolCtx, args: &Args) -> ToolResult {
         name: vm_name_arg(args)?,
         text: args.str("text")?.to_string(),
         enter: args.bool_or("enter", false)?,
-        gap: Duration::from_millis(args.i64_or("delay_ms", 30)?.clamp(0, 1000) as u64),
+        gap: Duration::from_millis(args.int("delay_ms")? as u64),
     };
     crate::tools::to_output(&keyboard::type_text(ctx, &req)?)
 }

@@ -93,7 +93,7 @@ mod tests {
 
     #[test]
     fn inline_screenshots_are_bounded_by_default_and_files_are_not() {
-        let args = |v: Value| Args(v.as_object().unwrap().clone());
+        let args = |v: Value| Args::new(v.as_object().unwrap().clone());
         let b = bounds(&args(json!({"name": "a"})), true).unwrap();
         assert_eq!(b.max_edge, Some(screen::DEFAULT_MAX_EDGE));
         assert_eq!(b.max_bytes, Some(screen::DEFAULT_MAX_BYTES));

@@ -81,10 +81,8 @@ fn drag(ctx: &ToolCtx, args: &Args) -> ToolResult {
         )));
     }
     let hold = crate::tools::params::hold_arg(args)?;
-    let steps = args
-        .i64_or("steps", 12)?
-        .clamp(1, i64::from(pointer::MAX_STEPS)) as u32;
-    let pause = Duration::from_millis(args.i64_or("step_ms", 20)?.clamp(1, 1000) as u64);
+    let steps = args.int("steps")? as u32;
+    let pause = Duration::from_millis(args.int("step_ms")? as u64);
     let sent = mouse::gesture(
         ctx,
         (&name, "vm_drag"),
@@ -161,7 +159,7 @@ fn scroll(ctx: &ToolCtx, args: &Args) -> ToolResult {
             )))
         }
     };
-    let clicks = args.i64_or("clicks", 1)?;
+    let clicks = args.int("clicks")?;
     if !(1..=i64::from(pointer::MAX_STEPS)).contains(&clicks) {
         return Err(ToolError::new(format!(
             "clicks must be 1 to {}, not {clicks}; nothing was sent",
@@ -186,7 +184,7 @@ mod tests {
 
     fn refusal(tool: &ToolDef, args: Value) -> String {
         let map = args.as_object().cloned().unwrap_or_default();
-        match (tool.handler)(&ToolCtx::detached(), &Args(map)) {
+        match (tool.handler)(&ToolCtx::detached(), &Args::new(map)) {
             Ok(_) => panic!("{} took {args}", tool.name),
             Err(e) => e.msg,
         }

@@ -152,10 +152,8 @@ fn frame(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let req = view::FrameRequest {
         name,
         since,
-        wait: Duration::from_millis(
-            args.opt_i64("wait_ms")?.unwrap_or(20_000).clamp(0, 25_000) as u64
-        ),
-        max_width: args.opt_i64("max_width")?.map(|w| w.clamp(64, 8192) as u32),
+        wait: Duration::from_millis(args.int("wait_ms")? as u64),
+        max_width: args.opt_i64("max_width")?.map(|w| w as u32),
     };
     let f = view::frame(ctx, &req)?;
     let extra = if f.png.is_empty() {

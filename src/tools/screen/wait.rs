@@ -38,7 +38,8 @@ pub const SCREEN_WAIT: ToolDef = ToolDef {
                     "description": "How long the changed screen must hold still."
                 },
                 "timeout_s": {
-                    "type": "number", "minimum": 0, "maximum": 600, "default": 30,
+                    "type": "number", "minimum": 0,
+                    "maximum": screen_wait::MAX_TIMEOUT.as_secs(), "default": 30,
                     "description": "The longest wait; then the screen as it is, with a reason."
                 },
                 "since": {
@@ -126,10 +127,8 @@ fn region_arg(args: &Args) -> Result<Option<Rect>, ToolError> {
 
 /// The typed request from a call's arguments.
 fn request(args: &Args) -> Result<WaitRequest, ToolError> {
-    let stable_ms = args.i64_or("stable_ms", 1000)?.clamp(100, 60_000) as u64;
-    let timeout = args.opt_f64("timeout_s")?.unwrap_or(30.0);
-    let timeout =
-        Duration::from_secs_f64(timeout.clamp(0.0, screen_wait::MAX_TIMEOUT.as_secs_f64()));
+    let stable_ms = args.int("stable_ms")? as u64;
+    let timeout = Duration::from_secs_f64(args.number("timeout_s")?);
     let since = match args.opt_str("since")? {
         None => None,
         Some(s) => Some(parse_hash(s).ok_or_else(|| {
@@ -179,14 +178,26 @@ mod tests {
 
     #[test]
     fn arguments_become_a_request_and_bad_ones_are_named() {
-        let args = |v: Value| Args(v.as_object().unwrap().clone());
+        let schema = (SCREEN_WAIT.input_schema)();
+        let args = |v: Value| Args::checked(v.as_object().unwrap().clone(), &schema);
+        let checked =
+            |v: Value| crate::mcp::call::check(&SCREEN_WAIT, v.as_object().unwrap().clone());
         let r = request(&args(json!({"name": "a"}))).unwrap();
         assert_eq!((r.stable_ms, r.timeout), (1000, Duration::from_secs(30)));
         assert_eq!((r.region, r.since), (None, None));
-        let r = request(&args(json!({
-            "name": "a", "stable_ms": 250, "timeout_s": 9999, "since": "00000000000000ff",
-            "region": {"x": 1, "y": 2, "width": 3, "height": 4}
-        })))
+        // The bounds are the schema's, checked before the handler runs.
+        let e = checked(json!({"name": "a", "timeout_s": 9999}))
+            .err()
+            .unwrap();
+        assert_eq!(e.kind, "invalid_argument", "{}", e.msg);
+        assert!(e.msg.contains("timeout_s"), "{}", e.msg);
+        let r = request(
+            &checked(json!({
+                "name": "a", "stable_ms": 250, "timeout_s": 600, "since": "00000000000000ff",
+                "region": {"x": 1, "y": 2, "width": 3, "height": 4}
+            }))
+            .unwrap(),
+        )
         .unwrap();
         assert_eq!(r.timeout, screen_wait::MAX_TIMEOUT);
         assert_eq!((r.stable_ms, r.since), (250, Some(255)));

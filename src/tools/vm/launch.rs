@@ -47,9 +47,8 @@ fn launch_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let req = request(&launch_args(args)?, &name, disks)?;
     let mut out = launch(ctx, req)?;
     if args.bool_or("wait_cloud_init", false)? {
-        let wait = args.opt_f64("wait_cloud_init_s")?.unwrap_or(600.0);
-        let (waited, saw) =
-            agent_then_cloud_init(ctx, &name, Duration::from_secs_f64(wait.clamp(0.0, 3600.0)))?;
+        let wait = Duration::from_secs_f64(args.number("wait_cloud_init_s")?);
+        let (waited, saw) = agent_then_cloud_init(ctx, &name, wait)?;
         report_cloud_init(&mut out.warnings, &mut out.cloud_init, waited, &saw);
     }
     crate::tools::to_output(&out)

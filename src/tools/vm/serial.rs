@@ -50,7 +50,7 @@ pub const READ: ToolDef = ToolDef {
 
 fn read(_ctx: &ToolCtx, args: &Args) -> ToolResult {
     let name = vm_name_arg(args)?;
-    let want = args.i64_or("tail_lines", 50)?;
+    let want = args.int("tail_lines")?;
     crate::tools::to_output(&serial::read_tail(&name, want)?)
 }
 
@@ -148,9 +148,7 @@ fn wait(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let req = WaitRequest {
         name: vm_name_arg(args)?,
         pattern: args.str("pattern")?.as_bytes().to_vec(),
-        timeout: Duration::from_secs_f64(
-            args.opt_f64("timeout")?.unwrap_or(30.0).clamp(0.0, 3600.0),
-        ),
+        timeout: Duration::from_secs_f64(args.number("timeout")?),
         offset: args.opt_i64("offset")?.map(|o| o.max(0) as u64),
     };
     crate::tools::to_output(&serial::wait(ctx, &req)?)

@@ -51,8 +51,7 @@ pub const STOP: ToolDef = ToolDef {
 };
 
 fn stop_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let timeout =
-        Duration::from_secs_f64(args.opt_f64("timeout")?.unwrap_or(30.0).clamp(0.0, 3600.0));
+    let timeout = Duration::from_secs_f64(args.number("timeout")?);
     crate::tools::to_output(&stop::stop(
         ctx,
         &vm_name_arg(args)?,
