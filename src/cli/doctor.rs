@@ -96,7 +96,7 @@ fn emulator_checks(host: &Host) -> Vec<Check> {
 /// launch would take.
 fn emulator_check(host: &Host, arch: &str, qemu: &Qemu) -> Check {
     // Why not KVM is the kvm row's to say.
-    let accel = decide::accel(host, arch, "auto").map_or("?", |(a, _)| a);
+    let accel = decide::accel(host, arch, "auto").map_or("?", |(a, _)| a.name());
     let default_machine = crate::ops::vm::launch::ARCHES
         .iter()
         .find(|a| a.0 == arch)

@@ -7,6 +7,8 @@
 use super::binaries::{parse_version, Qemu};
 use super::Host;
 
+pub use crate::state::config::Accel;
+
 /// True when KVM on a host of `host_arch` can run a guest of `guest_arch`.
 fn kvm_runs(host_arch: &str, guest_arch: &str) -> bool {
     host_arch == guest_arch || (host_arch == "x86_64" && guest_arch == "i386")
@@ -30,18 +32,18 @@ pub fn accel(
     host: &Host,
     guest_arch: &str,
     requested: &str,
-) -> Result<(&'static str, Option<String>), String> {
+) -> Result<(Accel, Option<String>), String> {
     match requested {
-        "tcg" => Ok(("tcg", None)),
+        "tcg" => Ok((Accel::Tcg, None)),
         "kvm" => kvm_for(host, guest_arch)
-            .map(|()| ("kvm", None))
+            .map(|()| (Accel::Kvm, None))
             .map_err(|why| {
                 format!("accel=\"kvm\" is not usable here: {why}. Use accel=\"auto\" or \"tcg\"")
             }),
         "auto" => Ok(match kvm_for(host, guest_arch) {
-            Ok(()) => ("kvm", None),
+            Ok(()) => (Accel::Kvm, None),
             Err(why) => (
-                "tcg",
+                Accel::Tcg,
                 Some(format!("runs under TCG (emulated, slower): {why}")),
             ),
         }),
@@ -53,9 +55,9 @@ pub fn accel(
 /// (x86-64-v2 distributions such as RHEL 9 refuse the default `qemu64`). On aarch64 with
 /// QEMU's own pointer-authentication algorithm instead of the architected QARMA, which TCG
 /// computes slowly: measured, the test guest's boot to its agent takes 1.9 s instead of 5.6 s.
-pub fn cpu_model(accel: &str, guest_arch: &str) -> &'static str {
+pub fn cpu_model(accel: Accel, guest_arch: &str) -> &'static str {
     match (accel, guest_arch) {
-        ("kvm", _) => "host",
+        (Accel::Kvm, _) => "host",
         (_, "aarch64") => "max,pauth-impdef=on",
         _ => "max",
     }
@@ -125,8 +127,8 @@ pub struct Saved<'a> {
     pub arch: &'a str,
     /// Concrete machine type (an alias, for templates from before machine types were pinned).
     pub machine: &'a str,
-    /// `kvm` or `tcg`.
-    pub accel: &'a str,
+    /// The accelerator it ran under.
+    pub accel: Accel,
     /// The QEMU version that saved it (empty: not recorded).
     pub qemu_version: &'a str,
 }
@@ -134,7 +136,7 @@ pub struct Saved<'a> {
 /// Ok when a state saved as `saved` can load into `qemu` on `host`; Err names what differs and
 /// what to do.
 pub fn can_restore(saved: &Saved, host: &Host, qemu: &Qemu) -> Result<(), String> {
-    if saved.accel == "kvm" {
+    if saved.accel == Accel::Kvm {
         kvm_for(host, saved.arch).map_err(|why| {
             format!(
                 "it was saved under KVM, which this host cannot use now ({why}); a KVM state does \
@@ -239,25 +241,34 @@ mod tests {
 
     #[test]
     fn auto_takes_kvm_only_for_guests_of_the_hosts_architecture() {
-        assert_eq!(accel(&x86_kvm(), "x86_64", "auto").unwrap(), ("kvm", None));
-        assert_eq!(accel(&x86_kvm(), "i386", "auto").unwrap(), ("kvm", None));
+        assert_eq!(
+            accel(&x86_kvm(), "x86_64", "auto").unwrap(),
+            (Accel::Kvm, None)
+        );
+        assert_eq!(
+            accel(&x86_kvm(), "i386", "auto").unwrap(),
+            (Accel::Kvm, None)
+        );
         let (a, note) = accel(&x86_kvm(), "aarch64", "auto").unwrap();
-        assert_eq!(a, "tcg");
+        assert_eq!(a, Accel::Tcg);
         assert!(note.unwrap().contains("only x86_64 guests"));
-        assert_eq!(accel(&arm_kvm(), "aarch64", "auto").unwrap(), ("kvm", None));
-        assert_eq!(accel(&arm_kvm(), "x86_64", "auto").unwrap().0, "tcg");
+        assert_eq!(
+            accel(&arm_kvm(), "aarch64", "auto").unwrap(),
+            (Accel::Kvm, None)
+        );
+        assert_eq!(accel(&arm_kvm(), "x86_64", "auto").unwrap().0, Accel::Tcg);
         let (a, note) = accel(&x86_tcg(), "x86_64", "auto").unwrap();
-        assert_eq!(a, "tcg");
+        assert_eq!(a, Accel::Tcg);
         assert!(note.unwrap().contains("vmx/svm"));
         assert!(accel(&x86_tcg(), "x86_64", "kvm")
             .unwrap_err()
             .contains("not usable"));
         assert!(accel(&x86_kvm(), "aarch64", "kvm").is_err());
         assert!(accel(&x86_kvm(), "x86_64", "hvf").is_err());
-        assert_eq!(cpu_model("kvm", "x86_64"), "host");
-        assert_eq!(cpu_model("kvm", "aarch64"), "host");
-        assert_eq!(cpu_model("tcg", "x86_64"), "max");
-        assert_eq!(cpu_model("tcg", "aarch64"), "max,pauth-impdef=on");
+        assert_eq!(cpu_model(Accel::Kvm, "x86_64"), "host");
+        assert_eq!(cpu_model(Accel::Kvm, "aarch64"), "host");
+        assert_eq!(cpu_model(Accel::Tcg, "x86_64"), "max");
+        assert_eq!(cpu_model(Accel::Tcg, "aarch64"), "max,pauth-impdef=on");
     }
 
     #[test]
@@ -312,7 +323,7 @@ mod tests {
         let from72 = Saved {
             arch: "x86_64",
             machine: "pc-q35-7.2",
-            accel: "tcg",
+            accel: Accel::Tcg,
             qemu_version: "7.2.22",
         };
         assert_eq!(can_restore(&from72, &x86_tcg(), &qemu72()), Ok(()));
@@ -328,7 +339,7 @@ mod tests {
             "{e}"
         );
         let kvm = Saved {
-            accel: "kvm",
+            accel: Accel::Kvm,
             ..from72.clone()
         };
         assert_eq!(can_restore(&kvm, &x86_kvm(), &qemu72()), Ok(()));

@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use super::forwards::Forward;
+use crate::state::config::{Disk, MemoryFile, SeedBus, Uefi, VmConfig};
 
 /// Escapes a value for QEMU's option syntax (`key=value,key=value`): commas are doubled, so a
 /// file named `data,readonly=on.qcow2` stays one value.
@@ -32,104 +32,6 @@ pub fn split_opts(s: &str) -> Vec<String> {
         }
     }
     out
-}
-
-/// Everything `launch_vm` decided, ready to become an argv. Kept in the VM's record (`spec`),
-/// so that a fork or a resume starts a QEMU with exactly the same devices.
-#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
-#[serde(default)]
-pub struct LaunchSpec {
-    /// VM name.
-    pub name: String,
-    /// QEMU binary.
-    pub binary: String,
-    /// Machine type.
-    pub machine: String,
-    /// "kvm" or "tcg".
-    pub accel: String,
-    /// The CPU model (None: QEMU's default, as templates from before it was recorded had).
-    pub cpu: Option<String>,
-    /// Architecture.
-    pub arch: String,
-    /// RAM in MiB.
-    pub memory_mb: u64,
-    /// vCPUs.
-    pub cpus: u64,
-    /// Disks with their probed formats.
-    pub disks: Vec<(PathBuf, String)>,
-    /// Installer ISO.
-    pub iso: Option<PathBuf>,
-    /// UEFI code and the VM's own variable store, with their format (`raw`, `qcow2`).
-    pub uefi: Option<(PathBuf, PathBuf, String)>,
-    /// Networking off.
-    pub no_net: bool,
-    /// Block guest-initiated traffic (slirp restrict=on).
-    pub restrict_net: bool,
-    /// Resolved port forwards.
-    pub forwards: Vec<Forward>,
-    /// The network is an empty namespace of the VM's egress proxy (allow_network rules): no
-    /// slirp restriction (nothing outside is reachable), forwards listen on its loopback and
-    /// the proxy listens on the host for them.
-    pub jailed_net: bool,
-    /// Direct kernel boot.
-    pub kernel: Option<PathBuf>,
-    /// Initial ramdisk.
-    pub initrd: Option<PathBuf>,
-    /// Kernel command line.
-    pub append: Option<String>,
-    /// QMP socket.
-    pub qmp_socket: PathBuf,
-    /// Guest-agent socket.
-    pub qga_socket: PathBuf,
-    /// Serial console socket.
-    pub serial_socket: PathBuf,
-    /// Serial console log.
-    pub serial_log: PathBuf,
-    /// Pidfile.
-    pub pidfile: PathBuf,
-    /// Operator-supplied extra arguments (already checked).
-    pub extra_args: Vec<String>,
-    /// A cloud-init NoCloud seed attached read-only as a CD-ROM.
-    pub seed: Option<PathBuf>,
-    /// Where the seed goes (templates made before the seed moved to virtio keep theirs).
-    pub seed_bus: SeedBus,
-    /// Guest RAM in this file (templates and their clones), shared (`share=on`: writes go to
-    /// the file, as a template's do) or private (a clone's copy-on-write view of it).
-    pub memory_file: Option<(PathBuf, bool)>,
-    /// Allocate that shared file's pages at start (`prealloc=on`): the receiver of a copy, whose
-    /// memory is in /dev/shm, then takes the stream 4x faster (a page fault per page was most
-    /// of the time a stopped guest waits for).
-    pub memory_prealloc: bool,
-    /// The id of that memory's backend, which names its RAM block in a migration stream: the
-    /// machine's own (`pc.ram`) for a copy of a VM that booted without a memory file, None for
-    /// `mcq-ram` (templates and their clones).
-    pub memory_id: Option<String>,
-    /// A vmgenid device with this GUID (`auto` for a fresh one per clone).
-    pub vmgenid: Option<String>,
-    /// mcqemu's own data channel: a virtio-serial port named [`DATA_PORT`] on a socket beside
-    /// the agent's ([`data_socket`]) that guest copies stream over. Kept in the spec so that a
-    /// fork, a resume or a clone has the same devices as the VM it came from (VMs and templates
-    /// made before the channel have none).
-    pub data_channel: bool,
-    /// Start waiting for a migration stream (`-incoming defer`) instead of booting.
-    pub incoming: bool,
-    /// Stay stopped after the incoming state is loaded (`-S`): the QEMU that receives a
-    /// running guest's memory for a fork or a suspend never runs it.
-    pub start_paused: bool,
-}
-
-/// The device a NoCloud seed is attached as.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum SeedBus {
-    /// A CD-ROM on a virtio-scsi controller, as Lima attaches it: every cloud kernel has
-    /// virtio (Debian's cloud flavour has no AHCI, so q35's default CD-ROM is invisible to it),
-    /// and the `virt` boards of other architectures have no IDE or AHCI at all.
-    #[default]
-    VirtioScsi,
-    /// The machine's default CD-ROM interface (AHCI on q35, IDE on pc): what templates saved
-    /// before the seed moved to virtio were made with, kept so their saved state still loads.
-    Cdrom,
 }
 
 /// The name the guest sees the data channel's port by (`/sys/class/virtio-ports/*/name`).
@@ -160,7 +62,7 @@ pub const SECCOMP_POLICY: &str =
 pub const MEMORY_ID: &str = "mcq-ram";
 
 /// Builds QEMU's argv (without the binary) for a spec.
-pub fn build_argv(s: &LaunchSpec) -> Vec<String> {
+pub fn build_argv(s: &VmConfig) -> Vec<String> {
     let mut a: Vec<String> = Vec::new();
     machine_args(s, &mut a);
     channel_args(s, &mut a);
@@ -174,23 +76,23 @@ pub fn build_argv(s: &LaunchSpec) -> Vec<String> {
 }
 
 /// The VM's name, sandbox, machine (with its memory file), accelerator, CPU, memory and CPUs.
-fn machine_args(s: &LaunchSpec, a: &mut Vec<String>) {
+fn machine_args(s: &VmConfig, a: &mut Vec<String>) {
     let mut push = |parts: &[&str]| a.extend(parts.iter().map(|x| x.to_string()));
     push(&[
         "-name",
         &format!("guest={},process=mcqemu-{}", qopt(&s.name), qopt(&s.name)),
     ]);
     push(&["-sandbox", SECCOMP_POLICY]);
-    let id = qopt(s.memory_id.as_deref().unwrap_or(MEMORY_ID));
-    match &s.memory_file {
-        Some((file, shared)) => {
+    let id = qopt(s.compute.memory_id.as_deref().unwrap_or(MEMORY_ID));
+    match &s.compute.memory_file {
+        Some(MemoryFile { path: file, shared }) => {
             push(&[
                 "-object",
                 &format!(
                     "memory-backend-file,id={id},size={}M,mem-path={},share={}",
-                    s.memory_mb,
+                    s.compute.memory_mb,
                     p(file),
-                    match (*shared, s.memory_prealloc) {
+                    match (*shared, s.compute.memory_prealloc) {
                         (true, true) => "on,prealloc=on",
                         (true, false) => "on",
                         (false, _) => "off",
@@ -199,23 +101,33 @@ fn machine_args(s: &LaunchSpec, a: &mut Vec<String>) {
             ]);
             push(&[
                 "-machine",
-                &format!("{},memory-backend={id}", qopt(&s.machine)),
+                &format!("{},memory-backend={id}", qopt(&s.machine.kind)),
             ]);
         }
-        None => push(&["-machine", &qopt(&s.machine)]),
+        None => push(&["-machine", &qopt(&s.machine.kind)]),
     }
-    push(&["-accel", &s.accel]);
-    if let Some(cpu) = &s.cpu {
+    push(&["-accel", s.machine.accel.name()]);
+    if let Some(cpu) = &s.machine.cpu {
         push(&["-cpu", &qopt(cpu)]);
     }
-    push(&["-m", &s.memory_mb.to_string(), "-smp", &s.cpus.to_string()]);
+    push(&[
+        "-m",
+        &s.compute.memory_mb.to_string(),
+        "-smp",
+        &s.compute.cpus.to_string(),
+    ]);
 }
 
 /// No display; the pidfile, the silent audio backend and the host channels: QMP, the guest
 /// agent's virtio-serial port, the serial console (logged), the tablet.
-fn channel_args(s: &LaunchSpec, a: &mut Vec<String>) {
+fn channel_args(s: &VmConfig, a: &mut Vec<String>) {
     let mut push = |parts: &[&str]| a.extend(parts.iter().map(|x| x.to_string()));
-    push(&["-display", "none", "-pidfile", &s.pidfile.to_string_lossy()]);
+    push(&[
+        "-display",
+        "none",
+        "-pidfile",
+        &s.channels.pidfile.to_string_lossy(),
+    ]);
     // A silent audio backend of our own: without one, QEMU probes the audio drivers at start
     // (10.0 loads its PulseAudio, ALSA, JACK, OSS, SDL and Spice modules, 67 more libraries):
     // 14 ms of a QEMU 10 start (45.6 -> 31.9 ms), 5 ms of 7.2's. No guest device changes, so
@@ -223,13 +135,13 @@ fn channel_args(s: &LaunchSpec, a: &mut Vec<String>) {
     push(&["-audiodev", "none,id=mcq-audio"]);
     push(&[
         "-qmp",
-        &format!("unix:{},server=on,wait=off", p(&s.qmp_socket)),
+        &format!("unix:{},server=on,wait=off", p(&s.channels.qmp_socket)),
     ]);
     push(&[
         "-chardev",
         &format!(
             "socket,id=mcq-qga,path={},server=on,wait=off",
-            p(&s.qga_socket)
+            p(&s.channels.qga_socket)
         ),
     ]);
     push(&["-device", "virtio-serial-pci,id=mcq-vser"]);
@@ -237,12 +149,12 @@ fn channel_args(s: &LaunchSpec, a: &mut Vec<String>) {
         "-device",
         "virtserialport,bus=mcq-vser.0,chardev=mcq-qga,name=org.qemu.guest_agent.0",
     ]);
-    if s.data_channel {
+    if s.channels.data_channel {
         push(&[
             "-chardev",
             &format!(
                 "socket,id=mcq-data,path={},server=on,wait=off",
-                p(&data_socket(&s.qga_socket))
+                p(&data_socket(&s.channels.qga_socket))
             ),
         ]);
         push(&[
@@ -254,8 +166,8 @@ fn channel_args(s: &LaunchSpec, a: &mut Vec<String>) {
         "-chardev",
         &format!(
             "socket,id=mcq-serial,path={},server=on,wait=off,logfile={},logappend=on",
-            p(&s.serial_socket),
-            p(&s.serial_log)
+            p(&s.channels.serial_socket),
+            p(&s.channels.serial_log)
         ),
     ]);
     push(&["-serial", "chardev:mcq-serial"]);
@@ -263,9 +175,9 @@ fn channel_args(s: &LaunchSpec, a: &mut Vec<String>) {
 }
 
 /// The virt boards' GPU and keyboard (the PC machines have VGA and PS/2 of their own).
-fn display_args(s: &LaunchSpec, a: &mut Vec<String>) {
+fn display_args(s: &VmConfig, a: &mut Vec<String>) {
     let mut push = |parts: &[&str]| a.extend(parts.iter().map(|x| x.to_string()));
-    let pc = x86(&s.arch);
+    let pc = x86(&s.machine.arch);
     if !pc {
         // The virt boards have no VGA and no PS/2: a GPU that edk2 and Linux both draw on (so
         // vm_screenshot works), and a virtio keyboard. (QEMU's USB keyboard was measured to
@@ -276,9 +188,9 @@ fn display_args(s: &LaunchSpec, a: &mut Vec<String>) {
 }
 
 /// The UEFI flash pair and the virtio disks.
-fn disk_args(s: &LaunchSpec, a: &mut Vec<String>) {
+fn disk_args(s: &VmConfig, a: &mut Vec<String>) {
     let mut push = |parts: &[&str]| a.extend(parts.iter().map(|x| x.to_string()));
-    if let Some((code, vars, format)) = &s.uefi {
+    if let Some(Uefi { code, vars, format }) = &s.boot.uefi {
         let format = qopt(format);
         push(&[
             "-drive",
@@ -292,7 +204,14 @@ fn disk_args(s: &LaunchSpec, a: &mut Vec<String>) {
             &format!("if=pflash,format={format},unit=1,file={}", p(vars)),
         ]);
     }
-    for (i, (disk, fmt)) in s.disks.iter().enumerate() {
+    for (
+        i,
+        Disk {
+            path: disk,
+            format: fmt,
+        },
+    ) in s.disks.iter().enumerate()
+    {
         push(&[
             "-drive",
             &format!(
@@ -305,17 +224,17 @@ fn disk_args(s: &LaunchSpec, a: &mut Vec<String>) {
 }
 
 /// The install ISO and the cloud-init seed, with the virtio-scsi controller either needs.
-fn cdrom_args(s: &LaunchSpec, a: &mut Vec<String>) {
+fn cdrom_args(s: &VmConfig, a: &mut Vec<String>) {
     let mut push = |parts: &[&str]| a.extend(parts.iter().map(|x| x.to_string()));
-    let pc = x86(&s.arch);
+    let pc = x86(&s.machine.arch);
     // Installers on a PC expect the machine's own CD-ROM; the virt boards have none, so theirs
     // goes on virtio-scsi like the seed, first in the firmware's boot order.
-    let scsi_iso = s.iso.is_some() && !pc;
-    let scsi_seed = s.seed.is_some() && s.seed_bus == SeedBus::VirtioScsi;
+    let scsi_iso = s.boot.iso.is_some() && !pc;
+    let scsi_seed = s.devices.seed.is_some() && s.devices.seed_bus == SeedBus::VirtioScsi;
     if scsi_iso || scsi_seed {
         push(&["-device", "virtio-scsi-pci,id=mcq-scsi"]);
     }
-    if let Some(iso) = &s.iso {
+    if let Some(iso) = &s.boot.iso {
         if pc {
             push(&[
                 "-drive",
@@ -337,8 +256,8 @@ fn cdrom_args(s: &LaunchSpec, a: &mut Vec<String>) {
             ]);
         }
     }
-    if let Some(seed) = &s.seed {
-        match s.seed_bus {
+    if let Some(seed) = &s.devices.seed {
+        match s.devices.seed_bus {
             SeedBus::VirtioScsi => push(&[
                 "-drive",
                 &format!(
@@ -360,15 +279,15 @@ fn cdrom_args(s: &LaunchSpec, a: &mut Vec<String>) {
 }
 
 /// User-mode networking with its port forwards, or no network card at all.
-fn net_args(s: &LaunchSpec, a: &mut Vec<String>) {
+fn net_args(s: &VmConfig, a: &mut Vec<String>) {
     let mut push = |parts: &[&str]| a.extend(parts.iter().map(|x| x.to_string()));
-    if !s.no_net {
+    if !s.network.no_net {
         let mut netdev = String::from("user,id=mcq-net0");
-        if s.restrict_net && !s.jailed_net {
+        if s.network.restrict_net && !s.network.jailed_net {
             netdev.push_str(",restrict=on");
         }
-        for f in &s.forwards {
-            let addr = if s.jailed_net {
+        for f in &s.network.forwards {
+            let addr = if s.network.jailed_net {
                 std::net::Ipv4Addr::LOCALHOST
             } else {
                 f.addr
@@ -388,29 +307,29 @@ fn net_args(s: &LaunchSpec, a: &mut Vec<String>) {
 
 /// Direct kernel boot, the VM generation ID (PC machines only, ACPI) and a deferred incoming
 /// migration.
-fn boot_args(s: &LaunchSpec, a: &mut Vec<String>) {
+fn boot_args(s: &VmConfig, a: &mut Vec<String>) {
     let mut push = |parts: &[&str]| a.extend(parts.iter().map(|x| x.to_string()));
-    let pc = x86(&s.arch);
-    if let Some(k) = &s.kernel {
+    let pc = x86(&s.machine.arch);
+    if let Some(k) = &s.boot.kernel {
         push(&["-kernel", &k.to_string_lossy()]);
     }
-    if let Some(i) = &s.initrd {
+    if let Some(i) = &s.boot.initrd {
         push(&["-initrd", &i.to_string_lossy()]);
     }
-    if let Some(ap) = &s.append {
+    if let Some(ap) = &s.boot.append {
         push(&["-append", ap]);
     }
     // A VM generation ID device exists on the PC machines only (ACPI).
-    if let Some(guid) = s.vmgenid.as_ref().filter(|_| pc) {
+    if let Some(guid) = s.devices.vmgenid.as_ref().filter(|_| pc) {
         push(&[
             "-device",
             &format!("vmgenid,id=mcq-vmgenid,guid={}", qopt(guid)),
         ]);
     }
-    if s.start_paused {
+    if s.start.start_paused {
         push(&["-S"]);
     }
-    if s.incoming {
+    if s.start.incoming {
         push(&["-incoming", "defer"]);
     }
 }
@@ -418,6 +337,21 @@ fn boot_args(s: &LaunchSpec, a: &mut Vec<String>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state::config::Accel;
+
+    /// A TCG guest of `arch` on `machine`, 128 MiB, one vCPU.
+    fn config(name: &str, machine: &str, arch: &str) -> VmConfig {
+        let mut c = VmConfig {
+            name: name.into(),
+            ..Default::default()
+        };
+        c.machine.kind = machine.into();
+        c.machine.arch = arch.into();
+        c.machine.accel = Accel::Tcg;
+        c.compute.memory_mb = 128;
+        c.compute.cpus = 1;
+        c
+    }
 
     #[test]
     fn escaped_value_splits_back_to_itself() {
@@ -429,16 +363,8 @@ mod tests {
 
     #[test]
     fn argv_keeps_commas_inside_one_value() {
-        let spec = LaunchSpec {
-            name: "vm".into(),
-            machine: "q35".into(),
-            accel: "tcg".into(),
-            arch: "x86_64".into(),
-            memory_mb: 128,
-            cpus: 1,
-            disks: vec![(PathBuf::from("/d/data,readonly=on.qcow2"), "qcow2".into())],
-            ..Default::default()
-        };
+        let mut spec = config("vm", "q35", "x86_64");
+        spec.disks = vec![Disk::new("/d/data,readonly=on.qcow2", "qcow2")];
         let argv = build_argv(&spec);
         let drive = argv.iter().find(|a| a.starts_with("file=/d/")).unwrap();
         let parts = split_opts(drive);
@@ -448,15 +374,10 @@ mod tests {
 
     #[test]
     fn the_data_channel_is_a_port_beside_the_agents_only_when_the_spec_has_it() {
-        let mut spec = LaunchSpec {
-            name: "vm".into(),
-            machine: "q35".into(),
-            arch: "x86_64".into(),
-            qga_socket: PathBuf::from("/run/mcq/vm/qga.sock"),
-            ..Default::default()
-        };
+        let mut spec = config("vm", "q35", "x86_64");
+        spec.channels.qga_socket = PathBuf::from("/run/mcq/vm/qga.sock");
         assert!(!build_argv(&spec).iter().any(|a| a.contains("mcq-data")));
-        spec.data_channel = true;
+        spec.channels.data_channel = true;
         let argv = build_argv(&spec);
         assert!(argv
             .iter()
@@ -468,17 +389,9 @@ mod tests {
 
     #[test]
     fn virt_boards_get_a_gpu_a_virtio_keyboard_and_their_cdroms_on_virtio_scsi() {
-        let spec = LaunchSpec {
-            name: "arm".into(),
-            machine: "virt".into(),
-            accel: "tcg".into(),
-            arch: "aarch64".into(),
-            memory_mb: 128,
-            cpus: 1,
-            iso: Some(PathBuf::from("/i/installer.iso")),
-            seed: Some(PathBuf::from("/s/seed.iso")),
-            ..Default::default()
-        };
+        let mut spec = config("arm", "virt", "aarch64");
+        spec.boot.iso = Some(PathBuf::from("/i/installer.iso"));
+        spec.devices.seed = Some(PathBuf::from("/s/seed.iso"));
         let argv = build_argv(&spec).join(" ");
         assert!(
             argv.contains("virtio-gpu-pci") && argv.contains("virtio-keyboard-pci"),
@@ -487,11 +400,9 @@ mod tests {
         assert_eq!(argv.matches("virtio-scsi-pci").count(), 1, "{argv}");
         assert!(argv.contains("scsi-cd,bus=mcq-scsi.0,drive=mcq-cdrom,id=mcq-cdrom-cd,bootindex=0"));
         assert!(!argv.contains("-boot order"), "{argv}");
-        let pc = LaunchSpec {
-            arch: "x86_64".into(),
-            machine: "q35".into(),
-            ..spec
-        };
+        let mut pc = spec;
+        pc.machine.arch = "x86_64".into();
+        pc.machine.kind = "q35".into();
         let argv = build_argv(&pc).join(" ");
         assert!(
             !argv.contains("virtio-gpu-pci") && !argv.contains("virtio-keyboard"),
@@ -505,16 +416,8 @@ mod tests {
 
     #[test]
     fn seed_goes_on_virtio_scsi_unless_a_template_kept_the_cdrom() {
-        let mut spec = LaunchSpec {
-            name: "vm".into(),
-            machine: "q35".into(),
-            accel: "tcg".into(),
-            arch: "x86_64".into(),
-            memory_mb: 128,
-            cpus: 1,
-            seed: Some(PathBuf::from("/s/seed.iso")),
-            ..Default::default()
-        };
+        let mut spec = config("vm", "q35", "x86_64");
+        spec.devices.seed = Some(PathBuf::from("/s/seed.iso"));
         let argv = build_argv(&spec).join(" ");
         assert!(
             argv.contains("-device virtio-scsi-pci,id=mcq-scsi"),
@@ -525,29 +428,25 @@ mod tests {
             argv.contains("scsi-cd,bus=mcq-scsi.0,drive=mcq-seed"),
             "{argv}"
         );
-        spec.seed_bus = SeedBus::Cdrom;
+        spec.devices.seed_bus = SeedBus::Cdrom;
         let argv = build_argv(&spec).join(" ");
         assert!(!argv.contains("virtio-scsi"), "{argv}");
         assert!(argv.contains("file=/s/seed.iso,format=raw,media=cdrom,readonly=on,id=mcq-seed"));
     }
 
     /// What a fork's receiver and copies need: their memory backend under the parent's RAM
-    /// id, `-S`, and a spec that survives the record as JSON.
+    /// id, `-S`, and a config that survives the record as JSON.
     #[test]
     fn a_copy_maps_its_memory_under_the_parents_ram_id_and_the_spec_round_trips() {
-        let spec = LaunchSpec {
-            name: "copy".into(),
-            machine: "pc-q35-7.2".into(),
-            accel: "tcg".into(),
-            arch: "x86_64".into(),
-            memory_mb: 256,
-            cpus: 1,
-            memory_file: Some((PathBuf::from("/f/ram"), false)),
-            memory_id: Some("pc.ram".into()),
-            incoming: true,
-            start_paused: true,
-            ..Default::default()
-        };
+        let mut spec = config("copy", "pc-q35-7.2", "x86_64");
+        spec.compute.memory_mb = 256;
+        spec.compute.memory_file = Some(MemoryFile {
+            path: "/f/ram".into(),
+            shared: false,
+        });
+        spec.compute.memory_id = Some("pc.ram".into());
+        spec.start.incoming = true;
+        spec.start.start_paused = true;
         let argv = build_argv(&spec).join(" ");
         assert!(
             argv.contains("memory-backend-file,id=pc.ram,size=256M,mem-path=/f/ram,share=off"),
@@ -555,53 +454,43 @@ mod tests {
         );
         assert!(argv.contains("pc-q35-7.2,memory-backend=pc.ram"), "{argv}");
         assert!(argv.contains(" -S -incoming defer"), "{argv}");
-        let back: LaunchSpec =
-            serde_json::from_value(serde_json::to_value(&spec).unwrap()).unwrap();
+        let back: VmConfig = serde_json::from_value(serde_json::to_value(&spec).unwrap()).unwrap();
         assert_eq!(build_argv(&back), build_argv(&spec));
-        let template = LaunchSpec {
-            memory_id: None,
-            start_paused: false,
-            ..spec
-        };
+        let mut template = spec;
+        template.compute.memory_id = None;
+        template.start.start_paused = false;
         let argv = build_argv(&template).join(" ");
         assert!(
             argv.contains("id=mcq-ram,") && !argv.contains(" -S "),
             "{argv}"
         );
-        let old: LaunchSpec = serde_json::from_value(serde_json::json!({"name": "old"})).unwrap();
-        assert_eq!(old.memory_id, None);
-        assert!(!old.memory_prealloc);
     }
 
     /// Only a shared memory file is allocated up front (a receiver's in /dev/shm); a private
     /// mapping of a frozen state never is.
     #[test]
     fn only_a_shared_memory_file_is_preallocated() {
-        let receiver = LaunchSpec {
-            name: "r".into(),
-            machine: "pc".into(),
-            accel: "tcg".into(),
-            arch: "x86_64".into(),
-            memory_mb: 256,
-            memory_file: Some((PathBuf::from("/dev/shm/r.ram"), true)),
-            memory_prealloc: true,
-            ..Default::default()
-        };
+        let mut receiver = config("r", "pc", "x86_64");
+        receiver.compute.memory_mb = 256;
+        receiver.compute.memory_file = Some(MemoryFile {
+            path: "/dev/shm/r.ram".into(),
+            shared: true,
+        });
+        receiver.compute.memory_prealloc = true;
         let argv = build_argv(&receiver).join(" ");
         assert!(
             argv.contains("mem-path=/dev/shm/r.ram,share=on,prealloc=on"),
             "{argv}"
         );
-        let copy = LaunchSpec {
-            memory_file: Some((PathBuf::from("/f/ram"), false)),
-            ..receiver.clone()
-        };
+        let mut copy = receiver.clone();
+        copy.compute.memory_file = Some(MemoryFile {
+            path: "/f/ram".into(),
+            shared: false,
+        });
         let argv = build_argv(&copy).join(" ");
         assert!(!argv.contains("prealloc"), "{argv}");
-        let on_disk = LaunchSpec {
-            memory_prealloc: false,
-            ..receiver
-        };
+        let mut on_disk = receiver;
+        on_disk.compute.memory_prealloc = false;
         let argv = build_argv(&on_disk).join(" ");
         assert!(
             argv.contains("share=on ") || argv.ends_with("share=on"),

@@ -14,41 +14,7 @@ pub struct PortSpec {
     pub guest: u16,
 }
 
-/// A resolved forward, as stored and reported.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Forward {
-    /// Host address.
-    pub addr: Ipv4Addr,
-    /// Host port.
-    pub host: u16,
-    /// Guest port.
-    pub guest: u16,
-    /// True when the host port was chosen by mcqemu.
-    pub auto: bool,
-}
-
-impl Forward {
-    /// The forward as a VM's record keeps it.
-    pub fn to_record(&self) -> crate::state::record::Forward {
-        crate::state::record::Forward {
-            addr: Some(self.addr.to_string()),
-            host: Some(self.host),
-            guest: Some(self.guest),
-            auto: Some(self.auto),
-            other: serde_json::Map::new(),
-        }
-    }
-
-    /// A recorded forward, when it is whole (an address, both ports).
-    pub fn from_record(f: &crate::state::record::Forward) -> Option<Forward> {
-        Some(Forward {
-            addr: f.addr.as_deref()?.parse().ok()?,
-            host: f.host?,
-            guest: f.guest?,
-            auto: f.auto.unwrap_or(false),
-        })
-    }
-}
+pub use crate::state::config::Forward;
 
 /// Why port forwards could not be set up.
 #[derive(Debug)]

@@ -253,7 +253,7 @@ pub fn classify(rec: &Record, e: &QmpError, budget: Duration) -> Measured {
 pub fn images_in_use() -> Vec<(String, PathBuf)> {
     let mut out = Vec::new();
     for (name, rec) in crate::state::registry::shared().load() {
-        let mut paths: Vec<PathBuf> = rec.disks.iter().flatten().map(PathBuf::from).collect();
+        let mut paths = rec.disk_paths();
         if let Some(b) = rec.sandbox.as_ref().and_then(|s| s.base_image.as_ref()) {
             paths.push(PathBuf::from(b));
         }

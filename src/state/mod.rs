@@ -1,6 +1,7 @@
 //! Where things live on disk: user paths, the state and runtime folders, the VM registry.
 
 pub mod beneath;
+pub mod config;
 pub mod copy;
 pub mod extract;
 pub mod lockfile;

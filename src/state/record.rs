@@ -12,6 +12,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Value};
 
+use super::config::VmConfig;
+
 /// Declares a record struct whose fields are all optional and typed, with `other` for the rest,
 /// and its lenient conversions from and to a JSON object (serde goes through them).
 macro_rules! lenient {
@@ -100,9 +102,11 @@ lenient! {
         memory_mb: u64,
         /// vCPUs.
         cpus: u64,
-        /// Disk image paths.
+        /// Disk image paths, in records written before the launch config (`spec`) held them
+        /// (the Python mcqemu's, older mcqemu's); read, never written: [`Record::disks`].
         disks: Vec<String>,
-        /// Each disk's format, probed once when first seen and pinned from then on.
+        /// Each disk's pinned format, in records from before `spec` held it: read, never
+        /// written ([`Record::disk_format`]).
         disk_formats: BTreeMap<String, String>,
         /// A CD-ROM image.
         iso: String,
@@ -138,9 +142,9 @@ lenient! {
         qemu_version: String,
         /// When it was registered (ISO 8601).
         created_at: String,
-        /// The whole launch spec (qemu's `LaunchSpec`): forks' copies and resumes start the
-        /// same devices from it.
-        spec: Value,
+        /// The launch configuration, typed and stored once: forks' copies, resumes and clones
+        /// start the same devices from it.
+        spec: VmConfig,
         /// A launch in progress: whose, since when.
         launching: Launching,
         /// What a sandbox was made from.
@@ -318,6 +322,25 @@ impl Record {
         let mut m = self.to_map();
         m.extend(over.to_map());
         Record::from_map(m)
+    }
+
+    /// The VM's disk images: from its launch config, else (a record written before the config
+    /// held them) from `disks`.
+    pub fn disk_paths(&self) -> Vec<std::path::PathBuf> {
+        match &self.spec {
+            Some(c) => c.disks.iter().map(|d| d.path.clone()).collect(),
+            None => self.disks.iter().flatten().map(Into::into).collect(),
+        }
+    }
+
+    /// The format pinned for the disk at `path`: from its launch config, else from an older
+    /// record's `disk_formats`.
+    pub fn disk_format(&self, path: &str) -> Option<String> {
+        let pinned = self.spec.iter().flat_map(|c| &c.disks);
+        if let Some(d) = pinned.into_iter().find(|d| d.path.as_os_str() == path) {
+            return Some(d.format.clone());
+        }
+        self.disk_formats.as_ref()?.get(path).cloned()
     }
 }
 

@@ -13,9 +13,10 @@ use crate::ops::error::OpError;
 use crate::ops::sandbox::scratch::Scratch;
 use crate::ops::session;
 use crate::ops::work::Work;
-use crate::qemu::cmdline::{build_argv, LaunchSpec, MEMORY_ID};
+use crate::qemu::cmdline::{build_argv, MEMORY_ID};
 use crate::qemu::qmp::{Qmp, QmpError};
 use crate::qemu::{blockdev, img, live_migrate, migrate, process, qcow2, vm};
+use crate::state::config::{Disk, MemoryFile, Uefi, VmConfig};
 use crate::state::registry::Record;
 
 /// The whole capture's bound (a 2 GiB guest under TCG copies in a few seconds).
@@ -37,7 +38,7 @@ pub struct Plan<'a> {
     /// Its record.
     pub rec: &'a Record,
     /// The spec its QEMU runs.
-    pub spec: &'a LaunchSpec,
+    pub spec: &'a VmConfig,
     /// The folder (made by the caller) that receives `ram`, `state` and, for a fork,
     /// `disk.qcow2` and `uefi-vars.fd`.
     pub dest: &'a Path,
@@ -85,7 +86,7 @@ pub struct Captured {
 /// The files of a capture's disks: each disk's overlay for the receiver and, for a fork, the
 /// frozen name of the first disk and the overlay the VM moves to.
 struct Disks {
-    receiver: Vec<(PathBuf, String)>,
+    receiver: Vec<Disk>,
     frozen: Option<PathBuf>,
     next: Option<PathBuf>,
     /// Set once the VM writes to `next`: its files are then kept whatever happens.
@@ -159,7 +160,7 @@ pub fn capture(ctx: &dyn Work, plan: &Plan) -> Result<Captured, OpError> {
         copy,
         vmgenid,
     } = look(plan)?;
-    let scratch = Scratch::new(plan.dest, plan.spec.memory_mb)?;
+    let scratch = Scratch::new(plan.dest, plan.spec.compute.memory_mb)?;
     let mut recv = Receiver::new(plan.name)?;
     let disks = prepare_disks(plan, &recv.dir)?;
     let copied =
@@ -238,13 +239,13 @@ fn look(plan: &Plan) -> Result<Look, OpError> {
             .into());
         }
         let running = q.query_status()?.running;
-        let memory_id = match (&spec.memory_id, &spec.memory_file) {
+        let memory_id = match (&spec.compute.memory_id, &spec.compute.memory_file) {
             (Some(id), _) => id.clone(),
             (None, Some(_)) => MEMORY_ID.to_string(),
-            (None, None) => default_ram_id(q, &spec.machine)?,
+            (None, None) => default_ram_id(q, &spec.machine.kind)?,
         };
         let (version, kvm) = live_migrate::engine(q)?;
-        let vmgenid = match &spec.vmgenid {
+        let vmgenid = match &spec.devices.vmgenid {
             Some(_) => q.vm_generation_id()?.filter(|g| is_guid(g)),
             None => None,
         };
@@ -291,7 +292,7 @@ fn prepare_disks(plan: &Plan, dir: &Path) -> Result<Disks, OpError> {
         switched: std::cell::Cell::new(false),
     };
     let result = (|| {
-        for (i, (path, format)) in plan.spec.disks.iter().enumerate() {
+        for (i, Disk { path, format }) in plan.spec.disks.iter().enumerate() {
             let size = disk_size(path, format)?;
             let mut backing = path.clone();
             if let (0, Some(Move { overlay: next, .. })) = (i, &plan.next_overlay) {
@@ -311,7 +312,7 @@ fn prepare_disks(plan: &Plan, dir: &Path) -> Result<Disks, OpError> {
             let own = dir.join(format!("disk{i}.qcow2"));
             let _ = std::fs::remove_file(&own);
             img::create_overlay_unopened(&own, &backing, format, size)?;
-            disks.receiver.push((own, "qcow2".into()));
+            disks.receiver.push(Disk::new(own, "qcow2"));
         }
         Ok(())
     })();
@@ -342,8 +343,8 @@ impl Disks {
     /// Removes what [`prepare_disks`] made (the frozen disk and the new overlay only when the
     /// VM has not moved onto them).
     fn undo(&self) {
-        for (p, _) in &self.receiver {
-            let _ = std::fs::remove_file(p);
+        for d in &self.receiver {
+            let _ = std::fs::remove_file(&d.path);
         }
         if self.switched.get() {
             return;
@@ -367,40 +368,43 @@ fn start_receiver(
     let dir = &recv.dir;
     let mut r = plan.spec.clone();
     r.name = format!("{}-capture", plan.name);
-    r.qmp_socket = recv.qmp.clone();
-    r.qga_socket = dir.join("qga.sock");
-    r.serial_socket = dir.join("serial.sock");
-    r.serial_log = dir.join("serial.log");
-    r.pidfile = dir.join("qemu.pid");
+    r.channels.qmp_socket = recv.qmp.clone();
+    r.channels.qga_socket = dir.join("qga.sock");
+    r.channels.serial_socket = dir.join("serial.sock");
+    r.channels.serial_log = dir.join("serial.log");
+    r.channels.pidfile = dir.join("qemu.pid");
     r.disks = disks.receiver.clone();
-    r.forwards = Vec::new();
+    r.network.forwards = Vec::new();
     // A VM with allow_network rules runs in its proxy's empty network; the receiver, which
     // runs in the host's, gets a restricted one (it never runs the guest either).
-    if r.jailed_net {
-        r.jailed_net = false;
-        r.restrict_net = true;
+    if r.network.jailed_net {
+        r.network.jailed_net = false;
+        r.network.restrict_net = true;
     }
     if vmgenid.is_some() {
-        r.vmgenid = vmgenid;
+        r.devices.vmgenid = vmgenid;
     }
-    r.memory_file = Some((scratch.path().to_path_buf(), true));
+    r.compute.memory_file = Some(MemoryFile {
+        path: scratch.path().to_path_buf(),
+        shared: true,
+    });
     // In /dev/shm the pages are allocated before the guest stops; a file on disk stays sparse.
-    r.memory_prealloc = scratch.in_memory();
-    r.memory_id = Some(memory_id.to_string());
-    r.incoming = true;
-    r.start_paused = true;
-    if let Some((code, vars, format)) = &plan.spec.uefi {
+    r.compute.memory_prealloc = scratch.in_memory();
+    r.compute.memory_id = Some(memory_id.to_string());
+    r.start.incoming = true;
+    r.start.start_paused = true;
+    if let Some(uefi) = &mut r.boot.uefi {
         let own = dir.join("uefi-vars.fd");
-        crate::state::copy::private(vars, &own)
-            .map_err(|e| OpError::new(format!("cannot copy {}: {e}", vars.display())))?;
-        r.uefi = Some((code.clone(), own, format.clone()));
+        crate::state::copy::private(&uefi.vars, &own)
+            .map_err(|e| OpError::new(format!("cannot copy {}: {e}", uefi.vars.display())))?;
+        uefi.vars = own;
     }
     let log = dir.join("qemu.log");
     let started = process::spawn_detached(
-        &r.binary,
+        &r.machine.binary,
         &build_argv(&r),
-        &r.pidfile,
-        &r.qmp_socket,
+        &r.channels.pidfile,
+        &r.channels.qmp_socket,
         &log,
         None,
     )
@@ -452,7 +456,7 @@ fn freeze(q: &mut Qmp, plan: &Plan, disks: &Disks) -> Result<(), QmpError> {
     };
     blockdev::snapshot_onto(q, &m.onto, next, &m.node)?;
     disks.switched.set(true);
-    if let Some((_, vars, _)) = &plan.spec.uefi {
+    if let Some(Uefi { vars, .. }) = &plan.spec.boot.uefi {
         crate::state::copy::private(vars, &plan.dest.join("uefi-vars.fd")).map_err(|e| {
             QmpError::Garbage(format!(
                 "cannot copy the UEFI variables {}: {e}",

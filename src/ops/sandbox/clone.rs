@@ -22,9 +22,11 @@ use crate::ops::session;
 use crate::ops::vm::launch::{self, LaunchRequest, Launched};
 use crate::ops::vm::records::lookup;
 use crate::ops::work::Work;
-use crate::qemu::cmdline::LaunchSpec;
 use crate::qemu::forwards::resolve_forwards;
 use crate::qemu::{migrate, vm};
+use crate::state::config::{
+    Boot, Channels, Compute, Devices, Disk, Machine, MemoryFile, Network, Start, Uefi, VmConfig,
+};
 use crate::state::record::{text, Record, Sandbox};
 
 /// How long loading the template state may take.
@@ -71,7 +73,7 @@ pub fn check(req: &SandboxRequest, template_name: &str) -> Result<Checked, OpErr
     let saved = decide::Saved {
         arch: &t.arch,
         machine: &t.machine,
-        accel: &t.accel,
+        accel: t.accel,
         qemu_version: &t.qemu_version,
     };
     decide::can_restore(&saved, host::get(), &qemu).map_err(|why| {
@@ -146,7 +148,7 @@ struct Made {
     sd: PathBuf,
     sd_created: bool,
     overlay: PathBuf,
-    uefi: Option<(PathBuf, PathBuf, String)>,
+    uefi: Option<Uefi>,
     overlay_ms: Duration,
 }
 
@@ -154,8 +156,8 @@ impl Made {
     /// Removes what this start made (a refused or failed clone leaves nothing behind).
     fn remove(&self) {
         let _ = std::fs::remove_file(&self.overlay);
-        if let Some((_, vars, _)) = &self.uefi {
-            let _ = std::fs::remove_file(vars);
+        if let Some(u) = &self.uefi {
+            let _ = std::fs::remove_file(&u.vars);
         }
         if self.sd_created {
             let _ = std::fs::remove_dir(&self.sd);
@@ -254,7 +256,7 @@ fn uefi_of(
     t: &template::Template,
     tdir: &Path,
     sd: &Path,
-) -> Result<Option<(PathBuf, PathBuf, String)>, OpError> {
+) -> Result<Option<Uefi>, OpError> {
     let ("uefi", Some(code)) = (&t.firmware[..], &t.uefi_code) else {
         return Ok(None);
     };
@@ -274,7 +276,7 @@ fn uefi_of(
         ))
     })?;
     let format = t.uefi_format.clone().unwrap_or_else(|| "raw".into());
-    Ok(Some((code, vars, format)))
+    Ok(Some(Uefi { code, vars, format }))
 }
 
 /// Launches the clone's QEMU waiting for its state (`-incoming defer`), its RAM the
@@ -300,33 +302,54 @@ fn launch_clone(
         None if t.no_net => Vec::new(),
         None => vec!["auto:22".to_string()],
     };
-    let spec = LaunchSpec {
+    let spec = VmConfig {
         name: name.to_string(),
-        binary: qemu.path.display().to_string(),
-        machine: t.machine.clone(),
-        accel: t.accel.clone(),
-        cpu: t.cpu.clone(),
-        arch: t.arch.clone(),
-        memory_mb: t.memory_mb,
-        cpus: t.cpus,
-        disks: vec![(made.overlay.clone(), "qcow2".into())],
-        no_net: t.no_net,
-        restrict_net: !req.allow_network,
-        jailed_net: !req.launch.egress.is_empty(),
-        forwards: resolve_forwards(&forwards)?,
-        kernel: t.kernel.as_ref().map(PathBuf::from),
-        initrd: t.initrd.as_ref().map(PathBuf::from),
-        append: t.append.clone(),
+        machine: Machine {
+            binary: qemu.path.display().to_string(),
+            kind: t.machine.clone(),
+            accel: t.accel,
+            cpu: t.cpu.clone(),
+            arch: t.arch.clone(),
+        },
+        compute: Compute {
+            cpus: t.cpus,
+            memory_mb: t.memory_mb,
+            memory_file: Some(MemoryFile {
+                path: template::ram_of(tdir),
+                shared: false,
+            }),
+            ..Compute::default()
+        },
+        disks: vec![Disk::new(made.overlay.clone(), "qcow2")],
+        boot: Boot {
+            uefi: made.uefi.clone(),
+            iso: None,
+            kernel: t.kernel.as_ref().map(PathBuf::from),
+            initrd: t.initrd.as_ref().map(PathBuf::from),
+            append: t.append.clone(),
+        },
+        network: Network {
+            no_net: t.no_net,
+            restrict_net: !req.allow_network,
+            forwards: resolve_forwards(&forwards)?,
+            jailed_net: !req.launch.egress.is_empty(),
+        },
+        channels: Channels {
+            data_channel: t.data_channel,
+            ..Channels::default()
+        },
+        devices: Devices {
+            // The template's own seed keeps the device set; a clone's cloud_init replaces it.
+            seed: t.seed.then(|| template::seed_of(tdir)),
+            seed_bus: t.seed_bus,
+            vmgenid: Some("auto".into()),
+        },
+        start: Start {
+            incoming: true,
+            start_paused: false,
+        },
         extra_args: t.extra_args.clone(),
-        // The template's own seed keeps the device set; a clone's cloud_init replaces it.
-        seed: t.seed.then(|| template::seed_of(tdir)),
-        seed_bus: t.seed_bus,
-        data_channel: t.data_channel,
-        uefi: made.uefi.clone(),
-        memory_file: Some((template::ram_of(tdir), false)),
-        vmgenid: Some("auto".into()),
-        incoming: true,
-        ..LaunchSpec::default()
+        other: serde_json::Map::new(),
     };
     let tdisk = template::disk_of(tdir);
     let mut extra = fields;

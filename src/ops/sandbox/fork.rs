@@ -8,7 +8,6 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use serde_json::{json, Value};
 
 use crate::ops::error::OpError;
 use crate::ops::guest::clock as guest_clock;
@@ -21,9 +20,10 @@ use crate::ops::vm::launch::{self, LaunchRequest, Launched};
 use crate::ops::vm::quota;
 use crate::ops::vm::records::{lookup, spec_of};
 use crate::ops::work::Work;
-use crate::qemu::cmdline::{x86, LaunchSpec};
+use crate::qemu::cmdline::x86;
 use crate::qemu::forwards::resolve_forwards;
 use crate::qemu::{blockdev, live_migrate, migrate, vm};
+use crate::state::config::{Disk, MemoryFile, Uefi, VmConfig};
 use crate::state::record::{text, Network, Sandbox};
 use crate::state::registry::{valid_name, Record, RegistryError};
 
@@ -206,7 +206,7 @@ fn copy_names(req: &ForkRequest) -> Result<Vec<String>, OpError> {
 
 /// The spec of a sandbox that can be forked: running (or paused) under this mcqemu, on one
 /// qcow2 overlay in its own folder, not a template's build.
-pub fn forkable(name: &str, rec: &Record) -> Result<LaunchSpec, OpError> {
+pub fn forkable(name: &str, rec: &Record) -> Result<VmConfig, OpError> {
     let sb = rec.sandbox.as_ref().ok_or_else(|| {
         OpError::invalid(format!(
             "VM {name:?} is not a sandbox; sandbox_fork copies VMs made by sandbox_vm (or its \
@@ -223,7 +223,7 @@ pub fn forkable(name: &str, rec: &Record) -> Result<LaunchSpec, OpError> {
     let own = vm::state_dir(name);
     let overlay = sb.overlay.as_ref().map(PathBuf::from);
     match spec.disks.as_slice() {
-        [(disk, format)] if format == "qcow2" && Some(disk) == overlay.as_ref() => {
+        [Disk { path: disk, format }] if format == "qcow2" && Some(disk) == overlay.as_ref() => {
             if !disk.starts_with(&own) {
                 return Err(OpError::new(format!(
                     "sandbox {name:?}'s overlay {} is not in its own folder {}; it cannot be \
@@ -240,7 +240,7 @@ pub fn forkable(name: &str, rec: &Record) -> Result<LaunchSpec, OpError> {
             )))
         }
     }
-    if spec.memory_file.as_ref().is_some_and(|(_, shared)| *shared) {
+    if spec.compute.memory_file.as_ref().is_some_and(|m| m.shared) {
         return Err(OpError::new(format!(
             "VM {name:?} writes its memory to a template's file; fork a sandbox"
         )));
@@ -265,7 +265,7 @@ pub fn live(name: &str, rec: &Record) -> Result<(), OpError> {
 }
 
 /// Refuses the fork before anything starts when its copies would pass the quotas.
-fn admit(names: &[String], spec: &LaunchSpec) -> Result<(), OpError> {
+fn admit(names: &[String], spec: &VmConfig) -> Result<(), OpError> {
     let vms = crate::state::registry::shared().load();
     let limits = quota::Limits::current();
     let first = names.first().map(String::as_str).unwrap_or_default();
@@ -273,16 +273,16 @@ fn admit(names: &[String], spec: &LaunchSpec) -> Result<(), OpError> {
         &vms,
         first,
         names.len() as u64,
-        spec.memory_mb,
-        spec.cpus,
+        spec.compute.memory_mb,
+        spec.compute.cpus,
         limits,
     )
 }
 
 /// A copy of the parent's cloud-init seed in the frozen state (the parent's is rewritten when
 /// it is launched again).
-fn keep_seed(spec: &LaunchSpec, dest: &Path) -> Result<Option<PathBuf>, OpError> {
-    let Some(seed) = &spec.seed else {
+fn keep_seed(spec: &VmConfig, dest: &Path) -> Result<Option<PathBuf>, OpError> {
+    let Some(seed) = &spec.devices.seed else {
         return Ok(None);
     };
     let kept = dest.join("seed.iso");
@@ -334,22 +334,11 @@ fn settle_parent(name: &str, rec: &Record, next: &Move, id: &str) {
 
 /// A record's first disk moved onto overlay `next`, over frozen state `id`.
 fn moved_onto(r: &mut Record, next: &str, id: &str) {
-    let first = r.disks.as_mut().and_then(|d| d.first_mut());
-    let old = first.map(|d| std::mem::replace(d, next.to_string()));
-    if let (Some(old), Some(f)) = (old, r.disk_formats.as_mut()) {
-        f.remove(&old);
-        f.insert(next.to_string(), "qcow2".into());
-    }
-    // The spec is kept as the launch wrote it (fields of other versions included).
-    if let Some(d) = r
-        .spec
-        .as_mut()
-        .and_then(|s| s.get_mut("disks"))
-        .and_then(Value::as_array_mut)
-    {
-        if let Some(first) = d.first_mut() {
-            *first = json!([next, "qcow2"]);
-        }
+    if let Some(first) = r.spec.as_mut().and_then(|s| s.disks.first_mut()) {
+        *first = Disk::new(next, "qcow2");
+        // The config holds the disks now; the copies older versions kept beside it go.
+        r.disks = None;
+        r.disk_formats = None;
     }
     if let Some(sb) = r.sandbox.as_mut() {
         sb.overlay = Some(next.to_string());
@@ -361,7 +350,7 @@ fn moved_onto(r: &mut Record, next: &str, id: &str) {
 struct Parent<'a> {
     name: &'a str,
     rec: &'a Record,
-    spec: &'a LaunchSpec,
+    spec: &'a VmConfig,
     dest: &'a Path,
     id: &'a str,
     seed: Option<PathBuf>,
@@ -425,7 +414,8 @@ fn start_copy(ctx: &dyn Work, p: &Parent, name: &str) -> Result<ForkCopy, OpErro
             e.msg
         )));
     }
-    let reseed = (p.spec.vmgenid.is_none() || !x86(&p.spec.arch)).then(|| p.spec.arch.clone());
+    let reseed = (p.spec.devices.vmgenid.is_none() || !x86(&p.spec.machine.arch))
+        .then(|| p.spec.machine.arch.clone());
     let ready = match text(&rec.qga_socket) {
         Some(sock) => guest_clock::answer_then_set(Path::new(sock), p.wait, reseed),
         None => Err("it has no guest-agent socket".to_string()),
@@ -450,14 +440,18 @@ fn start_copy(ctx: &dyn Work, p: &Parent, name: &str) -> Result<ForkCopy, OpErro
 fn launch_copy(ctx: &dyn Work, p: &Parent, name: &str) -> Result<Launched, OpError> {
     let (sd, overlay) = overlay_path(name)?;
     templates::new_overlay(p.dest, &overlay)?;
-    let uefi = match &p.spec.uefi {
-        Some((code, _, format)) => {
+    let uefi = match &p.spec.boot.uefi {
+        Some(Uefi { code, format, .. }) => {
             let vars = sd.join("uefi-vars.fd");
             crate::state::copy::private(&p.dest.join("uefi-vars.fd"), &vars).map_err(|e| {
                 let _ = std::fs::remove_file(&overlay);
                 OpError::new(format!("cannot copy the frozen UEFI variables: {e}"))
             })?;
-            Some((code.clone(), vars, format.clone()))
+            Some(Uefi {
+                code: code.clone(),
+                vars,
+                format: format.clone(),
+            })
         }
         None => None,
     };
@@ -490,25 +484,29 @@ fn copy_spec(
     p: &Parent,
     name: &str,
     overlay: &Path,
-    uefi: Option<(PathBuf, PathBuf, String)>,
-) -> Result<LaunchSpec, OpError> {
+    uefi: Option<Uefi>,
+) -> Result<VmConfig, OpError> {
     let forwards: Vec<String> = p
         .spec
+        .network
         .forwards
         .iter()
         .map(|f| format!("{}:auto:{}", f.addr, f.guest))
         .collect();
     let mut s = p.spec.clone();
     s.name = name.to_string();
-    s.disks = vec![(overlay.to_path_buf(), "qcow2".into())];
-    s.uefi = uefi;
-    s.seed = p.seed.clone();
-    s.forwards = resolve_forwards(&forwards)?;
-    s.memory_file = Some((p.dest.join("ram"), false));
-    s.memory_id = Some(p.captured.memory_id.clone());
-    s.vmgenid = s.vmgenid.as_ref().map(|_| "auto".to_string());
-    s.incoming = true;
-    s.start_paused = false;
+    s.disks = vec![Disk::new(overlay, "qcow2")];
+    s.boot.uefi = uefi;
+    s.devices.seed = p.seed.clone();
+    s.network.forwards = resolve_forwards(&forwards)?;
+    s.compute.memory_file = Some(MemoryFile {
+        path: p.dest.join("ram"),
+        shared: false,
+    });
+    s.compute.memory_id = Some(p.captured.memory_id.clone());
+    s.devices.vmgenid = s.devices.vmgenid.as_ref().map(|_| "auto".to_string());
+    s.start.incoming = true;
+    s.start.start_paused = false;
     Ok(s)
 }
 
@@ -541,6 +539,7 @@ fn copy_record(p: &Parent, overlay: &Path) -> Record {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn req(count: usize, names: Option<Vec<&str>>) -> ForkRequest {
         ForkRequest {
@@ -570,7 +569,7 @@ mod tests {
     }
 
     #[test]
-    fn a_moved_disk_is_recorded_everywhere_the_record_names_it() {
+    fn a_moved_disk_is_recorded_in_the_config_and_older_copies_go() {
         let mut r: Record = serde_json::from_value(json!({
             "disks": ["/s/old.qcow2"], "disk_formats": {"/s/old.qcow2": "qcow2"},
             "spec": {"disks": [["/s/old.qcow2", "qcow2"]]},
@@ -579,8 +578,8 @@ mod tests {
         .unwrap();
         moved_onto(&mut r, "/s/new.qcow2", "b");
         let r = serde_json::to_value(&r).unwrap();
-        assert_eq!(r["disks"], json!(["/s/new.qcow2"]));
-        assert_eq!(r["disk_formats"], json!({"/s/new.qcow2": "qcow2"}));
+        assert_eq!(r.get("disks"), None, "the config holds the disks: {r}");
+        assert_eq!(r.get("disk_formats"), None, "{r}");
         assert_eq!(r["spec"]["disks"], json!([["/s/new.qcow2", "qcow2"]]));
         assert_eq!(r["sandbox"]["overlay"], json!("/s/new.qcow2"));
         assert_eq!(r["sandbox"]["chain"], json!(["a", "b"]));

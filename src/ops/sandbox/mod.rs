@@ -148,7 +148,11 @@ fn launch_overlay(
         la.port_forwards = Some(vec!["auto:22".to_string()]);
     }
     la.restrict_net = !req.allow_network;
-    let mut lr = launch_args::request(&la, name, vec![(overlay.to_path_buf(), "qcow2".into())])?;
+    let mut lr = launch_args::request(
+        &la,
+        name,
+        vec![crate::state::config::Disk::new(overlay, "qcow2")],
+    )?;
     lr.extra_record.sandbox = Some(Sandbox {
         base_image: Some(base.display().to_string()),
         base_format: Some(base_fmt.to_string()),

@@ -20,6 +20,7 @@ use crate::ops::vm::launch::{self, LaunchRequest};
 use crate::ops::vm::records::{lookup, spec_of};
 use crate::ops::work::Work;
 use crate::qemu::{migrate, process, vm};
+use crate::state::config::MemoryFile;
 use crate::state::record::{text, Saved};
 use crate::state::registry::{Record, RegistryError};
 
@@ -204,10 +205,13 @@ pub fn resume(ctx: &dyn Work, name: &str, wait: Duration) -> Result<Resumed, OpE
         )));
     }
     let mut spec = spec_of(name, &rec)?;
-    spec.memory_file = Some((dir.join("ram"), false));
-    spec.memory_id = saved.memory_id;
-    spec.incoming = true;
-    spec.start_paused = false;
+    spec.compute.memory_file = Some(MemoryFile {
+        path: dir.join("ram"),
+        shared: false,
+    });
+    spec.compute.memory_id = saved.memory_id;
+    spec.start.incoming = true;
+    spec.start.start_paused = false;
     let lr = LaunchRequest {
         spec,
         extra_record: carried(&rec, &dir),

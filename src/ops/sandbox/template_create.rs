@@ -22,6 +22,7 @@ use crate::ops::vm::launch_args::{request as launch_request, LaunchArgs};
 use crate::ops::work::Work;
 use crate::ops::{vm::records, vm::stop};
 use crate::qemu::{img, migrate, vm};
+use crate::state::config::{Accel, Disk, MemoryFile};
 use crate::state::record::{Record, Sandbox};
 
 /// One setup step: a program (not a shell) run in the build guest.
@@ -141,10 +142,13 @@ fn build(
     la.port_forwards = Some(Vec::new());
     la.memory_mb = la.memory_mb.or(Some(512));
     let vm_name = format!("template-{name}");
-    let mut lr = launch_request(&la, &vm_name, vec![(disk_of(dir), "qcow2".into())])?;
-    lr.spec.restrict_net = !req.allow_network;
-    lr.spec.memory_file = Some((ram_of(dir), true));
-    lr.spec.vmgenid = Some(new_guid());
+    let mut lr = launch_request(&la, &vm_name, vec![Disk::new(disk_of(dir), "qcow2")])?;
+    lr.spec.network.restrict_net = !req.allow_network;
+    lr.spec.compute.memory_file = Some(MemoryFile {
+        path: ram_of(dir),
+        shared: true,
+    });
+    lr.spec.devices.vmgenid = Some(new_guid());
     lr.extra_record.sandbox = Some(Sandbox {
         template_build: Some(name.to_string()),
         builder_pid: Some(std::process::id()),
@@ -153,7 +157,11 @@ fn build(
     let mut meta = template_meta(name, base, &lr);
     let launched = launch::launch(ctx, lr)?;
     // What really runs: the accelerator QEMU reports, the version it announced.
-    meta.accel = launched.accel;
+    meta.accel = if launched.accel == "kvm" {
+        Accel::Kvm
+    } else {
+        Accel::Tcg
+    };
     meta.qemu_version = launched.qemu_version;
     let result = prepare_and_save(ctx, req, &vm_name, dir, meta);
     // The template VM never runs again, whatever happened.
@@ -195,27 +203,38 @@ fn template_meta(name: &str, base: Option<PathBuf>, req: &LaunchRequest) -> Temp
     Template {
         name: name.to_string(),
         base_image: base.map(|b| b.display().to_string()),
-        memory_mb: req.spec.memory_mb,
-        cpus: req.spec.cpus,
-        arch: req.spec.arch.clone(),
-        machine: req.spec.machine.clone(),
-        accel: req.spec.accel.clone(),
-        cpu: req.spec.cpu.clone(),
+        memory_mb: req.spec.compute.memory_mb,
+        cpus: req.spec.compute.cpus,
+        arch: req.spec.machine.arch.clone(),
+        machine: req.spec.machine.kind.clone(),
+        accel: req.spec.machine.accel,
+        cpu: req.spec.machine.cpu.clone(),
         qemu_version: String::new(),
-        kernel: req.spec.kernel.as_ref().map(|p| p.display().to_string()),
-        initrd: req.spec.initrd.as_ref().map(|p| p.display().to_string()),
-        append: req.spec.append.clone(),
+        kernel: req
+            .spec
+            .boot
+            .kernel
+            .as_ref()
+            .map(|p| p.display().to_string()),
+        initrd: req
+            .spec
+            .boot
+            .initrd
+            .as_ref()
+            .map(|p| p.display().to_string()),
+        append: req.spec.boot.append.clone(),
         seed: req.cloud_init.is_some(),
-        seed_bus: req.spec.seed_bus,
+        seed_bus: req.spec.devices.seed_bus,
         firmware: req.firmware.clone(),
         uefi_code: req
             .spec
+            .boot
             .uefi
             .as_ref()
-            .map(|(code, _, _)| code.display().to_string()),
-        uefi_format: req.spec.uefi.as_ref().map(|(_, _, f)| f.clone()),
-        no_net: req.spec.no_net,
-        data_channel: req.spec.data_channel,
+            .map(|u| u.code.display().to_string()),
+        uefi_format: req.spec.boot.uefi.as_ref().map(|u| u.format.clone()),
+        no_net: req.spec.network.no_net,
+        data_channel: req.spec.channels.data_channel,
         extra_args: req.spec.extra_args.clone(),
         created_at: String::new(),
         state_bytes: 0,

@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::ops::error::OpError;
-use crate::qemu::cmdline::SeedBus;
 use crate::qemu::{img, qcow2, vm};
+use crate::state::config::SeedBus;
 use crate::state::paths;
 use crate::state::registry::valid_name;
 
@@ -30,7 +30,7 @@ pub struct Template {
     pub machine: String,
     /// The accelerator it ran under (a KVM state does not load under TCG).
     #[serde(default = "tcg")]
-    pub accel: String,
+    pub accel: crate::state::config::Accel,
     /// Its CPU model (None: QEMU's default, in templates from before it was recorded).
     #[serde(default)]
     pub cpu: Option<String>,
@@ -75,8 +75,8 @@ fn legacy_seed_bus() -> SeedBus {
     SeedBus::Cdrom
 }
 
-fn tcg() -> String {
-    "tcg".into()
+fn tcg() -> crate::state::config::Accel {
+    crate::state::config::Accel::Tcg
 }
 
 fn bios() -> String {

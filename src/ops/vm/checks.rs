@@ -40,7 +40,7 @@ fn recorded_format(path: &Path) -> Option<String> {
     crate::state::registry::shared()
         .load()
         .values()
-        .find_map(|rec| rec.disk_formats.as_ref()?.get(&key).cloned())
+        .find_map(|rec| rec.disk_format(&key))
 }
 
 /// Ok when `path` is a regular file; else says how it is not, for `what`.

@@ -17,11 +17,12 @@ use crate::ops::vm::cloud_init::CloudInitOut;
 use crate::ops::vm::egress;
 use crate::ops::vm::quota;
 use crate::ops::work::Work;
-use crate::qemu::cmdline::{self, x86, LaunchSpec};
+use crate::qemu::cmdline::{self, x86};
 use crate::qemu::forwards::Forward;
 use crate::qemu::qmp::{self, QmpError};
 use crate::qemu::vm::{self, measure};
 use crate::qemu::{process, sock};
+use crate::state::config::{Accel, Uefi, VmConfig};
 use crate::state::record::{self, Record};
 use crate::state::registry::RegistryError;
 
@@ -103,7 +104,7 @@ pub struct Launched {
 /// Everything a launch needs beyond the spec, shared by launch_vm and sandbox_vm.
 pub struct LaunchRequest {
     /// The spec (sockets and pidfile are filled in by [`launch`]).
-    pub spec: LaunchSpec,
+    pub spec: VmConfig,
     /// Fields laid over the record (e.g. sandbox details, a pooled clone's marks).
     pub extra_record: Record,
     /// Why TCG was chosen, if auto fell back.
@@ -149,13 +150,13 @@ fn write_seed(req: &mut LaunchRequest, sd: &Path) -> Result<(), OpError> {
         seed: Some(seed.display().to_string()),
         other: Map::new(),
     });
-    req.spec.seed = Some(seed);
+    req.spec.devices.seed = Some(seed);
     Ok(())
 }
 
 /// Gives the VM its own UEFI variable store, copied from the firmware's, unless it has one.
 fn copy_uefi_vars(req: &LaunchRequest) -> Result<(), OpError> {
-    let (Some(from), Some((_, vars, _))) = (&req.uefi_vars_from, &req.spec.uefi) else {
+    let (Some(from), Some(Uefi { vars, .. })) = (&req.uefi_vars_from, &req.spec.boot.uefi) else {
         return Ok(());
     };
     if vars.exists() {
@@ -176,15 +177,15 @@ pub fn launch(ctx: &dyn Work, mut req: LaunchRequest) -> Result<Launched, OpErro
     let rt = vm::runtime_dir(&name);
     let sd = vm::state_dir(&name);
     let qmp_sock = rt.join("qmp.sock");
-    req.spec.qmp_socket = qmp_sock.clone();
-    req.spec.qga_socket = rt.join("qga.sock");
-    req.spec.serial_socket = rt.join("serial.sock");
-    req.spec.pidfile = rt.join("qemu.pid");
-    req.spec.serial_log = sd.join("serial.log");
+    req.spec.channels.qmp_socket = qmp_sock.clone();
+    req.spec.channels.qga_socket = rt.join("qga.sock");
+    req.spec.channels.serial_socket = rt.join("serial.sock");
+    req.spec.channels.pidfile = rt.join("qemu.pid");
+    req.spec.channels.serial_log = sd.join("serial.log");
     for s in [
-        &req.spec.qmp_socket,
-        &req.spec.qga_socket,
-        &req.spec.serial_socket,
+        &req.spec.channels.qmp_socket,
+        &req.spec.channels.qga_socket,
+        &req.spec.channels.serial_socket,
     ] {
         if s.as_os_str().len() > sock::MAX_SOCKET_PATH {
             return Err(OpError::new(format!(
@@ -198,7 +199,7 @@ pub fn launch(ctx: &dyn Work, mut req: LaunchRequest) -> Result<Launched, OpErro
     // Reserve the name first, across threads and processes (the registry lock), within the
     // quotas.
     let limits = quota::Limits::current();
-    let (memory_mb, cpus) = (req.spec.memory_mb, req.spec.cpus);
+    let (memory_mb, cpus) = (req.spec.compute.memory_mb, req.spec.compute.cpus);
     let extra = req.extra_record.clone();
     crate::state::registry::shared().update(|vms| {
         quota::admit(vms, &name, memory_mb, cpus, limits)?;
@@ -261,7 +262,7 @@ fn start_reserved(
         false => Some(egress::start(
             &req.spec.name,
             &req.egress,
-            &req.spec.forwards,
+            &req.spec.network.forwards,
         )?),
     };
     let spawned = spawn_with_fallback(req, &sd.join("qemu.log"), proxy.as_ref());
@@ -282,11 +283,15 @@ fn start_reserved(
     let s = &spec;
     let mut warnings: Vec<String> = started.warning.into_iter().collect();
     warnings.extend(fallback_note);
-    let (actual_accel, status, version) = match first_look(&s.qmp_socket) {
+    let (actual_accel, status, version) = match first_look(&s.channels.qmp_socket) {
         Ok(look) => look,
         Err(e) => {
             warnings.push(format!("QMP did not answer right after start: {e}"));
-            (s.accel.clone(), "unknown".into(), String::new())
+            (
+                s.machine.accel.name().to_string(),
+                "unknown".into(),
+                String::new(),
+            )
         }
     };
     warnings.extend(req.accel_note.clone());
@@ -312,13 +317,13 @@ fn start_reserved(
         status,
         pid: started.pid,
         accel: actual_accel,
-        arch: s.arch.clone(),
-        machine: s.machine.clone(),
+        arch: s.machine.arch.clone(),
+        machine: s.machine.kind.clone(),
         qemu_version: version,
-        port_forwards: s.forwards.iter().map(Forward::to_record).collect(),
-        qmp_socket: s.qmp_socket.display().to_string(),
-        qga_socket: s.qga_socket.display().to_string(),
-        serial_log: s.serial_log.display().to_string(),
+        port_forwards: s.network.forwards.iter().map(Forward::to_record).collect(),
+        qmp_socket: s.channels.qmp_socket.display().to_string(),
+        qga_socket: s.channels.qga_socket.display().to_string(),
+        serial_log: s.channels.serial_log.display().to_string(),
         warnings,
         sandbox: req.extra_record.sandbox.clone(),
         cloud_init: req
@@ -332,7 +337,7 @@ fn start_reserved(
 
 /// The VM's runtime folder (private) and state folder; stale sockets of a dead QEMU removed,
 /// a live one refused.
-fn prepare_dirs(s: &LaunchSpec, rt: &Path, sd: &Path) -> Result<(), OpError> {
+fn prepare_dirs(s: &VmConfig, rt: &Path, sd: &Path) -> Result<(), OpError> {
     crate::state::paths::ensure_runtime_dir().map_err(OpError::new)?;
     for dir in [rt, sd] {
         std::fs::create_dir_all(dir)
@@ -342,16 +347,20 @@ fn prepare_dirs(s: &LaunchSpec, rt: &Path, sd: &Path) -> Result<(), OpError> {
         use std::os::unix::fs::PermissionsExt;
         let _ = std::fs::set_permissions(rt, std::fs::Permissions::from_mode(0o700));
     }
-    if s.qmp_socket.exists() {
-        if sock::is_listening(&s.qmp_socket) {
+    if s.channels.qmp_socket.exists() {
+        if sock::is_listening(&s.channels.qmp_socket) {
             return Err(OpError::refused(format!(
                 "a QEMU is still listening on {}: VM {:?} seems to be running outside the \
                  registry. Adopt it with attach_vm, or stop that QEMU first",
-                s.qmp_socket.display(),
+                s.channels.qmp_socket.display(),
                 s.name
             )));
         }
-        for stale in [&s.qmp_socket, &s.qga_socket, &s.serial_socket] {
+        for stale in [
+            &s.channels.qmp_socket,
+            &s.channels.qga_socket,
+            &s.channels.serial_socket,
+        ] {
             let _ = std::fs::remove_file(stale);
         }
     }
@@ -365,28 +374,40 @@ fn spawn_with_fallback(
     req: &LaunchRequest,
     log: &Path,
     proxy: Option<&egress::Started>,
-) -> Result<(process::Started, LaunchSpec, Option<String>), OpError> {
-    let spawn = |s: &LaunchSpec, enter: Option<process::PreExec>| {
-        let enter = match s.memory_file {
+) -> Result<(process::Started, VmConfig, Option<String>), OpError> {
+    let spawn = |s: &VmConfig, enter: Option<process::PreExec>| {
+        let enter = match s.compute.memory_file {
             Some(_) => Some(process::without_thp(enter)),
             None => enter,
         };
         let argv = cmdline::build_argv(s);
         crate::log::stderr(
             "info",
-            &format!("launching VM {}: {} {}", s.name, s.binary, argv.join(" ")),
+            &format!(
+                "launching VM {}: {} {}",
+                s.name,
+                s.machine.binary,
+                argv.join(" ")
+            ),
         );
-        process::spawn_detached(&s.binary, &argv, &s.pidfile, &s.qmp_socket, log, enter)
+        process::spawn_detached(
+            &s.machine.binary,
+            &argv,
+            &s.channels.pidfile,
+            &s.channels.qmp_socket,
+            log,
+            enter,
+        )
     };
     let s = &req.spec;
     match spawn(s, enter_for(proxy)?) {
         Ok(started) => Ok((started, s.clone(), None)),
-        Err(e @ process::SpawnError::Failed { .. }) if req.kvm_fallback && s.accel == "kvm" => {
-            let tcg = LaunchSpec {
-                accel: "tcg".into(),
-                cpu: Some(decide::cpu_model("tcg", &s.arch).to_string()),
-                ..s.clone()
-            };
+        Err(e @ process::SpawnError::Failed { .. })
+            if req.kvm_fallback && s.machine.accel == Accel::Kvm =>
+        {
+            let mut tcg = s.clone();
+            tcg.machine.accel = Accel::Tcg;
+            tcg.machine.cpu = Some(decide::cpu_model(Accel::Tcg, &s.machine.arch).to_string());
             let note = format!(
                 "KVM failed to start this guest ({e}); it runs under TCG instead (emulated, \
                  slower)"
@@ -420,7 +441,7 @@ fn first_look(qmp_socket: &Path) -> Result<(String, String, String), QmpError> {
 /// The registry record of a VM just started from `s`.
 fn launched_record(
     req: &LaunchRequest,
-    s: &LaunchSpec,
+    s: &VmConfig,
     pid: Option<i32>,
     accel: &str,
     version: &str,
@@ -430,40 +451,33 @@ fn launched_record(
         name: Some(s.name.clone()),
         source: Some("spawned".into()),
         pid: pid.map(i64::from),
-        arch: Some(s.arch.clone()),
-        machine: Some(s.machine.clone()),
+        arch: Some(s.machine.arch.clone()),
+        machine: Some(s.machine.kind.clone()),
         accel: Some(accel.to_string()),
-        memory_mb: Some(s.memory_mb),
-        cpus: Some(s.cpus),
-        disks: Some(s.disks.iter().filter_map(|(p, _)| display(p)).collect()),
-        disk_formats: Some(
-            s.disks
-                .iter()
-                .map(|(p, f)| (p.display().to_string(), f.clone()))
-                .collect(),
-        ),
-        iso: s.iso.as_deref().and_then(display),
+        memory_mb: Some(s.compute.memory_mb),
+        cpus: Some(s.compute.cpus),
+        iso: s.boot.iso.as_deref().and_then(display),
         firmware: Some(req.firmware.clone()),
-        kernel: s.kernel.as_deref().and_then(display),
-        initrd: s.initrd.as_deref().and_then(display),
-        append: s.append.clone(),
-        no_net: Some(s.no_net),
-        restrict_net: Some(s.restrict_net),
-        port_forwards: Some(s.forwards.iter().map(Forward::to_record).collect()),
-        qmp_socket: display(&s.qmp_socket),
-        qga_socket: display(&s.qga_socket),
-        serial_socket: display(&s.serial_socket),
-        serial_log: display(&s.serial_log),
-        pidfile: display(&s.pidfile),
+        kernel: s.boot.kernel.as_deref().and_then(display),
+        initrd: s.boot.initrd.as_deref().and_then(display),
+        append: s.boot.append.clone(),
+        no_net: Some(s.network.no_net),
+        restrict_net: Some(s.network.restrict_net),
+        port_forwards: Some(s.network.forwards.iter().map(Forward::to_record).collect()),
+        qmp_socket: display(&s.channels.qmp_socket),
+        qga_socket: display(&s.channels.qga_socket),
+        serial_socket: display(&s.channels.serial_socket),
+        serial_log: display(&s.channels.serial_log),
+        pidfile: display(&s.channels.pidfile),
         extra_args: Some(s.extra_args.clone()),
         input: Some(crate::ops::vm::records::input_devices(
-            &s.arch,
-            &s.machine,
+            &s.machine.arch,
+            &s.machine.kind,
             &s.extra_args,
         )),
         qemu_version: Some(version.to_string()),
         created_at: Some(crate::clock::iso8601(crate::clock::now_secs())),
-        spec: serde_json::to_value(s).ok(),
+        spec: Some(s.clone()),
         ..Record::default()
     }
 }

@@ -16,11 +16,14 @@ use crate::ops::vm::checks::{checked_image, checked_path};
 use crate::ops::vm::launch::{
     default_arch, default_firmware, LaunchRequest, ARCHES, DEFAULT_MEMORY_MB,
 };
-use crate::qemu::cmdline::{x86, LaunchSpec};
+use crate::qemu::cmdline::x86;
 use crate::qemu::extra_args::check_extra_args;
 use crate::qemu::firmware;
 use crate::qemu::forwards::{resolve_forwards, Forward};
 use crate::qemu::vm;
+use crate::state::config::{
+    Boot, Channels, Compute, Devices, Disk, Machine, Network, Uefi, VmConfig,
+};
 use crate::state::record::Record;
 use crate::state::roots::{self, Access};
 
@@ -87,12 +90,8 @@ impl LaunchArgs {
 /// launch_vm's `disks`: each inside the roots, existing, and checked as an untrusted image;
 /// a format an earlier launch of VM `name` pinned stays pinned (a guest that wrote another
 /// format's header into its raw disk cannot change how the next launch opens it).
-pub fn checked_disks(name: &str, disks: &[String]) -> Result<Vec<(PathBuf, String)>, OpError> {
-    let pinned = crate::state::registry::shared()
-        .load()
-        .remove(name)
-        .and_then(|r| r.disk_formats)
-        .unwrap_or_default();
+pub fn checked_disks(name: &str, disks: &[String]) -> Result<Vec<Disk>, OpError> {
+    let previous = crate::state::registry::shared().load().remove(name);
     let mut out = Vec::new();
     for (i, d) in disks.iter().enumerate() {
         let p = roots::check_str(d, Access::Write)
@@ -103,19 +102,17 @@ pub fn checked_disks(name: &str, disks: &[String]) -> Result<Vec<(PathBuf, Strin
                 p.display()
             )));
         }
-        let pin = pinned.get(&p.display().to_string()).map(String::as_str);
-        let fmt = checked_image(&p, &format!("disks[{i}]"), pin)?.format;
-        out.push((p, fmt));
+        let pin = previous
+            .as_ref()
+            .and_then(|r| r.disk_format(&p.display().to_string()));
+        let fmt = checked_image(&p, &format!("disks[{i}]"), pin.as_deref())?.format;
+        out.push(Disk::new(p, fmt));
     }
     Ok(out)
 }
 
 /// The launch `a` asks for, of VM `name` on `disks` (already checked).
-pub fn request(
-    a: &LaunchArgs,
-    name: &str,
-    disks: Vec<(PathBuf, String)>,
-) -> Result<LaunchRequest, OpError> {
+pub fn request(a: &LaunchArgs, name: &str, disks: Vec<Disk>) -> Result<LaunchRequest, OpError> {
     let arch = a.arch.clone().unwrap_or_else(|| default_arch().to_string());
     let pc = x86(&arch);
     let qemu = binaries::find(&arch).map_err(OpError::new)?;
@@ -134,40 +131,63 @@ pub fn request(
     let (uefi, uefi_vars_from) = if firmware == "uefi" {
         let fw = firmware::find_uefi(&arch, &machine)?;
         let vars = vm::state_dir(name).join("uefi-vars.fd");
-        (Some((fw.code, vars, fw.format)), Some(fw.vars))
+        (
+            Some(Uefi {
+                code: fw.code,
+                vars,
+                format: fw.format,
+            }),
+            Some(fw.vars),
+        )
     } else {
         (None, None)
     };
-    let spec = LaunchSpec {
+    let spec = VmConfig {
         name: name.to_string(),
-        binary: qemu.path.display().to_string(),
-        machine,
-        accel: accel.to_string(),
-        cpu: Some(decide::cpu_model(accel, &arch).to_string()),
-        arch,
-        memory_mb: a.memory_mb.unwrap_or(DEFAULT_MEMORY_MB).max(16) as u64,
-        cpus: match a.cpus {
-            Some(c) => c.max(1) as u64,
-            None => decide::default_cpus(host::get()),
+        machine: Machine {
+            binary: qemu.path.display().to_string(),
+            kind: machine,
+            accel,
+            cpu: Some(decide::cpu_model(accel, &arch).to_string()),
+            arch,
+        },
+        compute: Compute {
+            memory_mb: a.memory_mb.unwrap_or(DEFAULT_MEMORY_MB).max(16) as u64,
+            cpus: match a.cpus {
+                Some(c) => c.max(1) as u64,
+                None => decide::default_cpus(host::get()),
+            },
+            ..Compute::default()
         },
         disks,
-        iso: existing(a.iso.as_deref(), "iso", "ISO")?,
-        uefi,
-        no_net: a.no_net,
-        restrict_net: a.restrict_net,
-        jailed_net: !a.egress.is_empty(),
-        data_channel: true,
-        forwards,
-        kernel: existing(a.kernel.as_deref(), "kernel", "kernel")?,
-        initrd: existing(a.initrd.as_deref(), "initrd", "initrd")?,
-        append: a.append.clone(),
+        boot: Boot {
+            uefi,
+            iso: existing(a.iso.as_deref(), "iso", "ISO")?,
+            kernel: existing(a.kernel.as_deref(), "kernel", "kernel")?,
+            initrd: existing(a.initrd.as_deref(), "initrd", "initrd")?,
+            append: a.append.clone(),
+        },
+        network: Network {
+            no_net: a.no_net,
+            restrict_net: a.restrict_net,
+            forwards,
+            jailed_net: !a.egress.is_empty(),
+        },
+        channels: Channels {
+            data_channel: true,
+            ..Channels::default()
+        },
+        devices: Devices {
+            // A fresh generation ID at every start, on the machines that have the device: a
+            // fork's copies and a resumed sandbox then tell the guest it was copied (it
+            // reseeds at once).
+            vmgenid: pc.then(|| "auto".to_string()),
+            ..Devices::default()
+        },
         extra_args: a.extra_args.clone(),
-        // A fresh generation ID at every start, on the machines that have the device: a fork's
-        // copies and a resumed sandbox then tell the guest it was copied (it reseeds at once).
-        vmgenid: pc.then(|| "auto".to_string()),
-        ..LaunchSpec::default()
+        ..VmConfig::default()
     };
-    if spec.initrd.is_some() && spec.kernel.is_none() {
+    if spec.boot.initrd.is_some() && spec.boot.kernel.is_none() {
         return Err(OpError::invalid("initrd needs kernel (direct kernel boot)"));
     }
     Ok(LaunchRequest {

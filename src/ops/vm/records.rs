@@ -5,6 +5,7 @@ use serde_json::Map;
 
 use crate::ops::error::OpError;
 use crate::qemu::vm::{self, measure, Status};
+use crate::state::config::VmConfig;
 use crate::state::record::{Input, Record};
 
 /// VM and template names: the rule, and the refusal naming it.
@@ -44,18 +45,25 @@ pub fn lookup_live(name: &str, what_next: &str) -> Result<Record, OpError> {
 
 /// The launch spec a VM runs, as its record keeps it (a fork's copies and a resume start the
 /// same devices from it).
-pub fn spec_of(name: &str, rec: &Record) -> Result<crate::qemu::cmdline::LaunchSpec, OpError> {
-    let spec = rec.spec.as_ref().filter(|s| s.is_object()).ok_or_else(|| {
-        OpError::new(format!(
+pub fn spec_of(name: &str, rec: &Record) -> Result<VmConfig, OpError> {
+    if let Some(spec) = &rec.spec {
+        return Ok(spec.clone());
+    }
+    // A spec the typed config could not read stays in `other`, as read.
+    Err(match rec.other.get("spec").filter(|s| s.is_object()) {
+        Some(damaged) => {
+            let why = serde_json::from_value::<VmConfig>(damaged.clone())
+                .err()
+                .map_or_else(|| "unreadable".to_string(), |e| e.to_string());
+            OpError::new(format!(
+                "the launch spec in VM {name:?}'s record is damaged ({why}); it cannot be \
+                 copied or saved"
+            ))
+        }
+        None => OpError::new(format!(
             "VM {name:?} was started by an mcqemu that did not keep its launch spec, so it \
              cannot be copied or saved; sandbox_destroy it and start it again"
-        ))
-    })?;
-    serde_json::from_value(spec.clone()).map_err(|e| {
-        OpError::new(format!(
-            "the launch spec in VM {name:?}'s record is damaged ({e}); it cannot be copied or \
-             saved"
-        ))
+        )),
     })
 }
 

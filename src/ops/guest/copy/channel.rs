@@ -27,7 +27,7 @@ use std::time::Duration;
 use super::frame;
 use super::port::{Channel, Port, Program, Side};
 use crate::ops::guest::stream::{self as gs, Watch};
-use crate::qemu::cmdline::{data_socket, LaunchSpec, DATA_PORT};
+use crate::qemu::cmdline::{data_socket, DATA_PORT};
 use crate::qemu::qga::{Qga, QgaError};
 use crate::state::record::text;
 use crate::state::registry::Record;
@@ -100,11 +100,7 @@ const FREE: &str = r#"free "$dev"; [ -z "$1" ] || rm -rf "$1""#;
 
 /// The VM's data channel socket, when its QEMU was started with one; else why not.
 pub fn socket_of(rec: &Record) -> Result<PathBuf, &'static str> {
-    let wired = rec
-        .spec
-        .clone()
-        .and_then(|s| serde_json::from_value::<LaunchSpec>(s).ok())
-        .is_some_and(|s| s.data_channel);
+    let wired = rec.spec.as_ref().is_some_and(|s| s.channels.data_channel);
     if !wired {
         return Err("this VM was started without mcqemu's data channel (attached, or started by an older mcqemu); a VM launched now has it");
     }
