@@ -43,7 +43,7 @@ pub fn copy_out(req: &CopyOut, watch: &dyn Watch) -> Result<Copied, OpError> {
             host.display()
         )));
     }
-    let (gparent, gbase) = guest_split(&req.guest_path).map_err(OpError::invalid)?;
+    let (gparent, gbase) = guest_split(&req.guest_path)?;
     let (dir, leaf) = host_parts(&host)?;
     let folder = Folder::open(dir)
         .map_err(|e| OpError::new(format!("cannot open {}: {e}", dir.display())))?;

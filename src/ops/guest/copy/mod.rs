@@ -154,18 +154,18 @@ pub fn max_bytes() -> u64 {
 }
 
 /// An absolute guest path split into its folder and name.
-fn guest_split(path: &str) -> Result<(String, String), String> {
+fn guest_split(path: &str) -> Result<(String, String), OpError> {
     let trimmed = path.trim_end_matches('/');
     if !path.starts_with('/') || trimmed.is_empty() || path.contains('\0') {
-        return Err(format!(
+        return Err(OpError::invalid(format!(
             "guest_path {path:?} must be an absolute path below / (e.g. /root/data)"
-        ));
+        )));
     }
     let (parent, base) = trimmed.rsplit_once('/').unwrap_or(("", trimmed));
     if base == "." || base == ".." {
-        return Err(format!(
+        return Err(OpError::invalid(format!(
             "guest_path {path:?} must end in a name, not {base:?}"
-        ));
+        )));
     }
     let parent = if parent.is_empty() { "/" } else { parent };
     Ok((parent.to_string(), base.to_string()))
@@ -236,12 +236,12 @@ fn guest_time(bytes: u64) -> Duration {
 }
 
 /// The folder and name of a resolved host path.
-fn host_parts(host: &Path) -> Result<(&Path, &OsStr), String> {
+fn host_parts(host: &Path) -> Result<(&Path, &OsStr), OpError> {
     match (host.parent(), host.file_name()) {
         (Some(d), Some(n)) => Ok((d, n)),
-        _ => Err(format!(
+        _ => Err(OpError::invalid(format!(
             "{} names no file or folder to copy",
             host.display()
-        )),
+        ))),
     }
 }

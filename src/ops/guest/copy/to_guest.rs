@@ -44,7 +44,7 @@ pub fn copy_in(req: &CopyIn, watch: &dyn Watch) -> Result<Copied, OpError> {
     let started = Instant::now();
     let host = roots::check_str(&req.host_path, Access::Read)
         .map_err(|e| OpError::from(e).context("parameter 'host_path'"))?;
-    let (gparent, gbase) = guest_split(&req.guest_path).map_err(OpError::invalid)?;
+    let (gparent, gbase) = guest_split(&req.guest_path)?;
     let dst = join(&gparent, &gbase);
     let (dir, leaf) = host_parts(&host)?;
     let folder = Folder::open(dir)
