@@ -10,8 +10,8 @@
 //!   `tools/boundary.rs` is where operation errors become tool errors.
 //! - [`ops`]: the operations, in typed requests and results, run under a [`ops::work::Work`]
 //!   (cancellation, progress, log) and failing with [`ops::error::OpError`]; no MCP.
-//! - [`qemu`], [`host`], [`cloudinit`], [`net`]: QEMU and its tooling; what this host can run;
-//!   cloud-init seeds; HTTP downloads.
+//! - [`qemu`], [`host`], [`cloudinit`], [`net`], [`oci`]: QEMU and its tooling; what this host
+//!   can run; cloud-init seeds; HTTP downloads; container images.
 //! - [`state`]: where things live on disk (paths, the registry, the roots, tails and trees).
 //!
 //! [`agent`] is apart: the guest side, `mcqemu-agent`, a program of its own (std and libc only)
@@ -31,6 +31,7 @@ pub mod host;
 pub mod log;
 pub mod mcp;
 pub mod net;
+pub mod oci;
 pub mod ops;
 pub mod qemu;
 pub mod state;

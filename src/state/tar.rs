@@ -41,6 +41,13 @@ pub struct Entry {
     pub size: u64,
     /// A link's target (symlinks and hard links).
     pub link: Vec<u8>,
+    /// The owner's user and group IDs (a pax record's when it has one).
+    pub uid: u64,
+    /// The group ID.
+    pub gid: u64,
+    /// Extended attributes from pax `SCHILY.xattr.NAME` records (a container image's file
+    /// capabilities travel so), in archive order.
+    pub xattrs: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
 fn bad(msg: impl Into<String>) -> io::Error {
@@ -253,6 +260,9 @@ struct Pending {
     link: Option<Vec<u8>>,
     size: Option<u64>,
     mtime: Option<i64>,
+    uid: Option<u64>,
+    gid: Option<u64>,
+    xattrs: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
 /// Applies the records of a pax 'x' header.
@@ -282,7 +292,13 @@ fn parse_pax(data: &[u8], p: &mut Pending) -> io::Result<()> {
                         .and_then(|s| s.split('.').next())
                         .and_then(|s| s.parse().ok())
                 }
-                _ => {}
+                b"uid" => p.uid = text().and_then(|s| s.parse().ok()),
+                b"gid" => p.gid = text().and_then(|s| s.parse().ok()),
+                _ => {
+                    if let Some(name) = k.strip_prefix(b"SCHILY.xattr.") {
+                        p.xattrs.push((name.to_vec(), v.to_vec()));
+                    }
+                }
             }
         }
         rest = &rest[len..];
@@ -415,6 +431,9 @@ impl<R: Read> Reader<R> {
             size: if kind == Kind::File { size } else { 0 },
             link: p.link.unwrap_or_else(|| field_str(&h[157..257]).to_vec()),
             kind,
+            uid: p.uid.map_or_else(|| num(&h[108..116]), Ok)?,
+            gid: p.gid.map_or_else(|| num(&h[116..124]), Ok)?,
+            xattrs: p.xattrs,
         })
     }
 

@@ -217,6 +217,46 @@ impl Folder {
             .map(|_| ())
     }
 
+    /// Removes the empty folder `name`.
+    pub fn rmdir(&self, name: &OsStr) -> io::Result<()> {
+        // SAFETY: a valid descriptor and a NUL-terminated name.
+        rc(unsafe { libc::unlinkat(self.raw(), cstr(name)?.as_ptr(), libc::AT_REMOVEDIR) })
+            .map(|_| ())
+    }
+
+    /// Removes `name` whatever it is; a folder with everything in it, never following a
+    /// symlink (each level is opened with `O_NOFOLLOW`). Missing is not an error.
+    pub fn remove_all(&self, name: &OsStr) -> io::Result<()> {
+        match self.meta(name) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e),
+            Ok(m) if m.kind == Type::Dir => {
+                let sub = self.sub(name)?;
+                sub.chmod_self(0o700)?;
+                for n in sub.names()? {
+                    sub.remove_all(&n)?;
+                }
+                self.rmdir(name)
+            }
+            Ok(_) => self.unlink(name),
+        }
+    }
+
+    /// Makes `name` here a hard link to `from`'s `src` (never following a symlink).
+    pub fn link_from(&self, from: &Folder, src: &OsStr, name: &OsStr) -> io::Result<()> {
+        // SAFETY: valid descriptors and NUL-terminated names.
+        rc(unsafe {
+            libc::linkat(
+                from.raw(),
+                cstr(src)?.as_ptr(),
+                self.raw(),
+                cstr(name)?.as_ptr(),
+                0,
+            )
+        })
+        .map(|_| ())
+    }
+
     /// Sets this folder's own mode.
     pub fn chmod_self(&self, mode: u32) -> io::Result<()> {
         // SAFETY: a valid descriptor.

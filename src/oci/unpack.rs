@@ -1,0 +1,485 @@
+//! An image's layers applied in order into one folder, as a container runtime would: later
+//! files replace earlier ones, `.wh.NAME` removes NAME, `.wh..wh..opq` empties its folder of
+//! what lower layers put there. Every entry is written through folder descriptors opened with
+//! `O_NOFOLLOW` below the root, so a hostile layer gets nothing outside it: absolute names,
+//! `..`, entries under a symlink and hard links out of the root are refused; device nodes and
+//! fifos are never made; a size and an entry cap stop a tar bomb.
+//!
+//! Owners, modes (setuid included) and `security.capability` are not applied on the host (an
+//! unprivileged server could not): they are kept per path ([`Unpacked::meta`]) and written into
+//! the file system image the folder becomes ([`super::ext4`]).
+
+use std::collections::{BTreeMap, HashSet};
+use std::ffi::{OsStr, OsString};
+use std::io::{self, Read};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+
+use crate::state::tar::{Kind, Reader};
+use crate::state::tree::{Folder, Type};
+
+use super::layout::{Compression, Layer};
+
+/// Most entries one image may hold.
+const MAX_ENTRIES: u64 = 2_000_000;
+/// Deepest path accepted.
+const MAX_DEPTH: usize = 128;
+const WHITEOUT: &[u8] = b".wh.";
+const OPAQUE: &[u8] = b".wh..wh..opq";
+
+/// What an entry is, as the image file system must make it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileType {
+    /// A regular file.
+    File,
+    /// A folder.
+    Dir,
+    /// A symbolic link.
+    Symlink,
+}
+
+/// An entry's owner, mode and the extended attributes kept for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Meta {
+    /// Its type.
+    pub kind: FileType,
+    /// Owner.
+    pub uid: u64,
+    /// Group.
+    pub gid: u64,
+    /// Permission bits with setuid, setgid and sticky.
+    pub mode: u32,
+    /// Kept extended attributes (only `security.capability`).
+    pub xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+/// What an unpack produced.
+#[derive(Debug, Default)]
+pub struct Unpacked {
+    /// Every path below the root (relative, `/`-separated) with what the image says of it.
+    pub meta: BTreeMap<Vec<u8>, Meta>,
+    /// Bytes of file content written.
+    pub bytes: u64,
+    /// Entries left out, and why (device nodes, fifos).
+    pub skipped: Vec<String>,
+}
+
+/// Applies layers into a root folder.
+pub struct Unpacker {
+    root: Folder,
+    cap: u64,
+    entries: u64,
+    out: Unpacked,
+    /// Paths this layer wrote (an opaque folder keeps them).
+    this_layer: HashSet<Vec<u8>>,
+}
+
+fn refuse(path: &[u8], why: &str) -> String {
+    format!(
+        "layer entry {:?} refused: {why}",
+        String::from_utf8_lossy(path)
+    )
+}
+
+impl Unpacker {
+    /// An unpacker into `root` (an empty folder), writing at most `cap` bytes of content.
+    pub fn new(root: Folder, cap: u64) -> Self {
+        Unpacker {
+            root,
+            cap,
+            entries: 0,
+            out: Unpacked::default(),
+            this_layer: HashSet::new(),
+        }
+    }
+
+    /// Applies one layer blob, checking it against its digest as it is read; a layer that
+    /// does not match fails (the caller discards the folder).
+    pub fn apply(&mut self, layer: &Layer) -> Result<(), String> {
+        let f = std::fs::File::open(&layer.path)
+            .map_err(|e| format!("cannot open the layer {}: {e}", layer.digest))?;
+        let mut hashed = Hashing::new(io::BufReader::with_capacity(1 << 16, f));
+        match layer.compression {
+            Compression::None => self.layer(&mut hashed)?,
+            Compression::Gzip => self.layer(flate2::read::GzDecoder::new(&mut hashed))?,
+        }
+        // The tar's end need not be the blob's: hash what is left.
+        io::copy(&mut hashed, &mut io::sink())
+            .map_err(|e| format!("cannot read the layer {}: {e}", layer.digest))?;
+        let (got, size) = hashed.finish();
+        if format!("sha256:{got}") != layer.digest || size != layer.size {
+            return Err(format!(
+                "the layer {} does not match its digest ({size} bytes hashing to sha256:{got}); \
+                 nothing of it is used",
+                layer.digest
+            ));
+        }
+        Ok(())
+    }
+
+    /// Applies one layer's tar stream.
+    pub fn layer<R: Read>(&mut self, r: R) -> Result<(), String> {
+        self.this_layer.clear();
+        let mut tr = Reader::new(r);
+        let failed = |e: io::Error| format!("a layer is not a readable tar: {e}");
+        while let Some(e) = tr.next_entry().map_err(failed)? {
+            self.entries += 1;
+            if self.entries > MAX_ENTRIES {
+                return Err(format!("the image has more than {MAX_ENTRIES} entries"));
+            }
+            let Some(parts) = split(&e.path)? else {
+                continue;
+            };
+            let leaf = parts[parts.len() - 1].clone();
+            let dir_path = parts[..parts.len() - 1].join(&b'/');
+            let dir = self.folder_of(&e.path, &parts[..parts.len() - 1])?;
+            let leaf_os = OsStr::from_bytes(&leaf);
+            if leaf == OPAQUE {
+                self.opaque(&dir, &dir_path)?;
+                continue;
+            }
+            if let Some(name) = leaf.strip_prefix(WHITEOUT) {
+                let name = OsStr::from_bytes(name);
+                dir.remove_all(name)
+                    .map_err(|err| refuse(&e.path, &err.to_string()))?;
+                self.forget(&join(&dir_path, name.as_bytes()));
+                continue;
+            }
+            let path = parts.join(&b'/');
+            let err = |err: io::Error| refuse(&e.path, &err.to_string());
+            let kind = match &e.kind {
+                Kind::Dir => {
+                    match dir.meta(leaf_os) {
+                        Ok(m) if m.kind == Type::Dir => {}
+                        Ok(_) => {
+                            dir.remove_all(leaf_os).map_err(err)?;
+                            self.forget(&path);
+                            dir.mkdir(leaf_os).map_err(err)?;
+                        }
+                        Err(_) => dir.mkdir(leaf_os).map_err(err)?,
+                    }
+                    dir.sub(leaf_os)
+                        .and_then(|d| d.chmod_self(0o755))
+                        .map_err(err)?;
+                    FileType::Dir
+                }
+                Kind::File => {
+                    self.clear(&dir, leaf_os, &path).map_err(err)?;
+                    if self.out.bytes + e.size > self.cap {
+                        return Err(format!(
+                            "the image unpacks to more than {} MiB (MCQEMU_MAX_IMAGE_MB)",
+                            self.cap >> 20
+                        ));
+                    }
+                    let mut f = dir.create(leaf_os).map_err(err)?;
+                    self.out.bytes += tr.data(&mut f).map_err(err)?;
+                    use std::os::unix::fs::PermissionsExt;
+                    f.set_permissions(std::fs::Permissions::from_mode(0o644))
+                        .map_err(err)?;
+                    FileType::File
+                }
+                Kind::Symlink => {
+                    self.clear(&dir, leaf_os, &path).map_err(err)?;
+                    dir.symlink(&e.link, leaf_os).map_err(err)?;
+                    FileType::Symlink
+                }
+                Kind::HardLink => {
+                    let Some(target) = split(&e.link)? else {
+                        return Err(refuse(&e.path, "a hard link to the root"));
+                    };
+                    let tdir = self.folder_of(&e.link, &target[..target.len() - 1])?;
+                    let tname = OsString::from_vec(target[target.len() - 1].clone());
+                    let tmeta = self.out.meta.get(&target.join(&b'/')).cloned();
+                    self.clear(&dir, leaf_os, &path).map_err(err)?;
+                    dir.link_from(&tdir, &tname, leaf_os).map_err(|x| {
+                        refuse(&e.path, &format!("its target cannot be linked: {x}"))
+                    })?;
+                    let m = tmeta
+                        .ok_or_else(|| refuse(&e.path, "its target is no file of the image"))?;
+                    self.note(path, m);
+                    continue;
+                }
+                Kind::Other(t) => {
+                    self.out.skipped.push(format!(
+                        "{}: tar type {:?} (devices and fifos are never made)",
+                        String::from_utf8_lossy(&e.path),
+                        *t as char
+                    ));
+                    continue;
+                }
+            };
+            let xattrs = e
+                .xattrs
+                .iter()
+                .filter(|(k, _)| k == b"security.capability")
+                .cloned()
+                .collect();
+            self.note(
+                path,
+                Meta {
+                    kind,
+                    uid: e.uid,
+                    gid: e.gid,
+                    mode: e.mode & 0o7777,
+                    xattrs,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// What was unpacked.
+    pub fn finish(self) -> Unpacked {
+        self.out
+    }
+
+    fn note(&mut self, path: Vec<u8>, m: Meta) {
+        self.this_layer.insert(path.clone());
+        self.out.meta.insert(path, m);
+    }
+
+    /// Forgets `path` and everything below it.
+    fn forget(&mut self, path: &[u8]) {
+        self.out.meta.remove(path);
+        let mut below = path.to_vec();
+        below.push(b'/');
+        let doomed: Vec<Vec<u8>> = self
+            .out
+            .meta
+            .range(below.clone()..)
+            .take_while(|(k, _)| k.starts_with(&below))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in doomed {
+            self.out.meta.remove(&k);
+        }
+    }
+
+    /// Removes whatever is at `name` before a file, link or hard link takes its place.
+    fn clear(&mut self, dir: &Folder, name: &OsStr, path: &[u8]) -> io::Result<()> {
+        dir.remove_all(name)?;
+        self.forget(path);
+        Ok(())
+    }
+
+    /// Empties `dir` (at `dir_path`) of what lower layers put there.
+    fn opaque(&mut self, dir: &Folder, dir_path: &[u8]) -> Result<(), String> {
+        let names = dir
+            .names()
+            .map_err(|e| format!("cannot list {:?}: {e}", String::from_utf8_lossy(dir_path)))?;
+        for n in names {
+            let p = join(dir_path, n.as_bytes());
+            if self.this_layer.contains(&p) {
+                continue;
+            }
+            dir.remove_all(&n)
+                .map_err(|e| refuse(&p, &format!("an opaque folder cannot be emptied: {e}")))?;
+            self.forget(&p);
+        }
+        Ok(())
+    }
+
+    /// Opens the folder `parts` below the root, making missing ones and refusing symlinks
+    /// and non-folders on the way.
+    fn folder_of(&mut self, path: &[u8], parts: &[Vec<u8>]) -> Result<Folder, String> {
+        let mut cur = Folder::dup(&self.root).map_err(|e| refuse(path, &e.to_string()))?;
+        for (i, c) in parts.iter().enumerate() {
+            let name = OsStr::from_bytes(c);
+            match cur.meta(name) {
+                Ok(m) if m.kind == Type::Dir => {}
+                Ok(m) if m.kind == Type::Symlink => {
+                    return Err(refuse(path, "it lies under a symlink"));
+                }
+                Ok(_) => return Err(refuse(path, "it lies under something that is not a folder")),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    cur.mkdir(name).map_err(|e| refuse(path, &e.to_string()))?;
+                    let p = parts[..=i].join(&b'/');
+                    self.note(
+                        p,
+                        Meta {
+                            kind: FileType::Dir,
+                            uid: 0,
+                            gid: 0,
+                            mode: 0o755,
+                            xattrs: Vec::new(),
+                        },
+                    );
+                    cur.sub(name)
+                        .and_then(|d| d.chmod_self(0o755))
+                        .map_err(|e| refuse(path, &e.to_string()))?;
+                }
+                Err(e) => return Err(refuse(path, &e.to_string())),
+            }
+            cur = cur.sub(name).map_err(|e| refuse(path, &e.to_string()))?;
+        }
+        Ok(cur)
+    }
+}
+
+fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
+    if dir.is_empty() {
+        name.to_vec()
+    } else {
+        [dir, b"/", name].concat()
+    }
+}
+
+/// An entry's path as components (`./` and empty parts dropped); None for the root itself.
+fn split(path: &[u8]) -> Result<Option<Vec<Vec<u8>>>, String> {
+    if path.starts_with(b"/") {
+        return Err(refuse(path, "absolute names are never unpacked"));
+    }
+    let parts: Vec<Vec<u8>> = path
+        .split(|&b| b == b'/')
+        .filter(|c| !c.is_empty() && *c != b".")
+        .map(<[u8]>::to_vec)
+        .collect();
+    if parts.iter().any(|c| c == b"..") {
+        return Err(refuse(path, "'..' would leave the root"));
+    }
+    if parts.len() > MAX_DEPTH {
+        return Err(refuse(path, "it is nested too deep"));
+    }
+    Ok((!parts.is_empty()).then_some(parts))
+}
+
+/// A reader that hashes (SHA-256) and counts what passes through it.
+struct Hashing<R> {
+    inner: R,
+    ctx: ring::digest::Context,
+    n: u64,
+}
+
+impl<R: Read> Hashing<R> {
+    fn new(inner: R) -> Self {
+        Hashing {
+            inner,
+            ctx: ring::digest::Context::new(&ring::digest::SHA256),
+            n: 0,
+        }
+    }
+
+    /// The hex digest and the byte count.
+    fn finish(self) -> (String, u64) {
+        let d = self.ctx.finish();
+        (
+            d.as_ref().iter().map(|b| format!("{b:02x}")).collect(),
+            self.n,
+        )
+    }
+}
+
+impl<R: Read> Read for Hashing<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.ctx.update(&buf[..n]);
+        self.n += n as u64;
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::tar::Writer;
+
+    fn tmp(label: &str) -> std::path::PathBuf {
+        let d = std::env::temp_dir().join(format!("mcq-unpack-{label}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn put(w: &mut Writer<&mut Vec<u8>>, path: &[u8], mode: u32, data: &[u8]) -> io::Result<()> {
+        w.file(path, mode, 0, data.len() as u64, &mut &data[..])
+    }
+
+    fn tar(build: impl FnOnce(&mut Writer<&mut Vec<u8>>)) -> Vec<u8> {
+        let mut v = Vec::new();
+        {
+            let mut w = Writer::new(&mut v);
+            build(&mut w);
+            w.finish().unwrap();
+        }
+        v
+    }
+
+    #[test]
+    fn layers_replace_whiteouts_remove_and_opaque_folders_empty() {
+        let d = tmp("layers");
+        let mut u = Unpacker::new(Folder::open(&d).unwrap(), 1 << 30);
+        u.layer(
+            &tar(|w| {
+                w.dir(b"etc", 0o755, 0).unwrap();
+                put(w, b"etc/a", 0o644, b"one").unwrap();
+                put(w, b"etc/gone", 0o644, b"x").unwrap();
+                w.dir(b"opt/keep", 0o755, 0).unwrap();
+                put(w, b"opt/keep/old", 0o644, b"old").unwrap();
+                w.symlink(b"lnk", b"etc/a", 0).unwrap();
+            })[..],
+        )
+        .unwrap();
+        u.layer(
+            &tar(|w| {
+                put(w, b"etc/a", 0o4755, b"two").unwrap();
+                put(w, b"etc/.wh.gone", 0o644, b"").unwrap();
+                put(w, b"opt/keep/new", 0o644, b"new").unwrap();
+                put(w, b"opt/keep/.wh..wh..opq", 0o644, b"").unwrap();
+                put(w, b"lnk", 0o644, b"now a file").unwrap();
+            })[..],
+        )
+        .unwrap();
+        let out = u.finish();
+        assert_eq!(std::fs::read(d.join("etc/a")).unwrap(), b"two");
+        assert!(!d.join("etc/gone").exists());
+        assert!(
+            !d.join("opt/keep/old").exists(),
+            "the opaque folder lost the lower layer's file"
+        );
+        assert_eq!(
+            std::fs::read(d.join("opt/keep/new")).unwrap(),
+            b"new",
+            "and kept its own"
+        );
+        assert_eq!(std::fs::read(d.join("lnk")).unwrap(), b"now a file");
+        assert_eq!(
+            out.meta[&b"etc/a".to_vec()].mode,
+            0o4755,
+            "setuid kept for the image"
+        );
+        assert!(!out.meta.contains_key(b"etc/gone".as_slice()));
+        assert!(!out.meta.contains_key(b"opt/keep/old".as_slice()));
+        assert_eq!(out.meta[&b"lnk".to_vec()].kind, FileType::File);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn hostile_entries_get_nothing_outside_the_root() {
+        let d = tmp("hostile");
+        let root = d.join("root");
+        std::fs::create_dir(&root).unwrap();
+        let unpack = |t: Vec<u8>| {
+            let mut u = Unpacker::new(Folder::open(&root).unwrap(), 1 << 20);
+            u.layer(&t[..])
+        };
+        assert!(unpack(tar(|w| put(w, b"../evil", 0o644, b"x").unwrap()))
+            .unwrap_err()
+            .contains("'..'"));
+        assert!(unpack(tar(|w| put(w, b"/evil", 0o644, b"x").unwrap()))
+            .unwrap_err()
+            .contains("absolute"));
+        let e = unpack(tar(|w| {
+            w.symlink(b"out", b"..", 0).unwrap();
+            put(w, b"out/evil", 0o644, b"x").unwrap();
+        }))
+        .unwrap_err();
+        assert!(e.contains("under a symlink"), "{e}");
+        let e = unpack(tar(|w| put(w, b"big", 0o644, &vec![0u8; 2 << 20]).unwrap())).unwrap_err();
+        assert!(e.contains("MCQEMU_MAX_IMAGE_MB"), "{e}");
+        assert_eq!(
+            std::fs::read_dir(&d).unwrap().count(),
+            1,
+            "nothing was written beside the root"
+        );
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}
