@@ -26,6 +26,7 @@ mod lifecycle;
 mod live_view;
 mod load;
 mod mcp_protocol;
+mod oci;
 mod pools;
 mod progress;
 mod pull;

@@ -3,9 +3,10 @@
 
 use serde_json::json;
 
+use crate::mcp::tool::ToolError;
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolResult};
-use crate::ops::image::catalog;
 use crate::ops::image::pull::{self, PullRequest};
+use crate::ops::image::{catalog, oci};
 use crate::tools::object;
 use crate::tools::presets;
 
@@ -21,7 +22,11 @@ const PULL_DESCRIPTION: &str = "Download a distribution cloud image and verify i
     partial file and the next pull continues it with an HTTP Range request. Default path: the \
     state folder's images/. The image is then checked like any untrusted image (backing \
     files, external data files). Next: image_prepare turns it into an agent-ready base for \
-    sandbox_vm.";
+    sandbox_vm. Or give oci: a container image (python:3.12-slim, ghcr.io/org/img:tag, \
+    REG/NAME@sha256:..., or oci:DIR[:tag], an OCI image layout), made into an ext4 VM root once per \
+    image digest with the image's owners, modes and file capabilities (every blob checked \
+    against its digest; whiteouts applied; hostile layers refused); config in the result is \
+    the image's Env, WorkingDir, User, Entrypoint, Cmd and ExposedPorts.";
 
 /// `image_pull`.
 pub const PULL: ToolDef = ToolDef {
@@ -45,6 +50,18 @@ pub const PULL: ToolDef = ToolDef {
                 },
                 "path": {"type": "string",
                          "description": "Where to save it; default <state>/images/<file name>."},
+                "oci": {
+                    "type": "string",
+                    "description": "A container image to make a VM root: a registry reference \
+                                    (python:3.12-slim, ghcr.io/org/img:tag, \
+                                    127.0.0.1:5000/x:y) or oci:DIR[:tag] (instead of image or \
+                                    url)."
+                },
+                "arch": {
+                    "type": "string", "enum": ["x86_64", "aarch64"],
+                    "description": "With oci: the guest architecture whose variant is built \
+                                    (default x86_64)."
+                },
                 "overwrite": {"type": "boolean", "default": false}
             }),
             &[],
@@ -57,11 +74,12 @@ pub const PULL: ToolDef = ToolDef {
                 "path": {"type": "string"},
                 "url": {"type": "string", "description": "The URL downloaded."},
                 "source": {
-                    "type": "string", "enum": ["pinned", "latest", "url"],
+                    "type": "string", "enum": ["pinned", "latest", "url", "oci"],
                     "description": "pinned: the catalog's dated URL, checked against its \
                                     pinned digest; latest: the entry's moving URL, checked \
                                     against its checksum file (the pinned URL was gone); url: \
-                                    the url + checksums_url given."
+                                    the url + checksums_url given; oci: a container image made \
+                                    a root (digest is its manifest's)."
                 },
                 "image": {"type": ["string", "null"], "description": "The catalog entry."},
                 "catalog_url": {
@@ -81,7 +99,27 @@ pub const PULL: ToolDef = ToolDef {
                 "bytes": {"type": "integer"},
                 "algorithm": {"type": "string"}, "digest": {"type": "string"},
                 "verified": {"type": "boolean"}, "resumed_from": {"type": "integer"},
-                "format": {"type": "string"}
+                "format": {"type": "string"},
+                "platform": {"type": "string", "description": "oci: linux/amd64 or linux/arm64."},
+                "layers": {"type": "integer", "description": "oci: layers applied."},
+                "cached": {"type": "boolean",
+                           "description": "oci: the root was already built for this digest."},
+                "downloaded": {"type": "integer",
+                               "description": "oci: bytes fetched from the registry (0: all held)."},
+                "config": {
+                    "type": "object",
+                    "description": "oci: the image's program defaults.",
+                    "properties": {
+                        "env": {"type": "array", "items": {"type": "string"}},
+                        "working_dir": {"type": "string"},
+                        "user": {"type": "string"},
+                        "entrypoint": {"type": "array", "items": {"type": "string"}},
+                        "cmd": {"type": "array", "items": {"type": "string"}},
+                        "exposed_ports": {"type": "array", "items": {"type": "string"}}
+                    }
+                },
+                "skipped": {"type": "array", "items": {"type": "string"},
+                            "description": "oci: entries left out (devices, fifos)."}
             },
             "required": ["path", "url", "source", "bytes", "algorithm", "digest", "verified"]
         })
@@ -93,6 +131,20 @@ pub const PULL: ToolDef = ToolDef {
 
 fn pull(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let text = |k: &str| args.opt_str(k).map(|v| v.map(str::to_string));
+    if let Some(reference) = text("oci")? {
+        if args.get("image").is_some() || args.get("url").is_some() || args.get("path").is_some() {
+            return Err(ToolError::of(
+                "invalid_argument",
+                "oci makes a root of a container image: give it alone (not with image, url or \
+                 path; the root's place is the state folder's oci/)",
+            ));
+        }
+        let req = oci::OciRequest {
+            reference,
+            arch: text("arch")?.unwrap_or_else(|| "x86_64".to_string()),
+        };
+        return crate::tools::to_output(&oci::pull(ctx, &req)?);
+    }
     let req = PullRequest {
         image: text("image")?,
         url: text("url")?,

@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""Writes an OCI image layout for the container-image tests, with nothing but the standard
+library: every layer is built here with tarfile, so each case is exactly what the test says.
+
+  build_layout.py DEST TAG [--hostile]
+
+The normal image has two layers:
+  1 (gzip): folders; etc/a ("one"); etc/gone; opt/keep/old; usr/bin/ping, setuid root with a
+    security.capability xattr (cap_net_raw); usr/bin/ping2, a hard link to it; home/user/own,
+    owned 1000:1000, mode 0600; lnk -> etc/a; dev/null, a character device (never made).
+  2 (plain tar): etc/a ("two"); a whiteout of etc/gone; opt/keep made opaque, with opt/keep/new.
+Its config has Env, WorkingDir, User, Entrypoint, Cmd and ExposedPorts.
+--hostile adds a layer whose entry climbs out with '..'.
+Prints the manifest's digest.
+"""
+import gzip
+import hashlib
+import io
+import json
+import os
+import sys
+import tarfile
+
+CAP_NET_RAW = bytes([1, 0, 0, 2, 0, 32, 0, 0]) + bytes(12)
+
+
+def blob(dest, data, media_type):
+    digest = hashlib.sha256(data).hexdigest()
+    with open(os.path.join(dest, "blobs", "sha256", digest), "wb") as f:
+        f.write(data)
+    return {"mediaType": media_type, "digest": "sha256:" + digest, "size": len(data)}
+
+
+def layer(entries):
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as t:
+        for e in entries:
+            info = tarfile.TarInfo(e["name"])
+            info.type = e.get("type", tarfile.REGTYPE)
+            info.mode = e.get("mode", 0o644)
+            info.uid, info.gid = e.get("owner", (0, 0))
+            info.mtime = 1700000000
+            info.linkname = e.get("link", "")
+            if "devmajor" in e:
+                info.devmajor, info.devminor = e["devmajor"], e["devminor"]
+            if "xattrs" in e:
+                info.pax_headers = {"SCHILY.xattr." + k: v.decode("latin-1") for k, v in e["xattrs"].items()}
+            data = e.get("data", b"")
+            info.size = len(data) if info.type == tarfile.REGTYPE else 0
+            t.addfile(info, io.BytesIO(data) if info.type == tarfile.REGTYPE else None)
+    return out.getvalue()
+
+
+def d(name, mode=0o755):
+    return {"name": name, "type": tarfile.DIRTYPE, "mode": mode}
+
+
+def main():
+    dest, tag = sys.argv[1], sys.argv[2]
+    hostile = "--hostile" in sys.argv[3:]
+    os.makedirs(os.path.join(dest, "blobs", "sha256"), exist_ok=True)
+    with open(os.path.join(dest, "oci-layout"), "w") as f:
+        json.dump({"imageLayoutVersion": "1.0.0"}, f)
+    one = layer([
+        d("etc"), d("opt"), d("opt/keep"), d("usr"), d("usr/bin"), d("home"), d("home/user"), d("dev"),
+        {"name": "etc/a", "data": b"one"},
+        {"name": "etc/gone", "data": b"x"},
+        {"name": "opt/keep/old", "data": b"old"},
+        {"name": "usr/bin/ping", "data": b"#!ping", "mode": 0o4755, "xattrs": {"security.capability": CAP_NET_RAW}},
+        {"name": "usr/bin/ping2", "type": tarfile.LNKTYPE, "link": "usr/bin/ping"},
+        {"name": "home/user/own", "data": b"mine", "mode": 0o600, "owner": (1000, 1000)},
+        {"name": "lnk", "type": tarfile.SYMTYPE, "link": "etc/a"},
+        {"name": "dev/null", "type": tarfile.CHRTYPE, "mode": 0o666, "devmajor": 1, "devminor": 3},
+    ])
+    two = layer([
+        {"name": "etc/a", "data": b"two"},
+        {"name": "etc/.wh.gone"},
+        {"name": "opt/keep/.wh..wh..opq"},
+        {"name": "opt/keep/new", "data": b"new"},
+    ])
+    layers = [
+        blob(dest, gzip.compress(one, mtime=0), "application/vnd.oci.image.layer.v1.tar+gzip"),
+        blob(dest, two, "application/vnd.oci.image.layer.v1.tar"),
+    ]
+    diff_ids = ["sha256:" + hashlib.sha256(t).hexdigest() for t in (one, two)]
+    if hostile:
+        evil = layer([{"name": "../evil", "data": b"out"}])
+        layers.append(blob(dest, evil, "application/vnd.oci.image.layer.v1.tar"))
+        diff_ids.append("sha256:" + hashlib.sha256(evil).hexdigest())
+    config = {
+        "architecture": "amd64", "os": "linux",
+        "config": {
+            "Env": ["PATH=/usr/local/bin:/usr/bin:/bin", "GREETING=hello from the image"],
+            "WorkingDir": "/home/user", "User": "1000:1000",
+            "Entrypoint": ["/usr/bin/ping"], "Cmd": ["-c", "1", "10.0.2.2"],
+            "ExposedPorts": {"8080/tcp": {}},
+        },
+        "rootfs": {"type": "layers", "diff_ids": diff_ids},
+    }
+    cfg = blob(dest, json.dumps(config).encode(), "application/vnd.oci.image.config.v1+json")
+    manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                "config": cfg, "layers": layers}
+    m = blob(dest, json.dumps(manifest).encode(), "application/vnd.oci.image.manifest.v1+json")
+    m["annotations"] = {"org.opencontainers.image.ref.name": tag}
+    with open(os.path.join(dest, "index.json"), "w") as f:
+        json.dump({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
+                   "manifests": [m]}, f)
+    print(m["digest"])
+
+
+if __name__ == "__main__":
+    main()
