@@ -5,7 +5,8 @@
 //! (the reference unpacker) makes of the same image. A second pull builds nothing; a blob that
 //! does not match its digest and a layer that climbs out with '..' are refused, leaving
 //! nothing behind. An image pushed (by skopeo) to Debian's docker-registry on 127.0.0.1 is
-//! pulled over the distribution API, kept by digest, and not downloaded again.
+//! pulled over the distribution API, kept by digest, not downloaded again, and a broken-off
+//! layer download is resumed with a Range request.
 
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
@@ -335,6 +336,41 @@ fn an_image_pulled_from_a_registry_is_kept_by_digest_and_not_downloaded_twice() 
         (&json!(0), &json!(true)),
         "{again}"
     );
+
+    // An interrupted pull resumes: half of a layer left as its .partial file (as a broken-off
+    // download leaves it) is continued with a Range request, not fetched again.
+    let store = lab.state().join("oci/store/blobs/sha256");
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(store.join(sha256_hex(&raw))).unwrap()).unwrap();
+    let big = store.join(
+        manifest["layers"][0]["digest"]
+            .as_str()
+            .unwrap()
+            .trim_start_matches("sha256:"),
+    );
+    let whole = std::fs::read(&big).unwrap();
+    let half = whole.len() / 2;
+    std::fs::remove_file(&big).unwrap();
+    std::fs::write(big.with_extension("partial"), &whole[..half]).unwrap();
+    let _ = std::fs::remove_dir_all(
+        lab.state().join("oci").join(
+            again["digest"]
+                .as_str()
+                .unwrap()
+                .trim_start_matches("sha256:"),
+        ),
+    );
+    let resumed = lab
+        .srv()
+        .call_ok_within("image_pull", json!({"oci": reference}), STEP);
+    assert_eq!(
+        resumed["downloaded"],
+        json!(whole.len() - half),
+        "only the missing half came: {resumed}"
+    );
+    assert_eq!(std::fs::read(&big).unwrap(), whole);
+    assert!(!big.with_extension("partial").exists());
+    assert_eq!(resumed["cached"], json!(false), "the root was built again");
 
     // A name the registry does not have.
     let r = lab.srv().call_tool_within(
