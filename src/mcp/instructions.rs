@@ -1,7 +1,7 @@
 //! The `instructions` of `initialize` and `server/discover`: all that a host like Claude Code
 //! shows the model about this server before it searches the tools, so they say in one screen
 //! what mcqemu is, its three journeys and the tool that starts each, templates, the roots rule,
-//! progress, and the resources. `tests/mcp_protocol.rs` pins their length and that every tool
+//! progress, and the resources. `tests/it/mcp_protocol.rs` pins their length and that every tool
 //! they name exists.
 
 /// The longest the instructions may grow: one screen.
