@@ -4,7 +4,8 @@
 //! pull of anything already held downloads nothing; an interrupted blob resumes from its
 //! partial file. Auth: anonymous bearer tokens from `WWW-Authenticate` (as Docker Hub and
 //! ghcr answer), with the user's basic credentials from `~/.docker/config.json` `auths` when
-//! it has some. Plain http only for a registry on this machine.
+//! it has some (credentials a helper keeps are named when the registry refuses an anonymous
+//! pull). Plain http only for a registry on this machine.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -166,19 +167,35 @@ fn add_to_index(
         .map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
+/// What the Docker config says of a host's credentials.
+#[derive(Debug, PartialEq, Eq)]
+enum Creds {
+    /// None: pull anonymously.
+    None,
+    /// The `auths` entry's base64 `user:password`.
+    Basic(String),
+    /// Kept by a credential helper, which mcqemu does not run: said when the registry refuses
+    /// an anonymous pull.
+    Helper(String),
+}
+
 /// Credentials for `host` from the Docker config (`$DOCKER_CONFIG/config.json`, else
-/// `~/.docker/config.json`): the `auths` entry's base64 `user:password`. A credential helper
-/// for the host (which mcqemu does not run) is an error that says so.
-fn credentials(host: &str) -> Result<Option<String>, String> {
+/// `~/.docker/config.json`).
+fn credentials(host: &str) -> Result<Creds, String> {
     let file = match std::env::var_os("DOCKER_CONFIG") {
         Some(d) => PathBuf::from(d).join("config.json"),
         None => match std::env::var_os("HOME") {
             Some(h) => PathBuf::from(h).join(".docker/config.json"),
-            None => return Ok(None),
+            None => return Ok(Creds::None),
         },
     };
-    let Ok(bytes) = std::fs::read(&file) else {
-        return Ok(None);
+    creds_in(&file, host)
+}
+
+/// [`credentials`] from the config file `file`.
+fn creds_in(file: &Path, host: &str) -> Result<Creds, String> {
+    let Ok(bytes) = std::fs::read(file) else {
+        return Ok(Creds::None);
     };
     let v: serde_json::Value = serde_json::from_slice(&bytes)
         .map_err(|e| format!("{} is not JSON: {e}", file.display()))?;
@@ -193,19 +210,18 @@ fn credentials(host: &str) -> Result<Option<String>, String> {
         let ok = keys.iter().any(|x| x == k)
             || (hub && (k.contains("index.docker.io") || k == "docker.io"));
         if let (true, Some(auth)) = (ok, a["auth"].as_str()) {
-            return Ok(Some(auth.to_string()));
+            return Ok(Creds::Basic(auth.to_string()));
         }
     }
     let helper = v["credHelpers"][host].as_str().or(v["credsStore"].as_str());
-    match helper {
-        Some(h) => Err(format!(
+    Ok(match helper {
+        Some(h) => Creds::Helper(format!(
             "{} keeps the credentials for {host} in the helper docker-credential-{h}, which \
-             mcqemu does not run; add an auths entry for {host} (base64 of user:password) or \
-             pull without credentials",
+             mcqemu does not run; add an auths entry for {host} (base64 of user:password)",
             file.display()
         )),
-        None => Ok(None),
-    }
+        None => Creds::None,
+    })
 }
 
 /// One registry session: the agent, the repository, and the token once one is granted.
@@ -216,6 +232,8 @@ struct Client {
     repo: String,
     auth: Option<String>,
     basic: Option<String>,
+    /// Why there are no credentials although the user has some (a helper keeps them).
+    helper: Option<String>,
 }
 
 impl Client {
@@ -231,10 +249,16 @@ impl Client {
             .build()
             .into();
         let host = r.api_host().to_string();
+        let (basic, helper) = match credentials(&host)? {
+            Creds::None => (None, None),
+            Creds::Basic(b) => (Some(b), None),
+            Creds::Helper(why) => (None, Some(why)),
+        };
         Ok(Client {
             agent,
             base: format!("{scheme}://{host}"),
-            basic: credentials(&host)?,
+            basic,
+            helper,
             host,
             repo: r.repository.clone(),
             auth: None,
@@ -300,11 +324,17 @@ impl Client {
                     hops += 1;
                 }
                 401 => {
-                    return Err(format!(
-                        "the registry {} refused access to {} (HTTP 401); log in (docker login \
-                         writes ~/.docker/config.json) or check the name",
-                        self.host, self.repo
-                    ))
+                    return Err(match &self.helper {
+                        Some(why) => format!(
+                            "the registry {} refused access to {} (HTTP 401): {why}",
+                            self.host, self.repo
+                        ),
+                        None => format!(
+                            "the registry {} refused access to {} (HTTP 401); log in (docker \
+                             login writes ~/.docker/config.json) or check the name",
+                            self.host, self.repo
+                        ),
+                    })
                 }
                 404 => {
                     return Err(format!(
@@ -328,12 +358,16 @@ impl Client {
     fn authenticate(&mut self, challenge: &str) -> Result<(), String> {
         let (scheme, params) = challenge.split_once(' ').unwrap_or((challenge, ""));
         if scheme.eq_ignore_ascii_case("basic") {
-            let b = self.basic.clone().ok_or_else(|| {
-                format!(
+            let b = self.basic.clone().ok_or_else(|| match &self.helper {
+                Some(why) => format!(
+                    "the registry {} wants a user and password: {why}",
+                    self.host
+                ),
+                None => format!(
                     "the registry {} wants a user and password; add them to ~/.docker/config.json \
                      (docker login does)",
                     self.host
-                )
+                ),
             })?;
             self.auth = Some(format!("Basic {b}"));
             return Ok(());
@@ -532,6 +566,36 @@ fn enc(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn credentials_come_from_auths_and_a_helper_is_named() {
+        let f = std::env::temp_dir().join(format!("mcq-docker-config-{}.json", std::process::id()));
+        std::fs::write(
+            &f,
+            r#"{"auths": {"https://ghcr.io": {"auth": "dTpw"}, "https://index.docker.io/v1/": {"auth": "aHViOnB3"}},
+                "credHelpers": {"quay.io": "secretservice"}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            creds_in(&f, "ghcr.io").unwrap(),
+            Creds::Basic("dTpw".into())
+        );
+        assert_eq!(
+            creds_in(&f, "registry-1.docker.io").unwrap(),
+            Creds::Basic("aHViOnB3".into())
+        );
+        match creds_in(&f, "quay.io").unwrap() {
+            Creds::Helper(why) => assert!(why.contains("docker-credential-secretservice"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(creds_in(&f, "127.0.0.1:5000").unwrap(), Creds::None);
+        let _ = std::fs::remove_file(&f);
+        assert_eq!(
+            creds_in(&f, "ghcr.io").unwrap(),
+            Creds::None,
+            "no config: anonymous"
+        );
+    }
 
     #[test]
     fn query_values_are_encoded() {
