@@ -4,10 +4,15 @@
 //! checked against its digest and size before it is parsed; layers are checked as they are
 //! unpacked ([`Layer::digest`]).
 
+use std::ffi::OsStr;
+use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
+
+use super::error::OciError;
+use crate::state::tree::Folder;
 
 /// Largest index, manifest or config read (real ones are a few KiB).
 const MAX_JSON: u64 = 4 << 20;
@@ -34,8 +39,15 @@ pub struct Layer {
     pub size: u64,
     /// How its tar is compressed.
     pub compression: Compression,
-    /// Where its blob is.
-    pub path: PathBuf,
+    /// The layout holding its blob.
+    pub layout: PathBuf,
+}
+
+impl Layer {
+    /// Opens its blob ([`open_blob`]).
+    pub fn open(&self) -> Result<File, OciError> {
+        open_blob(&self.layout, &self.digest)
+    }
 }
 
 /// What a guest program gets from the image: the defaults guest_exec applies and what runs
@@ -142,21 +154,20 @@ pub fn platform_arch(guest_arch: &str) -> &str {
 
 /// Reads the image `tag` (None: the only one) of the layout at `dir`, for a guest of
 /// `guest_arch`.
-pub fn read(dir: &Path, tag: Option<&str>, guest_arch: &str) -> Result<Image, String> {
-    let marker = read_capped(&dir.join("oci-layout"), 4096).map_err(|e| {
-        format!(
-            "{} is not an OCI image layout (its oci-layout file: {e})",
+pub fn read(dir: &Path, tag: Option<&str>, guest_arch: &str) -> Result<Image, OciError> {
+    let not_layout = |why: String| {
+        OciError::Invalid(format!(
+            "{} is not an OCI image layout (its oci-layout file: {why})",
             dir.display()
-        )
-    })?;
+        ))
+    };
+    let marker =
+        read_capped(dir, &[], "oci-layout", 4096).map_err(|e| not_layout(e.to_string()))?;
     if !String::from_utf8_lossy(&marker).contains("imageLayoutVersion") {
-        return Err(format!(
-            "{}/oci-layout is not an OCI layout marker",
-            dir.display()
-        ));
+        return Err(not_layout("no imageLayoutVersion".into()));
     }
     let index: Index = parse(
-        &read_capped(&dir.join("index.json"), MAX_JSON)?,
+        &read_capped(dir, &[], "index.json", MAX_JSON)?,
         "index.json",
     )?;
     let arch = platform_arch(guest_arch);
@@ -166,15 +177,16 @@ pub fn read(dir: &Path, tag: Option<&str>, guest_arch: &str) -> Result<Image, St
             "application/vnd.oci.image.index.v1+json"
             | "application/vnd.docker.distribution.manifest.list.v2+json" => {
                 let inner: Index = parse(&blob(dir, &desc)?, &desc.digest)?;
-                desc = pick_platform(inner.manifests, arch)
-                    .ok_or_else(|| format!("the image has no linux/{arch} variant"))?;
+                desc = pick_platform(inner.manifests, arch).ok_or_else(|| {
+                    OciError::NotFound(format!("the image has no linux/{arch} variant"))
+                })?;
             }
             _ => return manifest(dir, &desc, arch),
         }
     }
-    Err(format!(
+    Err(OciError::Invalid(format!(
         "the image's indexes nest deeper than {MAX_NESTING}"
-    ))
+    )))
 }
 
 /// The index entry named `tag`, or the only one.
@@ -182,7 +194,7 @@ fn pick_tag<'a>(
     entries: &'a [Descriptor],
     tag: Option<&str>,
     dir: &Path,
-) -> Result<&'a Descriptor, String> {
+) -> Result<&'a Descriptor, OciError> {
     let names = || {
         entries
             .iter()
@@ -195,21 +207,24 @@ fn pick_tag<'a>(
             .iter()
             .find(|d| d.annotations.get(REF_NAME).map(String::as_str) == Some(t))
             .ok_or_else(|| {
-                format!(
+                OciError::NotFound(format!(
                     "the layout {} has no image tagged {t:?} (it has: {})",
                     dir.display(),
                     names()
-                )
+                ))
             }),
         None => match entries {
             [one] => Ok(one),
-            [] => Err(format!("the layout {} holds no image", dir.display())),
-            _ => Err(format!(
+            [] => Err(OciError::NotFound(format!(
+                "the layout {} holds no image",
+                dir.display()
+            ))),
+            _ => Err(OciError::Invalid(format!(
                 "the layout {} holds {} images; name one as oci:DIR:TAG (tags: {})",
                 dir.display(),
                 entries.len(),
                 names()
-            )),
+            ))),
         },
     }
 }
@@ -234,36 +249,37 @@ fn pick_platform(entries: Vec<Descriptor>, arch: &str) -> Option<Descriptor> {
 }
 
 /// The image of manifest `desc`.
-fn manifest(dir: &Path, desc: &Descriptor, arch: &str) -> Result<Image, String> {
+fn manifest(dir: &Path, desc: &Descriptor, arch: &str) -> Result<Image, OciError> {
     let m: Manifest = parse(&blob(dir, desc)?, &desc.digest)?;
     if !m.media_type.is_empty()
         && m.media_type != "application/vnd.oci.image.manifest.v1+json"
         && m.media_type != "application/vnd.docker.distribution.manifest.v2+json"
     {
-        return Err(format!(
+        return Err(OciError::Invalid(format!(
             "the manifest's media type {:?} is not an image's",
             m.media_type
-        ));
+        )));
     }
     let c: ConfigBlob = parse(&blob(dir, &m.config)?, &m.config.digest)?;
     if c.os != "linux" || c.architecture != arch {
-        return Err(format!(
+        return Err(OciError::NotFound(format!(
             "the image is for {}/{}, not linux/{arch}; pick its linux/{arch} variant",
             c.os, c.architecture
-        ));
+        )));
     }
     let layers = m
         .layers
         .iter()
         .map(|d| {
+            blob_name(&d.digest)?;
             Ok(Layer {
                 digest: d.digest.clone(),
                 size: d.size,
                 compression: compression(&d.media_type)?,
-                path: blob_path(dir, &d.digest)?,
+                layout: dir.to_path_buf(),
             })
         })
-        .collect::<Result<Vec<_>, String>>()?;
+        .collect::<Result<Vec<_>, OciError>>()?;
     let cc = c.config.unwrap_or_default();
     Ok(Image {
         manifest_digest: desc.digest.clone(),
@@ -281,7 +297,7 @@ fn manifest(dir: &Path, desc: &Descriptor, arch: &str) -> Result<Image, String> 
 }
 
 /// A layer's compression from its media type; zstd and foreign layers are refused by name.
-fn compression(media_type: &str) -> Result<Compression, String> {
+fn compression(media_type: &str) -> Result<Compression, OciError> {
     match media_type {
         "application/vnd.oci.image.layer.v1.tar"
         | "application/vnd.oci.image.layer.nondistributable.v1.tar" => Ok(Compression::None),
@@ -289,78 +305,113 @@ fn compression(media_type: &str) -> Result<Compression, String> {
         | "application/vnd.oci.image.layer.nondistributable.v1.tar+gzip"
         | "application/vnd.docker.image.rootfs.diff.tar.gzip"
         | "application/vnd.docker.image.rootfs.foreign.diff.tar.gzip" => Ok(Compression::Gzip),
-        t if t.ends_with("+zstd") => Err(format!(
+        t if t.ends_with("+zstd") => Err(OciError::Invalid(format!(
             "the image has a zstd layer ({t}), which mcqemu does not unpack yet; convert it \
              with skopeo copy --dest-compress-format gzip"
-        )),
-        t => Err(format!("the image has a layer of an unknown type {t:?}")),
+        ))),
+        t => Err(OciError::Invalid(format!(
+            "the image has a layer of an unknown type {t:?}"
+        ))),
     }
 }
 
-/// Where blob `digest` lives in the layout (only sha256 digests name a file).
-fn blob_path(dir: &Path, digest: &str) -> Result<PathBuf, String> {
+/// The file name blob `digest` has under `blobs/sha256/` (only sha256 digests name a file).
+pub fn blob_name(digest: &str) -> Result<&str, OciError> {
     match digest.strip_prefix("sha256:") {
-        Some(hex) if hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()) => {
-            Ok(dir.join("blobs/sha256").join(hex))
+        Some(hex)
+            if hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) =>
+        {
+            Ok(hex)
         }
-        _ => Err(format!("the blob digest {digest:?} is not a sha256 digest")),
+        _ => Err(OciError::Invalid(format!(
+            "the blob digest {digest:?} is not a sha256 digest"
+        ))),
     }
+}
+
+/// Opens blob `digest` of the layout at `dir` through its folders, none of them a symlink
+/// (a layout the caller names may hold links that point out of it).
+pub fn open_blob(dir: &Path, digest: &str) -> Result<File, OciError> {
+    let name = blob_name(digest)?;
+    open_beneath(dir, &["blobs", "sha256"], name)
+        .map_err(|e| OciError::Invalid(format!("the layout has no readable blob {digest}: {e}")))
+}
+
+/// `dir`/`folders`/`name`, each step opened with `O_NOFOLLOW`.
+fn open_beneath(dir: &Path, folders: &[&str], name: &str) -> std::io::Result<File> {
+    let mut cur = Folder::open_following(dir)?;
+    for f in folders {
+        cur = cur.sub(OsStr::new(f))?;
+    }
+    let file = cur.open_file(OsStr::new(name))?;
+    if !file.metadata()?.is_file() {
+        return Err(std::io::Error::other("it is not a regular file"));
+    }
+    Ok(file)
 }
 
 /// A JSON blob's bytes, checked against its descriptor's size and digest.
-fn blob(dir: &Path, d: &Descriptor) -> Result<Vec<u8>, String> {
+fn blob(dir: &Path, d: &Descriptor) -> Result<Vec<u8>, OciError> {
     if d.size > MAX_JSON {
-        return Err(format!(
+        return Err(OciError::Refused(format!(
             "the blob {} is {} bytes, more than a manifest or config may be",
             d.digest, d.size
-        ));
+        )));
     }
-    let bytes = read_capped(&blob_path(dir, &d.digest)?, MAX_JSON)?;
+    let bytes = read_capped(dir, &["blobs", "sha256"], blob_name(&d.digest)?, MAX_JSON)?;
     if bytes.len() as u64 != d.size {
-        return Err(format!(
+        return Err(OciError::Refused(format!(
             "the blob {} is {} bytes, not the {} its descriptor says",
             d.digest,
             bytes.len(),
             d.size
-        ));
+        )));
     }
     let got = sha256_hex(&bytes);
     if d.digest != format!("sha256:{got}") {
-        return Err(format!(
+        return Err(OciError::Refused(format!(
             "the blob {} does not match its digest (its content hashes to sha256:{got})",
             d.digest
-        ));
+        )));
     }
     Ok(bytes)
 }
 
 /// The lowercase hex SHA-256 of `bytes`.
 pub fn sha256_hex(bytes: &[u8]) -> String {
-    ring::digest::digest(&ring::digest::SHA256, bytes)
-        .as_ref()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    hex(ring::digest::digest(&ring::digest::SHA256, bytes).as_ref())
 }
 
-fn parse<T: for<'de> Deserialize<'de>>(bytes: &[u8], what: &str) -> Result<T, String> {
-    serde_json::from_slice(bytes).map_err(|e| format!("{what} is not valid JSON of its kind: {e}"))
+/// Bytes as lowercase hex.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// At most `cap` bytes of `path` (more is an error), never following a symlink at the leaf.
-fn read_capped(path: &Path, cap: u64) -> Result<Vec<u8>, String> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+fn parse<T: for<'de> Deserialize<'de>>(bytes: &[u8], what: &str) -> Result<T, OciError> {
+    serde_json::from_slice(bytes)
+        .map_err(|e| OciError::Invalid(format!("{what} is not valid JSON of its kind: {e}")))
+}
+
+/// At most `cap` bytes of `dir`/`folders`/`name` (more is an error), opened beneath `dir`.
+fn read_capped(dir: &Path, folders: &[&str], name: &str, cap: u64) -> Result<Vec<u8>, OciError> {
+    let shown = || {
+        format!(
+            "{}/{}",
+            dir.display(),
+            [folders, &[name]].concat().join("/")
+        )
+    };
+    let f = open_beneath(dir, folders, name)
+        .map_err(|e| OciError::Invalid(format!("cannot read {}: {e}", shown())))?;
     let mut out = Vec::new();
     f.take(cap + 1)
         .read_to_end(&mut out)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        .map_err(|e| OciError::Host(format!("cannot read {}: {e}", shown())))?;
     if out.len() as u64 > cap {
-        return Err(format!("{} is larger than {cap} bytes", path.display()));
+        return Err(OciError::Refused(format!(
+            "{} is larger than {cap} bytes",
+            shown()
+        )));
     }
     Ok(out)
 }
@@ -442,18 +493,22 @@ mod tests {
         assert_eq!(img.layers.len(), 2);
         assert_eq!(img.layers[0].compression, Compression::Gzip);
         assert_eq!(img.layers[1].compression, Compression::None);
-        assert_eq!(std::fs::read(&img.layers[0].path).unwrap(), b"layer one");
+        let mut one = Vec::new();
+        img.layers[0].open().unwrap().read_to_end(&mut one).unwrap();
+        assert_eq!(one, b"layer one");
         assert!(
             read(&l.0, None, "x86_64").is_ok(),
             "the only image needs no tag"
         );
         let e = read(&l.0, Some("v2"), "x86_64").unwrap_err();
         assert!(
-            e.contains("no image tagged \"v2\"") && e.contains("v1"),
+            e.msg().contains("no image tagged \"v2\"") && e.msg().contains("v1"),
             "{e}"
         );
+        assert!(matches!(e, OciError::NotFound(_)), "{e}");
         let e = read(&l.0, None, "aarch64").unwrap_err();
-        assert!(e.contains("linux/amd64, not linux/arm64"), "{e}");
+        assert!(matches!(e, OciError::NotFound(_)), "{e}");
+        assert!(e.msg().contains("linux/amd64, not linux/arm64"), "{e}");
     }
 
     #[test]
@@ -476,7 +531,7 @@ mod tests {
             ["A=arm"]
         );
         let e = read(&l.0, None, "riscv64").unwrap_err();
-        assert!(e.contains("no linux/riscv64 variant"), "{e}");
+        assert!(e.msg().contains("no linux/riscv64 variant"), "{e}");
     }
 
     #[test]
@@ -494,21 +549,39 @@ mod tests {
         bytes[10] ^= 1;
         std::fs::write(&p, &bytes).unwrap();
         let e = read(&l.0, None, "x86_64").unwrap_err();
-        assert!(e.contains("does not match its digest"), "{e}");
+        assert!(e.msg().contains("does not match its digest"), "{e}");
+        assert!(matches!(e, OciError::Refused(_)), "{e}");
         bytes.push(b' ');
         std::fs::write(&p, &bytes).unwrap();
         let e = read(&l.0, None, "x86_64").unwrap_err();
-        assert!(e.contains("not the"), "{e}");
+        assert!(e.msg().contains("not the"), "{e}");
     }
 
     #[test]
     fn zstd_and_unknown_layers_and_non_layouts_are_refused_by_name() {
         assert!(compression("application/vnd.oci.image.layer.v1.tar+zstd")
             .unwrap_err()
+            .msg()
             .contains("zstd"));
         assert!(compression("application/x-foo").is_err());
-        assert!(blob_path(Path::new("/l"), "sha256:../../etc/passwd").is_err());
+        assert!(blob_name("sha256:../../etc/passwd").is_err());
         let e = read(Path::new("/nonexistent-layout"), None, "x86_64").unwrap_err();
-        assert!(e.contains("not an OCI image layout"), "{e}");
+        assert!(e.msg().contains("not an OCI image layout"), "{e}");
+        assert!(matches!(e, OciError::Invalid(_)), "{e}");
+    }
+
+    /// A layout's blobs folder that is a symlink out of it is not followed.
+    #[test]
+    fn a_symlinked_blobs_folder_is_not_followed() {
+        let l = Lay::new("symlinked");
+        let m = l.image("amd64", &[]);
+        l.index(vec![m]);
+        let elsewhere = l.0.with_extension("elsewhere");
+        let _ = std::fs::remove_dir_all(&elsewhere);
+        std::fs::rename(l.0.join("blobs"), &elsewhere).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, l.0.join("blobs")).unwrap();
+        let e = read(&l.0, None, "x86_64").unwrap_err();
+        assert!(e.msg().contains("cannot read"), "{e}");
+        let _ = std::fs::remove_dir_all(&elsewhere);
     }
 }

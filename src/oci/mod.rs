@@ -4,6 +4,7 @@
 //! ([`unpack`]), and that folder made an ext4 image with the image's owners ([`rootfs`]).
 //! Below ops; knows no VM.
 
+pub mod error;
 pub mod layout;
 pub mod reference;
 pub mod registry;

@@ -11,7 +11,8 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::layout::{platform_arch, sha256_hex};
+use super::error::OciError;
+use super::layout::{blob_name, hex, platform_arch, sha256_hex};
 use super::reference::Reference;
 
 /// Media types a manifest request accepts.
@@ -40,13 +41,13 @@ pub fn fetch(
     guest_arch: &str,
     progress: &dyn Fn(u64, u64, &str),
     cancelled: &dyn Fn() -> bool,
-) -> Result<Fetched, String> {
+) -> Result<Fetched, OciError> {
     std::fs::create_dir_all(store.join("blobs/sha256"))
-        .map_err(|e| format!("cannot create {}: {e}", store.display()))?;
+        .map_err(|e| OciError::Host(format!("cannot create {}: {e}", store.display())))?;
     let marker = store.join("oci-layout");
     if !marker.exists() {
         std::fs::write(&marker, br#"{"imageLayoutVersion":"1.0.0"}"#)
-            .map_err(|e| format!("cannot write {}: {e}", marker.display()))?;
+            .map_err(|e| OciError::Host(format!("cannot write {}: {e}", marker.display())))?;
     }
     let mut c = Client::new(r)?;
     let (top, top_type) = c.manifest(r.manifest_ref(), r.digest.as_deref())?;
@@ -60,8 +61,8 @@ pub fn fetch(
         keep(store, &digest, &m)?;
         manifest = m;
     }
-    let m: serde_json::Value =
-        serde_json::from_slice(&manifest).map_err(|e| format!("the manifest is not JSON: {e}"))?;
+    let m: serde_json::Value = serde_json::from_slice(&manifest)
+        .map_err(|e| OciError::Invalid(format!("the manifest is not JSON: {e}")))?;
     let mut blobs = vec![&m["config"]];
     blobs.extend(m["layers"].as_array().into_iter().flatten());
     let total: u64 = blobs.iter().filter_map(|b| b["size"].as_u64()).sum();
@@ -69,10 +70,12 @@ pub fn fetch(
     let mut done = 0;
     for b in blobs {
         if cancelled() {
-            return Err("cancelled by the client".into());
+            return Err(OciError::Cancelled("cancelled by the client".into()));
         }
         let (Some(digest), Some(size)) = (b["digest"].as_str(), b["size"].as_u64()) else {
-            return Err("the manifest names a blob without a digest or size".into());
+            return Err(OciError::Invalid(
+                "the manifest names a blob without a digest or size".into(),
+            ));
         };
         let path = blob_path(store, digest)?;
         if std::fs::metadata(&path).is_ok_and(|m| m.len() == size) {
@@ -103,9 +106,9 @@ fn is_index(media_type: &str, body: &[u8]) -> bool {
 }
 
 /// The digest of the index's linux/`arch` manifest.
-fn pick(index: &[u8], arch: &str) -> Result<String, String> {
-    let v: serde_json::Value =
-        serde_json::from_slice(index).map_err(|e| format!("the image index is not JSON: {e}"))?;
+fn pick(index: &[u8], arch: &str) -> Result<String, OciError> {
+    let v: serde_json::Value = serde_json::from_slice(index)
+        .map_err(|e| OciError::Invalid(format!("the image index is not JSON: {e}")))?;
     v["manifests"]
         .as_array()
         .into_iter()
@@ -113,27 +116,20 @@ fn pick(index: &[u8], arch: &str) -> Result<String, String> {
         .find(|m| m["platform"]["os"] == "linux" && m["platform"]["architecture"] == arch)
         .and_then(|m| m["digest"].as_str())
         .map(str::to_string)
-        .ok_or_else(|| format!("the image has no linux/{arch} variant"))
+        .ok_or_else(|| OciError::NotFound(format!("the image has no linux/{arch} variant")))
 }
 
-fn blob_path(store: &Path, digest: &str) -> Result<PathBuf, String> {
-    match digest.strip_prefix("sha256:") {
-        Some(hex)
-            if hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) =>
-        {
-            Ok(store.join("blobs/sha256").join(hex))
-        }
-        _ => Err(format!("the blob digest {digest:?} is not a sha256 digest")),
-    }
+fn blob_path(store: &Path, digest: &str) -> Result<PathBuf, OciError> {
+    Ok(store.join("blobs/sha256").join(blob_name(digest)?))
 }
 
 /// Keeps a small blob already checked against `digest`.
-fn keep(store: &Path, digest: &str, bytes: &[u8]) -> Result<(), String> {
+fn keep(store: &Path, digest: &str, bytes: &[u8]) -> Result<(), OciError> {
     let path = blob_path(store, digest)?;
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, bytes)
         .and_then(|()| std::fs::rename(&tmp, &path))
-        .map_err(|e| format!("cannot keep {digest}: {e}"))
+        .map_err(|e| OciError::Host(format!("cannot keep {digest}: {e}")))
 }
 
 /// Names the image `name` in the store's index (replacing an older entry of that name).
@@ -143,7 +139,7 @@ fn add_to_index(
     digest: &str,
     media_type: &str,
     size: u64,
-) -> Result<(), String> {
+) -> Result<(), OciError> {
     let path = store.join("index.json");
     let mut index: serde_json::Value = std::fs::read(&path)
         .ok()
@@ -158,13 +154,13 @@ fn add_to_index(
         "annotations": {"org.opencontainers.image.ref.name": name}});
     let list = index["manifests"]
         .as_array_mut()
-        .ok_or("the store's index.json is damaged")?;
+        .ok_or_else(|| OciError::Host("the store's index.json is damaged".into()))?;
     list.retain(|m| m["annotations"]["org.opencontainers.image.ref.name"] != name);
     list.push(entry);
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, index.to_string())
         .and_then(|()| std::fs::rename(&tmp, &path))
-        .map_err(|e| format!("cannot write {}: {e}", path.display()))
+        .map_err(|e| OciError::Host(format!("cannot write {}: {e}", path.display())))
 }
 
 /// What the Docker config says of a host's credentials.
@@ -181,7 +177,7 @@ enum Creds {
 
 /// Credentials for `host` from the Docker config (`$DOCKER_CONFIG/config.json`, else
 /// `~/.docker/config.json`).
-fn credentials(host: &str) -> Result<Creds, String> {
+fn credentials(host: &str) -> Result<Creds, OciError> {
     let file = match std::env::var_os("DOCKER_CONFIG") {
         Some(d) => PathBuf::from(d).join("config.json"),
         None => match std::env::var_os("HOME") {
@@ -193,12 +189,12 @@ fn credentials(host: &str) -> Result<Creds, String> {
 }
 
 /// [`credentials`] from the config file `file`.
-fn creds_in(file: &Path, host: &str) -> Result<Creds, String> {
+fn creds_in(file: &Path, host: &str) -> Result<Creds, OciError> {
     let Ok(bytes) = std::fs::read(file) else {
         return Ok(Creds::None);
     };
     let v: serde_json::Value = serde_json::from_slice(&bytes)
-        .map_err(|e| format!("{} is not JSON: {e}", file.display()))?;
+        .map_err(|e| OciError::Invalid(format!("{} is not JSON: {e}", file.display())))?;
     let keys = [
         host.to_string(),
         format!("https://{host}"),
@@ -237,7 +233,7 @@ struct Client {
 }
 
 impl Client {
-    fn new(r: &Reference) -> Result<Client, String> {
+    fn new(r: &Reference) -> Result<Client, OciError> {
         let scheme = if r.is_loopback() { "http" } else { "https" };
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .timeout_connect(Some(Duration::from_secs(20)))
@@ -272,7 +268,7 @@ impl Client {
         path: &str,
         accept: Option<&str>,
         from: u64,
-    ) -> Result<ureq::http::Response<ureq::Body>, String> {
+    ) -> Result<ureq::http::Response<ureq::Body>, OciError> {
         let mut url = format!("{}{path}", self.base);
         let mut challenged = false;
         let mut hops = 0;
@@ -288,9 +284,9 @@ impl Client {
             if let (true, Some(a)) = (same_host, &self.auth) {
                 rb = rb.header("Authorization", a);
             }
-            let resp = rb
-                .call()
-                .map_err(|e| format!("the registry {} did not answer: {e}", self.host))?;
+            let resp = rb.call().map_err(|e| {
+                OciError::Host(format!("the registry {} did not answer: {e}", self.host))
+            })?;
             let status = resp.status().as_u16();
             match status {
                 401 if same_host && !challenged => {
@@ -309,22 +305,33 @@ impl Client {
                         .get("location")
                         .and_then(|v| v.to_str().ok())
                         .ok_or_else(|| {
-                            format!("the registry answered {status} without a Location")
+                            OciError::Host(format!(
+                                "the registry answered {status} without a Location"
+                            ))
                         })?;
                     if hops >= MAX_REDIRECTS {
-                        return Err(format!("too many redirects for {path}"));
+                        return Err(OciError::Host(format!("too many redirects for {path}")));
                     }
-                    url = if loc.starts_with("http://") || loc.starts_with("https://") {
+                    url = if loc.starts_with("https://")
+                        || (loc.starts_with("http://") && self.base.starts_with("http://"))
+                    {
                         loc.to_string()
+                    } else if loc.starts_with("http://") {
+                        return Err(OciError::Refused(format!(
+                            "the registry {} redirected to plain http ({loc}); refused",
+                            self.host
+                        )));
                     } else if loc.starts_with('/') {
                         format!("{}{loc}", self.base)
                     } else {
-                        return Err(format!("the registry redirected to {loc:?}"));
+                        return Err(OciError::Host(format!(
+                            "the registry redirected to {loc:?}"
+                        )));
                     };
                     hops += 1;
                 }
                 401 => {
-                    return Err(match &self.helper {
+                    return Err(OciError::Refused(match &self.helper {
                         Some(why) => format!(
                             "the registry {} refused access to {} (HTTP 401): {why}",
                             self.host, self.repo
@@ -334,20 +341,20 @@ impl Client {
                              login writes ~/.docker/config.json) or check the name",
                             self.host, self.repo
                         ),
-                    })
+                    }))
                 }
                 404 => {
-                    return Err(format!(
+                    return Err(OciError::NotFound(format!(
                         "{}{path} is not in the registry (HTTP 404)",
                         self.host
-                    ))
+                    )))
                 }
                 200..=299 => return Ok(resp),
                 s => {
-                    return Err(format!(
+                    return Err(OciError::Host(format!(
                         "the registry {} answered HTTP {s} for {path}",
                         self.host
-                    ))
+                    )))
                 }
             }
         }
@@ -355,28 +362,30 @@ impl Client {
 
     /// Answers a `WWW-Authenticate` challenge: a bearer token from its realm (with the basic
     /// credentials when there are some), or the basic credentials themselves.
-    fn authenticate(&mut self, challenge: &str) -> Result<(), String> {
+    fn authenticate(&mut self, challenge: &str) -> Result<(), OciError> {
         let (scheme, params) = challenge.split_once(' ').unwrap_or((challenge, ""));
         if scheme.eq_ignore_ascii_case("basic") {
-            let b = self.basic.clone().ok_or_else(|| match &self.helper {
-                Some(why) => format!(
-                    "the registry {} wants a user and password: {why}",
-                    self.host
-                ),
-                None => format!(
+            let b = self.basic.clone().ok_or_else(|| {
+                OciError::Refused(match &self.helper {
+                    Some(why) => format!(
+                        "the registry {} wants a user and password: {why}",
+                        self.host
+                    ),
+                    None => format!(
                     "the registry {} wants a user and password; add them to ~/.docker/config.json \
                      (docker login does)",
                     self.host
                 ),
+                })
             })?;
             self.auth = Some(format!("Basic {b}"));
             return Ok(());
         }
         if !scheme.eq_ignore_ascii_case("bearer") {
-            return Err(format!(
+            return Err(OciError::Refused(format!(
                 "the registry {} asks for {scheme:?} auth, which mcqemu does not speak",
                 self.host
-            ));
+            )));
         }
         let param = |k: &str| {
             params.split(',').find_map(|p| {
@@ -384,11 +393,15 @@ impl Client {
                 (key.eq_ignore_ascii_case(k)).then(|| v.trim_matches('"').to_string())
             })
         };
-        let realm = param("realm").ok_or("the registry's bearer challenge names no realm")?;
+        let realm = param("realm").ok_or_else(|| {
+            OciError::Refused("the registry's bearer challenge names no realm".into())
+        })?;
         if !(realm.starts_with("https://")
             || (realm.starts_with("http://") && self.base.starts_with("http://")))
         {
-            return Err(format!("the registry's token realm {realm:?} is not https"));
+            return Err(OciError::Refused(format!(
+                "the registry's token realm {realm:?} is not https"
+            )));
         }
         let scope = param("scope").unwrap_or_else(|| format!("repository:{}:pull", self.repo));
         let mut url = format!("{realm}?scope={}", enc(&scope));
@@ -399,27 +412,27 @@ impl Client {
         if let Some(b) = &self.basic {
             rb = rb.header("Authorization", &format!("Basic {b}"));
         }
-        let mut resp = rb
-            .call()
-            .map_err(|e| format!("the token service {realm} did not answer: {e}"))?;
+        let mut resp = rb.call().map_err(|e| {
+            OciError::Host(format!("the token service {realm} did not answer: {e}"))
+        })?;
         if resp.status().as_u16() != 200 {
-            return Err(format!(
+            return Err(OciError::Host(format!(
                 "the token service {realm} answered HTTP {}",
                 resp.status().as_u16()
-            ));
+            )));
         }
         let body = resp
             .body_mut()
             .with_config()
             .limit(1 << 20)
             .read_to_vec()
-            .map_err(|e| format!("cannot read the token: {e}"))?;
-        let v: serde_json::Value =
-            serde_json::from_slice(&body).map_err(|e| format!("the token is not JSON: {e}"))?;
+            .map_err(|e| OciError::Host(format!("cannot read the token: {e}")))?;
+        let v: serde_json::Value = serde_json::from_slice(&body)
+            .map_err(|e| OciError::Invalid(format!("the token is not JSON: {e}")))?;
         let token = v["token"]
             .as_str()
             .or(v["access_token"].as_str())
-            .ok_or("the token service gave no token")?;
+            .ok_or_else(|| OciError::Host("the token service gave no token".into()))?;
         self.auth = Some(format!("Bearer {token}"));
         Ok(())
     }
@@ -429,7 +442,7 @@ impl Client {
         &mut self,
         reference: &str,
         digest: Option<&str>,
-    ) -> Result<(Vec<u8>, String), String> {
+    ) -> Result<(Vec<u8>, String), OciError> {
         let path = format!("/v2/{}/manifests/{reference}", self.repo);
         let mut resp = self.get(&path, Some(ACCEPT), 0)?;
         let media_type = resp
@@ -447,13 +460,13 @@ impl Client {
             .with_config()
             .limit(MAX_MANIFEST)
             .read_to_vec()
-            .map_err(|e| format!("cannot read the manifest {reference}: {e}"))?;
+            .map_err(|e| OciError::Host(format!("cannot read the manifest {reference}: {e}")))?;
         if let Some(d) = digest {
             let got = format!("sha256:{}", sha256_hex(&body));
             if got != d {
-                return Err(format!(
+                return Err(OciError::Refused(format!(
                     "the manifest {d} does not match its digest (it hashes to {got})"
-                ));
+                )));
             }
         }
         Ok((body, media_type))
@@ -468,7 +481,7 @@ impl Client {
         dest: &Path,
         progress: &dyn Fn(u64),
         cancelled: &dyn Fn() -> bool,
-    ) -> Result<u64, String> {
+    ) -> Result<u64, OciError> {
         let partial = dest.with_extension("partial");
         let mut have = std::fs::metadata(&partial).map(|m| m.len()).unwrap_or(0);
         if have > size {
@@ -484,71 +497,67 @@ impl Client {
             .write(true)
             .truncate(!resumed)
             .open(&partial)
-            .map_err(|e| format!("cannot write {}: {e}", partial.display()))?;
+            .map_err(|e| OciError::Host(format!("cannot write {}: {e}", partial.display())))?;
         let start = if resumed { have } else { 0 };
         let mut body = resp.into_body().into_reader().take(size - start);
         let mut buf = vec![0u8; 1 << 16];
         let mut got = 0u64;
         loop {
             if cancelled() {
-                return Err(
+                return Err(OciError::Cancelled(
                     "cancelled by the client (the partial blob is kept for the next pull)".into(),
-                );
+                ));
             }
             let n = body.read(&mut buf).map_err(|e| {
-                format!(
+                OciError::Host(format!(
                     "the download of {digest} broke off after {} bytes: {e}; pull again to resume",
                     start + got
-                )
+                ))
             })?;
             if n == 0 {
                 break;
             }
             file.write_all(&buf[..n])
-                .map_err(|e| format!("cannot write {}: {e}", partial.display()))?;
+                .map_err(|e| OciError::Host(format!("cannot write {}: {e}", partial.display())))?;
             got += n as u64;
             progress(start + got);
         }
         drop(file);
         if start + got != size {
-            return Err(format!(
+            return Err(OciError::Host(format!(
                 "the download of {digest} ended at {} of {size} bytes; pull again to resume",
                 start + got
-            ));
+            )));
         }
         let hex = file_sha256(&partial)?;
         if format!("sha256:{hex}") != digest {
             let _ = std::fs::remove_file(&partial);
-            return Err(format!(
+            return Err(OciError::Refused(format!(
                 "the blob {digest} does not match its digest (it hashes to sha256:{hex}); nothing \
                  of it is kept"
-            ));
+            )));
         }
-        std::fs::rename(&partial, dest).map_err(|e| format!("cannot keep {digest}: {e}"))?;
+        std::fs::rename(&partial, dest)
+            .map_err(|e| OciError::Host(format!("cannot keep {digest}: {e}")))?;
         Ok(got)
     }
 }
 
-fn file_sha256(path: &Path) -> Result<String, String> {
-    let mut f =
-        std::fs::File::open(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+fn file_sha256(path: &Path) -> Result<String, OciError> {
+    let mut f = std::fs::File::open(path)
+        .map_err(|e| OciError::Host(format!("cannot read {}: {e}", path.display())))?;
     let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
     let mut buf = vec![0u8; 1 << 16];
     loop {
         let n = f
             .read(&mut buf)
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            .map_err(|e| OciError::Host(format!("cannot read {}: {e}", path.display())))?;
         if n == 0 {
             break;
         }
         ctx.update(&buf[..n]);
     }
-    Ok(ctx
-        .finish()
-        .as_ref()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect())
+    Ok(hex(ctx.finish().as_ref()))
 }
 
 /// Percent-encodes a query value.
@@ -610,7 +619,10 @@ mod tests {
         let idx = br#"{"manifests":[{"digest":"sha256:a","platform":{"os":"linux","architecture":"amd64"}},
                                     {"digest":"sha256:b","platform":{"os":"linux","architecture":"arm64"}}]}"#;
         assert_eq!(pick(idx, "arm64").unwrap(), "sha256:b");
-        assert!(pick(idx, "s390x").unwrap_err().contains("linux/s390x"));
+        assert!(pick(idx, "s390x")
+            .unwrap_err()
+            .msg()
+            .contains("linux/s390x"));
         assert!(is_index("", idx));
         assert!(!is_index(
             "application/vnd.oci.image.manifest.v1+json",

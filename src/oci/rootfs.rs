@@ -9,8 +9,9 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
+use super::error::OciError;
 use super::unpack::{FileType, Meta};
-use crate::host::run::run;
+use crate::host::run::{run, RunError};
 
 /// Free room beyond the content: new files in the guest go to its overlay, but the guest's
 /// own writes (logs, package installs) land in this file system.
@@ -35,14 +36,14 @@ pub fn build(
     content: u64,
     out: &Path,
     cancelled: &dyn Fn() -> bool,
-) -> Result<Built, String> {
+) -> Result<Built, OciError> {
     let entries = meta.len() as u64 + 16;
     // Content, a block's slack per entry, the inode tables, then the headroom; whole MiB.
     let size = (content + content / 8 + entries * 8192 + HEADROOM).div_ceil(1 << 20) << 20;
     let _ = std::fs::remove_file(out);
     std::fs::File::create(out)
         .and_then(|f| f.set_len(size))
-        .map_err(|e| format!("cannot create {}: {e}", out.display()))?;
+        .map_err(|e| OciError::Host(format!("cannot create {}: {e}", out.display())))?;
     let inodes = (entries * 2).max(16384).to_string();
     let mut mk = Command::new("mke2fs");
     mk.args([
@@ -60,16 +61,17 @@ pub fn build(
     .arg("-d")
     .arg(tree)
     .arg(out);
-    let r = run(&mut mk, TOOL_TIMEOUT, cancelled).map_err(|e| format!("mke2fs: {e}"))?;
+    let r = run(&mut mk, TOOL_TIMEOUT, cancelled).map_err(|e| ran("mke2fs", e))?;
     if !r.status.success() {
-        return Err(format!(
+        return Err(OciError::Host(format!(
             "mke2fs could not build the root ({}): {}",
             r.status,
             String::from_utf8_lossy(&r.stderr).trim()
-        ));
+        )));
     }
     let dir = out.with_extension("debugfs");
-    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| OciError::Host(format!("cannot create {}: {e}", dir.display())))?;
     let result = fix_inodes(meta, out, &dir, cancelled);
     let _ = std::fs::remove_dir_all(&dir);
     let fixed = result?;
@@ -82,7 +84,7 @@ fn fix_inodes(
     image: &Path,
     dir: &Path,
     cancelled: &dyn Fn() -> bool,
-) -> Result<usize, String> {
+) -> Result<usize, OciError> {
     // SAFETY: geteuid has no preconditions.
     let host_uid = u64::from(unsafe { libc::geteuid() });
     // SAFETY: getegid has no preconditions.
@@ -109,7 +111,7 @@ fn fix_inodes(
         for (j, (name, value)) in m.xattrs.iter().enumerate() {
             let file = dir.join(format!("x{i}-{j}"));
             std::fs::write(&file, value)
-                .map_err(|e| format!("cannot write {}: {e}", file.display()))?;
+                .map_err(|e| OciError::Host(format!("cannot write {}: {e}", file.display())))?;
             let name = quote(name)?;
             writeln!(script, "ea_set -f {} {quoted} {name}", file.display()).ok();
         }
@@ -121,10 +123,11 @@ fn fix_inodes(
         return Ok(0);
     }
     let file = dir.join("script");
-    std::fs::write(&file, &script).map_err(|e| format!("cannot write {}: {e}", file.display()))?;
+    std::fs::write(&file, &script)
+        .map_err(|e| OciError::Host(format!("cannot write {}: {e}", file.display())))?;
     let mut dbg = Command::new("debugfs");
     dbg.arg("-w").arg("-f").arg(&file).arg(image);
-    let r = run(&mut dbg, TOOL_TIMEOUT, cancelled).map_err(|e| format!("debugfs: {e}"))?;
+    let r = run(&mut dbg, TOOL_TIMEOUT, cancelled).map_err(|e| ran("debugfs", e))?;
     // debugfs exits 0 whatever its commands did: its complaints are the lines on stderr
     // other than its banner.
     let err = String::from_utf8_lossy(&r.stderr);
@@ -134,27 +137,35 @@ fn fix_inodes(
         .take(5)
         .collect();
     if !r.status.success() || !complaints.is_empty() {
-        return Err(format!(
+        return Err(OciError::Host(format!(
             "debugfs could not set the image's owners and modes: {}",
             complaints.join("; ")
-        ));
+        )));
     }
     Ok(fixed)
 }
 
+/// Why running `tool` failed: the caller's cancel, or the host.
+fn ran(tool: &str, e: RunError) -> OciError {
+    match e {
+        RunError::Cancelled(_) => OciError::Cancelled(format!("{tool}: cancelled by the client")),
+        e => OciError::Host(format!("{tool}: {e}")),
+    }
+}
+
 /// A path as a debugfs argument: `/` first, in double quotes. debugfs has no escapes, so a
 /// name with a quote, a backslash or a line break cannot be named and is refused.
-fn quote(path: &[u8]) -> Result<String, String> {
+fn quote(path: &[u8]) -> Result<String, OciError> {
     let s = String::from_utf8_lossy(path);
     if path
         .iter()
         .any(|&b| b == b'"' || b == b'\\' || b == b'\n' || b == b'\r' || b == 0)
         || s.contains('\u{fffd}')
     {
-        return Err(format!(
+        return Err(OciError::Invalid(format!(
             "the image has a name mcqemu cannot write into its root ({s:?}: a quote, backslash, \
              line break or invalid UTF-8)"
-        ));
+        )));
     }
     Ok(format!("\"/{s}\""))
 }

@@ -14,10 +14,11 @@ use std::ffi::{OsStr, OsString};
 use std::io::{self, Read};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 
-use crate::state::tar::{Kind, Reader};
+use crate::state::tar::{Entry, Kind, Reader};
 use crate::state::tree::{Folder, Type};
 
-use super::layout::{Compression, Layer};
+use super::error::OciError;
+use super::layout::{hex, Compression, Layer};
 
 /// Most entries one image may hold.
 const MAX_ENTRIES: u64 = 2_000_000;
@@ -73,11 +74,19 @@ pub struct Unpacker {
     this_layer: HashSet<Vec<u8>>,
 }
 
-fn refuse(path: &[u8], why: &str) -> String {
-    format!(
+fn refuse(path: &[u8], why: &str) -> OciError {
+    OciError::Refused(format!(
         "layer entry {:?} refused: {why}",
         String::from_utf8_lossy(path)
-    )
+    ))
+}
+
+/// A host failure while writing `path` (the disk, not the layer).
+fn host(path: &[u8], e: io::Error) -> OciError {
+    OciError::Host(format!(
+        "cannot write layer entry {:?}: {e}",
+        String::from_utf8_lossy(path)
+    ))
 }
 
 impl Unpacker {
@@ -94,136 +103,155 @@ impl Unpacker {
 
     /// Applies one layer blob, checking it against its digest as it is read; a layer that
     /// does not match fails (the caller discards the folder).
-    pub fn apply(&mut self, layer: &Layer) -> Result<(), String> {
-        let f = std::fs::File::open(&layer.path)
-            .map_err(|e| format!("cannot open the layer {}: {e}", layer.digest))?;
-        let mut hashed = Hashing::new(io::BufReader::with_capacity(1 << 16, f));
-        match layer.compression {
-            Compression::None => self.layer(&mut hashed)?,
-            Compression::Gzip => self.layer(flate2::read::GzDecoder::new(&mut hashed))?,
-        }
+    pub fn apply(&mut self, layer: &Layer) -> Result<(), OciError> {
+        let mut hashed = Hashing::new(io::BufReader::with_capacity(1 << 16, layer.open()?));
+        let applied = match layer.compression {
+            Compression::None => self.layer(&mut hashed),
+            Compression::Gzip => self.layer(flate2::read::GzDecoder::new(&mut hashed)),
+        };
         // The tar's end need not be the blob's: hash what is left.
         io::copy(&mut hashed, &mut io::sink())
-            .map_err(|e| format!("cannot read the layer {}: {e}", layer.digest))?;
+            .map_err(|e| OciError::Host(format!("cannot read the layer {}: {e}", layer.digest)))?;
         let (got, size) = hashed.finish();
+        // A blob that is not the image's is named as such, whatever its tar did.
         if format!("sha256:{got}") != layer.digest || size != layer.size {
-            return Err(format!(
+            return Err(OciError::Refused(format!(
                 "the layer {} does not match its digest ({size} bytes hashing to sha256:{got}); \
                  nothing of it is used",
                 layer.digest
-            ));
+            )));
+        }
+        applied
+    }
+
+    /// Applies one layer's tar stream.
+    pub fn layer<R: Read>(&mut self, r: R) -> Result<(), OciError> {
+        self.this_layer.clear();
+        let mut tr = Reader::new(r);
+        let failed =
+            |e: io::Error| OciError::Invalid(format!("a layer is not a readable tar: {e}"));
+        while let Some(e) = tr.next_entry().map_err(failed)? {
+            self.entries += 1;
+            if self.entries > MAX_ENTRIES {
+                return Err(OciError::Refused(format!(
+                    "the image has more than {MAX_ENTRIES} entries"
+                )));
+            }
+            if let Some(parts) = split(&e.path)? {
+                self.entry(&e, &parts, &mut tr)?;
+            }
         }
         Ok(())
     }
 
-    /// Applies one layer's tar stream.
-    pub fn layer<R: Read>(&mut self, r: R) -> Result<(), String> {
-        self.this_layer.clear();
-        let mut tr = Reader::new(r);
-        let failed = |e: io::Error| format!("a layer is not a readable tar: {e}");
-        while let Some(e) = tr.next_entry().map_err(failed)? {
-            self.entries += 1;
-            if self.entries > MAX_ENTRIES {
-                return Err(format!("the image has more than {MAX_ENTRIES} entries"));
-            }
-            let Some(parts) = split(&e.path)? else {
-                continue;
-            };
-            let leaf = parts[parts.len() - 1].clone();
-            let dir_path = parts[..parts.len() - 1].join(&b'/');
-            let dir = self.folder_of(&e.path, &parts[..parts.len() - 1])?;
-            let leaf_os = OsStr::from_bytes(&leaf);
-            if leaf == OPAQUE {
-                self.opaque(&dir, &dir_path)?;
-                continue;
-            }
-            if let Some(name) = leaf.strip_prefix(WHITEOUT) {
-                let name = OsStr::from_bytes(name);
-                dir.remove_all(name)
-                    .map_err(|err| refuse(&e.path, &err.to_string()))?;
-                self.forget(&join(&dir_path, name.as_bytes()));
-                continue;
-            }
-            let path = parts.join(&b'/');
-            let err = |err: io::Error| refuse(&e.path, &err.to_string());
-            let kind = match &e.kind {
-                Kind::Dir => {
-                    match dir.meta(leaf_os) {
-                        Ok(m) if m.kind == Type::Dir => {}
-                        Ok(_) => {
-                            dir.remove_all(leaf_os).map_err(err)?;
-                            self.forget(&path);
-                            dir.mkdir(leaf_os).map_err(err)?;
-                        }
-                        Err(_) => dir.mkdir(leaf_os).map_err(err)?,
-                    }
-                    dir.sub(leaf_os)
-                        .and_then(|d| d.chmod_self(0o755))
-                        .map_err(err)?;
-                    FileType::Dir
-                }
-                Kind::File => {
-                    self.clear(&dir, leaf_os, &path).map_err(err)?;
-                    if self.out.bytes + e.size > self.cap {
-                        return Err(format!(
-                            "the image unpacks to more than {} MiB (MCQEMU_MAX_IMAGE_MB)",
-                            self.cap >> 20
-                        ));
-                    }
-                    let mut f = dir.create(leaf_os).map_err(err)?;
-                    self.out.bytes += tr.data(&mut f).map_err(err)?;
-                    use std::os::unix::fs::PermissionsExt;
-                    f.set_permissions(std::fs::Permissions::from_mode(0o644))
-                        .map_err(err)?;
-                    FileType::File
-                }
-                Kind::Symlink => {
-                    self.clear(&dir, leaf_os, &path).map_err(err)?;
-                    dir.symlink(&e.link, leaf_os).map_err(err)?;
-                    FileType::Symlink
-                }
-                Kind::HardLink => {
-                    let Some(target) = split(&e.link)? else {
-                        return Err(refuse(&e.path, "a hard link to the root"));
-                    };
-                    let tdir = self.folder_of(&e.link, &target[..target.len() - 1])?;
-                    let tname = OsString::from_vec(target[target.len() - 1].clone());
-                    let tmeta = self.out.meta.get(&target.join(&b'/')).cloned();
-                    self.clear(&dir, leaf_os, &path).map_err(err)?;
-                    dir.link_from(&tdir, &tname, leaf_os).map_err(|x| {
-                        refuse(&e.path, &format!("its target cannot be linked: {x}"))
-                    })?;
-                    let m = tmeta
-                        .ok_or_else(|| refuse(&e.path, "its target is no file of the image"))?;
-                    self.note(path, m);
-                    continue;
-                }
-                Kind::Other(t) => {
-                    self.out.skipped.push(format!(
-                        "{}: tar type {:?} (devices and fifos are never made)",
-                        String::from_utf8_lossy(&e.path),
-                        *t as char
-                    ));
-                    continue;
-                }
-            };
-            let xattrs = e
-                .xattrs
-                .iter()
-                .filter(|(k, _)| k == b"security.capability")
-                .cloned()
-                .collect();
-            self.note(
-                path,
-                Meta {
-                    kind,
-                    uid: e.uid,
-                    gid: e.gid,
-                    mode: e.mode & 0o7777,
-                    xattrs,
-                },
-            );
+    /// Applies entry `e` at `parts` below the root; `tr` is the layer positioned at its data.
+    fn entry<R: Read>(
+        &mut self,
+        e: &Entry,
+        parts: &[Vec<u8>],
+        tr: &mut Reader<R>,
+    ) -> Result<(), OciError> {
+        let leaf = &parts[parts.len() - 1];
+        let dir_path = parts[..parts.len() - 1].join(&b'/');
+        let dir = self.folder_of(&e.path, &parts[..parts.len() - 1])?;
+        let leaf_os = OsStr::from_bytes(leaf);
+        if leaf == OPAQUE {
+            return self.opaque(&dir, &dir_path);
         }
+        let err = |x: io::Error| host(&e.path, x);
+        if let Some(name) = leaf.strip_prefix(WHITEOUT) {
+            dir.remove_all(OsStr::from_bytes(name)).map_err(err)?;
+            self.forget(&join(&dir_path, name));
+            return Ok(());
+        }
+        let path = parts.join(&b'/');
+        let kind = match &e.kind {
+            Kind::Dir => {
+                match dir.meta(leaf_os) {
+                    Ok(m) if m.kind == Type::Dir => {}
+                    Ok(_) => {
+                        self.clear(&dir, leaf_os, &path).map_err(err)?;
+                        dir.mkdir(leaf_os).map_err(err)?;
+                    }
+                    Err(_) => dir.mkdir(leaf_os).map_err(err)?,
+                }
+                dir.sub(leaf_os)
+                    .and_then(|d| d.chmod_self(0o755))
+                    .map_err(err)?;
+                FileType::Dir
+            }
+            Kind::File => {
+                if self.out.bytes + e.size > self.cap {
+                    return Err(OciError::Refused(format!(
+                        "the image unpacks to more than {} MiB (MCQEMU_MAX_IMAGE_MB)",
+                        self.cap >> 20
+                    )));
+                }
+                self.clear(&dir, leaf_os, &path).map_err(err)?;
+                let mut f = dir.create(leaf_os).map_err(err)?;
+                self.out.bytes += tr.data(&mut f).map_err(|x| {
+                    OciError::Invalid(format!("a layer is not a readable tar: {x}"))
+                })?;
+                use std::os::unix::fs::PermissionsExt;
+                f.set_permissions(std::fs::Permissions::from_mode(0o644))
+                    .map_err(err)?;
+                FileType::File
+            }
+            Kind::Symlink => {
+                self.clear(&dir, leaf_os, &path).map_err(err)?;
+                dir.symlink(&e.link, leaf_os).map_err(err)?;
+                FileType::Symlink
+            }
+            Kind::HardLink => return self.hard_link(e, &dir, leaf_os, path),
+            Kind::Other(t) => {
+                self.out.skipped.push(format!(
+                    "{}: tar type {:?} (devices and fifos are never made)",
+                    String::from_utf8_lossy(&e.path),
+                    *t as char
+                ));
+                return Ok(());
+            }
+        };
+        let xattrs = e
+            .xattrs
+            .iter()
+            .filter(|(k, _)| k == b"security.capability")
+            .cloned()
+            .collect();
+        let m = Meta {
+            kind,
+            uid: e.uid,
+            gid: e.gid,
+            mode: e.mode & 0o7777,
+            xattrs,
+        };
+        self.note(path, m);
+        Ok(())
+    }
+
+    /// A hard link at `path` (`dir`/`leaf`) to an earlier file of the image, kept a link.
+    fn hard_link(
+        &mut self,
+        e: &Entry,
+        dir: &Folder,
+        leaf: &OsStr,
+        path: Vec<u8>,
+    ) -> Result<(), OciError> {
+        let Some(target) = split(&e.link)? else {
+            return Err(refuse(&e.path, "a hard link to the root"));
+        };
+        let m = self
+            .out
+            .meta
+            .get(&target.join(&b'/'))
+            .cloned()
+            .ok_or_else(|| refuse(&e.path, "its target is no file of the image"))?;
+        let tdir = self.folder_of(&e.link, &target[..target.len() - 1])?;
+        let tname = OsString::from_vec(target[target.len() - 1].clone());
+        self.clear(dir, leaf, &path).map_err(|x| host(&e.path, x))?;
+        dir.link_from(&tdir, &tname, leaf)
+            .map_err(|x| refuse(&e.path, &format!("its target cannot be linked: {x}")))?;
+        self.note(path, m);
         Ok(())
     }
 
@@ -262,17 +290,14 @@ impl Unpacker {
     }
 
     /// Empties `dir` (at `dir_path`) of what lower layers put there.
-    fn opaque(&mut self, dir: &Folder, dir_path: &[u8]) -> Result<(), String> {
-        let names = dir
-            .names()
-            .map_err(|e| format!("cannot list {:?}: {e}", String::from_utf8_lossy(dir_path)))?;
+    fn opaque(&mut self, dir: &Folder, dir_path: &[u8]) -> Result<(), OciError> {
+        let names = dir.names().map_err(|e| host(dir_path, e))?;
         for n in names {
             let p = join(dir_path, n.as_bytes());
             if self.this_layer.contains(&p) {
                 continue;
             }
-            dir.remove_all(&n)
-                .map_err(|e| refuse(&p, &format!("an opaque folder cannot be emptied: {e}")))?;
+            dir.remove_all(&n).map_err(|e| host(&p, e))?;
             self.forget(&p);
         }
         Ok(())
@@ -280,8 +305,8 @@ impl Unpacker {
 
     /// Opens the folder `parts` below the root, making missing ones and refusing symlinks
     /// and non-folders on the way.
-    fn folder_of(&mut self, path: &[u8], parts: &[Vec<u8>]) -> Result<Folder, String> {
-        let mut cur = Folder::dup(&self.root).map_err(|e| refuse(path, &e.to_string()))?;
+    fn folder_of(&mut self, path: &[u8], parts: &[Vec<u8>]) -> Result<Folder, OciError> {
+        let mut cur = Folder::dup(&self.root).map_err(|e| host(path, e))?;
         for (i, c) in parts.iter().enumerate() {
             let name = OsStr::from_bytes(c);
             match cur.meta(name) {
@@ -291,7 +316,7 @@ impl Unpacker {
                 }
                 Ok(_) => return Err(refuse(path, "it lies under something that is not a folder")),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                    cur.mkdir(name).map_err(|e| refuse(path, &e.to_string()))?;
+                    cur.mkdir(name).map_err(|e| host(path, e))?;
                     let p = parts[..=i].join(&b'/');
                     self.note(
                         p,
@@ -305,11 +330,11 @@ impl Unpacker {
                     );
                     cur.sub(name)
                         .and_then(|d| d.chmod_self(0o755))
-                        .map_err(|e| refuse(path, &e.to_string()))?;
+                        .map_err(|e| host(path, e))?;
                 }
-                Err(e) => return Err(refuse(path, &e.to_string())),
+                Err(e) => return Err(host(path, e)),
             }
-            cur = cur.sub(name).map_err(|e| refuse(path, &e.to_string()))?;
+            cur = cur.sub(name).map_err(|e| host(path, e))?;
         }
         Ok(cur)
     }
@@ -324,7 +349,7 @@ fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
 }
 
 /// An entry's path as components (`./` and empty parts dropped); None for the root itself.
-fn split(path: &[u8]) -> Result<Option<Vec<Vec<u8>>>, String> {
+fn split(path: &[u8]) -> Result<Option<Vec<Vec<u8>>>, OciError> {
     if path.starts_with(b"/") {
         return Err(refuse(path, "absolute names are never unpacked"));
     }
@@ -360,11 +385,7 @@ impl<R: Read> Hashing<R> {
 
     /// The hex digest and the byte count.
     fn finish(self) -> (String, u64) {
-        let d = self.ctx.finish();
-        (
-            d.as_ref().iter().map(|b| format!("{b:02x}")).collect(),
-            self.n,
-        )
+        (hex(self.ctx.finish().as_ref()), self.n)
     }
 }
 
@@ -463,18 +484,22 @@ mod tests {
         };
         assert!(unpack(tar(|w| put(w, b"../evil", 0o644, b"x").unwrap()))
             .unwrap_err()
+            .msg()
             .contains("'..'"));
         assert!(unpack(tar(|w| put(w, b"/evil", 0o644, b"x").unwrap()))
             .unwrap_err()
+            .msg()
             .contains("absolute"));
         let e = unpack(tar(|w| {
             w.symlink(b"out", b"..", 0).unwrap();
             put(w, b"out/evil", 0o644, b"x").unwrap();
         }))
         .unwrap_err();
-        assert!(e.contains("under a symlink"), "{e}");
+        assert!(e.msg().contains("under a symlink"), "{e}");
+        assert!(matches!(e, OciError::Refused(_)), "{e}");
         let e = unpack(tar(|w| put(w, b"big", 0o644, &vec![0u8; 2 << 20]).unwrap())).unwrap_err();
-        assert!(e.contains("MCQEMU_MAX_IMAGE_MB"), "{e}");
+        assert!(e.msg().contains("MCQEMU_MAX_IMAGE_MB"), "{e}");
+        assert!(matches!(e, OciError::Refused(_)), "{e}");
         assert_eq!(
             std::fs::read_dir(&d).unwrap().count(),
             1,

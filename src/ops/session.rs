@@ -3,6 +3,7 @@
 //! failures in terms of that VM (is it running, paused, busy, or gone?) instead of passing
 //! QEMU's bare words through.
 
+use crate::oci::error::OciError;
 use std::time::Duration;
 
 use super::error::{ErrorKind, OpError};
@@ -69,6 +70,20 @@ impl From<ImageError> for OpError {
         let kind = match e {
             ImageError::Img(_) => ErrorKind::HostFailed,
             _ => ErrorKind::Refused,
+        };
+        OpError::of(kind, e.to_string())
+    }
+}
+
+/// A container image's failures, each kind as the oci layer found it.
+impl From<OciError> for OpError {
+    fn from(e: OciError) -> Self {
+        let kind = match e {
+            OciError::Invalid(_) => ErrorKind::InvalidArgument,
+            OciError::NotFound(_) => ErrorKind::NotFound,
+            OciError::Refused(_) => ErrorKind::Refused,
+            OciError::Host(_) => ErrorKind::HostFailed,
+            OciError::Cancelled(_) => ErrorKind::Cancelled,
         };
         OpError::of(kind, e.to_string())
     }

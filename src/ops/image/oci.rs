@@ -146,20 +146,7 @@ fn from_registry(work: &dyn Work, req: &OciRequest, r: &Reference) -> Result<Oci
     let progress = |done: u64, total: u64, what: &str| {
         work.progress(done as f64, Some(total as f64), what);
     };
-    let fetched =
-        registry::fetch(r, &store, &req.arch, &progress, &|| work.cancelled()).map_err(|e| {
-            if e.contains("cancelled") {
-                OpError::cancelled(e)
-            } else if e.contains("does not match") {
-                OpError::refused(e)
-            } else if e.contains("HTTP 404") || e.contains("no linux/") {
-                OpError::not_found(e)
-            } else if e.contains("HTTP 401") || e.contains("credential") {
-                OpError::refused(e)
-            } else {
-                OpError::new(e)
-            }
-        })?;
+    let fetched = registry::fetch(r, &store, &req.arch, &progress, &|| work.cancelled())?;
     made_root(work, req, &store, Some(&fetched.name), fetched.downloaded)
 }
 
@@ -171,15 +158,7 @@ fn made_root(
     tag: Option<&str>,
     downloaded: u64,
 ) -> Result<OciPulled, OpError> {
-    let image = layout::read(dir, tag, &req.arch).map_err(|e| {
-        if e.contains("does not match") || e.contains("not the") {
-            OpError::refused(e)
-        } else if e.contains("no image tagged") || e.contains("no linux/") {
-            OpError::not_found(e)
-        } else {
-            OpError::invalid(e)
-        }
-    })?;
+    let image = layout::read(dir, tag, &req.arch)?;
     let hex = image
         .manifest_digest
         .trim_start_matches("sha256:")
@@ -249,18 +228,12 @@ fn build_in(
             Some(total),
             &format!("applying layer {}", layer.digest),
         );
-        u.apply(layer).map_err(|e| {
-            if e.contains("does not match") || e.contains("refused") || e.contains("MAX_IMAGE") {
-                OpError::refused(e)
-            } else {
-                OpError::invalid(e)
-            }
-        })?;
+        u.apply(layer)?;
     }
     let out = u.finish();
     work.progress_phase("making the ext4 root");
     let tmp = scratch.join("root.ext4");
-    rootfs::build(&tree, &out.meta, out.bytes, &tmp, &|| work.cancelled()).map_err(OpError::new)?;
+    rootfs::build(&tree, &out.meta, out.bytes, &tmp, &|| work.cancelled())?;
     std::fs::create_dir_all(home)
         .map_err(|e| OpError::new(format!("cannot create {}: {e}", home.display())))?;
     std::fs::rename(&tmp, home.join("root.ext4"))

@@ -5,6 +5,7 @@ use serde_json::json;
 
 use crate::mcp::tool::ToolError;
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolResult};
+use crate::mcp::tool_error::INVALID_ARGUMENT;
 use crate::ops::image::pull::{self, PullRequest};
 use crate::ops::image::{catalog, oci};
 use crate::tools::object;
@@ -134,7 +135,7 @@ fn pull(ctx: &ToolCtx, args: &Args) -> ToolResult {
     if let Some(reference) = text("oci")? {
         if args.get("image").is_some() || args.get("url").is_some() || args.get("path").is_some() {
             return Err(ToolError::of(
-                "invalid_argument",
+                INVALID_ARGUMENT,
                 "oci makes a root of a container image: give it alone (not with image, url or \
                  path; the root's place is the state folder's oci/)",
             ));
