@@ -300,49 +300,13 @@ impl Client {
                     self.authenticate(&how)?;
                 }
                 300..=399 => {
-                    let loc = resp
-                        .headers()
-                        .get("location")
-                        .and_then(|v| v.to_str().ok())
-                        .ok_or_else(|| {
-                            OciError::Host(format!(
-                                "the registry answered {status} without a Location"
-                            ))
-                        })?;
                     if hops >= MAX_REDIRECTS {
                         return Err(OciError::Host(format!("too many redirects for {path}")));
                     }
-                    url = if loc.starts_with("https://")
-                        || (loc.starts_with("http://") && self.base.starts_with("http://"))
-                    {
-                        loc.to_string()
-                    } else if loc.starts_with("http://") {
-                        return Err(OciError::Refused(format!(
-                            "the registry {} redirected to plain http ({loc}); refused",
-                            self.host
-                        )));
-                    } else if loc.starts_with('/') {
-                        format!("{}{loc}", self.base)
-                    } else {
-                        return Err(OciError::Host(format!(
-                            "the registry redirected to {loc:?}"
-                        )));
-                    };
+                    url = self.redirect(&resp)?;
                     hops += 1;
                 }
-                401 => {
-                    return Err(OciError::Refused(match &self.helper {
-                        Some(why) => format!(
-                            "the registry {} refused access to {} (HTTP 401): {why}",
-                            self.host, self.repo
-                        ),
-                        None => format!(
-                            "the registry {} refused access to {} (HTTP 401); log in (docker \
-                             login writes ~/.docker/config.json) or check the name",
-                            self.host, self.repo
-                        ),
-                    }))
-                }
+                401 => return Err(self.denied()),
                 404 => {
                     return Err(OciError::NotFound(format!(
                         "{}{path} is not in the registry (HTTP 404)",
@@ -360,24 +324,56 @@ impl Client {
         }
     }
 
+    /// Where a redirect goes: https, or plain http only from a loopback registry; a path on
+    /// the registry itself.
+    fn redirect(&self, resp: &ureq::http::Response<ureq::Body>) -> Result<String, OciError> {
+        let status = resp.status().as_u16();
+        let loc = resp
+            .headers()
+            .get("location")
+            .and_then(|v| v.to_str().ok())
+            .ok_or_else(|| {
+                OciError::Host(format!("the registry answered {status} without a Location"))
+            })?;
+        if loc.starts_with("https://")
+            || (loc.starts_with("http://") && self.base.starts_with("http://"))
+        {
+            Ok(loc.to_string())
+        } else if loc.starts_with("http://") {
+            Err(OciError::Refused(format!(
+                "the registry {} redirected to plain http ({loc}); refused",
+                self.host
+            )))
+        } else if loc.starts_with('/') {
+            Ok(format!("{}{loc}", self.base))
+        } else {
+            Err(OciError::Host(format!(
+                "the registry redirected to {loc:?}"
+            )))
+        }
+    }
+
+    /// Access refused after the challenge was answered, with what to do.
+    fn denied(&self) -> OciError {
+        OciError::Refused(match &self.helper {
+            Some(why) => format!(
+                "the registry {} refused access to {} (HTTP 401): {why}",
+                self.host, self.repo
+            ),
+            None => format!(
+                "the registry {} refused access to {} (HTTP 401); log in (docker login writes \
+                 ~/.docker/config.json) or check the name",
+                self.host, self.repo
+            ),
+        })
+    }
+
     /// Answers a `WWW-Authenticate` challenge: a bearer token from its realm (with the basic
     /// credentials when there are some), or the basic credentials themselves.
     fn authenticate(&mut self, challenge: &str) -> Result<(), OciError> {
         let (scheme, params) = challenge.split_once(' ').unwrap_or((challenge, ""));
         if scheme.eq_ignore_ascii_case("basic") {
-            let b = self.basic.clone().ok_or_else(|| {
-                OciError::Refused(match &self.helper {
-                    Some(why) => format!(
-                        "the registry {} wants a user and password: {why}",
-                        self.host
-                    ),
-                    None => format!(
-                    "the registry {} wants a user and password; add them to ~/.docker/config.json \
-                     (docker login does)",
-                    self.host
-                ),
-                })
-            })?;
+            let b = self.basic.clone().ok_or_else(|| self.denied())?;
             self.auth = Some(format!("Basic {b}"));
             return Ok(());
         }
@@ -387,6 +383,11 @@ impl Client {
                 self.host
             )));
         }
+        self.bearer(params)
+    }
+
+    /// A bearer token from the challenge's realm, for its service and scope.
+    fn bearer(&mut self, params: &str) -> Result<(), OciError> {
         let param = |k: &str| {
             params.split(',').find_map(|p| {
                 let (key, v) = p.trim().split_once('=')?;

@@ -103,12 +103,21 @@ impl Unpacker {
 
     /// Applies one layer blob, checking it against its digest as it is read; a layer that
     /// does not match fails (the caller discards the folder).
-    pub fn apply(&mut self, layer: &Layer) -> Result<(), OciError> {
-        let mut hashed = Hashing::new(io::BufReader::with_capacity(1 << 16, layer.open()?));
+    /// `watch` hears the blob bytes read so far every few MiB, and stops the unpack by
+    /// answering false (the caller cancelled).
+    pub fn apply(&mut self, layer: &Layer, watch: &dyn Fn(u64) -> bool) -> Result<(), OciError> {
+        let file = io::BufReader::with_capacity(1 << 16, layer.open()?);
+        let mut hashed = Hashing::new(file, watch);
         let applied = match layer.compression {
             Compression::None => self.layer(&mut hashed),
             Compression::Gzip => self.layer(flate2::read::GzDecoder::new(&mut hashed)),
         };
+        if hashed.stopped {
+            return Err(OciError::Cancelled(format!(
+                "cancelled by the client while applying the layer {}",
+                layer.digest
+            )));
+        }
         // The tar's end need not be the blob's: hash what is left.
         io::copy(&mut hashed, &mut io::sink())
             .map_err(|e| OciError::Host(format!("cannot read the layer {}: {e}", layer.digest)))?;
@@ -368,18 +377,29 @@ fn split(path: &[u8]) -> Result<Option<Vec<Vec<u8>>>, OciError> {
 }
 
 /// A reader that hashes (SHA-256) and counts what passes through it.
-struct Hashing<R> {
+struct Hashing<'a, R> {
     inner: R,
     ctx: ring::digest::Context,
     n: u64,
+    /// Told the count every [`WATCH_EVERY`] bytes; false stops the reads.
+    watch: &'a dyn Fn(u64) -> bool,
+    next_watch: u64,
+    /// The watcher said stop.
+    stopped: bool,
 }
 
-impl<R: Read> Hashing<R> {
-    fn new(inner: R) -> Self {
+/// How often an unpack reports and looks for a cancel: every 4 MiB of blob.
+const WATCH_EVERY: u64 = 4 << 20;
+
+impl<'a, R: Read> Hashing<'a, R> {
+    fn new(inner: R, watch: &'a dyn Fn(u64) -> bool) -> Self {
         Hashing {
             inner,
             ctx: ring::digest::Context::new(&ring::digest::SHA256),
             n: 0,
+            watch,
+            next_watch: WATCH_EVERY,
+            stopped: false,
         }
     }
 
@@ -389,11 +409,20 @@ impl<R: Read> Hashing<R> {
     }
 }
 
-impl<R: Read> Read for Hashing<R> {
+impl<R: Read> Read for Hashing<'_, R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.stopped {
+            return Err(io::Error::other("cancelled by the client"));
+        }
         let n = self.inner.read(buf)?;
         self.ctx.update(&buf[..n]);
         self.n += n as u64;
+        if self.n >= self.next_watch {
+            self.next_watch = self.n + WATCH_EVERY;
+            if !(self.watch)(self.n) {
+                self.stopped = true;
+            }
+        }
         Ok(n)
     }
 }
@@ -504,6 +533,58 @@ mod tests {
             std::fs::read_dir(&d).unwrap().count(),
             1,
             "nothing was written beside the root"
+        );
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// A layer blob is hashed as it is applied, its progress heard every few MiB, and a
+    /// watcher that says stop ends it as cancelled.
+    #[test]
+    fn a_layer_blob_reports_progress_and_stops_when_told() {
+        use crate::oci::layout::sha256_hex;
+        let d = tmp("apply");
+        let blob = tar(|w| put(w, b"big", 0o644, &vec![7u8; 9 << 20]).unwrap());
+        std::fs::create_dir_all(d.join("layout/blobs/sha256")).unwrap();
+        let hex = sha256_hex(&blob);
+        std::fs::write(d.join("layout/blobs/sha256").join(&hex), &blob).unwrap();
+        let layer = Layer {
+            digest: format!("sha256:{hex}"),
+            size: blob.len() as u64,
+            compression: Compression::None,
+            layout: d.join("layout"),
+        };
+        let heard = std::cell::Cell::new(0);
+        for (name, go) in [("stopped", false), ("whole", true)] {
+            std::fs::create_dir(d.join(name)).unwrap();
+            let mut u = Unpacker::new(Folder::open(&d.join(name)).unwrap(), 1 << 30);
+            let watch = |n: u64| {
+                heard.set(n);
+                go
+            };
+            let r = u.apply(&layer, &watch);
+            if go {
+                r.unwrap();
+                assert_eq!(
+                    std::fs::metadata(d.join("whole/big")).unwrap().len(),
+                    9 << 20
+                );
+            } else {
+                assert!(matches!(r, Err(OciError::Cancelled(_))), "{r:?}");
+            }
+        }
+        assert!(
+            heard.get() >= 8 << 20,
+            "progress was heard: {}",
+            heard.get()
+        );
+        let mut bad = layer;
+        bad.digest = format!("sha256:{}", "0".repeat(64));
+        std::fs::create_dir(d.join("bad")).unwrap();
+        let mut u = Unpacker::new(Folder::open(&d.join("bad")).unwrap(), 1 << 30);
+        let e = u.apply(&bad, &|_| true).unwrap_err();
+        assert!(
+            matches!(e, OciError::Invalid(_)),
+            "no such blob in the layout: {e}"
         );
         let _ = std::fs::remove_dir_all(&d);
     }

@@ -220,15 +220,18 @@ fn build_in(
     let folder = Folder::open_following(&tree)
         .map_err(|e| OpError::new(format!("cannot open {}: {e}", tree.display())))?;
     let mut u = unpack::Unpacker::new(folder, max_bytes());
-    let total = image.layers.len() as f64;
-    for (i, layer) in image.layers.iter().enumerate() {
+    let total: u64 = image.layers.iter().map(|l| l.size).sum();
+    let mut done = 0;
+    for layer in &image.layers {
         work.check_cancel()?;
-        work.progress(
-            i as f64,
-            Some(total),
-            &format!("applying layer {}", layer.digest),
-        );
-        u.apply(layer)?;
+        let what = format!("applying layer {}", layer.digest);
+        let watch = |n: u64| {
+            work.progress((done + n) as f64, Some(total as f64), &what);
+            !work.cancelled()
+        };
+        work.progress(done as f64, Some(total as f64), &what);
+        u.apply(layer, &watch)?;
+        done += layer.size;
     }
     let out = u.finish();
     work.progress_phase("making the ext4 root");
