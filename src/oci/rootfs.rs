@@ -45,7 +45,7 @@ pub fn build(
         .and_then(|f| f.set_len(size))
         .map_err(|e| OciError::Host(format!("cannot create {}: {e}", out.display())))?;
     let inodes = (entries * 2).max(16384).to_string();
-    let mut mk = Command::new("mke2fs");
+    let mut mk = Command::new(e2fs_tool("mke2fs"));
     mk.args([
         "-q",
         "-F",
@@ -125,7 +125,7 @@ fn fix_inodes(
     let file = dir.join("script");
     std::fs::write(&file, &script)
         .map_err(|e| OciError::Host(format!("cannot write {}: {e}", file.display())))?;
-    let mut dbg = Command::new("debugfs");
+    let mut dbg = Command::new(e2fs_tool("debugfs"));
     dbg.arg("-w").arg("-f").arg(&file).arg(image);
     let r = run(&mut dbg, TOOL_TIMEOUT, cancelled).map_err(|e| ran("debugfs", e))?;
     // debugfs exits 0 whatever its commands did: its complaints are the lines on stderr
@@ -145,10 +145,24 @@ fn fix_inodes(
     Ok(fixed)
 }
 
-/// Why running `tool` failed: the caller's cancel, or the host.
+/// Where e2fsprogs' `tool` is: /usr/sbin or /sbin, which an ordinary user's PATH lacks on
+/// Debian, else whatever PATH finds.
+fn e2fs_tool(tool: &str) -> std::path::PathBuf {
+    ["/usr/sbin", "/sbin"]
+        .iter()
+        .map(|d| Path::new(d).join(tool))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| tool.into())
+}
+
+/// Why running `tool` failed: the caller's cancel, a missing e2fsprogs, or the host.
 fn ran(tool: &str, e: RunError) -> OciError {
     match e {
         RunError::Cancelled(_) => OciError::Cancelled(format!("{tool}: cancelled by the client")),
+        RunError::NotFound(_) => OciError::Host(format!(
+            "{tool} is not installed; container images become roots with e2fsprogs (Debian: \
+             apt-get install e2fsprogs; .ci/setup-host --run installs it)"
+        )),
         e => OciError::Host(format!("{tool}: {e}")),
     }
 }
@@ -175,7 +189,7 @@ mod tests {
     use super::*;
 
     fn debugfs(image: &Path, cmd: &str) -> String {
-        let o = Command::new("debugfs")
+        let o = Command::new(e2fs_tool("debugfs"))
             .arg("-R")
             .arg(cmd)
             .arg(image)

@@ -27,8 +27,13 @@ fn layout(dir: &Path, tag: &str, extra: &[&str]) -> String {
 }
 
 fn debugfs(image: &str, cmd: &str) -> String {
+    // e2fsprogs is in /usr/sbin, which an ordinary user's PATH lacks.
+    let tool = ["/usr/sbin/debugfs", "/sbin/debugfs"]
+        .into_iter()
+        .find(|p| Path::new(p).is_file())
+        .unwrap_or("debugfs");
     let out = try_run(
-        "debugfs",
+        tool,
         &[OsStr::new("-R"), OsStr::new(cmd), OsStr::new(image)],
         Duration::from_secs(30),
     )
