@@ -37,6 +37,6 @@ impl Algo {
 }
 
 /// Bytes as lower-case hex.
-pub(super) fn hex(bytes: &[u8]) -> String {
+pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use super::error::OciError;
+use crate::net::digest::hex;
 use crate::state::tree::Folder;
 
 /// Largest index, manifest or config read (real ones are a few KiB).
@@ -380,11 +381,6 @@ fn blob(dir: &Path, d: &Descriptor) -> Result<Vec<u8>, OciError> {
 /// The lowercase hex SHA-256 of `bytes`.
 pub fn sha256_hex(bytes: &[u8]) -> String {
     hex(ring::digest::digest(&ring::digest::SHA256, bytes).as_ref())
-}
-
-/// Bytes as lowercase hex.
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn parse<T: for<'de> Deserialize<'de>>(bytes: &[u8], what: &str) -> Result<T, OciError> {

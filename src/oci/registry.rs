@@ -12,8 +12,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::error::OciError;
-use super::layout::{blob_name, hex, platform_arch, sha256_hex};
+use super::layout::{blob_name, platform_arch, sha256_hex};
 use super::reference::Reference;
+use crate::net::digest::hex;
 
 /// Media types a manifest request accepts.
 const ACCEPT: &str = "application/vnd.oci.image.index.v1+json, \

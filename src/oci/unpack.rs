@@ -18,7 +18,8 @@ use crate::state::tar::{Entry, Kind, Reader};
 use crate::state::tree::{Folder, Type};
 
 use super::error::OciError;
-use super::layout::{hex, Compression, Layer};
+use super::layout::{Compression, Layer};
+use crate::net::digest::hex;
 
 /// Most entries one image may hold.
 const MAX_ENTRIES: u64 = 2_000_000;
