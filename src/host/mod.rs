@@ -13,6 +13,7 @@ pub mod kvm;
 pub mod limits;
 pub mod run;
 pub mod seabios;
+pub mod threads;
 
 use std::sync::OnceLock;
 

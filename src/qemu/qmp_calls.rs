@@ -245,6 +245,24 @@ impl Qmp {
         )
     }
 
+    /// The host thread ids of the vCPUs when they run, in one pipelined round trip; None when
+    /// the guest is paused or stopped (its vCPUs then take nothing, whatever the wait).
+    pub fn running_vcpu_threads(&mut self) -> Result<Option<Vec<u32>>, QmpError> {
+        #[derive(Deserialize)]
+        struct Cpu {
+            #[serde(rename = "thread-id")]
+            thread_id: u32,
+        }
+        let cmds = [("query-status", None), ("query-cpus-fast", None)];
+        let mut replies = self.execute_pipelined(&cmds, COMMAND_TIMEOUT)?.into_iter();
+        let mut next = || replies.next().unwrap_or(Err(QmpError::Closed));
+        let status: RunState = reply("query-status", next()?)?;
+        let cpus: Vec<Cpu> = reply("query-cpus-fast", next()?)?;
+        Ok(status
+            .running
+            .then(|| cpus.into_iter().map(|c| c.thread_id).collect()))
+    }
+
     /// The run state and block devices, and with `fixed` the vCPUs, accelerator and memory,
     /// in one pipelined round trip within `within`.
     pub fn look(&mut self, fixed: bool, within: Duration) -> Result<Look, QmpError> {

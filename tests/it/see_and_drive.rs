@@ -20,7 +20,13 @@ use crate::common::evdev::*;
 use crate::common::*;
 use serde_json::{json, Value};
 
-const STEP: Duration = Duration::from_secs(60);
+mod guest_io;
+mod keyboard;
+
+use guest_io::*;
+use keyboard::*;
+
+pub(crate) const STEP: Duration = Duration::from_secs(60);
 
 // ---------------------------------------------------------------------------------------------
 // Fixtures: each test runs in a [`Lab`] (one server on short folders, one QEMU slot, and a
@@ -216,133 +222,6 @@ fn bios_vm_screenshots_and_bounded_serial_read() {
 // ---------------------------------------------------------------------------------------------
 // The test guest: one sandbox, driven through keyboard, mouse, serial console and screen
 
-/// A guest_exec that must succeed; returns its structured result.
-fn exec(lab: &mut Lab, name: &str, script: &str, timeout: u64) -> Value {
-    let r = lab.srv().call_keeping(
-        "guest_exec",
-        json!({"name": name, "command": "sh", "args": ["-c", script], "timeout": timeout}),
-        Duration::from_secs(timeout + 30),
-    );
-    tool_ok(&r, &format!("guest_exec {script}"))
-}
-
-/// A unique tag for one reader: its markers and files, so nothing left by an earlier reader
-/// is mistaken for this one's.
-fn reader_tag() -> String {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static N: AtomicU32 = AtomicU32::new(0);
-    format!("mcq-rd-{}", N.fetch_add(1, Ordering::Relaxed))
-}
-
-/// Waits until a reader reports on the serial console that it is listening. (The serial
-/// console, not the agent: agent calls queue behind the reader's own guest_exec.)
-fn wait_ready(lab: &mut Lab, name: &str, tag: &str, offset: u64) {
-    let r = lab.srv().call_keeping(
-        "vm_serial_wait",
-        json!({"name": name, "pattern": format!("READY-{tag}"), "timeout": 60, "offset": offset}),
-        Duration::from_secs(90),
-    );
-    tool_ok(&r, "reader ready");
-}
-
-/// Starts a guest_exec that opens /dev/tty1 (the console the keyboard types into), says so,
-/// and prints the first line read from it. Returns the call id once the reader is listening.
-fn start_tty_reader(lab: &mut Lab, name: &str) -> Value {
-    let tag = reader_tag();
-    let offset = lab.srv().serial_offset(name);
-    let script = format!(
-        "exec 3</dev/tty1; echo READY-{tag} > /dev/ttyS0; IFS= read -r line <&3; printf %s \"$line\""
-    );
-    let id = lab.srv().start_call(
-        "guest_exec",
-        json!({"name": name, "command": "sh", "args": ["-c", script], "timeout": 90}),
-    );
-    wait_ready(lab, name, &tag, offset);
-    id
-}
-
-/// The line the reader started by [`start_tty_reader`] received.
-fn finish_tty_reader(lab: &mut Lab, id: &Value) -> String {
-    let r = lab.srv().finish_call(id, Duration::from_secs(120));
-    let sc = tool_ok(&r, "tty reader");
-    assert_eq!(sc["exitcode"], 0, "tty reader: {sc}");
-    sc["stdout"].as_str().expect("stdout").to_string()
-}
-
-/// A guest_exec recording input devices, from [`start_event_reader`].
-struct EventReader {
-    id: Value,
-    dir: String,
-    devices: usize,
-}
-
-/// Starts recording `devices` (/dev/input/eventN) in the guest; returns once every device is
-/// open, so nothing sent afterwards can be missed. The recording runs until
-/// [`finish_event_reader`] (at most 60 s).
-fn start_event_reader(lab: &mut Lab, name: &str, devices: &[&str]) -> EventReader {
-    let tag = reader_tag();
-    let offset = lab.srv().serial_offset(name);
-    let d = format!("/tmp/{tag}");
-    let mut script = format!("mkdir -p {d}; ");
-    let mut opened = Vec::new();
-    let mut pids = Vec::new();
-    for (k, dev) in devices.iter().enumerate() {
-        // The subshell opens the device before saying so, then becomes cat.
-        script.push_str(&format!(
-            "( exec 3<{dev}; : > {d}/open{k}; exec cat <&3 ) > {d}/ev{k} & p{k}=$!; "
-        ));
-        opened.push(format!("[ -e {d}/open{k} ]"));
-        pids.push(format!("$p{k}"));
-    }
-    let ks: Vec<String> = (0..devices.len()).map(|k| k.to_string()).collect();
-    script.push_str(&format!(
-        "i=0; until {}; do [ $i -lt 600 ] || exit 3; sleep 0.05; i=$((i+1)); done; \
-         echo READY-{tag} > /dev/ttyS0; \
-         i=0; while [ ! -e {d}/done ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done; \
-         sleep 1; kill {}; wait; \
-         for k in {}; do echo \"== $k\"; od -An -v -tx1 {d}/ev$k; done",
-        opened.join(" && "),
-        pids.join(" "),
-        ks.join(" ")
-    ));
-    let id = lab.srv().start_call(
-        "guest_exec",
-        json!({"name": name, "command": "sh", "args": ["-c", script], "timeout": 120}),
-    );
-    wait_ready(lab, name, &tag, offset);
-    EventReader {
-        id,
-        dir: d,
-        devices: devices.len(),
-    }
-}
-
-/// Ends the recording (one more second for late events) and returns each device's events.
-/// The end is signalled through the serial shell that [`serial_console`] activated: agent
-/// calls would queue behind the reader's own guest_exec.
-fn finish_event_reader(lab: &mut Lab, name: &str, reader: EventReader) -> Vec<Vec<Ev>> {
-    let r = lab.srv().call_keeping(
-        "vm_serial_write",
-        json!({"name": name, "text": format!(": > {}/done", reader.dir), "enter": true}),
-        STEP,
-    );
-    tool_ok(&r, "vm_serial_write (end of recording)");
-    let res = lab.srv().finish_call(&reader.id, Duration::from_secs(150));
-    let out = tool_ok(&res, "event reader");
-    assert_eq!(out["exitcode"], 0, "event reader: {out}");
-    let stdout = out["stdout"].as_str().unwrap_or("");
-    let parts: Vec<&str> = stdout.split("== ").skip(1).collect();
-    assert_eq!(
-        parts.len(),
-        reader.devices,
-        "event reader output: {stdout:?}"
-    );
-    parts
-        .iter()
-        .map(|p| parse_events(p.split_once('\n').map(|x| x.1).unwrap_or("")))
-        .collect()
-}
-
 /// One step of the journey.
 type Step = fn(&mut Lab, &str);
 
@@ -354,10 +233,11 @@ fn test_guest_journey_keyboard_mouse_serial_screen() {
     crate::common::view::boot_test_sandbox(&mut lab, name);
     eprintln!("sandbox_vm ready in {} ms", t.elapsed().as_millis());
 
-    let steps: [(&str, Step); 7] = [
+    let steps: [(&str, Step); 8] = [
         ("serial console", serial_console),
         ("typing", typing),
         ("typing with delay_ms 0", typing_unpaced),
+        ("typing while the vCPU waits for a core", typing_starved),
         ("keys", keys),
         ("mouse", mouse),
         ("screenshot", sandbox_screenshot),
@@ -439,86 +319,6 @@ fn serial_console(lab: &mut Lab, name: &str) {
         waited >= Duration::from_millis(900) && waited < Duration::from_secs(3),
         "timeout 1 took {waited:?}"
     );
-}
-
-/// A long line with every kind of printable character arrives exactly.
-fn typing(lab: &mut Lab, name: &str) {
-    let unit = "The Quick Brown Fox 0123456789 ~!@#$%^&*()_+`-={}[]|\\:;\"'<>,.?/ \
-                'single' \"double\" back\\slash  two  spaces ";
-    let mut text = String::new();
-    while text.chars().count() < 220 {
-        text.push_str(unit);
-    }
-    let text = text.trim_end().to_string();
-    assert!(text.len() >= 200);
-    let reader = start_tty_reader(lab, name);
-    let t = Instant::now();
-    let r = lab.srv().call_keeping(
-        "vm_type_text",
-        json!({"name": name, "text": text, "enter": true}),
-        STEP,
-    );
-    let typed_ms = t.elapsed().as_millis();
-    let sc = tool_ok(&r, "vm_type_text");
-    assert_eq!(sc["characters"].as_u64(), Some(text.len() as u64 + 1));
-    let got = finish_tty_reader(lab, &reader);
-    assert_eq!(got, text, "the guest must receive exactly the typed text");
-    eprintln!(
-        "vm_type_text: {} characters in {typed_ms} ms ({} commands)",
-        text.len() + 1,
-        sc["commands"]
-    );
-}
-
-/// Chords and aliases; invalid input is refused before anything is sent (the line the guest
-/// reads holds only what the valid calls typed).
-fn keys(lab: &mut Lab, name: &str) {
-    let reader = start_tty_reader(lab, name);
-    let t = STEP;
-    let r = lab.srv().call_keeping(
-        "vm_send_keys",
-        json!({"name": name, "keys": ["q", "no-such-key"]}),
-        t,
-    );
-    let err = tool_err(&r, "unknown key");
-    assert!(err.contains("no-such-key"), "{err}");
-    let r = lab.srv().call_keeping(
-        "vm_send_keys",
-        json!({"name": name, "keys": ["ctrl-bogus"]}),
-        t,
-    );
-    tool_err(&r, "unknown chord part");
-    let r = lab.srv().call_keeping(
-        "vm_type_text",
-        json!({"name": name, "text": "z".repeat(4097)}),
-        t,
-    );
-    let err = tool_err(&r, "4097 characters");
-    assert!(err.contains("4096"), "{err}");
-    let r = lab.srv().call_keeping(
-        "vm_type_text",
-        json!({"name": name, "text": "zz\u{e9}zz"}),
-        t,
-    );
-    let err = tool_err(&r, "non-ASCII text");
-    assert!(err.contains("position 2"), "{err}");
-
-    let r = lab
-        .srv()
-        .call_keeping("vm_type_text", json!({"name": name, "text": "abc"}), t);
-    tool_ok(&r, "type abc");
-    let r = lab.srv().call_keeping(
-        "vm_send_keys",
-        json!({"name": name, "keys": ["shift-x", "space", "minus", "enter"]}),
-        t,
-    );
-    let sc = tool_ok(&r, "vm_send_keys");
-    assert_eq!(sc["sent"], 4);
-    assert_eq!(
-        sc["chords"],
-        json!([["shift", "x"], ["spc"], ["minus"], ["ret"]])
-    );
-    assert_eq!(finish_tty_reader(lab, &reader), "abcX -");
 }
 
 /// The event nodes of the virtio tablet and the PS/2 mouse, polled for: they appear a little
@@ -653,30 +453,6 @@ fn sandbox_screenshot(lab: &mut Lab, name: &str) {
     assert!(distinct > 1, "the console screen is blank ({w}x{h})");
     assert_no_capture_left(lab, name, "after the sandbox screenshot");
     eprintln!("sandbox screenshot {w}x{h} in {ms} ms");
-}
-
-/// Typing stays exact with delay_ms 0: the tool keeps a minimum pause between key batches
-/// (without it, a long text lost keys under TCG).
-fn typing_unpaced(lab: &mut Lab, name: &str) {
-    let unit = "Pack my box with 5 dozen liquor jugs! {[(<\\'\"|\"'/>)]} ~`@#$%^&*_+=-; ";
-    let mut text = String::new();
-    while text.len() < 1000 {
-        text.push_str(unit);
-    }
-    let reader = start_tty_reader(lab, name);
-    let t = Instant::now();
-    let r = lab.srv().call_keeping(
-        "vm_type_text",
-        json!({"name": name, "text": text, "enter": true, "delay_ms": 0}),
-        STEP,
-    );
-    tool_ok(&r, "vm_type_text delay_ms 0");
-    let ms = t.elapsed().as_millis();
-    assert_eq!(finish_tty_reader(lab, &reader), text);
-    eprintln!(
-        "vm_type_text delay_ms=0: {} characters in {ms} ms",
-        text.len() + 1
-    );
 }
 
 /// A guest without a tablet driver: with virtio_input unloaded QEMU routes buttons to the

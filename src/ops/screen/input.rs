@@ -4,7 +4,9 @@
 //! `qemu/`). Plans are plain [`Step`]s so their order and pacing are unit-tested; [`run`] sends
 //! them.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use crate::host::threads::{Sample, Threads};
 
 use crate::qemu::qmp::{Qmp, QmpError};
 use crate::qemu::qmp_calls::InputEvent;
@@ -32,19 +34,48 @@ pub struct Sent {
     pub complete: bool,
 }
 
+/// The longest a pause stretches while the guest's vCPUs have not run since the last
+/// command; past it the guest is taken to be wedged and later pauses are wall time alone.
+const SETTLE_MAX: Duration = Duration::from_secs(2);
+/// How often a stretched pause looks at the vCPUs again.
+const SETTLE_POLL: Duration = Duration::from_millis(2);
+
 /// Sends the plan in order. `cancelled` is asked after each step; once it answers yes, only
 /// commands that release keys or buttons are still sent (without the pauses), so the guest is
 /// not left with anything held down.
-pub fn run(q: &mut Qmp, plan: &[Step], cancelled: &dyn Fn() -> bool) -> Result<Sent, QmpError> {
+///
+/// With the QEMU's `pid`, a pause after a command lasts its time *and* until the vCPUs have
+/// taken the events: they have run since the command and sleep again, or have run as long as
+/// the pause (a busy guest). A guest's PS/2 queue holds 16 bytes, and on a loaded host a
+/// vCPU can wait longer than any fixed pause for a core.
+pub fn run(
+    q: &mut Qmp,
+    plan: &[Step],
+    pid: Option<i64>,
+    cancelled: &dyn Fn() -> bool,
+) -> Result<Sent, QmpError> {
+    let mut vcpus = match pid {
+        Some(pid) => match u32::try_from(pid) {
+            Ok(pid) => q.running_vcpu_threads()?.map(|t| Threads::new(pid, t)),
+            Err(_) => None,
+        },
+        None => None,
+    };
     let mut sent = Sent {
         commands: 0,
         complete: true,
     };
+    let mut before = None;
     for step in plan {
         match step {
-            Step::Pause(d) if sent.complete => std::thread::sleep(*d),
+            Step::Pause(d) if sent.complete => {
+                if !settle(*d, vcpus.as_ref(), before.take()) {
+                    vcpus = None;
+                }
+            }
             Step::Pause(_) => continue,
             Step::Send(events) if sent.complete || releases(events) => {
+                before = vcpus.as_ref().and_then(Threads::sample);
                 q.send_input(events)?;
                 sent.commands += 1;
             }
@@ -55,6 +86,36 @@ pub fn run(q: &mut Qmp, plan: &[Step], cancelled: &dyn Fn() -> bool) -> Result<S
         }
     }
     Ok(sent)
+}
+
+/// Waits `d`, then until the vCPUs took what was sent after `before` (see [`run`]), at most
+/// [`SETTLE_MAX`]. False when they did not within it.
+fn settle(d: Duration, vcpus: Option<&Threads>, before: Option<Sample>) -> bool {
+    let start = Instant::now();
+    std::thread::sleep(d);
+    let (Some(vcpus), Some(before)) = (vcpus, before) else {
+        return true;
+    };
+    loop {
+        let Some(now) = vcpus.sample() else {
+            return true;
+        };
+        if taken(d, before, now) {
+            return true;
+        }
+        if start.elapsed() >= SETTLE_MAX {
+            return false;
+        }
+        std::thread::sleep(SETTLE_POLL);
+    }
+}
+
+/// Whether vCPUs sampled `before` a command and `now` have taken its events: they ran since
+/// and sleep again (the wake-up the command caused has been served), or ran for `d` (a busy
+/// guest never sleeps but had the time the pause assumes).
+fn taken(d: Duration, before: Sample, now: Sample) -> bool {
+    let ran = now.ran.saturating_sub(before.ran);
+    ran >= d || (ran > Duration::ZERO && now.asleep)
 }
 
 /// Whether a command only releases buttons or keys.
@@ -86,5 +147,34 @@ mod tests {
             axis: Axis::X,
             value: 1
         }]));
+    }
+
+    #[test]
+    fn a_pause_ends_once_the_vcpus_ran_and_sleep_or_ran_its_length() {
+        let at = |ms: u64, asleep: bool| Sample {
+            ran: Duration::from_millis(ms),
+            asleep,
+        };
+        let d = Duration::from_millis(10);
+        assert!(
+            !taken(d, at(5, true), at(5, true)),
+            "not run since: not taken"
+        );
+        assert!(
+            !taken(d, at(5, true), at(9, false)),
+            "running, short of the pause"
+        );
+        assert!(taken(d, at(5, true), at(6, true)), "ran and sleeps again");
+        assert!(
+            taken(d, at(5, false), at(15, false)),
+            "a busy guest had the pause"
+        );
+    }
+
+    #[test]
+    fn a_pause_without_vcpus_to_watch_is_wall_time() {
+        let t = Instant::now();
+        assert!(settle(Duration::from_millis(5), None, None));
+        assert!(t.elapsed() >= Duration::from_millis(5));
     }
 }

@@ -80,7 +80,7 @@ pub fn send_keys(work: &dyn Work, req: &KeysRequest) -> Result<KeysSent, OpError
     let rec = live(name)?;
     let plan = chord_plan(&chords, req.hold, req.delay);
     let sent = session::monitor(name, &rec, |q| {
-        Ok(input::run(q, &plan, &|| work.cancelled())?)
+        Ok(input::run(q, &plan, rec.pid, &|| work.cancelled())?)
     })?;
     if !sent.complete {
         return Err(OpError::cancelled(format!(
@@ -139,7 +139,7 @@ pub fn type_text(work: &dyn Work, req: &TextRequest) -> Result<Typed, OpError> {
     let rec = live(name)?;
     let commands = input::commands(&plan);
     let sent = session::monitor(name, &rec, |q| {
-        Ok(input::run(q, &plan, &|| work.cancelled())?)
+        Ok(input::run(q, &plan, rec.pid, &|| work.cancelled())?)
     })?;
     if !sent.complete {
         return Err(OpError::cancelled(format!(

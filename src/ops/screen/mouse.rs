@@ -364,7 +364,7 @@ pub fn gesture(
             }
         }
         let plan = make(&pts, (w, h));
-        let sent = input::run(q, &plan, &|| work.cancelled())?;
+        let sent = input::run(q, &plan, rec.pid, &|| work.cancelled())?;
         if !sent.complete {
             return Err(OpError::cancelled("cancelled (buttons and keys released)").into());
         }

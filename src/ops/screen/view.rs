@@ -226,7 +226,7 @@ pub fn input(
         }
         let plan = plan(e, &mut done)?;
         crate::ops::session::monitor(name, &rec, |q| {
-            Ok(crate::ops::screen::input::run(q, &plan, &|| {
+            Ok(crate::ops::screen::input::run(q, &plan, rec.pid, &|| {
                 ctx.cancelled()
             })?)
         })?;
