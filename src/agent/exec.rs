@@ -158,6 +158,10 @@ impl Table {
             use std::os::unix::process::CommandExt;
             cmd.process_group(0);
         }
+        if let Some((uid, gid)) = super::root::user() {
+            use std::os::unix::process::CommandExt;
+            cmd.uid(uid).gid(gid);
+        }
         let mut child = cmd.spawn().map_err(|e| {
             let where_ = s
                 .cwd

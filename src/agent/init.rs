@@ -23,10 +23,20 @@ fn log(msg: &str) {
 
 /// Sets the guest up; `power` receives a message when the power button is pressed.
 pub fn setup(power: Sender<Mode>) {
-    for (what, target, fstype, data) in [
+    mount_all(&[
         ("proc", "/proc", "proc", ""),
         ("sysfs", "/sys", "sysfs", ""),
         ("devtmpfs", "/dev", "devtmpfs", "mode=0755"),
+    ]);
+    load_modules();
+    let cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();
+    if let Some(dev) = super::root::device(&cmdline) {
+        match super::root::switch(dev) {
+            Ok(()) => log(&format!("root {dev} mounted and made /")),
+            Err(e) => log(&format!("cannot make {dev} the root: {e}")),
+        }
+    }
+    mount_all(&[
         (
             "devpts",
             "/dev/pts",
@@ -36,17 +46,23 @@ pub fn setup(power: Sender<Mode>) {
         ("tmpfs", "/dev/shm", "tmpfs", "mode=1777"),
         ("tmpfs", "/tmp", "tmpfs", "mode=1777"),
         ("tmpfs", "/run", "tmpfs", "mode=0755"),
-    ] {
-        if let Err(e) = mount(what, target, fstype, data) {
-            log(&format!("mount {target} ({fstype}): {e}"));
-        }
+    ]);
+    if let Err(e) = super::root::apply() {
+        log(&format!("the image's config: {e}"));
     }
-    load_modules();
     set_hostname();
     network();
     watch_power_button(power);
     if Path::new(START).exists() {
         run_start();
+    }
+}
+
+fn mount_all(list: &[(&str, &str, &str, &str)]) {
+    for (what, target, fstype, data) in list {
+        if let Err(e) = mount(what, target, fstype, data) {
+            log(&format!("mount {target} ({fstype}): {e}"));
+        }
     }
 }
 

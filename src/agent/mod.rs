@@ -19,6 +19,7 @@ pub mod json;
 pub mod output;
 pub mod port;
 pub mod reader;
+pub mod root;
 pub mod system;
 
 use std::path::PathBuf;

@@ -8,6 +8,7 @@
 
 pub mod agent;
 pub mod binaries;
+pub mod cpio;
 pub mod decide;
 pub mod kvm;
 pub mod limits;

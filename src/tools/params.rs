@@ -26,6 +26,7 @@ pub fn sandbox_request(args: &Args) -> Result<SandboxRequest, ToolError> {
         name: text("name")?,
         template: text("template")?,
         base_image: text("base_image")?,
+        oci: text("oci")?,
         disk_size: text("disk_size")?,
         launch: launch_args(args)?,
         allow_network: allow_network_arg(args)?.0.unwrap_or(false),
@@ -245,7 +246,15 @@ pub fn sandbox_props() -> Value {
     json!({
         "base_image": {
             "type": "string", "minLength": 1,
-            "description": "Base disk image; left untouched. Give this or template."
+            "description": "Base disk image; left untouched. Give this, oci or template."
+        },
+        "oci": {
+            "type": "string", "minLength": 1,
+            "description": "A container image as the sandbox's root instead of base_image: \
+                python:3.12-slim, ghcr.io/org/img:tag, REG/NAME@sha256:..., \
+                oci:DIR[:tag] (an OCI layout). Pulled and built once (image_pull), booted with \
+                mcqemu's kernel (or kernel) and mcqemu-agent as PID 1; guest_exec runs with \
+                the image's Env, WorkingDir and User."
         },
         "template": {
             "type": "string",

@@ -2,7 +2,7 @@
 """Writes an OCI image layout for the container-image tests, with nothing but the standard
 library: every layer is built here with tarfile, so each case is exactly what the test says.
 
-  build_layout.py DEST TAG [--hostile]
+  build_layout.py DEST TAG [--hostile] [--bootable]
 
 The normal image has two layers:
   1 (gzip): folders; etc/a ("one"); etc/gone; opt/keep/old; usr/bin/ping, setuid root with a
@@ -11,6 +11,9 @@ The normal image has two layers:
   2 (plain tar): etc/a ("two"); a whiteout of etc/gone; opt/keep made opaque, with opt/keep/new.
 Its config has Env, WorkingDir, User, Entrypoint, Cmd and ExposedPorts.
 --hostile adds a layer whose entry climbs out with '..'.
+--bootable adds a layer with Debian's static busybox (apt-get download busybox-static) as
+/bin/busybox with links for a shell and a few tools, and /etc/passwd and /etc/group naming
+the image's user (1000, "app"): a root a VM can run programs in.
 Prints the manifest's digest.
 """
 import gzip
@@ -18,8 +21,11 @@ import hashlib
 import io
 import json
 import os
+import shutil
+import subprocess
 import sys
 import tarfile
+import tempfile
 
 CAP_NET_RAW = bytes([1, 0, 0, 2, 0, 32, 0, 0]) + bytes(12)
 
@@ -55,9 +61,32 @@ def d(name, mode=0o755):
     return {"name": name, "type": tarfile.DIRTYPE, "mode": mode}
 
 
+def busybox_entries():
+    """Debian's static busybox with links, and the image's users."""
+    work = tempfile.mkdtemp(prefix="oci-busybox-")
+    try:
+        subprocess.run(["apt-get", "download", "-o", "APT::Sandbox::User=root", "busybox-static"],
+                       cwd=work, check=True, stdout=subprocess.DEVNULL)
+        deb = [f for f in os.listdir(work) if f.endswith(".deb")][0]
+        fs = subprocess.run(["dpkg-deb", "--fsys-tarfile", os.path.join(work, deb)], check=True,
+                            stdout=subprocess.PIPE).stdout
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    with tarfile.open(fileobj=io.BytesIO(fs)) as t:
+        m = [x for x in t.getmembers() if x.name.lstrip("./") in ("bin/busybox", "usr/bin/busybox")][0]
+        data = t.extractfile(m).read()
+    entries = [d("bin"), {"name": "bin/busybox", "data": data, "mode": 0o755}]
+    for tool in ["sh", "id", "pwd", "env", "cat", "ls", "echo", "stat", "sleep", "mount"]:
+        entries.append({"name": "bin/" + tool, "type": tarfile.SYMTYPE, "link": "busybox"})
+    entries.append({"name": "etc/passwd", "data": b"root:x:0:0:root:/root:/bin/sh\napp:x:1000:1000:app:/home/user:/bin/sh\n"})
+    entries.append({"name": "etc/group", "data": b"root:x:0:\napp:x:1000:\n"})
+    return entries
+
+
 def main():
     dest, tag = sys.argv[1], sys.argv[2]
     hostile = "--hostile" in sys.argv[3:]
+    bootable = "--bootable" in sys.argv[3:]
     os.makedirs(os.path.join(dest, "blobs", "sha256"), exist_ok=True)
     with open(os.path.join(dest, "oci-layout"), "w") as f:
         json.dump({"imageLayoutVersion": "1.0.0"}, f)
@@ -83,6 +112,10 @@ def main():
         blob(dest, two, "application/vnd.oci.image.layer.v1.tar"),
     ]
     diff_ids = ["sha256:" + hashlib.sha256(t).hexdigest() for t in (one, two)]
+    if bootable:
+        tools = layer(busybox_entries())
+        layers.append(blob(dest, gzip.compress(tools, mtime=0), "application/vnd.oci.image.layer.v1.tar+gzip"))
+        diff_ids.append("sha256:" + hashlib.sha256(tools).hexdigest())
     if hostile:
         evil = layer([{"name": "../evil", "data": b"out"}])
         layers.append(blob(dest, evil, "application/vnd.oci.image.layer.v1.tar"))

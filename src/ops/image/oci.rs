@@ -233,7 +233,10 @@ fn build_in(
         u.apply(layer, &watch)?;
         done += layer.size;
     }
-    let out = u.finish();
+    let mut out = u.finish();
+    let root = Folder::open_following(&tree)
+        .map_err(|e| OpError::new(format!("cannot open {}: {e}", tree.display())))?;
+    crate::oci::guest::place(&root, &mut out.meta, &image.config)?;
     work.progress_phase("making the ext4 root");
     let tmp = scratch.join("root.ext4");
     rootfs::build(&tree, &out.meta, out.bytes, &tmp, &|| work.cancelled())?;

@@ -11,6 +11,7 @@ pub mod clone;
 pub mod destroy;
 pub mod fork;
 pub mod frozen;
+pub mod oci_root;
 pub mod pool;
 pub mod request;
 pub mod result;
@@ -107,10 +108,18 @@ fn boot_overlay(
     ctx: &dyn Work,
     req: &SandboxRequest,
 ) -> Result<(Sandboxed, AgentWait, Duration), OpError> {
+    let with_image;
+    let req = match &req.oci {
+        Some(reference) => {
+            with_image = oci_root::request(ctx, req, reference)?;
+            &with_image
+        }
+        None => req,
+    };
     let Some(base_raw) = req.base_image.as_deref() else {
         return Err(OpError::invalid(
-            "give base_image (a disk image to boot on an overlay) or template (from \
-             template_create)",
+            "give base_image (a disk image to boot on an overlay), oci (a container image) or \
+             template (from template_create)",
         ));
     };
     let base = checked_path(base_raw, "base_image", Access::Read)?;
