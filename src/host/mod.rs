@@ -15,6 +15,7 @@ pub mod limits;
 pub mod run;
 pub mod seabios;
 pub mod threads;
+pub mod vmlinux;
 
 use std::sync::OnceLock;
 

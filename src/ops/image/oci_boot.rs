@@ -80,7 +80,14 @@ pub fn kit(work: &dyn Work, arch: &str, kernel: Option<&Path>) -> Result<Kit, Op
         None => {
             let home = debian_kernel(work, arch)?;
             let source = std::fs::read_to_string(home.join("source")).unwrap_or_default();
-            (home.join("vmlinuz"), home.join("modules"), source, home)
+            // The ELF boots through PVH, faster than the bzImage (see host::vmlinux).
+            let elf = home.join("vmlinux");
+            let kernel = if elf.is_file() {
+                elf
+            } else {
+                home.join("vmlinuz")
+            };
+            (kernel, home.join("modules"), source, home)
         }
     };
     std::fs::create_dir_all(&home)
@@ -217,6 +224,10 @@ fn fetch_kernel(work: &dyn Work, pkg: &str, dir: &Path) -> Result<(), OpError> {
         .ok_or_else(|| OpError::new(format!("{pkg} holds no boot/vmlinuz-*")))?;
     let host = |what: &Path, e: std::io::Error| OpError::new(format!("{}: {e}", what.display()));
     std::fs::rename(&vmlinuz, dir.join("vmlinuz")).map_err(|e| host(&vmlinuz, e))?;
+    let bz = std::fs::read(dir.join("vmlinuz")).map_err(|e| host(&dir.join("vmlinuz"), e))?;
+    if let Some(elf) = crate::host::vmlinux::extract(&bz) {
+        std::fs::write(dir.join("vmlinux"), elf).map_err(|e| host(&dir.join("vmlinux"), e))?;
+    }
     let modules = dir.join("modules");
     std::fs::create_dir_all(&modules).map_err(|e| host(&modules, e))?;
     let mut found = Vec::new();
