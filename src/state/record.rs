@@ -235,6 +235,10 @@ lenient! {
         frozen: String,
         /// Its frozen images, oldest first.
         chain: Vec<String>,
+        /// The container image its root was made from, as the user named it.
+        image: String,
+        /// That image's manifest digest.
+        image_digest: String,
     }
 }
 

@@ -27,6 +27,7 @@ pub fn sandbox_request(args: &Args) -> Result<SandboxRequest, ToolError> {
         template: text("template")?,
         base_image: text("base_image")?,
         oci: text("oci")?,
+        oci_digest: None,
         disk_size: text("disk_size")?,
         launch: launch_args(args)?,
         allow_network: allow_network_arg(args)?.0.unwrap_or(false),

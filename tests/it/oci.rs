@@ -18,7 +18,8 @@ use serde_json::json;
 
 const STEP: Duration = Duration::from_secs(120);
 
-fn layout(dir: &Path, tag: &str, extra: &[&str]) -> String {
+/// Writes an OCI layout with `tests/oci/build_layout.py`; the manifest digest.
+pub fn layout(dir: &Path, tag: &str, extra: &[&str]) -> String {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/oci/build_layout.py");
     let mut args: Vec<&OsStr> = vec![script.as_os_str(), dir.as_os_str(), OsStr::new(tag)];
     args.extend(extra.iter().map(OsStr::new));

@@ -79,6 +79,12 @@ pub fn boot(
     ctx: &dyn Work,
     req: &SandboxRequest,
 ) -> Result<(Sandboxed, AgentWait, Duration), OpError> {
+    if req.template.is_some() && req.oci.is_some() {
+        return Err(OpError::invalid(
+            "give oci or template, not both: a template already holds its root (make one with \
+             template_create {\"oci\": ...})",
+        ));
+    }
     match &req.template {
         Some(t) => boot_clone(ctx, req, t),
         None => boot_overlay(ctx, req),
@@ -167,6 +173,8 @@ fn launch_overlay(
         base_format: Some(base_fmt.to_string()),
         overlay: Some(overlay.display().to_string()),
         allow_network: Some(req.network()),
+        image: req.oci.clone(),
+        image_digest: req.oci_digest.clone(),
         ..Sandbox::default()
     });
     let mut out = Sandboxed::of(launch::launch(ctx, lr)?);

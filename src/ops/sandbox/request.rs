@@ -18,6 +18,8 @@ pub struct SandboxRequest {
     pub base_image: Option<String>,
     /// A container image reference whose root the overlay is on, instead of base_image.
     pub oci: Option<String>,
+    /// The digest of the image `oci` named, once pulled.
+    pub oci_digest: Option<String>,
     /// The overlay's size (never smaller than the base).
     pub disk_size: Option<String>,
     /// The launch's own parameters (port_forwards None: `auto:22`).

@@ -58,6 +58,8 @@ pub struct TemplateRequest {
     pub allow_network: bool,
     /// The base image its disk is an overlay of (checked here).
     pub base_image: Option<String>,
+    /// A container image whose root the overlay is on, instead of base_image.
+    pub oci: Option<String>,
     /// The overlay's size.
     pub disk_size: Option<String>,
     /// How long to wait for its agent, seconds.
@@ -115,6 +117,27 @@ pub fn create(ctx: &dyn Work, req: &TemplateRequest) -> Result<Created, OpError>
     let _ = remove_dir(&dir);
     std::fs::create_dir_all(&dir)
         .map_err(|e| OpError::new(format!("cannot create {}: {e}", dir.display())))?;
+    let with_image;
+    let req = match &req.oci {
+        Some(reference) => {
+            let resolved = crate::ops::sandbox::oci_root::resolve(
+                ctx,
+                req.base_image.as_deref(),
+                &req.launch,
+                reference,
+            );
+            let (base, launch) = resolved.inspect_err(|_| {
+                let _ = remove_dir(&dir);
+            })?;
+            with_image = TemplateRequest {
+                base_image: Some(base.path),
+                launch,
+                ..req.clone()
+            };
+            &with_image
+        }
+        None => req,
+    };
     let result = build(ctx, req, &name, &dir);
     if result.is_err() {
         let _ = remove_dir(&dir);

@@ -110,6 +110,7 @@ fn create(ctx: &ToolCtx, args: &Args) -> ToolResult {
         launch: launch_args(args)?,
         allow_network: args.bool_or("allow_network", false)?,
         base_image: args.opt_str("base_image")?.map(str::to_string),
+        oci: args.opt_str("oci")?.map(str::to_string),
         disk_size: args.opt_str("disk_size")?.map(str::to_string),
         wait_agent_s: args.number("wait_agent_s")?,
         wait_cloud_init: args.bool_or("wait_cloud_init", false)?,

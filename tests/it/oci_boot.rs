@@ -1,0 +1,123 @@
+//! Container images booted as sandboxes, over MCP against the built binary and real QEMU: an OCI
+//! layout from `tests/oci/build_layout.py --bootable` (the owners, whiteouts and setuid file of
+//! the oci suite, plus Debian's static busybox and a passwd naming the image's user 1000) is
+//! booted by `sandbox_vm {"oci"}` with Debian's cloud kernel (fetched by the server with apt)
+//! and mcqemu-agent as PID 1 of its initrd. guest_exec runs with the image's Env, WorkingDir
+//! and User; the owners and modes inside the guest are the image's; files go both ways; a
+//! template made with `template_create {"oci"}` clones into a sandbox that keeps the image's
+//! user.
+
+use std::time::{Duration, Instant};
+
+use crate::common::*;
+use crate::oci::layout;
+use serde_json::{json, Value};
+
+const STEP: Duration = Duration::from_secs(300);
+
+fn exec(lab: &mut Lab, name: &str, script: &str) -> Value {
+    let r = lab.srv().call_keeping(
+        "guest_exec",
+        json!({"name": name, "command": "sh", "args": ["-c", script], "timeout": 60}),
+        STEP,
+    );
+    let sc = tool_ok(&r, script);
+    assert_eq!(sc["exitcode"], 0, "{script}: {sc}");
+    sc
+}
+
+#[test]
+fn an_image_root_boots_and_runs_programs_as_the_image_says() {
+    let mut lab = Lab::new("ocib");
+    let dir = lab.dir.join("layout");
+    let digest = layout(&dir, "v1", &["--bootable"]);
+    let reference = format!("oci:{}:v1", dir.display());
+
+    let t = Instant::now();
+    let sb = lab.srv().call_ok_within(
+        "sandbox_vm",
+        json!({"oci": reference, "name": "img", "cpus": 1, "memory_mb": 512,
+               "wait_agent_s": 150}),
+        STEP,
+    );
+    lab.track(&sb);
+    eprintln!(
+        "sandbox_vm oci (pull, build, kernel fetch, boot): {} ms, agent after {} ms",
+        t.elapsed().as_millis(),
+        sb["agent_wait_ms"]
+    );
+    assert_eq!(sb["agent_ready"], json!(true), "{sb}");
+    assert_eq!(sb["sandbox"]["image"], json!(reference), "{sb}");
+    assert_eq!(sb["sandbox"]["image_digest"], json!(digest), "{sb}");
+
+    let out = exec(
+        &mut lab,
+        "img",
+        "id -u; id -g; pwd; echo \"$GREETING\"; echo \"$HOME\"; \
+         stat -c '%u:%g %a' /home/user/own /usr/bin/ping; cat /etc/a; echo; ls /opt/keep; \
+         [ -e /etc/gone ] || echo gone",
+    );
+    assert_eq!(
+        out["stdout"].as_str().unwrap(),
+        "1000\n1000\n/home/user\nhello from the image\n/home/user\n1000:1000 600\n0:0 4755\n\
+         two\nnew\ngone\n",
+        "the image's user, folder, environment, owners and layers: {out}"
+    );
+
+    // Files both ways (the agent itself writes them, as root).
+    let w = lab.srv().call_ok_within(
+        "guest_file_write",
+        json!({"name": "img", "path": "/tmp/in.txt", "content": "into the image\n"}),
+        STEP,
+    );
+    assert_eq!(w["bytes_written"], json!(15), "{w}");
+    let r = lab.srv().call_ok_within(
+        "guest_file_read",
+        json!({"name": "img", "path": "/tmp/in.txt"}),
+        STEP,
+    );
+    assert_eq!(r["content"], json!("into the image\n"), "{r}");
+
+    let info = lab
+        .srv()
+        .call_ok_within("vm_info", json!({"name": "img"}), STEP);
+    assert_eq!(
+        info["record"]["sandbox"]["image_digest"],
+        json!(digest),
+        "{info}"
+    );
+    let both = lab.srv().call_tool_within(
+        "sandbox_vm",
+        json!({"oci": reference, "base_image": "/nonexistent"}),
+        STEP,
+    );
+    let err = tool_err(&both, "oci with base_image");
+    assert!(err.contains("not both"), "{err}");
+    lab.srv()
+        .call_ok_within("sandbox_destroy", json!({"name": "img"}), STEP);
+
+    // A template of the image; its clone keeps the image's user and folder.
+    let t = Instant::now();
+    let made = lab.srv().call_ok_within(
+        "template_create",
+        json!({"name": "imgt", "oci": reference, "cpus": 1, "memory_mb": 512,
+               "wait_agent_s": 150}),
+        STEP,
+    );
+    eprintln!("template_create oci: {} ms", t.elapsed().as_millis());
+    assert_eq!(made["name"], json!("imgt"), "{made}");
+    let t = Instant::now();
+    let c = lab.srv().call_ok_within(
+        "sandbox_vm",
+        json!({"template": "imgt", "name": "imgc"}),
+        STEP,
+    );
+    lab.track(&c);
+    eprintln!("clone of the oci template: {} ms", t.elapsed().as_millis());
+    let out = exec(&mut lab, "imgc", "id -u; pwd");
+    assert_eq!(out["stdout"], json!("1000\n/home/user\n"), "{out}");
+    lab.srv()
+        .call_ok_within("sandbox_destroy", json!({"name": "imgc"}), STEP);
+    lab.srv()
+        .call_ok_within("template_delete", json!({"name": "imgt"}), STEP);
+}
