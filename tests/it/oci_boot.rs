@@ -28,6 +28,8 @@ fn exec(lab: &mut Lab, name: &str, script: &str) -> Value {
 
 #[test]
 fn an_image_root_boots_and_runs_programs_as_the_image_says() {
+    // The agent the server puts into the initrd, found in cargo's target folder.
+    static_agent("x86_64-unknown-linux-musl").unwrap_or_else(|e| panic!("{e}"));
     let mut lab = Lab::new("ocib");
     let dir = lab.dir.join("layout");
     let digest = layout(&dir, "v1", &["--bootable"]);
