@@ -32,7 +32,14 @@ pub fn setup(power: Sender<Mode>) {
     let cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();
     if let Some(dev) = super::root::device(&cmdline) {
         match super::root::switch(dev) {
-            Ok(()) => log(&format!("root {dev} mounted and made /")),
+            Ok(()) => {
+                log(&format!("root {dev} mounted and made /"));
+                match super::root::grow(dev) {
+                    Ok(Some(blocks)) => log(&format!("root grown to {blocks} blocks")),
+                    Ok(None) => {}
+                    Err(e) => log(&format!("cannot grow the root: {e}")),
+                }
+            }
             Err(e) => log(&format!("cannot make {dev} the root: {e}")),
         }
     }

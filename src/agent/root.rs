@@ -57,6 +57,41 @@ pub fn switch(dev: &str) -> Result<(), String> {
     std::env::set_current_dir("/").map_err(|e| format!("cd /: {e}"))
 }
 
+/// `EXT4_IOC_RESIZE_FS`: `_IOW('f', 16, __u64)`.
+const EXT4_IOC_RESIZE_FS: libc::c_ulong = 0x4008_6610;
+
+/// Grows the root's file system (ext4, mounted at `/`) to the size of its disk `dev`, online:
+/// a sandbox's `disk_size` is room in the root. The size in blocks it now has, or None when
+/// the disk is no larger.
+pub fn grow(dev: &str) -> Result<Option<u64>, String> {
+    let name = dev.trim_start_matches("/dev/");
+    let sectors: u64 = std::fs::read_to_string(format!("/sys/class/block/{name}/size"))
+        .map_err(|e| format!("the size of {dev}: {e}"))?
+        .trim()
+        .parse()
+        .map_err(|e| format!("the size of {dev}: {e}"))?;
+    let root = std::fs::File::open("/").map_err(|e| format!("open /: {e}"))?;
+    use std::os::unix::io::AsRawFd;
+    // SAFETY: statfs is plain data; zeroed is a valid value, and fstatfs fills it.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: an open descriptor and a statfs buffer.
+    if unsafe { libc::fstatfs(root.as_raw_fd(), &mut st) } != 0 {
+        return Err(format!("statfs /: {}", std::io::Error::last_os_error()));
+    }
+    let block = st.f_bsize as u64;
+    let want = sectors * 512 / block.max(1);
+    // f_blocks leaves out the file system's own overhead, so it is below the real count:
+    // a disk only a little larger is left alone.
+    if want <= st.f_blocks as u64 + (64 << 20) / block.max(1) {
+        return Ok(None);
+    }
+    // SAFETY: the ioctl reads one u64 block count from a valid pointer.
+    if unsafe { libc::ioctl(root.as_raw_fd(), EXT4_IOC_RESIZE_FS as _, &want) } != 0 {
+        return Err(format!("resize: {}", std::io::Error::last_os_error()));
+    }
+    Ok(Some(want))
+}
+
 fn mount(what: Option<&str>, target: &str, fstype: Option<&str>, flags: u64) -> Result<(), String> {
     let c = |s: &str| CString::new(s).map_err(|e| e.to_string());
     let w = what.map(c).transpose()?;

@@ -3,7 +3,8 @@
 //! the oci suite, plus Debian's static busybox and a passwd naming the image's user 1000) is
 //! booted by `sandbox_vm {"oci"}` with Debian's cloud kernel (fetched by the server with apt)
 //! and mcqemu-agent as PID 1 of its initrd. guest_exec runs with the image's Env, WorkingDir
-//! and User; the owners and modes inside the guest are the image's; files go both ways; a
+//! and User; the owners and modes inside the guest are the image's; disk_size grows the root;
+//! files go both ways; a
 //! template made with `template_create {"oci"}` clones into a sandbox that keeps the image's
 //! user.
 
@@ -39,7 +40,7 @@ fn an_image_root_boots_and_runs_programs_as_the_image_says() {
     let sb = lab.srv().call_ok_within(
         "sandbox_vm",
         json!({"oci": reference, "name": "img", "cpus": 1, "memory_mb": 512,
-               "wait_agent_s": 150}),
+               "wait_agent_s": 150, "disk_size": "2G"}),
         STEP,
     );
     lab.track(&sb);
@@ -64,6 +65,18 @@ fn an_image_root_boots_and_runs_programs_as_the_image_says() {
         "1000\n1000\n/home/user\nhello from the image\n/home/user\n1000:1000 600\n0:0 4755\n\
          two\nnew\ngone\n",
         "the image's user, folder, environment, owners and layers: {out}"
+    );
+
+    // disk_size is room in the root: the agent grew the file system at boot.
+    let df = exec(&mut lab, "img", "df -k / | tail -1");
+    let total_kb: u64 = df["stdout"]
+        .as_str()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("df: {df}"));
+    assert!(
+        total_kb > 1800 * 1024,
+        "the root was not grown to disk_size 2G: {df}"
     );
 
     // Files both ways (the agent itself writes them, as root).

@@ -76,7 +76,7 @@ def busybox_entries():
         m = [x for x in t.getmembers() if x.name.lstrip("./") in ("bin/busybox", "usr/bin/busybox")][0]
         data = t.extractfile(m).read()
     entries = [d("bin"), {"name": "bin/busybox", "data": data, "mode": 0o755}]
-    for tool in ["sh", "id", "pwd", "env", "cat", "ls", "echo", "stat", "sleep", "mount"]:
+    for tool in ["sh", "id", "pwd", "env", "cat", "ls", "echo", "stat", "sleep", "mount", "df"]:
         entries.append({"name": "bin/" + tool, "type": tarfile.SYMTYPE, "link": "busybox"})
     entries.append({"name": "etc/passwd", "data": b"root:x:0:0:root:/root:/bin/sh\napp:x:1000:1000:app:/home/user:/bin/sh\n"})
     entries.append({"name": "etc/group", "data": b"root:x:0:\napp:x:1000:\n"})
