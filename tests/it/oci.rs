@@ -230,13 +230,13 @@ fn a_tampered_blob_and_a_hostile_layer_are_refused_and_leave_nothing() {
 }
 
 /// Debian's docker-registry on a free loopback port, its storage in `dir`; killed on drop.
-struct Registry {
+pub struct Registry {
     child: std::process::Child,
-    addr: String,
+    pub addr: String,
 }
 
 impl Registry {
-    fn start(dir: &Path) -> Registry {
+    pub fn start(dir: &Path) -> Registry {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
