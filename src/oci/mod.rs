@@ -5,6 +5,7 @@
 //! and that folder made an ext4 image with the image's owners ([`rootfs`]).
 //! Below ops; knows no VM.
 
+pub mod archive;
 pub mod error;
 pub mod guest;
 pub mod layout;

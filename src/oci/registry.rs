@@ -43,13 +43,7 @@ pub fn fetch(
     progress: &dyn Fn(u64, u64, &str),
     cancelled: &dyn Fn() -> bool,
 ) -> Result<Fetched, OciError> {
-    std::fs::create_dir_all(store.join("blobs/sha256"))
-        .map_err(|e| OciError::Host(format!("cannot create {}: {e}", store.display())))?;
-    let marker = store.join("oci-layout");
-    if !marker.exists() {
-        std::fs::write(&marker, br#"{"imageLayoutVersion":"1.0.0"}"#)
-            .map_err(|e| OciError::Host(format!("cannot write {}: {e}", marker.display())))?;
-    }
+    open_store(store)?;
     let mut c = Client::new(r)?;
     let (top, top_type) = c.manifest(r.manifest_ref(), r.digest.as_deref())?;
     let top_digest = format!("sha256:{}", sha256_hex(&top));
@@ -98,6 +92,18 @@ pub fn fetch(
     Ok(Fetched { name, downloaded })
 }
 
+/// Makes `store` an OCI layout if it is not one yet.
+pub(super) fn open_store(store: &Path) -> Result<(), OciError> {
+    std::fs::create_dir_all(store.join("blobs/sha256"))
+        .map_err(|e| OciError::Host(format!("cannot create {}: {e}", store.display())))?;
+    let marker = store.join("oci-layout");
+    if !marker.exists() {
+        std::fs::write(&marker, br#"{"imageLayoutVersion":"1.0.0"}"#)
+            .map_err(|e| OciError::Host(format!("cannot write {}: {e}", marker.display())))?;
+    }
+    Ok(())
+}
+
 fn is_index(media_type: &str, body: &[u8]) -> bool {
     media_type.contains("index")
         || media_type.contains("manifest.list")
@@ -120,12 +126,12 @@ fn pick(index: &[u8], arch: &str) -> Result<String, OciError> {
         .ok_or_else(|| OciError::NotFound(format!("the image has no linux/{arch} variant")))
 }
 
-fn blob_path(store: &Path, digest: &str) -> Result<PathBuf, OciError> {
+pub(super) fn blob_path(store: &Path, digest: &str) -> Result<PathBuf, OciError> {
     Ok(store.join("blobs/sha256").join(blob_name(digest)?))
 }
 
 /// Keeps a small blob already checked against `digest`.
-fn keep(store: &Path, digest: &str, bytes: &[u8]) -> Result<(), OciError> {
+pub(super) fn keep(store: &Path, digest: &str, bytes: &[u8]) -> Result<(), OciError> {
     let path = blob_path(store, digest)?;
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, bytes)
@@ -134,7 +140,7 @@ fn keep(store: &Path, digest: &str, bytes: &[u8]) -> Result<(), OciError> {
 }
 
 /// Names the image `name` in the store's index (replacing an older entry of that name).
-fn add_to_index(
+pub(super) fn add_to_index(
     store: &Path,
     name: &str,
     digest: &str,

@@ -253,7 +253,8 @@ pub fn sandbox_props() -> Value {
             "type": "string", "minLength": 1,
             "description": "A container image as the sandbox's root instead of base_image: \
                 python:3.12-slim, ghcr.io/org/img:tag, REG/NAME@sha256:..., \
-                oci:DIR[:tag] (an OCI layout). Pulled and built once (image_pull), booted with \
+                oci:DIR[:tag] (an OCI layout), docker-archive:FILE (docker save). Pulled and \
+                built once (image_pull), booted with \
                 mcqemu's kernel (or kernel) and mcqemu-agent as PID 1; guest_exec runs with \
                 the image's Env, WorkingDir and User."
         },

@@ -143,7 +143,13 @@ fn a_container_image_becomes_a_root_with_the_images_owners_and_whiteouts() {
     .unwrap_or_else(|e| panic!("umoci (apt install umoci; .ci/setup-host does): {e}"));
     let mut ours = tree(&dump);
     let mut theirs = tree(&bundle.join("rootfs"));
-    ours.retain(|k, _| k != "lost+found" && !k.starts_with("dev"));
+    // mcqemu's own folder holds the image's config for the agent.
+    let config = String::from_utf8(ours[".mcqemu/image"].2.clone()).unwrap();
+    assert!(
+        config.contains("env GREETING=hello from the image\nworkdir /home/user\nuser 1000 1000\n"),
+        "{config}"
+    );
+    ours.retain(|k, _| k != "lost+found" && !k.starts_with("dev") && !k.starts_with(".mcqemu"));
     theirs.retain(|k, _| !k.starts_with("dev"));
     assert_eq!(
         ours, theirs,
@@ -160,8 +166,18 @@ fn a_container_image_becomes_a_root_with_the_images_owners_and_whiteouts() {
     );
 }
 
-/// Only lock files are in the root cache: no root, no scratch folder of a failed build.
+/// Only lock files are in the root cache (and the image store, without a scratch folder of an
+/// import): no root, no scratch folder of a failed build.
 fn assert_nothing_built(cache: &Path) {
+    if let Ok(d) = std::fs::read_dir(cache.join("store")) {
+        let names: Vec<String> = d
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            names.iter().all(|n| n == "oci-layout" || n == "blobs"),
+            "the store holds {names:?}"
+        );
+    }
     let left: Vec<String> = std::fs::read_dir(cache)
         .map(|d| {
             d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -169,7 +185,7 @@ fn assert_nothing_built(cache: &Path) {
         })
         .unwrap_or_default();
     assert!(
-        left.iter().all(|n| n.ends_with(".lock")),
+        left.iter().all(|n| n.ends_with(".lock") || n == "store"),
         "left behind: {left:?}"
     );
 }
@@ -218,15 +234,59 @@ fn a_tampered_blob_and_a_hostile_layer_are_refused_and_leave_nothing() {
     assert!(!lab.state().join("oci/evil").exists() && !lab.dir.join("evil").exists());
     assert_nothing_built(&cache);
 
-    // A docker-archive is understood and answered with the way round, for now.
+    // A file that is not a docker save tarball.
+    let junk = lab.dir.join("junk.tar");
+    std::fs::write(&junk, b"not a tarball at all").unwrap();
     let r = lab.srv().call_tool_within(
         "image_pull",
-        json!({"oci": "docker-archive:/tmp/app.tar"}),
+        json!({"oci": format!("docker-archive:{}", junk.display())}),
         STEP,
     );
-    let e = tool_err(&r, "a docker-archive");
-    assert!(e.contains("skopeo copy docker-archive:/tmp/app.tar"), "{e}");
+    let e = tool_err(&r, "a docker-archive that is not one");
+    assert!(e.contains("docker save"), "{e}");
     assert_eq!(error_kind(&r), "invalid_argument");
+    assert_nothing_built(&cache);
+}
+
+#[test]
+fn a_docker_save_tarball_becomes_the_same_root() {
+    let mut lab = Lab::confined("oci-arch");
+    let dir = lab.dir.join("layout");
+    layout(&dir, "v1", &[]);
+    let archive = lab.dir.join("app.tar");
+    try_run(
+        "skopeo",
+        &[
+            OsStr::new("copy"),
+            OsStr::new(&format!("oci:{}:v1", dir.display())),
+            OsStr::new(&format!("docker-archive:{}:mcq/app:v1", archive.display())),
+        ],
+        Duration::from_secs(60),
+    )
+    .unwrap_or_else(|e| panic!("skopeo (apt install skopeo): {e}"));
+    let r = lab.srv().call_ok_within(
+        "image_pull",
+        json!({"oci": format!("docker-archive:{}", archive.display())}),
+        STEP,
+    );
+    assert_eq!(
+        (&r["source"], &r["layers"], &r["config"]["user"]),
+        (&json!("oci"), &json!(2), &json!("1000:1000")),
+        "{r}"
+    );
+    let root = r["path"].as_str().unwrap();
+    assert_eq!(debugfs(root, "cat /etc/a"), "two");
+    assert!(debugfs(root, "stat /usr/bin/ping").contains("Mode:  04755"));
+    let again = lab.srv().call_ok_within(
+        "image_pull",
+        json!({"oci": format!("docker-archive:{}", archive.display())}),
+        STEP,
+    );
+    assert_eq!(
+        (&again["digest"], &again["cached"]),
+        (&r["digest"], &json!(true)),
+        "the same archive is the same image: {again}"
+    );
 }
 
 /// Debian's docker-registry on a free loopback port, its storage in `dir`; killed on drop.

@@ -120,29 +120,38 @@ pub fn pull(work: &dyn Work, req: &OciRequest) -> Result<OciPulled, OpError> {
     let (dir, tag) = match reference::parse(&req.reference).map_err(OpError::invalid)? {
         Source::Layout { dir, tag } => (dir, tag),
         Source::Registry(r) => return from_registry(work, req, &r),
-        Source::DockerArchive(f) => {
-            return Err(OpError::invalid(format!(
-                "docker-archive sources are not supported yet; skopeo copy \
-                 docker-archive:{} oci:/some/dir:tag makes a layout of it",
-                f.display()
-            )))
-        }
+        Source::DockerArchive(f) => return from_archive(work, req, &f),
     };
     let dir = roots::check(&dir, Access::Read).map_err(|e| OpError::refused(e.to_string()))?;
     made_root(work, req, &dir, tag.as_deref(), 0)
 }
 
-/// Fetches `r` into the store, then makes its root.
-fn from_registry(work: &dyn Work, req: &OciRequest, r: &Reference) -> Result<OciPulled, OpError> {
+/// The store, locked against other servers pulling into it.
+fn locked_store(work: &dyn Work) -> Result<(PathBuf, lockfile::FileLock), OpError> {
     let store = cache_dir().join("store");
     std::fs::create_dir_all(&store)
         .map_err(|e| OpError::new(format!("cannot create {}: {e}", store.display())))?;
     let lock_path = cache_dir().join("store.lock");
-    let _lock = lockfile::lock_within(&lock_path, BUILD_WAIT, &|| work.cancelled())
+    let lock = lockfile::lock_within(&lock_path, BUILD_WAIT, &|| work.cancelled())
         .map_err(|e| OpError::new(format!("cannot lock {}: {e}", lock_path.display())))?
         .ok_or_else(|| {
             OpError::busy("another server is pulling into the image store; pull again in a moment")
         })?;
+    Ok((store, lock))
+}
+
+/// Brings a `docker save` tarball into the store, then makes its root.
+fn from_archive(work: &dyn Work, req: &OciRequest, file: &Path) -> Result<OciPulled, OpError> {
+    let file = roots::check(file, Access::Read).map_err(|e| OpError::refused(e.to_string()))?;
+    let (store, _lock) = locked_store(work)?;
+    work.progress_phase("reading the docker-archive");
+    let name = crate::oci::archive::import(&file, &store, &|| work.cancelled())?;
+    made_root(work, req, &store, Some(&name), 0)
+}
+
+/// Fetches `r` into the store, then makes its root.
+fn from_registry(work: &dyn Work, req: &OciRequest, r: &Reference) -> Result<OciPulled, OpError> {
+    let (store, _lock) = locked_store(work)?;
     let progress = |done: u64, total: u64, what: &str| {
         work.progress(done as f64, Some(total as f64), what);
     };

@@ -24,10 +24,12 @@ const PULL_DESCRIPTION: &str = "Download a distribution cloud image and verify i
     state folder's images/. The image is then checked like any untrusted image (backing \
     files, external data files). Next: image_prepare turns it into an agent-ready base for \
     sandbox_vm. Or give oci: a container image (python:3.12-slim, ghcr.io/org/img:tag, \
-    REG/NAME@sha256:..., or oci:DIR[:tag], an OCI image layout), made into an ext4 VM root once per \
+    REG/NAME@sha256:..., oci:DIR[:tag] (an OCI image layout) or docker-archive:FILE (a docker \
+    save tarball)), made into an ext4 VM root once per \
     image digest with the image's owners, modes and file capabilities (every blob checked \
     against its digest; whiteouts applied; hostile layers refused); config in the result is \
-    the image's Env, WorkingDir, User, Entrypoint, Cmd and ExposedPorts.";
+    the image's Env, WorkingDir, User, Entrypoint, Cmd and ExposedPorts. sandbox_vm and \
+    template_create take oci too and boot the root.";
 
 /// `image_pull`.
 pub const PULL: ToolDef = ToolDef {
@@ -55,8 +57,8 @@ pub const PULL: ToolDef = ToolDef {
                     "type": "string",
                     "description": "A container image to make a VM root: a registry reference \
                                     (python:3.12-slim, ghcr.io/org/img:tag, \
-                                    127.0.0.1:5000/x:y) or oci:DIR[:tag] (instead of image or \
-                                    url)."
+                                    127.0.0.1:5000/x:y), oci:DIR[:tag] or \
+                                    docker-archive:FILE (instead of image or url)."
                 },
                 "arch": {
                     "type": "string", "enum": ["x86_64", "aarch64"],
