@@ -52,7 +52,10 @@
 //! 64 MiB and 1 GiB each way and a 1,000-file tree, beside the agent's own rates. The agent
 //! section (`mcp_latency/agent.rs`, name `agent`) compares mcqemu-agent with qemu-ga on the
 //! same test guest: guest_exec with and without a token and live output, the first live
-//! line's latency, clones' ready times, the agent's memory.
+//! line's latency, clones' ready times, the agent's memory. The oci section
+//! (`mcp_latency/oci.rs`, name `oci`) pulls and builds a container image against skopeo,
+//! umoci and mke2fs by hand, boots it cold, clones a template of it, and reads the server's
+//! memory after a 1 GiB layer.
 
 mod agent;
 mod arm64;
@@ -64,6 +67,7 @@ mod desktop;
 mod egress;
 mod forks;
 mod guest;
+mod oci;
 mod pools;
 mod pull;
 mod report;
@@ -176,6 +180,11 @@ fn run() -> Res<()> {
     // 5. The VM tools, against real QEMUs.
     if wanted("vm") {
         vm::vm_rows(n, &mut table, &dirs, &image);
+    }
+
+    // Container images: pull and build, cold boots, clones, memory.
+    if wanted("oci") {
+        oci::oci_rows(&mut table, &dirs);
     }
 
     // 6. Templates: clones against cold boots.

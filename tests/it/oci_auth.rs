@@ -11,8 +11,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::registry::Registry;
 use crate::common::*;
-use crate::oci::{layout, Registry};
+use crate::oci::layout;
 use serde_json::json;
 
 const STEP: Duration = Duration::from_secs(120);

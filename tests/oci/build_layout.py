@@ -2,7 +2,7 @@
 """Writes an OCI image layout for the container-image tests, with nothing but the standard
 library: every layer is built here with tarfile, so each case is exactly what the test says.
 
-  build_layout.py DEST TAG [--hostile] [--bootable]
+  build_layout.py DEST TAG [--hostile] [--bootable] [--payload N:MB] [--zeros MB]
 
 The normal image has two layers:
   1 (gzip): folders; etc/a ("one"); etc/gone; opt/keep/old; usr/bin/ping, setuid root with a
@@ -14,6 +14,9 @@ Its config has Env, WorkingDir, User, Entrypoint, Cmd and ExposedPorts.
 --bootable adds a layer with Debian's static busybox (apt-get download busybox-static) as
 /bin/busybox with links for a shell and a few tools, and /etc/passwd and /etc/group naming
 the image's user (1000, "app"): a root a VM can run programs in.
+--payload N:MB adds N gzip layers of MB MiB of random bytes each (the bench's image);
+--zeros MB adds one gzip layer holding a single file of MB MiB of zeros (small to download,
+large to unpack: the bench's memory row).
 Prints the manifest's digest.
 """
 import gzip
@@ -116,6 +119,19 @@ def main():
         tools = layer(busybox_entries())
         layers.append(blob(dest, gzip.compress(tools, mtime=0), "application/vnd.oci.image.layer.v1.tar+gzip"))
         diff_ids.append("sha256:" + hashlib.sha256(tools).hexdigest())
+    extra = []
+    args = sys.argv[3:]
+    for i, a in enumerate(args):
+        if a == "--payload":
+            count, mb = (int(x) for x in args[i + 1].split(":"))
+            for k in range(count):
+                extra.append(layer([d("data"), {"name": "data/p%d" % k, "data": os.urandom(mb << 20)}]))
+        if a == "--zeros":
+            extra.append(layer([d("data"), {"name": "data/zeros", "data": bytes(int(args[i + 1]) << 20)}]))
+    for t in extra:
+        layers.append(blob(dest, gzip.compress(t, compresslevel=1, mtime=0),
+                           "application/vnd.oci.image.layer.v1.tar+gzip"))
+        diff_ids.append("sha256:" + hashlib.sha256(t).hexdigest())
     if hostile:
         evil = layer([{"name": "../evil", "data": b"out"}])
         layers.append(blob(dest, evil, "application/vnd.oci.image.layer.v1.tar"))

@@ -47,6 +47,7 @@ mod installer;
 mod lab;
 mod qemu;
 pub mod qemu10;
+pub mod registry;
 pub mod schema;
 mod security;
 mod server;

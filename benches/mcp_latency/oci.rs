@@ -1,0 +1,224 @@
+//! The container-image rows (section `oci`): an image of five layers (~100 MiB: the oci tests'
+//! two layers and three of 33 MiB random bytes), pushed by skopeo to Debian's docker-registry
+//! on 127.0.0.1, then
+//! - pulled and built by image_pull (a fresh store each run), against the same work by hand:
+//!   `skopeo copy` to a layout, `umoci raw unpack`, `mke2fs -d`;
+//! - a second sandbox of it (0 bytes downloaded) booted cold to its first guest_exec;
+//! - clones of a template made with `template_create {"oci"}`;
+//! - the server's peak RSS after pulling an image with a 1 GiB layer (of zeros: small to
+//!   download, 1 GiB to unpack).
+//!
+//! `MCQEMU_BENCH_OCI_N` runs per row (default 3 pulls, 5 boots, 10 clones).
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::clones::destroy;
+use crate::common::registry::Registry;
+use crate::common::{try_run, Server, VmKiller};
+use crate::report::{Stats, Table};
+use crate::{env_count, peak_rss_kb, structured, Dirs, Res, ToolCalls};
+
+const CALL: Duration = Duration::from_secs(600);
+/// How much longer than the same work by hand the pull and build may take.
+const OVER_HAND: f64 = 0.5;
+const COLD_TARGET: Duration = Duration::from_millis(2500);
+const CLONE_TARGET: Duration = Duration::from_millis(100);
+
+/// The oci section.
+pub fn oci_rows(table: &mut Table, dirs: &Dirs) {
+    table.section(
+        "oci: a 5-layer ~100 MiB image from docker-registry on 127.0.0.1; TCG boots and clones",
+    );
+    for tool in ["skopeo", "umoci", "docker-registry"] {
+        if try_run(
+            "sh",
+            &[OsStr::new("-c"), OsStr::new(&format!("command -v {tool}"))],
+            CALL,
+        )
+        .is_err()
+        {
+            table.skip_row("oci section", &format!("{tool} is not installed"));
+            return;
+        }
+    }
+    let outcome = run(table, dirs);
+    table.or_error("oci section", outcome);
+}
+
+fn layout(dir: &Path, extra: &[&str]) -> Res<()> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/oci/build_layout.py");
+    let mut args: Vec<&OsStr> = vec![script.as_os_str(), dir.as_os_str(), OsStr::new("v1")];
+    args.extend(extra.iter().map(OsStr::new));
+    args.push(OsStr::new("--bootable"));
+    try_run("python3", &args, CALL).map(|_| ())
+}
+
+fn push(dir: &Path, reg: &Registry, name: &str) -> Res<()> {
+    let src = format!("oci:{}:v1", dir.display());
+    let dest = format!("docker://{}/{name}:v1", reg.addr);
+    let args = ["copy", "--dest-tls-verify=false", &src, &dest].map(OsStr::new);
+    try_run("skopeo", &args, CALL).map(|_| ())
+}
+
+fn run(table: &mut Table, dirs: &Dirs) -> Res<()> {
+    let work = dirs.tmp.path().join("oci-bench");
+    let image = work.join("layout");
+    layout(&image, &["--payload", "3:33"])?;
+    let reg = Registry::start(&work.join("registry"));
+    push(&image, &reg, "bench/app")?;
+    let reference = format!("{}/bench/app:v1", reg.addr);
+    let n = env_count("MCQEMU_BENCH_OCI_N", 3);
+
+    // By hand: skopeo copy, umoci raw unpack, mke2fs -d.
+    let mut hand = Vec::new();
+    for i in 0..n {
+        let d = work.join(format!("hand{i}"));
+        let t = Instant::now();
+        let src = format!("docker://{reference}");
+        let dst = format!("oci:{}:v1", d.join("layout").display());
+        try_run(
+            "skopeo",
+            &["copy", "--src-tls-verify=false", &src, &dst].map(OsStr::new),
+            CALL,
+        )?;
+        let rootfs = d.join("rootfs");
+        let (l, r) = (
+            format!("{}:v1", d.join("layout").display()),
+            rootfs.display().to_string(),
+        );
+        try_run(
+            "umoci",
+            &["raw", "unpack", "--rootless", "--image", &l, &r].map(OsStr::new),
+            CALL,
+        )?;
+        let out = d.join("root.ext4").display().to_string();
+        let mke2fs = if Path::new("/usr/sbin/mke2fs").exists() {
+            "/usr/sbin/mke2fs"
+        } else {
+            "/sbin/mke2fs"
+        };
+        let size = "400M";
+        try_run(
+            mke2fs,
+            &["-q", "-F", "-t", "ext4", "-d", &r, &out, size].map(OsStr::new),
+            CALL,
+        )?;
+        hand.push(t.elapsed());
+        let _ = std::fs::remove_dir_all(&d);
+    }
+    let hand = Stats::of(hand);
+    table.time_row("skopeo copy + umoci unpack + mke2fs -d", n, &hand, None);
+
+    // image_pull: a fresh store and root cache each run.
+    let mut server = dirs.server()?;
+    let oci_dir = dirs.state.join("oci");
+    let mut pulls = Vec::new();
+    for _ in 0..n {
+        let _ = std::fs::remove_dir_all(oci_dir.join("store"));
+        for e in std::fs::read_dir(&oci_dir).into_iter().flatten().flatten() {
+            if e.file_name() != "boot" && e.path().is_dir() {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+        let t = Instant::now();
+        let r = server.tool_within("image_pull", json!({"oci": reference}), CALL)?;
+        pulls.push(t.elapsed());
+        let s = structured(&r)?;
+        if s["cached"] != json!(false) || s["downloaded"].as_u64().unwrap_or(0) == 0 {
+            return Err(format!("the pull did not download and build: {s}"));
+        }
+    }
+    let pulls = Stats::of(pulls);
+    let target = hand.median.mul_f64(1.0 + OVER_HAND);
+    table.time_row("image_pull oci (download + build)", n, &pulls, Some(target));
+
+    // Cold sandboxes of the cached image, to their first guest_exec.
+    let killer = VmKiller::new(dirs.tmp.path());
+    let boots = env_count("MCQEMU_BENCH_OCI_N", 5);
+    let mut cold = Vec::new();
+    let mut downloaded = 0;
+    for i in 0..boots {
+        let name = format!("bench-oci-{i}");
+        let t = Instant::now();
+        let r = server.tool_within(
+            "sandbox_vm",
+            json!({"oci": reference, "name": name, "cpus": 1, "memory_mb": 512,
+                   "port_forwards": [], "wait_agent_s": 120}),
+            CALL,
+        )?;
+        killer.track(structured(&r)?);
+        server.tool_within("guest_exec", json!({"name": name, "command": "true"}), CALL)?;
+        cold.push(t.elapsed());
+        let again = server.tool("image_pull", json!({"oci": reference}))?;
+        downloaded += structured(&again)?["downloaded"]
+            .as_u64()
+            .unwrap_or(u64::MAX);
+        destroy(&mut server, &name)?;
+    }
+    table.time_row(
+        "sandbox_vm oci (cached) -> first guest_exec",
+        boots,
+        &Stats::of(cold),
+        Some(COLD_TARGET),
+    );
+    println!("  bytes downloaded by image_pull of the held image: {downloaded}");
+
+    // Clones of an oci template.
+    server.tool_within(
+        "template_create",
+        json!({"name": "bench-oci-tpl", "oci": reference, "cpus": 1, "memory_mb": 512}),
+        CALL,
+    )?;
+    let clones_n = env_count("MCQEMU_BENCH_OCI_N", 10);
+    let mut clones = Vec::new();
+    for i in 0..clones_n {
+        let name = format!("bench-oci-c{i}");
+        let t = Instant::now();
+        let r = server.tool_within(
+            "sandbox_vm",
+            json!({"template": "bench-oci-tpl", "name": name, "port_forwards": []}),
+            CALL,
+        )?;
+        clones.push(t.elapsed());
+        killer.track(structured(&r)?);
+        destroy(&mut server, &name)?;
+    }
+    table.time_row(
+        "clone of an oci template",
+        clones_n,
+        &Stats::of(clones),
+        Some(CLONE_TARGET),
+    );
+    server.tool("template_delete", json!({"name": "bench-oci-tpl"}))?;
+    server.try_close()?;
+
+    big_layer_rss(table, dirs, &work, &reg)
+}
+
+/// The peak RSS of a fresh server that pulled an image with a 1 GiB layer.
+fn big_layer_rss(table: &mut Table, dirs: &Dirs, work: &Path, reg: &Registry) -> Res<()> {
+    let mb = env_count("MCQEMU_BENCH_OCI_BIG_MB", 1024);
+    let dir: PathBuf = work.join("big");
+    layout(&dir, &["--zeros", &mb.to_string()])?;
+    push(&dir, reg, "bench/big")?;
+    let mut server: Server = dirs.server()?;
+    let t = Instant::now();
+    server.tool_within(
+        "image_pull",
+        json!({"oci": format!("{}/bench/big:v1", reg.addr)}),
+        CALL,
+    )?;
+    let took = t.elapsed();
+    let kb = peak_rss_kb(&server)?;
+    server.try_close()?;
+    println!(
+        "  image_pull of a {mb} MiB layer: {:.1} s",
+        took.as_secs_f64()
+    );
+    table.rss_row(&format!("peak RSS: image_pull with a {mb} MiB layer"), kb);
+    Ok(())
+}
