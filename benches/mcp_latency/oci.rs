@@ -77,6 +77,7 @@ fn run(table: &mut Table, dirs: &Dirs) -> Res<()> {
     let mut hand = Vec::new();
     for i in 0..n {
         let d = work.join(format!("hand{i}"));
+        std::fs::create_dir_all(&d).map_err(|e| format!("{}: {e}", d.display()))?;
         let t = Instant::now();
         let src = format!("docker://{reference}");
         let dst = format!("oci:{}:v1", d.join("layout").display());
@@ -151,7 +152,7 @@ fn run(table: &mut Table, dirs: &Dirs) -> Res<()> {
             CALL,
         )?;
         killer.track(structured(&r)?);
-        server.tool_within("guest_exec", json!({"name": name, "command": "true"}), CALL)?;
+        server.tool_within("guest_exec", json!({"name": name, "command": "id"}), CALL)?;
         cold.push(t.elapsed());
         let again = server.tool("image_pull", json!({"oci": reference}))?;
         downloaded += structured(&again)?["downloaded"]
