@@ -5,10 +5,12 @@
 //!
 //! In folders by domain: `vm` (a VM's life and record), `guest` (inside a guest, through its
 //! agent and the data channel), `screen` (the screen and input), `sandbox` (sandboxes,
-//! templates, clones, pools, forks, suspends), `image` (cloud images pulled and their catalog). Beside them: the one error type (`error`), where
+//! templates, clones, pools, forks, suspends), `image` (cloud images pulled and their catalog), `container` (container images as
+//! roots, below sandbox and image). Beside them: the one error type (`error`), where
 //! the layers' errors become it (`session`), what a call gives an operation (`work`) and a
 //! download's progress (`watch`).
 
+pub mod container;
 pub mod error;
 pub mod guest;
 pub mod image;

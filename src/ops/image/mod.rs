@@ -5,8 +5,6 @@
 pub mod catalog;
 pub mod disk;
 pub mod download;
-pub mod oci;
-pub mod oci_boot;
 pub mod prepare;
 pub mod pull;
 pub mod snapshots;

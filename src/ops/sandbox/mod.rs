@@ -11,7 +11,7 @@ pub mod clone;
 pub mod destroy;
 pub mod fork;
 pub mod frozen;
-pub mod oci_root;
+pub mod image_root;
 pub mod pool;
 pub mod request;
 pub mod result;
@@ -117,7 +117,7 @@ fn boot_overlay(
     let with_image;
     let req = match &req.oci {
         Some(reference) => {
-            with_image = oci_root::request(ctx, req, reference)?;
+            with_image = image_root::request(ctx, req, reference)?;
             &with_image
         }
         None => req,

@@ -120,7 +120,7 @@ pub fn create(ctx: &dyn Work, req: &TemplateRequest) -> Result<Created, OpError>
     let with_image;
     let req = match &req.oci {
         Some(reference) => {
-            let resolved = crate::ops::sandbox::oci_root::resolve(
+            let resolved = crate::ops::sandbox::image_root::resolve(
                 ctx,
                 req.base_image.as_deref(),
                 &req.launch,

@@ -6,8 +6,9 @@ use serde_json::json;
 use crate::mcp::tool::ToolError;
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolResult};
 use crate::mcp::tool_error::INVALID_ARGUMENT;
+use crate::ops::container::pull as oci;
+use crate::ops::image::catalog;
 use crate::ops::image::pull::{self, PullRequest};
-use crate::ops::image::{catalog, oci};
 use crate::tools::object;
 use crate::tools::presets;
 

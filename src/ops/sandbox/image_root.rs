@@ -1,11 +1,11 @@
 //! A sandbox whose root is a container image (`oci`): the image pulled and built once
-//! ([`crate::ops::image::oci`]), then booted like any base image, with the kernel and initrd of
-//! [`crate::ops::image::oci_boot`] (the user's `kernel` and `initrd` when both are given).
+//! ([`crate::ops::container::pull`]), then booted like any base image, with the kernel and initrd of
+//! [`crate::ops::container::boot`] (the user's `kernel` and `initrd` when both are given).
 //! sandbox_vm and template_create both take `oci`.
 
+use crate::ops::container::boot::{self, APPEND};
+use crate::ops::container::pull::{pull, OciPulled, OciRequest};
 use crate::ops::error::OpError;
-use crate::ops::image::oci::{pull, OciPulled, OciRequest};
-use crate::ops::image::oci_boot::{self, APPEND};
 use crate::ops::sandbox::request::SandboxRequest;
 use crate::ops::vm::checks::checked_path;
 use crate::ops::vm::launch_args::LaunchArgs;
@@ -43,7 +43,7 @@ pub fn resolve(
             None => None,
         };
         work.progress_phase("preparing the image's kernel and initrd");
-        let kit = oci_boot::kit(work, &arch, kernel.as_deref())?;
+        let kit = boot::kit(work, &arch, kernel.as_deref())?;
         l.kernel = Some(kit.kernel.display().to_string());
         l.initrd = Some(kit.initrd.display().to_string());
     }
