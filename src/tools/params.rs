@@ -28,6 +28,9 @@ pub fn sandbox_request(args: &Args) -> Result<SandboxRequest, ToolError> {
         base_image: text("base_image")?,
         oci: text("oci")?,
         oci_digest: None,
+        run: args.bool_or("run", false)?,
+        expose: args.bool_or("expose", false)?,
+        oci_command: Vec::new(),
         disk_size: text("disk_size")?,
         launch: launch_args(args)?,
         allow_network: allow_network_arg(args)?.0.unwrap_or(false),
@@ -257,6 +260,17 @@ pub fn sandbox_props() -> Value {
                 built once (image_pull), booted with \
                 mcqemu's kernel (or kernel) and mcqemu-agent as PID 1; guest_exec runs with \
                 the image's Env, WorkingDir and User."
+        },
+        "run": {
+            "type": "boolean", "default": false,
+            "description": "With oci: start the image's Entrypoint and Cmd in the background \
+                once the agent answers; image_process.handle is for guest_exec_status and \
+                guest_exec_kill."
+        },
+        "expose": {
+            "type": "boolean", "default": false,
+            "description": "With oci: forward an automatic host port to each TCP port the \
+                image's ExposedPorts names (besides port_forwards, or auto:22)."
         },
         "template": {
             "type": "string",

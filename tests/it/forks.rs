@@ -5,8 +5,6 @@
 //! sandbox_resume brings it back after a server restart with its processes and forwards;
 //! template_delete refuses while a fork of one of its clones stands on its disk.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -369,29 +367,6 @@ fn refusals(lab: &mut Lab) {
     );
     let l = s.call_ok("list_vms", json!({}));
     assert_eq!(l["vms"].as_array().unwrap().len(), running, "{l}");
-}
-
-/// GET `path` from the guest's web server through a forward; the body (retried for a few
-/// seconds while the answer is empty).
-fn http_get(port: u64, path: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let mut out = String::new();
-        if let Ok(mut c) = TcpStream::connect(("127.0.0.1", port as u16)) {
-            c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-            let req = format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n");
-            if c.write_all(req.as_bytes()).is_ok() {
-                let _ = c.read_to_string(&mut out);
-            }
-        }
-        if let Some((_, body)) = out.split_once("\r\n\r\n") {
-            return body.to_string();
-        }
-        if Instant::now() >= deadline {
-            return format!("(no HTTP response: {out:?})");
-        }
-        std::thread::sleep(Duration::from_millis(300));
-    }
 }
 
 #[test]

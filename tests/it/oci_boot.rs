@@ -6,7 +6,7 @@
 //! and User; the owners and modes inside the guest are the image's; disk_size grows the root;
 //! files go both ways; a
 //! template made with `template_create {"oci"}` clones into a sandbox that keeps the image's
-//! user.
+//! user; `run` and `expose` start the image's Entrypoint (a web server) and forward its port.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -116,6 +116,49 @@ fn an_image_root_boots_and_runs_programs_as_the_image_says() {
     assert!(err.contains("not both"), "{err}");
     lab.srv()
         .call_ok_within("sandbox_destroy", json!({"name": "img"}), STEP);
+
+    // run and expose: the image's Entrypoint (busybox httpd on its exposed 8080, as the
+    // image's user) in the background, reached through the forward expose added.
+    let web = lab.srv().call_ok_within(
+        "sandbox_vm",
+        json!({"oci": reference, "name": "web", "cpus": 1, "memory_mb": 512,
+               "wait_agent_s": 150, "run": true, "expose": true}),
+        STEP,
+    );
+    lab.track(&web);
+    let handle = web["image_process"]["handle"].clone();
+    assert!(handle.is_string(), "{web}");
+    let forwards = web["port_forwards"].as_array().unwrap();
+    let host = forwards
+        .iter()
+        .find(|f| f["guest"] == 8080)
+        .and_then(|f| f["host"].as_u64())
+        .unwrap_or_else(|| panic!("no forward to the exposed 8080: {web}"));
+    assert!(
+        forwards.iter().any(|f| f["guest"] == 22),
+        "auto:22 stays: {web}"
+    );
+    assert_eq!(http_get(host, "/own"), "mine", "the image's server answers");
+    let st = lab.srv().call_ok_within(
+        "guest_exec_status",
+        json!({"name": "web", "handle": handle}),
+        STEP,
+    );
+    assert_eq!(st["running"], json!(true), "httpd still runs: {st}");
+    let who = exec(&mut lab, "web", "stat -c %u /proc/$(pidof httpd || echo 1)");
+    assert_eq!(
+        who["stdout"],
+        json!("1000\n"),
+        "httpd runs as the image's user: {who}"
+    );
+    let plain = lab.srv().call_tool_within(
+        "sandbox_vm",
+        json!({"base_image": "/nonexistent", "run": true}),
+        STEP,
+    );
+    assert!(tool_err(&plain, "run without oci").contains("need oci"));
+    lab.srv()
+        .call_ok_within("sandbox_destroy", json!({"name": "web"}), STEP);
 
     // A template of the image; its clone keeps the image's user and folder.
     let t = Instant::now();

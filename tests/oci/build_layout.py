@@ -13,7 +13,8 @@ Its config has Env, WorkingDir, User, Entrypoint, Cmd and ExposedPorts.
 --hostile adds a layer whose entry climbs out with '..'.
 --bootable adds a layer with Debian's static busybox (apt-get download busybox-static) as
 /bin/busybox with links for a shell and a few tools, and /etc/passwd and /etc/group naming
-the image's user (1000, "app"): a root a VM can run programs in.
+the image's user (1000, "app"): a root a VM can run programs in; its Entrypoint is then
+busybox httpd on the exposed port 8080, serving /home/user.
 --payload N:MB adds N gzip layers of MB MiB of random bytes each (the bench's image);
 --zeros MB adds one gzip layer holding a single file of MB MiB of zeros (small to download,
 large to unpack: the bench's memory row).
@@ -79,7 +80,7 @@ def busybox_entries():
         m = [x for x in t.getmembers() if x.name.lstrip("./") in ("bin/busybox", "usr/bin/busybox")][0]
         data = t.extractfile(m).read()
     entries = [d("bin"), {"name": "bin/busybox", "data": data, "mode": 0o755}]
-    for tool in ["sh", "id", "pwd", "env", "cat", "ls", "echo", "stat", "sleep", "mount", "df"]:
+    for tool in ["sh", "id", "pwd", "env", "cat", "ls", "echo", "stat", "sleep", "mount", "df", "httpd", "pidof"]:
         entries.append({"name": "bin/" + tool, "type": tarfile.SYMTYPE, "link": "busybox"})
     entries.append({"name": "etc/passwd", "data": b"root:x:0:0:root:/root:/bin/sh\napp:x:1000:1000:app:/home/user:/bin/sh\n"})
     entries.append({"name": "etc/group", "data": b"root:x:0:\napp:x:1000:\n"})
@@ -146,6 +147,10 @@ def main():
         },
         "rootfs": {"type": "layers", "diff_ids": diff_ids},
     }
+    if bootable:
+        # A program to run: busybox's web server on the exposed port, serving the user's home.
+        config["config"]["Entrypoint"] = ["/bin/httpd", "-f", "-p", "8080", "-h", "/home/user"]
+        config["config"]["Cmd"] = []
     cfg = blob(dest, json.dumps(config).encode(), "application/vnd.oci.image.config.v1+json")
     manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
                 "config": cfg, "layers": layers}

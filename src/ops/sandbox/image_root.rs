@@ -6,6 +6,8 @@
 use crate::ops::container::boot::{self, APPEND};
 use crate::ops::container::pull::{pull, OciPulled, OciRequest};
 use crate::ops::error::OpError;
+use crate::ops::guest::background::Started;
+use crate::ops::guest::exec::{start, ExecRequest};
 use crate::ops::sandbox::request::SandboxRequest;
 use crate::ops::vm::checks::checked_path;
 use crate::ops::vm::launch_args::LaunchArgs;
@@ -54,16 +56,49 @@ pub fn resolve(
     Ok((pulled, l))
 }
 
+/// The TCP ports of an image's ExposedPorts (`8080/tcp`, `53/udp`: only the first).
+fn exposed_tcp(ports: &[String]) -> impl Iterator<Item = u16> + '_ {
+    ports.iter().filter_map(|p| {
+        let (n, proto) = p.split_once('/').unwrap_or((p, "tcp"));
+        (proto == "tcp").then(|| n.parse().ok()).flatten()
+    })
+}
+
+/// Starts the image's program in the background in the ready sandbox `name`.
+pub fn run_program(name: &str, command: &[String]) -> Result<Started, OpError> {
+    let Some((program, args)) = command.split_first() else {
+        return Err(OpError::invalid(
+            "run: the image has neither Entrypoint nor Cmd; start a program with guest_exec",
+        ));
+    };
+    start(&ExecRequest {
+        name: name.to_string(),
+        command: program.clone(),
+        args: args.to_vec(),
+        ..ExecRequest::default()
+    })
+}
+
 /// `req` with the image's root as its base image, booted as [`resolve`] says.
 pub fn request(
     work: &dyn Work,
     req: &SandboxRequest,
     reference: &str,
 ) -> Result<SandboxRequest, OpError> {
-    let (pulled, launch) = resolve(work, req.base_image.as_deref(), &req.launch, reference)?;
+    let (pulled, mut launch) = resolve(work, req.base_image.as_deref(), &req.launch, reference)?;
+    if req.expose {
+        let mut forwards = launch
+            .port_forwards
+            .clone()
+            .unwrap_or_else(|| vec!["auto:22".to_string()]);
+        forwards.extend(exposed_tcp(&pulled.config.exposed_ports).map(|p| format!("auto:{p}")));
+        launch.port_forwards = Some(forwards);
+    }
+    let c = &pulled.config;
     Ok(SandboxRequest {
-        base_image: Some(pulled.path),
-        oci_digest: Some(pulled.digest),
+        base_image: Some(pulled.path.clone()),
+        oci_digest: Some(pulled.digest.clone()),
+        oci_command: c.entrypoint.iter().chain(&c.cmd).cloned().collect(),
         launch,
         ..req.clone()
     })

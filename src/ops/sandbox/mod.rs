@@ -79,6 +79,12 @@ pub fn boot(
     ctx: &dyn Work,
     req: &SandboxRequest,
 ) -> Result<(Sandboxed, AgentWait, Duration), OpError> {
+    if (req.run || req.expose) && req.oci.is_none() {
+        return Err(OpError::invalid(
+            "run and expose need oci (a container image): they start and forward what the \
+             image's config names",
+        ));
+    }
     if req.template.is_some() && req.oci.is_some() {
         return Err(OpError::invalid(
             "give oci or template, not both: a template already holds its root (make one with \
@@ -146,7 +152,20 @@ fn boot_overlay(
             return Err(e);
         }
     };
-    wait_ready(ctx, req, &name, out)
+    let (mut out, waited, wait) = wait_ready(ctx, req, &name, out)?;
+    if req.run && waited == AgentWait::Ready {
+        match image_root::run_program(&name, &req.oci_command) {
+            Ok(started) => out.image_process = Some(started),
+            Err(e) => {
+                destroy_quietly(ctx, &name);
+                return Err(OpError::new(format!(
+                    "the image's program did not start in sandbox {name:?}: {e}. The sandbox \
+                     was removed."
+                )));
+            }
+        }
+    }
+    Ok((out, waited, wait))
 }
 
 /// Launches sandbox `name` on its overlay, its record saying what it was made from.

@@ -20,6 +20,12 @@ pub struct SandboxRequest {
     pub oci: Option<String>,
     /// The digest of the image `oci` named, once pulled.
     pub oci_digest: Option<String>,
+    /// Start the image's Entrypoint and Cmd in the background once the agent answers.
+    pub run: bool,
+    /// Forward an automatic host port to each TCP port the image exposes.
+    pub expose: bool,
+    /// The image's program (Entrypoint then Cmd), once pulled.
+    pub oci_command: Vec<String>,
     /// The overlay's size (never smaller than the base).
     pub disk_size: Option<String>,
     /// The launch's own parameters (port_forwards None: `auto:22`).

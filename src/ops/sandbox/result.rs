@@ -34,6 +34,9 @@ pub struct Sandboxed {
     /// How long the call took until the clone was ready.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ready_ms: Option<u64>,
+    /// The image's Entrypoint and Cmd started in the background (`run`): its handle.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image_process: Option<crate::ops::guest::background::Started>,
 }
 
 impl Sandboxed {
@@ -49,6 +52,7 @@ impl Sandboxed {
             overlay: None,
             base_image: None,
             ready_ms: None,
+            image_process: None,
         }
     }
 }

@@ -39,6 +39,8 @@ pub const CREATE: ToolDef = ToolDef {
             p.remove("name");
             p.remove("template");
             p.remove("port_forwards");
+            p.remove("run");
+            p.remove("expose");
             p.insert(
                 "name".into(),
                 json!({"type": "string", "minLength": 1, "maxLength": 48,

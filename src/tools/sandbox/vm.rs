@@ -43,7 +43,9 @@ pub const SANDBOX: ToolDef = ToolDef {
                 "template": {"type": "string"},
                 "pooled": {"type": "boolean"},
                 "ready_ms": {"type": "integer"},
-                "steps_ms": {"type": "object"}
+                "steps_ms": {"type": "object"},
+                "image_process": {"type": "object", "description": "With run: the image's \
+                    program in the background (handle, pid)."}
             },
             "required": ["name", "status", "agent_ready", "overlay", "base_image"]
         })

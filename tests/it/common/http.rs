@@ -396,3 +396,26 @@ fn send_body(conn: &mut TcpStream, data: &[u8], chunk: usize, delay: Duration, s
         }
     }
 }
+
+/// GET `path` from the guest's web server through a forward; the body (retried for a few
+/// seconds while the answer is empty).
+pub fn http_get(port: u64, path: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut out = String::new();
+        if let Ok(mut c) = TcpStream::connect(("127.0.0.1", port as u16)) {
+            c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let req = format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n");
+            if c.write_all(req.as_bytes()).is_ok() {
+                let _ = c.read_to_string(&mut out);
+            }
+        }
+        if let Some((_, body)) = out.split_once("\r\n\r\n") {
+            return body.to_string();
+        }
+        if Instant::now() >= deadline {
+            return format!("(no HTTP response: {out:?})");
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
