@@ -27,6 +27,7 @@ mod live_view;
 mod load;
 mod mcp_protocol;
 mod oci;
+mod oci_arm64;
 mod oci_auth;
 mod oci_boot;
 mod pools;

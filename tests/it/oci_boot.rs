@@ -6,7 +6,7 @@
 //! and User; the owners and modes inside the guest are the image's; disk_size grows the root;
 //! files go both ways; a
 //! template made with `template_create {"oci"}` clones into a sandbox that keeps the image's
-//! user; `run` and `expose` start the image's Entrypoint (a web server) and forward its port.
+//! user, takes a copy over the data channel and forks; `run` and `expose` start the image's Entrypoint (a web server) and forward its port.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -180,6 +180,27 @@ fn an_image_root_boots_and_runs_programs_as_the_image_says() {
     eprintln!("clone of the oci template: {} ms", t.elapsed().as_millis());
     let out = exec(&mut lab, "imgc", "id -u; pwd");
     assert_eq!(out["stdout"], json!("1000\n/home/user\n"), "{out}");
+
+    // A copy over the data channel (the agent unpacks it), then a fork that keeps it.
+    let tree = lab.dir.join("tree");
+    std::fs::create_dir_all(tree.join("sub")).unwrap();
+    std::fs::write(tree.join("sub/f.txt"), "copied in\n").unwrap();
+    let c_in = lab.srv().call_ok_within(
+        "guest_copy_in",
+        json!({"name": "imgc", "host_path": tree.to_str().unwrap(), "guest_path": "/tmp/tree"}),
+        STEP,
+    );
+    assert_eq!(c_in["via"], json!("agent"), "{c_in}");
+    let f = lab
+        .srv()
+        .call_ok_within("sandbox_fork", json!({"name": "imgc", "count": 1}), STEP);
+    let fork = f["copies"][0].clone();
+    lab.track(&fork);
+    let fork = fork["name"].as_str().unwrap().to_string();
+    let out = exec(&mut lab, &fork, "cat /tmp/tree/sub/f.txt; id -u");
+    assert_eq!(out["stdout"], json!("copied in\n1000\n"), "the fork: {out}");
+    lab.srv()
+        .call_ok_within("sandbox_destroy", json!({"name": fork}), STEP);
     lab.srv()
         .call_ok_within("sandbox_destroy", json!({"name": "imgc"}), STEP);
     lab.srv()

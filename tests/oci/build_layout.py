@@ -2,7 +2,7 @@
 """Writes an OCI image layout for the container-image tests, with nothing but the standard
 library: every layer is built here with tarfile, so each case is exactly what the test says.
 
-  build_layout.py DEST TAG [--hostile] [--bootable] [--payload N:MB] [--zeros MB]
+  build_layout.py DEST TAG [--hostile] [--bootable] [--arch arm64] [--payload N:MB] [--zeros MB]
 
 The normal image has two layers:
   1 (gzip): folders; etc/a ("one"); etc/gone; opt/keep/old; usr/bin/ping, setuid root with a
@@ -15,6 +15,8 @@ Its config has Env, WorkingDir, User, Entrypoint, Cmd and ExposedPorts.
 /bin/busybox with links for a shell and a few tools, and /etc/passwd and /etc/group naming
 the image's user (1000, "app"): a root a VM can run programs in; its Entrypoint is then
 busybox httpd on the exposed port 8080, serving /home/user.
+--arch arm64 makes an arm64 image (its busybox from Debian's arm64 packages, read through the
+apt lists build_guest.py keeps for the aarch64 test guest in target/test-guest/apt-arm64).
 --payload N:MB adds N gzip layers of MB MiB of random bytes each (the bench's image);
 --zeros MB adds one gzip layer holding a single file of MB MiB of zeros (small to download,
 large to unpack: the bench's memory row).
@@ -65,11 +67,19 @@ def d(name, mode=0o755):
     return {"name": name, "type": tarfile.DIRTYPE, "mode": mode}
 
 
-def busybox_entries():
+def busybox_entries(deb_arch):
     """Debian's static busybox with links, and the image's users."""
     work = tempfile.mkdtemp(prefix="oci-busybox-")
+    opts, pkg = [], "busybox-static"
+    if deb_arch != "amd64":
+        here = os.path.dirname(os.path.abspath(__file__))
+        sys.path.insert(0, os.path.join(here, "..", "guest"))
+        import build_guest
+        opts = build_guest.refresh_lists(os.path.join(here, "..", "..", "target", "test-guest"),
+                                         deb_arch)
+        pkg = "busybox-static:" + deb_arch
     try:
-        subprocess.run(["apt-get", "download", "-o", "APT::Sandbox::User=root", "busybox-static"],
+        subprocess.run(["apt-get"] + opts + ["download", "-o", "APT::Sandbox::User=root", pkg],
                        cwd=work, check=True, stdout=subprocess.DEVNULL)
         deb = [f for f in os.listdir(work) if f.endswith(".deb")][0]
         fs = subprocess.run(["dpkg-deb", "--fsys-tarfile", os.path.join(work, deb)], check=True,
@@ -91,6 +101,7 @@ def main():
     dest, tag = sys.argv[1], sys.argv[2]
     hostile = "--hostile" in sys.argv[3:]
     bootable = "--bootable" in sys.argv[3:]
+    deb_arch = sys.argv[sys.argv.index("--arch") + 1] if "--arch" in sys.argv else "amd64"
     os.makedirs(os.path.join(dest, "blobs", "sha256"), exist_ok=True)
     with open(os.path.join(dest, "oci-layout"), "w") as f:
         json.dump({"imageLayoutVersion": "1.0.0"}, f)
@@ -117,7 +128,7 @@ def main():
     ]
     diff_ids = ["sha256:" + hashlib.sha256(t).hexdigest() for t in (one, two)]
     if bootable:
-        tools = layer(busybox_entries())
+        tools = layer(busybox_entries(deb_arch))
         layers.append(blob(dest, gzip.compress(tools, mtime=0), "application/vnd.oci.image.layer.v1.tar+gzip"))
         diff_ids.append("sha256:" + hashlib.sha256(tools).hexdigest())
     extra = []
@@ -138,7 +149,7 @@ def main():
         layers.append(blob(dest, evil, "application/vnd.oci.image.layer.v1.tar"))
         diff_ids.append("sha256:" + hashlib.sha256(evil).hexdigest())
     config = {
-        "architecture": "amd64", "os": "linux",
+        "architecture": deb_arch, "os": "linux",
         "config": {
             "Env": ["PATH=/usr/local/bin:/usr/bin:/bin", "GREETING=hello from the image"],
             "WorkingDir": "/home/user", "User": "1000:1000",

@@ -6,8 +6,9 @@
 //! The kernel is the user's (`kernel`: its drivers must be built in, the initrd then carries
 //! only the agent), or Debian's cloud kernel, which mcqemu obtains once per version with
 //! `apt-get download`: apt checks the package against the SHA-256 in Debian's signed package
-//! index, and the package's own SHA-256 is kept beside the kernel (`source`). Kits are cached
-//! in `<state>/oci/boot/`, the initrd keyed by the agent's digest.
+//! index, and the package's own SHA-256 is kept beside the kernel (`source`). For x86_64 and
+//! aarch64; a foreign architecture's packages come through apt lists of their own in the
+//! cache. Kits are cached in `<state>/oci/boot/`, the initrd keyed by the agent's digest.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -20,8 +21,35 @@ use crate::ops::error::OpError;
 use crate::ops::work::Work;
 use crate::state::lockfile;
 
-/// The kernel packages mcqemu obtains, by guest architecture.
-const KERNEL_PACKAGE: &[(&str, &str)] = &[("x86_64", "linux-image-cloud-amd64")];
+/// A guest architecture's kernel as mcqemu obtains it.
+struct Flavour {
+    /// The guest architecture.
+    arch: &'static str,
+    /// Debian's package that depends on the newest cloud kernel.
+    meta: &'static str,
+    /// Debian's name of the architecture.
+    deb_arch: &'static str,
+    /// The serial console.
+    console: &'static str,
+}
+
+const FLAVOURS: &[Flavour] = &[
+    Flavour {
+        arch: "x86_64",
+        meta: "linux-image-cloud-amd64",
+        deb_arch: "amd64",
+        console: "ttyS0",
+    },
+    Flavour {
+        arch: "aarch64",
+        meta: "linux-image-cloud-arm64",
+        deb_arch: "arm64",
+        console: "ttyAMA0",
+    },
+];
+/// How old apt lists of a foreign architecture may be before they are refreshed: Debian's
+/// archive keeps only the newest kernel, so old lists name packages that are gone.
+const LISTS_MAX_AGE: Duration = Duration::from_secs(24 * 3600);
 /// The modules the initrd loads, in dependency order; those a kernel lacks (built in) are left
 /// out.
 const MODULES: &[&str] = &[
@@ -30,14 +58,22 @@ const MODULES: &[&str] = &[
     "virtio_pci_modern_dev",
     "virtio_pci_legacy_dev",
     "virtio_pci",
+    "virtio_mmio",
     "virtio_blk",
     "virtio_console",
     "failover",
     "net_failover",
     "virtio_net",
 ];
-/// The kernel command line: the root's disk, the serial console, no reboot loop on a panic.
-pub const APPEND: &str = "console=ttyS0 mcqemu.root=/dev/vda panic=-1 loglevel=4 cryptomgr.notests";
+/// The kernel command line for a guest of `arch`: the root's disk, the serial console, no
+/// reboot loop on a panic.
+pub fn append(arch: &str) -> String {
+    let console = FLAVOURS
+        .iter()
+        .find(|f| f.arch == arch)
+        .map_or("ttyS0", |f| f.console);
+    format!("console={console} mcqemu.root=/dev/vda panic=-1 loglevel=4 cryptomgr.notests")
+}
 /// The longest apt may take.
 const APT_TIMEOUT: Duration = Duration::from_secs(600);
 
@@ -80,13 +116,13 @@ pub fn kit(work: &dyn Work, arch: &str, kernel: Option<&Path>) -> Result<Kit, Op
         None => {
             let home = debian_kernel(work, arch)?;
             let source = std::fs::read_to_string(home.join("source")).unwrap_or_default();
-            // The ELF boots through PVH, faster than the bzImage (see host::vmlinux).
-            let elf = home.join("vmlinux");
-            let kernel = if elf.is_file() {
-                elf
-            } else {
-                home.join("vmlinuz")
-            };
+            // The ELF boots through PVH, faster than the bzImage (see host::vmlinux); an
+            // arm64 kernel is its unpacked Image.
+            let kernel = ["vmlinux", "Image"]
+                .iter()
+                .map(|n| home.join(n))
+                .find(|p| p.is_file())
+                .unwrap_or_else(|| home.join("vmlinuz"));
             (kernel, home.join("modules"), source, home)
         }
     };
@@ -147,18 +183,24 @@ fn initrd_bytes(agent: &[u8], modules: &Path) -> Result<Vec<u8>, OpError> {
 /// Debian's cloud kernel for `arch`, obtained unless cached: its folder (vmlinuz, modules/,
 /// source).
 fn debian_kernel(work: &dyn Work, arch: &str) -> Result<PathBuf, OpError> {
-    let Some((_, meta)) = KERNEL_PACKAGE.iter().find(|(a, _)| *a == arch) else {
+    let Some(f) = FLAVOURS.iter().find(|f| f.arch == arch) else {
         return Err(OpError::invalid(format!(
-            "mcqemu obtains a kernel for x86_64 image roots only so far; for {arch} give \
-             kernel (one with virtio PCI, block, console and ext4 built in)"
+            "mcqemu obtains kernels for x86_64 and aarch64 image roots; for {arch} give kernel \
+             (one with virtio PCI, block, console and ext4 built in)"
         )));
     };
-    let depends = apt(work, &["apt-cache", "depends", meta], None)?;
+    let opts = apt_options(work, f)?;
+    let meta = qualified(f, f.meta);
+    let argv: Vec<&str> = std::iter::once("apt-cache")
+        .chain(opts.iter().map(String::as_str))
+        .chain(["depends", &meta])
+        .collect();
+    let depends = apt(work, &argv, None)?;
     let pkg = depends
         .lines()
         .find_map(|l| l.trim().strip_prefix("Depends: "))
         .filter(|p| p.starts_with("linux-image-"))
-        .map(str::to_string)
+        .map(|p| p.split(':').next().unwrap_or(p).to_string())
         .ok_or_else(|| {
             OpError::not_found(format!(
                 "apt knows no {meta}; run 'apt-get update', or give kernel"
@@ -178,7 +220,7 @@ fn debian_kernel(work: &dyn Work, arch: &str) -> Result<PathBuf, OpError> {
     work.progress_phase(&format!("fetching the kernel ({pkg})"));
     let tmp = cache().join(format!("{pkg}.{}.tmp", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
-    let made = fetch_kernel(work, &pkg, &tmp).and_then(|()| {
+    let made = fetch_kernel(work, &opts, &qualified(f, &pkg), &tmp).and_then(|()| {
         let _ = std::fs::remove_dir_all(&home);
         std::fs::rename(&tmp, &home)
             .map_err(|e| OpError::new(format!("cannot place {}: {e}", home.display())))
@@ -187,17 +229,66 @@ fn debian_kernel(work: &dyn Work, arch: &str) -> Result<PathBuf, OpError> {
     made.map(|()| home)
 }
 
-/// Downloads and unpacks kernel package `pkg` into `dir` (vmlinuz, modules/, source).
-fn fetch_kernel(work: &dyn Work, pkg: &str, dir: &Path) -> Result<(), OpError> {
+/// The package name as apt must be told it: with `:ARCH` for a foreign architecture.
+fn qualified(f: &Flavour, pkg: &str) -> String {
+    if f.arch == crate::host::get().arch {
+        pkg.to_string()
+    } else {
+        format!("{pkg}:{}", f.deb_arch)
+    }
+}
+
+/// apt's options for `f`'s packages: none on a host of that architecture; else lists of their
+/// own in the kit cache with the architecture added (the host's sources, its lists and its
+/// package cache are left alone), refreshed once a day.
+fn apt_options(work: &dyn Work, f: &Flavour) -> Result<Vec<String>, OpError> {
+    if f.arch == crate::host::get().arch {
+        return Ok(Vec::new());
+    }
+    let base = cache().join(format!("apt-{}", f.deb_arch));
+    let opts: Vec<String> = [
+        format!("APT::Architectures::={}", f.deb_arch),
+        format!("Dir::State::Lists={}", base.join("lists").display()),
+        format!("Dir::Cache={}", base.join("cache").display()),
+        "APT::Sandbox::User=root".to_string(),
+    ]
+    .into_iter()
+    .flat_map(|o| ["-o".to_string(), o])
+    .collect();
+    let stamp = base.join("updated");
+    let fresh = std::fs::metadata(&stamp)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.elapsed().ok())
+        .is_some_and(|age| age < LISTS_MAX_AGE);
+    if !fresh {
+        for d in ["lists/partial", "cache/archives/partial"] {
+            std::fs::create_dir_all(base.join(d))
+                .map_err(|e| OpError::new(format!("cannot create {}: {e}", base.display())))?;
+        }
+        work.progress_phase(&format!("reading Debian's {} package lists", f.deb_arch));
+        let argv: Vec<&str> = std::iter::once("apt-get")
+            .chain(opts.iter().map(String::as_str))
+            .chain(["-q", "update"])
+            .collect();
+        apt(work, &argv, None)?;
+        std::fs::write(&stamp, b"")
+            .map_err(|e| OpError::new(format!("cannot write {}: {e}", stamp.display())))?;
+    }
+    Ok(opts)
+}
+
+/// Downloads and unpacks kernel package `pkg` into `dir` (the kernel, modules/, source).
+fn fetch_kernel(work: &dyn Work, opts: &[String], pkg: &str, dir: &Path) -> Result<(), OpError> {
     let debs = dir.join("deb");
     let x = dir.join("x");
     std::fs::create_dir_all(&debs)
         .map_err(|e| OpError::new(format!("cannot create {}: {e}", debs.display())))?;
-    apt(
-        work,
-        &["apt-get", "download", "-o", "APT::Sandbox::User=root", pkg],
-        Some(&debs),
-    )?;
+    let argv: Vec<&str> = std::iter::once("apt-get")
+        .chain(opts.iter().map(String::as_str))
+        .chain(["download", "-o", "APT::Sandbox::User=root", pkg])
+        .collect();
+    apt(work, &argv, Some(&debs))?;
     let deb = std::fs::read_dir(&debs)
         .ok()
         .and_then(|d| {
@@ -228,6 +319,9 @@ fn fetch_kernel(work: &dyn Work, pkg: &str, dir: &Path) -> Result<(), OpError> {
     if let Some(elf) = crate::host::vmlinux::extract(&bz) {
         std::fs::write(dir.join("vmlinux"), elf).map_err(|e| host(&dir.join("vmlinux"), e))?;
     }
+    if let Some(image) = arm64_image(&bz) {
+        std::fs::write(dir.join("Image"), image).map_err(|e| host(&dir.join("Image"), e))?;
+    }
     let modules = dir.join("modules");
     std::fs::create_dir_all(&modules).map_err(|e| host(&modules, e))?;
     let mut found = Vec::new();
@@ -248,6 +342,23 @@ fn fetch_kernel(work: &dyn Work, pkg: &str, dir: &Path) -> Result<(), OpError> {
         ),
     )
     .map_err(|e| host(dir, e))
+}
+
+/// The raw arm64 Image QEMU's `-kernel` takes on the virt board: Debian's vmlinuz for arm64 is
+/// that Image gzip'd (or already raw); None when it is not an arm64 kernel.
+fn arm64_image(vmlinuz: &[u8]) -> Option<Vec<u8>> {
+    use std::io::Read;
+    let raw = if vmlinuz.starts_with(&[0x1f, 0x8b]) {
+        let mut out = Vec::new();
+        flate2::read::GzDecoder::new(vmlinuz)
+            .take(256 << 20)
+            .read_to_end(&mut out)
+            .ok()?;
+        out
+    } else {
+        vmlinuz.to_vec()
+    };
+    (raw.get(0x38..0x3c)? == b"ARM\x64").then_some(raw)
 }
 
 /// Copies the `.ko` files named in [`MODULES`] found below `from` into `to`.

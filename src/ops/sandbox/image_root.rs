@@ -3,7 +3,7 @@
 //! [`crate::ops::container::boot`] (the user's `kernel` and `initrd` when both are given).
 //! sandbox_vm and template_create both take `oci`.
 
-use crate::ops::container::boot::{self, APPEND};
+use crate::ops::container::boot;
 use crate::ops::container::pull::{pull, OciPulled, OciRequest};
 use crate::ops::error::OpError;
 use crate::ops::guest::background::Started;
@@ -50,8 +50,8 @@ pub fn resolve(
         l.initrd = Some(kit.initrd.display().to_string());
     }
     l.append = Some(match &l.append {
-        Some(a) => format!("{APPEND} {a}"),
-        None => APPEND.to_string(),
+        Some(a) => format!("{} {a}", boot::append(&arch)),
+        None => boot::append(&arch),
     });
     Ok((pulled, l))
 }
