@@ -18,6 +18,9 @@ use crate::state::tar::{Kind, Reader};
 const MAX_MANIFEST: u64 = 1 << 20;
 /// Symlinks followed from one name at most.
 const MAX_HOPS: usize = 8;
+/// Entries an archive may hold (each file is copied out once): a `docker save` of one image
+/// holds a few per layer.
+const MAX_ENTRIES: usize = 100_000;
 
 /// What an archive entry became.
 enum Held {
@@ -57,6 +60,11 @@ fn import_in(
     while let Some(e) = r.next_entry().map_err(bad)? {
         if cancelled() {
             return Err(OciError::Cancelled("cancelled by the client".into()));
+        }
+        if held.len() >= MAX_ENTRIES {
+            return Err(OciError::Refused(format!(
+                "{shown} holds more than {MAX_ENTRIES} entries: not a docker save of one image"
+            )));
         }
         let name = clean(&String::from_utf8_lossy(&e.path));
         match e.kind {

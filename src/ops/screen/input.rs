@@ -56,7 +56,12 @@ pub fn run(
 ) -> Result<Sent, QmpError> {
     let mut vcpus = match pid {
         Some(pid) => match u32::try_from(pid) {
-            Ok(pid) => q.running_vcpu_threads()?.map(|t| Threads::new(pid, t)),
+            // Pacing by the vCPUs is a refinement: a QEMU that cannot say paces by wall time.
+            Ok(pid) => q
+                .running_vcpu_threads()
+                .ok()
+                .flatten()
+                .map(|t| Threads::new(pid, t)),
             Err(_) => None,
         },
         None => None,
