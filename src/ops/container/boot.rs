@@ -109,7 +109,7 @@ pub fn kit(work: &dyn Work, arch: &str, kernel: Option<&Path>) -> Result<Kit, Op
     let (kernel, modules, source, home) = match kernel {
         Some(k) => (
             k.to_path_buf(),
-            PathBuf::new(),
+            None,
             format!("the user's kernel {}", k.display()),
             cache().join("user"),
         ),
@@ -123,14 +123,14 @@ pub fn kit(work: &dyn Work, arch: &str, kernel: Option<&Path>) -> Result<Kit, Op
                 .map(|n| home.join(n))
                 .find(|p| p.is_file())
                 .unwrap_or_else(|| home.join("vmlinuz"));
-            (kernel, home.join("modules"), source, home)
+            (kernel, Some(home.join("modules")), source, home)
         }
     };
     std::fs::create_dir_all(&home)
         .map_err(|e| OpError::new(format!("cannot create {}: {e}", home.display())))?;
     let initrd = home.join(format!("initrd-{tag}.cpio"));
     if !initrd.is_file() {
-        let bytes = initrd_bytes(&agent, &modules)?;
+        let bytes = initrd_bytes(&agent, modules.as_deref())?;
         let tmp = home.join(format!("initrd-{tag}.{}.tmp", std::process::id()));
         std::fs::File::create(&tmp)
             .and_then(|mut f| f.write_all(&bytes).and_then(|()| f.sync_all()))
@@ -147,8 +147,9 @@ pub fn kit(work: &dyn Work, arch: &str, kernel: Option<&Path>) -> Result<Kit, Op
     })
 }
 
-/// The initrd: the agent as /init, and the modules found in `modules` listed for it to load.
-fn initrd_bytes(agent: &[u8], modules: &Path) -> Result<Vec<u8>, OpError> {
+/// The initrd: the agent as /init, and the modules found in `modules` (none for a user's
+/// kernel) listed for it to load.
+fn initrd_bytes(agent: &[u8], modules: Option<&Path>) -> Result<Vec<u8>, OpError> {
     let mut c = Cpio::new();
     for d in [
         "dev",
@@ -168,8 +169,10 @@ fn initrd_bytes(agent: &[u8], modules: &Path) -> Result<Vec<u8>, OpError> {
     c.chardev("dev/null", 1, 3);
     c.file("init", agent, 0o755);
     let mut list = String::new();
-    for m in MODULES {
-        let p = modules.join(format!("{m}.ko"));
+    for m in modules.map_or(&[][..], |_| MODULES) {
+        let Some(p) = modules.map(|d| d.join(format!("{m}.ko"))) else {
+            continue;
+        };
         let Ok(data) = std::fs::read(&p) else {
             continue;
         };
@@ -415,11 +418,16 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("mcq-initrd-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("virtio_blk.ko"), b"ko").unwrap();
-        let a = initrd_bytes(b"\x7fELF-agent", &dir).unwrap();
+        let a = initrd_bytes(b"\x7fELF-agent", Some(&dir)).unwrap();
         let text = String::from_utf8_lossy(&a);
         assert!(text.contains("init\0"));
         assert!(text.contains("/lib/modules/virtio_blk.ko\n"));
         assert!(!text.contains("virtio_net.ko"));
+        let bare = initrd_bytes(b"\x7fELF-agent", None).unwrap();
+        assert!(
+            !String::from_utf8_lossy(&bare).contains(".ko"),
+            "a user's kernel gets no modules"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
