@@ -214,6 +214,7 @@ impl Agent {
                     keep_last: a
                         .opt_int("keep-last")?
                         .map(|n| n.clamp(4096, MAX_OUTPUT as i64) as usize),
+                    image_user: a.opt_bool("as-image-user")?.unwrap_or(false),
                 };
                 let pid = self.programs.start(&start)?;
                 ret(Json::obj([("pid", Json::Int(pid.into()))]))

@@ -58,6 +58,9 @@ pub struct Start {
     pub group: bool,
     /// Keep the last this many bytes of each stream (a background program's output).
     pub keep_last: Option<usize>,
+    /// Run it as a container image's User (guest_exec's programs; mcqemu's own helpers, such
+    /// as copies, stay root).
+    pub image_user: bool,
 }
 
 /// A program's state as reported.
@@ -158,7 +161,7 @@ impl Table {
             use std::os::unix::process::CommandExt;
             cmd.process_group(0);
         }
-        if let Some((uid, gid)) = super::root::user() {
+        if let Some((uid, gid)) = super::root::user().filter(|_| s.image_user) {
             use std::os::unix::process::CommandExt;
             cmd.uid(uid).gid(gid);
         }

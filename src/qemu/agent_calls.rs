@@ -43,6 +43,9 @@ pub struct ExecRequest {
     /// mcqemu-agent: keep the last this many bytes of each stream (not the first 16 MiB).
     #[serde(rename = "keep-last", skip_serializing_if = "Option::is_none")]
     pub keep_last: Option<u64>,
+    /// mcqemu-agent: run it as the container image's User (only a user's programs are).
+    #[serde(rename = "as-image-user", skip_serializing_if = "Option::is_none")]
+    pub as_image_user: Option<bool>,
 }
 
 impl ExecRequest {
@@ -58,6 +61,7 @@ impl ExecRequest {
             cwd: None,
             group: None,
             keep_last: None,
+            as_image_user: None,
         }
     }
 }

@@ -181,13 +181,14 @@ fn an_image_root_boots_and_runs_programs_as_the_image_says() {
     let out = exec(&mut lab, "imgc", "id -u; pwd");
     assert_eq!(out["stdout"], json!("1000\n/home/user\n"), "{out}");
 
-    // A copy over the data channel (the agent unpacks it), then a fork that keeps it.
+    // A copy over the data channel (the agent unpacks it, as root like `docker cp`: into a
+    // folder the image's user may not write), then a fork that keeps it.
     let tree = lab.dir.join("tree");
     std::fs::create_dir_all(tree.join("sub")).unwrap();
     std::fs::write(tree.join("sub/f.txt"), "copied in\n").unwrap();
     let c_in = lab.srv().call_ok_within(
         "guest_copy_in",
-        json!({"name": "imgc", "host_path": tree.to_str().unwrap(), "guest_path": "/tmp/tree"}),
+        json!({"name": "imgc", "host_path": tree.to_str().unwrap(), "guest_path": "/opt/tree"}),
         STEP,
     );
     assert_eq!(c_in["via"], json!("agent"), "{c_in}");
@@ -197,8 +198,16 @@ fn an_image_root_boots_and_runs_programs_as_the_image_says() {
     let fork = f["copies"][0].clone();
     lab.track(&fork);
     let fork = fork["name"].as_str().unwrap().to_string();
-    let out = exec(&mut lab, &fork, "cat /tmp/tree/sub/f.txt; id -u");
-    assert_eq!(out["stdout"], json!("copied in\n1000\n"), "the fork: {out}");
+    let out = exec(
+        &mut lab,
+        &fork,
+        "cat /opt/tree/sub/f.txt; stat -c %u /opt/tree/sub/f.txt; id -u",
+    );
+    assert_eq!(
+        out["stdout"],
+        json!("copied in\n0\n1000\n"),
+        "the fork: the copy (root's), guest_exec as the image's user: {out}"
+    );
     lab.srv()
         .call_ok_within("sandbox_destroy", json!({"name": fork}), STEP);
     lab.srv()

@@ -52,6 +52,7 @@ fn program<'a>(req: &'a ExecRequest, env: &'a [(String, String)]) -> Launch<'a> 
         stdin: req.stdin.as_deref(),
         env,
         cwd: req.cwd.as_deref(),
+        image_user: true,
         ..Launch::default()
     }
 }

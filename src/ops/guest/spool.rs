@@ -56,6 +56,8 @@ pub struct Launch<'a> {
     pub spool: Option<&'a str>,
     /// A new session for the program (background processes).
     pub session: bool,
+    /// A user's program: run as a container image's User (mcqemu's own helpers stay root).
+    pub image_user: bool,
 }
 
 impl Launch<'_> {
@@ -75,6 +77,7 @@ impl Launch<'_> {
         }
         req.cwd = self.cwd.map(str::to_string);
         req.input_data = self.stdin.map(|input| b64::encode(input.as_bytes()));
+        req.as_image_user = self.image_user.then_some(true);
         req
     }
 
