@@ -191,7 +191,11 @@ fn an_image_root_boots_and_runs_programs_as_the_image_says() {
         json!({"name": "imgc", "host_path": tree.to_str().unwrap(), "guest_path": "/opt/tree"}),
         STEP,
     );
-    assert_eq!(c_in["via"], json!("agent"), "{c_in}");
+    assert_eq!(
+        c_in["via"],
+        json!("channel"),
+        "the data channel, its helper as root: {c_in}"
+    );
     let f = lab
         .srv()
         .call_ok_within("sandbox_fork", json!({"name": "imgc", "count": 1}), STEP);
