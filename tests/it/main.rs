@@ -30,6 +30,7 @@ mod oci;
 mod oci_arm64;
 mod oci_auth;
 mod oci_boot;
+mod oci_roots;
 mod pools;
 mod progress;
 mod pull;

@@ -3,6 +3,7 @@
 library: every layer is built here with tarfile, so each case is exactly what the test says.
 
   build_layout.py DEST TAG [--hostile] [--bootable] [--arch arm64] [--payload N:MB] [--zeros MB]
+  build_layout.py DEST TAG --debian | --no-shell
 
 The normal image has two layers:
   1 (gzip): folders; etc/a ("one"); etc/gone; opt/keep/old; usr/bin/ping, setuid root with a
@@ -17,6 +18,9 @@ the image's user (1000, "app"): a root a VM can run programs in; its Entrypoint 
 busybox httpd on the exposed port 8080, serving /home/user.
 --arch arm64 makes an arm64 image (its busybox from Debian's arm64 packages, read through the
 apt lists build_guest.py keeps for the aarch64 test guest in target/test-guest/apt-arm64).
+--debian makes a different image instead: one layer, a Debian bookworm root from mmdebstrap
+(variant essential: glibc, bash, coreutils, dpkg; needs root), no User, no Entrypoint.
+--no-shell makes one whose only file is a static busybox without its links (no /bin/sh).
 --payload N:MB adds N gzip layers of MB MiB of random bytes each (the bench's image);
 --zeros MB adds one gzip layer holding a single file of MB MiB of zeros (small to download,
 large to unpack: the bench's memory row).
@@ -97,8 +101,36 @@ def busybox_entries(deb_arch):
     return entries
 
 
+def single(dest, tag, tar, env):
+    """A layout of one image: one gzip layer `tar`, a config with `env` and nothing else."""
+    os.makedirs(os.path.join(dest, "blobs", "sha256"), exist_ok=True)
+    with open(os.path.join(dest, "oci-layout"), "w") as f:
+        json.dump({"imageLayoutVersion": "1.0.0"}, f)
+    layers = [blob(dest, gzip.compress(tar, compresslevel=1, mtime=0),
+                   "application/vnd.oci.image.layer.v1.tar+gzip")]
+    config = {"architecture": "amd64", "os": "linux", "config": {"Env": env},
+              "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(tar).hexdigest()]}}
+    cfg = blob(dest, json.dumps(config).encode(), "application/vnd.oci.image.config.v1+json")
+    manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                "config": cfg, "layers": layers}
+    m = blob(dest, json.dumps(manifest).encode(), "application/vnd.oci.image.manifest.v1+json")
+    m["annotations"] = {"org.opencontainers.image.ref.name": tag}
+    with open(os.path.join(dest, "index.json"), "w") as f:
+        json.dump({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
+                   "manifests": [m]}, f)
+    print(m["digest"])
+
+
 def main():
     dest, tag = sys.argv[1], sys.argv[2]
+    if "--debian" in sys.argv[3:]:
+        tar = subprocess.run(["mmdebstrap", "--quiet", "--variant=essential", "bookworm", "-"],
+                             check=True, stdout=subprocess.PIPE).stdout
+        return single(dest, tag, tar, ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                                       "LANG=C.UTF-8"])
+    if "--no-shell" in sys.argv[3:]:
+        entries = [e for e in busybox_entries("amd64") if e.get("type") != tarfile.SYMTYPE]
+        return single(dest, tag, layer(entries), [])
     hostile = "--hostile" in sys.argv[3:]
     bootable = "--bootable" in sys.argv[3:]
     deb_arch = sys.argv[sys.argv.index("--arch") + 1] if "--arch" in sys.argv else "amd64"
