@@ -73,7 +73,41 @@ fn run(table: &mut Table, dirs: &Dirs) -> Res<()> {
     let reference = format!("{}/bench/app:v1", reg.addr);
     let n = env_count("MCQEMU_BENCH_OCI_N", 3);
 
-    // By hand: skopeo copy, umoci raw unpack, mke2fs -d.
+    let hand = by_hand(&work, &reference, n)?;
+    table.time_row("skopeo copy + umoci unpack + mke2fs -d", n, &hand, None);
+
+    // image_pull: a fresh store and root cache each run.
+    let mut server = dirs.server()?;
+    let oci_dir = dirs.state.join("oci");
+    let mut pulls = Vec::new();
+    for _ in 0..n {
+        let _ = std::fs::remove_dir_all(oci_dir.join("store"));
+        for e in std::fs::read_dir(&oci_dir).into_iter().flatten().flatten() {
+            if e.file_name() != "boot" && e.path().is_dir() {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+        let t = Instant::now();
+        let r = server.tool_within("image_pull", json!({"oci": reference}), CALL)?;
+        pulls.push(t.elapsed());
+        let s = structured(&r)?;
+        if s["cached"] != json!(false) || s["downloaded"].as_u64().unwrap_or(0) == 0 {
+            return Err(format!("the pull did not download and build: {s}"));
+        }
+    }
+    let pulls = Stats::of(pulls);
+    let target = hand.median.mul_f64(1.0 + OVER_HAND);
+    table.time_row("image_pull oci (download + build)", n, &pulls, Some(target));
+
+    vm_rows(table, dirs, &mut server, &reference)?;
+    server.tool("template_delete", json!({"name": "bench-oci-tpl"}))?;
+    server.try_close()?;
+
+    big_layer_rss(table, dirs, &work, &reg)
+}
+
+/// The same work by hand, `n` times: skopeo copy, umoci raw unpack, mke2fs -d.
+fn by_hand(work: &Path, reference: &str, n: usize) -> Res<Stats> {
     let mut hand = Vec::new();
     for i in 0..n {
         let d = work.join(format!("hand{i}"));
@@ -111,32 +145,12 @@ fn run(table: &mut Table, dirs: &Dirs) -> Res<()> {
         hand.push(t.elapsed());
         let _ = std::fs::remove_dir_all(&d);
     }
-    let hand = Stats::of(hand);
-    table.time_row("skopeo copy + umoci unpack + mke2fs -d", n, &hand, None);
+    Ok(Stats::of(hand))
+}
 
-    // image_pull: a fresh store and root cache each run.
-    let mut server = dirs.server()?;
-    let oci_dir = dirs.state.join("oci");
-    let mut pulls = Vec::new();
-    for _ in 0..n {
-        let _ = std::fs::remove_dir_all(oci_dir.join("store"));
-        for e in std::fs::read_dir(&oci_dir).into_iter().flatten().flatten() {
-            if e.file_name() != "boot" && e.path().is_dir() {
-                let _ = std::fs::remove_dir_all(e.path());
-            }
-        }
-        let t = Instant::now();
-        let r = server.tool_within("image_pull", json!({"oci": reference}), CALL)?;
-        pulls.push(t.elapsed());
-        let s = structured(&r)?;
-        if s["cached"] != json!(false) || s["downloaded"].as_u64().unwrap_or(0) == 0 {
-            return Err(format!("the pull did not download and build: {s}"));
-        }
-    }
-    let pulls = Stats::of(pulls);
-    let target = hand.median.mul_f64(1.0 + OVER_HAND);
-    table.time_row("image_pull oci (download + build)", n, &pulls, Some(target));
-
+/// Cold sandboxes of the cached image to their first guest_exec, then clones of a template of
+/// it.
+fn vm_rows(table: &mut Table, dirs: &Dirs, server: &mut Server, reference: &str) -> Res<()> {
     // Cold sandboxes of the cached image, to their first guest_exec.
     let killer = VmKiller::new(dirs.tmp.path());
     let boots = env_count("MCQEMU_BENCH_OCI_N", 5);
@@ -158,7 +172,7 @@ fn run(table: &mut Table, dirs: &Dirs) -> Res<()> {
         downloaded += structured(&again)?["downloaded"]
             .as_u64()
             .unwrap_or(u64::MAX);
-        destroy(&mut server, &name)?;
+        destroy(server, &name)?;
     }
     table.time_row(
         "sandbox_vm oci (cached) -> first guest_exec",
@@ -186,7 +200,7 @@ fn run(table: &mut Table, dirs: &Dirs) -> Res<()> {
         )?;
         clones.push(t.elapsed());
         killer.track(structured(&r)?);
-        destroy(&mut server, &name)?;
+        destroy(server, &name)?;
     }
     table.time_row(
         "clone of an oci template",
@@ -194,10 +208,7 @@ fn run(table: &mut Table, dirs: &Dirs) -> Res<()> {
         &Stats::of(clones),
         Some(CLONE_TARGET),
     );
-    server.tool("template_delete", json!({"name": "bench-oci-tpl"}))?;
-    server.try_close()?;
-
-    big_layer_rss(table, dirs, &work, &reg)
+    Ok(())
 }
 
 /// The peak RSS of a fresh server that pulled an image with a 1 GiB layer.

@@ -107,7 +107,9 @@ fn join_location(base: &str, location: &str) -> String {
     format!("{origin}{dir}{loc}")
 }
 
-fn agent() -> ureq::Agent {
+/// The HTTP client mcqemu's downloads and the registry client use: bounded connect, response
+/// and per-read waits; redirects and error statuses left to the caller.
+pub fn agent() -> ureq::Agent {
     // Redirects are followed here, not by ureq: ureq panics on a Location without a host
     // (e.g. file:///etc/passwd), and every hop must pass the same http(s) check as the URL.
     ureq::Agent::config_builder()

@@ -49,6 +49,53 @@ fn import_in(
     scratch: &Path,
     cancelled: &dyn Fn() -> bool,
 ) -> Result<String, OciError> {
+    let shown = file.display().to_string();
+    let (held, manifest) = read_entries(file, scratch, cancelled)?;
+    let v: serde_json::Value = serde_json::from_slice(&manifest)
+        .map_err(|e| OciError::Invalid(format!("{shown}: manifest.json is not JSON: {e}")))?;
+    let image = &v[0];
+    let config_name = image["Config"]
+        .as_str()
+        .ok_or_else(|| OciError::Invalid(format!("{shown}: manifest.json names no Config")))?;
+    let config = place(store, &held, config_name, &shown)?;
+    let mut layers = Vec::new();
+    for l in image["Layers"].as_array().into_iter().flatten() {
+        let name = l
+            .as_str()
+            .ok_or_else(|| OciError::Invalid(format!("{shown}: a layer name is not text")))?;
+        let (digest, size) = place(store, &held, name, &shown)?;
+        let media_type = layer_type(&blob_path(store, &digest)?);
+        layers.push(serde_json::json!({"mediaType": media_type, "digest": digest, "size": size}));
+    }
+    let m = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                   "digest": config.0, "size": config.1},
+        "layers": layers,
+    })
+    .to_string();
+    let digest = format!("sha256:{}", super::layout::sha256_hex(m.as_bytes()));
+    keep(store, &digest, m.as_bytes())?;
+    let tag = image["RepoTags"][0].as_str().unwrap_or("untagged");
+    let name = format!("docker-archive:{shown}#{tag}");
+    add_to_index(
+        store,
+        &name,
+        &digest,
+        "application/vnd.oci.image.manifest.v1+json",
+        m.len() as u64,
+    )?;
+    Ok(name)
+}
+
+/// Every file of the archive copied out to `scratch` and hashed, every symlink noted, and
+/// manifest.json's bytes.
+fn read_entries(
+    file: &Path,
+    scratch: &Path,
+    cancelled: &dyn Fn() -> bool,
+) -> Result<(HashMap<String, Held>, Vec<u8>), OciError> {
     let shown = file.display();
     let f = std::fs::File::open(file)
         .map_err(|e| OciError::NotFound(format!("cannot open the archive {shown}: {e}")))?;
@@ -103,42 +150,7 @@ fn import_in(
             "{shown} has no manifest.json: not a docker save tarball"
         ))
     })?;
-    let v: serde_json::Value = serde_json::from_slice(&manifest)
-        .map_err(|e| OciError::Invalid(format!("{shown}: manifest.json is not JSON: {e}")))?;
-    let image = &v[0];
-    let config_name = image["Config"]
-        .as_str()
-        .ok_or_else(|| OciError::Invalid(format!("{shown}: manifest.json names no Config")))?;
-    let config = place(store, &held, config_name, &shown.to_string())?;
-    let mut layers = Vec::new();
-    for l in image["Layers"].as_array().into_iter().flatten() {
-        let name = l
-            .as_str()
-            .ok_or_else(|| OciError::Invalid(format!("{shown}: a layer name is not text")))?;
-        let (digest, size) = place(store, &held, name, &shown.to_string())?;
-        let media_type = layer_type(&blob_path(store, &digest)?);
-        layers.push(serde_json::json!({"mediaType": media_type, "digest": digest, "size": size}));
-    }
-    let m = serde_json::json!({
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
-                   "digest": config.0, "size": config.1},
-        "layers": layers,
-    })
-    .to_string();
-    let digest = format!("sha256:{}", super::layout::sha256_hex(m.as_bytes()));
-    keep(store, &digest, m.as_bytes())?;
-    let tag = image["RepoTags"][0].as_str().unwrap_or("untagged");
-    let name = format!("docker-archive:{}#{tag}", file.display());
-    add_to_index(
-        store,
-        &name,
-        &digest,
-        "application/vnd.oci.image.manifest.v1+json",
-        m.len() as u64,
-    )?;
-    Ok(name)
+    Ok((held, manifest))
 }
 
 /// Moves the entry `name` names (through symlinks in the archive) into the store's blobs; its

@@ -52,8 +52,8 @@ impl Layer {
 }
 
 /// What a guest program gets from the image: the defaults guest_exec applies and what runs
-/// when asked.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// when asked (image_pull's result shows it as it is).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct RunConfig {
     /// `NAME=value` pairs.
     pub env: Vec<String>,

@@ -9,7 +9,6 @@
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use super::error::OciError;
 use super::layout::{blob_name, platform_arch, sha256_hex};
@@ -242,15 +241,7 @@ struct Client {
 impl Client {
     fn new(r: &Reference) -> Result<Client, OciError> {
         let scheme = if r.is_loopback() { "http" } else { "https" };
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .timeout_connect(Some(Duration::from_secs(20)))
-            .timeout_recv_response(Some(Duration::from_secs(60)))
-            .timeout_per_read(Some(Duration::from_secs(60)))
-            .max_redirects(0)
-            .http_status_as_error(false)
-            .user_agent(concat!("mcqemu/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .into();
+        let agent = crate::net::http::agent();
         let host = r.api_host().to_string();
         let (basic, helper) = match credentials(&host)? {
             Creds::None => (None, None),

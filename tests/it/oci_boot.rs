@@ -42,6 +42,14 @@ fn an_image_root_boots_and_runs_programs_as_the_image_says() {
     let digest = layout(&dir, "v1", &["--bootable"]);
     let reference = format!("oci:{}:v1", dir.display());
 
+    inside_the_image(&mut lab, &reference, &digest);
+    run_and_expose(&mut lab, &reference);
+    template_clone_copy_fork(&mut lab, &reference);
+}
+
+/// A sandbox of the image: its user, folder, Env, owners and layers, disk_size, files both
+/// ways, the record's image and digest, and oci beside base_image refused.
+fn inside_the_image(lab: &mut Lab, reference: &str, digest: &str) {
     let t = Instant::now();
     let sb = lab.srv().call_ok_within(
         "sandbox_vm",
@@ -60,7 +68,7 @@ fn an_image_root_boots_and_runs_programs_as_the_image_says() {
     assert_eq!(sb["sandbox"]["image_digest"], json!(digest), "{sb}");
 
     let out = exec(
-        &mut lab,
+        lab,
         "img",
         "id -u; id -g; pwd; echo \"$GREETING\"; echo \"$HOME\"; \
          stat -c '%u:%g %a' /home/user/own /usr/bin/ping; cat /etc/a; echo; ls /opt/keep; \
@@ -74,7 +82,7 @@ fn an_image_root_boots_and_runs_programs_as_the_image_says() {
     );
 
     // disk_size is room in the root: the agent grew the file system at boot.
-    let df = exec(&mut lab, "img", "df -k / | tail -1");
+    let df = exec(lab, "img", "df -k / | tail -1");
     let total_kb: u64 = df["stdout"]
         .as_str()
         .and_then(|l| l.split_whitespace().nth(1))
@@ -116,7 +124,10 @@ fn an_image_root_boots_and_runs_programs_as_the_image_says() {
     assert!(err.contains("not both"), "{err}");
     lab.srv()
         .call_ok_within("sandbox_destroy", json!({"name": "img"}), STEP);
+}
 
+/// run and expose.
+fn run_and_expose(lab: &mut Lab, reference: &str) {
     // run and expose: the image's Entrypoint (busybox httpd on its exposed 8080, as the
     // image's user) in the background, reached through the forward expose added.
     let web = lab.srv().call_ok_within(
@@ -145,7 +156,7 @@ fn an_image_root_boots_and_runs_programs_as_the_image_says() {
         STEP,
     );
     assert_eq!(st["running"], json!(true), "httpd still runs: {st}");
-    let who = exec(&mut lab, "web", "stat -c %u /proc/$(pidof httpd || echo 1)");
+    let who = exec(lab, "web", "stat -c %u /proc/$(pidof httpd || echo 1)");
     assert_eq!(
         who["stdout"],
         json!("1000\n"),
@@ -159,7 +170,10 @@ fn an_image_root_boots_and_runs_programs_as_the_image_says() {
     assert!(tool_err(&plain, "run without oci").contains("need oci"));
     lab.srv()
         .call_ok_within("sandbox_destroy", json!({"name": "web"}), STEP);
+}
 
+/// A template of the image, a clone, a copy over the data channel and a fork.
+fn template_clone_copy_fork(lab: &mut Lab, reference: &str) {
     // A template of the image; its clone keeps the image's user and folder.
     let t = Instant::now();
     let made = lab.srv().call_ok_within(
@@ -178,7 +192,7 @@ fn an_image_root_boots_and_runs_programs_as_the_image_says() {
     );
     lab.track(&c);
     eprintln!("clone of the oci template: {} ms", t.elapsed().as_millis());
-    let out = exec(&mut lab, "imgc", "id -u; pwd");
+    let out = exec(lab, "imgc", "id -u; pwd");
     assert_eq!(out["stdout"], json!("1000\n/home/user\n"), "{out}");
 
     // A copy over the data channel (the agent unpacks it, as root like `docker cp`: into a
@@ -203,7 +217,7 @@ fn an_image_root_boots_and_runs_programs_as_the_image_says() {
     lab.track(&fork);
     let fork = fork["name"].as_str().unwrap().to_string();
     let out = exec(
-        &mut lab,
+        lab,
         &fork,
         "cat /opt/tree/sub/f.txt; stat -c %u /opt/tree/sub/f.txt; id -u",
     );

@@ -101,15 +101,15 @@ def busybox_entries(deb_arch):
     return entries
 
 
-def single(dest, tag, tar, env):
-    """A layout of one image: one gzip layer `tar`, a config with `env` and nothing else."""
+def start(dest):
+    """An empty OCI layout at `dest`."""
     os.makedirs(os.path.join(dest, "blobs", "sha256"), exist_ok=True)
     with open(os.path.join(dest, "oci-layout"), "w") as f:
         json.dump({"imageLayoutVersion": "1.0.0"}, f)
-    layers = [blob(dest, gzip.compress(tar, compresslevel=1, mtime=0),
-                   "application/vnd.oci.image.layer.v1.tar+gzip")]
-    config = {"architecture": "amd64", "os": "linux", "config": {"Env": env},
-              "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(tar).hexdigest()]}}
+
+
+def finish(dest, tag, config, layers):
+    """The image's config, its manifest and the index naming it `tag`; prints its digest."""
     cfg = blob(dest, json.dumps(config).encode(), "application/vnd.oci.image.config.v1+json")
     manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
                 "config": cfg, "layers": layers}
@@ -119,6 +119,16 @@ def single(dest, tag, tar, env):
         json.dump({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
                    "manifests": [m]}, f)
     print(m["digest"])
+
+
+def single(dest, tag, tar, env):
+    """A layout of one image: one gzip layer `tar`, a config with `env` and nothing else."""
+    start(dest)
+    layers = [blob(dest, gzip.compress(tar, compresslevel=1, mtime=0),
+                   "application/vnd.oci.image.layer.v1.tar+gzip")]
+    config = {"architecture": "amd64", "os": "linux", "config": {"Env": env},
+              "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(tar).hexdigest()]}}
+    finish(dest, tag, config, layers)
 
 
 def main():
@@ -134,9 +144,7 @@ def main():
     hostile = "--hostile" in sys.argv[3:]
     bootable = "--bootable" in sys.argv[3:]
     deb_arch = sys.argv[sys.argv.index("--arch") + 1] if "--arch" in sys.argv else "amd64"
-    os.makedirs(os.path.join(dest, "blobs", "sha256"), exist_ok=True)
-    with open(os.path.join(dest, "oci-layout"), "w") as f:
-        json.dump({"imageLayoutVersion": "1.0.0"}, f)
+    start(dest)
     one = layer([
         d("etc"), d("opt"), d("opt/keep"), d("usr"), d("usr/bin"), d("home"), d("home/user"), d("dev"),
         {"name": "etc/a", "data": b"one"},
@@ -194,15 +202,7 @@ def main():
         # A program to run: busybox's web server on the exposed port, serving the user's home.
         config["config"]["Entrypoint"] = ["/bin/httpd", "-f", "-p", "8080", "-h", "/home/user"]
         config["config"]["Cmd"] = []
-    cfg = blob(dest, json.dumps(config).encode(), "application/vnd.oci.image.config.v1+json")
-    manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-                "config": cfg, "layers": layers}
-    m = blob(dest, json.dumps(manifest).encode(), "application/vnd.oci.image.manifest.v1+json")
-    m["annotations"] = {"org.opencontainers.image.ref.name": tag}
-    with open(os.path.join(dest, "index.json"), "w") as f:
-        json.dump({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
-                   "manifests": [m]}, f)
-    print(m["digest"])
+    finish(dest, tag, config, layers)
 
 
 if __name__ == "__main__":

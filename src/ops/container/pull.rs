@@ -38,36 +38,6 @@ pub struct OciRequest {
     pub arch: String,
 }
 
-/// The image's program defaults, as a result shows them.
-#[derive(Debug, Clone, Serialize)]
-pub struct ImageConfig {
-    /// `NAME=value` pairs.
-    pub env: Vec<String>,
-    /// The working folder.
-    pub working_dir: String,
-    /// The user.
-    pub user: String,
-    /// The entrypoint.
-    pub entrypoint: Vec<String>,
-    /// The command.
-    pub cmd: Vec<String>,
-    /// Declared ports (`80/tcp`).
-    pub exposed_ports: Vec<String>,
-}
-
-impl From<RunConfig> for ImageConfig {
-    fn from(c: RunConfig) -> Self {
-        ImageConfig {
-            env: c.env,
-            working_dir: c.working_dir,
-            user: c.user,
-            entrypoint: c.entrypoint,
-            cmd: c.cmd,
-            exposed_ports: c.exposed_ports,
-        }
-    }
-}
-
 /// A container image made a root.
 #[derive(Debug, Clone, Serialize)]
 pub struct OciPulled {
@@ -96,7 +66,7 @@ pub struct OciPulled {
     /// Bytes downloaded from the registry (0 for a layout, or when the store held it all).
     pub downloaded: u64,
     /// The image's program defaults.
-    pub config: ImageConfig,
+    pub config: RunConfig,
     /// Entries left out (device nodes, fifos).
     pub skipped: Vec<String>,
 }
@@ -198,7 +168,7 @@ fn made_root(
         layers: image.layers.len(),
         cached: root.is_file(),
         downloaded,
-        config: image.config.clone().into(),
+        config: image.config.clone(),
         skipped: Vec::new(),
     };
     if !pulled.cached {
