@@ -85,6 +85,7 @@ fn slices(data: &[u8]) {
         pid: 7,
         command: "c".into(),
         ended: None,
+        native: nums[4] % 2 == 1,
     };
     let (o_end, e_end) = (o.start + o.data.len() as u64, e.start + e.data.len() as u64);
     let (o_size, e_size, o_start) = (o.size, e.size, o.start);
