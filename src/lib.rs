@@ -26,6 +26,7 @@ pub mod agent;
 pub mod b64;
 pub mod cli;
 pub mod clock;
+pub mod fuse;
 pub mod cloudinit;
 pub mod host;
 pub mod log;

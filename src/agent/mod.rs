@@ -9,6 +9,7 @@
 //!   they act on.
 //! - [`port`]: the virtio port and the serving loop; [`init`]: PID 1's set-up.
 //! - [`copy`]: the guest's side of the data channel's copies (`mcqemu-agent copy-*`).
+//! - [`mounts`]: the guest's side of host folders mounted into it (FUSE relays).
 
 pub mod commands;
 pub mod copy;
@@ -16,6 +17,7 @@ pub mod exec;
 pub mod files;
 pub mod init;
 pub mod json;
+pub mod mounts;
 pub mod output;
 pub mod port;
 pub mod reader;
@@ -31,11 +33,17 @@ const USAGE: &str = "usage: mcqemu-agent [--port DEVICE] [--init]
   /sys/class/virtio-ports unless --port names it). As PID 1 (or with --init) it also sets the
   guest up: file systems, modules, hostname, network, the power button.
        mcqemu-agent copy-out|copy-in|copy-free ARGS...
-  The guest's side of one copy over mcqemu's data channel (started by the host).";
+  The guest's side of one copy over mcqemu's data channel (started by the host).
+       mcqemu-agent fs-relay PORT-NAME
+  The guest's side of one host folder mounted into it (started by the host where the guest's
+  agent is qemu-ga; mcqemu-agent relays every mount port itself).";
 
 /// The agent's entry point; its exit status (PID 1 never returns).
 pub fn main(args: Vec<String>) -> i32 {
     if let Some(code) = args.first().and_then(|c| copy::main(c, &args[1..])) {
+        return code;
+    }
+    if let Some(code) = args.first().and_then(|c| mounts::main(c, &args[1..])) {
         return code;
     }
     let mut port: Option<PathBuf> = None;
@@ -74,6 +82,7 @@ pub fn main(args: Vec<String>) -> i32 {
         }
         init::setup(tx);
     }
+    mounts::watch();
     let mut agent = commands::Agent::new(is_init);
     eprintln!("mcqemu-agent: {} starting", commands::VERSION);
     let mut said = false;

@@ -7,6 +7,7 @@
 mod call;
 pub mod doctor;
 mod egress;
+mod fs_serve;
 mod view;
 
 use serde_json::Value;
@@ -26,6 +27,7 @@ USAGE:
                                         the live view of VM NAME for a browser: prints a
                                         local URL with a secret (--open starts the browser)
     mcqemu egress-proxy ...             (internal) one VM's egress proxy, started with it
+    mcqemu fs-serve ...                 (internal) one VM's mounted host folder, started with it
     mcqemu --version | --help
 
 EXIT STATUS (call): 0 success, 2 usage error; a tool error's kind (printed in brackets):
@@ -81,6 +83,7 @@ pub fn main(args: Vec<String>) -> i32 {
         Some("doctor") => doctor::run_doctor(),
         Some("view") => view::main(&args[1..]),
         Some("egress-proxy") => egress::main(&args[1..]),
+        Some("fs-serve") => fs_serve::main(&args[1..]),
         Some(other) => usage(&format!("unknown command {other:?}")),
     }
 }

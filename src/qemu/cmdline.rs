@@ -37,6 +37,9 @@ pub fn split_opts(s: &str) -> Vec<String> {
 /// The name the guest sees the data channel's port by (`/sys/class/virtio-ports/*/name`).
 pub const DATA_PORT: &str = "org.mcqemu.data.0";
 
+/// The names the guest sees mount ports by: the prefix and the mount's number.
+pub const MOUNT_PORT_PREFIX: &str = "org.mcqemu.fs.";
+
 /// The data channel's socket: beside the agent's, so every way a VM gets its runtime folder
 /// (a launch, a fork's copy, a resume, a clone) moves it along.
 pub fn data_socket(qga_socket: &std::path::Path) -> PathBuf {

@@ -1,0 +1,705 @@
+//! The file server: answers one FUSE request at a time from the guest's kernel, on the shared
+//! folder's nodes ([`super::nodes`]). Every file is reached relative to its folder's
+//! descriptor, one checked name at a time; a regular file is opened again through
+//! `/proc/self/fd` from its node (the way virtiofsd does), so no path is ever resolved. A
+//! read-only share refuses every change with EROFS; a writable one creates files as the host
+//! user, with no setuid, setgid or device files.
+
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::os::unix::io::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+use super::abi::{self, Attr, Cursor, InHeader, Reply};
+use super::nodes::{self, fstat, open_path, Nodes};
+
+/// The largest read or write the server takes (the kernel splits larger ones): 1 MiB, 256
+/// pages, so a big file moves in few round trips.
+pub const MAX_WRITE: u32 = 1 << 20;
+/// The largest request the guest may send (a write and its header).
+pub const MAX_REQUEST: usize = MAX_WRITE as usize + 4096;
+/// How long the guest's kernel may trust a name or attributes: a change made on the host is
+/// seen within this.
+const VALID: (u64, u32) = (0, 500_000_000);
+/// Most open files and folder listings at once.
+const MAX_HANDLES: usize = 65_536;
+/// Most entries a folder listing holds.
+const MAX_DIR_ENTRIES: usize = 1_000_000;
+
+/// A folder's entries as listed when the guest opened it.
+struct Listing {
+    fd: OwnedFd,
+    entries: Vec<(Vec<u8>, u64, u8)>,
+}
+
+/// One share's server.
+pub struct Server {
+    nodes: Nodes,
+    files: HashMap<u64, std::fs::File>,
+    dirs: HashMap<u64, Listing>,
+    next_fh: u64,
+    writable: bool,
+    /// The owner the guest sees for every file.
+    owner: (u32, u32),
+    /// DESTROY came: the guest unmounted the share.
+    ended: bool,
+}
+
+fn err(e: i32) -> io::Error {
+    io::Error::from_raw_os_error(e)
+}
+
+fn errno_of(e: &io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(libc::EIO)
+}
+
+fn rc(r: libc::c_int) -> io::Result<()> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// `/proc/self/fd/N`: reopens a node's inode without resolving any path inside the share.
+fn proc_path(fd: RawFd) -> CString {
+    CString::new(format!("/proc/self/fd/{fd}")).unwrap_or_default()
+}
+
+fn short() -> io::Error {
+    err(libc::EINVAL)
+}
+
+impl Server {
+    /// A server for the folder `root` (already opened, inside the roots), as `writable` asks,
+    /// showing its files as owned by `owner` in the guest.
+    pub fn new(root: OwnedFd, writable: bool, owner: (u32, u32)) -> io::Result<Server> {
+        Ok(Server {
+            nodes: Nodes::new(root)?,
+            files: HashMap::new(),
+            dirs: HashMap::new(),
+            next_fh: 1,
+            writable,
+            owner,
+            ended: false,
+        })
+    }
+
+    /// True once the guest's kernel sent DESTROY (the share was unmounted).
+    pub fn ended(&self) -> bool {
+        self.ended
+    }
+
+    /// How many nodes the guest holds (for tests and the status file).
+    pub fn node_count(&self) -> usize {
+        self.nodes.count()
+    }
+
+    /// Answers one request (a whole message as the guest's kernel wrote it); None for the
+    /// requests that take no answer (FORGET, INTERRUPT) and for garbage too short to answer.
+    pub fn handle(&mut self, msg: &[u8]) -> Option<Vec<u8>> {
+        let h = InHeader::parse(msg)?;
+        let body = msg.get(abi::IN_HEADER..(h.len as usize).min(msg.len()))?;
+        match h.opcode {
+            abi::FORGET => {
+                let n = Cursor::new(body).u64().unwrap_or(0);
+                self.nodes.forget(h.nodeid, n);
+                None
+            }
+            abi::BATCH_FORGET => {
+                self.batch_forget(body);
+                None
+            }
+            abi::INTERRUPT => None,
+            _ => Some(match self.dispatch(&h, body) {
+                Ok(reply) => reply,
+                Err(e) => Reply::error(h.unique, errno_of(&e)),
+            }),
+        }
+    }
+
+    fn batch_forget(&mut self, body: &[u8]) {
+        let mut c = Cursor::new(body);
+        let count = c.u32().unwrap_or(0);
+        c.u32();
+        for _ in 0..count {
+            match (c.u64(), c.u64()) {
+                (Some(id), Some(n)) => self.nodes.forget(id, n),
+                _ => break,
+            }
+        }
+    }
+
+    fn dispatch(&mut self, h: &InHeader, body: &[u8]) -> io::Result<Vec<u8>> {
+        let mut c = Cursor::new(body);
+        let u = h.unique;
+        match h.opcode {
+            abi::INIT => self.init(u, &mut c),
+            abi::DESTROY => {
+                self.ended = true;
+                Ok(Reply::ok(u).finish())
+            }
+            abi::LOOKUP => {
+                let name = nodes::name(c.cstr().ok_or_else(short)?)?;
+                let (id, st) = self.nodes.lookup(h.nodeid, &name)?;
+                Ok(self.entry(u, id, &st))
+            }
+            abi::GETATTR => {
+                let st = fstat(self.nodes.get(h.nodeid)?.fd.as_raw_fd())?;
+                Ok(self.attr_out(u, &st))
+            }
+            abi::SETATTR => self.setattr(u, h.nodeid, &mut c),
+            abi::READLINK => self.readlink(u, h.nodeid),
+            abi::OPEN => self.open(u, h.nodeid, &mut c),
+            abi::READ => self.read(u, &mut c),
+            abi::WRITE => self.write(u, &mut c),
+            abi::RELEASE => {
+                let fh = c.u64().ok_or_else(short)?;
+                self.files.remove(&fh);
+                Ok(Reply::ok(u).finish())
+            }
+            abi::FLUSH | abi::FSYNCDIR => Ok(Reply::ok(u).finish()),
+            abi::FSYNC => self.fsync(u, &mut c),
+            abi::OPENDIR => self.opendir(u, h.nodeid),
+            abi::READDIR => self.readdir(u, &mut c, false),
+            abi::READDIRPLUS => self.readdir(u, &mut c, true),
+            abi::RELEASEDIR => {
+                let fh = c.u64().ok_or_else(short)?;
+                self.dirs.remove(&fh);
+                Ok(Reply::ok(u).finish())
+            }
+            abi::STATFS => self.statfs(u),
+            abi::CREATE => self.create(u, h.nodeid, &mut c),
+            abi::MKNOD => self.mknod(u, h.nodeid, &mut c),
+            abi::MKDIR => self.mkdir(u, h.nodeid, &mut c),
+            abi::SYMLINK => self.symlink(u, h.nodeid, &mut c),
+            abi::LINK => self.link(u, h.nodeid, &mut c),
+            abi::UNLINK | abi::RMDIR => self.remove(u, h, &mut c),
+            abi::RENAME => self.rename(u, h.nodeid, &mut c, false),
+            abi::RENAME2 => self.rename(u, h.nodeid, &mut c, true),
+            abi::FALLOCATE => self.fallocate(u, &mut c),
+            // Locks stay in the guest's kernel (not asked for at INIT); xattrs, ioctls, polls,
+            // lseek, copy_file_range and the rest: the kernel falls back or reports them
+            // unsupported once, then stops asking.
+            _ => Err(err(libc::ENOSYS)),
+        }
+    }
+
+    fn init(&mut self, u: u64, c: &mut Cursor) -> io::Result<Vec<u8>> {
+        let major = c.u32().ok_or_else(short)?;
+        let minor = c.u32().ok_or_else(short)?;
+        let readahead = c.u32().ok_or_else(short)?;
+        let flags = c.u32().ok_or_else(short)?;
+        let mut r = Reply::ok(u);
+        if major > abi::MAJOR {
+            // The kernel asks again with ours.
+            r.u32(abi::MAJOR).u32(abi::MINOR);
+            return Ok(r.finish());
+        }
+        if major < abi::MAJOR || minor < 23 {
+            return Err(err(libc::EPROTO));
+        }
+        let want = abi::ASYNC_READ
+            | abi::ATOMIC_O_TRUNC
+            | abi::BIG_WRITES
+            | abi::AUTO_INVAL_DATA
+            | abi::DO_READDIRPLUS
+            | abi::PARALLEL_DIROPS
+            | abi::MAX_PAGES
+            | abi::CACHE_SYMLINKS;
+        r.u32(abi::MAJOR).u32(abi::MINOR.min(minor)).u32(readahead);
+        r.u32(flags & want);
+        r.u16(16).u16(12); // max_background, congestion_threshold
+        r.u32(MAX_WRITE).u32(1); // max_write, time_gran (1 ns)
+        r.u16((MAX_WRITE / 4096) as u16).u16(0).u32(0);
+        r.bytes(&[0u8; 28]);
+        Ok(r.finish())
+    }
+
+    fn entry(&self, u: u64, id: u64, st: &libc::stat) -> Vec<u8> {
+        let mut r = Reply::ok(u);
+        r.entry(id, VALID, &Attr::from_stat(st), self.owner);
+        r.finish()
+    }
+
+    fn attr_out(&self, u: u64, st: &libc::stat) -> Vec<u8> {
+        let mut r = Reply::ok(u);
+        r.u64(VALID.0).u32(VALID.1).u32(0);
+        r.attr(&Attr::from_stat(st), self.owner.0, self.owner.1);
+        r.finish()
+    }
+
+    fn need_writable(&self) -> io::Result<()> {
+        if self.writable {
+            Ok(())
+        } else {
+            Err(err(libc::EROFS))
+        }
+    }
+
+    fn node_fd(&self, id: u64) -> io::Result<(RawFd, u32)> {
+        let n = self.nodes.get(id)?;
+        Ok((n.fd.as_raw_fd(), n.kind))
+    }
+
+    /// Opens regular file node `id` afresh with `flags` (checked by the caller).
+    fn reopen(&self, id: u64, flags: i32) -> io::Result<std::fs::File> {
+        let (fd, kind) = self.node_fd(id)?;
+        if kind != libc::S_IFREG {
+            return Err(err(if kind == libc::S_IFDIR {
+                libc::EISDIR
+            } else {
+                libc::EACCES
+            }));
+        }
+        let path = proc_path(fd);
+        // SAFETY: a NUL-terminated path; the result is owned below.
+        let f = unsafe { libc::open(path.as_ptr(), flags | libc::O_CLOEXEC) };
+        if f < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: just opened, owned by nobody else.
+        Ok(unsafe { std::fs::File::from_raw_fd(f) })
+    }
+
+    /// The open flags a guest may ask for, checked against a read-only share.
+    fn open_flags(&self, flags: u32) -> io::Result<i32> {
+        let flags = flags as i32;
+        let acc = flags & libc::O_ACCMODE;
+        if !self.writable && (acc != libc::O_RDONLY || flags & libc::O_TRUNC != 0) {
+            return Err(err(libc::EROFS));
+        }
+        Ok(acc | (flags & (libc::O_APPEND | libc::O_TRUNC | libc::O_NONBLOCK)))
+    }
+
+    fn add_file(&mut self, f: std::fs::File) -> io::Result<u64> {
+        if self.files.len() + self.dirs.len() >= MAX_HANDLES {
+            return Err(err(libc::EMFILE));
+        }
+        let fh = self.next_fh;
+        self.next_fh += 1;
+        self.files.insert(fh, f);
+        Ok(fh)
+    }
+
+    fn file(&self, fh: u64) -> io::Result<&std::fs::File> {
+        self.files.get(&fh).ok_or_else(|| err(libc::EBADF))
+    }
+
+    fn open(&mut self, u: u64, id: u64, c: &mut Cursor) -> io::Result<Vec<u8>> {
+        let flags = self.open_flags(c.u32().ok_or_else(short)?)?;
+        let f = self.reopen(id, flags)?;
+        let fh = self.add_file(f)?;
+        let mut r = Reply::ok(u);
+        r.u64(fh).u32(0).u32(0);
+        Ok(r.finish())
+    }
+
+    fn read(&mut self, u: u64, c: &mut Cursor) -> io::Result<Vec<u8>> {
+        let fh = c.u64().ok_or_else(short)?;
+        let offset = c.u64().ok_or_else(short)?;
+        let size = c.u32().ok_or_else(short)?.min(MAX_WRITE) as usize;
+        let f = self.file(fh)?;
+        let mut r = Reply::ok(u);
+        let start = r.buf.len();
+        r.buf.resize(start + size, 0);
+        let mut got = 0;
+        while got < size {
+            match f.read_at(&mut r.buf[start + got..], offset + got as u64) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        r.buf.truncate(start + got);
+        Ok(r.finish())
+    }
+
+    fn write(&mut self, u: u64, c: &mut Cursor) -> io::Result<Vec<u8>> {
+        self.need_writable()?;
+        let fh = c.u64().ok_or_else(short)?;
+        let offset = c.u64().ok_or_else(short)?;
+        let size = c.u32().ok_or_else(short)? as usize;
+        c.take(20).ok_or_else(short)?; // write_flags, lock_owner, flags, padding
+        let data = c.take(size).ok_or_else(short)?;
+        self.file(fh)?.write_all_at(data, offset)?;
+        let mut r = Reply::ok(u);
+        r.u32(size as u32).u32(0);
+        Ok(r.finish())
+    }
+
+    fn fsync(&mut self, u: u64, c: &mut Cursor) -> io::Result<Vec<u8>> {
+        let fh = c.u64().ok_or_else(short)?;
+        let flags = c.u32().ok_or_else(short)?;
+        let f = self.file(fh)?;
+        if flags & abi::FSYNC_DATASYNC != 0 {
+            f.sync_data()?;
+        } else {
+            f.sync_all()?;
+        }
+        Ok(Reply::ok(u).finish())
+    }
+
+    fn fallocate(&mut self, u: u64, c: &mut Cursor) -> io::Result<Vec<u8>> {
+        self.need_writable()?;
+        let fh = c.u64().ok_or_else(short)?;
+        let offset = c.u64().ok_or_else(short)? as i64;
+        let length = c.u64().ok_or_else(short)? as i64;
+        let mode = c.u32().ok_or_else(short)? as i32;
+        let fd = self.file(fh)?.as_raw_fd();
+        // SAFETY: an open descriptor; the kernel checks the range and mode.
+        rc(unsafe { libc::fallocate(fd, mode, offset, length) })?;
+        Ok(Reply::ok(u).finish())
+    }
+
+    fn readlink(&mut self, u: u64, id: u64) -> io::Result<Vec<u8>> {
+        let (fd, kind) = self.node_fd(id)?;
+        if kind != libc::S_IFLNK {
+            return Err(err(libc::EINVAL));
+        }
+        let mut buf = vec![0u8; 4096];
+        // SAFETY: an O_PATH symlink descriptor with an empty path reads that link itself.
+        let n = unsafe { libc::readlinkat(fd, c"".as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut r = Reply::ok(u);
+        r.bytes(&buf[..n as usize]);
+        Ok(r.finish())
+    }
+
+    fn opendir(&mut self, u: u64, id: u64) -> io::Result<Vec<u8>> {
+        let dir = self.nodes.dir(id)?;
+        let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+        // SAFETY: a folder descriptor and a NUL-terminated name.
+        let fd = unsafe { libc::openat(dir, c".".as_ptr(), flags) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: just opened, owned by nobody else.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let entries = list(fd.as_raw_fd())?;
+        if self.files.len() + self.dirs.len() >= MAX_HANDLES {
+            return Err(err(libc::EMFILE));
+        }
+        let fh = self.next_fh;
+        self.next_fh += 1;
+        self.dirs.insert(fh, Listing { fd, entries });
+        let mut r = Reply::ok(u);
+        r.u64(fh).u32(0).u32(0);
+        Ok(r.finish())
+    }
+
+    fn readdir(&mut self, u: u64, c: &mut Cursor, plus: bool) -> io::Result<Vec<u8>> {
+        let fh = c.u64().ok_or_else(short)?;
+        let offset = c.u64().ok_or_else(short)? as usize;
+        let size = c.u32().ok_or_else(short)?.min(MAX_WRITE) as usize;
+        let listing = self.dirs.get(&fh).ok_or_else(|| err(libc::EBADF))?;
+        let dirfd = listing.fd.as_raw_fd();
+        let mut r = Reply::ok(u);
+        let limit = abi::OUT_HEADER + size;
+        let mut i = offset;
+        while let Some((name, ino, kind)) = self.dirs.get(&fh).and_then(|l| l.entries.get(i)) {
+            let (name, ino, kind) = (name.clone(), *ino, *kind);
+            let base = if plus { abi::ENTRY_OUT } else { 0 };
+            let rec = (base + 24 + name.len()).div_ceil(8) * 8;
+            if r.buf.len() + rec > limit {
+                break;
+            }
+            i += 1;
+            if plus {
+                let dot = name == b"." || name == b"..";
+                let held = if dot {
+                    None
+                } else {
+                    self.plus_lookup(dirfd, &name)
+                };
+                match held {
+                    Some((id, st)) => r.entry(id, VALID, &Attr::from_stat(&st), self.owner),
+                    None if dot => r.entry(0, (0, 0), &Attr::default(), self.owner),
+                    None => continue, // gone since the listing
+                }
+            }
+            r.u64(ino).u64(i as u64).u32(name.len() as u32).u32(kind as u32);
+            r.bytes(&name).pad8();
+        }
+        Ok(r.finish())
+    }
+
+    /// READDIRPLUS's lookup of one entry (the kernel counts it as a lookup held).
+    fn plus_lookup(&mut self, dirfd: RawFd, name: &[u8]) -> Option<(u64, libc::stat)> {
+        let name = nodes::name(name).ok()?;
+        let fd = open_path(dirfd, &name).ok()?;
+        let st = fstat(fd.as_raw_fd()).ok()?;
+        let id = self.nodes.hold(fd, &st).ok()?;
+        Some((id, st))
+    }
+
+    fn statfs(&mut self, u: u64) -> io::Result<Vec<u8>> {
+        let (fd, _) = self.node_fd(abi::ROOT_ID)?;
+        // SAFETY: zeroed statvfs is valid; fstatvfs fills it.
+        let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+        // SAFETY: an open descriptor and a valid out-pointer.
+        rc(unsafe { libc::fstatvfs(fd, &mut s) })?;
+        let mut r = Reply::ok(u);
+        r.u64(s.f_blocks as u64)
+            .u64(s.f_bfree as u64)
+            .u64(s.f_bavail as u64);
+        r.u64(s.f_files as u64).u64(s.f_ffree as u64);
+        r.u32(s.f_bsize as u32)
+            .u32(s.f_namemax as u32)
+            .u32(s.f_frsize as u32);
+        r.u32(0).bytes(&[0u8; 24]);
+        Ok(r.finish())
+    }
+
+    /// A name in folder `parent` that the guest wants to create.
+    fn new_name(&self, parent: u64, c: &mut Cursor) -> io::Result<(RawFd, CString)> {
+        self.need_writable()?;
+        let dir = self.nodes.dir(parent)?;
+        Ok((dir, nodes::name(c.cstr().ok_or_else(short)?)?))
+    }
+
+    fn lookup_new(&mut self, u: u64, parent: u64, name: &CString) -> io::Result<Vec<u8>> {
+        let (id, st) = self.nodes.lookup(parent, name)?;
+        Ok(self.entry(u, id, &st))
+    }
+
+    fn create(&mut self, u: u64, parent: u64, c: &mut Cursor) -> io::Result<Vec<u8>> {
+        let flags = c.u32().ok_or_else(short)?;
+        let mode = c.u32().ok_or_else(short)? & 0o777;
+        c.take(8).ok_or_else(short)?; // umask (applied by the kernel), open_flags
+        let (dir, name) = self.new_name(parent, c)?;
+        let flags = self.open_flags(flags)? | (flags as i32 & libc::O_EXCL);
+        let all = flags | libc::O_CREAT | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+        // SAFETY: a folder descriptor and a NUL-terminated name; owned below.
+        let fd = unsafe { libc::openat(dir, name.as_ptr(), all, mode) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: just opened, owned by nobody else.
+        let file = unsafe { std::fs::File::from_raw_fd(fd) };
+        let (id, st) = self.nodes.lookup(parent, &name)?;
+        let fh = self.add_file(file)?;
+        let mut r = Reply::ok(u);
+        r.entry(id, VALID, &Attr::from_stat(&st), self.owner);
+        r.u64(fh).u32(0).u32(0);
+        Ok(r.finish())
+    }
+
+    fn mknod(&mut self, u: u64, parent: u64, c: &mut Cursor) -> io::Result<Vec<u8>> {
+        let mode = c.u32().ok_or_else(short)?;
+        c.take(12).ok_or_else(short)?; // rdev, umask, padding
+        let (dir, name) = self.new_name(parent, c)?;
+        let kind = mode & libc::S_IFMT;
+        if ![libc::S_IFREG, libc::S_IFIFO, libc::S_IFSOCK].contains(&kind) {
+            return Err(err(libc::EPERM)); // no device files on the host
+        }
+        // SAFETY: a folder descriptor and a NUL-terminated name.
+        rc(unsafe { libc::mknodat(dir, name.as_ptr(), kind | (mode & 0o777), 0) })?;
+        self.lookup_new(u, parent, &name)
+    }
+
+    fn mkdir(&mut self, u: u64, parent: u64, c: &mut Cursor) -> io::Result<Vec<u8>> {
+        let mode = c.u32().ok_or_else(short)? & 0o1777;
+        c.take(4).ok_or_else(short)?;
+        let (dir, name) = self.new_name(parent, c)?;
+        // SAFETY: a folder descriptor and a NUL-terminated name.
+        rc(unsafe { libc::mkdirat(dir, name.as_ptr(), mode) })?;
+        self.lookup_new(u, parent, &name)
+    }
+
+    fn symlink(&mut self, u: u64, parent: u64, c: &mut Cursor) -> io::Result<Vec<u8>> {
+        let (dir, name) = self.new_name(parent, c)?;
+        let target = c.cstr().ok_or_else(short)?;
+        if target.is_empty() || target.len() > 4095 {
+            return Err(err(libc::EINVAL));
+        }
+        let target = CString::new(target).map_err(|_| short())?;
+        // SAFETY: NUL-terminated strings and a folder descriptor. The link is written as
+        // given and never followed by the server.
+        rc(unsafe { libc::symlinkat(target.as_ptr(), dir, name.as_ptr()) })?;
+        self.lookup_new(u, parent, &name)
+    }
+
+    fn link(&mut self, u: u64, parent: u64, c: &mut Cursor) -> io::Result<Vec<u8>> {
+        let old = c.u64().ok_or_else(short)?;
+        let (dir, name) = self.new_name(parent, c)?;
+        let (fd, kind) = self.node_fd(old)?;
+        if kind != libc::S_IFREG {
+            return Err(err(libc::EPERM));
+        }
+        let path = proc_path(fd);
+        // SAFETY: NUL-terminated paths and a folder descriptor; the source is a regular file
+        // node of this share, reached through its descriptor.
+        rc(unsafe {
+            libc::linkat(
+                libc::AT_FDCWD,
+                path.as_ptr(),
+                dir,
+                name.as_ptr(),
+                libc::AT_SYMLINK_FOLLOW,
+            )
+        })?;
+        self.lookup_new(u, parent, &name)
+    }
+
+    fn remove(&mut self, u: u64, h: &InHeader, c: &mut Cursor) -> io::Result<Vec<u8>> {
+        let (dir, name) = self.new_name(h.nodeid, c)?;
+        let flag = if h.opcode == abi::RMDIR {
+            libc::AT_REMOVEDIR
+        } else {
+            0
+        };
+        // SAFETY: a folder descriptor and a NUL-terminated name.
+        rc(unsafe { libc::unlinkat(dir, name.as_ptr(), flag) })?;
+        Ok(Reply::ok(u).finish())
+    }
+
+    fn rename(&mut self, u: u64, parent: u64, c: &mut Cursor, two: bool) -> io::Result<Vec<u8>> {
+        let newdir = c.u64().ok_or_else(short)?;
+        let flags = if two {
+            let f = c.u32().ok_or_else(short)?;
+            c.u32().ok_or_else(short)?;
+            f
+        } else {
+            0
+        };
+        // RENAME_NOREPLACE and RENAME_EXCHANGE only: RENAME_WHITEOUT makes a device file.
+        if flags & !3 != 0 {
+            return Err(err(libc::EINVAL));
+        }
+        let (dir, old) = self.new_name(parent, c)?;
+        let new = nodes::name(c.cstr().ok_or_else(short)?)?;
+        let to = self.nodes.dir(newdir)?;
+        // SAFETY: folder descriptors and NUL-terminated names, both within the share.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_renameat2,
+                dir,
+                old.as_ptr(),
+                to,
+                new.as_ptr(),
+                flags,
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Reply::ok(u).finish())
+    }
+
+    fn setattr(&mut self, u: u64, id: u64, c: &mut Cursor) -> io::Result<Vec<u8>> {
+        let valid = c.u32().ok_or_else(short)?;
+        c.u32();
+        let fh = c.u64().ok_or_else(short)?;
+        let size = c.u64().ok_or_else(short)?;
+        c.u64(); // lock_owner
+        let atime = c.u64().ok_or_else(short)?;
+        let mtime = c.u64().ok_or_else(short)?;
+        c.u64(); // ctime
+        let atimensec = c.u32().ok_or_else(short)?;
+        let mtimensec = c.u32().ok_or_else(short)?;
+        c.u32(); // ctimensec
+        let mode = c.u32().ok_or_else(short)?;
+        let changes = FATTR_CHANGES & valid;
+        if changes != 0 {
+            self.need_writable()?;
+        }
+        let (fd, kind) = self.node_fd(id)?;
+        let path = proc_path(fd);
+        if valid & abi::FATTR_MODE != 0 && kind != libc::S_IFLNK {
+            let keep = if kind == libc::S_IFDIR { 0o1777 } else { 0o777 };
+            // SAFETY: a NUL-terminated path to the node's own inode (not a symlink).
+            rc(unsafe { libc::chmod(path.as_ptr(), mode & keep) })?;
+        }
+        if valid & abi::FATTR_SIZE != 0 {
+            match self.files.get(&fh).filter(|_| valid & abi::FATTR_FH != 0) {
+                Some(f) => f.set_len(size)?,
+                None => self.reopen(id, libc::O_WRONLY)?.set_len(size)?,
+            }
+        }
+        let times = abi::FATTR_ATIME | abi::FATTR_MTIME;
+        if valid & times != 0 && kind != libc::S_IFLNK {
+            let ts = |set: bool, now: bool, s: u64, ns: u32| libc::timespec {
+                tv_sec: s as libc::time_t,
+                tv_nsec: if now {
+                    libc::UTIME_NOW
+                } else if set {
+                    ns.min(999_999_999) as _
+                } else {
+                    libc::UTIME_OMIT
+                },
+            };
+            let t = [
+                ts(
+                    valid & abi::FATTR_ATIME != 0,
+                    valid & abi::FATTR_ATIME_NOW != 0,
+                    atime,
+                    atimensec,
+                ),
+                ts(
+                    valid & abi::FATTR_MTIME != 0,
+                    valid & abi::FATTR_MTIME_NOW != 0,
+                    mtime,
+                    mtimensec,
+                ),
+            ];
+            // SAFETY: a NUL-terminated path to the node's inode and two timespecs.
+            rc(unsafe { libc::utimensat(libc::AT_FDCWD, path.as_ptr(), t.as_ptr(), 0) })?;
+        }
+        // Owners (FATTR_UID/GID) are not changed: files on the host stay the host user's.
+        let st = fstat(fd)?;
+        Ok(self.attr_out(u, &st))
+    }
+}
+
+/// The SETATTR changes a read-only share refuses (owners are ignored, not refused).
+const FATTR_CHANGES: u32 = abi::FATTR_MODE | abi::FATTR_SIZE | abi::FATTR_ATIME | abi::FATTR_MTIME;
+
+/// Lists the folder open on `fd` (rewound first): names, inode numbers, `d_type`s.
+fn list(fd: RawFd) -> io::Result<Vec<(Vec<u8>, u64, u8)>> {
+    // SAFETY: a duplicate for fdopendir, which takes ownership of it and closes it in closedir.
+    let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+    if dup < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `dup` is an open folder descriptor; on failure it is still ours to close.
+    let d = unsafe { libc::fdopendir(dup) };
+    if d.is_null() {
+        let e = io::Error::last_os_error();
+        // SAFETY: fdopendir failed, so `dup` is still ours.
+        unsafe { libc::close(dup) };
+        return Err(e);
+    }
+    // SAFETY: a valid DIR stream, rewound so a listing always starts at the beginning.
+    unsafe { libc::rewinddir(d) };
+    let mut out = Vec::new();
+    let result = loop {
+        // SAFETY: a valid DIR stream; the entry is read before the next call.
+        let e = unsafe { libc::readdir(d) };
+        if e.is_null() {
+            break Ok(());
+        }
+        if out.len() >= MAX_DIR_ENTRIES {
+            break Err(err(libc::EOVERFLOW));
+        }
+        // SAFETY: readdir returned a valid entry whose name is NUL-terminated.
+        let (name, ino, kind) = unsafe {
+            let e = &*e;
+            (
+                std::ffi::CStr::from_ptr(e.d_name.as_ptr())
+                    .to_bytes()
+                    .to_vec(),
+                e.d_ino,
+                e.d_type,
+            )
+        };
+        out.push((name, ino, kind));
+    };
+    // SAFETY: the stream is closed once (it closes `dup`).
+    unsafe { libc::closedir(d) };
+    result.map(|_| out)
+}

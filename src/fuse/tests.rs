@@ -1,0 +1,169 @@
+//! The file server and the guest's relay against this host's own kernel: a real FUSE mount
+//! (root and /dev/fuse needed; skipped otherwise), the two joined by a socket pair in place of
+//! the virtio port. The same checks run in real guests in `tests/it/mounts.rs`.
+
+use std::fs::File;
+use std::os::unix::io::OwnedFd;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use super::helper::{serve_on, Config};
+
+struct Mounted {
+    dir: PathBuf,
+    mnt: PathBuf,
+    share: PathBuf,
+    host_end: UnixStream,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+fn can_mount() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    root && Path::new("/dev/fuse").exists()
+}
+
+fn mount(tag: &str, writable: bool) -> Mounted {
+    let dir = std::env::temp_dir().join(format!("mcqemu-fusetest-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (share, mnt) = (dir.join("share"), dir.join("mnt"));
+    std::fs::create_dir_all(&share).unwrap();
+    std::fs::create_dir_all(&mnt).unwrap();
+    std::fs::write(dir.join("outside"), b"secret").unwrap();
+    std::fs::write(share.join("hello.txt"), b"hello from the host\n").unwrap();
+    let (a, b) = UnixStream::pair().unwrap();
+    let host_end = a.try_clone().unwrap();
+    let c = Config {
+        socket: dir.join("unused.sock"),
+        guest: mnt.to_string_lossy().into_owned(),
+        writable,
+        status: dir.join("status.json"),
+    };
+    let root = OwnedFd::from(File::open(&share).unwrap());
+    let host = std::thread::spawn(move || {
+        let _ = serve_on(a, &c, &root);
+    });
+    let guest = std::thread::spawn(move || {
+        let _ = crate::agent::mounts::relay_on(File::from(OwnedFd::from(b)));
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = std::fs::read_to_string(dir.join("status.json")).unwrap_or_default();
+        if s.contains("\"mounted\"") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never mounted: {s}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Mounted {
+        dir,
+        mnt,
+        share,
+        host_end,
+        threads: vec![host, guest],
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let p = std::ffi::CString::new(self.mnt.to_string_lossy().as_bytes()).unwrap();
+        // SAFETY: a NUL-terminated path.
+        unsafe { libc::umount2(p.as_ptr(), libc::MNT_DETACH) };
+        let _ = self.host_end.shutdown(std::net::Shutdown::Both);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn sh(dir: &Path, script: &str) -> (bool, String) {
+    let o = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    (o.status.success(), text)
+}
+
+#[test]
+fn a_read_only_share_reads_and_refuses_every_change() {
+    if !can_mount() {
+        eprintln!("skipped: needs root and /dev/fuse");
+        return;
+    }
+    let m = mount("ro", false);
+    let got = std::fs::read_to_string(m.mnt.join("hello.txt")).unwrap();
+    assert_eq!(got, "hello from the host\n");
+    for script in [
+        "echo x > new.txt",
+        "echo x >> hello.txt",
+        "mkdir d",
+        "rm hello.txt",
+        "mv hello.txt h2",
+        "chmod 777 hello.txt",
+        "ln -s /etc link",
+    ] {
+        let (ok, out) = sh(&m.mnt, script);
+        assert!(!ok, "{script} worked on a read-only share: {out}");
+    }
+    assert_eq!(
+        std::fs::read_dir(&m.share).unwrap().count(),
+        1,
+        "the share changed"
+    );
+    // A host change is seen within a second.
+    std::fs::write(m.share.join("hello.txt"), b"changed\n").unwrap();
+    std::fs::write(m.share.join("later.txt"), b"new\n").unwrap();
+    std::thread::sleep(Duration::from_millis(1000));
+    assert_eq!(
+        std::fs::read_to_string(m.mnt.join("hello.txt")).unwrap(),
+        "changed\n"
+    );
+    assert!(m.mnt.join("later.txt").exists());
+}
+
+#[test]
+fn a_writable_share_keeps_the_guest_inside_it() {
+    if !can_mount() {
+        eprintln!("skipped: needs root and /dev/fuse");
+        return;
+    }
+    let m = mount("rw", true);
+    let (ok, out) = sh(
+        &m.mnt,
+        "set -e; echo data > f; mkdir -p a/b; mv f a/b/g; cat a/b/g; ln -s ../../outside esc; \
+         ln a/b/g hard; chmod 4755 a/b/g; ls -la",
+    );
+    assert!(ok, "{out}");
+    assert_eq!(std::fs::read_to_string(m.share.join("a/b/g")).unwrap(), "data\n");
+    // Escapes: the symlink is stored as a symlink and never followed by the server; its
+    // target outside is untouched. `..` at the root stays at the root (the guest's kernel).
+    let (_, out) = sh(&m.mnt, "echo pwned > esc; cat esc; cat ../outside 2>&1");
+    assert_eq!(std::fs::read_to_string(m.dir.join("outside")).unwrap(), "secret", "{out}");
+    // No setuid bit reaches the host; no device file can be made.
+    let mode = std::fs::metadata(m.share.join("a/b/g")).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(mode.permissions().mode() & 0o7000, 0);
+    let (ok, _) = sh(&m.mnt, "mknod dev c 1 3");
+    assert!(!ok && !m.share.join("dev").exists());
+    // A hard link within the share works; one to a file outside cannot be named.
+    assert!(m.share.join("hard").exists());
+    // git works in the share.
+    if sh(&m.mnt, "command -v git").0 {
+        let (ok, out) = sh(
+            &m.mnt,
+            "set -e; git init -q repo; cd repo; echo hi > x; git add x; \
+             git -c user.email=t@t -c user.name=t commit -qm one; git log --oneline; git status --short",
+        );
+        assert!(ok, "{out}");
+        assert!(m.share.join("repo/.git/HEAD").exists());
+    }
+}
