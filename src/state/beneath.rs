@@ -102,6 +102,11 @@ impl Dir {
         Ok(Dir { fd: cur })
     }
 
+    /// The folder's `O_PATH` descriptor, for a server that works relative to it.
+    pub fn into_fd(self) -> OwnedFd {
+        self.fd
+    }
+
     /// Creates `name` in this folder for writing; fails if it exists or is a symlink.
     pub fn create_new(&self, name: &OsStr) -> io::Result<File> {
         let flags =

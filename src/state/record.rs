@@ -173,6 +173,24 @@ lenient! {
         clock_warning: String,
         /// Why its guest's random generator could not be reseeded.
         reseed_warning: String,
+        /// Host folders mounted into it, in the order they were added.
+        mounts: Vec<Mount>,
+    }
+}
+
+lenient! {
+    /// A host folder mounted into a VM (served by `mcqemu fs-serve` over a port of its own).
+    pub struct Mount {
+        /// Its number: the port is `org.mcqemu.fs.N`, QEMU's ids `mcq-fsN`.
+        id: u32,
+        /// The host folder, resolved when the mount was made.
+        host: String,
+        /// Where the guest sees it.
+        guest: String,
+        /// Writes allowed.
+        writable: bool,
+        /// The file server's PID.
+        server_pid: i32,
     }
 }
 

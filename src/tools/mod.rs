@@ -29,6 +29,7 @@ pub static ALL: &[ToolDef] = &[
     vm::inspect::LIST,
     vm::inspect::INFO,
     vm::forward::FORWARD,
+    vm::mount::MOUNT,
     vm::snapshot::CREATE,
     vm::snapshot::RESTORE,
     vm::snapshot::DELETE,

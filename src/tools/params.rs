@@ -12,6 +12,7 @@ use crate::ops::vm::checks::Access;
 use crate::ops::vm::egress::{Rule, MAX_RULES};
 use crate::ops::vm::launch::{ARCHES, DEFAULT_CPUS, DEFAULT_FIRMWARE, DEFAULT_MEMORY_MB};
 use crate::ops::vm::launch_args::{egress_rules, LaunchArgs};
+use crate::ops::vm::mounts::{MountSpec, MAX_MOUNTS};
 
 /// A path parameter, checked against the roots for `access` and resolved (every symlink and
 /// `..`): the tool must use the returned path from then on, never the text it was given.
@@ -62,6 +63,48 @@ pub fn launch_args(args: &Args) -> Result<LaunchArgs, ToolError> {
         cloud_init: args.get("cloud_init").cloned(),
         egress,
         seed_files: Vec::new(),
+        mounts: mounts_arg(args, "mounts")?,
+    })
+}
+
+/// Parameter `key`: host folders for the guest, as [`mounts_schema`] describes them.
+pub fn mounts_arg(args: &Args, key: &str) -> Result<Vec<MountSpec>, ToolError> {
+    match args.get(key) {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(v) => serde_json::from_value(v.clone()).map_err(|e| {
+            ToolError::new(format!(
+                "{key}: {e}; give a list of {{\"host\": FOLDER, \"guest\": PATH, \"writable\": false}}"
+            ))
+        }),
+    }
+}
+
+/// The `mounts` parameter of launch_vm, sandbox_vm, template_create and vm_mount's `add`.
+pub fn mounts_schema() -> Value {
+    json!({
+        "type": "array",
+        "maxItems": MAX_MOUNTS,
+        "items": {
+            "type": "object",
+            "properties": {
+                "host": {"type": "string", "minLength": 1,
+                         "description": "A host folder inside the roots (~ allowed)."},
+                "guest": {"type": "string", "minLength": 2,
+                          "description": "Where the guest sees it, e.g. /src."},
+                "writable": {"type": "boolean", "default": false,
+                             "description": "Let the guest change it (read-only unless true)."}
+            },
+            "required": ["host", "guest"],
+            "additionalProperties": false
+        },
+        "description": "Host folders mounted live into the guest (a FUSE file server on the \
+            host, over a virtio port: the guest needs fuse.ko only). Read-only unless \
+            writable; the guest never reaches outside the folder; files it creates are the \
+            host user's, never setuid or devices. A host change shows in the guest within a \
+            second; a guest write is on the host when the call that made it returns. A guest \
+            running mcqemu-agent mounts them as it boots; with qemu-ga, sandbox_vm mounts them \
+            once the agent answers (launch_vm: in the background, or call vm_mount {name}). \
+            Forks, suspends and templates refuse a VM with mounts (vm_mount remove first)."
     })
 }
 
@@ -203,7 +246,8 @@ pub fn launch_props() -> Value {
             "type": "string",
             "description": "Direct kernel boot: kernel command line."
         },
-        "cloud_init": cloud_init_schema()
+        "cloud_init": cloud_init_schema(),
+        "mounts": mounts_schema()
     })
 }
 
@@ -299,6 +343,7 @@ pub fn sandbox_props() -> Value {
         "firmware": firmware_schema(),
         "disk_size": disk_size_schema(),
         "cloud_init": cloud_init_schema(),
+        "mounts": mounts_schema(),
         "wait_cloud_init": {
             "type": "boolean", "default": false,
             "description": "Also wait, through the agent, until cloud-init has finished \

@@ -44,7 +44,7 @@ LIB_PACKAGES = [
 MODULES = [
     "virtio_ring", "virtio_pci_modern_dev", "virtio_pci_legacy_dev", "virtio", "virtio_pci",
     "virtio_mmio", "virtio_console", "failover", "net_failover", "virtio_net", "virtio_blk",
-    "virtio_input", "evdev", "button", "psmouse",
+    "virtio_input", "evdev", "button", "psmouse", "fuse",
 ]
 APPEND = "console=tty0 console=ttyS0 cryptomgr.notests rodata=off panic=-1 loglevel=4"
 
@@ -60,7 +60,7 @@ MODULES_ARM64 = [
     "virtio_console", "failover", "net_failover", "virtio_net", "virtio_blk", "virtio_input",
     "evdev", "gpio_keys", "drm", "drm_kms_helper", "drm_shmem_helper", "virtio_dma_buf",
     "virtio_gpu", "usb_common", "usbcore", "xhci_hcd", "xhci_pci", "hid", "usbhid",
-    "hid_generic",
+    "hid_generic", "fuse",
 ]
 APPEND_ARM64 = "console=tty0 console=ttyAMA0 cryptomgr.notests rodata=off panic=-1 loglevel=4"
 

@@ -64,6 +64,7 @@ const MODULES: &[&str] = &[
     "failover",
     "net_failover",
     "virtio_net",
+    "fuse",
 ];
 /// The kernel command line for a guest of `arch`: the root's disk, the serial console, no
 /// reboot loop on a panic.

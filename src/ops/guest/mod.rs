@@ -12,6 +12,7 @@ pub mod copy;
 pub mod exec;
 pub mod files;
 pub mod listing;
+pub mod mounts;
 pub mod reseed;
 pub mod run;
 pub mod spool;

@@ -219,6 +219,7 @@ pub fn forkable(name: &str, rec: &Record) -> Result<VmConfig, OpError> {
         )));
     }
     live(name, rec)?;
+    crate::ops::vm::mounts::refuse_if_mounted(name, rec, "sandbox_fork and sandbox_suspend")?;
     let spec = spec_of(name, rec)?;
     let own = vm::state_dir(name);
     let overlay = sb.overlay.as_ref().map(PathBuf::from);

@@ -44,6 +44,33 @@ use crate::state::roots::Access;
 /// clone). A sandbox whose agent does not answer within its wait (`wait_agent_s` above 0) is
 /// removed and an error says why, with the console's last lines.
 pub fn create(ctx: &dyn Work, req: &SandboxRequest) -> Result<Sandboxed, OpError> {
+    // A template's mounts come first, then the call's own; all are checked before anything
+    // starts, and made once the guest answers.
+    let mut mounts = match &req.template {
+        Some(t) => crate::ops::sandbox::templates::load(t).map_or_else(|_| Vec::new(), |t| t.mounts),
+        None => Vec::new(),
+    };
+    mounts.extend(req.launch.mounts.iter().cloned());
+    crate::ops::vm::mounts::check(&mounts, &[])?;
+    let mut out = create_unmounted(ctx, req)?;
+    if !mounts.is_empty() {
+        let name = out.launched.name.clone();
+        // An agent not waited for (wait_agent_s 0): mounted in the background once it answers.
+        let wait = out.agent_ready.then_some(crate::ops::vm::mounts::MOUNT_WAIT);
+        match crate::ops::guest::mounts::after_start(&name, &mounts, wait) {
+            Ok(m) => out.launched.mounts = m,
+            Err(e) => {
+                destroy_quietly(ctx, &name);
+                return Err(e.context(format_args!(
+                    "sandbox {name:?} could not mount its folders and was removed"
+                )));
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn create_unmounted(ctx: &dyn Work, req: &SandboxRequest) -> Result<Sandboxed, OpError> {
     if req.template.is_some() {
         return boot(ctx, req).map(|(out, _, _)| out);
     }

@@ -206,6 +206,7 @@ fn taken(template: &str, name: &str, rec: &Record, started: Instant) -> Sandboxe
             sandbox: sb,
             cloud_init: None,
             egress: None,
+            mounts: Vec::new(),
         })
     }
 }

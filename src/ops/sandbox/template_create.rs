@@ -178,6 +178,9 @@ fn build(
         ..Sandbox::default()
     });
     let mut meta = template_meta(name, base, &lr);
+    // The template's mounts are its clones': the builder's saved state never holds one.
+    crate::ops::vm::mounts::check(&req.launch.mounts, &[])?;
+    meta.mounts = req.launch.mounts.clone();
     let launched = launch::launch(ctx, lr)?;
     // What really runs: the accelerator QEMU reports, the version it announced.
     meta.accel = if launched.accel == "kvm" {
@@ -259,6 +262,7 @@ fn template_meta(name: &str, base: Option<PathBuf>, req: &LaunchRequest) -> Temp
         no_net: req.spec.network.no_net,
         data_channel: req.spec.channels.data_channel,
         extra_args: req.spec.extra_args.clone(),
+        mounts: Vec::new(),
         created_at: String::new(),
         state_bytes: 0,
     }

@@ -65,6 +65,9 @@ pub struct Template {
     pub no_net: bool,
     /// Operator extra_args, repeated for every clone (same devices).
     pub extra_args: Vec<String>,
+    /// Host folders every clone gets mounted (after its start, before it is handed out).
+    #[serde(default)]
+    pub mounts: Vec<crate::ops::vm::mounts::MountSpec>,
     /// When it was saved.
     pub created_at: String,
     /// Bytes of the saved device state.

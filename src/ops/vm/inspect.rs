@@ -225,6 +225,9 @@ pub struct VmInfo {
     /// Its egress rules and counts.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub egress: Option<EgressInfo>,
+    /// Host folders mounted into it, and how each stands.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<crate::ops::vm::mounts::Shown>,
     /// Why its status is what it is, when that needs saying.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
@@ -254,6 +257,7 @@ pub fn info(name: &str) -> Result<VmInfo, OpError> {
         held: hold::of(&rec),
         egress_proxy: egress.as_ref().map(|e| e.egress_proxy),
         egress,
+        mounts: crate::ops::vm::mounts::shown(name, &rec),
         detail: None,
         record: rec,
     };

@@ -99,6 +99,9 @@ pub struct Launched {
     /// The egress rules and the proxy's URL in the guest.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub egress: Option<record::Egress>,
+    /// Host folders mounted into it, and how each stands.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<crate::ops::vm::mounts::Shown>,
 }
 
 /// Everything a launch needs beyond the spec, shared by launch_vm and sandbox_vm.
@@ -332,6 +335,7 @@ fn start_reserved(
             .as_ref()
             .map(CloudInitOut::of_seed),
         egress: egress_rec,
+        mounts: Vec::new(),
     })
 }
 

@@ -67,6 +67,8 @@ pub struct LaunchArgs {
     /// `allow_network` rules (already parsed): the VM reaches only these names, through its
     /// egress proxy.
     pub egress: Vec<Rule>,
+    /// Host folders to mount into the guest once it runs.
+    pub mounts: Vec<crate::ops::vm::mounts::MountSpec>,
 }
 
 impl LaunchArgs {

@@ -13,6 +13,7 @@ pub mod inspect;
 pub mod launch;
 pub mod launch_args;
 pub mod lifecycle;
+pub mod mounts;
 pub mod port_forward;
 pub mod quota;
 pub mod records;

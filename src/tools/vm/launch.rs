@@ -44,8 +44,12 @@ pub const LAUNCH: ToolDef = ToolDef {
 fn launch_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let name = vm_name_arg(args)?;
     let disks = checked_disks(&name, &args.str_list("disks")?)?;
-    let req = request(&launch_args(args)?, &name, disks)?;
+    let la = launch_args(args)?;
+    // Mounts are checked before anything starts, and plugged in once QEMU runs.
+    crate::ops::vm::mounts::check(&la.mounts, &[])?;
+    let req = request(&la, &name, disks)?;
     let mut out = launch(ctx, req)?;
+    out.mounts = crate::ops::guest::mounts::after_start(&name, &la.mounts, None)?;
     if args.bool_or("wait_cloud_init", false)? {
         let wait = Duration::from_secs_f64(args.number("wait_cloud_init_s")?);
         let (waited, saw) = agent_then_cloud_init(ctx, &name, wait)?;

@@ -1,0 +1,274 @@
+//! The guest's half of a VM's mounts where its agent is qemu-ga: mcqemu-agent relays every
+//! mount port by itself, but a guest with qemu-ga has no relay. There the host puts the static
+//! mcqemu-agent of the guest's architecture into `/run` (once per agent build) and starts
+//! `mcqemu-agent fs-relay PORT` for each mount still waiting. Either way it then waits until
+//! the guest has mounted them, or says why not.
+
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::host;
+use crate::ops::error::OpError;
+use crate::ops::vm::mounts::{self, MountSpec, Shown};
+use crate::ops::vm::records::lookup;
+use crate::qemu::agent_calls::{self, ExecRequest};
+use crate::qemu::cmdline::MOUNT_PORT_PREFIX;
+
+/// The largest piece of the relay written per guest-file-write.
+const CHUNK: usize = 48 * 1024;
+
+/// Makes sure the guest side of every mount of VM `name` runs, and waits (up to `within`)
+/// until the guest mounted them; returns them as they stand.
+pub fn activate(name: &str, within: Duration) -> Result<Vec<Shown>, OpError> {
+    let rec = lookup(name)?;
+    let waiting: Vec<u32> = rec
+        .mounts
+        .iter()
+        .flatten()
+        .zip(mounts::shown(name, &rec))
+        .filter(|(_, s)| s.state == "waiting" || s.state == "starting")
+        .filter_map(|(m, _)| m.id)
+        .collect();
+    if waiting.is_empty() {
+        return Ok(mounts::shown(name, &rec));
+    }
+    let deadline = Instant::now() + within;
+    if !super::agent_is_ours(name)? {
+        let arch = rec.arch.clone().unwrap_or_else(|| "x86_64".into());
+        let relay = put_relay(name, &arch)?;
+        for id in waiting {
+            start_relay(name, &relay, id)?;
+        }
+    }
+    mounts::wait_mounted(name, deadline.saturating_duration_since(Instant::now()))
+}
+
+/// Writes this host's mcqemu-agent for `arch` into the guest's `/run` (unless the same build
+/// is there already); returns its path in the guest.
+fn put_relay(name: &str, arch: &str) -> Result<String, OpError> {
+    let local = host::agent::find(arch).map_err(|e| {
+        OpError::new(format!(
+            "mounts need mcqemu-agent in the guest, whose agent is qemu-ga: {e}"
+        ))
+    })?;
+    let meta = std::fs::metadata(&local)
+        .map_err(|e| OpError::new(format!("cannot read {}: {e}", local.display())))?;
+    let mtime = meta
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_secs());
+    let path = format!("/run/mcqemu-relay-{}-{mtime}", meta.len());
+    let there = super::with_guest(name, "guest-file-open", |q| {
+        Ok(match agent_calls::file_open(q, &path, "r") {
+            Ok(h) => {
+                let _ = agent_calls::file_close(q, h, Duration::from_secs(5));
+                true
+            }
+            Err(_) => false,
+        })
+    })?;
+    if there {
+        return Ok(path);
+    }
+    let bytes = std::fs::read(&local)
+        .map_err(|e| OpError::new(format!("cannot read {}: {e}", local.display())))?;
+    let tmp = format!("{path}.part");
+    super::with_guest(name, "guest-file-write", |q| {
+        let h = agent_calls::file_open(q, &tmp, "w")?;
+        for chunk in bytes.chunks(CHUNK) {
+            agent_calls::file_write(q, h, chunk)?;
+        }
+        agent_calls::file_close(q, h, Duration::from_secs(10))
+    })?;
+    let args = vec![
+        "-c".to_string(),
+        "chmod 755 \"$0\" && mv -f \"$0\" \"$1\"".to_string(),
+        tmp,
+        path.clone(),
+    ];
+    let code = super::with_guest(name, "guest-exec", |q| {
+        let pid = agent_calls::exec(
+            q,
+            &ExecRequest::captured("/bin/sh", &args),
+            Duration::from_secs(10),
+        )?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let s = agent_calls::exec_status(q, pid, Duration::from_secs(5))?;
+            if s.exited || Instant::now() >= deadline {
+                return Ok(s.exitcode);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    })?;
+    if code != Some(0) {
+        return Err(OpError::guest(format!(
+            "could not make {path} executable in VM {name:?} (sh exited {code:?}); is /run \
+             mounted noexec?"
+        )));
+    }
+    Ok(path)
+}
+
+/// Starts the relay for mount `id` (it runs on; a second relay for the same port finds it
+/// taken and ends).
+fn start_relay(name: &str, relay: &str, id: u32) -> Result<(), OpError> {
+    let args = vec![
+        "fs-relay".to_string(),
+        format!("{MOUNT_PORT_PREFIX}{id}"),
+    ];
+    let mut req = ExecRequest::captured(relay, &args);
+    req.capture_output = false;
+    super::with_guest(name, "guest-exec", |q| {
+        agent_calls::exec(q, &req, Duration::from_secs(10)).map(|_| ())
+    })?;
+    Ok(())
+}
+
+/// vm_mount: mounts added to and removed from a running VM.
+#[derive(Debug, Clone, Default)]
+pub struct Request {
+    /// The VM.
+    pub name: String,
+    /// Mounts to add.
+    pub add: Vec<MountSpec>,
+    /// Guest paths of mounts to remove (first).
+    pub remove: Vec<String>,
+    /// How long to wait for the guest to mount what was added (or is still waiting).
+    pub wait: Duration,
+}
+
+/// What vm_mount did.
+#[derive(Debug, Clone, Serialize)]
+pub struct Outcome {
+    /// The VM.
+    pub name: String,
+    /// The mounts added.
+    pub added: Vec<Shown>,
+    /// The mounts removed.
+    pub removed: Vec<Shown>,
+    /// The VM's mounts now, as they stand.
+    pub mounts: Vec<Shown>,
+}
+
+/// Applies a vm_mount request: removals, then additions (plugged in, then mounted by the
+/// guest); with neither, the guest side of mounts still waiting is started.
+pub fn apply(req: &Request) -> Result<Outcome, OpError> {
+    let rec = mountable(&req.name)?;
+    let mut removed = Vec::new();
+    for g in &req.remove {
+        let now = lookup(&req.name)?;
+        removed.push(mounts::detach(&req.name, &now, g)?);
+    }
+    let now = lookup(&req.name)?;
+    let checked = mounts::check(&req.add, now.mounts.as_deref().unwrap_or_default())?;
+    let added_guests: Vec<String> = mounts::attach(&req.name, &rec, checked)?
+        .into_iter()
+        .map(|m| m.guest)
+        .collect();
+    let all = activate(&req.name, req.wait)?;
+    fail_if_not_mounted(&req.name, &all)?;
+    Ok(Outcome {
+        name: req.name.clone(),
+        added: all
+            .iter()
+            .filter(|m| added_guests.contains(&m.guest))
+            .cloned()
+            .collect(),
+        removed,
+        mounts: all,
+    })
+}
+
+/// The record of running VM `name`, when mcqemu started it.
+fn mountable(name: &str) -> Result<crate::state::registry::Record, OpError> {
+    let rec = crate::ops::vm::records::lookup_live(name, "start it first")?;
+    if !crate::qemu::vm::spawned(&rec) {
+        return Err(OpError::invalid(format!(
+            "VM {name:?} was adopted with attach_vm: mcqemu did not start it and cannot plug \
+             ports into it"
+        )));
+    }
+    Ok(rec)
+}
+
+/// A mount the guest did not make is an error that says why and what to do.
+fn fail_if_not_mounted(name: &str, all: &[Shown]) -> Result<(), OpError> {
+    let bad: Vec<String> = all
+        .iter()
+        .filter(|m| m.state != "mounted")
+        .map(|m| {
+            format!(
+                "{} is {}{}",
+                m.guest,
+                m.state,
+                m.error.as_ref().map(|e| format!(" ({e})")).unwrap_or_default()
+            )
+        })
+        .collect();
+    if bad.is_empty() {
+        return Ok(());
+    }
+    Err(OpError::guest(format!(
+        "VM {name:?}: {}. The guest needs fuse.ko (Debian's kernels have it) and a running \
+         agent; vm_info shows the mounts, vm_mount {{\"name\": {name:?}}} tries again, and \
+         vm_mount remove drops one",
+        bad.join("; ")
+    )))
+}
+
+/// Mounts `specs` into VM `name`, which has just started (launch_vm) or become ready
+/// (sandbox_vm). `wait`: how long to wait for the guest to mount them (None: not at all; a
+/// guest with qemu-ga gets its side once its agent answers, from a thread of this server).
+pub fn after_start(
+    name: &str,
+    specs: &[MountSpec],
+    wait: Option<Duration>,
+) -> Result<Vec<Shown>, OpError> {
+    if specs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let rec = mountable(name)?;
+    let checked = mounts::check(specs, &[])?;
+    mounts::attach(name, &rec, checked)?;
+    match wait {
+        Some(w) => {
+            let all = activate(name, w)?;
+            fail_if_not_mounted(name, &all)?;
+            Ok(all)
+        }
+        None => {
+            let vm = name.to_string();
+            let _ = std::thread::Builder::new()
+                .name(format!("mounts-{name}"))
+                .spawn(move || activate_when_ready(&vm));
+            Ok(mounts::shown(name, &lookup(name)?))
+        }
+    }
+}
+
+/// Waits (up to [`READY_WAIT`]) for a launched VM's agent, then starts its mounts' guest side.
+fn activate_when_ready(name: &str) {
+    let deadline = Instant::now() + READY_WAIT;
+    while Instant::now() < deadline {
+        let Ok(rec) = lookup(name) else { return };
+        if mounts::shown(name, &rec).iter().all(|m| m.state != "waiting") {
+            return;
+        }
+        let answered = super::with_guest(name, "guest-ping", |q| {
+            agent_calls::ping(q, Duration::from_secs(2))
+        });
+        if answered.is_ok() {
+            if let Err(e) = activate(name, mounts::MOUNT_WAIT) {
+                crate::log::stderr("warn", &format!("mounts of VM {name:?}: {e}"));
+            }
+            return;
+        }
+        std::thread::sleep(Duration::from_secs(2));
+    }
+}
+
+/// How long a launched VM's mounts wait for its agent in the background.
+const READY_WAIT: Duration = Duration::from_secs(600);
