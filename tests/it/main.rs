@@ -25,6 +25,7 @@ mod install_journey;
 mod lifecycle;
 mod live_view;
 mod load;
+mod mounts;
 mod mcp_protocol;
 mod oci;
 mod oci_arm64;
