@@ -67,6 +67,7 @@ mod desktop;
 mod egress;
 mod forks;
 mod guest;
+mod mounts;
 mod oci;
 mod pools;
 mod pull;
@@ -215,6 +216,11 @@ fn run() -> Res<()> {
     // 11. Copies over the data channel against the agent's own rates.
     if wanted("copies") {
         copies::copy_rows(&mut table, &dirs, &image);
+    }
+
+    // Host folders mounted into the guest against copies and the guest's own disk.
+    if wanted("mounts") {
+        mounts::mount_rows(&mut table, &dirs, &image);
     }
 
     // 12. mcqemu-agent beside qemu-ga on the same guest.

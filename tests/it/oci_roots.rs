@@ -1,6 +1,7 @@
 //! Other kinds of container roots booted as sandboxes: a glibc root (Debian bookworm from
-//! mmdebstrap, which needs root, so this suite is not among the ordinary user's in CI) and a
-//! root with no shell at all (a static busybox without its links).
+//! mmdebstrap, which needs root, so this suite is not among the ordinary user's in CI), with
+//! git working in a mounted host folder, and a root with no shell at all (a static busybox
+//! without its links).
 
 use std::path::Path;
 use std::time::Duration;
@@ -11,12 +12,12 @@ use serde_json::json;
 
 const STEP: Duration = Duration::from_secs(300);
 
-/// A sandbox of the layout at `dir`, ready.
-fn boot(lab: &mut Lab, dir: &std::path::Path, name: &str) {
+/// A sandbox of the layout at `dir`, ready, with `mounts`.
+fn boot(lab: &mut Lab, dir: &std::path::Path, name: &str, mounts: serde_json::Value) {
     let sb = lab.srv().call_ok_within(
         "sandbox_vm",
         json!({"oci": format!("oci:{}:v1", dir.display()), "name": name, "cpus": 1,
-               "memory_mb": 512, "wait_agent_s": 150}),
+               "memory_mb": 512, "wait_agent_s": 150, "mounts": mounts}),
         STEP,
     );
     lab.track(&sb);
@@ -35,7 +36,10 @@ fn a_glibc_root_and_a_root_without_a_shell_boot_too() {
     let mut lab = Lab::new("ocig");
     let debian = lab.dir.join("debian");
     layout(&debian, "v1", &["--debian"]);
-    boot(&mut lab, &debian, "deb");
+    // A host folder mounted writable, where git works (Debian's cloud kernel: fuse.ko).
+    let repo = lab.dir.join("repo");
+    std::fs::create_dir_all(&repo).unwrap();
+    boot(&mut lab, &debian, "deb", json!([{"host": repo, "guest": "/work", "writable": true}]));
     let r = lab.srv().call_ok_within(
         "guest_exec",
         json!({"name": "deb", "command": "bash", "args": ["-c",
@@ -47,12 +51,25 @@ fn a_glibc_root_and_a_root_without_a_shell_boot_too() {
         out.starts_with("0\nldd (Debian GLIBC") && out.ends_with("install ok installed\n/\n"),
         "a glibc root: {r}"
     );
+    let r = lab.srv().call_ok_within(
+        "guest_exec",
+        json!({"name": "deb", "command": "bash", "args": ["-c",
+               "set -e; cd /work; git init -q; echo hi > x; ln -s x link; git add x link; \
+                git -c user.email=t@t -c user.name=t commit -qm one; git status --short; \
+                git log --format=%s"]}),
+        STEP,
+    );
+    assert_eq!(r["exitcode"], json!(0), "git in a mount: {r}");
+    assert_eq!(r["stdout"], json!("one\n"), "{r}");
+    let head = std::fs::read_to_string(repo.join(".git/HEAD")).unwrap();
+    assert!(head.starts_with("ref: refs/heads/"), "{head}");
+    assert_eq!(std::fs::read_link(repo.join("link")).unwrap(), Path::new("x"));
     lab.srv()
         .call_ok_within("sandbox_destroy", json!({"name": "deb"}), STEP);
 
     let bare = lab.dir.join("no-shell");
     layout(&bare, "v1", &["--no-shell"]);
-    boot(&mut lab, &bare, "bare");
+    boot(&mut lab, &bare, "bare", json!([]));
     let r = lab.srv().call_ok_within(
         "guest_exec",
         json!({"name": "bare", "command": "/bin/busybox", "args": ["echo", "no shell here"]}),

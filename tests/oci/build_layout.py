@@ -18,7 +18,7 @@ the image's user (1000, "app"): a root a VM can run programs in; its Entrypoint 
 busybox httpd on the exposed port 8080, serving /home/user.
 --arch arm64 makes an arm64 image (its busybox from Debian's arm64 packages, read through the
 apt lists build_guest.py keeps for the aarch64 test guest in target/test-guest/apt-arm64).
---debian makes a different image instead: one layer, a Debian bookworm root from mmdebstrap
+--debian makes a different image instead: one layer, a Debian bookworm root from mmdebstrap (with git)
 (variant essential: glibc, bash, coreutils, dpkg; needs root), no User, no Entrypoint.
 --no-shell makes one whose only file is a static busybox without its links (no /bin/sh).
 --payload N:MB adds N gzip layers of MB MiB of random bytes each (the bench's image);
@@ -134,7 +134,8 @@ def single(dest, tag, tar, env):
 def main():
     dest, tag = sys.argv[1], sys.argv[2]
     if "--debian" in sys.argv[3:]:
-        tar = subprocess.run(["mmdebstrap", "--quiet", "--variant=essential", "bookworm", "-"],
+        tar = subprocess.run(["mmdebstrap", "--quiet", "--variant=essential", "--include=git",
+                              "bookworm", "-"],
                              check=True, stdout=subprocess.PIPE).stdout
         return single(dest, tag, tar, ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                                        "LANG=C.UTF-8"])
