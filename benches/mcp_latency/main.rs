@@ -220,7 +220,7 @@ fn run() -> Res<()> {
 
     // Host folders mounted into the guest against copies and the guest's own disk.
     if wanted("mounts") {
-        mounts::mount_rows(&mut table, &dirs, &image);
+        mounts::mount_rows(&mut table, &dirs);
     }
 
     // 12. mcqemu-agent beside qemu-ga on the same guest.

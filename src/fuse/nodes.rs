@@ -12,18 +12,24 @@ use std::os::unix::io::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use super::abi::ROOT_ID;
 
-/// Most nodes held at once: each is a descriptor (the helper raises its own limit to match).
-pub const MAX_NODES: usize = 500_000;
+/// Most nodes held at once.
+pub const MAX_NODES: usize = 2_000_000;
 
 /// One looked-up file.
 pub struct Node {
-    /// `O_PATH | O_NOFOLLOW`: the inode itself, a symlink included.
-    pub fd: OwnedFd,
+    /// `O_PATH | O_NOFOLLOW`: the inode itself, a symlink included. None once closed to stay
+    /// within the open-file limit; opened again from `parent` and `name`.
+    fd: Option<OwnedFd>,
     /// The file type bits of its mode when looked up (`S_IFMT`).
     pub kind: u32,
+    /// The folder it was last looked up in, and its name there.
+    parent: u64,
+    name: CString,
     /// How many lookups the guest's kernel holds (FORGET gives them back).
     lookups: u64,
     key: (u64, u64),
+    /// When it was last used (a counter), for closing the least recently used first.
+    used: u64,
 }
 
 /// The node table.
@@ -31,6 +37,10 @@ pub struct Nodes {
     map: HashMap<u64, Node>,
     by_inode: HashMap<(u64, u64), u64>,
     next: u64,
+    clock: u64,
+    /// Descriptors held now, and the most that may stay open between requests.
+    open: usize,
+    cap: usize,
 }
 
 /// A name from the guest, checked: one component, not `.` or `..`, no `/`, at most 255 bytes.
@@ -64,9 +74,14 @@ pub fn open_path(dir: RawFd, name: &CString) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+fn estale() -> io::Error {
+    io::Error::from_raw_os_error(libc::ESTALE)
+}
+
 impl Nodes {
-    /// A table whose root is `root` (an open folder).
-    pub fn new(root: OwnedFd) -> io::Result<Nodes> {
+    /// A table whose root is `root` (an open folder), keeping at most `cap` descriptors open
+    /// between requests.
+    pub fn new(root: OwnedFd, cap: usize) -> io::Result<Nodes> {
         let st = fstat(root.as_raw_fd())?;
         if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
             return Err(io::Error::from_raw_os_error(libc::ENOTDIR));
@@ -76,33 +91,63 @@ impl Nodes {
         map.insert(
             ROOT_ID,
             Node {
-                fd: root,
+                fd: Some(root),
                 kind: libc::S_IFDIR,
+                parent: ROOT_ID,
+                name: CString::default(),
                 lookups: 1,
                 key,
+                used: 0,
             },
         );
         Ok(Nodes {
             map,
             by_inode: HashMap::from([(key, ROOT_ID)]),
             next: ROOT_ID + 1,
+            clock: 0,
+            open: 1,
+            cap: cap.max(16),
         })
     }
 
-    /// The node `id`, or ESTALE for one the guest should not hold.
-    pub fn get(&self, id: u64) -> io::Result<&Node> {
-        self.map
-            .get(&id)
-            .ok_or_else(|| io::Error::from_raw_os_error(libc::ESTALE))
+    /// Node `id`'s descriptor and file type, opened again from its folder if it was closed
+    /// (and checked to be the same inode: ESTALE if the host moved or replaced it).
+    pub fn get(&mut self, id: u64) -> io::Result<(RawFd, u32)> {
+        self.clock += 1;
+        let clock = self.clock;
+        let n = self.map.get_mut(&id).ok_or_else(estale)?;
+        n.used = clock;
+        if let Some(fd) = &n.fd {
+            return Ok((fd.as_raw_fd(), n.kind));
+        }
+        let (parent, name, key, kind) = (n.parent, n.name.clone(), n.key, n.kind);
+        if parent == id {
+            return Err(estale());
+        }
+        let (dir, dkind) = self.get(parent)?;
+        if dkind != libc::S_IFDIR {
+            return Err(estale());
+        }
+        let fd = open_path(dir, &name).map_err(|_| estale())?;
+        let st = fstat(fd.as_raw_fd())?;
+        if (st.st_dev, st.st_ino) != key {
+            return Err(estale());
+        }
+        let raw = fd.as_raw_fd();
+        if let Some(n) = self.map.get_mut(&id) {
+            n.fd = Some(fd);
+            self.open += 1;
+        }
+        Ok((raw, kind))
     }
 
     /// The descriptor of folder node `id` (ENOTDIR for another kind).
-    pub fn dir(&self, id: u64) -> io::Result<RawFd> {
-        let n = self.get(id)?;
-        if n.kind != libc::S_IFDIR {
+    pub fn dir(&mut self, id: u64) -> io::Result<RawFd> {
+        let (fd, kind) = self.get(id)?;
+        if kind != libc::S_IFDIR {
             return Err(io::Error::from_raw_os_error(libc::ENOTDIR));
         }
-        Ok(n.fd.as_raw_fd())
+        Ok(fd)
     }
 
     /// Looks `name` up in folder `parent`: the node (one more lookup held) and its stat.
@@ -110,15 +155,32 @@ impl Nodes {
         let dir = self.dir(parent)?;
         let fd = open_path(dir, name)?;
         let st = fstat(fd.as_raw_fd())?;
-        Ok((self.hold(fd, &st)?, st))
+        Ok((self.hold(fd, &st, parent, name)?, st))
     }
 
-    /// Records `fd` (with its stat) as a node, or adds a lookup to the node of the same inode.
-    pub fn hold(&mut self, fd: OwnedFd, st: &libc::stat) -> io::Result<u64> {
+    /// Records `fd` (with its stat), found as `name` in `parent`, as a node, or adds a lookup
+    /// to the node of the same inode (which is then known by this name).
+    pub fn hold(
+        &mut self,
+        fd: OwnedFd,
+        st: &libc::stat,
+        parent: u64,
+        name: &CString,
+    ) -> io::Result<u64> {
+        self.clock += 1;
         let key = (st.st_dev, st.st_ino);
         if let Some(&id) = self.by_inode.get(&key) {
             if let Some(n) = self.map.get_mut(&id) {
                 n.lookups += 1;
+                n.used = self.clock;
+                if id != ROOT_ID {
+                    n.parent = parent;
+                    n.name = name.clone();
+                }
+                if n.fd.is_none() {
+                    n.fd = Some(fd);
+                    self.open += 1;
+                }
                 return Ok(id);
             }
         }
@@ -130,14 +192,27 @@ impl Nodes {
         self.map.insert(
             id,
             Node {
-                fd,
+                fd: Some(fd),
                 kind: st.st_mode & libc::S_IFMT,
+                parent,
+                name: name.clone(),
                 lookups: 1,
                 key,
+                used: self.clock,
             },
         );
+        self.open += 1;
         self.by_inode.insert(key, id);
         Ok(id)
+    }
+
+    /// The guest renamed `from` (in folder `olddir`) to `to` (in `newdir`): a node held for
+    /// it is known by its new name. `inode` is what `from` was before the rename.
+    pub fn renamed(&mut self, inode: (u64, u64), newdir: u64, to: &CString) {
+        if let Some(n) = self.by_inode.get(&inode).and_then(|id| self.map.get_mut(id)) {
+            n.parent = newdir;
+            n.name = to.clone();
+        }
     }
 
     /// The guest's kernel gives back `n` lookups of node `id`; at none it is closed.
@@ -155,6 +230,35 @@ impl Nodes {
         if gone {
             if let Some(node) = self.map.remove(&id) {
                 self.by_inode.remove(&node.key);
+                if node.fd.is_some() {
+                    self.open -= 1;
+                }
+            }
+        }
+    }
+
+    /// Closes the least recently used descriptors (never the root's) once more than the cap
+    /// are open, down to three quarters of it. Called between requests, so a descriptor a
+    /// request is using is never closed under it.
+    pub fn trim(&mut self) {
+        if self.open <= self.cap {
+            return;
+        }
+        let mut held: Vec<(u64, u64)> = self
+            .map
+            .iter()
+            .filter(|(id, n)| **id != ROOT_ID && n.fd.is_some())
+            .map(|(id, n)| (n.used, *id))
+            .collect();
+        held.sort_unstable();
+        let target = self.cap * 3 / 4;
+        for (_, id) in held {
+            if self.open <= target {
+                break;
+            }
+            if let Some(n) = self.map.get_mut(&id) {
+                n.fd = None;
+                self.open -= 1;
             }
         }
     }
@@ -162,6 +266,12 @@ impl Nodes {
     /// How many nodes are held (the root included).
     pub fn count(&self) -> usize {
         self.map.len()
+    }
+
+    /// How many descriptors the nodes hold open.
+    #[cfg(test)]
+    pub fn open_count(&self) -> usize {
+        self.open
     }
 }
 
@@ -195,7 +305,7 @@ mod tests {
         let t = tmpdir("links");
         std::fs::write(t.join("a"), b"x").unwrap();
         std::fs::hard_link(t.join("a"), t.join("b")).unwrap();
-        let mut n = Nodes::new(root(&t)).unwrap();
+        let mut n = Nodes::new(root(&t), 100).unwrap();
         let (a, _) = n.lookup(ROOT_ID, &name(b"a").unwrap()).unwrap();
         let (b, _) = n.lookup(ROOT_ID, &name(b"b").unwrap()).unwrap();
         assert_eq!(a, b);
@@ -210,10 +320,57 @@ mod tests {
     fn a_symlink_is_a_node_of_its_own_never_followed() {
         let t = tmpdir("symlink");
         std::os::unix::fs::symlink("/etc", t.join("out")).unwrap();
-        let mut n = Nodes::new(root(&t)).unwrap();
+        let mut n = Nodes::new(root(&t), 100).unwrap();
         let (id, st) = n.lookup(ROOT_ID, &name(b"out").unwrap()).unwrap();
         assert_eq!(st.st_mode & libc::S_IFMT, libc::S_IFLNK);
         let e = n.lookup(id, &name(b"passwd").unwrap()).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::ENOTDIR));
+    }
+}
+
+#[cfg(test)]
+mod cap_tests {
+    use super::*;
+
+    #[test]
+    fn closed_nodes_open_again_and_a_replaced_one_is_stale() {
+        let t = super::tests::tmpdir("cap");
+        std::fs::create_dir_all(t.join("d/e")).unwrap();
+        for i in 0..40 {
+            std::fs::write(t.join(format!("d/e/f{i}")), b"x").unwrap();
+        }
+        let root = OwnedFd::from(std::fs::File::open(&t).unwrap());
+        let mut n = Nodes::new(root, 16).unwrap();
+        let (d, _) = n.lookup(ROOT_ID, &name(b"d").unwrap()).unwrap();
+        let (e, _) = n.lookup(d, &name(b"e").unwrap()).unwrap();
+        let ids: Vec<u64> = (0..40)
+            .map(|i| n.lookup(e, &name(format!("f{i}").as_bytes()).unwrap()).unwrap().0)
+            .collect();
+        n.trim();
+        assert!(n.open_count() <= 16, "{}", n.open_count());
+        // The oldest were closed (their folders too): each opens again through its folders.
+        for id in &ids[..30] {
+            n.get(*id).unwrap();
+            n.trim();
+        }
+        // f35 was closed long ago; replaced on the host by another inode (written beside it,
+        // renamed over it), it is stale, never the new file.
+        n.trim();
+        std::fs::write(t.join("d/e/f35.new"), b"new").unwrap();
+        std::fs::rename(t.join("d/e/f35.new"), t.join("d/e/f35")).unwrap();
+        let e = n.get(ids[35]).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ESTALE));
+        // A rename by the guest keeps the node reachable by its new name.
+        let st = {
+            let (fd, _) = n.get(ids[36]).unwrap();
+            fstat(fd).unwrap()
+        };
+        std::fs::rename(t.join("d/e/f36"), t.join("d/moved")).unwrap();
+        n.renamed((st.st_dev, st.st_ino), d, &name(b"moved").unwrap());
+        for id in &ids[..20] {
+            n.get(*id).unwrap();
+        }
+        n.trim();
+        assert!(n.get(ids[36]).is_ok());
     }
 }

@@ -21,7 +21,7 @@ pub const MAX_WRITE: u32 = 1 << 20;
 pub const MAX_REQUEST: usize = MAX_WRITE as usize + 4096;
 /// How long the guest's kernel may trust a name or attributes: a change made on the host is
 /// seen within this.
-const VALID: (u64, u32) = (0, 500_000_000);
+const VALID: (u64, u32) = (0, 800_000_000);
 /// Most open files and folder listings at once.
 const MAX_HANDLES: usize = 65_536;
 /// Most entries a folder listing holds.
@@ -30,6 +30,8 @@ const MAX_DIR_ENTRIES: usize = 1_000_000;
 /// A folder's entries as listed when the guest opened it.
 struct Listing {
     fd: OwnedFd,
+    /// The folder's node.
+    dir: u64,
     entries: Vec<(Vec<u8>, u64, u8)>,
 }
 
@@ -44,6 +46,8 @@ pub struct Server {
     owner: (u32, u32),
     /// DESTROY came: the guest unmounted the share.
     ended: bool,
+    /// Requests answered, by opcode (for the status file and tests).
+    counts: HashMap<u32, u64>,
 }
 
 fn err(e: i32) -> io::Error {
@@ -76,19 +80,25 @@ impl Server {
     /// showing its files as owned by `owner` in the guest.
     pub fn new(root: OwnedFd, writable: bool, owner: (u32, u32)) -> io::Result<Server> {
         Ok(Server {
-            nodes: Nodes::new(root)?,
+            nodes: Nodes::new(root, node_cap())?,
             files: HashMap::new(),
             dirs: HashMap::new(),
             next_fh: 1,
             writable,
             owner,
             ended: false,
+            counts: HashMap::new(),
         })
     }
 
     /// True once the guest's kernel sent DESTROY (the share was unmounted).
     pub fn ended(&self) -> bool {
         self.ended
+    }
+
+    /// Requests answered so far, by opcode.
+    pub fn counts(&self) -> &HashMap<u32, u64> {
+        &self.counts
     }
 
     /// How many nodes the guest holds (for tests and the status file).
@@ -100,6 +110,8 @@ impl Server {
     /// requests that take no answer (FORGET, INTERRUPT) and for garbage too short to answer.
     pub fn handle(&mut self, msg: &[u8]) -> Option<Vec<u8>> {
         let h = InHeader::parse(msg)?;
+        *self.counts.entry(h.opcode).or_default() += 1;
+        self.nodes.trim();
         let body = msg.get(abi::IN_HEADER..(h.len as usize).min(msg.len()))?;
         match h.opcode {
             abi::FORGET => {
@@ -146,7 +158,7 @@ impl Server {
                 Ok(self.entry(u, id, &st))
             }
             abi::GETATTR => {
-                let st = fstat(self.nodes.get(h.nodeid)?.fd.as_raw_fd())?;
+                let st = fstat(self.nodes.get(h.nodeid)?.0)?;
                 Ok(self.attr_out(u, &st))
             }
             abi::SETATTR => self.setattr(u, h.nodeid, &mut c),
@@ -159,7 +171,10 @@ impl Server {
                 self.files.remove(&fh);
                 Ok(Reply::ok(u).finish())
             }
-            abi::FLUSH | abi::FSYNCDIR => Ok(Reply::ok(u).finish()),
+            // Writes go through at once: nothing to flush. ENOSYS makes the kernel stop
+            // sending FLUSH at every close (a round trip each).
+            abi::FLUSH => Err(err(libc::ENOSYS)),
+            abi::FSYNCDIR => Ok(Reply::ok(u).finish()),
             abi::FSYNC => self.fsync(u, &mut c),
             abi::OPENDIR => self.opendir(u, h.nodeid),
             abi::READDIR => self.readdir(u, &mut c, false),
@@ -238,13 +253,12 @@ impl Server {
         }
     }
 
-    fn node_fd(&self, id: u64) -> io::Result<(RawFd, u32)> {
-        let n = self.nodes.get(id)?;
-        Ok((n.fd.as_raw_fd(), n.kind))
+    fn node_fd(&mut self, id: u64) -> io::Result<(RawFd, u32)> {
+        self.nodes.get(id)
     }
 
     /// Opens regular file node `id` afresh with `flags` (checked by the caller).
-    fn reopen(&self, id: u64, flags: i32) -> io::Result<std::fs::File> {
+    fn reopen(&mut self, id: u64, flags: i32) -> io::Result<std::fs::File> {
         let (fd, kind) = self.node_fd(id)?;
         if kind != libc::S_IFREG {
             return Err(err(if kind == libc::S_IFDIR {
@@ -386,7 +400,7 @@ impl Server {
         }
         let fh = self.next_fh;
         self.next_fh += 1;
-        self.dirs.insert(fh, Listing { fd, entries });
+        self.dirs.insert(fh, Listing { fd, dir: id, entries });
         let mut r = Reply::ok(u);
         r.u64(fh).u32(0).u32(0);
         Ok(r.finish())
@@ -397,7 +411,7 @@ impl Server {
         let offset = c.u64().ok_or_else(short)? as usize;
         let size = c.u32().ok_or_else(short)?.min(MAX_WRITE) as usize;
         let listing = self.dirs.get(&fh).ok_or_else(|| err(libc::EBADF))?;
-        let dirfd = listing.fd.as_raw_fd();
+        let (dirfd, dir) = (listing.fd.as_raw_fd(), listing.dir);
         let mut r = Reply::ok(u);
         let limit = abi::OUT_HEADER + size;
         let mut i = offset;
@@ -414,7 +428,7 @@ impl Server {
                 let held = if dot {
                     None
                 } else {
-                    self.plus_lookup(dirfd, &name)
+                    self.plus_lookup(dirfd, dir, &name)
                 };
                 match held {
                     Some((id, st)) => r.entry(id, VALID, &Attr::from_stat(&st), self.owner),
@@ -429,11 +443,11 @@ impl Server {
     }
 
     /// READDIRPLUS's lookup of one entry (the kernel counts it as a lookup held).
-    fn plus_lookup(&mut self, dirfd: RawFd, name: &[u8]) -> Option<(u64, libc::stat)> {
+    fn plus_lookup(&mut self, dirfd: RawFd, dir: u64, name: &[u8]) -> Option<(u64, libc::stat)> {
         let name = nodes::name(name).ok()?;
         let fd = open_path(dirfd, &name).ok()?;
         let st = fstat(fd.as_raw_fd()).ok()?;
-        let id = self.nodes.hold(fd, &st).ok()?;
+        let id = self.nodes.hold(fd, &st, dir, &name).ok()?;
         Some((id, st))
     }
 
@@ -456,7 +470,7 @@ impl Server {
     }
 
     /// A name in folder `parent` that the guest wants to create.
-    fn new_name(&self, parent: u64, c: &mut Cursor) -> io::Result<(RawFd, CString)> {
+    fn new_name(&mut self, parent: u64, c: &mut Cursor) -> io::Result<(RawFd, CString)> {
         self.need_writable()?;
         let dir = self.nodes.dir(parent)?;
         Ok((dir, nodes::name(c.cstr().ok_or_else(short)?)?))
@@ -574,6 +588,13 @@ impl Server {
         let (dir, old) = self.new_name(parent, c)?;
         let new = nodes::name(c.cstr().ok_or_else(short)?)?;
         let to = self.nodes.dir(newdir)?;
+        let inode_at = |d: RawFd, n: &CString| {
+            open_path(d, n)
+                .and_then(|f| fstat(f.as_raw_fd()))
+                .map(|st| (st.st_dev, st.st_ino))
+                .ok()
+        };
+        let (moving, replaced) = (inode_at(dir, &old), inode_at(to, &new));
         // SAFETY: folder descriptors and NUL-terminated names, both within the share.
         let r = unsafe {
             libc::syscall(
@@ -587,6 +608,12 @@ impl Server {
         };
         if r < 0 {
             return Err(io::Error::last_os_error());
+        }
+        if let Some(k) = moving {
+            self.nodes.renamed(k, newdir, &new);
+        }
+        if let Some(k) = replaced.filter(|_| flags & 2 != 0) {
+            self.nodes.renamed(k, parent, &old);
         }
         Ok(Reply::ok(u).finish())
     }
@@ -654,6 +681,20 @@ impl Server {
         let st = fstat(fd)?;
         Ok(self.attr_out(u, &st))
     }
+}
+
+/// How many node descriptors stay open between requests: a share of the open-file limit
+/// (raised to its hard maximum by the helper), leaving room for open files and listings.
+fn node_cap() -> usize {
+    // SAFETY: a zeroed rlimit is valid; getrlimit fills it.
+    let mut r: libc::rlimit = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid out-pointer.
+    let limit = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } == 0 {
+        r.rlim_cur.min(1 << 22) as usize
+    } else {
+        1024
+    };
+    (limit.saturating_sub(256) / 2).max(64)
 }
 
 /// The SETATTR changes a read-only share refuses (owners are ignored, not refused).

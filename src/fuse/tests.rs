@@ -167,3 +167,71 @@ fn a_writable_share_keeps_the_guest_inside_it() {
         assert!(m.share.join("repo/.git/HEAD").exists());
     }
 }
+
+#[test]
+fn a_tree_walk_asks_the_server_little() {
+    if !can_mount() {
+        eprintln!("skipped: needs root and /dev/fuse");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("mcqemu-fusewalk-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (share, mnt) = (dir.join("share"), dir.join("mnt"));
+    for i in 0..2000 {
+        let sub = share.join(format!("d{:02}", i / 100));
+        std::fs::create_dir_all(&sub).unwrap();
+        std::fs::write(sub.join(format!("f{i}")), b"x").unwrap();
+    }
+    std::fs::create_dir_all(&mnt).unwrap();
+    let root = OwnedFd::from(File::open(&share).unwrap());
+    let mut server = super::server::Server::new(root, false, (0, 0)).unwrap();
+    let (a, b) = UnixStream::pair().unwrap();
+    let guest = std::thread::spawn(move || {
+        let _ = crate::agent::mounts::relay_on(File::from(OwnedFd::from(b)));
+    });
+    let mut sock = a.try_clone().unwrap();
+    let mut out = a.try_clone().unwrap();
+    use std::io::{Read, Write};
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    while !line.ends_with(b"\n") {
+        sock.read_exact(&mut byte).unwrap();
+        line.push(byte[0]);
+    }
+    writeln!(out, "MCQFS mount ro {}", mnt.display()).unwrap();
+    line.clear();
+    while !line.ends_with(b"\n") {
+        sock.read_exact(&mut byte).unwrap();
+        line.push(byte[0]);
+    }
+    assert_eq!(line, b"MCQFS ok\n");
+    let walker = {
+        let mnt = mnt.clone();
+        std::thread::spawn(move || sh(&mnt, "find . -type f | wc -l; ls -lR . | wc -l; busybox find . -type f | wc -l").1)
+    };
+    let mut buf = vec![0u8; super::server::MAX_REQUEST];
+    sock.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+    while !walker.is_finished() {
+        if sock.read_exact(&mut buf[..4]).is_err() {
+            continue;
+        }
+        let len = u32::from_le_bytes(buf[..4].try_into().unwrap()) as usize;
+        sock.read_exact(&mut buf[4..len]).unwrap();
+        if let Some(r) = server.handle(&buf[..len]) {
+            out.write_all(&r).unwrap();
+        }
+    }
+    let listed = walker.join().unwrap();
+    assert!(listed.starts_with("2000\n"), "{listed}");
+    let counts = server.counts().clone();
+    eprintln!("requests for two walks of 2,000 files: {counts:?}");
+    let total: u64 = counts.values().sum();
+    // READDIRPLUS carries every entry's attributes: no request per file.
+    assert!(total < 600, "{total} requests: {counts:?}");
+    let p = std::ffi::CString::new(mnt.to_string_lossy().as_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    unsafe { libc::umount2(p.as_ptr(), libc::MNT_DETACH) };
+    let _ = a.shutdown(std::net::Shutdown::Both);
+    let _ = guest.join();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -61,11 +61,11 @@ SUITE = build_cloud.SUITE
 MIRRORS = build_cloud.MIRRORS
 # On top of mmdebstrap's "apt" variant, without recommends; see build_cloud.PACKAGES for why
 # dbus and systemd-resolved. cloud-guest-utils brings growpart (and fdisk's sfdisk, which
-# growpart uses on GPT).
+# growpart uses on GPT). git: the mounts journey commits in a mounted host folder.
 PACKAGES = [
     "systemd", "systemd-sysv", "udev", "dbus", "systemd-resolved", "cloud-init",
     "cloud-guest-utils", "e2fsprogs", "linux-image-cloud-amd64", "initramfs-tools", "zstd",
-    "sudo", "iproute2", "kmod",
+    "sudo", "iproute2", "kmod", "git",
 ]
 # What repo/ serves: these and their Depends (and Pre-Depends) that the image lacks. Not their
 # Recommends: the guest's apt skips a recommended package that no source has.

@@ -215,3 +215,54 @@ fn mounts_in_the_test_guest_read_write_escape_and_refuse() {
     );
     tool_err(&r, "extra_args passthrough");
 }
+
+/// A template's mounts are its clones' (plugged in once each clone runs); launch_vm's mounts of
+/// a guest with qemu-ga are made in the background once its agent answers.
+#[test]
+fn a_template_s_mounts_are_its_clones_and_launch_vm_mounts_when_the_agent_answers() {
+    if let Err(e) = static_agent("x86_64-unknown-linux-musl") {
+        let built = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("target/x86_64-unknown-linux-musl/release/mcqemu-agent");
+        assert!(built.is_file(), "{e}");
+    }
+    let g = test_guest();
+    let mut lab = Lab::new("mountt");
+    let share = lab.dir.path().join("share");
+    std::fs::create_dir_all(&share).unwrap();
+    std::fs::write(share.join("f"), "shared\n").unwrap();
+    let boot = json!({"kernel": g.kernel, "initrd": g.initrd, "append": g.append,
+                      "memory_mb": 128, "cpus": 1});
+    let mut t = boot.clone();
+    t["name"] = json!("mt");
+    t["wait_agent_s"] = json!(120);
+    t["mounts"] = json!([{"host": share, "guest": "/share"}]);
+    lab.srv()
+        .call_ok_within("template_create", t, Duration::from_secs(300));
+    let r = lab.srv().call_tool_within(
+        "sandbox_vm",
+        json!({"template": "mt", "name": "clone"}),
+        Duration::from_secs(120),
+    );
+    lab.track(&r);
+    let sc = tool_ok(&r, "a clone of a template with mounts");
+    assert_eq!(sc["mounts"][0]["state"], "mounted", "{sc}");
+    assert_eq!(lab.guest_sh("clone", "cat /share/f"), "shared\n");
+    lab.srv()
+        .call_ok_within("sandbox_destroy", json!({"name": "clone"}), Duration::from_secs(60));
+
+    let mut l = boot.clone();
+    l["name"] = json!("launched");
+    l["mounts"] = json!([{"host": share, "guest": "/share"}]);
+    let out = lab.launch(l, Duration::from_secs(60));
+    assert_eq!(out["mounts"][0]["state"], "waiting", "{out}");
+    let deadline = Instant::now() + Duration::from_secs(150);
+    loop {
+        let info = lab.srv().call_ok("vm_info", json!({"name": "launched"}));
+        if info["mounts"][0]["state"] == "mounted" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never mounted: {}", info["mounts"]);
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert_eq!(lab.guest_sh("launched", "cat /share/f"), "shared\n");
+}

@@ -26,7 +26,8 @@ fn an_arm64_image_root_boots_on_the_virt_board() {
     let sb = s.call_ok_within(
         "sandbox_vm",
         json!({"oci": reference, "arch": "aarch64", "name": "arm", "cpus": 1,
-               "memory_mb": 512, "wait_agent_s": 200}),
+               "memory_mb": 512, "wait_agent_s": 200,
+               "mounts": [{"host": dir, "guest": "/host"}]}),
         SLOW,
     );
     lab.killer.track(&sb);
@@ -40,5 +41,9 @@ fn an_arm64_image_root_boots_on_the_virt_board() {
         sh(&mut s, "arm", "uname -m; id -u; pwd; echo \"$GREETING\""),
         "aarch64\n1000\n/home/user\nhello from the image\n"
     );
+    // A host folder mounted on aarch64 (the arm64 cloud kernel's fuse.ko, the aarch64 relay).
+    assert_eq!(sb["mounts"][0]["state"], json!("mounted"), "{sb}");
+    let layout_marker = std::fs::read_to_string(dir.join("oci-layout")).unwrap();
+    assert_eq!(sh(&mut s, "arm", "cat /host/oci-layout"), layout_marker);
     s.call_ok_within("sandbox_destroy", json!({"name": "arm"}), SLOW);
 }

@@ -105,6 +105,50 @@ fn mode(path: &Path) -> u32 {
     std::fs::metadata(path).unwrap().permissions().mode() & 0o777
 }
 
+/// Host folders mounted into the stock image's guest (the cloud kernel's fuse.ko, qemu-ga as
+/// its agent, so mcqemu's relay goes into /run): read, the read-only refusal, writes, changes
+/// seen both ways, and git init and commit in the writable one.
+fn mounts_on_the_cloud_kernel(s: &mut Server, vm: &str, dir: &Path) {
+    let (ro, rw) = (dir.join("m-ro"), dir.join("m-rw"));
+    std::fs::create_dir_all(&ro).unwrap();
+    std::fs::create_dir_all(&rw).unwrap();
+    std::fs::write(ro.join("hello.txt"), "from the host\n").unwrap();
+    let out = s.call_ok_within(
+        "vm_mount",
+        json!({"name": vm, "add": [{"host": ro, "guest": "/mnt/ro"},
+                                   {"host": rw, "guest": "/mnt/rw", "writable": true}]}),
+        Duration::from_secs(120),
+    );
+    assert!(
+        out["mounts"].as_array().unwrap().iter().all(|m| m["state"] == "mounted"),
+        "{out}"
+    );
+    assert_eq!(sh(s, vm, "cat /mnt/ro/hello.txt"), "from the host\n");
+    let r = s.call_ok(
+        "guest_exec",
+        json!({"name": vm, "command": "sh", "args": ["-c", "echo x > /mnt/ro/no"]}),
+    );
+    assert_ne!(r["exitcode"], json!(0), "a read-only mount took a write: {r}");
+    assert!(!ro.join("no").exists());
+    std::fs::write(ro.join("hello.txt"), "changed\n").unwrap();
+    std::thread::sleep(Duration::from_millis(1000));
+    assert_eq!(sh(s, vm, "cat /mnt/ro/hello.txt"), "changed\n");
+    sh(
+        s,
+        vm,
+        "set -e; cd /mnt/rw; git init -q; echo hi > x; git add x; \
+         git -c user.email=t@t -c user.name=t commit -qm one; test -z \"$(git status --short)\"",
+    );
+    assert!(rw.join(".git/HEAD").is_file());
+    assert_eq!(std::fs::read_to_string(rw.join("x")).unwrap(), "hi\n");
+    assert!(sh(s, vm, "findmnt -n -o FSTYPE /mnt/rw").contains("fuse"));
+    s.call_ok_within(
+        "vm_mount",
+        json!({"name": vm, "remove": ["/mnt/ro", "/mnt/rw"]}),
+        Duration::from_secs(60),
+    );
+}
+
 #[test]
 fn stock_image_pull_prepare_sandbox_template_clone() {
     let image = test_stock_image();
@@ -249,6 +293,7 @@ fn stock_image_pull_prepare_sandbox_template_clone() {
     );
     assert_eq!(w["bytes_written"], json!(10), "{w}");
     assert_eq!(guest_bytes(&mut s, one, "/var/tmp/rt.bin"), b"round trip");
+    mounts_on_the_cloud_kernel(&mut s, one, &dir);
 
     // 4. A base whose cloud-init looks for no seed: the sandbox says so and is removed.
     sh(
