@@ -66,7 +66,9 @@ fn rows(table: &mut Table, s: &mut Server, killer: &VmKiller, tmp: &Path) -> Res
     let share = tmp.join("share");
     std::fs::create_dir_all(&share).map_err(|e| e.to_string())?;
     let big = share.join("big.bin");
-    let data: Vec<u8> = (0..BIG_MIB << 20).map(|i| (i * 7 + i / 4093) as u8).collect();
+    let data: Vec<u8> = (0..BIG_MIB << 20)
+        .map(|i| (i * 7 + i / 4093) as u8)
+        .collect();
     std::fs::write(&big, &data).map_err(|e| e.to_string())?;
     tree(&share.join("tree"), 10_000)?;
     let repo = share.join("repo");
@@ -74,7 +76,15 @@ fn rows(table: &mut Table, s: &mut Server, killer: &VmKiller, tmp: &Path) -> Res
     for args in [
         &["init", "-q"][..],
         &["add", "."],
-        &["-c", "user.email=b@b", "-c", "user.name=b", "commit", "-qm", "5,000 files"],
+        &[
+            "-c",
+            "user.email=b@b",
+            "-c",
+            "user.name=b",
+            "commit",
+            "-qm",
+            "5,000 files",
+        ],
         &["gc", "-q"],
     ] {
         let mut a = vec![OsStr::new("-C"), repo.as_os_str()];
@@ -87,7 +97,12 @@ fn rows(table: &mut Table, s: &mut Server, killer: &VmKiller, tmp: &Path) -> Res
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/oci/build_layout.py");
     try_run(
         "python3",
-        &[script.as_os_str(), layout.as_os_str(), OsStr::new("v1"), OsStr::new("--debian")],
+        &[
+            script.as_os_str(),
+            layout.as_os_str(),
+            OsStr::new("v1"),
+            OsStr::new("--debian"),
+        ],
         STEP,
     )?;
     let r = s.tool_within(
@@ -167,11 +182,24 @@ fn walk_rows(table: &mut Table, s: &mut Server, what: &str, mount: &str, own: &s
         rows.push((place, cold, again, out));
     }
     if rows[0].3 != rows[1].3 {
-        return Err(format!("{what}: the mount gave {:?}, the own disk {:?}", rows[0].3, rows[1].3));
+        return Err(format!(
+            "{what}: the mount gave {:?}, the own disk {:?}",
+            rows[0].3, rows[1].3
+        ));
     }
     for (place, cold, again, _) in &rows {
-        table.time_row(&format!("{what}: {place}, cold"), 1, &Stats::of(vec![*cold]), None);
-        table.time_row(&format!("{what}: {place}, again"), 1, &Stats::of(vec![*again]), None);
+        table.time_row(
+            &format!("{what}: {place}, cold"),
+            1,
+            &Stats::of(vec![*cold]),
+            None,
+        );
+        table.time_row(
+            &format!("{what}: {place}, again"),
+            1,
+            &Stats::of(vec![*again]),
+            None,
+        );
     }
     let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
     table.note(&format!(
@@ -203,7 +231,11 @@ fn launch_rows(
         let r = s.tool_within("launch_vm", args, BOOT_TIMEOUT)?;
         times[with as usize].push(t.elapsed());
         killer.track(structured(&r)?);
-        s.tool_within("stop_vm", json!({"name": name, "force": true}), BOOT_TIMEOUT)?;
+        s.tool_within(
+            "stop_vm",
+            json!({"name": name, "force": true}),
+            BOOT_TIMEOUT,
+        )?;
         let _: Value = s.tool_within("forget_vm", json!({"name": name}), BOOT_TIMEOUT)?;
     }
     let [without, with] = times;

@@ -132,11 +132,23 @@ pub fn relay_on(mut port: File) -> io::Result<()> {
                 continue;
             }
         };
-        writeln!(port, "MCQFS ok")?;
-        log(&format!("{} mounted ({})", path, if writable { "rw" } else { "ro" }));
+        // Files show as the image's user where the root names one (so that user can write a
+        // writable mount), else as root.
+        let (uid, gid) = super::root::user().unwrap_or((0, 0));
+        writeln!(port, "MCQFS ok {uid} {gid}")?;
+        log(&format!(
+            "{} mounted ({})",
+            path,
+            if writable { "rw" } else { "ro" }
+        ));
         let r = pass(&mut port, fuse);
         unmount(&path);
-        log(&format!("{path} unmounted ({})", r.as_ref().err().map_or("the host left".to_string(), |e| e.to_string())));
+        log(&format!(
+            "{path} unmounted ({})",
+            r.as_ref()
+                .err()
+                .map_or("the host left".to_string(), |e| e.to_string())
+        ));
         if let Err(e) = r {
             if e.raw_os_error() == Some(libc::ENODEV) {
                 return Ok(());
@@ -202,7 +214,13 @@ fn open_fuse() -> io::Result<File> {
     load_fuse();
     if !Path::new("/dev/fuse").exists() {
         // SAFETY: a NUL-terminated path; makedev(10, 229) is the fuse device's fixed number.
-        unsafe { libc::mknod(c"/dev/fuse".as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(10, 229)) };
+        unsafe {
+            libc::mknod(
+                c"/dev/fuse".as_ptr(),
+                libc::S_IFCHR | 0o666,
+                libc::makedev(10, 229),
+            )
+        };
     }
     OpenOptions::new()
         .read(true)
@@ -227,7 +245,12 @@ fn mount(path: &str, writable: bool) -> io::Result<File> {
         1 << 20
     );
     let cstr = |s: &str| CString::new(s).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL));
-    let (src, target, kind, data) = (cstr("mcqemu")?, cstr(path)?, cstr("fuse.mcqemu")?, cstr(&opts)?);
+    let (src, target, kind, data) = (
+        cstr("mcqemu")?,
+        cstr(path)?,
+        cstr("fuse.mcqemu")?,
+        cstr(&opts)?,
+    );
     let mut flags = libc::MS_NOSUID | libc::MS_NODEV;
     if !writable {
         flags |= libc::MS_RDONLY;
@@ -359,7 +382,12 @@ mod tests {
             Some((false, "/src dir".into()))
         );
         assert_eq!(parse_mount("MCQFS mount rw /w"), Some((true, "/w".into())));
-        for bad in ["MCQFS mount xx /a", "MCQFS mount ro rel", "MCQFS mount ro /", "junk"] {
+        for bad in [
+            "MCQFS mount xx /a",
+            "MCQFS mount ro rel",
+            "MCQFS mount ro /",
+            "junk",
+        ] {
             assert_eq!(parse_mount(bad), None, "{bad}");
         }
     }

@@ -206,7 +206,7 @@ impl Reply {
 
     /// Zero bytes up to the next multiple of 8 (dirents are 8-aligned).
     pub fn pad8(&mut self) -> &mut Reply {
-        while self.buf.len() % 8 != 0 {
+        while !self.buf.len().is_multiple_of(8) {
             self.buf.push(0);
         }
         self
@@ -251,11 +251,17 @@ mod tests {
         r.entry(5, (1, 0), &Attr::default(), (0, 0));
         let b = r.finish();
         assert_eq!(b.len(), OUT_HEADER + ENTRY_OUT);
-        assert_eq!(u32::from_le_bytes(b[0..4].try_into().unwrap()) as usize, b.len());
+        assert_eq!(
+            u32::from_le_bytes(b[0..4].try_into().unwrap()) as usize,
+            b.len()
+        );
         assert_eq!(u64::from_le_bytes(b[8..16].try_into().unwrap()), 7);
         let e = Reply::error(9, libc::ENOENT);
         assert_eq!(e.len(), OUT_HEADER);
-        assert_eq!(i32::from_le_bytes(e[4..8].try_into().unwrap()), -libc::ENOENT);
+        assert_eq!(
+            i32::from_le_bytes(e[4..8].try_into().unwrap()),
+            -libc::ENOENT
+        );
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! mount stands in its status file, which vm_info reads.
 //!
 //! The port's conversation, before FUSE: the guest writes [`HELLO`] + `\n`; the host answers
-//! `MCQFS mount ro|rw PATH\n`; the guest answers `MCQFS ok\n` or `MCQFS error WHY\n`. A hello
+//! `MCQFS mount ro|rw PATH\n`; the guest answers `MCQFS ok UID GID\n` (who the files show as
+//! owned by: the image's user in a container root, else root) or `MCQFS error WHY\n`. A hello
 //! in place of a FUSE request (the guest rebooted) starts the conversation again.
 
 use std::io::{self, Read, Write};
@@ -145,8 +146,11 @@ pub fn serve_on(mut sock: UnixStream, c: &Config, share: &OwnedFd) -> Result<(),
         }
         let mode = if c.writable { "rw" } else { "ro" };
         writeln!(out, "MCQFS mount {mode} {}", c.guest).map_err(|e| e.to_string())?;
-        match read_line(&mut sock, &[]) {
-            Ok(l) if l == "MCQFS ok" => status(c, "mounted", None),
+        let owner = match read_line(&mut sock, &[]) {
+            Ok(l) if l == "MCQFS ok" || l.starts_with("MCQFS ok ") => {
+                status(c, "mounted", None);
+                parse_owner(&l)
+            }
             Ok(l) => {
                 let why = l.strip_prefix("MCQFS error ").unwrap_or(&l).to_string();
                 status(c, "failed", Some(&why));
@@ -155,11 +159,11 @@ pub fn serve_on(mut sock: UnixStream, c: &Config, share: &OwnedFd) -> Result<(),
             }
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => break,
             Err(e) => return Err(format!("reading the guest's answer: {e}")),
-        }
+        };
         let root = share
             .try_clone()
             .map_err(|e| format!("cannot reuse the share's folder: {e}"))?;
-        let mut server = Server::new(root, c.writable, (0, 0)).map_err(|e| e.to_string())?;
+        let mut server = Server::new(root, c.writable, owner).map_err(|e| e.to_string())?;
         match serve(&mut sock, &mut out, &mut server) {
             Ok(Some(again)) => start = again,
             Ok(None) => break,
@@ -171,6 +175,15 @@ pub fn serve_on(mut sock: UnixStream, c: &Config, share: &OwnedFd) -> Result<(),
     }
     status(c, "ended", None);
     Ok(())
+}
+
+/// `MCQFS ok UID GID`: the owner the guest's files show (root when not said).
+fn parse_owner(line: &str) -> (u32, u32) {
+    let mut w = line.split_whitespace().skip(2).map(str::parse::<u32>);
+    match (w.next(), w.next()) {
+        (Some(Ok(u)), Some(Ok(g))) => (u, g),
+        _ => (0, 0),
+    }
 }
 
 /// Answers requests until the VM ends (None) or the guest says hello again (the bytes read).
@@ -191,7 +204,9 @@ fn serve(
         }
         let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
         if !(IN_HEADER..=MAX_REQUEST).contains(&len) {
-            return Err(format!("a request of {len} bytes: not FUSE; the port is closed"));
+            return Err(format!(
+                "a request of {len} bytes: not FUSE; the port is closed"
+            ));
         }
         match sock.read_exact(&mut buf[4..len]) {
             Ok(()) => {}

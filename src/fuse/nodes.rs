@@ -209,7 +209,11 @@ impl Nodes {
     /// The guest renamed `from` (in folder `olddir`) to `to` (in `newdir`): a node held for
     /// it is known by its new name. `inode` is what `from` was before the rename.
     pub fn renamed(&mut self, inode: (u64, u64), newdir: u64, to: &CString) {
-        if let Some(n) = self.by_inode.get(&inode).and_then(|id| self.map.get_mut(id)) {
+        if let Some(n) = self
+            .by_inode
+            .get(&inode)
+            .and_then(|id| self.map.get_mut(id))
+        {
             n.parent = newdir;
             n.name = to.clone();
         }
@@ -344,7 +348,11 @@ mod cap_tests {
         let (d, _) = n.lookup(ROOT_ID, &name(b"d").unwrap()).unwrap();
         let (e, _) = n.lookup(d, &name(b"e").unwrap()).unwrap();
         let ids: Vec<u64> = (0..40)
-            .map(|i| n.lookup(e, &name(format!("f{i}").as_bytes()).unwrap()).unwrap().0)
+            .map(|i| {
+                n.lookup(e, &name(format!("f{i}").as_bytes()).unwrap())
+                    .unwrap()
+                    .0
+            })
             .collect();
         n.trim();
         assert!(n.open_count() <= 16, "{}", n.open_count());

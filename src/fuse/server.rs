@@ -400,7 +400,14 @@ impl Server {
         }
         let fh = self.next_fh;
         self.next_fh += 1;
-        self.dirs.insert(fh, Listing { fd, dir: id, entries });
+        self.dirs.insert(
+            fh,
+            Listing {
+                fd,
+                dir: id,
+                entries,
+            },
+        );
         let mut r = Reply::ok(u);
         r.u64(fh).u32(0).u32(0);
         Ok(r.finish())
@@ -436,7 +443,10 @@ impl Server {
                     None => continue, // gone since the listing
                 }
             }
-            r.u64(ino).u64(i as u64).u32(name.len() as u32).u32(kind as u32);
+            r.u64(ino)
+                .u64(i as u64)
+                .u32(name.len() as u32)
+                .u32(kind as u32);
             r.bytes(&name).pad8();
         }
         Ok(r.finish())

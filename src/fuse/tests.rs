@@ -143,11 +143,18 @@ fn a_writable_share_keeps_the_guest_inside_it() {
          ln a/b/g hard; chmod 4755 a/b/g; ls -la",
     );
     assert!(ok, "{out}");
-    assert_eq!(std::fs::read_to_string(m.share.join("a/b/g")).unwrap(), "data\n");
+    assert_eq!(
+        std::fs::read_to_string(m.share.join("a/b/g")).unwrap(),
+        "data\n"
+    );
     // Escapes: the symlink is stored as a symlink and never followed by the server; its
     // target outside is untouched. `..` at the root stays at the root (the guest's kernel).
     let (_, out) = sh(&m.mnt, "echo pwned > esc; cat esc; cat ../outside 2>&1");
-    assert_eq!(std::fs::read_to_string(m.dir.join("outside")).unwrap(), "secret", "{out}");
+    assert_eq!(
+        std::fs::read_to_string(m.dir.join("outside")).unwrap(),
+        "secret",
+        "{out}"
+    );
     // No setuid bit reaches the host; no device file can be made.
     let mode = std::fs::metadata(m.share.join("a/b/g")).unwrap();
     use std::os::unix::fs::PermissionsExt;
@@ -204,13 +211,20 @@ fn a_tree_walk_asks_the_server_little() {
         sock.read_exact(&mut byte).unwrap();
         line.push(byte[0]);
     }
-    assert_eq!(line, b"MCQFS ok\n");
+    assert_eq!(line, b"MCQFS ok 0 0\n");
     let walker = {
         let mnt = mnt.clone();
-        std::thread::spawn(move || sh(&mnt, "find . -type f | wc -l; ls -lR . | wc -l; busybox find . -type f | wc -l").1)
+        std::thread::spawn(move || {
+            sh(
+                &mnt,
+                "find . -type f | wc -l; ls -lR . | wc -l; busybox find . -type f | wc -l",
+            )
+            .1
+        })
     };
     let mut buf = vec![0u8; super::server::MAX_REQUEST];
-    sock.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+    sock.set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
     while !walker.is_finished() {
         if sock.read_exact(&mut buf[..4]).is_err() {
             continue;

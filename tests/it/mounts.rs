@@ -92,7 +92,10 @@ fn mounts_in_the_test_guest_read_write_escape_and_refuse() {
 
     // Reads, and a read-only mount refuses every change (the host folder unchanged).
     let out = lab.guest_sh("mnt", "cat /ro/hello.txt /ro/sub/deep.txt; ls /ro");
-    assert!(out.contains("hello from the host") && out.contains("deep"), "{out}");
+    assert!(
+        out.contains("hello from the host") && out.contains("deep"),
+        "{out}"
+    );
     for script in [
         "echo x > /ro/new.txt",
         "echo x >> /ro/hello.txt",
@@ -108,7 +111,10 @@ fn mounts_in_the_test_guest_read_write_escape_and_refuse() {
     assert_eq!(files_in(&ro), ["hello.txt", "sub"]);
 
     // A guest write is on the host when guest_exec returns; a host change shows within 1 s.
-    lab.guest_sh("mnt", "echo from-guest > /rw/g.txt; mkdir -p /rw/a/b; mv /rw/g.txt /rw/a/b/");
+    lab.guest_sh(
+        "mnt",
+        "echo from-guest > /rw/g.txt; mkdir -p /rw/a/b; mv /rw/g.txt /rw/a/b/",
+    );
     assert_eq!(
         std::fs::read_to_string(rw.join("a/b/g.txt")).unwrap(),
         "from-guest\n"
@@ -117,7 +123,10 @@ fn mounts_in_the_test_guest_read_write_escape_and_refuse() {
     std::fs::write(ro.join("later.txt"), "new\n").unwrap();
     std::thread::sleep(Duration::from_millis(1000));
     let out = lab.guest_sh("mnt", "cat /ro/hello.txt /ro/later.txt");
-    assert!(out.contains("changed on the host") && out.contains("new"), "{out}");
+    assert!(
+        out.contains("changed on the host") && out.contains("new"),
+        "{out}"
+    );
 
     // Escapes. A symlink made in the guest is stored as a link and followed only by the
     // guest's kernel, in the guest; the host file it names is untouched.
@@ -135,7 +144,10 @@ fn mounts_in_the_test_guest_read_write_escape_and_refuse() {
     // A symlink made on the host to a folder outside: the guest never reads the host's.
     std::os::unix::fs::symlink(&outside, rw.join("host-link")).unwrap();
     let (_, out) = try_sh(&mut lab, "mnt", "cat /rw/host-link/marker 2>&1; true");
-    assert!(!out.contains("HOST-SECRET"), "the guest read outside: {out}");
+    assert!(
+        !out.contains("HOST-SECRET"),
+        "the guest read outside: {out}"
+    );
     // A folder the guest is inside, swapped on the host for a link to outside.
     std::fs::create_dir_all(rw.join("d")).unwrap();
     std::fs::write(rw.join("d/marker"), "inside\n").unwrap();
@@ -154,10 +166,15 @@ fn mounts_in_the_test_guest_read_write_escape_and_refuse() {
     lab.guest_sh("mnt", "echo x > /rw/s; chmod 4755 /rw/s; ln /rw/s /rw/s2");
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let meta = std::fs::metadata(rw.join("s")).unwrap();
-    assert_eq!(meta.permissions().mode() & 0o7000, 0, "a setuid bit reached the host");
+    assert_eq!(
+        meta.permissions().mode() & 0o7000,
+        0,
+        "a setuid bit reached the host"
+    );
     assert_eq!(meta.nlink(), 2, "the hard link inside the mount works");
     // SAFETY: getuid has no preconditions.
-    assert_eq!(meta.uid(), unsafe { libc::getuid() }, "files are the host user's");
+    let me = unsafe { libc::getuid() };
+    assert_eq!(meta.uid(), me, "files are the host user's");
     let (code, _) = try_sh(&mut lab, "mnt", "ln /etc/passwd /rw/pw");
     assert_ne!(code, 0);
     assert!(!rw.join("pw").exists());
@@ -172,10 +189,15 @@ fn mounts_in_the_test_guest_read_write_escape_and_refuse() {
     let info = lab.srv().call_ok("vm_info", json!({"name": "mnt"}));
     assert_eq!(info["mounts"].as_array().map(Vec::len), Some(2), "{info}");
     for (tool, args) in [
-        ("sandbox_fork", json!({"name": "mnt", "names": ["mnt-copy"]})),
+        (
+            "sandbox_fork",
+            json!({"name": "mnt", "names": ["mnt-copy"]}),
+        ),
         ("sandbox_suspend", json!({"name": "mnt"})),
     ] {
-        let r = lab.srv().call_tool_within(tool, args, Duration::from_secs(60));
+        let r = lab
+            .srv()
+            .call_tool_within(tool, args, Duration::from_secs(60));
         let e = tool_err(&r, tool);
         assert!(e.contains("/rw") && e.contains("vm_mount"), "{tool}: {e}");
     }
@@ -188,7 +210,10 @@ fn mounts_in_the_test_guest_read_write_escape_and_refuse() {
     );
     assert_eq!(out["mounts"].as_array().map(Vec::len), Some(1), "{out}");
     let (_, left) = try_sh(&mut lab, "mnt", "cat /ro/hello.txt 2>&1; true");
-    assert!(!left.contains("changed on the host"), "still mounted: {left}");
+    assert!(
+        !left.contains("changed on the host"),
+        "still mounted: {left}"
+    );
     let out = lab.srv().call_ok_within(
         "vm_mount",
         json!({"name": "mnt", "add": [{"host": ro, "guest": "/again"}]}),
@@ -200,12 +225,17 @@ fn mounts_in_the_test_guest_read_write_escape_and_refuse() {
 
     // Bad mounts are refused before anything changes.
     for (mounts, why) in [
-        (json!([{"host": "/etc", "guest": "/e"}]), "outside the folders"),
+        (
+            json!([{"host": "/etc", "guest": "/e"}]),
+            "outside the folders",
+        ),
         (json!([{"host": ro, "guest": "/again"}]), "already mounted"),
         (json!([{"host": ro, "guest": "relative"}]), "not absolute"),
         (json!([{"host": ro, "guest": "/proc/x"}]), "kernel"),
     ] {
-        let r = lab.srv().call_tool("vm_mount", json!({"name": "mnt", "add": mounts}));
+        let r = lab
+            .srv()
+            .call_tool("vm_mount", json!({"name": "mnt", "add": mounts}));
         let e = tool_err(&r, "a bad mount");
         assert!(e.contains(why), "{why}: {e}");
     }
@@ -247,8 +277,11 @@ fn a_template_s_mounts_are_its_clones_and_launch_vm_mounts_when_the_agent_answer
     let sc = tool_ok(&r, "a clone of a template with mounts");
     assert_eq!(sc["mounts"][0]["state"], "mounted", "{sc}");
     assert_eq!(lab.guest_sh("clone", "cat /share/f"), "shared\n");
-    lab.srv()
-        .call_ok_within("sandbox_destroy", json!({"name": "clone"}), Duration::from_secs(60));
+    lab.srv().call_ok_within(
+        "sandbox_destroy",
+        json!({"name": "clone"}),
+        Duration::from_secs(60),
+    );
 
     let mut l = boot.clone();
     l["name"] = json!("launched");
@@ -261,7 +294,11 @@ fn a_template_s_mounts_are_its_clones_and_launch_vm_mounts_when_the_agent_answer
         if info["mounts"][0]["state"] == "mounted" {
             break;
         }
-        assert!(Instant::now() < deadline, "never mounted: {}", info["mounts"]);
+        assert!(
+            Instant::now() < deadline,
+            "never mounted: {}",
+            info["mounts"]
+        );
         std::thread::sleep(Duration::from_millis(500));
     }
     assert_eq!(lab.guest_sh("launched", "cat /share/f"), "shared\n");

@@ -51,10 +51,13 @@ fn an_image_root_boots_and_runs_programs_as_the_image_says() {
 /// ways, the record's image and digest, and oci beside base_image refused.
 fn inside_the_image(lab: &mut Lab, reference: &str, digest: &str) {
     let t = Instant::now();
+    let work = lab.dir.join("work");
+    std::fs::create_dir_all(&work).unwrap();
     let sb = lab.srv().call_ok_within(
         "sandbox_vm",
         json!({"oci": reference, "name": "img", "cpus": 1, "memory_mb": 512,
-               "wait_agent_s": 150, "disk_size": "2G"}),
+               "wait_agent_s": 150, "disk_size": "2G",
+               "mounts": [{"host": work, "guest": "/work", "writable": true}]}),
         STEP,
     );
     lab.track(&sb);
@@ -80,6 +83,20 @@ fn inside_the_image(lab: &mut Lab, reference: &str, digest: &str) {
          two\nnew\ngone\n",
         "the image's user, folder, environment, owners and layers: {out}"
     );
+
+    // A writable mount shows as the image's user's, who writes into it; on the host the file
+    // is the host user's.
+    let out = exec(
+        lab,
+        "img",
+        "stat -c '%u:%g' /work; echo mine > /work/by-user && cat /work/by-user",
+    );
+    assert_eq!(out["stdout"], json!("1000:1000\nmine\n"), "{out}");
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(work.join("by-user")).unwrap();
+    // SAFETY: getuid has no preconditions.
+    let me = unsafe { libc::getuid() };
+    assert_eq!(meta.uid(), me);
 
     // disk_size is room in the root: the agent grew the file system at boot.
     let df = exec(lab, "img", "df -k / | tail -1");

@@ -39,7 +39,12 @@ fn a_glibc_root_and_a_root_without_a_shell_boot_too() {
     // A host folder mounted writable, where git works (Debian's cloud kernel: fuse.ko).
     let repo = lab.dir.join("repo");
     std::fs::create_dir_all(&repo).unwrap();
-    boot(&mut lab, &debian, "deb", json!([{"host": repo, "guest": "/work", "writable": true}]));
+    boot(
+        &mut lab,
+        &debian,
+        "deb",
+        json!([{"host": repo, "guest": "/work", "writable": true}]),
+    );
     let r = lab.srv().call_ok_within(
         "guest_exec",
         json!({"name": "deb", "command": "bash", "args": ["-c",
@@ -63,7 +68,10 @@ fn a_glibc_root_and_a_root_without_a_shell_boot_too() {
     assert_eq!(r["stdout"], json!("one\n"), "{r}");
     let head = std::fs::read_to_string(repo.join(".git/HEAD")).unwrap();
     assert!(head.starts_with("ref: refs/heads/"), "{head}");
-    assert_eq!(std::fs::read_link(repo.join("link")).unwrap(), Path::new("x"));
+    assert_eq!(
+        std::fs::read_link(repo.join("link")).unwrap(),
+        Path::new("x")
+    );
     lab.srv()
         .call_ok_within("sandbox_destroy", json!({"name": "deb"}), STEP);
 

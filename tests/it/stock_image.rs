@@ -120,7 +120,11 @@ fn mounts_on_the_cloud_kernel(s: &mut Server, vm: &str, dir: &Path) {
         Duration::from_secs(120),
     );
     assert!(
-        out["mounts"].as_array().unwrap().iter().all(|m| m["state"] == "mounted"),
+        out["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|m| m["state"] == "mounted"),
         "{out}"
     );
     assert_eq!(sh(s, vm, "cat /mnt/ro/hello.txt"), "from the host\n");
@@ -128,7 +132,11 @@ fn mounts_on_the_cloud_kernel(s: &mut Server, vm: &str, dir: &Path) {
         "guest_exec",
         json!({"name": vm, "command": "sh", "args": ["-c", "echo x > /mnt/ro/no"]}),
     );
-    assert_ne!(r["exitcode"], json!(0), "a read-only mount took a write: {r}");
+    assert_ne!(
+        r["exitcode"],
+        json!(0),
+        "a read-only mount took a write: {r}"
+    );
     assert!(!ro.join("no").exists());
     std::fs::write(ro.join("hello.txt"), "changed\n").unwrap();
     std::thread::sleep(Duration::from_millis(1000));

@@ -115,10 +115,7 @@ fn put_relay(name: &str, arch: &str) -> Result<String, OpError> {
 /// Starts the relay for mount `id` (it runs on; a second relay for the same port finds it
 /// taken and ends).
 fn start_relay(name: &str, relay: &str, id: u32) -> Result<(), OpError> {
-    let args = vec![
-        "fs-relay".to_string(),
-        format!("{MOUNT_PORT_PREFIX}{id}"),
-    ];
+    let args = vec!["fs-relay".to_string(), format!("{MOUNT_PORT_PREFIX}{id}")];
     let mut req = ExecRequest::captured(relay, &args);
     req.capture_output = false;
     super::with_guest(name, "guest-exec", |q| {
@@ -204,7 +201,10 @@ fn fail_if_not_mounted(name: &str, all: &[Shown]) -> Result<(), OpError> {
                 "{} is {}{}",
                 m.guest,
                 m.state,
-                m.error.as_ref().map(|e| format!(" ({e})")).unwrap_or_default()
+                m.error
+                    .as_ref()
+                    .map(|e| format!(" ({e})"))
+                    .unwrap_or_default()
             )
         })
         .collect();
@@ -254,7 +254,10 @@ fn activate_when_ready(name: &str) {
     let deadline = Instant::now() + READY_WAIT;
     while Instant::now() < deadline {
         let Ok(rec) = lookup(name) else { return };
-        if mounts::shown(name, &rec).iter().all(|m| m.state != "waiting") {
+        if mounts::shown(name, &rec)
+            .iter()
+            .all(|m| m.state != "waiting")
+        {
             return;
         }
         let answered = super::with_guest(name, "guest-ping", |q| {

@@ -47,7 +47,9 @@ pub fn create(ctx: &dyn Work, req: &SandboxRequest) -> Result<Sandboxed, OpError
     // A template's mounts come first, then the call's own; all are checked before anything
     // starts, and made once the guest answers.
     let mut mounts = match &req.template {
-        Some(t) => crate::ops::sandbox::templates::load(t).map_or_else(|_| Vec::new(), |t| t.mounts),
+        Some(t) => {
+            crate::ops::sandbox::templates::load(t).map_or_else(|_| Vec::new(), |t| t.mounts)
+        }
         None => Vec::new(),
     };
     mounts.extend(req.launch.mounts.iter().cloned());
@@ -56,7 +58,9 @@ pub fn create(ctx: &dyn Work, req: &SandboxRequest) -> Result<Sandboxed, OpError
     if !mounts.is_empty() {
         let name = out.launched.name.clone();
         // An agent not waited for (wait_agent_s 0): mounted in the background once it answers.
-        let wait = out.agent_ready.then_some(crate::ops::vm::mounts::MOUNT_WAIT);
+        let wait = out
+            .agent_ready
+            .then_some(crate::ops::vm::mounts::MOUNT_WAIT);
         match crate::ops::guest::mounts::after_start(&name, &mounts, wait) {
             Ok(m) => out.launched.mounts = m,
             Err(e) => {

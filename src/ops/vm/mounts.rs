@@ -117,7 +117,9 @@ pub fn check(specs: &[MountSpec], existing: &[Mount]) -> Result<Vec<Checked>, Op
     for s in specs {
         let guest = check_guest(&s.guest)?;
         if seen.iter().any(|g| {
-            g == &guest || guest.starts_with(&format!("{g}/")) || g.starts_with(&format!("{guest}/"))
+            g == &guest
+                || guest.starts_with(&format!("{g}/"))
+                || g.starts_with(&format!("{guest}/"))
         }) {
             return Err(OpError::invalid(format!(
                 "mount guest path {guest} is already mounted, or inside or above another mount"
@@ -171,7 +173,7 @@ fn status_file(name: &str, id: u32) -> PathBuf {
 /// Plugs `mounts` into running VM `name` (whose record is `rec`) and starts their servers;
 /// the record gets them one by one, so a failure half-way leaves the ones that worked shown.
 pub fn attach(name: &str, rec: &Record, mounts: Vec<Checked>) -> Result<Vec<Shown>, OpError> {
-    let mut next = rec
+    let first = rec
         .mounts
         .iter()
         .flatten()
@@ -179,9 +181,7 @@ pub fn attach(name: &str, rec: &Record, mounts: Vec<Checked>) -> Result<Vec<Show
         .max()
         .map_or(0, |m| m + 1);
     let mut shown = Vec::new();
-    for m in mounts {
-        let id = next;
-        next += 1;
+    for (id, m) in (first..).zip(mounts) {
         let socket = socket_of(name, id);
         if socket.as_os_str().len() > sock::MAX_SOCKET_PATH {
             return Err(OpError::new(format!(
@@ -318,7 +318,10 @@ fn state_of(name: &str, m: &Mount) -> (String, Option<String>) {
     let error = v["error"].as_str().map(str::to_string);
     let alive = m.server_pid.is_some_and(is_our_server);
     if !alive && state != "failed" {
-        return ("ended".into(), Some("its file server is not running".into()));
+        return (
+            "ended".into(),
+            Some("its file server is not running".into()),
+        );
     }
     (state, error)
 }
@@ -354,7 +357,9 @@ pub fn wait_mounted(name: &str, within: Duration) -> Result<Vec<Shown>, OpError>
     loop {
         let rec = crate::ops::vm::records::lookup(name)?;
         let now = shown(name, &rec);
-        let settled = now.iter().all(|m| m.state != "waiting" && m.state != "starting");
+        let settled = now
+            .iter()
+            .all(|m| m.state != "waiting" && m.state != "starting");
         if settled || Instant::now() >= deadline {
             return Ok(now);
         }
@@ -374,10 +379,19 @@ pub fn detach(name: &str, rec: &Record, guest: &str) -> Result<Shown, OpError> {
         .find(|m| m.guest.as_deref() == Some(want.as_str()))
         .cloned()
         .ok_or_else(|| {
-            let have: Vec<String> = rec.mounts.iter().flatten().filter_map(|m| m.guest.clone()).collect();
+            let have: Vec<String> = rec
+                .mounts
+                .iter()
+                .flatten()
+                .filter_map(|m| m.guest.clone())
+                .collect();
             OpError::not_found(format!(
                 "VM {name:?} has no mount at {want} (its mounts: {})",
-                if have.is_empty() { "none".to_string() } else { have.join(", ") }
+                if have.is_empty() {
+                    "none".to_string()
+                } else {
+                    have.join(", ")
+                }
             ))
         })?;
     let id = m.id.unwrap_or(0);
@@ -396,7 +410,11 @@ pub fn detach(name: &str, rec: &Record, guest: &str) -> Result<Shown, OpError> {
         host: m.host.unwrap_or_default(),
         guest: want,
         writable: m.writable.unwrap_or(false),
-        state: if state == "failed" { state } else { "removed".into() },
+        state: if state == "failed" {
+            state
+        } else {
+            "removed".into()
+        },
         error,
     })
 }
