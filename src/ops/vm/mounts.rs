@@ -477,7 +477,8 @@ mod tests {
     fn guest_paths_are_absolute_plain_folders() {
         assert_eq!(check_guest("/src").unwrap(), "/src");
         assert_eq!(check_guest("/a//b/").unwrap(), "/a/b");
-        for bad in ["src", "/", "/a/../b", "/./a", "/proc/x", "/dev", "/a\nb"] {
+        assert_eq!(check_guest("/./a").unwrap(), "/a");
+        for bad in ["src", "/", "/a/../b", "/proc/x", "/dev", "/a\nb"] {
             assert!(check_guest(bad).is_err(), "{bad}");
         }
     }
