@@ -1,6 +1,6 @@
 //! The guest's half of a VM's mounts where its agent is qemu-ga: mcqemu-agent relays every
 //! mount port by itself, but a guest with qemu-ga has no relay. There the host puts the static
-//! mcqemu-agent of the guest's architecture into `/run` (once per agent build) and starts
+//! mcqemu-agent of the guest's architecture into [`RELAY_DIR`] (once per agent build) and starts
 //! `mcqemu-agent fs-relay PORT` for each mount still waiting. Either way it then waits until
 //! the guest has mounted them, or says why not.
 
@@ -44,8 +44,13 @@ pub fn activate(name: &str, within: Duration) -> Result<Vec<Shown>, OpError> {
     mounts::wait_mounted(name, deadline.saturating_duration_since(Instant::now()))
 }
 
-/// Writes this host's mcqemu-agent for `arch` into the guest's `/run` (unless the same build
-/// is there already); returns its path in the guest.
+/// Where the relay goes in a guest with qemu-ga: a folder only root writes (not /tmp, where
+/// any guest user could put a program of their own under the name), on the root file system
+/// (/run is often mounted noexec, as Debian's is).
+const RELAY_DIR: &str = "/var/lib/mcqemu";
+
+/// Writes this host's mcqemu-agent for `arch` into the guest's [`RELAY_DIR`] (unless the
+/// same build is there already); returns its path in the guest.
 fn put_relay(name: &str, arch: &str) -> Result<String, OpError> {
     let local = host::agent::find(arch).map_err(|e| {
         OpError::new(format!(
@@ -59,17 +64,13 @@ fn put_relay(name: &str, arch: &str) -> Result<String, OpError> {
         .ok()
         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
         .map_or(0, |d| d.as_secs());
-    let path = format!("/run/mcqemu-relay-{}-{mtime}", meta.len());
-    let there = super::with_guest(name, "guest-file-open", |q| {
-        Ok(match agent_calls::file_open(q, &path, "r") {
-            Ok(h) => {
-                let _ = agent_calls::file_close(q, h, Duration::from_secs(5));
-                true
-            }
-            Err(_) => false,
-        })
-    })?;
-    if there {
+    let path = format!("{RELAY_DIR}/relay-{}-{mtime}", meta.len());
+    let there = sh(
+        name,
+        "mkdir -p \"$1\" && chmod 700 \"$1\" && test -x \"$0\"",
+        &[&path, RELAY_DIR],
+    )?;
+    if there == Some(0) {
         return Ok(path);
     }
     let bytes = std::fs::read(&local)
@@ -82,16 +83,27 @@ fn put_relay(name: &str, arch: &str) -> Result<String, OpError> {
         }
         agent_calls::file_close(q, h, Duration::from_secs(10))
     })?;
-    let args = vec![
-        "-c".to_string(),
-        "chmod 755 \"$0\" && mv -f \"$0\" \"$1\"".to_string(),
-        tmp,
-        path.clone(),
-    ];
-    let code = super::with_guest(name, "guest-exec", |q| {
+    let code = sh(
+        name,
+        "chmod 755 \"$0\" && mv -f \"$0\" \"$1\"",
+        &[&tmp, &path],
+    )?;
+    if code != Some(0) {
+        return Err(OpError::guest(format!(
+            "could not make {path} executable in VM {name:?} (sh exited {code:?})"
+        )));
+    }
+    Ok(path)
+}
+
+/// `sh -c SCRIPT ARG0 ARGS...` in the guest, waited for (10 s at most); its exit code.
+fn sh(name: &str, script: &str, args: &[&str]) -> Result<Option<i64>, OpError> {
+    let mut argv = vec!["-c".to_string(), script.to_string()];
+    argv.extend(args.iter().map(|a| a.to_string()));
+    super::with_guest(name, "guest-exec", |q| {
         let pid = agent_calls::exec(
             q,
-            &ExecRequest::captured("/bin/sh", &args),
+            &ExecRequest::captured("/bin/sh", &argv),
             Duration::from_secs(10),
         )?;
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -102,14 +114,7 @@ fn put_relay(name: &str, arch: &str) -> Result<String, OpError> {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-    })?;
-    if code != Some(0) {
-        return Err(OpError::guest(format!(
-            "could not make {path} executable in VM {name:?} (sh exited {code:?}); is /run \
-             mounted noexec?"
-        )));
-    }
-    Ok(path)
+    })
 }
 
 /// Starts the relay for mount `id` (it runs on; a second relay for the same port finds it

@@ -17,7 +17,7 @@ const DESCRIPTION: &str = "Mount host folders into a running VM, or remove them,
     the guest (a launch_vm'd guest with qemu-ga) are made now. Waits until the guest has \
     mounted them (wait_s) and returns what was added, removed, and the VM's mounts now; \
     vm_info shows them too. The guest needs fuse.ko; with qemu-ga as its agent, mcqemu puts \
-    its own relay into /run.";
+    its own relay into /var/lib/mcqemu.";
 
 /// `vm_mount`.
 pub const MOUNT: ToolDef = ToolDef {
