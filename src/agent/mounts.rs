@@ -111,14 +111,11 @@ fn relay(dev: &Path) -> io::Result<()> {
 /// The relay on an open port (or, in tests, one end of a socket pair).
 pub fn relay_on(mut port: File) -> io::Result<()> {
     loop {
-        // Blocks until the host's server is connected.
+        // Blocks until the host's server is connected. A hello the host did not answer
+        // within ANSWER_WAIT (lost in a stream that had lost its place) is said again.
         writeln!(port, "{HELLO}")?;
-        let line = match read_line(&mut port)? {
-            Some(l) => l,
-            None => {
-                std::thread::sleep(Duration::from_millis(100));
-                continue;
-            }
+        let Some(line) = wait_mount_line(&mut port)? else {
+            continue;
         };
         let Some((writable, path)) = parse_mount(&line) else {
             writeln!(port, "MCQFS error cannot read {line:?}")?;
@@ -141,8 +138,7 @@ pub fn relay_on(mut port: File) -> io::Result<()> {
             path,
             if writable { "rw" } else { "ro" }
         ));
-        let r = pass(&mut port, fuse);
-        unmount(&path);
+        let r = pass(&mut port, fuse, &path);
         log(&format!(
             "{path} unmounted ({})",
             r.as_ref()
@@ -157,20 +153,51 @@ pub fn relay_on(mut port: File) -> io::Result<()> {
     }
 }
 
-/// A line from the port; None when the host is not connected (an end of file).
-fn read_line(port: &mut File) -> io::Result<Option<String>> {
+/// How long the relay waits for the host to answer its hello before saying it again.
+const ANSWER_WAIT: Duration = Duration::from_secs(5);
+
+/// Waits (up to [`ANSWER_WAIT`]) for the host's `MCQFS mount` line, skipping any other; None
+/// when none came or the host left.
+fn wait_mount_line(port: &mut File) -> io::Result<Option<String>> {
+    let deadline = std::time::Instant::now() + ANSWER_WAIT;
     let mut line = Vec::new();
     let mut b = [0u8; 1];
-    while line.last() != Some(&b'\n') {
-        if line.len() > 4200 {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "line too long"));
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() || !readable(port, left.as_millis().min(200) as i32 + 1) {
+            if left.is_zero() {
+                return Ok(None);
+            }
+            continue;
         }
         if port.read(&mut b)? == 0 {
+            // The host is not connected.
+            std::thread::sleep(Duration::from_millis(100));
             return Ok(None);
         }
-        line.push(b[0]);
+        if b[0] != b'\n' {
+            if line.len() < 4200 {
+                line.push(b[0]);
+            }
+            continue;
+        }
+        let text = String::from_utf8_lossy(&line).trim_end().to_string();
+        line.clear();
+        if text.starts_with("MCQFS mount ") {
+            return Ok(Some(text));
+        }
     }
-    Ok(Some(String::from_utf8_lossy(&line).trim_end().to_string()))
+}
+
+/// Polls `f` for input (or a hang-up) for up to `ms` milliseconds.
+fn readable(f: &File, ms: i32) -> bool {
+    let mut p = libc::pollfd {
+        fd: f.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    unsafe { libc::poll(&mut p, 1, ms) > 0 }
 }
 
 /// `MCQFS mount ro|rw PATH`: (writable, path).
@@ -279,17 +306,23 @@ fn unmount(path: &str) {
     }
 }
 
-/// Passes messages both ways until the host goes away (Ok) or the port fails.
-fn pass(port: &mut File, fuse: File) -> io::Result<()> {
+/// Passes messages both ways until the host goes away (Ok), the port fails, or the share is
+/// unmounted in the guest; then unmounts it (lazily: programs inside get errors, never a hang).
+/// Either direction ending stops the other.
+fn pass(port: &mut File, fuse: File, path: &str) -> io::Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     let up = {
         let (mut to_host, fuse, stop) = (port.try_clone()?, fuse.try_clone()?, stop.clone());
         std::thread::Builder::new()
             .name("mount-up".into())
-            .spawn(move || requests(&fuse, &mut to_host, &stop))?
+            .spawn(move || {
+                requests(&fuse, &mut to_host, &stop);
+                stop.store(true, Ordering::Relaxed);
+            })?
     };
-    let r = replies(port, &fuse);
+    let r = replies(port, &fuse, &stop);
     stop.store(true, Ordering::Relaxed);
+    unmount(path);
     let _ = up.join();
     drop(fuse); // the last descriptor: the kernel ends the connection
     r
@@ -299,13 +332,7 @@ fn pass(port: &mut File, fuse: File) -> io::Result<()> {
 fn requests(fuse: &File, to_host: &mut File, stop: &AtomicBool) {
     let mut buf = vec![0u8; MAX_MESSAGE];
     while !stop.load(Ordering::Relaxed) {
-        let mut p = libc::pollfd {
-            fd: fuse.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd.
-        if unsafe { libc::poll(&mut p, 1, 200) } <= 0 {
+        if !readable(fuse, 200) {
             continue;
         }
         // SAFETY: reads into our buffer, at most its length.
@@ -316,17 +343,44 @@ fn requests(fuse: &File, to_host: &mut File, stop: &AtomicBool) {
                 _ => return, // ENODEV: unmounted
             }
         }
-        if n == 0 || to_host.write_all(&buf[..n as usize]).is_err() {
+        if n == 0 || write_all_until(to_host, &buf[..n as usize], stop).is_err() {
             return;
         }
     }
 }
 
-/// The host's replies to the kernel, each written whole; Ok at the host's end of file.
-fn replies(port: &mut File, fuse: &File) -> io::Result<()> {
+/// Writes all of `data` to the port, giving up once `stop` is set (a port whose host left
+/// blocks writers).
+fn write_all_until(f: &mut File, mut data: &[u8], stop: &AtomicBool) -> io::Result<()> {
+    while !data.is_empty() {
+        if stop.load(Ordering::Relaxed) {
+            return Err(io::ErrorKind::Interrupted.into());
+        }
+        let mut p = libc::pollfd {
+            fd: f.as_raw_fd(),
+            events: libc::POLLOUT,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        if unsafe { libc::poll(&mut p, 1, 200) } <= 0 || p.revents & libc::POLLOUT == 0 {
+            continue;
+        }
+        match f.write(data) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => data = &data[n..],
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// The host's replies to the kernel, each written whole; Ok at the host's end of file or
+/// once `stop` is set.
+fn replies(port: &mut File, fuse: &File, stop: &AtomicBool) -> io::Result<()> {
     let mut buf = vec![0u8; MAX_MESSAGE];
     loop {
-        if !fill(port, &mut buf[..16])? {
+        if !fill(port, &mut buf[..16], stop)? {
             return Ok(());
         }
         let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
@@ -336,7 +390,7 @@ fn replies(port: &mut File, fuse: &File) -> io::Result<()> {
                 format!("a reply of {len} bytes"),
             ));
         }
-        if !fill(port, &mut buf[16..len])? {
+        if !fill(port, &mut buf[16..len], stop)? {
             return Ok(());
         }
         // SAFETY: writes one whole reply from our buffer.
@@ -351,10 +405,16 @@ fn replies(port: &mut File, fuse: &File) -> io::Result<()> {
     }
 }
 
-/// Fills `buf` from the port; false at an end of file (the host left).
-fn fill(port: &mut File, buf: &mut [u8]) -> io::Result<bool> {
+/// Fills `buf` from the port; false at an end of file (the host left) or once `stop` is set.
+fn fill(port: &mut File, buf: &mut [u8], stop: &AtomicBool) -> io::Result<bool> {
     let mut got = 0;
     while got < buf.len() {
+        if stop.load(Ordering::Relaxed) {
+            return Ok(false);
+        }
+        if !readable(port, 200) {
+            continue;
+        }
         match port.read(&mut buf[got..]) {
             Ok(0) => return Ok(false),
             Ok(n) => got += n,

@@ -6,7 +6,9 @@
 //! The port's conversation, before FUSE: the guest writes [`HELLO`] + `\n`; the host answers
 //! `MCQFS mount ro|rw PATH\n`; the guest answers `MCQFS ok UID GID\n` (who the files show as
 //! owned by: the image's user in a container root, else root) or `MCQFS error WHY\n`. A hello
-//! in place of a FUSE request (the guest rebooted) starts the conversation again.
+//! in place of a FUSE request (the guest rebooted, its relay started again) starts the
+//! conversation again; bytes that are neither (a request cut off when a relay died) are
+//! skipped up to the next hello.
 
 use std::io::{self, Read, Write};
 use std::os::unix::io::{AsRawFd, FromRawFd, OwnedFd};
@@ -136,13 +138,12 @@ pub fn serve_on(mut sock: UnixStream, c: &Config, share: &OwnedFd) -> Result<(),
         .map_err(|e| format!("cannot clone the socket: {e}"))?;
     let mut start: Vec<u8> = Vec::new();
     loop {
-        let hello = match read_line(&mut sock, &start) {
-            Ok(l) => l,
+        // Anything but a hello (the end of a request cut off when the relay died, stale
+        // lines) is skipped up to the next hello: the conversation always starts again.
+        match find_hello(&mut sock, &start) {
+            Ok(()) => start.clear(),
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => break,
             Err(e) => return Err(format!("reading the guest's hello: {e}")),
-        };
-        if hello != HELLO {
-            return Err(format!("the guest's relay said {hello:?}, not a hello"));
         }
         let mode = if c.writable { "rw" } else { "ro" };
         writeln!(out, "MCQFS mount {mode} {}", c.guest).map_err(|e| e.to_string())?;
@@ -151,10 +152,14 @@ pub fn serve_on(mut sock: UnixStream, c: &Config, share: &OwnedFd) -> Result<(),
                 status(c, "mounted", None);
                 parse_owner(&l)
             }
+            // The relay started again before it answered: answer its new hello.
+            Ok(l) if l == HELLO => {
+                start = format!("{HELLO}\n").into_bytes();
+                continue;
+            }
             Ok(l) => {
                 let why = l.strip_prefix("MCQFS error ").unwrap_or(&l).to_string();
                 status(c, "failed", Some(&why));
-                start.clear();
                 continue;
             }
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => break,
@@ -167,13 +172,29 @@ pub fn serve_on(mut sock: UnixStream, c: &Config, share: &OwnedFd) -> Result<(),
         match serve(&mut sock, &mut out, &mut server) {
             Ok(Some(again)) => start = again,
             Ok(None) => break,
-            Err(e) => {
-                status(c, "failed", Some(&e));
-                return Err(e);
-            }
+            Err(e) => return Err(e),
         }
+        status(c, "waiting", None);
     }
     status(c, "ended", None);
+    Ok(())
+}
+
+/// Reads (after `start`, already read) up to the end of the relay's next hello, skipping
+/// whatever comes before it; a hello is found even when it follows garbage on its line.
+fn find_hello(sock: &mut UnixStream, start: &[u8]) -> io::Result<()> {
+    let want = format!("{HELLO}\n").into_bytes();
+    let mut seen = start.to_vec();
+    let mut b = [0u8; 1];
+    while !seen.ends_with(&want) {
+        if seen.len() > MAX_LINE {
+            seen.drain(..seen.len() - want.len());
+        }
+        if sock.read(&mut b)? == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        seen.push(b[0]);
+    }
     Ok(())
 }
 
@@ -204,9 +225,8 @@ fn serve(
         }
         let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
         if !(IN_HEADER..=MAX_REQUEST).contains(&len) {
-            return Err(format!(
-                "a request of {len} bytes: not FUSE; the port is closed"
-            ));
+            // Not FUSE (the stream lost its place): look for the relay's next hello.
+            return Ok(Some(Vec::new()));
         }
         match sock.read_exact(&mut buf[4..len]) {
             Ok(()) => {}

@@ -12,8 +12,8 @@ use std::os::unix::io::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use super::abi::ROOT_ID;
 
-/// Most nodes held at once.
-pub const MAX_NODES: usize = 2_000_000;
+/// Most nodes held at once (each keeps its name: at most about 300 MB in all).
+pub const MAX_NODES: usize = 1_000_000;
 
 /// One looked-up file.
 pub struct Node {
@@ -120,25 +120,56 @@ impl Nodes {
         if let Some(fd) = &n.fd {
             return Ok((fd.as_raw_fd(), n.kind));
         }
-        let (parent, name, key, kind) = (n.parent, n.name.clone(), n.key, n.kind);
-        if parent == id {
-            return Err(estale());
+        // The closed nodes from this one up to the nearest open folder, walked without
+        // recursion (a guest can nest folders deeply) and never twice (a loop of parents left
+        // by renames is ESTALE, not a hang).
+        let mut chain = vec![id];
+        let mut seen = std::collections::HashSet::from([id]);
+        let mut at = id;
+        let top = loop {
+            let parent = self.map.get(&at).ok_or_else(estale)?.parent;
+            if parent == at || !seen.insert(parent) {
+                return Err(estale());
+            }
+            let p = self.map.get(&parent).ok_or_else(estale)?;
+            if p.kind != libc::S_IFDIR {
+                return Err(estale());
+            }
+            match &p.fd {
+                Some(fd) => break fd.as_raw_fd(),
+                None => {
+                    chain.push(parent);
+                    at = parent;
+                }
+            }
+        };
+        let mut dir = top;
+        while let Some(node) = chain.pop() {
+            dir = self.reopen_in(dir, node)?;
         }
-        let (dir, dkind) = self.get(parent)?;
-        if dkind != libc::S_IFDIR {
-            return Err(estale());
-        }
-        let fd = open_path(dir, &name).map_err(|_| estale())?;
+        let kind = self.map.get(&id).map_or(0, |n| n.kind);
+        Ok((dir, kind))
+    }
+
+    /// Opens closed node `id` again in folder `dir`: the same inode of the same type, or
+    /// ESTALE (the host moved or replaced it).
+    fn reopen_in(&mut self, dir: RawFd, id: u64) -> io::Result<RawFd> {
+        let n = self.map.get(&id).ok_or_else(estale)?;
+        let fd = open_path(dir, &n.name).map_err(|e| match e.raw_os_error() {
+            Some(libc::ENOENT) | Some(libc::ENOTDIR) | Some(libc::ELOOP) => estale(),
+            _ => e,
+        })?;
         let st = fstat(fd.as_raw_fd())?;
-        if (st.st_dev, st.st_ino) != key {
+        if (st.st_dev, st.st_ino) != n.key || st.st_mode & libc::S_IFMT != n.kind {
             return Err(estale());
         }
         let raw = fd.as_raw_fd();
         if let Some(n) = self.map.get_mut(&id) {
             n.fd = Some(fd);
+            n.used = self.clock;
             self.open += 1;
         }
-        Ok((raw, kind))
+        Ok(raw)
     }
 
     /// The descriptor of folder node `id` (ENOTDIR for another kind).
@@ -169,6 +200,14 @@ impl Nodes {
     ) -> io::Result<u64> {
         self.clock += 1;
         let key = (st.st_dev, st.st_ino);
+        let kind = st.st_mode & libc::S_IFMT;
+        if let Some(&id) = self.by_inode.get(&key) {
+            // The same inode number of another type: the old file is gone and its number
+            // reused; the old node is left to be forgotten, the new file gets a node of its own.
+            if self.map.get(&id).is_some_and(|n| n.kind != kind) {
+                self.by_inode.remove(&key);
+            }
+        }
         if let Some(&id) = self.by_inode.get(&key) {
             if let Some(n) = self.map.get_mut(&id) {
                 n.lookups += 1;
@@ -233,7 +272,9 @@ impl Nodes {
         };
         if gone {
             if let Some(node) = self.map.remove(&id) {
-                self.by_inode.remove(&node.key);
+                if self.by_inode.get(&node.key) == Some(&id) {
+                    self.by_inode.remove(&node.key);
+                }
                 if node.fd.is_some() {
                     self.open -= 1;
                 }

@@ -26,6 +26,11 @@ const VALID: (u64, u32) = (0, 800_000_000);
 const MAX_HANDLES: usize = 65_536;
 /// Most entries a folder listing holds.
 const MAX_DIR_ENTRIES: usize = 1_000_000;
+/// Most entries all open listings hold together (a guest opening a big folder many times
+/// gets EMFILE, not the host's memory).
+const MAX_LISTED: usize = 4_000_000;
+/// Opcodes counted one by one (FUSE's are below 64).
+const COUNTED: usize = 64;
 
 /// A folder's entries as listed when the guest opened it.
 struct Listing {
@@ -46,8 +51,10 @@ pub struct Server {
     owner: (u32, u32),
     /// DESTROY came: the guest unmounted the share.
     ended: bool,
-    /// Requests answered, by opcode (for the status file and tests).
-    counts: HashMap<u32, u64>,
+    /// Requests answered, by opcode (opcodes past [`COUNTED`] share the last slot).
+    counts: [u64; COUNTED],
+    /// Entries held by all open folder listings together.
+    listed: usize,
 }
 
 fn err(e: i32) -> io::Error {
@@ -87,7 +94,8 @@ impl Server {
             writable,
             owner,
             ended: false,
-            counts: HashMap::new(),
+            counts: [0; COUNTED],
+            listed: 0,
         })
     }
 
@@ -96,9 +104,12 @@ impl Server {
         self.ended
     }
 
-    /// Requests answered so far, by opcode.
-    pub fn counts(&self) -> &HashMap<u32, u64> {
-        &self.counts
+    /// Requests answered so far: (opcode, count) for those seen.
+    pub fn counts(&self) -> Vec<(u32, u64)> {
+        (0..COUNTED as u32)
+            .zip(self.counts)
+            .filter(|(_, n)| *n > 0)
+            .collect()
     }
 
     /// How many nodes the guest holds (for tests and the status file).
@@ -110,7 +121,7 @@ impl Server {
     /// requests that take no answer (FORGET, INTERRUPT) and for garbage too short to answer.
     pub fn handle(&mut self, msg: &[u8]) -> Option<Vec<u8>> {
         let h = InHeader::parse(msg)?;
-        *self.counts.entry(h.opcode).or_default() += 1;
+        self.counts[(h.opcode as usize).min(COUNTED - 1)] += 1;
         self.nodes.trim();
         let body = msg.get(abi::IN_HEADER..(h.len as usize).min(msg.len()))?;
         match h.opcode {
@@ -181,7 +192,9 @@ impl Server {
             abi::READDIRPLUS => self.readdir(u, &mut c, true),
             abi::RELEASEDIR => {
                 let fh = c.u64().ok_or_else(short)?;
-                self.dirs.remove(&fh);
+                if let Some(l) = self.dirs.remove(&fh) {
+                    self.listed -= l.entries.len();
+                }
                 Ok(Reply::ok(u).finish())
             }
             abi::STATFS => self.statfs(u),
@@ -268,13 +281,15 @@ impl Server {
             }));
         }
         let path = proc_path(fd);
+        // Non-blocking until checked: a FIFO that took a reused inode number must not hang the
+        // server (it answers one request at a time).
         // SAFETY: a NUL-terminated path; the result is owned below.
-        let f = unsafe { libc::open(path.as_ptr(), flags | libc::O_CLOEXEC) };
+        let f = unsafe { libc::open(path.as_ptr(), flags | libc::O_CLOEXEC | libc::O_NONBLOCK) };
         if f < 0 {
             return Err(io::Error::last_os_error());
         }
         // SAFETY: just opened, owned by nobody else.
-        Ok(unsafe { std::fs::File::from_raw_fd(f) })
+        regular_only(unsafe { std::fs::File::from_raw_fd(f) }, flags)
     }
 
     /// The open flags a guest may ask for, checked against a read-only share.
@@ -395,9 +410,12 @@ impl Server {
         // SAFETY: just opened, owned by nobody else.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         let entries = list(fd.as_raw_fd())?;
-        if self.files.len() + self.dirs.len() >= MAX_HANDLES {
+        if self.files.len() + self.dirs.len() >= MAX_HANDLES
+            || self.listed + entries.len() > MAX_LISTED
+        {
             return Err(err(libc::EMFILE));
         }
+        self.listed += entries.len();
         let fh = self.next_fh;
         self.next_fh += 1;
         self.dirs.insert(
@@ -497,16 +515,24 @@ impl Server {
         c.take(8).ok_or_else(short)?; // umask (applied by the kernel), open_flags
         let (dir, name) = self.new_name(parent, c)?;
         let flags = self.open_flags(flags)? | (flags as i32 & libc::O_EXCL);
-        let all = flags | libc::O_CREAT | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+        let all = flags | libc::O_CREAT | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK;
+        // An existing name is opened too (no O_EXCL asked): non-blocking, and only a regular
+        // file is kept (a FIFO would hang the server, a device file must never be opened).
         // SAFETY: a folder descriptor and a NUL-terminated name; owned below.
         let fd = unsafe { libc::openat(dir, name.as_ptr(), all, mode) };
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
         // SAFETY: just opened, owned by nobody else.
-        let file = unsafe { std::fs::File::from_raw_fd(fd) };
+        let file = regular_only(unsafe { std::fs::File::from_raw_fd(fd) }, flags)?;
         let (id, st) = self.nodes.lookup(parent, &name)?;
-        let fh = self.add_file(file)?;
+        let fh = match self.add_file(file) {
+            Ok(fh) => fh,
+            Err(e) => {
+                self.nodes.forget(id, 1);
+                return Err(e);
+            }
+        };
         let mut r = Reply::ok(u);
         r.entry(id, VALID, &Attr::from_stat(&st), self.owner);
         r.u64(fh).u32(0).u32(0);
@@ -691,6 +717,26 @@ impl Server {
         let st = fstat(fd)?;
         Ok(self.attr_out(u, &st))
     }
+}
+
+/// Keeps `f` only if it is a regular file, its `O_NONBLOCK` set back to what `flags` asked.
+fn regular_only(f: std::fs::File, flags: i32) -> io::Result<std::fs::File> {
+    let st = fstat(f.as_raw_fd())?;
+    match st.st_mode & libc::S_IFMT {
+        libc::S_IFREG => {}
+        libc::S_IFDIR => return Err(err(libc::EISDIR)),
+        _ => return Err(err(libc::EACCES)),
+    }
+    if flags & libc::O_NONBLOCK == 0 {
+        // SAFETY: an open descriptor; F_SETFL with its flags less O_NONBLOCK.
+        unsafe {
+            let now = libc::fcntl(f.as_raw_fd(), libc::F_GETFL);
+            if now >= 0 {
+                libc::fcntl(f.as_raw_fd(), libc::F_SETFL, now & !libc::O_NONBLOCK);
+            }
+        }
+    }
+    Ok(f)
 }
 
 /// How many node descriptors stay open between requests: a share of the open-file limit

@@ -30,11 +30,21 @@ pub fn activate(name: &str, within: Duration) -> Result<Vec<Shown>, OpError> {
         .filter(|(_, s)| s.state == "waiting" || s.state == "starting")
         .filter_map(|(m, _)| m.id)
         .collect();
-    if waiting.is_empty() {
-        return Ok(mounts::shown(name, &rec));
-    }
     let deadline = Instant::now() + within;
     if !super::agent_is_ours(name)? {
+        // A qemu-ga guest that rebooted (or restarted qemu-ga) lost its relays, while the
+        // host still says mounted: those are started again too.
+        let mut waiting = waiting;
+        for (m, shown) in rec.mounts.iter().flatten().zip(mounts::shown(name, &rec)) {
+            let lost = shown.state == "mounted"
+                && sh(name, "grep -q \" $0 fuse\" /proc/mounts", &[&shown.guest])? != Some(0);
+            if lost {
+                waiting.extend(m.id);
+            }
+        }
+        if waiting.is_empty() {
+            return Ok(mounts::shown(name, &rec));
+        }
         let arch = rec.arch.clone().unwrap_or_else(|| "x86_64".into());
         let relay = put_relay(name, &arch)?;
         for id in waiting {
@@ -65,9 +75,12 @@ fn put_relay(name: &str, arch: &str) -> Result<String, OpError> {
         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
         .map_or(0, |d| d.as_secs());
     let path = format!("{RELAY_DIR}/relay-{}-{mtime}", meta.len());
+    // The folder made root's own first (a guest user may have made it), a leftover
+    // temporary removed (it could be a user's symlink), and a relay there used only if root's.
     let there = sh(
         name,
-        "mkdir -p \"$1\" && chmod 700 \"$1\" && test -x \"$0\"",
+        "mkdir -p \"$1\" && chown 0:0 \"$1\" && chmod 700 \"$1\" && rm -f \"$0.part\" && \
+         test -x \"$0\" && [ \"$(stat -c %u \"$0\")\" = 0 ]",
         &[&path, RELAY_DIR],
     )?;
     if there == Some(0) {

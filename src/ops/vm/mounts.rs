@@ -212,12 +212,21 @@ pub fn attach(name: &str, rec: &Record, mounts: Vec<Checked>) -> Result<Vec<Show
             ..Mount::default()
         };
         let vm_name = name.to_string();
-        crate::state::registry::shared().update(move |vms| {
+        let recorded = crate::state::registry::shared().update(move |vms| {
             if let Some(r) = vms.get_mut(&vm_name) {
                 r.mounts.get_or_insert_with(Vec::new).push(entry);
             }
             Ok::<_, RegistryError>(())
-        })?;
+        });
+        if let Err(e) = recorded {
+            // Not recorded: not left running either.
+            let _ = process::terminate_within(pid, Duration::from_secs(2));
+            let _ = session::monitor(name, rec, |q| {
+                unplug(q, id);
+                Ok(())
+            });
+            return Err(e.into());
+        }
         shown.push(Shown {
             host: m.host.display().to_string(),
             guest: m.guest,

@@ -49,7 +49,12 @@ fn launch_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
     crate::ops::vm::mounts::check(&la.mounts, &[])?;
     let req = request(&la, &name, disks)?;
     let mut out = launch(ctx, req)?;
-    out.mounts = crate::ops::guest::mounts::after_start(&name, &la.mounts, None)?;
+    // The VM runs either way: a mount that could not be plugged in is a warning (vm_info
+    // shows the mounts that were; vm_mount adds the rest).
+    match crate::ops::guest::mounts::after_start(&name, &la.mounts, None) {
+        Ok(m) => out.mounts = m,
+        Err(e) => out.warnings.push(format!("mounts: {e}")),
+    }
     if args.bool_or("wait_cloud_init", false)? {
         let wait = Duration::from_secs_f64(args.number("wait_cloud_init_s")?);
         let (waited, saw) = agent_then_cloud_init(ctx, &name, wait)?;
