@@ -687,7 +687,7 @@ impl Server {
         let times = abi::FATTR_ATIME | abi::FATTR_MTIME;
         if valid & times != 0 && kind != libc::S_IFLNK {
             let ts = |set: bool, now: bool, s: u64, ns: u32| libc::timespec {
-                tv_sec: s as libc::time_t,
+                tv_sec: s as _,
                 tv_nsec: if now {
                     libc::UTIME_NOW
                 } else if set {
