@@ -3,7 +3,7 @@
 //! passes the kernel's requests through. The server runs in a process of its own per mount
 //! (`mcqemu fs-serve`, [`helper`]), so a mount lives as long as its VM, not its MCP server.
 //!
-//! - [`abi`]: the wire format; [`nodes`]: the files the guest holds, as descriptors;
+//! - `abi`: the wire format; `nodes`: the files the guest holds, as descriptors;
 //!   [`server`]: the requests answered; [`helper`]: the process, its port and its status file.
 
 mod abi;
