@@ -1,7 +1,7 @@
 //! The guest's half of a VM's mounts where its agent is qemu-ga: mcqemu-agent relays every
 //! mount port by itself, but a guest with qemu-ga has no relay. There the host puts the static
-//! mcqemu-agent of the guest's architecture into [`RELAY_DIR`] (once per agent build) and starts
-//! `mcqemu-agent fs-relay PORT` for each mount still waiting. Either way it then waits until
+//! mcqemu-agent of the guest's architecture into `/var/lib/mcqemu` (once per agent build) and
+//! starts `mcqemu-agent fs-relay PORT` for each mount still waiting. Either way it then waits until
 //! the guest has mounted them, or says why not.
 
 use std::time::{Duration, Instant};
@@ -27,7 +27,7 @@ pub fn activate(name: &str, within: Duration) -> Result<Vec<Shown>, OpError> {
         .iter()
         .flatten()
         .zip(mounts::shown(name, &rec))
-        .filter(|(_, s)| s.state == "waiting" || s.state == "starting")
+        .filter(|(_, s)| s.state == "waiting")
         .filter_map(|(m, _)| m.id)
         .collect();
     let deadline = Instant::now() + within;

@@ -323,7 +323,8 @@ fn state_of(name: &str, m: &Mount) -> (String, Option<String>) {
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok())
         .unwrap_or(Value::Null);
-    let state = v["state"].as_str().unwrap_or("starting").to_string();
+    // No status file yet: the server is starting, which for the caller is waiting too.
+    let state = v["state"].as_str().unwrap_or("waiting").to_string();
     let error = v["error"].as_str().map(str::to_string);
     let alive = m.server_pid.is_some_and(is_our_server);
     if !alive && state != "failed" {
@@ -366,9 +367,7 @@ pub fn wait_mounted(name: &str, within: Duration) -> Result<Vec<Shown>, OpError>
     loop {
         let rec = crate::ops::vm::records::lookup(name)?;
         let now = shown(name, &rec);
-        let settled = now
-            .iter()
-            .all(|m| m.state != "waiting" && m.state != "starting");
+        let settled = now.iter().all(|m| m.state != "waiting");
         if settled || Instant::now() >= deadline {
             return Ok(now);
         }
