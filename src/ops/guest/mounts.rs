@@ -12,6 +12,7 @@ use crate::host;
 use crate::ops::error::OpError;
 use crate::ops::vm::mounts::{self, MountSpec, Shown};
 use crate::ops::vm::records::lookup;
+use crate::ops::work::Work;
 use crate::qemu::agent_calls::{self, ExecRequest};
 use crate::qemu::cmdline::MOUNT_PORT_PREFIX;
 
@@ -20,7 +21,7 @@ const CHUNK: usize = 48 * 1024;
 
 /// Makes sure the guest side of every mount of VM `name` runs, and waits (up to `within`)
 /// until the guest mounted them; returns them as they stand.
-pub fn activate(name: &str, within: Duration) -> Result<Vec<Shown>, OpError> {
+pub fn activate(ctx: &dyn Work, name: &str, within: Duration) -> Result<Vec<Shown>, OpError> {
     let rec = lookup(name)?;
     let waiting: Vec<u32> = rec
         .mounts
@@ -51,7 +52,11 @@ pub fn activate(name: &str, within: Duration) -> Result<Vec<Shown>, OpError> {
             start_relay(name, &relay, id)?;
         }
     }
-    mounts::wait_mounted(name, deadline.saturating_duration_since(Instant::now()))
+    mounts::wait_mounted(
+        ctx,
+        name,
+        deadline.saturating_duration_since(Instant::now()),
+    )
 }
 
 /// Where the relay goes in a guest with qemu-ga: a folder only root writes (not /tmp, where
@@ -113,20 +118,13 @@ fn put_relay(name: &str, arch: &str) -> Result<String, OpError> {
 fn sh(name: &str, script: &str, args: &[&str]) -> Result<Option<i64>, OpError> {
     let mut argv = vec!["-c".to_string(), script.to_string()];
     argv.extend(args.iter().map(|a| a.to_string()));
+    let launch = super::spool::Launch {
+        command: "/bin/sh",
+        args: &argv,
+        ..super::spool::Launch::default()
+    };
     super::with_guest(name, "guest-exec", |q| {
-        let pid = agent_calls::exec(
-            q,
-            &ExecRequest::captured("/bin/sh", &argv),
-            Duration::from_secs(10),
-        )?;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let s = agent_calls::exec_status(q, pid, Duration::from_secs(5))?;
-            if s.exited || Instant::now() >= deadline {
-                return Ok(s.exitcode);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        super::spool::run_in(q, &launch, Duration::from_secs(10)).map(|s| s.exitcode)
     })
 }
 
@@ -170,7 +168,7 @@ pub struct Outcome {
 
 /// Applies a vm_mount request: removals, then additions (plugged in, then mounted by the
 /// guest); with neither, the guest side of mounts still waiting is started.
-pub fn apply(req: &Request) -> Result<Outcome, OpError> {
+pub fn apply(ctx: &dyn Work, req: &Request) -> Result<Outcome, OpError> {
     let rec = mountable(&req.name)?;
     let mut removed = Vec::new();
     for g in &req.remove {
@@ -183,7 +181,7 @@ pub fn apply(req: &Request) -> Result<Outcome, OpError> {
         .into_iter()
         .map(|m| m.guest)
         .collect();
-    let all = activate(&req.name, req.wait)?;
+    let all = activate(ctx, &req.name, req.wait)?;
     fail_if_not_mounted(&req.name, &all)?;
     Ok(Outcome {
         name: req.name.clone(),
@@ -241,6 +239,7 @@ fn fail_if_not_mounted(name: &str, all: &[Shown]) -> Result<(), OpError> {
 /// (sandbox_vm). `wait`: how long to wait for the guest to mount them (None: not at all; a
 /// guest with qemu-ga gets its side once its agent answers, from a thread of this server).
 pub fn after_start(
+    ctx: &dyn Work,
     name: &str,
     specs: &[MountSpec],
     wait: Option<Duration>,
@@ -253,7 +252,7 @@ pub fn after_start(
     mounts::attach(name, &rec, checked)?;
     match wait {
         Some(w) => {
-            let all = activate(name, w)?;
+            let all = activate(ctx, name, w)?;
             fail_if_not_mounted(name, &all)?;
             Ok(all)
         }
@@ -282,7 +281,7 @@ fn activate_when_ready(name: &str) {
             agent_calls::ping(q, Duration::from_secs(2))
         });
         if answered.is_ok() {
-            if let Err(e) = activate(name, mounts::MOUNT_WAIT) {
+            if let Err(e) = activate(&crate::ops::work::Detached, name, mounts::MOUNT_WAIT) {
                 crate::log::stderr("warn", &format!("mounts of VM {name:?}: {e}"));
             }
             return;

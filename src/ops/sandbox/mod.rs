@@ -61,7 +61,7 @@ pub fn create(ctx: &dyn Work, req: &SandboxRequest) -> Result<Sandboxed, OpError
         let wait = out
             .agent_ready
             .then_some(crate::ops::vm::mounts::MOUNT_WAIT);
-        match crate::ops::guest::mounts::after_start(&name, &mounts, wait) {
+        match crate::ops::guest::mounts::after_start(ctx, &name, &mounts, wait) {
             Ok(m) => out.launched.mounts = m,
             Err(e) => {
                 destroy_quietly(ctx, &name);

@@ -19,6 +19,7 @@ use serde_json::{json, Value};
 use crate::fuse::helper::SHARE_FD;
 use crate::ops::error::OpError;
 use crate::ops::session;
+use crate::ops::work::Work;
 use crate::qemu::cmdline::MOUNT_PORT_PREFIX;
 use crate::qemu::process;
 use crate::qemu::qmp::{Qmp, QmpError};
@@ -362,9 +363,13 @@ fn is_our_server(pid: i32) -> bool {
 
 /// Waits (up to `within`) until every mount of VM `name` is mounted by the guest, or one
 /// failed; returns them as they stand.
-pub fn wait_mounted(name: &str, within: Duration) -> Result<Vec<Shown>, OpError> {
+pub fn wait_mounted(ctx: &dyn Work, name: &str, within: Duration) -> Result<Vec<Shown>, OpError> {
     let deadline = Instant::now() + within;
+    ctx.progress_phase(&format!(
+        "waiting for VM {name:?}'s guest to mount its folders"
+    ));
     loop {
+        ctx.check_cancel()?;
         let rec = crate::ops::vm::records::lookup(name)?;
         let now = shown(name, &rec);
         let settled = now.iter().all(|m| m.state != "waiting");

@@ -51,7 +51,7 @@ fn launch_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let mut out = launch(ctx, req)?;
     // The VM runs either way: a mount that could not be plugged in is a warning (vm_info
     // shows the mounts that were; vm_mount adds the rest).
-    match crate::ops::guest::mounts::after_start(&name, &la.mounts, None) {
+    match crate::ops::guest::mounts::after_start(ctx, &name, &la.mounts, None) {
         Ok(m) => out.mounts = m,
         Err(e) => out.warnings.push(format!("mounts: {e}")),
     }

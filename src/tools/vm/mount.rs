@@ -51,13 +51,13 @@ pub const MOUNT: ToolDef = ToolDef {
     ui: crate::mcp::tool::Ui::NONE,
 };
 
-fn mount(_ctx: &ToolCtx, args: &Args) -> ToolResult {
+fn mount(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let req = m::Request {
         name: vm_name_arg(args)?,
         add: mounts_arg(args, "add")?,
         remove: args.str_list("remove")?,
         wait: Duration::from_secs_f64(args.number("wait_s").unwrap_or(20.0).clamp(0.0, 600.0)),
     };
-    let out = m::apply(&req)?;
+    let out = m::apply(ctx, &req)?;
     crate::tools::to_output(&out)
 }
