@@ -8,6 +8,8 @@ mod call;
 pub mod doctor;
 mod egress;
 mod fs_serve;
+mod ps;
+mod supervise;
 mod view;
 
 use serde_json::Value;
@@ -23,11 +25,15 @@ USAGE:
     mcqemu call TOOL ['{json}' | -]     run one tool and print its structured result
                    [--out FILE]         save image content (screenshots) to FILE
     mcqemu doctor                       check the host: QEMU, qemu-img, KVM, firmware, folders
+    mcqemu ps                           the VMs as a table: state, CPU, memory, disk,
+                                        deadline, idle clock, why each ended
     mcqemu view NAME [--open] [--port N]
                                         the live view of VM NAME for a browser: prints a
                                         local URL with a secret (--open starts the browser)
     mcqemu egress-proxy ...             (internal) one VM's egress proxy, started with it
     mcqemu fs-serve ...                 (internal) one VM's mounted host folder, started with it
+    mcqemu supervise ...                (internal) one VM's QEMU's parent: records why it ended
+    mcqemu watch --state DIR            (internal) the state folder's lifetime watcher
     mcqemu --version | --help
 
 EXIT STATUS (call): 0 success, 2 usage error; a tool error's kind (printed in brackets):
@@ -61,12 +67,24 @@ fn serve(args: &[String]) -> i32 {
     }
     let hook: crate::mcp::client_roots::RootsHook = crate::state::roots::set_client_roots;
     crate::ops::sandbox::pool::start_keeper();
+    // VMs with lifetimes whose watcher died (a reboot, a kill) are watched again.
+    if crate::state::registry::shared()
+        .load()
+        .values()
+        .any(|r| r.lifetime.is_some())
+    {
+        crate::ops::vm::lifetime::ensure_watcher();
+    }
     crate::mcp::server::serve_stdio(tools::ALL, Some(tools::resources::provider()), Some(hook))
 }
 
 /// Runs the CLI with the arguments after the program name; returns the exit code.
 pub fn main(args: Vec<String>) -> i32 {
     let first = args.first().map(String::as_str);
+    if !matches!(first, Some("supervise" | "egress-proxy" | "fs-serve")) {
+        supervise_qemu();
+        crate::mcp::call::set_hooks(tools::activity::HOOKS);
+    }
     match first {
         None => serve(&[]),
         Some("serve") => serve(&args[1..]),
@@ -84,7 +102,34 @@ pub fn main(args: Vec<String>) -> i32 {
         Some("view") => view::main(&args[1..]),
         Some("egress-proxy") => egress::main(&args[1..]),
         Some("fs-serve") => fs_serve::main(&args[1..]),
+        Some("supervise") => supervise::main(&args[1..]),
+        Some("watch") => watch(&args[1..]),
+        Some("ps") => ps::main(&args[1..]),
         Some(other) => usage(&format!("unknown command {other:?}")),
+    }
+}
+
+/// `watch --state DIR`: the lifetime watcher of that state folder, until nothing is left.
+fn watch(args: &[String]) -> i32 {
+    match args {
+        [flag, dir] if flag == "--state" => {
+            std::env::set_var("MCQEMU_STATE_DIR", dir);
+            crate::ops::watcher::run()
+        }
+        _ => usage("watch needs --state DIR"),
+    }
+}
+
+/// Every QEMU this process starts runs under `mcqemu supervise`, which records why it ended.
+fn supervise_qemu() {
+    if let Ok(exe) = std::env::current_exe() {
+        let state = crate::state::paths::state_dir();
+        crate::qemu::process::supervise_with(vec![
+            exe.into(),
+            "supervise".into(),
+            "--state".into(),
+            state.into(),
+        ]);
     }
 }
 

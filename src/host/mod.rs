@@ -12,8 +12,10 @@ pub mod cpio;
 pub mod decide;
 pub mod kvm;
 pub mod limits;
+pub mod procstat;
 pub mod run;
 pub mod seabios;
+pub mod tcp_diag;
 pub mod threads;
 pub mod vmlinux;
 

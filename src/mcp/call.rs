@@ -32,10 +32,38 @@ pub fn check(tool: &ToolDef, args: Map<String, Value>) -> Result<Args, ToolError
     Ok(Args::checked(args, &schema))
 }
 
+/// What the front end has run around every tool call, whatever the transport: the tools
+/// layer's bookkeeping of a call (a VM's activity, why a VM ends). `before` may refuse the
+/// call; `after` learns whether it succeeded.
+#[derive(Clone, Copy)]
+pub struct Hooks {
+    /// Runs before the handler, with the tool's name and checked arguments.
+    pub before: fn(&str, &Args, &ToolCtx) -> Result<(), ToolError>,
+    /// Runs after it, told whether it succeeded.
+    pub after: fn(&str, &Args, bool),
+}
+
+static HOOKS: std::sync::OnceLock<Hooks> = std::sync::OnceLock::new();
+
+/// Sets the hooks every later call runs (once; the front end's start).
+pub fn set_hooks(h: Hooks) {
+    let _ = HOOKS.set(h);
+}
+
 /// Runs `tool`'s handler on checked arguments; a failure (or a panic) is the tool's error,
 /// its message starting with the tool's name.
 pub fn run(tool: &ToolDef, ctx: &ToolCtx, args: Args) -> Result<ToolOutput, ToolError> {
-    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (tool.handler)(ctx, &args)));
+    let hooks = HOOKS.get();
+    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        if let Some(h) = hooks {
+            (h.before)(tool.name, &args, ctx)?;
+        }
+        let out = (tool.handler)(ctx, &args);
+        if let Some(h) = hooks {
+            (h.after)(tool.name, &args, out.is_ok());
+        }
+        out
+    }));
     ctx.finish();
     match run {
         Ok(Ok(out)) => Ok(out),

@@ -19,4 +19,5 @@ pub mod screen;
 pub mod session;
 pub mod vm;
 pub mod watch;
+pub mod watcher;
 pub mod work;

@@ -4,6 +4,7 @@
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// How long QEMU may take to start (parse options, open images, bind its QMP socket).
@@ -95,11 +96,25 @@ pub fn without_thp(enter: Option<PreExec>) -> PreExec {
     })
 }
 
+/// The program (and its first arguments) that every QEMU is started under, set once by the
+/// front end: `mcqemu supervise --state DIR`, which waits for QEMU and records why it ended
+/// (only a parent learns an exit status or a signal). Unset (the library's unit tests), QEMU
+/// is started directly.
+static SUPERVISOR: OnceLock<Vec<std::ffi::OsString>> = OnceLock::new();
+
+/// Starts every later QEMU under `prefix` (called once, before the first launch), which gets
+/// `--socket QMP -- BINARY ARGV...` after it.
+pub fn supervise_with(prefix: Vec<std::ffi::OsString>) {
+    let _ = SUPERVISOR.set(prefix);
+}
+
 /// Starts `binary argv...` detached: in its own session, stdin on /dev/null, stdout and stderr
 /// into `log`, and ready once something listens on `ready_socket` (QEMU's QMP socket). QEMU's
 /// own `-daemonize` cannot be used: it forks after QEMU has entered its seccomp sandbox, which
-/// (with `spawn=deny`) kills it with SIGSYS. A waiter thread reaps QEMU whenever it exits while
-/// this server runs; after the server exits it is reparented like any daemon.
+/// (with `spawn=deny`) kills it with SIGSYS. Under a supervisor ([`supervise_with`]) QEMU is
+/// its child, the PID returned is QEMU's (from `pidfile`), and both share a process group. A
+/// waiter thread reaps the child whenever it exits while this server runs; after the server
+/// exits it is reparented like any daemon.
 pub fn spawn_detached(
     binary: &str,
     argv: &[String],
@@ -111,9 +126,29 @@ pub fn spawn_detached(
     let _ = std::fs::remove_file(pidfile);
     let log_file = std::fs::File::create(log).map_err(SpawnError::Wait)?;
     let log_err = log_file.try_clone().map_err(SpawnError::Wait)?;
-    let mut cmd = Command::new(binary);
-    cmd.args(argv)
-        .stdin(Stdio::null())
+    let supervisor = SUPERVISOR.get();
+    let mut cmd = match supervisor {
+        Some(prefix) => {
+            // The supervisor cannot say "not installed" as clearly: look first.
+            if binary.contains('/') && !Path::new(binary).is_file() {
+                return Err(SpawnError::NotInstalled(binary.to_string()));
+            }
+            let mut c = Command::new(&prefix[0]);
+            c.args(&prefix[1..])
+                .arg("--socket")
+                .arg(ready_socket)
+                .arg("--")
+                .arg(binary)
+                .args(argv);
+            c
+        }
+        None => {
+            let mut c = Command::new(binary);
+            c.args(argv);
+            c
+        }
+    };
+    cmd.stdin(Stdio::null())
         .stdout(Stdio::from(log_file))
         .stderr(Stdio::from(log_err));
     // SAFETY: setsid is async-signal-safe and touches no memory of the parent.
@@ -161,18 +196,64 @@ pub fn spawn_detached(
         if super::sock::is_socket(ready_socket)
             && super::sock::connect(ready_socket, Duration::from_millis(50)).is_ok()
         {
-            return Ok(Started {
-                pid: Some(pid),
-                warning: None,
+            if supervisor.is_none() {
+                return Ok(Started {
+                    pid: Some(pid),
+                    warning: None,
+                });
+            }
+            return Ok(match supervised_pid(pid, pidfile) {
+                Some(q) => Started {
+                    pid: Some(q),
+                    warning: None,
+                },
+                None => Started {
+                    pid: None,
+                    warning: Some(format!(
+                        "QEMU runs, but its PID could not be read from {} or its supervisor                          (PID {pid}); stop_vm reaches it through QMP only",
+                        pidfile.display()
+                    )),
+                },
             });
         }
         if Instant::now() >= deadline {
-            // SAFETY: kill(2) on our own child, which the reaper has not reaped yet.
+            // SAFETY: kill(2) on our own child's process group (it and a supervised QEMU),
+            // which the reaper has not reaped yet.
+            unsafe { libc::kill(-pid, libc::SIGKILL) };
+            // SAFETY: as above, the child itself (had setsid not run yet).
             unsafe { libc::kill(pid, libc::SIGKILL) };
             let _ = wrx.recv_timeout(Duration::from_secs(5));
             return Err(SpawnError::Timeout);
         }
         std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// A supervised QEMU's PID: from its pidfile when the supervisor is its parent, else the
+/// supervisor's first child.
+fn supervised_pid(supervisor: i32, pidfile: &Path) -> Option<i32> {
+    let parent_of = |p: i32| -> Option<i32> {
+        let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
+        let rest = &stat[stat.rfind(')')? + 1..];
+        rest.split_whitespace().nth(1)?.parse().ok()
+    };
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let from_file = std::fs::read_to_string(pidfile)
+            .ok()
+            .and_then(|t| t.trim().parse::<i32>().ok())
+            .filter(|p| *p > 0 && parent_of(*p) == Some(supervisor));
+        if from_file.is_some() {
+            return from_file;
+        }
+        let child =
+            std::fs::read_to_string(format!("/proc/{supervisor}/task/{supervisor}/children"))
+                .ok()
+                .and_then(|t| t.split_whitespace().next()?.parse::<i32>().ok());
+        if child.is_some() || Instant::now() >= deadline {
+            return child;
+        }
+        std::thread::sleep(Duration::from_millis(5));
     }
 }
 

@@ -163,6 +163,31 @@ pub fn with_agent<T, E: SessionFault>(
 ) -> Result<T, E> {
     let lock = super::sock::session_lock(path);
     let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
+    in_session(path, sync_timeout, f)
+}
+
+/// [`with_agent`] only when no other call of this process uses the agent now (None then): for
+/// a look that must not wait behind a long guest_exec.
+pub fn try_with_agent<T, E: SessionFault>(
+    path: &Path,
+    sync_timeout: Duration,
+    f: impl FnOnce(&mut Qga) -> Result<T, E>,
+) -> Option<Result<T, E>> {
+    let lock = super::sock::session_lock(path);
+    let _guard = match lock.try_lock() {
+        Ok(g) => g,
+        Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+        Err(std::sync::TryLockError::WouldBlock) => return None,
+    };
+    Some(in_session(path, sync_timeout, f))
+}
+
+/// The body of a session, its lock held.
+fn in_session<T, E: SessionFault>(
+    path: &Path,
+    sync_timeout: Duration,
+    f: impl FnOnce(&mut Qga) -> Result<T, E>,
+) -> Result<T, E> {
     let kept = idle_pool()
         .lock()
         .unwrap_or_else(|e| e.into_inner())

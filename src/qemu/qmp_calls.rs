@@ -213,6 +213,20 @@ pub struct Look {
     pub block: Vec<BlockInfo>,
     /// What cannot change while this QEMU runs, when asked.
     pub fixed: Option<Fixed>,
+    /// Bytes the guest read from and wrote to its disks (query-blockstats), when known.
+    pub io: Option<(u64, u64)>,
+}
+
+/// Bytes read and written over every device of a query-blockstats reply.
+pub fn disk_io(stats: &Value) -> Option<(u64, u64)> {
+    let devices = stats.as_array()?;
+    let sum = |k: &str| {
+        devices
+            .iter()
+            .filter_map(|d| d.get("stats")?.get(k)?.as_u64())
+            .sum::<u64>()
+    };
+    Some((sum("rd_bytes"), sum("wr_bytes")))
 }
 
 /// What cannot change while a QEMU runs.
@@ -266,8 +280,11 @@ impl Qmp {
     /// The run state and block devices, and with `fixed` the vCPUs, accelerator and memory,
     /// in one pipelined round trip within `within`.
     pub fn look(&mut self, fixed: bool, within: Duration) -> Result<Look, QmpError> {
-        let mut cmds: Vec<(&str, Option<Value>)> =
-            vec![("query-status", None), ("query-block", None)];
+        let mut cmds: Vec<(&str, Option<Value>)> = vec![
+            ("query-status", None),
+            ("query-block", None),
+            ("query-blockstats", None),
+        ];
         if fixed {
             cmds.extend([
                 ("query-cpus-fast", None),
@@ -279,6 +296,7 @@ impl Qmp {
         let mut next = || replies.next().unwrap_or(Err(QmpError::Closed));
         let status = reply("query-status", next()?)?;
         let block = reply("query-block", next()?)?;
+        let io = next().ok().as_ref().and_then(disk_io);
         let fixed = match fixed {
             false => None,
             true => {
@@ -301,6 +319,7 @@ impl Qmp {
             status,
             block,
             fixed,
+            io,
         })
     }
 

@@ -210,6 +210,40 @@ pub fn measure_within(rec: &Record, budget: Duration) -> Measured {
     }
 }
 
+/// [`measure_within`], and the guest's disk bytes read and written (query-blockstats) in the
+/// same round trip.
+pub fn measure_with_io(rec: &Record, budget: Duration) -> (Measured, Option<(u64, u64)>) {
+    if let Some(m) = measure_process(rec) {
+        return (m, None);
+    }
+    let sock = qmp_socket(rec);
+    let deadline = std::time::Instant::now() + budget;
+    let asked = qmp::with_session_within(&sock, budget, |q| {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let cmds = [("query-status", None), ("query-blockstats", None)];
+        let mut replies = q
+            .execute_pipelined(&cmds, left.max(Duration::from_millis(1)))?
+            .into_iter();
+        let st = replies.next().unwrap_or(Err(QmpError::Closed))?;
+        let io = replies
+            .next()
+            .and_then(|r| r.ok())
+            .as_ref()
+            .and_then(super::qmp_calls::disk_io);
+        Ok::<_, QmpError>((st, io))
+    });
+    match asked {
+        Ok((st, io)) => {
+            let s = st
+                .get("status")
+                .and_then(Value::as_str)
+                .unwrap_or("unknown");
+            (Measured::new(Status::from_run_state(s), None), io)
+        }
+        Err(e) => (classify(rec, &e, budget), None),
+    }
+}
+
 /// The status a failed QMP session shows, for a VM whose process (if known) looked alive.
 pub fn classify(rec: &Record, e: &QmpError, budget: Duration) -> Measured {
     let pid = pid(rec);

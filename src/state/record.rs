@@ -175,6 +175,50 @@ lenient! {
         reseed_warning: String,
         /// Host folders mounted into it, in the order they were added.
         mounts: Vec<Mount>,
+        /// When it ends by itself: a deadline, an idle limit, and what each does.
+        lifetime: Lifetime,
+        /// Why its QEMU is about to end, written by whoever ends it, before it does.
+        ending: End,
+        /// Why its QEMU ended, written when it did (cleared when it runs again).
+        end: End,
+    }
+}
+
+lenient! {
+    /// A VM's lifetime: the watcher (`mcqemu watch`) ends it at `deadline`, or after `idle_s`
+    /// seconds without activity, even with no server running.
+    pub struct Lifetime {
+        /// Its time to live as given, in seconds.
+        ttl_s: u64,
+        /// When it ends (seconds since the epoch).
+        deadline: i64,
+        /// What the deadline does: `stop`, `suspend` or `destroy`.
+        on_ttl: String,
+        /// How long it may be idle, in seconds.
+        idle_s: u64,
+        /// What idleness does: `stop`, `suspend` or `destroy`.
+        on_idle: String,
+        /// Where its idle clock starts (seconds since the epoch): the launch, a resume, a
+        /// change of lifetime; activity after it is read from the activity file.
+        since: i64,
+    }
+}
+
+lenient! {
+    /// Why a VM's QEMU ended (or is about to).
+    pub struct End {
+        /// `asked`, `ttl`, `idle`, `guest_poweroff`, `crashed`, `oom` or `killed`.
+        reason: String,
+        /// The tool (or `watcher`) that asked.
+        tool: String,
+        /// What was seen, in words.
+        detail: String,
+        /// When (seconds since the epoch).
+        at: i64,
+        /// QEMU's exit status, when it exited.
+        exit_code: i64,
+        /// The signal that ended QEMU.
+        signal: i64,
     }
 }
 

@@ -5,6 +5,7 @@ use serde_json::{json, Value};
 
 use crate::mcp::tool::{Args, ToolDef, ToolError};
 
+pub mod activity;
 pub mod boundary;
 pub mod guest;
 pub mod image;
@@ -28,6 +29,7 @@ pub static ALL: &[ToolDef] = &[
     vm::lifecycle::FORGET,
     vm::inspect::LIST,
     vm::inspect::INFO,
+    vm::lifetime::LIFETIME,
     vm::forward::FORWARD,
     vm::mount::MOUNT,
     vm::snapshot::CREATE,

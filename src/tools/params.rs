@@ -64,6 +64,7 @@ pub fn launch_args(args: &Args) -> Result<LaunchArgs, ToolError> {
         egress,
         seed_files: Vec::new(),
         mounts: mounts_arg(args, "mounts")?,
+        lifetime: lifetime_arg(args)?,
     })
 }
 
@@ -251,6 +252,48 @@ pub fn launch_props() -> Value {
     })
 }
 
+/// What counts as a VM's activity, for the lifetime parameters' descriptions.
+pub const ACTIVITY: &str = "Activity: a tool call that names the VM and works on it (guest_*,     vm_* but vm_info, pause/resume, sandbox_fork), an open live view or a person's hold, data     through its port forwards or egress proxy, a background process from guest_exec still     running. Enforced by mcqemu's watcher process, with or without a server running.";
+
+/// The lifetime parameters: `ttl_s`, `idle_s`, `on_idle`, `on_ttl`, with `defaults` (the
+/// kind's) in their descriptions.
+pub fn lifetime_props(props: &mut Value, defaults: &str, actions: &[&str]) {
+    props["ttl_s"] = json!({
+        "type": "integer", "minimum": 0, "maximum": crate::ops::vm::lifetime::MAX_S,
+        "description": format!("Seconds until the VM ends (then on_ttl); 0: no deadline. {defaults}")
+    });
+    props["idle_s"] = json!({
+        "type": "integer", "minimum": 0, "maximum": crate::ops::vm::lifetime::MAX_S,
+        "description": format!("Seconds without activity before the VM ends (then on_idle);             0: never. {ACTIVITY}")
+    });
+    props["on_idle"] = json!({
+        "type": "string", "enum": actions,
+        "description": "What idleness does: stop (QEMU ends, record and disk stay), suspend             (saved to disk; the next tool naming it resumes it, in about a clone's ready             time), destroy (gone)."
+    });
+    props["on_ttl"] = json!({
+        "type": "string", "enum": actions,
+        "description": "What the deadline does (same actions as on_idle)."
+    });
+}
+
+/// The lifetime parameters as given (each None: the kind's default).
+pub fn lifetime_arg(args: &Args) -> Result<crate::ops::vm::lifetime::Asked, ToolError> {
+    let u = |k: &str| -> Result<Option<u64>, ToolError> {
+        Ok(args.opt_i64(k)?.map(|v| v.max(0) as u64))
+    };
+    Ok(crate::ops::vm::lifetime::Asked {
+        ttl_s: u("ttl_s")?,
+        idle_s: u("idle_s")?,
+        on_idle: args.opt_str("on_idle")?.map(str::to_string),
+        on_ttl: args.opt_str("on_ttl")?.map(str::to_string),
+    })
+}
+
+/// A lifetime's shape in results.
+pub fn lifetime_out() -> Value {
+    json!({"type": ["object", "null"], "description": "When it ends by itself: ttl_s, deadline,         expires_in_s, on_ttl, idle_s, on_idle, idle_for_s, idle_left_s, last_activity(_by),         busy (what keeps it from idling)."})
+}
+
 /// The `cloud_init` parameter of launch_vm and sandbox_vm.
 pub fn cloud_init_schema() -> Value {
     json!({
@@ -291,7 +334,7 @@ pub fn launch_out() -> Value {
 
 /// sandbox_vm's parameters (template_create takes them too).
 pub fn sandbox_props() -> Value {
-    json!({
+    let mut props = json!({
         "base_image": {
             "type": "string", "minLength": 1,
             "description": "Base disk image; left untouched. Give this, oci or template."
@@ -353,7 +396,13 @@ pub fn sandbox_props() -> Value {
             "type": "number", "minimum": 0, "maximum": 3600, "default": 600,
             "description": "How long to wait for cloud-init after the agent answers."
         }
-    })
+    });
+    lifetime_props(
+        &mut props,
+        "Default for a sandbox: 86400 (a day), then stop; idle_s 900, then suspend.",
+        &["stop", "suspend", "destroy"],
+    );
+    props
 }
 
 /// `disk_size` of sandbox_vm, template_create and image_prepare.

@@ -140,6 +140,6 @@ mod tests {
             assert_eq!(err, want, "{}", tool.name);
             checked += 1;
         }
-        assert_eq!(checked, 45);
+        assert_eq!(checked, 46);
     }
 }

@@ -20,6 +20,7 @@ use crate::ops::sandbox::result::{CloneSteps, Sandboxed};
 use crate::ops::sandbox::templates as template;
 use crate::ops::session;
 use crate::ops::vm::launch::{self, LaunchRequest, Launched};
+use crate::ops::vm::lifetime;
 use crate::ops::vm::records::lookup;
 use crate::ops::work::Work;
 use crate::qemu::forwards::resolve_forwards;
@@ -353,6 +354,11 @@ fn launch_clone(
     };
     let tdisk = template::disk_of(tdir);
     let mut extra = fields;
+    let kind = match extra.pooled {
+        Some(_) => lifetime::Kind::Pooled,
+        None => lifetime::Kind::Sandbox,
+    };
+    extra.lifetime = lifetime::resolve(kind, &req.launch.lifetime, crate::clock::now_secs())?;
     extra.sandbox = Some(Sandbox {
         base_image: Some(tdisk.display().to_string()),
         base_format: Some("qcow2".into()),

@@ -17,6 +17,7 @@ use crate::ops::sandbox::frozen;
 use crate::ops::sandbox::templates;
 use crate::ops::session;
 use crate::ops::vm::launch::{self, LaunchRequest, Launched};
+use crate::ops::vm::lifetime;
 use crate::ops::vm::quota;
 use crate::ops::vm::records::{lookup, spec_of};
 use crate::ops::work::Work;
@@ -43,6 +44,8 @@ pub struct ForkRequest {
     pub names: Option<Vec<String>>,
     /// How long each copy's agent may take to answer.
     pub wait_agent: Duration,
+    /// The copies' lifetime (each part None: the parent's, else a sandbox's default).
+    pub lifetime: lifetime::Asked,
 }
 
 /// What sandbox_fork made.
@@ -129,7 +132,9 @@ pub fn fork(ctx: &dyn Work, req: &ForkRequest) -> Result<Forked, OpError> {
         }
     };
     ctx.progress_phase(&format!("starting {} copies", names.len()));
+    let lifetime = copies_lifetime(&rec, &req.lifetime)?;
     let parent = Parent {
+        lifetime,
         name: &req.name,
         rec: &rec,
         spec: &spec,
@@ -349,6 +354,7 @@ fn moved_onto(r: &mut Record, next: &str, id: &str) {
 
 /// What every copy starts from.
 struct Parent<'a> {
+    lifetime: Option<crate::state::record::Lifetime>,
     name: &'a str,
     rec: &'a Record,
     spec: &'a VmConfig,
@@ -533,8 +539,31 @@ fn copy_record(p: &Parent, overlay: &Path) -> Record {
     };
     Record {
         sandbox: Some(sb),
+        lifetime: p.lifetime.clone(),
         ..Record::default()
     }
+}
+
+/// The copies' lifetime: what was asked, else the parent's own limits (from the copy's
+/// start), else a sandbox's defaults.
+fn copies_lifetime(
+    parent: &Record,
+    asked: &lifetime::Asked,
+) -> Result<Option<crate::state::record::Lifetime>, OpError> {
+    let pl = parent.lifetime.clone().unwrap_or_default();
+    let had = parent.lifetime.is_some();
+    let from_parent = |mine: &Option<u64>, theirs: Option<u64>| match (mine, had) {
+        (Some(v), _) => Some(*v),
+        (None, true) => Some(theirs.unwrap_or(0)),
+        (None, false) => None,
+    };
+    let merged = lifetime::Asked {
+        ttl_s: from_parent(&asked.ttl_s, pl.ttl_s),
+        idle_s: from_parent(&asked.idle_s, pl.idle_s),
+        on_idle: asked.on_idle.clone().or(pl.on_idle),
+        on_ttl: asked.on_ttl.clone().or(pl.on_ttl),
+    };
+    lifetime::resolve(lifetime::Kind::Sandbox, &merged, crate::clock::now_secs())
 }
 
 #[cfg(test)]
@@ -548,6 +577,7 @@ mod tests {
             count,
             names: names.map(|n| n.into_iter().map(String::from).collect()),
             wait_agent: Duration::from_secs(1),
+            lifetime: Default::default(),
         }
     }
 

@@ -34,6 +34,7 @@ use crate::ops::vm::cloud_init::{CloudInitOut, ConsoleFinish, Waited};
 use crate::ops::vm::disk_size;
 use crate::ops::vm::launch;
 use crate::ops::vm::launch_args;
+use crate::ops::vm::lifetime;
 use crate::ops::vm::records::lookup;
 use crate::ops::work::Work;
 use crate::qemu::img;
@@ -138,7 +139,12 @@ fn boot_clone(
     let checked = crate::ops::sandbox::clone::check(req, t)?;
     if crate::ops::sandbox::pool::size(t) > 0 && crate::ops::sandbox::pool::fits(req) {
         let name = checked_name(req.name.as_deref())?;
-        if let Some(out) = crate::ops::sandbox::pool::take(t, &name)? {
+        let lt = lifetime::resolve(
+            lifetime::Kind::Sandbox,
+            &req.launch.lifetime,
+            crate::clock::now_secs(),
+        )?;
+        if let Some(out) = crate::ops::sandbox::pool::take(t, &name, lt)? {
             return Ok((out, AgentWait::Ready, Duration::ZERO));
         }
     }
@@ -213,10 +219,17 @@ fn launch_overlay(
         la.port_forwards = Some(vec!["auto:22".to_string()]);
     }
     la.restrict_net = !req.allow_network;
+    // A sandbox's lifetime has its own defaults and actions (a launched VM's only stops).
+    la.lifetime = Default::default();
     let mut lr = launch_args::request(
         &la,
         name,
         vec![crate::state::config::Disk::new(overlay, "qcow2")],
+    )?;
+    lr.extra_record.lifetime = lifetime::resolve(
+        lifetime::Kind::Sandbox,
+        &req.launch.lifetime,
+        crate::clock::now_secs(),
     )?;
     lr.extra_record.sandbox = Some(Sandbox {
         base_image: Some(base.display().to_string()),

@@ -130,11 +130,15 @@ pub fn fits(req: &SandboxRequest) -> bool {
 /// `name`'s. None when the pool has none ready (the caller starts a fresh clone). A claimed
 /// clone whose QEMU does not answer now (killed since the keeper's last round) is destroyed
 /// and the next one is tried: the registry alone is never trusted with a take.
-pub fn take(template: &str, name: &str) -> Result<Option<Sandboxed>, OpError> {
+pub fn take(
+    template: &str,
+    name: &str,
+    lifetime: Option<crate::state::record::Lifetime>,
+) -> Result<Option<Sandboxed>, OpError> {
     let started = Instant::now();
     // Each failed try removes one pooled clone, so a pool is tried through at most once.
     for _ in 0..=MAX_POOL {
-        let Some((old, rec)) = claim(template, name)? else {
+        let Some((old, rec)) = claim(template, name, lifetime.clone())? else {
             return Ok(None);
         };
         if let Err(why) = answers(&rec) {
@@ -154,6 +158,9 @@ pub fn take(template: &str, name: &str) -> Result<Option<Sandboxed>, OpError> {
             qga::release_idle(Path::new(&unrewrite(old_sock, &pairs)));
         }
         wake();
+        if rec.lifetime.is_some() {
+            crate::ops::vm::lifetime::ensure_watcher();
+        }
         return Ok(Some(taken(template, name, &rec, started)));
     }
     Ok(None)
@@ -213,7 +220,11 @@ fn taken(template: &str, name: &str, rec: &Record, started: Instant) -> Sandboxe
 
 /// Under the registry lock: the oldest live, unfrozen pooled clone of `template` is renamed
 /// to `name` (record and folders). Returns its old name and new record.
-fn claim(template: &str, name: &str) -> Result<Option<(String, Record)>, OpError> {
+fn claim(
+    template: &str,
+    name: &str,
+    lifetime: Option<crate::state::record::Lifetime>,
+) -> Result<Option<(String, Record)>, OpError> {
     let name = name.to_string();
     let template = template.to_string();
     crate::state::registry::shared().update(move |vms| {
@@ -238,7 +249,10 @@ fn claim(template: &str, name: &str) -> Result<Option<(String, Record)>, OpError
         let Some(rec) = vms.remove(&old) else {
             return Ok(None);
         };
-        let moved = move_folders(&old, &name, rec)?;
+        let mut moved = move_folders(&old, &name, rec)?;
+        // Handed out, it lives as the sandbox asked, its idle clock from now.
+        moved.lifetime = lifetime.clone();
+        crate::ops::vm::lifetime::running_again(&mut moved, crate::clock::now_secs());
         vms.insert(name.clone(), moved.clone());
         Ok(Some((old, moved)))
     })
@@ -366,6 +380,8 @@ pub fn keep_all() {
         let Some(t) = rec.pooled.as_deref() else {
             continue;
         };
+        // A pool a server keeps is busy: its clones idle only once no server keeps it.
+        crate::ops::vm::lifetime::touch(&name);
         let status = vm::measure_process(&rec).map(|m| m.status);
         // A guest that crashed inside a QEMU that still runs: its agent stops answering.
         let silent = rec.pool_ready == Some(true)

@@ -16,6 +16,7 @@ use crate::ops::sandbox::capture::{self, Plan, Then};
 use crate::ops::sandbox::fork::{forkable, live};
 use crate::ops::sandbox::frozen;
 use crate::ops::session;
+use crate::ops::vm::ends;
 use crate::ops::vm::launch::{self, LaunchRequest};
 use crate::ops::vm::records::{lookup, spec_of};
 use crate::ops::work::Work;
@@ -145,6 +146,40 @@ pub fn suspend(ctx: &dyn Work, name: &str) -> Result<Suspended, OpError> {
     })
 }
 
+/// Brings back sandbox `name` when its lifetime suspended it for idleness (a tool names it
+/// again); anything else is left as it is. Costs the resume (about a clone's ready time).
+pub fn wake_if_idle(ctx: &dyn Work, name: &str) -> Result<(), OpError> {
+    let Some(rec) = crate::state::registry::shared().load().remove(name) else {
+        return Ok(());
+    };
+    let idle = rec.end.as_ref().and_then(|e| e.reason.as_deref()) == Some(ends::IDLE);
+    if rec.suspended.is_none() || !idle {
+        return Ok(());
+    }
+    ctx.progress_phase(&format!(
+        "resuming sandbox {name}, suspended when it was idle"
+    ));
+    let r = match resume(ctx, name, Duration::from_secs(90)) {
+        Ok(r) => r,
+        // Another call brought it back first.
+        Err(_) if lookup(name).is_ok_and(|r| r.suspended.is_none()) => return Ok(()),
+        Err(e) => {
+            return Err(OpError::new(format!(
+                "sandbox {name:?} was suspended when idle and could not be resumed: {}",
+                e.msg
+            )))
+        }
+    };
+    ctx.log(
+        "notice",
+        &format!(
+            "sandbox {name} was suspended when idle; resumed in {} ms",
+            r.resume_ms
+        ),
+    );
+    Ok(())
+}
+
 /// Makes sure the captured VM's QEMU is gone (it was told to quit; SIGKILL after 10 s).
 fn end_qemu(rec: &Record) {
     let Some(pid) = vm::pid(rec) else { return };
@@ -267,6 +302,7 @@ fn carried(rec: &Record, dir: &Path) -> Record {
     m.retain(|k, _| !LAUNCH_FIELDS.contains(&k.as_str()));
     let mut r = Record::from_map(m);
     r.resumed_from = Some(dir.display().to_string());
+    crate::ops::vm::lifetime::running_again(&mut r, crate::clock::now_secs());
     r
 }
 

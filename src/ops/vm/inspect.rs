@@ -13,12 +13,15 @@ use serde::Serialize;
 use crate::ops::error::OpError;
 use crate::ops::session::explain_qmp;
 use crate::ops::vm::egress::EgressInfo;
+use crate::ops::vm::ends;
 use crate::ops::vm::hold::{self, Held};
+use crate::ops::vm::lifetime::{self, Shown};
+use crate::ops::vm::metrics::{self, Metrics};
 use crate::ops::vm::records::lookup;
 use crate::qemu::qmp::{self, QmpError};
 use crate::qemu::qmp_calls::{BlockInfo, RunState};
 use crate::qemu::vm::{self, Measured, Status};
-use crate::state::record::{Forward, Record, Sandbox};
+use crate::state::record::{End, Forward, Record, Sandbox};
 use crate::state::registry::Vms;
 
 /// What a running QEMU cannot change (vCPUs are never hot-plugged by mcqemu).
@@ -77,6 +80,14 @@ pub struct Listed {
     /// A person's hold.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub held: Option<Held>,
+    /// When it ends by itself, and its idle clock.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lifetime: Option<Shown>,
+    /// Why it ended (a VM not running).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub end: Option<End>,
+    /// What it uses now (a running VM), or its disk (one that is not).
+    pub metrics: Metrics,
 }
 
 /// list_vms's result.
@@ -94,22 +105,24 @@ const LIST_BUDGET: Duration = Duration::from_millis(900);
 /// Measures every VM at once, each within the list's budget: a VM settled by its record or
 /// process costs nothing; the others are asked over QMP in parallel, and one that has not
 /// answered when the budget runs out is reported `unresponsive` instead of holding up the rest.
-fn measure_all(vms: &Vms) -> BTreeMap<String, Measured> {
+fn measure_all(vms: &Vms) -> BTreeMap<String, (Measured, Option<(u64, u64)>)> {
     let deadline = Instant::now() + LIST_BUDGET;
     let mut out = BTreeMap::new();
     let (tx, rx) = mpsc::channel();
     let mut asked = 0;
     for (name, rec) in vms {
         if let Some(m) = vm::measure_process(rec) {
-            out.insert(name.clone(), m);
+            out.insert(name.clone(), (m, None));
             continue;
         }
         let (tx, name, rec) = (tx.clone(), name.clone(), rec.clone());
         let probe = std::thread::Builder::new()
             .name("list-probe".into())
             .spawn(move || {
-                let m =
-                    vm::measure_within(&rec, LIST_BUDGET.saturating_sub(Duration::from_millis(50)));
+                let m = vm::measure_with_io(
+                    &rec,
+                    LIST_BUDGET.saturating_sub(Duration::from_millis(50)),
+                );
                 let _ = tx.send((name, m));
             });
         if probe.is_ok() {
@@ -127,13 +140,16 @@ fn measure_all(vms: &Vms) -> BTreeMap<String, Measured> {
         }
     }
     for name in vms.keys() {
-        out.entry(name.clone()).or_insert_with(|| Measured {
-            status: Status::Unresponsive,
-            detail: Some(format!(
-                "did not answer within {} ms; vm_info waits longer, stop_vm with force=true \
-                 ends it",
-                LIST_BUDGET.as_millis()
-            )),
+        out.entry(name.clone()).or_insert_with(|| {
+            let m = Measured {
+                status: Status::Unresponsive,
+                detail: Some(format!(
+                    "did not answer within {} ms; vm_info waits longer, stop_vm with \
+                     force=true ends it",
+                    LIST_BUDGET.as_millis()
+                )),
+            };
+            (m, None)
         });
     }
     out
@@ -144,15 +160,29 @@ pub fn list() -> VmList {
     let reg = crate::state::registry::shared();
     let vms = reg.load();
     let mut measured = measure_all(&vms);
+    // One look at the host's connections serves every VM's forwards.
+    let ports: Vec<u16> = vms
+        .values()
+        .filter(|r| r.lifetime.is_some())
+        .flat_map(lifetime::forward_ports)
+        .collect();
+    let tcp = crate::host::tcp_diag::last_data_by_port(&ports);
     let list = vms
         .iter()
         .filter(|(_, rec)| rec.pooled.is_none())
         .map(|(name, rec)| {
-            let m = measured.remove(name).unwrap_or(Measured {
-                status: Status::Unresponsive,
-                detail: None,
-            });
+            let (m, io) = measured.remove(name).unwrap_or((
+                Measured {
+                    status: Status::Unresponsive,
+                    detail: None,
+                },
+                None,
+            ));
+            let running = m.alive();
             Listed {
+                lifetime: lifetime::shown(name, rec, running, Some(&tcp)),
+                end: ends::shown(rec, running),
+                metrics: metrics::of(name, rec, running, io),
                 name: name.clone(),
                 status: m.status,
                 source: rec.source.clone().unwrap_or_else(|| "spawned".into()),
@@ -228,6 +258,13 @@ pub struct VmInfo {
     /// Host folders mounted into it, and how each stands.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub mounts: Vec<crate::ops::vm::mounts::Shown>,
+    /// When it ends by itself, and its idle clock.
+    pub lifetime: Option<Shown>,
+    /// Why it ended (a VM not running).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub end: Option<End>,
+    /// What it uses.
+    pub metrics: Metrics,
     /// Why its status is what it is, when that needs saying.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
@@ -258,15 +295,25 @@ pub fn info(name: &str) -> Result<VmInfo, OpError> {
         egress_proxy: egress.as_ref().map(|e| e.egress_proxy),
         egress,
         mounts: crate::ops::vm::mounts::shown(name, &rec),
+        lifetime: None,
+        end: None,
+        metrics: Metrics::default(),
         detail: None,
         record: rec,
     };
     if let Some(m) = settled {
+        let running = m.alive();
         out.detail = m.detail;
+        out.lifetime = lifetime::shown(name, &out.record, running, None);
+        out.end = ends::shown(&out.record, running);
+        out.metrics = metrics::of(name, &out.record, running, None);
         return Ok(out);
     }
+    out.lifetime = lifetime::shown(name, &out.record, true, None);
     match ask_live(&out.record) {
-        Ok((status, block, facts)) => {
+        Ok((status, block, facts, io)) => {
+            out.metrics = metrics::of(name, &out.record, true, io);
+            out.metrics.guest_memory = guest_memory(&out.record);
             out.status = status.status;
             out.vcpus = facts.vcpus;
             out.accel = Some(facts.accel.to_string());
@@ -281,16 +328,43 @@ pub fn info(name: &str) -> Result<VmInfo, OpError> {
                 Some(settled) => settled,
                 None => vm::classify(rec, &e, INFO_BUDGET),
             };
+            let running = m.alive();
             out.status = m.status.to_string();
             out.detail = Some(m.detail.unwrap_or_else(|| explain_qmp(name, rec, &e)));
+            out.end = ends::shown(rec, running);
+            out.metrics = metrics::of(name, rec, running, None);
         }
     }
     Ok(out)
 }
 
+/// How long vm_info gives the guest agent for /proc/meminfo.
+const MEMINFO_BUDGET: Duration = Duration::from_millis(1500);
+
+/// The guest's memory from its /proc/meminfo, through its agent, when the agent answers soon
+/// and no other call of this server is using it.
+fn guest_memory(rec: &Record) -> Option<metrics::GuestMemory> {
+    use crate::qemu::agent_calls::{file_close, file_open, file_read};
+    let sock = crate::state::record::text(&rec.qga_socket)?;
+    let text = crate::qemu::qga::try_with_agent(
+        std::path::Path::new(sock),
+        MEMINFO_BUDGET,
+        |q| -> Result<Vec<u8>, crate::qemu::qga::QgaError> {
+            let h = file_open(q, "/proc/meminfo", "r")?;
+            let read = file_read(q, h, 16 * 1024);
+            let _ = file_close(q, h, MEMINFO_BUDGET);
+            Ok(read?.0)
+        },
+    )?
+    .ok()?;
+    metrics::guest_memory(&String::from_utf8_lossy(&text))
+}
+
 /// One QMP session within [`INFO_BUDGET`]: the run state, the block devices and the static
 /// facts (asked once per QEMU process, then cached).
-fn ask_live(rec: &Record) -> Result<(RunState, Vec<BlockInfo>, StaticFacts), QmpError> {
+type Live = (RunState, Vec<BlockInfo>, StaticFacts, Option<(u64, u64)>);
+
+fn ask_live(rec: &Record) -> Result<Live, QmpError> {
     let deadline = Instant::now() + INFO_BUDGET;
     let left = || {
         deadline
@@ -303,7 +377,7 @@ fn ask_live(rec: &Record) -> Result<(RunState, Vec<BlockInfo>, StaticFacts), Qmp
         .lock()
         .ok()
         .and_then(|m| m.get(&key).cloned());
-    let (status, block, facts) = qmp::with_session_within(&sock, INFO_BUDGET, |q| {
+    let (status, block, facts, io) = qmp::with_session_within(&sock, INFO_BUDGET, |q| {
         // What cannot change while this QEMU runs is asked once per process; the rest goes
         // out in one pipelined round trip.
         let look = q.look(cached.is_none(), left())?;
@@ -317,12 +391,12 @@ fn ask_live(rec: &Record) -> Result<(RunState, Vec<BlockInfo>, StaticFacts), Qmp
             },
             (None, None) => return Err(QmpError::Closed),
         };
-        Ok::<_, QmpError>((look.status, look.block, facts))
+        Ok::<_, QmpError>((look.status, look.block, facts, look.io))
     })?;
     if cached.is_none() {
         remember(key, &facts);
     }
-    Ok((status, block, facts))
+    Ok((status, block, facts, io))
 }
 
 /// Caches one QEMU's static facts.

@@ -311,10 +311,15 @@ fn start_reserved(
         .then(|| rec.egress.clone())
         .flatten();
     let name_c = s.name.clone();
+    let has_lifetime = rec.lifetime.is_some();
     crate::state::registry::shared().update(move |vms| {
         vms.insert(name_c, rec);
         Ok::<_, RegistryError>(())
     })?;
+    if has_lifetime {
+        crate::ops::vm::lifetime::touch(&s.name);
+        crate::ops::vm::lifetime::ensure_watcher();
+    }
     Ok(Launched {
         name: s.name.clone(),
         status,

@@ -69,6 +69,8 @@ pub struct LaunchArgs {
     pub egress: Vec<Rule>,
     /// Host folders to mount into the guest once it runs.
     pub mounts: Vec<crate::ops::vm::mounts::MountSpec>,
+    /// The lifetime asked for (each part None: the kind's default).
+    pub lifetime: crate::ops::vm::lifetime::Asked,
 }
 
 impl LaunchArgs {
@@ -192,9 +194,17 @@ pub fn request(a: &LaunchArgs, name: &str, disks: Vec<Disk>) -> Result<LaunchReq
     if spec.boot.initrd.is_some() && spec.boot.kernel.is_none() {
         return Err(OpError::invalid("initrd needs kernel (direct kernel boot)"));
     }
+    let lifetime = crate::ops::vm::lifetime::resolve(
+        crate::ops::vm::lifetime::Kind::Launched,
+        &a.lifetime,
+        crate::clock::now_secs(),
+    )?;
     Ok(LaunchRequest {
         spec,
-        extra_record: Record::default(),
+        extra_record: Record {
+            lifetime,
+            ..Record::default()
+        },
         accel_note,
         kvm_fallback: requested == "auto",
         firmware,

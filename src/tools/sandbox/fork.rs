@@ -25,20 +25,24 @@ pub const FORK: ToolDef = ToolDef {
     title: "Fork a running sandbox",
     description: FORK_DESCRIPTION,
     input_schema: || {
-        object(
-            json!({
-                "name": presets::name_schema(),
-                "count": {"type": "integer", "minimum": 1, "maximum": MAX_COPIES, "default": 1,
-                          "description": "How many copies (default: one per name in names, \
-                              else 1)."},
-                "names": {"type": "array", "items": presets::name_schema(),
-                          "description": "The copies' names, one per copy (default: \
-                              NAME-fork-1, NAME-fork-2, ...)."},
-                "wait_agent_s": {"type": "number", "minimum": 1, "maximum": 600, "default": 60,
-                                 "description": "How long each copy's guest agent may take."}
-            }),
-            &["name"],
-        )
+        let mut props = json!({
+            "name": presets::name_schema(),
+            "count": {"type": "integer", "minimum": 1, "maximum": MAX_COPIES, "default": 1,
+                      "description": "How many copies (default: one per name in names, \
+                          else 1)."},
+            "names": {"type": "array", "items": presets::name_schema(),
+                      "description": "The copies' names, one per copy (default: \
+                          NAME-fork-1, NAME-fork-2, ...)."},
+            "wait_agent_s": {"type": "number", "minimum": 1, "maximum": 600, "default": 60,
+                             "description": "How long each copy's guest agent may take."}
+        });
+        crate::tools::params::lifetime_props(
+            &mut props,
+            "Default for a copy: the parent's limits, from the copy's start (else a \
+                sandbox's: a day, and suspend after 900 idle seconds).",
+            &["stop", "suspend", "destroy"],
+        );
+        object(props, &["name"])
     },
     output_schema: || {
         json!({
@@ -73,6 +77,7 @@ fn sandbox_fork(ctx: &ToolCtx, args: &Args) -> ToolResult {
         count: usize::try_from(count).unwrap_or(0),
         names,
         wait_agent: wait(args)?,
+        lifetime: crate::tools::params::lifetime_arg(args)?,
     };
     let forked = fork::fork(ctx, &req)?;
     let out = serde_json::to_value(&forked)

@@ -24,6 +24,12 @@ pub const LAUNCH: ToolDef = ToolDef {
     description: LAUNCH_DESCRIPTION,
     input_schema: || {
         let mut props = launch_props();
+        crate::tools::params::lifetime_props(
+            &mut props,
+            "Default for launch_vm: none (a launched VM may be a person's install; only stop \
+                is allowed).",
+            &["stop"],
+        );
         props["wait_cloud_init"] = json!({
             "type": "boolean", "default": false,
             "description": "With cloud_init: wait, through the guest agent, until cloud-init \

@@ -5,6 +5,7 @@ pub mod forward;
 pub mod inspect;
 pub mod launch;
 pub mod lifecycle;
+pub mod lifetime;
 pub mod mount;
 pub mod serial;
 pub mod snapshot;

@@ -1,0 +1,120 @@
+//! Carrying out an end, through the tools' own operations: the intent is written first (so the
+//! VM's supervisor records the right reason), then sandbox_suspend's, stop_vm's or
+//! sandbox_destroy's code runs, each end on a thread of its own so that one slow guest does
+//! not hold up the others. A suspend that is refused (a VM with mounts cannot be saved) stops
+//! the VM instead.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::ops::sandbox::{destroy, suspend};
+use crate::ops::vm::ends;
+use crate::ops::vm::lifetime::Action;
+use crate::ops::vm::stop;
+use crate::ops::work::Detached;
+use crate::state::record::Record;
+
+/// How long a stop waits for the guest to power off before it ends QEMU.
+const GRACEFUL: Duration = Duration::from_secs(10);
+
+/// The action a lifetime names; a record edited by hand to nonsense stops.
+pub fn action(name: Option<&str>) -> Action {
+    name.and_then(|n| Action::parse(n).ok())
+        .unwrap_or(Action::Stop)
+}
+
+/// The VMs being ended now.
+#[derive(Default)]
+pub struct Ending {
+    names: Arc<Mutex<HashSet<String>>>,
+}
+
+impl Ending {
+    /// True while VM `name`'s end runs.
+    pub fn is_ending(&self, name: &str) -> bool {
+        self.names
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(name)
+    }
+
+    /// Ends VM `name` by `action` on a thread of its own, for `reason`.
+    pub fn start(&self, name: &str, rec: &Record, action: Action, reason: &str, detail: String) {
+        self.names
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(name.to_string());
+        let (names, name, rec, reason) = (
+            self.names.clone(),
+            name.to_string(),
+            rec.clone(),
+            reason.to_string(),
+        );
+        let spawned = std::thread::Builder::new()
+            .name(format!("end-{name}"))
+            .spawn({
+                let (names, name) = (names.clone(), name.clone());
+                move || {
+                    end(&name, &rec, action, &reason, &detail);
+                    names
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .remove(&name);
+                }
+            });
+        if spawned.is_err() {
+            names
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&name);
+        }
+    }
+}
+
+/// Ends VM `name` by `action`, for `reason`, and says how it went on stderr.
+fn end(name: &str, rec: &Record, action: Action, reason: &str, detail: &str) {
+    let why = format!("{detail}; on_{reason}: {}", action.as_str());
+    crate::log::stderr("notice", &format!("ending VM {name}: {why}"));
+    let intent = ends::end(reason, Some("watcher"), why);
+    ends::intend(name, intent.clone());
+    let ctx = Detached;
+    let sandbox = rec.sandbox.is_some();
+    let outcome = match action {
+        Action::Suspend if sandbox => match suspend::suspend(&ctx, name) {
+            Ok(s) => Ok(format!("suspended to {}", s.path)),
+            Err(e) => {
+                crate::log::stderr(
+                    "warn",
+                    &format!("VM {name} cannot be suspended ({e}); it is stopped instead"),
+                );
+                stop_it(name)
+            }
+        },
+        Action::Destroy if sandbox => match destroy::destroy(&ctx, name) {
+            Ok(d) if d.destroyed => {
+                // Its record is gone with it: the end is said here, not by its supervisor.
+                ends::log_end(name, &intent);
+                Ok("destroyed".into())
+            }
+            Ok(d) => Err(format!("not all destroyed: {}", d.errors.join("; "))),
+            Err(e) => Err(e.to_string()),
+        },
+        _ => stop_it(name),
+    };
+    match outcome {
+        Ok(how) => crate::log::stderr("notice", &format!("VM {name}: {how}")),
+        Err(e) => crate::log::stderr("error", &format!("VM {name} could not be ended: {e}")),
+    }
+}
+
+/// stop_vm's stop: the guest powered off (10 s), else QEMU ended.
+fn stop_it(name: &str) -> Result<String, String> {
+    let ctx = Detached;
+    match stop::stop(&ctx, name, false, GRACEFUL) {
+        Ok(s) => Ok(format!("stopped ({})", s.method)),
+        Err(_) => stop::stop(&ctx, name, true, GRACEFUL)
+            .map(|s| format!("stopped ({})", s.method))
+            .map_err(|e| e.to_string()),
+    }
+}

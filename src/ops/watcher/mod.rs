@@ -1,0 +1,214 @@
+//! The lifetime watcher: `mcqemu watch`, one per state folder (it holds `watcher.lock`), started
+//! when a lifetime is written or a server starts, in a session of its own so that it survives
+//! whoever started it. Each second it reads the registry and ends the VMs whose deadline has
+//! passed or that have been idle too long, through the tools' own operations
+//! ([`act`]). A VM a person holds is never ended. When nothing is left to watch it lets go of
+//! its lock, looks once more (a lifetime written meanwhile found the lock taken), and exits.
+
+mod act;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use crate::ops::guest::background;
+use crate::ops::vm::ends;
+use crate::ops::vm::lifetime;
+use crate::qemu::vm::{self, Status};
+use crate::state::lockfile::{self, FileLock};
+use crate::state::registry::Vms;
+
+/// The longest the watcher sleeps between looks.
+const PERIOD: Duration = Duration::from_secs(1);
+/// How often a VM idle but for background processes has them asked about.
+const BACKGROUND_RECHECK: Duration = Duration::from_secs(30);
+
+/// Runs the watcher until nothing is left to watch; its exit code.
+pub fn run() -> i32 {
+    let path = lifetime::watcher_lock();
+    let mut lock = match take_lock() {
+        Ok(Some(l)) => l,
+        Ok(None) => {
+            crate::log::stderr(
+                "info",
+                "another watcher runs for this state folder; exiting",
+            );
+            return 0;
+        }
+        Err(e) => {
+            crate::log::stderr("error", &format!("cannot lock {}: {e}", path.display()));
+            return 1;
+        }
+    };
+    crate::log::stderr(
+        "info",
+        &format!(
+            "lifetime watcher {} started for {}",
+            std::process::id(),
+            crate::state::paths::state_dir().display()
+        ),
+    );
+    let mut w = Watcher::default();
+    loop {
+        match w.tick() {
+            Some(next) => std::thread::sleep(next.clamp(Duration::from_millis(100), PERIOD)),
+            None => {
+                drop(lock);
+                let _ = std::fs::remove_file(pid_file());
+                // A lifetime written while this one decided to go found the lock taken: look
+                // once more, now that it is free.
+                if !watched(&crate::state::registry::shared().load()) {
+                    crate::log::stderr("info", "nothing left to watch; the watcher exits");
+                    return 0;
+                }
+                match take_lock() {
+                    Ok(Some(l)) => lock = l,
+                    _ => return 0,
+                }
+            }
+        }
+    }
+}
+
+/// The file holding the running watcher's PID (for `mcqemu ps` and tests).
+pub fn pid_file() -> std::path::PathBuf {
+    crate::state::paths::state_dir().join("watcher.pid")
+}
+
+/// The running watcher's PID, when one holds the lock.
+pub fn running_pid() -> Option<i32> {
+    if lockfile::try_lock(&lifetime::watcher_lock())
+        .ok()?
+        .is_some()
+    {
+        return None;
+    }
+    std::fs::read_to_string(pid_file())
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+fn take_lock() -> std::io::Result<Option<FileLock>> {
+    let l = lockfile::try_lock(&lifetime::watcher_lock())?;
+    if l.is_some() {
+        let _ = std::fs::write(pid_file(), format!("{}\n", std::process::id()));
+    }
+    Ok(l)
+}
+
+/// True when some VM has a lifetime left to carry out: one running (or starting) with one.
+fn watched(vms: &Vms) -> bool {
+    vms.values().any(|r| {
+        r.lifetime.is_some()
+            && vm::measure_process(r).is_none_or(|m| m.alive() || m.status == Status::Starting)
+    })
+}
+
+/// What the watcher remembers between looks.
+#[derive(Default)]
+struct Watcher {
+    /// When each VM's background processes were last asked about.
+    background_asked: HashMap<String, Instant>,
+    /// The ends under way, each on a thread of its own.
+    ending: act::Ending,
+}
+
+impl Watcher {
+    /// One look: ends what is due; returns how long until the next one is worth taking, or
+    /// None when nothing is left to watch.
+    fn tick(&mut self) -> Option<Duration> {
+        let vms = crate::state::registry::shared().load();
+        let ports: Vec<u16> = vms
+            .values()
+            .filter(|r| r.lifetime.as_ref().is_some_and(|l| l.idle_s.is_some()))
+            .flat_map(lifetime::forward_ports)
+            .collect();
+        let tcp = crate::host::tcp_diag::last_data_by_port(&ports);
+        let now = crate::clock::now_secs();
+        let now_f = now_f();
+        let mut watching = false;
+        let mut next = PERIOD;
+        for (name, rec) in &vms {
+            let Some(l) = &rec.lifetime else { continue };
+            match vm::measure_process(rec) {
+                Some(m) if m.status == Status::Starting => {
+                    watching = true;
+                    continue;
+                }
+                Some(m) if !m.alive() => continue,
+                _ => {}
+            }
+            watching = true;
+            if rec.hold.is_some() {
+                continue;
+            }
+            if self.ending.is_ending(name) {
+                continue;
+            }
+            if let Some(d) = l.deadline.filter(|d| now >= *d) {
+                let action = act::action(l.on_ttl.as_deref());
+                let detail = format!(
+                    "its time to live ({} s) ran out at {}",
+                    l.ttl_s.unwrap_or(0),
+                    crate::clock::iso8601(d)
+                );
+                self.ending.start(name, rec, action, ends::TTL, detail);
+                continue;
+            }
+            let Some(idle_s) = l.idle_s else { continue };
+            let seen = lifetime::last_activity(name, rec, Some(&tcp));
+            let idle_for = now_f - seen.at;
+            if idle_for < idle_s as f64 {
+                next = next.min(Duration::from_secs_f64(idle_s as f64 - idle_for));
+                continue;
+            }
+            if lifetime::busy(rec).is_some() {
+                self.ask_background(name, rec);
+                continue;
+            }
+            let action = act::action(l.on_idle.as_deref());
+            let detail = format!(
+                "idle for {:.0} s (limit {idle_s} s; last activity: {} at {})",
+                idle_for,
+                seen.what,
+                crate::clock::iso8601(seen.at as i64)
+            );
+            self.ending.start(name, rec, action, ends::IDLE, detail);
+        }
+        watching.then_some(next)
+    }
+
+    /// Asks the guest whether a VM's background processes still run (at most every 30 s):
+    /// one that ended is recorded so, and stops keeping the VM busy.
+    fn ask_background(&mut self, name: &str, rec: &crate::state::record::Record) {
+        if self
+            .background_asked
+            .get(name)
+            .is_some_and(|t| t.elapsed() < BACKGROUND_RECHECK)
+        {
+            return;
+        }
+        self.background_asked
+            .insert(name.to_string(), Instant::now());
+        for (handle, b) in rec.background.iter().flatten() {
+            if b.ended.is_some() {
+                continue;
+            }
+            let req = background::StatusRequest {
+                name: name.to_string(),
+                handle: handle.clone(),
+                stdout_offset: 0,
+                stderr_offset: 0,
+                wait: Duration::ZERO,
+            };
+            let _ = background::status(&req, &|| false);
+        }
+    }
+}
+
+fn now_f() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
