@@ -67,6 +67,7 @@ mod desktop;
 mod egress;
 mod forks;
 mod guest;
+mod lifetimes;
 mod mounts;
 mod oci;
 mod pools;
@@ -221,6 +222,11 @@ fn run() -> Res<()> {
     // Host folders mounted into the guest against copies and the guest's own disk.
     if wanted("mounts") {
         mounts::mount_rows(&mut table, &dirs);
+    }
+
+    // Lifetimes: idle ends with no server, resume on use, list_vms metrics, the watcher.
+    if wanted("lifetimes") {
+        lifetimes::lifetime_rows(&mut table, &dirs);
     }
 
     // 12. mcqemu-agent beside qemu-ga on the same guest.

@@ -54,7 +54,7 @@ pub fn server_info() -> Value {
 pub fn capabilities(resources: bool) -> Value {
     let mut caps = json!({ "tools": { "listChanged": false }, "logging": {} });
     if resources {
-        caps["resources"] = json!({ "listChanged": true });
+        caps["resources"] = json!({ "listChanged": true, "subscribe": true });
         // MCP Apps: the live view is a ui:// resource.
         caps["extensions"] = json!({
             "io.modelcontextprotocol/ui": { "mimeTypes": ["text/html;profile=mcp-app"] }

@@ -42,6 +42,11 @@ pub trait Provider: Send + Sync {
     /// A cheap token that changes whenever [`Provider::list`] may have changed (say a file's
     /// identity and time); None when there is no cheaper way than listing.
     fn stamp(&self) -> Option<String>;
+    /// A cheap token that changes whenever the resource at `uri` may have changed, for its
+    /// subscribers; None: it cannot be subscribed to (or does not exist).
+    fn version(&self, _uri: &str) -> Option<String> {
+        None
+    }
 }
 
 /// Refuses a `cursor`: every listing fits one page, so no cursor was ever handed out.

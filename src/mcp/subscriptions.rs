@@ -5,11 +5,14 @@
 //! `notifications/cancelled` (no answer follows), and the server ends it gracefully with a
 //! result carrying the same id (at shutdown).
 //!
-//! Honoured here: `resourcesListChanged` (when the server has resources). Not honoured, and so
-//! left out of the acknowledgment: `toolsListChanged` (the tools never change while the server
-//! runs), `promptsListChanged` (no prompts), `resourceSubscriptions` (no per-resource updates).
+//! Honoured here: `resourcesListChanged` (when the server has resources) and
+//! `resourceSubscriptions` (the URIs among them that can be subscribed to; each gets
+//! `notifications/resources/updated` when it changes). Not honoured, and so left out of the
+//! acknowledgment: `toolsListChanged` (the tools never change while the server runs),
+//! `promptsListChanged` (no prompts). The handshake era's `resources/subscribe` and
+//! `resources/unsubscribe` keep their URIs here too ([`Subscriptions::subscribe`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 
 use jsonrpc_core::Error as RpcError;
@@ -28,17 +31,29 @@ struct Listener {
     id: Value,
     /// Whether it receives `notifications/resources/list_changed`.
     resources: bool,
+    /// The resources it receives `notifications/resources/updated` for.
+    uris: Vec<String>,
 }
+
+/// Most resources one stream, or the handshake era's subscriptions, may follow.
+pub const MAX_SUBSCRIBED: usize = 64;
 
 /// The open `subscriptions/listen` streams of one server, by request id (as text).
 #[derive(Default)]
 pub struct Subscriptions {
     open: Mutex<BTreeMap<String, Listener>>,
+    /// The handshake era's `resources/subscribe` URIs.
+    legacy: Mutex<BTreeSet<String>>,
 }
 
 /// The filter honoured for a request's `notifications` filter: `resourcesListChanged` when asked
-/// for and `resources` is true, nothing else.
-pub fn honoured(params: &Map<String, Value>, resources: bool) -> Result<Value, RpcError> {
+/// for and `resources` is true, and the `resourceSubscriptions` that `subscribable` accepts (at
+/// most [`MAX_SUBSCRIBED`]); nothing else.
+pub fn honoured(
+    params: &Map<String, Value>,
+    resources: bool,
+    subscribable: &dyn Fn(&str) -> bool,
+) -> Result<Value, RpcError> {
     let filter = params
         .get("notifications")
         .and_then(Value::as_object)
@@ -51,6 +66,20 @@ pub fn honoured(params: &Map<String, Value>, resources: bool) -> Result<Value, R
     let mut out = json!({});
     if resources && filter.get("resourcesListChanged") == Some(&Value::Bool(true)) {
         out["resourcesListChanged"] = json!(true);
+    }
+    if let Some(asked) = filter
+        .get("resourceSubscriptions")
+        .and_then(Value::as_array)
+    {
+        let mut uris: Vec<&str> = Vec::new();
+        for u in asked.iter().filter_map(Value::as_str) {
+            if resources && subscribable(u) && !uris.contains(&u) && uris.len() < MAX_SUBSCRIBED {
+                uris.push(u);
+            }
+        }
+        if !uris.is_empty() {
+            out["resourceSubscriptions"] = json!(uris);
+        }
     }
     Ok(out)
 }
@@ -70,6 +99,16 @@ impl Subscriptions {
             return false;
         }
         let resources = filter.get("resourcesListChanged") == Some(&Value::Bool(true));
+        let uris = filter
+            .get("resourceSubscriptions")
+            .and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default();
         out.send(&notification(
             "notifications/subscriptions/acknowledged",
             json!({ "_meta": { META_SUBSCRIPTION_ID: id }, "notifications": filter }),
@@ -79,6 +118,7 @@ impl Subscriptions {
             Listener {
                 id: id.clone(),
                 resources,
+                uris,
             },
         );
         true
@@ -106,6 +146,65 @@ impl Subscriptions {
             out.send(&notification(
                 "notifications/resources/list_changed",
                 json!({ "_meta": { META_SUBSCRIPTION_ID: l.id } }),
+            ));
+        }
+    }
+
+    /// The handshake era's `resources/subscribe`: false when [`MAX_SUBSCRIBED`] are followed
+    /// already.
+    pub fn subscribe(&self, uri: &str) -> bool {
+        let mut l = self.legacy.lock().unwrap_or_else(|p| p.into_inner());
+        if l.len() >= MAX_SUBSCRIBED && !l.contains(uri) {
+            return false;
+        }
+        l.insert(uri.to_string());
+        true
+    }
+
+    /// The handshake era's `resources/unsubscribe`.
+    pub fn unsubscribe(&self, uri: &str) {
+        self.legacy
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(uri);
+    }
+
+    /// Every resource someone follows now.
+    pub fn followed(&self) -> BTreeSet<String> {
+        let mut all: BTreeSet<String> = self
+            .legacy
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        for l in self.lock().values() {
+            all.extend(l.uris.iter().cloned());
+        }
+        all
+    }
+
+    /// Sends `notifications/resources/updated` for `uri` to whoever follows it: each stream
+    /// that asked (tagged with its id) and, when `legacy` (a handshake-era client that
+    /// initialized), the plain notification for `resources/subscribe`.
+    pub fn updated(&self, out: &Output, uri: &str, legacy: bool) {
+        for l in self
+            .lock()
+            .values()
+            .filter(|l| l.uris.iter().any(|u| u == uri))
+        {
+            out.send(&notification(
+                "notifications/resources/updated",
+                json!({ "uri": uri, "_meta": { META_SUBSCRIPTION_ID: l.id } }),
+            ));
+        }
+        let followed = self
+            .legacy
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(uri);
+        if legacy && followed {
+            out.send(&notification(
+                "notifications/resources/updated",
+                json!({ "uri": uri }),
             ));
         }
     }
@@ -162,15 +261,45 @@ mod tests {
     }
 
     #[test]
-    fn only_resource_list_changes_are_honoured() {
+    fn resource_lists_and_subscribable_resources_are_honoured() {
         let all = filter(json!({"toolsListChanged": true, "promptsListChanged": true,
-            "resourcesListChanged": true, "resourceSubscriptions": ["mcqemu://vm/a/serial"]}));
+            "resourcesListChanged": true,
+            "resourceSubscriptions": ["mcqemu://vm/a/serial", "mcqemu://vm/a/screen", 7]}));
+        let serial_only = |u: &str| u.ends_with("/serial");
         assert_eq!(
-            honoured(&all, true).ok(),
-            Some(json!({"resourcesListChanged": true}))
+            honoured(&all, true, &serial_only).ok(),
+            Some(json!({"resourcesListChanged": true,
+                "resourceSubscriptions": ["mcqemu://vm/a/serial"]}))
         );
-        assert_eq!(honoured(&all, false).ok(), Some(json!({})));
-        assert!(honoured(&Map::new(), true).is_err());
+        assert_eq!(honoured(&all, false, &serial_only).ok(), Some(json!({})));
+        assert!(honoured(&Map::new(), true, &serial_only).is_err());
+    }
+
+    #[test]
+    fn updates_go_to_who_follows_the_resource() {
+        let sink = Sink::default();
+        let out = Output::new(Box::new(sink.clone()));
+        let subs = Subscriptions::default();
+        let f = json!({"resourceSubscriptions": ["u://a"]});
+        assert!(subs.open(&out, &json!(5), f));
+        assert!(subs.subscribe("u://b"));
+        assert_eq!(subs.followed().len(), 2);
+        subs.updated(&out, "u://a", true);
+        subs.updated(&out, "u://b", true);
+        subs.updated(&out, "u://c", true);
+        subs.unsubscribe("u://b");
+        subs.updated(&out, "u://b", true);
+        let got = sent(&sink);
+        let updates: Vec<&Value> = got
+            .iter()
+            .filter(|m| m["method"] == "notifications/resources/updated")
+            .collect();
+        assert_eq!(updates.len(), 2, "{got:?}");
+        assert_eq!(
+            updates[0]["params"]["_meta"][META_SUBSCRIPTION_ID],
+            json!(5)
+        );
+        assert_eq!(updates[1]["params"], json!({"uri": "u://b"}));
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The resources mcqemu offers: for each VM in the registry, its serial console log (the last
-//! 256 KiB, as text) at `mcqemu://vm/{name}/serial`, and its current screen (PNG, base64) at
-//! `mcqemu://vm/{name}/screen`. VMs adopted with `attach_vm` have no serial log, so only their
-//! screen is listed.
+//! 256 KiB, as text) at `mcqemu://vm/{name}/serial`, its current screen (PNG, base64) at
+//! `mcqemu://vm/{name}/screen`, and what it uses (JSON: status, metrics, lifetime, end) at
+//! `mcqemu://vm/{name}/metrics`. VMs adopted with `attach_vm` have no serial log, so only their
+//! screen and metrics are listed. The serial log and the metrics can be subscribed to.
 //!
 //! The MCP adapter of the resources, beside the tools: the server (`mcp::resources`) knows
 //! only the [`Provider`] that [`provider`] hands to it. The reads are
@@ -24,6 +25,8 @@ pub const PREFIX: &str = "mcqemu://vm/";
 pub const SERIAL_TEMPLATE: &str = "mcqemu://vm/{name}/serial";
 /// The URI template of a VM's screen.
 pub const SCREEN_TEMPLATE: &str = "mcqemu://vm/{name}/screen";
+/// The URI template of a VM's metrics.
+pub const METRICS_TEMPLATE: &str = "mcqemu://vm/{name}/metrics";
 /// How much of the end of a serial log a read returns (the same window as `vm_serial_read`).
 pub const SERIAL_WINDOW: u64 = serial::WINDOW;
 /// The longest a screen read takes, the wait for the monitor included.
@@ -36,12 +39,17 @@ const SCREEN_DESCRIPTION: &str = "The VM's screen as PNG, captured when read (th
     running or paused), bounded as vm_screenshot's inline image is (longer edge at most 1568 \
     px, PNG at most 750 kB; vm_screenshot also gives the scale for clicks). vm_click, \
     vm_type_text and vm_send_keys act on it.";
+const METRICS_DESCRIPTION: &str = "What the VM uses now, as JSON: its status; metrics (QEMU's \
+    CPU % since the last read, RSS and Pss, the disk's allocated bytes, bytes read and written, \
+    egress bytes, uptime); its lifetime (deadline, idle clock); why it ended. Subscribe to hear \
+    of changes (every 2 s while it runs).";
 
 /// Which resource of a VM.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Serial,
     Screen,
+    Metrics,
 }
 
 /// The VM name and resource of a URI of ours, or None.
@@ -51,6 +59,7 @@ fn parse(uri: &str) -> Option<(&str, Kind)> {
     let kind = match what {
         "serial" => Kind::Serial,
         "screen" => Kind::Screen,
+        "metrics" => Kind::Metrics,
         _ => return None,
     };
     valid_name(name).then_some((name, kind))
@@ -60,6 +69,7 @@ fn uri_of(name: &str, kind: Kind) -> String {
     match kind {
         Kind::Serial => format!("{PREFIX}{name}/serial"),
         Kind::Screen => format!("{PREFIX}{name}/screen"),
+        Kind::Metrics => format!("{PREFIX}{name}/metrics"),
     }
 }
 
@@ -96,6 +106,16 @@ fn screen_resource(name: &str) -> Value {
     })
 }
 
+fn metrics_resource(name: &str) -> Value {
+    json!({
+        "uri": uri_of(name, Kind::Metrics),
+        "name": format!("{name}/metrics"),
+        "title": format!("Metrics of VM {name}"),
+        "description": METRICS_DESCRIPTION,
+        "mimeType": "application/json",
+    })
+}
+
 fn unread(e: Unread) -> ReadError {
     match e {
         Unread::NotFound(m) => ReadError::NotFound(m),
@@ -117,7 +137,25 @@ fn read_screen(uri: &str, name: &str) -> Result<Vec<Value>, ReadError> {
     })])
 }
 
-/// Each VM's serial console log and screen, from the registry of this process's state folder.
+fn read_metrics(uri: &str, name: &str) -> Result<Vec<Value>, ReadError> {
+    let v = crate::ops::vm::inspect::one(name).map_err(|e| {
+        ReadError::NotFound(format!(
+            "resource not found: {}; resources/list and list_vms show the VMs there are",
+            e.msg
+        ))
+    })?;
+    let text = serde_json::to_string(&json!({
+        "name": v.name, "status": v.status, "metrics": v.metrics,
+        "lifetime": v.lifetime, "end": v.end,
+    }))
+    .map_err(|e| ReadError::Failed(e.to_string()))?;
+    Ok(vec![
+        json!({"uri": uri, "mimeType": "application/json", "text": text}),
+    ])
+}
+
+/// Each VM's serial console log, screen and metrics, from the registry of this process's state
+/// folder.
 pub struct VmResources;
 
 /// The resources the server offers (`mcp::server::serve_stdio` takes them).
@@ -136,6 +174,7 @@ impl Provider for VmResources {
                 out.push(serial_resource(&vm.name));
             }
             out.push(screen_resource(&vm.name));
+            out.push(metrics_resource(&vm.name));
         }
         // The live view last: the VMs' own resources keep their places.
         out.push(view_resource());
@@ -158,6 +197,13 @@ impl Provider for VmResources {
                 "description": SCREEN_DESCRIPTION,
                 "mimeType": "image/png",
             }),
+            json!({
+                "uriTemplate": METRICS_TEMPLATE,
+                "name": "vm-metrics",
+                "title": "Metrics of a VM",
+                "description": METRICS_DESCRIPTION,
+                "mimeType": "application/json",
+            }),
         ]
     }
 
@@ -171,11 +217,20 @@ impl Provider for VmResources {
         match parse(uri) {
             Some((name, Kind::Serial)) => read_serial(uri, name),
             Some((name, Kind::Screen)) => read_screen(uri, name),
+            Some((name, Kind::Metrics)) => read_metrics(uri, name),
             None => Err(ReadError::NotFound(format!(
                 "resource not found: {uri:?} is not a resource of this server; its resources \
-                 are {SERIAL_TEMPLATE} and {SCREEN_TEMPLATE} for each VM (resources/list shows \
-                 them)"
+                 are {SERIAL_TEMPLATE}, {SCREEN_TEMPLATE} and {METRICS_TEMPLATE} for each VM \
+                 (resources/list shows them)"
             ))),
+        }
+    }
+
+    fn version(&self, uri: &str) -> Option<String> {
+        match parse(uri)? {
+            (name, Kind::Serial) => crate::ops::vm::serial::log_version(name),
+            (name, Kind::Metrics) => crate::ops::vm::inspect::metrics_version(name),
+            (_, Kind::Screen) => None,
         }
     }
 

@@ -23,6 +23,7 @@ mod image_tools;
 mod inspector;
 mod install_journey;
 mod lifecycle;
+mod lifetimes;
 mod live_view;
 mod load;
 mod mcp_protocol;

@@ -28,7 +28,7 @@ fn initialize_echoes_every_supported_version() {
         assert!(r["capabilities"]["logging"].is_object(), "{r}");
         assert_eq!(
             r["capabilities"]["resources"],
-            json!({"listChanged": true}),
+            json!({"listChanged": true, "subscribe": true}),
             "{r}"
         );
         assert!(r["instructions"].as_str().is_some_and(|i| !i.is_empty()));

@@ -51,6 +51,10 @@ fn screen_uri(name: &str) -> String {
     format!("mcqemu://vm/{name}/screen")
 }
 
+fn metrics_uri(name: &str) -> String {
+    format!("mcqemu://vm/{name}/metrics")
+}
+
 /// The VMs' resources listed (the live view, `ui://mcqemu/view`, is always there, last).
 fn uris(list: &Value) -> Vec<String> {
     let all: Vec<String> = list["resources"]
@@ -168,7 +172,7 @@ fn capabilities_templates_and_missing_resources_in_both_eras() {
     let init = s.initialize(NEWEST);
     assert_eq!(
         init["capabilities"]["resources"],
-        json!({"listChanged": true}),
+        json!({"listChanged": true, "subscribe": true}),
         "{init}"
     );
 
@@ -182,7 +186,11 @@ fn capabilities_templates_and_missing_resources_in_both_eras() {
         .collect();
     assert_eq!(
         templates,
-        ["mcqemu://vm/{name}/serial", "mcqemu://vm/{name}/screen"],
+        [
+            "mcqemu://vm/{name}/serial",
+            "mcqemu://vm/{name}/screen",
+            "mcqemu://vm/{name}/metrics"
+        ],
         "{t}"
     );
     for t in t["resourceTemplates"].as_array().unwrap() {
@@ -234,7 +242,7 @@ fn capabilities_templates_and_missing_resources_in_both_eras() {
     let d = s.result("server/discover", json!({"_meta": envelope()}));
     assert_eq!(
         d["capabilities"]["resources"],
-        json!({"listChanged": true}),
+        json!({"listChanged": true, "subscribe": true}),
         "{d}"
     );
     let t = s.result("resources/templates/list", modern(json!({})));
@@ -322,7 +330,11 @@ fn a_silent_monitor_cannot_hold_up_a_screen_read() {
 
     // An attached VM has no serial log: only its screen is listed, and its serial is not found.
     let list = s.result("resources/list", json!({}));
-    assert_eq!(uris(&list), [screen_uri("hung")], "{list}");
+    assert_eq!(
+        uris(&list),
+        [screen_uri("hung"), metrics_uri("hung")],
+        "{list}"
+    );
     let resp = s.request("resources/read", json!({"uri": serial_uri("hung")}));
     assert_eq!(error_code(&resp), -32002, "{resp}");
     let msg = resp["error"]["message"].as_str().unwrap_or_default();
@@ -433,7 +445,11 @@ fn a_vm_s_console_and_screen_and_a_list_that_follows_the_vms() {
     );
 
     let list = a.result("resources/list", json!({}));
-    assert_eq!(uris(&list), [serial_uri(name), screen_uri(name)], "{list}");
+    assert_eq!(
+        uris(&list),
+        [serial_uri(name), screen_uri(name), metrics_uri(name)],
+        "{list}"
+    );
     let first = &list["resources"][0];
     assert_eq!(first["mimeType"], "text/plain", "{first}");
     assert!(
@@ -483,6 +499,58 @@ fn a_vm_s_console_and_screen_and_a_list_that_follows_the_vms() {
         .filter(|n| n.starts_with(".screenshot-"))
         .collect();
     assert!(left.is_empty(), "capture files left: {left:?}");
+
+    // The metrics: read as JSON, and followed in both eras (the screen cannot be).
+    let r = a.result("resources/read", json!({"uri": metrics_uri(name)}));
+    let m: Value = serde_json::from_str(r["contents"][0]["text"].as_str().unwrap()).unwrap();
+    assert_eq!(m["status"], json!("running"), "{m}");
+    assert!(
+        m["metrics"]["rss_bytes"].as_u64().unwrap() > 16 << 20,
+        "{m}"
+    );
+    assert_eq!(
+        a.result("resources/subscribe", json!({"uri": metrics_uri(name)})),
+        json!({})
+    );
+    let resp = a.request("resources/subscribe", json!({"uri": screen_uri(name)}));
+    assert_eq!(error_code(&resp), -32602, "{resp}");
+    a.send_request(
+        &json!("follow"),
+        "subscriptions/listen",
+        modern(json!({"notifications": {
+            "resourceSubscriptions": [metrics_uri(name), screen_uri(name)]}})),
+    );
+    let updates = wait_for(&mut a, 3, STEP, |m| {
+        m["method"] == "notifications/resources/updated"
+            || (m["method"] == "notifications/subscriptions/acknowledged"
+                && m["params"]["_meta"][META_SUB] == json!("follow"))
+    });
+    let ack = updates
+        .iter()
+        .find(|m| m["method"] == "notifications/subscriptions/acknowledged")
+        .unwrap_or_else(|| panic!("{updates:?}"));
+    assert_eq!(
+        ack["params"]["notifications"],
+        json!({"resourceSubscriptions": [metrics_uri(name)]})
+    );
+    let updated: Vec<&Value> = updates
+        .iter()
+        .filter(|m| m["method"] == "notifications/resources/updated")
+        .collect();
+    assert!(
+        updated
+            .iter()
+            .all(|m| m["params"]["uri"] == json!(metrics_uri(name))),
+        "{updated:?}"
+    );
+    a.notify(
+        "notifications/cancelled",
+        modern(json!({"requestId": "follow"})),
+    );
+    assert_eq!(
+        a.result("resources/unsubscribe", json!({"uri": metrics_uri(name)})),
+        json!({})
+    );
 
     // Another server on the same registry stops the VM (the list stays) and forgets it: this
     // server's watch notices without any request of its own.

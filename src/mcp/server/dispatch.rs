@@ -179,7 +179,11 @@ impl Server {
         } else {
             let resource_method = matches!(
                 method,
-                "resources/list" | "resources/templates/list" | "resources/read"
+                "resources/list"
+                    | "resources/templates/list"
+                    | "resources/read"
+                    | "resources/subscribe"
+                    | "resources/unsubscribe"
             );
             let known = matches!(
                 method,
@@ -205,6 +209,9 @@ impl Server {
                         "serverInfo": server_info(),
                         "instructions": INSTRUCTIONS,
                     })),
+                    "resources/subscribe" | "resources/unsubscribe" => {
+                        return self.subscribe_request(&id, method, &params)
+                    }
                     _ if resource_method => return self.resource_request(id, method, params, era),
                     "tools/list" => return self.list_tools(&id, &params, era),
                     "logging/setLevel" => self.set_level(&params),

@@ -19,6 +19,8 @@ use crate::mcp::workers::Job;
 /// How often the watch thread looks for resource list changes (each tool call also looks when
 /// it ends, before its answer).
 const WATCH_INTERVAL: Duration = Duration::from_millis(500);
+/// How often followed resources are looked at for changes.
+const UPDATE_INTERVAL: Duration = Duration::from_secs(1);
 
 impl Server {
     /// `resources/list`, `resources/templates/list` (answered at once) and `resources/read`
@@ -100,7 +102,10 @@ impl Server {
     /// `subscriptions/listen` (2026-07-28): acknowledges the stream with the filter honoured
     /// and keeps it open until the client cancels it or the server shuts down.
     pub(super) fn listen(self: &Arc<Self>, id: Value, params: &Map<String, Value>) {
-        let filter = match subscriptions::honoured(params, self.resources.is_some()) {
+        let provider = self.resources.clone();
+        let subscribable = |u: &str| provider.as_ref().is_some_and(|p| p.version(u).is_some());
+        let filter = match subscriptions::honoured(params, self.resources.is_some(), &subscribable)
+        {
             Ok(f) => f,
             Err(e) => return self.send(&error_response(&id, e)),
         };
@@ -114,13 +119,112 @@ impl Server {
             // The list as it is now, before the acknowledgment.
             self.start_watch();
         }
+        let follows = filter.get("resourceSubscriptions").is_some();
         if in_flight || !self.subs.open(&self.out, &id, filter) {
-            self.send(&error_response(
+            return self.send(&error_response(
                 &id,
                 invalid_request(format!(
                     "request id {key} is already in flight; use a fresh id"
                 )),
             ));
+        }
+        if follows {
+            self.start_updates();
+        }
+    }
+
+    /// The handshake era's `resources/subscribe` and `resources/unsubscribe` (answered at once):
+    /// a resource that cannot be followed is refused with a reason.
+    pub(super) fn subscribe_request(
+        self: &Arc<Self>,
+        id: &Value,
+        method: &str,
+        params: &Map<String, Value>,
+    ) {
+        let Some(provider) = self.resources.clone() else {
+            return self.send(&error_response(id, method_not_found(method)));
+        };
+        let uri = match params.get("uri").and_then(Value::as_str) {
+            Some(u) => u.to_string(),
+            None => {
+                return self.send(&error_response(
+                    id,
+                    crate::mcp::protocol::invalid_params(format!(
+                        "{method} needs \"uri\" (such as mcqemu://vm/NAME/metrics)"
+                    )),
+                ))
+            }
+        };
+        if method == "resources/unsubscribe" {
+            self.subs.unsubscribe(&uri);
+            return self.send(&response(id, json!({})));
+        }
+        if provider.version(&uri).is_none() {
+            return self.send(&error_response(
+                id,
+                crate::mcp::protocol::invalid_params(format!(
+                    "{uri:?} cannot be subscribed to: only a VM's serial console and metrics \
+                     (mcqemu://vm/NAME/serial, mcqemu://vm/NAME/metrics) of a VM that exists \
+                     can; read a screen with resources/read or wait for it with vm_screen_wait"
+                )),
+            ));
+        }
+        if !self.subs.subscribe(&uri) {
+            return self.send(&error_response(
+                id,
+                crate::mcp::protocol::invalid_params(format!(
+                    "at most {} resources can be followed at once; unsubscribe from one first",
+                    subscriptions::MAX_SUBSCRIBED
+                )),
+            ));
+        }
+        self.start_updates();
+        self.send(&response(id, json!({})));
+    }
+
+    /// Starts the thread that tells followers when their resources changed, once: it looks at
+    /// each followed resource's version every second.
+    pub(super) fn start_updates(self: &Arc<Self>) {
+        let Some(provider) = self.resources.clone() else {
+            return;
+        };
+        if self.updates_started.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let weak: Weak<Server> = Arc::downgrade(self);
+        let spawned = std::thread::Builder::new()
+            .name("resources-updates".into())
+            .spawn(move || {
+                let mut seen: std::collections::BTreeMap<String, Option<String>> =
+                    Default::default();
+                loop {
+                    std::thread::sleep(UPDATE_INTERVAL);
+                    let Some(server) = weak.upgrade() else {
+                        return;
+                    };
+                    if server.out.is_closed() {
+                        return;
+                    }
+                    let followed = server.subs.followed();
+                    seen.retain(|u, _| followed.contains(u));
+                    for uri in followed {
+                        let now = provider.version(&uri);
+                        match seen.insert(uri.clone(), now.clone()) {
+                            Some(before) if before != now => {
+                                let legacy = server.ready.load(Ordering::SeqCst);
+                                server.subs.updated(&server.out, &uri, legacy);
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            self.updates_started.store(false, Ordering::SeqCst);
+            crate::log::stderr(
+                "warning",
+                &format!("cannot start the resource updates ({e}); subscribers hear nothing"),
+            );
         }
     }
 

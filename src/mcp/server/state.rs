@@ -41,8 +41,11 @@ pub struct Server {
     pub(super) resources: Option<Arc<dyn Provider>>,
     /// Notices changes of the resource list, once someone may want to hear of them.
     pub(super) watch: Watch,
-    /// The open `subscriptions/listen` streams (2026-07-28).
+    /// The open `subscriptions/listen` streams (2026-07-28) and the handshake era's
+    /// `resources/subscribe` URIs.
     pub(super) subs: Subscriptions,
+    /// Set once the thread that tells followers of resource changes runs.
+    pub(super) updates_started: AtomicBool,
 }
 
 impl Server {
@@ -87,6 +90,7 @@ impl Server {
             resources,
             watch: Watch::default(),
             subs: Subscriptions::default(),
+            updates_started: AtomicBool::new(false),
         })
     }
 

@@ -146,6 +146,9 @@ pub fn fork(ctx: &dyn Work, req: &ForkRequest) -> Result<Forked, OpError> {
         started,
     };
     let copies = start_all(ctx, &parent, &names)?;
+    for c in &copies {
+        lifetime::touch(&c.launched.name);
+    }
     let ready = || copies.iter().map(|c| c.ready_at_ms);
     Ok(Forked {
         parent: req.name.clone(),

@@ -72,6 +72,8 @@ pub fn create(ctx: &dyn Work, req: &SandboxRequest) -> Result<Sandboxed, OpError
             }
         }
     }
+    // Its idle clock starts when it is ready, not when its boot began.
+    lifetime::touch(&out.launched.name);
     Ok(out)
 }
 

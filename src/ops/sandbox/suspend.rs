@@ -284,6 +284,7 @@ pub fn resume(ctx: &dyn Work, name: &str, wait: Duration) -> Result<Resumed, OpE
     if let Err(why) = agent {
         launched.warnings.push(why);
     }
+    crate::ops::vm::lifetime::touch(name);
     Ok(Resumed {
         launched,
         agent_ready,

@@ -178,33 +178,67 @@ pub fn list() -> VmList {
                 },
                 None,
             ));
-            let running = m.alive();
-            Listed {
-                lifetime: lifetime::shown(name, rec, running, Some(&tcp)),
-                end: ends::shown(rec, running),
-                metrics: metrics::of(name, rec, running, io),
-                name: name.clone(),
-                status: m.status,
-                source: rec.source.clone().unwrap_or_else(|| "spawned".into()),
-                arch: rec.arch.clone(),
-                accel: rec.accel.clone(),
-                pid: rec.pid,
-                created_at: rec.created_at.clone(),
-                memory_mb: rec.memory_mb,
-                cpus: rec.cpus,
-                qmp_socket: rec.qmp_socket.clone(),
-                serial_log: rec.serial_log.clone(),
-                port_forwards: rec.port_forwards.clone(),
-                sandbox: rec.sandbox.clone(),
-                detail: m.detail,
-                held: hold::of(rec),
-            }
+            listed(name, rec, m, io, &tcp)
         })
         .collect();
     VmList {
         vms: list,
         registry_warnings: reg.take_warnings(),
     }
+}
+
+/// One VM as list_vms shows it, measured now within list_vms's budget (the metrics resource).
+pub fn one(name: &str) -> Result<Listed, OpError> {
+    let rec = lookup(name)?;
+    let (m, io) = vm::measure_with_io(&rec, LIST_BUDGET);
+    let tcp = crate::host::tcp_diag::last_data_by_port(&lifetime::forward_ports(&rec));
+    Ok(listed(name, &rec, m, io, &tcp))
+}
+
+/// A record with its measured status (and disk counters) in list_vms's shape.
+fn listed(
+    name: &str,
+    rec: &Record,
+    m: Measured,
+    io: Option<(u64, u64)>,
+    tcp: &HashMap<u16, Duration>,
+) -> Listed {
+    let running = m.alive();
+    Listed {
+        lifetime: lifetime::shown(name, rec, running, Some(tcp)),
+        end: ends::shown(rec, running),
+        metrics: metrics::of(name, rec, running, io),
+        name: name.to_string(),
+        status: m.status,
+        source: rec.source.clone().unwrap_or_else(|| "spawned".into()),
+        arch: rec.arch.clone(),
+        accel: rec.accel.clone(),
+        pid: rec.pid,
+        created_at: rec.created_at.clone(),
+        memory_mb: rec.memory_mb,
+        cpus: rec.cpus,
+        qmp_socket: rec.qmp_socket.clone(),
+        serial_log: rec.serial_log.clone(),
+        port_forwards: rec.port_forwards.clone(),
+        sandbox: rec.sandbox.clone(),
+        detail: m.detail,
+        held: hold::of(rec),
+    }
+}
+
+/// A token that changes whenever VM `name`'s metrics may have (for the metrics resource's
+/// subscribers): every 2 s while its QEMU runs, at its end once it does not; None for no such
+/// VM.
+pub fn metrics_version(name: &str) -> Option<String> {
+    let rec = crate::state::registry::shared().load().remove(name)?;
+    Some(match vm::measure_process(&rec) {
+        Some(m) if !m.alive() => format!(
+            "{}:{}",
+            m.status,
+            rec.end.as_ref().and_then(|e| e.at).unwrap_or(0)
+        ),
+        _ => format!("running:{}", crate::clock::now_secs() / 2),
+    })
 }
 
 /// A block device holding a medium, as vm_info shows it.

@@ -49,6 +49,16 @@ pub struct Tail {
     pub offset: u64,
 }
 
+/// A token that changes whenever VM `name`'s serial log grows or is replaced (for the serial
+/// resource's subscribers); None for no such VM or no log.
+pub fn log_version(name: &str) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let rec = crate::state::registry::shared().load().remove(name)?;
+    let path = log_path(name, &rec).ok()?;
+    let m = std::fs::metadata(path).ok()?;
+    Some(format!("{}:{}:{}", m.ino(), m.len(), m.mtime_nsec()))
+}
+
 /// The last `want` lines (at least 1) of VM `name`'s serial log, within [`WINDOW`].
 pub fn read_tail(name: &str, want: i64) -> Result<Tail, OpError> {
     if want < 1 {
