@@ -192,7 +192,14 @@ pub fn one(name: &str) -> Result<Listed, OpError> {
     let rec = lookup(name)?;
     let (m, io) = vm::measure_with_io(&rec, LIST_BUDGET);
     let tcp = crate::host::tcp_diag::last_data_by_port(&lifetime::forward_ports(&rec));
-    Ok(listed(name, &rec, m, io, &tcp))
+    let mut one = listed(name, &rec, m, io, &tcp);
+    let running = one.status.clone();
+    one.metrics = metrics::with_pss(
+        one.metrics,
+        &rec,
+        !matches!(running, Status::Stopped | Status::Suspended),
+    );
+    Ok(one)
 }
 
 /// A record with its measured status (and disk counters) in list_vms's shape.
@@ -346,7 +353,8 @@ pub fn info(name: &str) -> Result<VmInfo, OpError> {
     out.lifetime = lifetime::shown(name, &out.record, true, None);
     match ask_live(&out.record) {
         Ok((status, block, facts, io)) => {
-            out.metrics = metrics::of(name, &out.record, true, io);
+            out.metrics =
+                metrics::with_pss(metrics::of(name, &out.record, true, io), &out.record, true);
             out.metrics.guest_memory = guest_memory(&out.record);
             out.status = status.status;
             out.vcpus = facts.vcpus;
@@ -366,7 +374,7 @@ pub fn info(name: &str) -> Result<VmInfo, OpError> {
             out.status = m.status.to_string();
             out.detail = Some(m.detail.unwrap_or_else(|| explain_qmp(name, rec, &e)));
             out.end = ends::shown(rec, running);
-            out.metrics = metrics::of(name, rec, running, None);
+            out.metrics = metrics::with_pss(metrics::of(name, rec, running, None), rec, running);
         }
     }
     Ok(out)

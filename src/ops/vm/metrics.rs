@@ -23,7 +23,8 @@ pub struct Metrics {
     pub cpu_interval_s: Option<f64>,
     /// QEMU's resident memory.
     pub rss_bytes: Option<u64>,
-    /// QEMU's proportional share of memory (shared pages divided among their users).
+    /// QEMU's proportional share of memory (shared pages divided among their users); vm_info
+    /// and the metrics resource (a page-table walk, ~1 ms a GiB: list_vms leaves it out).
     pub pss_bytes: Option<u64>,
     /// The guest's own memory, as its /proc/meminfo says (vm_info, when its agent answers).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -121,8 +122,8 @@ pub fn allocated(name: &str, rec: &Record) -> Option<u64> {
     (!sizes.is_empty()).then(|| sizes.iter().sum())
 }
 
-/// A VM's metrics from the host alone (no QMP, no agent): what list_vms shows. `io` is the
-/// block counters when a monitor session already asked them.
+/// A VM's metrics from the host alone (no QMP, no agent): what list_vms shows (Pss aside,
+/// [`with_pss`]). `io` is the block counters when a monitor session already asked them.
 pub fn of(name: &str, rec: &Record, running: bool, io: Option<(u64, u64)>) -> Metrics {
     let pid = vm::pid(rec).filter(|_| running);
     let times = pid.and_then(procstat::cpu_times);
@@ -134,7 +135,7 @@ pub fn of(name: &str, rec: &Record, running: bool, io: Option<(u64, u64)>) -> Me
         cpu_pct: cpu.map(|c| c.0),
         cpu_interval_s: cpu.map(|c| c.1),
         rss_bytes: pid.and_then(procstat::rss_bytes),
-        pss_bytes: pid.and_then(procstat::pss_bytes),
+        pss_bytes: None,
         guest_memory: None,
         disk_allocated_bytes: allocated(name, rec),
         disk_read_bytes: io.map(|i| i.0),
@@ -142,6 +143,14 @@ pub fn of(name: &str, rec: &Record, running: bool, io: Option<(u64, u64)>) -> Me
         net_bytes: net.filter(|_| rec.egress.is_some()),
         uptime_s: times.map(|t| t.uptime.as_secs()),
     }
+}
+
+/// `m` with QEMU's Pss read too.
+pub fn with_pss(mut m: Metrics, rec: &Record, running: bool) -> Metrics {
+    m.pss_bytes = vm::pid(rec)
+        .filter(|_| running)
+        .and_then(procstat::pss_bytes);
+    m
 }
 
 /// The guest's memory from the text of its /proc/meminfo.

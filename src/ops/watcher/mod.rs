@@ -112,13 +112,17 @@ struct Watcher {
     background_asked: HashMap<String, Instant>,
     /// The ends under way, each on a thread of its own.
     ending: act::Ending,
+    /// The registry as last read, and the file's identity then: read again only when it
+    /// changed (it is replaced by a rename at every change), which keeps an idle watcher's
+    /// look to a stat.
+    cached: Option<((u64, u64, i64, i64), Vms)>,
 }
 
 impl Watcher {
     /// One look: ends what is due; returns how long until the next one is worth taking, or
     /// None when nothing is left to watch.
     fn tick(&mut self) -> Option<Duration> {
-        let vms = crate::state::registry::shared().load();
+        let vms = self.registry();
         let ports: Vec<u16> = vms
             .values()
             .filter(|r| r.lifetime.as_ref().is_some_and(|l| l.idle_s.is_some()))
@@ -177,6 +181,23 @@ impl Watcher {
             self.ending.start(name, rec, action, ends::IDLE, detail);
         }
         watching.then_some(next)
+    }
+
+    /// The registry's VMs, read again only when the file changed.
+    fn registry(&mut self) -> Vms {
+        use std::os::unix::fs::MetadataExt;
+        let reg = crate::state::registry::shared();
+        let stamp = std::fs::metadata(reg.path())
+            .ok()
+            .map(|m| (m.ino(), m.len(), m.mtime(), m.mtime_nsec()));
+        match (&self.cached, stamp) {
+            (Some((was, vms)), Some(now)) if *was == now => vms.clone(),
+            _ => {
+                let vms = reg.load();
+                self.cached = stamp.map(|s| (s, vms.clone()));
+                vms
+            }
+        }
     }
 
     /// Asks the guest whether a VM's background processes still run (at most every 30 s):
