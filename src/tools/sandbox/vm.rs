@@ -17,7 +17,9 @@ const SANDBOX_DESCRIPTION: &str = "Create a qcow2 overlay on base_image (the bas
     guest has finished booting. A cloud-init module that fails (a resizefs, a write_files entry) \
     does not remove the sandbox: it is a warning quoting cloud-init's line, and cloud_init says \
     status and failed_modules. kernel/initrd/append boot a kernel directly (the base image then \
-    serves as a data disk).";
+    serves as a data disk). It ends by itself unless told otherwise: suspended after 900 idle \
+    seconds (the next tool naming it resumes it), stopped after a day (ttl_s, idle_s, on_idle, \
+    on_ttl; vm_lifetime changes them later).";
 
 /// `sandbox_vm`.
 pub const SANDBOX: ToolDef = ToolDef {
