@@ -21,14 +21,14 @@ pub const INSTRUCTIONS: &str = concat!(
      (console=ttyS0); then vm_serial_wait for a string, vm_serial_read for the tail.\n",
     "Many fast sandboxes of one kind: template_create once (a base image plus setup commands), \
      then sandbox_vm {\"template\": NAME} starts a clone in under a second. \
-     sandbox_fork copies one; sandbox_suspend/sandbox_resume park one on disk. Idle sandboxes \
-     are suspended (resumed on use), old ones stop: vm_lifetime.\n",
+     sandbox_fork copies one; sandbox_suspend/sandbox_resume park one on disk. Idle ones \
+     suspend, resumed on use; old ones stop (vm_lifetime)\n",
     "Roots: host paths must lie in the roots (the client's or --root folders); a refusal \
      names them.\n",
     "Long calls report progress (progressToken) and stop when cancelled; guest_exec \
      live=true streams output.\n",
-    "Resources: mcqemu://vm/{name}/serial, .../screen, .../metrics.\n",
-    "A person may watch and take over (vm_view): ask them for a password or a CAPTCHA.\n",
+    "Resources: mcqemu://vm/{name}/serial, mcqemu://vm/{name}/screen, .../metrics.\n",
+    "A person may watch and take over (vm_view): ask them for passwords or CAPTCHAs.\n",
     "Failed calls are isError results saying what to do next; \
      _meta[\"mcqemu/error\"].kind names the kind (busy: retry).",
 );
