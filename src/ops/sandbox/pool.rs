@@ -63,6 +63,33 @@ pub fn size(template: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// The file holding how long a template's pooled clones outlive the last server keeping them.
+fn idle_file(template: &str) -> PathBuf {
+    templates::dir_of(template).join("pool-idle")
+}
+
+/// How long a template's pooled clones live on once no server keeps the pool, in seconds.
+pub fn idle_s(template: &str) -> u64 {
+    std::fs::read_to_string(idle_file(template))
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(crate::ops::vm::lifetime::POOL_IDLE_S)
+}
+
+/// Sets how long a template's pooled clones live on once no server keeps the pool (clones
+/// started from now on; 0: until a server ends the pool).
+pub fn set_idle_s(template: &str, s: u64) -> Result<(), OpError> {
+    templates::load(template)?;
+    if s > crate::ops::vm::lifetime::MAX_S {
+        return Err(OpError::invalid(format!("idle_s {s} is more than 30 days")));
+    }
+    let file = idle_file(template);
+    let tmp = file.with_extension("tmp");
+    std::fs::write(&tmp, format!("{s}\n"))
+        .and_then(|()| std::fs::rename(&tmp, &file))
+        .map_err(|e| OpError::new(format!("cannot record the pool's idle_s: {e}")))
+}
+
 /// Sets a template's pool size, checked against the quotas (its clones run all the time), and
 /// wakes the keeper. 0 ends the pool: its clones are destroyed.
 pub fn set_size(ctx: &dyn Work, template: &str, n: u64) -> Result<(), OpError> {
@@ -431,11 +458,13 @@ fn refill(ctx: &dyn Work, template: &str, want: u64) -> Result<(), OpError> {
     };
     while (pooled(template).len() as u64) < want && size(template) >= want {
         let name = format!("pool-{}", &crate::cloudinit::new_instance_id()[11..23]);
-        let req = SandboxRequest {
+        let mut req = SandboxRequest {
             name: Some(name.clone()),
             template: Some(template.to_string()),
             ..SandboxRequest::default()
         };
+        // Kept busy by this keeper; ended that long after no server keeps the pool.
+        req.launch.lifetime.idle_s = Some(idle_s(template));
         // Marked from its launch on, so list_vms never shows it and a take never sees it
         // before its agent answers.
         let fields = Record {

@@ -42,7 +42,8 @@ const POOL_DESCRIPTION: &str = "Keep `size` clones of a template started, clock 
     allow_network then hands one out, renamed as asked, in milliseconds, and the pool refills \
     in the background. Pooled clones count in the VM and memory quotas, are not listed by \
     list_vms (template_list shows pool and pool_ready), keep running when the server exits and \
-    are adopted by the next one. template_create takes pool too.";
+    are adopted by the next one, or destroyed idle_s seconds after no server keeps the pool \
+    (default 600). template_create takes pool too.";
 
 /// `template_pool`.
 pub const POOL: ToolDef = ToolDef {
@@ -54,7 +55,12 @@ pub const POOL: ToolDef = ToolDef {
             json!({
                 "name": presets::name_schema(),
                 "size": {"type": "integer", "minimum": 0, "maximum": pool::MAX_POOL,
-                         "description": "Clones to keep ready; 0 ends the pool."}
+                         "description": "Clones to keep ready; 0 ends the pool."},
+                "idle_s": {"type": "integer", "minimum": 0,
+                           "maximum": crate::ops::vm::lifetime::MAX_S,
+                           "description": "How long pooled clones live on once no server keeps \
+                               the pool (the watcher destroys them then); 0: until a server \
+                               ends it. Default 600."}
             }),
             &["name", "size"],
         )
@@ -63,7 +69,7 @@ pub const POOL: ToolDef = ToolDef {
         json!({
             "type": "object",
             "properties": {"name": {"type": "string"}, "pool": {"type": "integer"},
-                           "pool_ready": {"type": "integer"}},
+                           "pool_ready": {"type": "integer"}, "idle_s": {"type": "integer"}},
             "required": ["name", "pool", "pool_ready"]
         })
     },
@@ -75,9 +81,13 @@ pub const POOL: ToolDef = ToolDef {
 fn set_pool(ctx: &ToolCtx, args: &Args) -> ToolResult {
     let name = template_name_arg(args)?;
     let size = args.i64_or("size", 0)?.max(0) as u64;
+    if let Some(idle) = args.opt_i64("idle_s")? {
+        pool::set_idle_s(&name, idle.max(0) as u64)?;
+    }
     pool::set_size(ctx, &name, size)?;
     Ok(ToolOutput::json(json!({
-        "name": name, "pool": pool::size(&name), "pool_ready": pool::ready(&name)
+        "name": name, "pool": pool::size(&name), "pool_ready": pool::ready(&name),
+        "idle_s": pool::idle_s(&name)
     })))
 }
 
