@@ -239,7 +239,36 @@ fn a_warm_pool_hands_out_ready_clones_refills_and_survives_a_restart() {
     );
     assert_eq!(listed(&mut s, "tp")["pool_ready"], json!(2));
 
-    // template_delete ends the pool first.
+    // A pool no server keeps ends by itself: its clones are destroyed idle_s after the last
+    // server went (the watcher's doing).
+    let r = s.call_ok(
+        "template_pool",
+        json!({"name": "tp", "size": 2, "idle_s": 4}),
+    );
+    assert_eq!(r["idle_s"], json!(4), "{r}");
+    s.try_close().unwrap();
+    let gone = Instant::now();
+    while !pooled(&lab).is_empty() || before.iter().any(|p| pid_alive(*p)) {
+        assert!(
+            gone.elapsed() < Duration::from_secs(40),
+            "the unkept pool outlived its idle_s: {:?}",
+            pooled(&lab)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    eprintln!("an unkept pool ended {:?} after its server", gone.elapsed());
+    assert!(
+        gone.elapsed() >= Duration::from_millis(1500),
+        "ended before its idle_s"
+    );
+    let mut s = lab.spawn_server();
+
+    // template_delete ends the pool first (the new server has started it again).
+    wait_ready(&mut s, "tp", 2);
+    let before: Vec<i32> = pooled(&lab).into_iter().map(|(_, p)| p).collect();
+    for p in &before {
+        lab.killer.track(&json!({"pid": p}));
+    }
     let d = s.call_ok_within("template_delete", json!({"name": "tp"}), CALL);
     assert_eq!(d["deleted"], json!(true), "{d}");
     for p in before {

@@ -76,18 +76,35 @@ pub fn idle_s(template: &str) -> u64 {
         .unwrap_or(crate::ops::vm::lifetime::POOL_IDLE_S)
 }
 
-/// Sets how long a template's pooled clones live on once no server keeps the pool (clones
-/// started from now on; 0: until a server ends the pool).
+/// Sets how long a template's pooled clones live on once no server keeps the pool, for its
+/// clones now and later (0: until a server ends the pool).
 pub fn set_idle_s(template: &str, s: u64) -> Result<(), OpError> {
+    use crate::ops::vm::lifetime::{self, Asked, Kind};
     templates::load(template)?;
-    if s > crate::ops::vm::lifetime::MAX_S {
-        return Err(OpError::invalid(format!("idle_s {s} is more than 30 days")));
-    }
+    let asked = Asked {
+        idle_s: Some(s),
+        ..Asked::default()
+    };
+    let lt = lifetime::resolve(Kind::Pooled, &asked, crate::clock::now_secs())?;
     let file = idle_file(template);
     let tmp = file.with_extension("tmp");
     std::fs::write(&tmp, format!("{s}\n"))
         .and_then(|()| std::fs::rename(&tmp, &file))
-        .map_err(|e| OpError::new(format!("cannot record the pool's idle_s: {e}")))
+        .map_err(|e| OpError::new(format!("cannot record the pool's idle_s: {e}")))?;
+    let t = template.to_string();
+    let has = lt.is_some();
+    crate::state::registry::shared().update(move |vms| {
+        for r in vms.values_mut() {
+            if r.pooled.as_deref() == Some(t.as_str()) {
+                r.lifetime = lt.clone();
+            }
+        }
+        Ok::<_, RegistryError>(())
+    })?;
+    if has {
+        lifetime::ensure_watcher();
+    }
+    Ok(())
 }
 
 /// Sets a template's pool size, checked against the quotas (its clones run all the time), and
