@@ -4,9 +4,9 @@
 //! not hold up the others. A suspend that is refused (a VM with mounts cannot be saved) stops
 //! the VM instead.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::ops::sandbox::{destroy, suspend};
 use crate::ops::vm::ends;
@@ -17,6 +17,8 @@ use crate::state::record::Record;
 
 /// How long a stop waits for the guest to power off before it ends QEMU.
 const GRACEFUL: Duration = Duration::from_secs(10);
+/// How long after a failed end the watcher tries again.
+const RETRY: Duration = Duration::from_secs(60);
 
 /// The action a lifetime names; a record edited by hand to nonsense stops.
 pub fn action(name: Option<&str>) -> Action {
@@ -24,19 +26,38 @@ pub fn action(name: Option<&str>) -> Action {
         .unwrap_or(Action::Stop)
 }
 
-/// The VMs being ended now.
+/// The VMs being ended now, and those whose end failed lately.
 #[derive(Default)]
 pub struct Ending {
     names: Arc<Mutex<HashSet<String>>>,
+    failed: Arc<Mutex<HashMap<String, Instant>>>,
 }
 
 impl Ending {
-    /// True while VM `name`'s end runs.
+    /// True while VM `name`'s end runs, and for a while after it failed (a wedged VM is not
+    /// tried every second).
     pub fn is_ending(&self, name: &str) -> bool {
-        self.names
+        let failed_lately = self
+            .failed
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .contains(name)
+            .get(name)
+            .is_some_and(|t| t.elapsed() < RETRY);
+        failed_lately
+            || self
+                .names
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains(name)
+    }
+
+    /// True while any end runs: the watcher does not exit under one.
+    pub fn any(&self) -> bool {
+        !self
+            .names
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
     }
 
     /// Ends VM `name` by `action` on a thread of its own, for `reason`.
@@ -51,12 +72,20 @@ impl Ending {
             rec.clone(),
             reason.to_string(),
         );
+        let failed = self.failed.clone();
         let spawned = std::thread::Builder::new()
             .name(format!("end-{name}"))
             .spawn({
                 let (names, name) = (names.clone(), name.clone());
                 move || {
-                    end(&name, &rec, action, &reason, &detail);
+                    let ok = end(&name, &rec, action, &reason, &detail);
+                    let mut f = failed.lock().unwrap_or_else(|p| p.into_inner());
+                    if ok {
+                        f.remove(&name);
+                    } else {
+                        f.insert(name.clone(), Instant::now());
+                    }
+                    drop(f);
                     names
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
@@ -72,8 +101,9 @@ impl Ending {
     }
 }
 
-/// Ends VM `name` by `action`, for `reason`, and says how it went on stderr.
-fn end(name: &str, rec: &Record, action: Action, reason: &str, detail: &str) {
+/// Ends VM `name` by `action`, for `reason`, and says how it went on stderr; false when it
+/// could not.
+fn end(name: &str, rec: &Record, action: Action, reason: &str, detail: &str) -> bool {
     let why = format!("{detail}; on_{reason}: {}", action.as_str());
     crate::log::stderr("notice", &format!("ending VM {name}: {why}"));
     let intent = ends::end(reason, Some("watcher"), why);
@@ -103,8 +133,21 @@ fn end(name: &str, rec: &Record, action: Action, reason: &str, detail: &str) {
         _ => stop_it(name),
     };
     match outcome {
-        Ok(how) => crate::log::stderr("notice", &format!("VM {name}: {how}")),
-        Err(e) => crate::log::stderr("error", &format!("VM {name} could not be ended: {e}")),
+        Ok(how) => {
+            crate::log::stderr("notice", &format!("VM {name}: {how}"));
+            true
+        }
+        Err(e) => {
+            ends::withdraw(name);
+            crate::log::stderr(
+                "error",
+                &format!(
+                    "VM {name} could not be ended: {e}; tried again in {} s",
+                    RETRY.as_secs()
+                ),
+            );
+            false
+        }
     }
 }
 

@@ -180,7 +180,8 @@ impl Watcher {
             );
             self.ending.start(name, rec, action, ends::IDLE, detail);
         }
-        watching.then_some(next)
+        // An end under way keeps the watcher (and its thread) alive to its end.
+        (watching || self.ending.any()).then_some(next)
     }
 
     /// The registry's VMs, read again only when the file changed.
