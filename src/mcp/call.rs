@@ -34,7 +34,8 @@ pub fn check(tool: &ToolDef, args: Map<String, Value>) -> Result<Args, ToolError
 
 /// What the front end has run around every tool call, whatever the transport: the tools
 /// layer's bookkeeping of a call (a VM's activity, why a VM ends). `before` may refuse the
-/// call; `after` learns whether it succeeded.
+/// call; `after` runs whenever `before` let the call run (a handler that panicked too), told
+/// whether it succeeded.
 #[derive(Clone, Copy)]
 pub struct Hooks {
     /// Runs before the handler, with the tool's name and checked arguments.
@@ -54,16 +55,23 @@ pub fn set_hooks(h: Hooks) {
 /// its message starting with the tool's name.
 pub fn run(tool: &ToolDef, ctx: &ToolCtx, args: Args) -> Result<ToolOutput, ToolError> {
     let hooks = HOOKS.get();
-    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        if let Some(h) = hooks {
-            (h.before)(tool.name, &args, ctx)?;
-        }
-        let out = (tool.handler)(ctx, &args);
-        if let Some(h) = hooks {
-            (h.after)(tool.name, &args, out.is_ok());
-        }
-        out
+    use std::panic::{catch_unwind, AssertUnwindSafe as Unwinding};
+    let pre = catch_unwind(Unwinding(|| match hooks {
+        Some(h) => (h.before)(tool.name, &args, ctx),
+        None => Ok(()),
     }));
+    let run = match pre {
+        Ok(Ok(())) => {
+            let out = catch_unwind(Unwinding(|| (tool.handler)(ctx, &args)));
+            if let Some(h) = hooks {
+                let ok = matches!(out, Ok(Ok(_)));
+                let _ = catch_unwind(Unwinding(|| (h.after)(tool.name, &args, ok)));
+            }
+            out
+        }
+        Ok(Err(e)) => Ok(Err(e)),
+        Err(panic) => Err(panic),
+    };
     ctx.finish();
     match run {
         Ok(Ok(out)) => Ok(out),

@@ -1,7 +1,7 @@
 //! Sandboxes that end on time, over the built binary, real QEMU (TCG) and the test guest: TTL
 //! and idle limits with each `on_idle`, carried out by the watcher process after the process
-//! that made them exited; a held VM not ended; traffic through a forward deferring the idle
-//! end; one watcher per state folder, a killed one replaced when a server starts; the reasons
+//! that made them exited; a held VM not ended; a call longer than the idle limit, and
+//! traffic through a forward, deferring the idle end; one watcher per state folder, a killed one replaced when a server starts; the reasons
 //! VMs ended (a kill -9 of QEMU, a guest poweroff, a TTL); and the metrics following a busy
 //! guest and its writes.
 
@@ -206,7 +206,7 @@ fn ttl_and_idle_end_sandboxes_with_no_server_running() {
 }
 
 #[test]
-fn a_held_vm_is_not_ended_and_forward_traffic_defers_idleness() {
+fn a_held_vm_is_not_ended_and_long_calls_and_forward_traffic_defer_idleness() {
     test_guest();
     let mut lab = Lab::with_slots("lt-busy", 2);
     let idle = 8;
@@ -224,10 +224,13 @@ fn a_held_vm_is_not_ended_and_forward_traffic_defers_idleness() {
         json!({"idle_s": idle, "on_idle": "stop", "port_forwards": ["auto:7000"]}),
     );
     let port = fwd["port_forwards"][0]["host"].as_u64().unwrap() as u16;
+    // A call longer than the idle limit is activity to its end.
+    let slept = sh(lab.srv(), "fwd", &format!("sleep {}; echo slept", idle + 4));
+    assert_eq!(slept.trim(), "slept");
     sh(
         lab.srv(),
         "fwd",
-        "(nc -l -p 7000 > /dev/null </dev/null 2>&1 &) ; sleep 0.5",
+        "(sleep 1000 </dev/null 2>/dev/null | nc -l -p 7000 >/dev/null 2>&1 &) ; sleep 0.5",
     );
     let mut conn = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     let busy_until = Instant::now() + Duration::from_secs(idle * 2 + 4);
