@@ -225,12 +225,17 @@ fn capabilities_templates_and_missing_resources_in_both_eras() {
     assert_eq!(error_code(&resp), -32602, "{resp}");
     let resp = s.request("resources/list", json!({"cursor": "c1"}));
     assert_eq!(error_code(&resp), -32602, "{resp}");
+    // A resource that cannot be followed (no such VM) is refused with a reason.
+    let resp = s.request("resources/subscribe", json!({"uri": serial_uri("ghost")}));
+    assert_eq!(error_code(&resp), -32602, "{resp}");
+    assert!(
+        resp["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("cannot be subscribed")),
+        "{resp}"
+    );
     // Not in this era, or in none.
-    for method in [
-        "subscriptions/listen",
-        "resources/subscribe",
-        "prompts/list",
-    ] {
+    for method in ["subscriptions/listen", "prompts/list"] {
         let resp = s.request(
             method,
             json!({"uri": serial_uri("ghost"), "notifications": {}}),
