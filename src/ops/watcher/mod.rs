@@ -21,6 +21,12 @@ use crate::state::registry::Vms;
 const PERIOD: Duration = Duration::from_secs(1);
 /// How often a VM idle but for background processes has them asked about.
 const BACKGROUND_RECHECK: Duration = Duration::from_secs(30);
+/// How often the host's connections are asked about for the forwards' activity. The kernel
+/// keeps each connection's own clock, so a look says when data last moved however old it
+/// is; but each look walks the kernel's whole connection table (~1 ms with 256 Ki buckets), so
+/// an idle watcher looks every 10 s, and once more right before it would end a VM with
+/// forwards.
+const TCP_PERIOD: Duration = Duration::from_secs(10);
 
 /// Runs the watcher until nothing is left to watch; its exit code.
 pub fn run() -> i32 {
@@ -116,6 +122,9 @@ struct Watcher {
     /// changed (it is replaced by a rename at every change), which keeps an idle watcher's
     /// look to a stat.
     cached: Option<((u64, u64, i64, i64), Vms)>,
+    /// When data last moved on each forwarded port (seconds since the epoch), and when the
+    /// connections were last asked.
+    tcp: Option<(Instant, HashMap<u16, f64>)>,
 }
 
 impl Watcher {
@@ -128,7 +137,13 @@ impl Watcher {
             .filter(|r| r.lifetime.as_ref().is_some_and(|l| l.idle_s.is_some()))
             .flat_map(lifetime::forward_ports)
             .collect();
-        let tcp = crate::host::tcp_diag::last_data_by_port(&ports);
+        if self
+            .tcp
+            .as_ref()
+            .is_none_or(|t| t.0.elapsed() >= TCP_PERIOD)
+        {
+            self.look_at_connections(&ports);
+        }
         let now = crate::clock::now_secs();
         let now_f = now_f();
         let mut watching = false;
@@ -161,7 +176,12 @@ impl Watcher {
                 continue;
             }
             let Some(idle_s) = l.idle_s else { continue };
-            let seen = lifetime::last_activity(name, rec, Some(&tcp));
+            let mut seen = lifetime::last_activity(name, rec, Some(&self.tcp_ago(now_f)));
+            if now_f - seen.at >= idle_s as f64 && !lifetime::forward_ports(rec).is_empty() {
+                // About to end it: what its forwards carried since the last look counts.
+                self.look_at_connections(&ports);
+                seen = lifetime::last_activity(name, rec, Some(&self.tcp_ago(now_f)));
+            }
             let idle_for = now_f - seen.at;
             if idle_for < idle_s as f64 {
                 next = next.min(Duration::from_secs_f64(idle_s as f64 - idle_for));
@@ -182,6 +202,26 @@ impl Watcher {
         }
         // An end under way keeps the watcher (and its thread) alive to its end.
         (watching || self.ending.any()).then_some(next)
+    }
+
+    /// Asks the kernel when data last moved on each of `ports`' connections.
+    fn look_at_connections(&mut self, ports: &[u16]) {
+        let now = now_f();
+        let seen = crate::host::tcp_diag::last_data_by_port(ports)
+            .into_iter()
+            .map(|(p, ago)| (p, now - ago.as_secs_f64()))
+            .collect();
+        self.tcp = Some((Instant::now(), seen));
+    }
+
+    /// How long ago data last moved on each forwarded port, as of `now` (seconds since the
+    /// epoch), from the last look.
+    fn tcp_ago(&self, now: f64) -> HashMap<u16, Duration> {
+        self.tcp
+            .iter()
+            .flat_map(|(_, m)| m.iter())
+            .map(|(p, at)| (*p, Duration::from_secs_f64((now - at).max(0.0))))
+            .collect()
     }
 
     /// The registry's VMs, read again only when the file changed.
