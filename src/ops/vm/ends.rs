@@ -208,11 +208,18 @@ pub fn record_exit(
     let sock = socket.display().to_string();
     let now = crate::clock::now_secs();
     let found = crate::state::registry::shared().update(move |vms| {
-        let hit = vms.iter().find_map(|(n, r)| {
-            let by_pid = r.pid == Some(i64::from(pid));
-            let by_socket =
-                text(&r.launch_qmp_socket).or(text(&r.qmp_socket)) == Some(sock.as_str());
-            (by_pid || (by_socket && !runs_another(r, pid))).then(|| n.clone())
+        // Its PID first: only a record that has let go of it (a suspend) is found by socket.
+        let by_pid = vms
+            .iter()
+            .find(|(_, r)| r.pid == Some(i64::from(pid)))
+            .map(|(n, _)| n.clone());
+        let hit = by_pid.or_else(|| {
+            vms.iter()
+                .find(|(_, r)| {
+                    text(&r.launch_qmp_socket).or(text(&r.qmp_socket)) == Some(sock.as_str())
+                        && !runs_another(r, pid)
+                })
+                .map(|(n, _)| n.clone())
         });
         let Some(name) = hit else {
             return Ok::<_, RegistryError>(None);
