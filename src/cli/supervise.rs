@@ -31,7 +31,20 @@ pub fn main(args: &[String]) -> i32 {
     };
     // The registry this QEMU's record is in, whatever the environment says later.
     std::env::set_var("MCQEMU_STATE_DIR", &state);
-    let oom_before = crate::host::procstat::oom_kills().unwrap_or(0);
+    // The OOM killer's count, sampled every 2 s: a SIGKILL is blamed on it only when the count
+    // rose within the last sample or two, not at any time in QEMU's life.
+    let oom_seen = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(
+        crate::host::procstat::oom_kills().unwrap_or(0),
+    ));
+    let sampler = oom_seen.clone();
+    let _ = std::thread::Builder::new()
+        .name("oom-sample".into())
+        .spawn(move || loop {
+            std::thread::sleep(std::time::Duration::from_secs(2));
+            if let Some(n) = crate::host::procstat::oom_kills() {
+                sampler.store(n, std::sync::atomic::Ordering::Relaxed);
+            }
+        });
     let mut child = match Command::new(binary).args(argv).spawn() {
         Ok(c) => c,
         Err(e) => {
@@ -57,7 +70,7 @@ pub fn main(args: &[String]) -> i32 {
     };
     let oom_delta = crate::host::procstat::oom_kills()
         .unwrap_or(0)
-        .saturating_sub(oom_before);
+        .saturating_sub(oom_seen.load(std::sync::atomic::Ordering::Relaxed));
     let log = log_path().unwrap_or_default();
     ends::record_exit(pid, &socket, exit, &log, oom_delta);
     match (exit.code, exit.signal) {

@@ -11,6 +11,8 @@ pub struct CpuTimes {
     pub cpu: Duration,
     /// How long it has run.
     pub uptime: Duration,
+    /// When it started, in clock ticks since boot (with the PID, names the process).
+    pub started_ticks: u64,
 }
 
 /// Clock ticks per second (`_SC_CLK_TCK`).
@@ -50,6 +52,7 @@ pub fn cpu_times(pid: i32) -> Option<CpuTimes> {
     Some(CpuTimes {
         cpu: Duration::from_secs_f64(cpu),
         uptime: Duration::from_secs_f64(uptime),
+        started_ticks: f.get(19).and_then(|v| v.parse().ok()).unwrap_or(0),
     })
 }
 

@@ -16,15 +16,16 @@ const NLMSG_ERROR: u16 = 2;
 const MAX_ANSWER: usize = 16 << 20;
 
 /// For each of `ports` with an established connection whose local port it is: how long ago
-/// data last moved on any of them (the shortest). Ports with none are absent; an error (no
-/// netlink, a kernel without sock_diag) is an empty map.
-pub fn last_data_by_port(ports: &[u16]) -> HashMap<u16, Duration> {
+/// data last moved on any of them (the shortest). Ports with none are absent. An error (no
+/// netlink, a kernel without sock_diag, an answer cut short or too large) says the map would
+/// not be the whole truth.
+pub fn last_data_by_port(ports: &[u16]) -> Result<HashMap<u16, Duration>, String> {
     let mut out = HashMap::new();
     if ports.is_empty() {
-        return out;
+        return Ok(out);
     }
     for family in [libc::AF_INET as u8, libc::AF_INET6 as u8] {
-        let _ = dump(family, &mut |port, idle_ms| {
+        dump(family, &mut |port, idle_ms| {
             if ports.contains(&port) {
                 let d = Duration::from_millis(u64::from(idle_ms));
                 let e = out.entry(port).or_insert(d);
@@ -32,14 +33,14 @@ pub fn last_data_by_port(ports: &[u16]) -> HashMap<u16, Duration> {
                     *e = d;
                 }
             }
-        });
+        })?;
     }
-    out
+    Ok(out)
 }
 
 /// Asks the kernel for every established TCP socket of `family`; calls `seen` with each one's
 /// local port and how many ms ago data last moved on it.
-fn dump(family: u8, seen: &mut dyn FnMut(u16, u32)) -> Result<(), ()> {
+fn dump(family: u8, seen: &mut dyn FnMut(u16, u32)) -> Result<(), String> {
     // SAFETY: socket(2) with constant arguments.
     let fd = unsafe {
         libc::socket(
@@ -49,7 +50,10 @@ fn dump(family: u8, seen: &mut dyn FnMut(u16, u32)) -> Result<(), ()> {
         )
     };
     if fd < 0 {
-        return Err(());
+        return Err(format!(
+            "no sock_diag netlink socket: {}",
+            std::io::Error::last_os_error()
+        ));
     }
     // SAFETY: fd was just opened here and is owned by nothing else.
     let sock = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
@@ -71,7 +75,10 @@ fn dump(family: u8, seen: &mut dyn FnMut(u16, u32)) -> Result<(), ()> {
     let req = request(family);
     // SAFETY: send(2) of a buffer that lives across the call.
     if unsafe { libc::send(fd, req.as_ptr().cast(), req.len(), 0) } != req.len() as isize {
-        return Err(());
+        return Err(format!(
+            "the sock_diag request was not sent: {}",
+            std::io::Error::last_os_error()
+        ));
     }
     let mut buf = vec![0u8; 64 * 1024];
     let mut total = 0usize;
@@ -79,11 +86,19 @@ fn dump(family: u8, seen: &mut dyn FnMut(u16, u32)) -> Result<(), ()> {
         // SAFETY: recv(2) into a buffer of the given length.
         let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
         if n <= 0 {
-            return Err(());
+            return Err(format!(
+                "the sock_diag answer stopped: {}",
+                std::io::Error::last_os_error()
+            ));
         }
         total += n as usize;
-        if parse(&buf[..n as usize], seen)? || total > MAX_ANSWER {
+        if parse(&buf[..n as usize], seen)
+            .map_err(|()| "a malformed sock_diag answer".to_string())?
+        {
             return Ok(());
+        }
+        if total > MAX_ANSWER {
+            return Err(format!("more than {MAX_ANSWER} bytes of connections"));
         }
     }
 }
@@ -167,17 +182,17 @@ mod tests {
         let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
         let (mut s, _) = l.accept().unwrap();
         assert!(
-            last_data_by_port(&[port]).contains_key(&port),
+            last_data_by_port(&[port]).unwrap().contains_key(&port),
             "an idle connection is seen"
         );
         std::thread::sleep(Duration::from_millis(600));
-        let quiet = last_data_by_port(&[port])[&port];
+        let quiet = last_data_by_port(&[port]).unwrap()[&port];
         assert!(quiet >= Duration::from_millis(500), "{quiet:?}");
         c.write_all(b"hello").unwrap();
         let mut got = [0u8; 5];
         s.read_exact(&mut got).unwrap();
-        let busy = last_data_by_port(&[port])[&port];
+        let busy = last_data_by_port(&[port]).unwrap()[&port];
         assert!(busy < Duration::from_millis(300), "{busy:?}");
-        assert!(last_data_by_port(&[1]).is_empty());
+        assert!(last_data_by_port(&[1]).unwrap().is_empty());
     }
 }

@@ -130,7 +130,13 @@ pub fn spawn_detached(
     let mut cmd = match supervisor {
         Some(prefix) => {
             // The supervisor cannot say "not installed" as clearly: look first.
-            if binary.contains('/') && !Path::new(binary).is_file() {
+            let found = if binary.contains('/') {
+                Path::new(binary).is_file()
+            } else {
+                std::env::var_os("PATH")
+                    .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(binary).is_file()))
+            };
+            if !found {
                 return Err(SpawnError::NotInstalled(binary.to_string()));
             }
             let mut c = Command::new(&prefix[0]);
@@ -162,7 +168,16 @@ pub fn spawn_detached(
         });
     }
     let mut child = cmd.spawn().map_err(|error| {
-        if error.kind() == std::io::ErrorKind::NotFound {
+        if let (Some(prefix), std::io::ErrorKind::NotFound) = (supervisor, error.kind()) {
+            // mcqemu's own binary is gone (replaced by an upgrade while this server ran).
+            SpawnError::Exec {
+                binary: format!(
+                    "{} (mcqemu's own binary, QEMU's supervisor: restart the server)",
+                    Path::new(&prefix[0]).display()
+                ),
+                error,
+            }
+        } else if error.kind() == std::io::ErrorKind::NotFound {
             SpawnError::NotInstalled(binary.to_string())
         } else {
             SpawnError::Exec {
@@ -210,7 +225,8 @@ pub fn spawn_detached(
                 None => Started {
                     pid: None,
                     warning: Some(format!(
-                        "QEMU runs, but its PID could not be read from {} or its supervisor                          (PID {pid}); stop_vm reaches it through QMP only",
+                        "QEMU runs, but its PID could not be read from {} or its supervisor \
+                            (PID {pid}); stop_vm reaches it through QMP only",
                         pidfile.display()
                     )),
                 },

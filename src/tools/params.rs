@@ -253,7 +253,10 @@ pub fn launch_props() -> Value {
 }
 
 /// What counts as a VM's activity, for the lifetime parameters' descriptions.
-pub const ACTIVITY: &str = "Activity: a tool call that names the VM and works on it (guest_*,     vm_* but vm_info, pause/resume, sandbox_fork), an open live view or a person's hold, data     through its port forwards or egress proxy, a background process from guest_exec still     running. Enforced by mcqemu's watcher process, with or without a server running.";
+pub const ACTIVITY: &str = "Activity: a tool call that names the VM and works on it (guest_*, \
+    vm_* but vm_info, pause/resume, sandbox_fork), an open live view or a person's hold, data \
+    through its port forwards or egress proxy, a background process from guest_exec still \
+    running. Enforced by mcqemu's watcher process, with or without a server running.";
 
 /// The lifetime parameters: `ttl_s`, `idle_s`, `on_idle`, `on_ttl`, with `defaults` (the
 /// kind's) in their descriptions.
@@ -264,11 +267,14 @@ pub fn lifetime_props(props: &mut Value, defaults: &str, actions: &[&str]) {
     });
     props["idle_s"] = json!({
         "type": "integer", "minimum": 0, "maximum": crate::ops::vm::lifetime::MAX_S,
-        "description": format!("Seconds without activity before the VM ends (then on_idle);             0: never. {ACTIVITY}")
+        "description": format!("Seconds without activity before the VM ends (then on_idle); \
+            0: never. {ACTIVITY}")
     });
     props["on_idle"] = json!({
         "type": "string", "enum": actions,
-        "description": "What idleness does: stop (QEMU ends, record and disk stay), suspend             (saved to disk; the next tool naming it resumes it, in about a clone's ready             time), destroy (gone)."
+        "description": "What idleness does: stop (QEMU ends, record and disk stay), suspend \
+            (saved to disk; the next tool naming it resumes it, in about a clone's ready \
+            time), destroy (gone)."
     });
     props["on_ttl"] = json!({
         "type": "string", "enum": actions,
@@ -291,7 +297,9 @@ pub fn lifetime_arg(args: &Args) -> Result<crate::ops::vm::lifetime::Asked, Tool
 
 /// A lifetime's shape in results.
 pub fn lifetime_out() -> Value {
-    json!({"type": ["object", "null"], "description": "When it ends by itself: ttl_s, deadline,         expires_in_s, on_ttl, idle_s, on_idle, idle_for_s, idle_left_s, last_activity(_by),         busy (what keeps it from idling)."})
+    json!({"type": ["object", "null"], "description": "When it ends by itself: ttl_s, deadline, \
+        expires_in_s, on_ttl, idle_s, on_idle, idle_for_s, idle_left_s, last_activity(_by), \
+        busy (what keeps it from idling)."})
 }
 
 /// The `cloud_init` parameter of launch_vm and sandbox_vm.

@@ -243,9 +243,9 @@ fn a_warm_pool_hands_out_ready_clones_refills_and_survives_a_restart() {
     // server went (the watcher's doing).
     let r = s.call_ok(
         "template_pool",
-        json!({"name": "tp", "size": 2, "idle_s": 4}),
+        json!({"name": "tp", "size": 2, "idle_s": 5}),
     );
-    assert_eq!(r["idle_s"], json!(4), "{r}");
+    assert_eq!(r["idle_s"], json!(5), "{r}");
     s.try_close().unwrap();
     let gone = Instant::now();
     while !pooled(&lab).is_empty() || before.iter().any(|p| pid_alive(*p)) {

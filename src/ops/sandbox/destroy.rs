@@ -90,6 +90,19 @@ pub fn destroy(ctx: &dyn Work, name: &str) -> Result<Destroyed, OpError> {
         ))
     })?;
     ctx.log("notice", &format!("sandbox_destroy {name}"));
+    // Why it ends, unless its caller said (the tool, the watcher): a pool ended, a failed
+    // start removed, a dead pooled clone replaced.
+    let fresh = rec
+        .ending
+        .as_ref()
+        .and_then(|e| e.at)
+        .is_some_and(|at| crate::clock::now_secs() - at < 60);
+    if !fresh {
+        crate::ops::vm::ends::intend(
+            &name,
+            crate::ops::vm::ends::end(crate::ops::vm::ends::ASKED, Some("sandbox_destroy"), ""),
+        );
+    }
     let mut errors: Vec<String> = Vec::new();
     let mut deleted: Vec<String> = Vec::new();
     // 1. Stop, verified.

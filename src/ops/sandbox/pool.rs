@@ -283,6 +283,8 @@ fn claim(
             .iter()
             .filter(|(_, r)| r.pooled.as_deref() == Some(template.as_str()))
             .filter(|(_, r)| r.pool_ready == Some(true))
+            // One the watcher is ending (its pool unkept too long) is not handed out.
+            .filter(|(_, r)| r.ending.is_none())
             .filter(|(_, r)| runs(r))
             .map(|(n, r)| (n.clone(), r.pooled_at.unwrap_or(0)))
             .collect();

@@ -149,12 +149,43 @@ pub fn suspend(ctx: &dyn Work, name: &str) -> Result<Suspended, OpError> {
 /// Brings back sandbox `name` when its lifetime suspended it for idleness (a tool names it
 /// again); anything else is left as it is. Costs the resume (about a clone's ready time).
 pub fn wake_if_idle(ctx: &dyn Work, name: &str) -> Result<(), OpError> {
-    let Some(rec) = crate::state::registry::shared().load().remove(name) else {
+    let load = || crate::state::registry::shared().load().remove(name);
+    let Some(mut rec) = load() else {
         return Ok(());
     };
+    // A call that comes while the watcher ends the VM waits for that end (a suspend takes a
+    // second or so), then finds it suspended and brings it back.
+    let waited = Instant::now();
+    while watcher_ending(&rec) && waited.elapsed() < Duration::from_secs(30) {
+        if waited.elapsed() < Duration::from_millis(100) {
+            ctx.progress_phase(&format!(
+                "waiting for sandbox {name}'s idle end to finish, to bring it back"
+            ));
+        }
+        ctx.check_cancel()?;
+        std::thread::sleep(Duration::from_millis(100));
+        match load() {
+            Some(r) => rec = r,
+            None => return Ok(()),
+        }
+    }
     let idle = rec.end.as_ref().and_then(|e| e.reason.as_deref()) == Some(ends::IDLE);
     if rec.suspended.is_none() || !idle {
         return Ok(());
+    }
+    let now = crate::clock::now_secs();
+    if let Some(d) = rec
+        .lifetime
+        .as_ref()
+        .and_then(|l| l.deadline)
+        .filter(|d| *d <= now)
+    {
+        return Err(OpError::invalid(format!(
+            "sandbox {name:?} was suspended when idle, and its deadline passed at {} while it \
+             slept: it is not brought back by itself. vm_lifetime {{\"name\": {name:?}, \
+             \"ttl_s\": N}} gives it a new one, then sandbox_resume",
+            crate::clock::iso8601(d)
+        )));
     }
     ctx.progress_phase(&format!(
         "resuming sandbox {name}, suspended when it was idle"
@@ -178,6 +209,14 @@ pub fn wake_if_idle(ctx: &dyn Work, name: &str) -> Result<(), OpError> {
         ),
     );
     Ok(())
+}
+
+/// True while the lifetime watcher is ending VM `rec` (its fresh intent, not yet its end).
+fn watcher_ending(rec: &Record) -> bool {
+    rec.ending.as_ref().is_some_and(|e| {
+        e.tool.as_deref() == Some("watcher")
+            && e.at.is_some_and(|at| crate::clock::now_secs() - at < 60)
+    })
 }
 
 /// Makes sure the captured VM's QEMU is gone (it was told to quit; SIGKILL after 10 s).

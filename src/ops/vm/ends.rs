@@ -49,13 +49,46 @@ pub fn end(reason: &str, tool: Option<&str>, detail: impl Into<String>) -> End {
 /// Writes VM `name`'s intent to end now (before its QEMU is told). Best effort: a registry
 /// that cannot be written loses only the reason.
 pub fn intend(name: &str, intent: End) {
+    intend_if(name, intent, |_| true);
+}
+
+/// Writes VM `name`'s intent to end when `due` says its record still is, under one registry
+/// lock; false when it is not (or is gone, or the registry could not be written: logged).
+pub fn intend_if(name: &str, intent: End, due: impl FnOnce(&Record) -> bool) -> bool {
     let n = name.to_string();
-    let _ = crate::state::registry::shared().update(move |vms| {
+    let written = crate::state::registry::shared().update(move |vms| {
+        let Some(r) = vms.get_mut(&n) else {
+            return Ok::<_, RegistryError>(false);
+        };
+        if !due(r) {
+            return Ok(false);
+        }
+        r.ending = Some(intent);
+        Ok(true)
+    });
+    written.unwrap_or_else(|e| {
+        crate::log::stderr("warn", &format!("VM {name}: cannot write why it ends: {e}"));
+        false
+    })
+}
+
+/// Writes VM `name`'s end at once (its QEMU is gone and no supervisor will say more, or is
+/// too late to): the watcher's suspends.
+pub fn set_end(name: &str, e: End) {
+    let n = name.to_string();
+    let written = crate::state::registry::shared().update(move |vms| {
         if let Some(r) = vms.get_mut(&n) {
-            r.ending = Some(intent);
+            r.ending = None;
+            r.end = Some(e);
         }
         Ok::<_, RegistryError>(())
     });
+    if let Err(e) = written {
+        crate::log::stderr(
+            "warn",
+            &format!("VM {name}: cannot write why it ended: {e}"),
+        );
+    }
 }
 
 /// Takes back an intent whose end did not happen (the tool failed).
@@ -208,16 +241,20 @@ pub fn record_exit(
     let sock = socket.display().to_string();
     let now = crate::clock::now_secs();
     let found = crate::state::registry::shared().update(move |vms| {
-        // Its PID first: only a record that has let go of it (a suspend) is found by socket.
+        let started_as =
+            |r: &Record| text(&r.launch_qmp_socket).or(text(&r.qmp_socket)) == Some(sock.as_str());
+        // Its PID and the socket it was started with (a PID alone may be reused). Else a record
+        // that let go of its PID (a suspend: no PID, its end not yet written); never one that
+        // runs another QEMU, nor one whose end was said already (a suspended record put back
+        // after a resume failed keeps its own).
         let by_pid = vms
             .iter()
-            .find(|(_, r)| r.pid == Some(i64::from(pid)))
+            .find(|(_, r)| r.pid == Some(i64::from(pid)) && started_as(r))
             .map(|(n, _)| n.clone());
         let hit = by_pid.or_else(|| {
             vms.iter()
                 .find(|(_, r)| {
-                    text(&r.launch_qmp_socket).or(text(&r.qmp_socket)) == Some(sock.as_str())
-                        && !runs_another(r, pid)
+                    started_as(r) && r.pid.is_none() && r.end.is_none() && !runs_another(r, pid)
                 })
                 .map(|(n, _)| n.clone())
         });
@@ -232,7 +269,16 @@ pub fn record_exit(
         r.end = Some(e.clone());
         Ok(Some((name, e)))
     });
-    let (name, e) = found.ok().flatten()?;
+    let (name, e) = match found {
+        Ok(f) => f?,
+        Err(err) => {
+            crate::log::stderr(
+                "warn",
+                &format!("QEMU {pid} ended ({exit:?}), but the registry could not say so: {err}"),
+            );
+            return None;
+        }
+    };
     log_end(&name, &e);
     Some((name, e))
 }

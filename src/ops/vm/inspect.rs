@@ -166,7 +166,7 @@ pub fn list() -> VmList {
         .filter(|r| r.lifetime.is_some())
         .flat_map(lifetime::forward_ports)
         .collect();
-    let tcp = crate::host::tcp_diag::last_data_by_port(&ports);
+    let tcp = crate::host::tcp_diag::last_data_by_port(&ports).unwrap_or_default();
     let list = vms
         .iter()
         .filter(|(_, rec)| rec.pooled.is_none())
@@ -191,7 +191,8 @@ pub fn list() -> VmList {
 pub fn one(name: &str) -> Result<Listed, OpError> {
     let rec = lookup(name)?;
     let (m, io) = vm::measure_with_io(&rec, LIST_BUDGET);
-    let tcp = crate::host::tcp_diag::last_data_by_port(&lifetime::forward_ports(&rec));
+    let tcp = crate::host::tcp_diag::last_data_by_port(&lifetime::forward_ports(&rec))
+        .unwrap_or_default();
     let mut one = listed(name, &rec, m, io, &tcp);
     let running = one.status.clone();
     one.metrics = metrics::with_pss(

@@ -31,6 +31,9 @@ pub const SANDBOX_IDLE_S: u64 = 15 * 60;
 pub const POOL_IDLE_S: u64 = 10 * 60;
 /// The longest lifetime or idle limit: 30 days.
 pub const MAX_S: u64 = 30 * 24 * 3600;
+/// The shortest idle limit: a call in progress is seen by the watcher through a touch each
+/// second, so a shorter limit could end a VM in the middle of one.
+pub const MIN_IDLE_S: u64 = 5;
 
 /// What an end does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,7 +112,7 @@ pub fn resolve(kind: Kind, asked: &Asked, now: i64) -> Result<Option<Lifetime>, 
         Kind::Pooled => (0, POOL_IDLE_S, Action::Destroy, Action::Destroy),
     };
     let ttl = checked_s("ttl_s", asked.ttl_s.unwrap_or(ttl))?;
-    let idle = checked_s("idle_s", asked.idle_s.unwrap_or(idle))?;
+    let idle = checked_idle(asked.idle_s.unwrap_or(idle))?;
     let on_idle = asked
         .on_idle
         .as_deref()
@@ -122,13 +125,24 @@ pub fn resolve(kind: Kind, asked: &Asked, now: i64) -> Result<Option<Lifetime>, 
     }
     Ok(Some(Lifetime {
         ttl_s: (ttl > 0).then_some(ttl),
-        deadline: (ttl > 0).then(|| now + ttl as i64),
+        deadline: (ttl > 0).then(|| now.saturating_add(ttl as i64)),
         on_ttl: (ttl > 0).then(|| on_ttl.as_str().to_string()),
         idle_s: (idle > 0).then_some(idle),
         on_idle: (idle > 0).then(|| on_idle.as_str().to_string()),
         since: Some(now),
         other: Map::new(),
     }))
+}
+
+/// An idle limit: 0 (none) or at least [`MIN_IDLE_S`].
+fn checked_idle(s: u64) -> Result<u64, OpError> {
+    if s > 0 && s < MIN_IDLE_S {
+        return Err(OpError::invalid(format!(
+            "idle_s {s} is shorter than {MIN_IDLE_S} s (a call in progress counts as activity \
+             once a second); give {MIN_IDLE_S} or more, or 0 for no limit"
+        )));
+    }
+    checked_s("idle_s", s)
 }
 
 fn checked_s(what: &str, s: u64) -> Result<u64, OpError> {
@@ -229,7 +243,7 @@ pub fn last_activity(name: &str, rec: &Record, tcp: Option<&HashMap<u16, Duratio
         let tcp = match tcp {
             Some(t) => t,
             None => {
-                asked = crate::host::tcp_diag::last_data_by_port(&ports);
+                asked = crate::host::tcp_diag::last_data_by_port(&ports).unwrap_or_default();
                 &asked
             }
         };
@@ -313,7 +327,7 @@ pub fn shown(
     Some(Shown {
         ttl_s: l.ttl_s,
         deadline: l.deadline.map(crate::clock::iso8601),
-        expires_in_s: l.deadline.map(|d| d - now),
+        expires_in_s: l.deadline.map(|d| d.saturating_sub(now)),
         on_ttl: l.on_ttl.clone(),
         idle_s: l.idle_s,
         on_idle: l.on_idle.clone(),
@@ -387,7 +401,7 @@ pub fn changed(
     if let Some(t) = c.ttl_s {
         let t = checked_s("ttl_s", t)?;
         l.ttl_s = (t > 0).then_some(t);
-        l.deadline = (t > 0).then(|| now + t as i64);
+        l.deadline = (t > 0).then(|| now.saturating_add(t as i64));
     }
     if let Some(e) = c.extend_s {
         let e = checked_s("extend_s", e)?;
@@ -396,11 +410,11 @@ pub fn changed(
                 "extend_s moves a deadline, and this VM has none; set ttl_s instead",
             ));
         };
-        l.deadline = Some(d.max(now) + e as i64);
-        l.ttl_s = Some(l.ttl_s.unwrap_or(0) + e);
+        l.deadline = Some(d.max(now).saturating_add(e as i64));
+        l.ttl_s = Some(l.ttl_s.unwrap_or(0).saturating_add(e));
     }
     if let Some(i) = c.idle_s {
-        let i = checked_s("idle_s", i)?;
+        let i = checked_idle(i)?;
         l.idle_s = (i > 0).then_some(i);
     }
     let fallback = resolve(kind, &Asked::default(), now)?.unwrap_or_default();
@@ -564,6 +578,12 @@ mod tests {
             ..Asked::default()
         };
         assert!(resolve(Kind::Sandbox, &too_long, now).is_err());
+        let too_short = Asked {
+            idle_s: Some(MIN_IDLE_S - 1),
+            ..Asked::default()
+        };
+        let e = resolve(Kind::Sandbox, &too_short, now).unwrap_err();
+        assert!(e.msg.contains("shorter than"), "{}", e.msg);
         assert!(Action::parse("explode").is_err());
     }
 

@@ -61,8 +61,8 @@ struct Sample {
 }
 
 /// The last CPU sample per QEMU PID, in this process.
-fn samples() -> &'static Mutex<HashMap<i32, Sample>> {
-    static S: OnceLock<Mutex<HashMap<i32, Sample>>> = OnceLock::new();
+fn samples() -> &'static Mutex<HashMap<(i32, u64), Sample>> {
+    static S: OnceLock<Mutex<HashMap<(i32, u64), Sample>>> = OnceLock::new();
     S.get_or_init(Default::default)
 }
 
@@ -78,7 +78,9 @@ pub fn cpu_pct(pid: i32) -> Option<(f64, f64)> {
     if map.len() > 4096 {
         map.clear();
     }
-    let prev = map.get(&pid).copied();
+    // Keyed by the process's start too: a PID used again is another process.
+    let key = (pid, t.started_ticks);
+    let prev = map.get(&key).copied();
     let pct = match prev {
         Some(p) if now.duration_since(p.at) < MIN_INTERVAL => return p.pct,
         Some(p) if t.cpu >= p.cpu => {
@@ -92,7 +94,7 @@ pub fn cpu_pct(pid: i32) -> Option<(f64, f64)> {
     };
     let pct = pct.map(|(p, dt)| ((p * 10.0).round() / 10.0, (dt * 100.0).round() / 100.0));
     map.insert(
-        pid,
+        key,
         Sample {
             at: now,
             cpu: t.cpu,

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::ops::sandbox::{destroy, suspend};
 use crate::ops::vm::ends;
-use crate::ops::vm::lifetime::Action;
+use crate::ops::vm::lifetime::{self, Action};
 use crate::ops::vm::stop;
 use crate::ops::work::Detached;
 use crate::state::record::Record;
@@ -19,6 +19,9 @@ use crate::state::record::Record;
 const GRACEFUL: Duration = Duration::from_secs(10);
 /// How long after a failed end the watcher tries again.
 const RETRY: Duration = Duration::from_secs(60);
+
+/// The action that destroys.
+pub const DESTROY: Action = Action::Destroy;
 
 /// The action a lifetime names; a record edited by hand to nonsense stops.
 pub fn action(name: Option<&str>) -> Action {
@@ -60,8 +63,17 @@ impl Ending {
             .is_empty()
     }
 
-    /// Ends VM `name` by `action` on a thread of its own, for `reason`.
-    pub fn start(&self, name: &str, rec: &Record, action: Action, reason: &str, detail: String) {
+    /// Ends VM `name` by `action` on a thread of its own, for `reason` (for idleness, with
+    /// its limit `idle_s`: checked once more against the record before anything is done).
+    pub fn start(
+        &self,
+        name: &str,
+        rec: &Record,
+        action: Action,
+        reason: &str,
+        detail: String,
+        idle_s: Option<u64>,
+    ) {
         self.names
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -78,7 +90,7 @@ impl Ending {
             .spawn({
                 let (names, name) = (names.clone(), name.clone());
                 move || {
-                    let ok = end(&name, &rec, action, &reason, &detail);
+                    let ok = end(&name, &rec, action, &reason, &detail, idle_s);
                     let mut f = failed.lock().unwrap_or_else(|p| p.into_inner());
                     if ok {
                         f.remove(&name);
@@ -101,18 +113,64 @@ impl Ending {
     }
 }
 
+/// True when record `r` is still due to end for `reason` now: the watcher decided from a look
+/// a moment ago, and since then a person may have taken it over, a tool call may have used it,
+/// or vm_lifetime may have moved its limits.
+fn still_due(name: &str, r: &Record, reason: &str, idle_s: Option<u64>) -> bool {
+    let Some(l) = &r.lifetime else {
+        return false;
+    };
+    let now = crate::clock::now_secs();
+    match (reason, idle_s) {
+        (ends::TTL, _) => r.hold.is_none() && l.deadline.is_some_and(|d| d <= now),
+        (_, Some(limit)) => {
+            let now_f = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64());
+            let touched = std::fs::metadata(lifetime::activity_file(name))
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or(0.0, |d| d.as_secs_f64());
+            let latest = touched.max(l.since.unwrap_or(0) as f64);
+            r.hold.is_none() && l.idle_s == Some(limit) && now_f - latest >= limit as f64 - 0.5
+        }
+        _ => false,
+    }
+}
+
 /// Ends VM `name` by `action`, for `reason`, and says how it went on stderr; false when it
 /// could not.
-fn end(name: &str, rec: &Record, action: Action, reason: &str, detail: &str) -> bool {
+fn end(
+    name: &str,
+    rec: &Record,
+    action: Action,
+    reason: &str,
+    detail: &str,
+    idle_s: Option<u64>,
+) -> bool {
     let why = format!("{detail}; on_{reason}: {}", action.as_str());
+    let intent = ends::end(reason, Some("watcher"), why.clone());
+    // Checked and the intent written under one registry lock: a hold taken, a call made or a
+    // lifetime changed since the look wins.
+    if !ends::intend_if(name, intent.clone(), |r| still_due(name, r, reason, idle_s)) {
+        crate::log::stderr(
+            "info",
+            &format!("VM {name} is no longer due to end ({reason}); left running"),
+        );
+        return true;
+    }
     crate::log::stderr("notice", &format!("ending VM {name}: {why}"));
-    let intent = ends::end(reason, Some("watcher"), why);
-    ends::intend(name, intent.clone());
     let ctx = Detached;
     let sandbox = rec.sandbox.is_some();
     let outcome = match action {
         Action::Suspend if sandbox => match suspend::suspend(&ctx, name) {
-            Ok(s) => Ok(format!("suspended to {}", s.path)),
+            Ok(s) => {
+                // Said at once, not left to its supervisor: the next tool call resumes it only
+                // when it reads that idleness suspended it.
+                ends::set_end(name, intent.clone());
+                Ok(format!("suspended to {}", s.path))
+            }
             Err(e) => {
                 crate::log::stderr(
                     "warn",

@@ -59,8 +59,9 @@ pub fn run() -> i32 {
         match w.tick() {
             Some(next) => std::thread::sleep(next.clamp(Duration::from_millis(100), PERIOD)),
             None => {
-                drop(lock);
+                // The PID file first: once the lock is free, a new watcher may write its own.
                 let _ = std::fs::remove_file(pid_file());
+                drop(lock);
                 // A lifetime written while this one decided to go found the lock taken: look
                 // once more, now that it is free.
                 if !watched(&crate::state::registry::shared().load()) {
@@ -104,12 +105,51 @@ fn take_lock() -> std::io::Result<Option<FileLock>> {
     Ok(l)
 }
 
-/// True when some VM has a lifetime left to carry out: one running (or starting) with one.
+/// True when some VM has a lifetime left to carry out: one running (or starting) with one, or
+/// a suspended one whose deadline will destroy it.
 fn watched(vms: &Vms) -> bool {
-    vms.values().any(|r| {
-        r.lifetime.is_some()
-            && vm::measure_process(r).is_none_or(|m| m.alive() || m.status == Status::Starting)
-    })
+    vms.values()
+        .any(|r| r.lifetime.is_some() && !matches!(state_of(r), Seen::Gone))
+}
+
+/// How the watcher sees a record's QEMU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Seen {
+    /// Being launched: nothing to do yet, but watched.
+    Starting,
+    /// Running (or paused, or frozen): its lifetime applies.
+    Alive,
+    /// Suspended with a deadline that destroys it.
+    SuspendedDue,
+    /// Nothing left to carry out.
+    Gone,
+}
+
+/// How the watcher sees record `r`: from its process, or (no PID: attached) its monitor.
+fn state_of(r: &Record) -> Seen {
+    match vm::measure_process(r) {
+        Some(m) if m.status == Status::Starting => Seen::Starting,
+        Some(m) if m.status == Status::Suspended => {
+            let destroys = r.lifetime.as_ref().is_some_and(|l| {
+                l.deadline.is_some() && act::action(l.on_ttl.as_deref()) == act::DESTROY
+            });
+            if destroys {
+                Seen::SuspendedDue
+            } else {
+                Seen::Gone
+            }
+        }
+        Some(m) if !m.alive() => Seen::Gone,
+        Some(_) => Seen::Alive,
+        None if vm::pid(r).is_none() => {
+            if crate::qemu::sock::is_listening(&vm::qmp_socket(r)) {
+                Seen::Alive
+            } else {
+                Seen::Gone
+            }
+        }
+        None => Seen::Alive,
+    }
 }
 
 /// A file's identity and time: inode, length, modification (s, ns).
@@ -129,6 +169,11 @@ struct Watcher {
     /// When data last moved on each forwarded port (seconds since the epoch), and when the
     /// connections were last asked.
     tcp: Option<(Instant, HashMap<u16, f64>)>,
+    /// The last look at the connections failed (said once in the log): VMs with forwards are
+    /// not ended for idleness meanwhile.
+    tcp_unknown: bool,
+    /// VMs whose background processes are being asked about now, on threads of their own.
+    asking: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
 }
 
 impl Watcher {
@@ -152,17 +197,34 @@ impl Watcher {
         let now_f = now_f();
         let mut watching = false;
         let mut next = PERIOD;
+        let mut looked = false;
         for (name, rec) in vms.iter() {
             let Some(l) = &rec.lifetime else { continue };
-            match vm::measure_process(rec) {
-                Some(m) if m.status == Status::Starting => {
+            let seen = state_of(rec);
+            match seen {
+                Seen::Gone => continue,
+                Seen::Starting => {
                     watching = true;
                     continue;
                 }
-                Some(m) if !m.alive() => continue,
-                _ => {}
+                Seen::Alive | Seen::SuspendedDue => {}
             }
             watching = true;
+            if seen == Seen::SuspendedDue {
+                // Only its deadline applies: a suspended sandbox is not idle, it is asleep.
+                if let Some(d) = l.deadline.filter(|d| now >= *d) {
+                    if !self.ending.is_ending(name) {
+                        let detail = format!(
+                            "its time to live ({} s) ran out at {} while it was suspended",
+                            l.ttl_s.unwrap_or(0),
+                            crate::clock::iso8601(d)
+                        );
+                        self.ending
+                            .start(name, rec, act::DESTROY, ends::TTL, detail, None);
+                    }
+                }
+                continue;
+            }
             if rec.hold.is_some() {
                 continue;
             }
@@ -176,15 +238,22 @@ impl Watcher {
                     l.ttl_s.unwrap_or(0),
                     crate::clock::iso8601(d)
                 );
-                self.ending.start(name, rec, action, ends::TTL, detail);
+                self.ending
+                    .start(name, rec, action, ends::TTL, detail, None);
                 continue;
             }
             let Some(idle_s) = l.idle_s else { continue };
             let mut seen = lifetime::last_activity(name, rec, Some(&self.tcp_ago(now_f)));
-            if now_f - seen.at >= idle_s as f64 && !lifetime::forward_ports(rec).is_empty() {
+            let forwards = !lifetime::forward_ports(rec).is_empty();
+            if now_f - seen.at >= idle_s as f64 && forwards && !looked {
                 // About to end it: what its forwards carried since the last look counts.
                 self.look_at_connections(&ports);
+                looked = true;
                 seen = lifetime::last_activity(name, rec, Some(&self.tcp_ago(now_f)));
+            }
+            if forwards && self.tcp_unknown {
+                // The host's connections could not be read: its forwards may be busy.
+                continue;
             }
             let idle_for = now_f - seen.at;
             if idle_for < idle_s as f64 {
@@ -202,7 +271,8 @@ impl Watcher {
                 seen.what,
                 crate::clock::iso8601(seen.at as i64)
             );
-            self.ending.start(name, rec, action, ends::IDLE, detail);
+            self.ending
+                .start(name, rec, action, ends::IDLE, detail, Some(idle_s));
         }
         // An end under way keeps the watcher (and its thread) alive to its end.
         (watching || self.ending.any()).then_some(next)
@@ -211,10 +281,27 @@ impl Watcher {
     /// Asks the kernel when data last moved on each of `ports`' connections.
     fn look_at_connections(&mut self, ports: &[u16]) {
         let now = now_f();
-        let seen = crate::host::tcp_diag::last_data_by_port(ports)
-            .into_iter()
-            .map(|(p, ago)| (p, now - ago.as_secs_f64()))
-            .collect();
+        let seen = match crate::host::tcp_diag::last_data_by_port(ports) {
+            Ok(m) => {
+                self.tcp_unknown = false;
+                m.into_iter()
+                    .map(|(p, ago)| (p, now - ago.as_secs_f64()))
+                    .collect()
+            }
+            Err(e) => {
+                if !self.tcp_unknown {
+                    crate::log::stderr(
+                        "warn",
+                        &format!(
+                            "cannot read the host's connections ({e}): VMs with port forwards \
+                             are not ended for idleness until they can be read"
+                        ),
+                    );
+                }
+                self.tcp_unknown = true;
+                HashMap::new()
+            }
+        };
         self.tcp = Some((Instant::now(), seen));
     }
 
@@ -247,9 +334,10 @@ impl Watcher {
         }
     }
 
-    /// Asks the guest whether a VM's background processes still run (at most every 30 s):
-    /// one that ended is recorded so, and stops keeping the VM busy.
-    fn ask_background(&mut self, name: &str, rec: &crate::state::record::Record) {
+    /// Asks the guest whether a VM's background processes still run (at most every 30 s, on a
+    /// thread of its own: a wedged agent holds up no other VM): one that ended is recorded so,
+    /// and stops keeping the VM busy.
+    fn ask_background(&mut self, name: &str, rec: &Record) {
         if self
             .background_asked
             .get(name)
@@ -257,20 +345,47 @@ impl Watcher {
         {
             return;
         }
+        let mut asking = self.asking.lock().unwrap_or_else(|p| p.into_inner());
+        if !asking.insert(name.to_string()) {
+            return;
+        }
+        drop(asking);
         self.background_asked
             .insert(name.to_string(), Instant::now());
-        for (handle, b) in rec.background.iter().flatten() {
-            if b.ended.is_some() {
-                continue;
-            }
-            let req = background::StatusRequest {
-                name: name.to_string(),
-                handle: handle.clone(),
-                stdout_offset: 0,
-                stderr_offset: 0,
-                wait: Duration::ZERO,
-            };
-            let _ = background::status(&req, &|| false);
+        let handles: Vec<String> = rec
+            .background
+            .iter()
+            .flatten()
+            .filter(|(_, b)| b.ended.is_none())
+            .map(|(h, _)| h.clone())
+            .collect();
+        let (name, asking) = (name.to_string(), self.asking.clone());
+        let spawned = std::thread::Builder::new()
+            .name(format!("ask-{name}"))
+            .spawn({
+                let (name, asking) = (name.clone(), asking.clone());
+                move || {
+                    for handle in handles {
+                        let req = background::StatusRequest {
+                            name: name.clone(),
+                            handle,
+                            stdout_offset: 0,
+                            stderr_offset: 0,
+                            wait: Duration::ZERO,
+                        };
+                        let _ = background::status(&req, &|| false);
+                    }
+                    asking
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .remove(&name);
+                }
+            });
+        if spawned.is_err() {
+            asking
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&name);
         }
     }
 }

@@ -41,6 +41,10 @@ pub const CREATE: ToolDef = ToolDef {
             p.remove("port_forwards");
             p.remove("run");
             p.remove("expose");
+            // A template's builder has no lifetime; its clones get theirs from sandbox_vm.
+            for k in ["ttl_s", "idle_s", "on_idle", "on_ttl"] {
+                p.remove(k);
+            }
             p.insert(
                 "name".into(),
                 json!({"type": "string", "minLength": 1, "maxLength": 48,
