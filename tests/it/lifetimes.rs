@@ -131,6 +131,12 @@ fn ttl_and_idle_end_sandboxes_with_no_server_running() {
             json!({"idle_s": idle, "on_idle": on_idle, "ttl_s": 0}),
         );
     }
+    // Suspended when idle, then destroyed, asleep, by its deadline.
+    sandbox(
+        &lab,
+        "t-asleep",
+        json!({"idle_s": 6, "on_idle": "suspend", "ttl_s": 25, "on_ttl": "destroy"}),
+    );
     let made_ttl = now_s();
     sandbox(&lab, "t-ttl", json!({"ttl_s": 30, "idle_s": 0}));
     let watcher = watcher_pid(&lab.state()).expect("a watcher runs for the lab's folder");
@@ -158,6 +164,9 @@ fn ttl_and_idle_end_sandboxes_with_no_server_running() {
     assert_eq!(v["end"]["reason"], json!("idle"), "{v}");
     wait_for(&lab, "i-destroy", bound, "destroyed", |v| v.is_none());
     assert!(!lab.vm_dir("i-destroy").exists(), "its files went with it");
+    wait_for(&lab, "t-asleep", bound, "suspended", status_is("suspended"));
+    wait_for(&lab, "t-asleep", bound, "destroyed asleep", |v| v.is_none());
+    assert!(!lab.vm_dir("t-asleep").exists(), "its saved state went with it");
     let v = wait_for(&lab, "t-ttl", bound, "stopped", status_is("stopped")).unwrap();
     assert_eq!(v["end"]["reason"], json!("ttl"), "{v}");
     let ended_at = v["end"]["at"].as_f64().unwrap();
@@ -168,7 +177,7 @@ fn ttl_and_idle_end_sandboxes_with_no_server_running() {
     );
     // Every end is in the state folder's log.
     let log = std::fs::read_to_string(lab.state().join("ends.log")).unwrap();
-    for name in ["i-suspend", "i-stop", "i-destroy", "t-ttl"] {
+    for name in ["i-suspend", "i-stop", "i-destroy", "t-asleep", "t-ttl"] {
         assert!(
             log.contains(&format!("\"name\":\"{name}\"")),
             "{name}: {log}"
