@@ -275,6 +275,7 @@ async def run_resources(binary: str, mode: str, tmp: Path, transcript: Path) -> 
         command=sys.executable, args=[str(HERE / "record.py"), str(transcript), "--", binary], env=env
     )
     serial, screen = f"mcqemu://vm/{VM}/serial", f"mcqemu://vm/{VM}/screen"
+    metrics = f"mcqemu://vm/{VM}/metrics"
     changes: list = []  # legacy: notifications/resources/list_changed
 
     async def on_message(m) -> None:
@@ -298,7 +299,8 @@ async def run_resources(binary: str, mode: str, tmp: Path, transcript: Path) -> 
         check(caps is not None and caps.list_changed is True, f"resources capability: {caps!r}")
         t = await client.list_resource_templates()
         got = [str(x.uri_template) for x in t.resource_templates]
-        check(got == ["mcqemu://vm/{name}/serial", "mcqemu://vm/{name}/screen"], f"resource templates: {got}")
+        want_templates = [f"mcqemu://vm/{{name}}/{k}" for k in ("serial", "screen", "metrics")]
+        check(got == want_templates, f"resource templates: {got}")
         r = await client.list_resources()
         check(vm_resources(r) == [], f"a fresh state folder lists no VM resource: {r.resources}")
 
@@ -312,7 +314,11 @@ async def run_resources(binary: str, mode: str, tmp: Path, transcript: Path) -> 
             await next_change(sub, seen, "launch_vm")
             r = await client.list_resources()
             got = [(str(x.uri), x.mime_type) for x in vm_resources(r)]
-            check(got == [(serial, "text/plain"), (screen, "image/png")], f"resources/list after the launch: {got}")
+            want = [(serial, "text/plain"), (screen, "image/png"), (metrics, "application/json")]
+            check(got == want, f"resources/list after the launch: {got}")
+            c = (await client.read_resource(metrics)).contents
+            m = json.loads(c[0].text)
+            check(m["status"] == "running" and m["metrics"]["rss_bytes"] > 0, f"metrics: {m}")
             # The console as the guest boots (ttlMs 0: each read reaches the server).
             text = ""
             with anyio.move_on_after(60):

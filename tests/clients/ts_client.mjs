@@ -37,7 +37,11 @@ const REQUEST_MS = 30_000;
 const require = createRequire(path.join(NODE_DIR, 'package.json'));
 const { Client } = require('@modelcontextprotocol/sdk/client/index.js');
 const { StdioClientTransport } = require('@modelcontextprotocol/sdk/client/stdio.js');
-const { McpError, ResourceListChangedNotificationSchema } = require('@modelcontextprotocol/sdk/types.js');
+const {
+  McpError,
+  ResourceListChangedNotificationSchema,
+  ResourceUpdatedNotificationSchema,
+} = require('@modelcontextprotocol/sdk/types.js');
 const SDK_VERSION = JSON.parse(
   fs.readFileSync(path.join(NODE_DIR, 'node_modules/@modelcontextprotocol/sdk/package.json'), 'utf8'),
 ).version;
@@ -226,6 +230,9 @@ async function runResources(binary, tmp, transcript) {
   client.setNotificationHandler(ResourceListChangedNotificationSchema, (n) => changes.push(n));
   const serial = `mcqemu://vm/${VM}/serial`;
   const screen = `mcqemu://vm/${VM}/screen`;
+  const metrics = `mcqemu://vm/${VM}/metrics`;
+  const updates = [];
+  client.setNotificationHandler(ResourceUpdatedNotificationSchema, (n) => updates.push(n));
   const opts = { timeout: REQUEST_MS };
   let launched = false;
   try {
@@ -235,7 +242,8 @@ async function runResources(binary, tmp, transcript) {
     const t = await client.listResourceTemplates(undefined, opts);
     const templates = t.resourceTemplates.map((x) => x.uriTemplate);
     check(
-      JSON.stringify(templates) === JSON.stringify(['mcqemu://vm/{name}/serial', 'mcqemu://vm/{name}/screen']),
+      JSON.stringify(templates) ===
+        JSON.stringify(['mcqemu://vm/{name}/serial', 'mcqemu://vm/{name}/screen', 'mcqemu://vm/{name}/metrics']),
       `resource templates: ${JSON.stringify(templates)}`,
     );
     let r = await client.listResources(undefined, opts);
@@ -253,9 +261,18 @@ async function runResources(binary, tmp, transcript) {
     r = await client.listResources(undefined, opts);
     const listed = vmResources(r).map((x) => [x.uri, x.mimeType]);
     check(
-      JSON.stringify(listed) === JSON.stringify([[serial, 'text/plain'], [screen, 'image/png']]),
+      JSON.stringify(listed) ===
+        JSON.stringify([[serial, 'text/plain'], [screen, 'image/png'], [metrics, 'application/json']]),
       `resources/list after the launch: ${JSON.stringify(listed)}`,
     );
+    // The metrics, read and followed: resources/subscribe, then its updates.
+    const m = JSON.parse((await client.readResource({ uri: metrics }, opts)).contents[0].text);
+    check(m.status === 'running' && m.metrics.rss_bytes > 0, `metrics: ${JSON.stringify(m)}`);
+    check(caps?.resources?.subscribe === true, `no subscribe capability: ${JSON.stringify(caps)}`);
+    await client.subscribeResource({ uri: metrics }, opts);
+    await waitUntil(() => updates.some((u) => u.params.uri === metrics), REQUEST_MS, 'resources/updated for the metrics');
+    await client.unsubscribeResource({ uri: metrics }, opts);
+    console.log(`resources: metrics followed (${updates.length} update(s))`);
 
     let text = '';
     const deadline = Date.now() + 60_000;

@@ -166,7 +166,10 @@ fn ttl_and_idle_end_sandboxes_with_no_server_running() {
     assert!(!lab.vm_dir("i-destroy").exists(), "its files went with it");
     wait_for(&lab, "t-asleep", bound, "suspended", status_is("suspended"));
     wait_for(&lab, "t-asleep", bound, "destroyed asleep", |v| v.is_none());
-    assert!(!lab.vm_dir("t-asleep").exists(), "its saved state went with it");
+    assert!(
+        !lab.vm_dir("t-asleep").exists(),
+        "its saved state went with it"
+    );
     let v = wait_for(&lab, "t-ttl", bound, "stopped", status_is("stopped")).unwrap();
     assert_eq!(v["end"]["reason"], json!("ttl"), "{v}");
     let ended_at = v["end"]["at"].as_f64().unwrap();

@@ -324,11 +324,19 @@ pub fn log_end(name: &str, e: &End) {
     let _ = writeln!(f, "{}", serde_json::Value::Object(obj));
 }
 
-/// The end a VM shows while it is not running: its recorded end, or `unknown` for a stopped
-/// VM whose end nobody saw (started by an older mcqemu, or attached).
+/// The end a VM shows while it is not running: its recorded end; the intent of whoever ended
+/// it while its supervisor has not written the end yet (a stop returns as soon as QEMU is
+/// gone); or `unknown` for a stopped VM whose end nobody saw (started by an older mcqemu, or
+/// attached).
 pub fn shown(rec: &Record, running: bool) -> Option<End> {
     if running {
         return None;
+    }
+    let fresh_intent = rec.ending.as_ref().filter(|i| {
+        i.at.is_some_and(|at| crate::clock::now_secs() - at <= INTENT_FRESH_S)
+    });
+    if let (None, Some(i)) = (&rec.end, fresh_intent) {
+        return Some(i.clone());
     }
     Some(rec.end.clone().unwrap_or_else(|| {
         end(
