@@ -397,8 +397,18 @@ fn end_reasons_kill_9_and_guest_poweroff_are_recorded() {
         (&json!("asked"), &json!("stop_vm")),
         "{i}"
     );
-    let ends = std::fs::read_to_string(lab.state().join("ends.log")).unwrap();
-    assert_eq!(ends.lines().count(), 3, "{ends}");
+    // Each end is a line of the state folder's log, written by QEMU's supervisor as it sees
+    // QEMU go (a moment after stop_vm has seen it).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let ends = std::fs::read_to_string(lab.state().join("ends.log")).unwrap_or_default();
+        if ends.lines().count() == 3 {
+            assert!(ends.contains(r#""tool":"stop_vm""#), "{ends}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "{ends}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 #[test]
