@@ -18,8 +18,12 @@ use crate::state::lockfile::{self, FileLock};
 use crate::state::record::{Record, Sandbox};
 use crate::state::registry::Vms;
 
-/// The longest the watcher sleeps between looks.
+/// How often the watcher looks at the registry file's identity while it sleeps (a stat): a
+/// change (a lifetime written, a hold released, a VM's end) wakes it at once.
 const PERIOD: Duration = Duration::from_secs(1);
+/// The longest it sleeps with nothing due sooner: activity only ever moves an end later, so
+/// between looks it waits for the earliest end its last look saw, or a registry change.
+const LONGEST: Duration = Duration::from_secs(30);
 /// How often a VM idle but for background processes has them asked about.
 const BACKGROUND_RECHECK: Duration = Duration::from_secs(30);
 /// How often the host's connections are asked about for the forwards' activity. The kernel
@@ -57,7 +61,7 @@ pub fn run() -> i32 {
     let mut w = Watcher::default();
     loop {
         match w.tick() {
-            Some(next) => std::thread::sleep(next.clamp(Duration::from_millis(100), PERIOD)),
+            Some(next) => w.sleep(next.clamp(Duration::from_millis(100), LONGEST)),
             None => {
                 // The PID file first: once the lock is free, a new watcher may write its own.
                 let _ = std::fs::remove_file(pid_file());
@@ -155,6 +159,14 @@ fn state_of(r: &Record) -> Seen {
 /// A file's identity and time: inode, length, modification (s, ns).
 type FileStamp = (u64, u64, i64, i64);
 
+/// The registry file's identity and time now (it is replaced by a rename at every change).
+fn registry_stamp() -> Option<FileStamp> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(crate::state::registry::shared().path())
+        .ok()
+        .map(|m| (m.ino(), m.len(), m.mtime(), m.mtime_nsec()))
+}
+
 /// What the watcher remembers between looks.
 #[derive(Default)]
 struct Watcher {
@@ -196,7 +208,8 @@ impl Watcher {
         let now = crate::clock::now_secs();
         let now_f = now_f();
         let mut watching = false;
-        let mut next = PERIOD;
+        let mut next = LONGEST;
+        let mut soon = |d: Duration| next = next.min(d);
         let mut looked = false;
         for (name, rec) in vms.iter() {
             let Some(l) = &rec.lifetime else { continue };
@@ -205,11 +218,15 @@ impl Watcher {
                 Seen::Gone => continue,
                 Seen::Starting => {
                     watching = true;
+                    soon(PERIOD);
                     continue;
                 }
                 Seen::Alive | Seen::SuspendedDue => {}
             }
             watching = true;
+            if let Some(d) = l.deadline.filter(|d| *d > now) {
+                soon(Duration::from_secs((d - now) as u64));
+            }
             if seen == Seen::SuspendedDue {
                 // Only its deadline applies: a suspended sandbox is not idle, it is asleep.
                 if let Some(d) = l.deadline.filter(|d| now >= *d) {
@@ -229,6 +246,7 @@ impl Watcher {
                 continue;
             }
             if self.ending.is_ending(name) {
+                soon(PERIOD);
                 continue;
             }
             if let Some(d) = l.deadline.filter(|d| now >= *d) {
@@ -253,15 +271,17 @@ impl Watcher {
             }
             if forwards && self.tcp_unknown {
                 // The host's connections could not be read: its forwards may be busy.
+                soon(TCP_PERIOD);
                 continue;
             }
             let idle_for = now_f - seen.at;
             if idle_for < idle_s as f64 {
-                next = next.min(Duration::from_secs_f64(idle_s as f64 - idle_for));
+                soon(Duration::from_secs_f64(idle_s as f64 - idle_for));
                 continue;
             }
             if lifetime::busy(rec).is_some() {
                 self.ask_background(name, rec);
+                soon(BACKGROUND_RECHECK);
                 continue;
             }
             let action = act::action(l.on_idle.as_deref());
@@ -275,7 +295,26 @@ impl Watcher {
                 .start(name, rec, action, ends::IDLE, detail, Some(idle_s));
         }
         // An end under way keeps the watcher (and its thread) alive to its end.
+        if self.ending.any() {
+            soon(PERIOD);
+        }
         (watching || self.ending.any()).then_some(next)
+    }
+
+    /// Sleeps `d`, or until the registry file changes (looked at each second).
+    fn sleep(&self, d: Duration) {
+        let until = Instant::now() + d;
+        let at_start = registry_stamp();
+        loop {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            std::thread::sleep(left.min(PERIOD));
+            if registry_stamp() != at_start {
+                return;
+            }
+        }
     }
 
     /// Asks the kernel when data last moved on each of `ports`' connections.
@@ -318,11 +357,8 @@ impl Watcher {
     /// The registry's VMs, read again only when the file changed (shared, not copied: a
     /// copy of 100 records each second was most of an idle watcher's work).
     fn registry(&mut self) -> std::sync::Arc<Vms> {
-        use std::os::unix::fs::MetadataExt;
         let reg = crate::state::registry::shared();
-        let stamp = std::fs::metadata(reg.path())
-            .ok()
-            .map(|m| (m.ino(), m.len(), m.mtime(), m.mtime_nsec()));
+        let stamp = registry_stamp();
         match (&self.cached, stamp) {
             (Some((was, vms)), Some(now)) if *was == now => vms.clone(),
             _ => {
