@@ -3,6 +3,7 @@
 //! changes on a running VM (port forwards, the egress proxy, its serial console read and typed
 //! into, live snapshots).
 
+pub mod activity;
 pub mod agent;
 pub mod checks;
 pub mod cloud_init;
