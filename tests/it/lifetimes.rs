@@ -414,7 +414,8 @@ fn end_reasons_kill_9_and_guest_poweroff_are_recorded() {
 #[test]
 fn metrics_follow_a_busy_guest_and_its_writes() {
     test_guest();
-    let mut lab = Lab::new("lt-metrics");
+    // Both guest slots: its guest burns its vCPU, which must not starve another test's guest.
+    let mut lab = Lab::with_slots("lt-metrics", 2);
     sandbox(&lab, "m", json!({"disk_size": "64M", "memory_mb": 256}));
     let look =
         |lab: &mut Lab| lab.srv().call_ok("vm_info", json!({"name": "m"}))["metrics"].clone();
