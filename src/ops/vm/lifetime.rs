@@ -1,4 +1,4 @@
-//! Lifetimes: when a VM ends by itself, and what counts as its activity.
+//! Lifetimes: when a VM ends by itself.
 //!
 //! A lifetime is a deadline (`ttl_s`, then `on_ttl`) and an idle limit (`idle_s`, then
 //! `on_idle`), kept in the record. Sandboxes get one unless asked otherwise; launched VMs,
