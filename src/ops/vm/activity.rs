@@ -50,8 +50,13 @@ fn mtime_secs(p: &std::path::Path) -> Option<f64> {
     Some(m.duration_since(SystemTime::UNIX_EPOCH).ok()?.as_secs_f64())
 }
 
+/// When a tool call last touched VM `name` (seconds since the epoch), if one did.
+pub fn touched_at(name: &str) -> Option<f64> {
+    mtime_secs(&activity_file(name))
+}
+
 /// Seconds since the epoch, with a fraction.
-pub(super) fn now_f() -> f64 {
+pub fn now_f() -> f64 {
     SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())
@@ -76,7 +81,7 @@ pub fn last_activity(name: &str, rec: &Record, tcp: Option<&HashMap<u16, Duratio
             seen = Seen { at, what };
         }
     };
-    consider(mtime_secs(&activity_file(name)), "tool call");
+    consider(touched_at(name), "tool call");
     consider(
         mtime_secs(&vm::state_dir(name).join(crate::net::egress::stats::FILE)),
         "egress",

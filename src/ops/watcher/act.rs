@@ -9,8 +9,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::ops::sandbox::{destroy, suspend};
+use crate::ops::vm::activity;
 use crate::ops::vm::ends;
-use crate::ops::vm::lifetime::{self, Action};
+use crate::ops::vm::lifetime::Action;
 use crate::ops::vm::stop;
 use crate::ops::work::Detached;
 use crate::state::record::Record;
@@ -124,16 +125,11 @@ fn still_due(name: &str, r: &Record, reason: &str, idle_s: Option<u64>) -> bool 
     match (reason, idle_s) {
         (ends::TTL, _) => r.hold.is_none() && l.deadline.is_some_and(|d| d <= now),
         (_, Some(limit)) => {
-            let now_f = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0.0, |d| d.as_secs_f64());
-            let touched = std::fs::metadata(lifetime::activity_file(name))
-                .and_then(|m| m.modified())
-                .ok()
-                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-                .map_or(0.0, |d| d.as_secs_f64());
+            let touched = activity::touched_at(name).unwrap_or(0.0);
             let latest = touched.max(l.since.unwrap_or(0) as f64);
-            r.hold.is_none() && l.idle_s == Some(limit) && now_f - latest >= limit as f64 - 0.5
+            r.hold.is_none()
+                && l.idle_s == Some(limit)
+                && activity::now_f() - latest >= limit as f64 - 0.5
         }
         _ => false,
     }

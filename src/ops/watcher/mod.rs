@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use crate::ops::guest::background;
+use crate::ops::vm::activity::now_f;
 use crate::ops::vm::ends;
 use crate::ops::vm::lifetime;
 use crate::qemu::vm::{self, Status};
@@ -156,6 +157,15 @@ fn state_of(r: &Record) -> Seen {
     }
 }
 
+/// Why a deadline ended a VM, in words.
+fn ran_out(l: &crate::state::record::Lifetime, deadline: i64) -> String {
+    format!(
+        "its time to live ({} s) ran out at {}",
+        l.ttl_s.unwrap_or(0),
+        crate::clock::iso8601(deadline)
+    )
+}
+
 /// A file's identity and time: inode, length, modification (s, ns).
 type FileStamp = (u64, u64, i64, i64);
 
@@ -231,11 +241,7 @@ impl Watcher {
                 // Only its deadline applies: a suspended sandbox is not idle, it is asleep.
                 if let Some(d) = l.deadline.filter(|d| now >= *d) {
                     if !self.ending.is_ending(name) {
-                        let detail = format!(
-                            "its time to live ({} s) ran out at {} while it was suspended",
-                            l.ttl_s.unwrap_or(0),
-                            crate::clock::iso8601(d)
-                        );
+                        let detail = format!("{} while it was suspended", ran_out(l, d));
                         self.ending
                             .start(name, rec, act::DESTROY, ends::TTL, detail, None);
                     }
@@ -251,54 +257,64 @@ impl Watcher {
             }
             if let Some(d) = l.deadline.filter(|d| now >= *d) {
                 let action = act::action(l.on_ttl.as_deref());
-                let detail = format!(
-                    "its time to live ({} s) ran out at {}",
-                    l.ttl_s.unwrap_or(0),
-                    crate::clock::iso8601(d)
-                );
                 self.ending
-                    .start(name, rec, action, ends::TTL, detail, None);
+                    .start(name, rec, action, ends::TTL, ran_out(l, d), None);
                 continue;
             }
-            let Some(idle_s) = l.idle_s else { continue };
-            let mut seen = lifetime::last_activity(name, rec, Some(&self.tcp_ago(now_f)));
-            let forwards = !lifetime::forward_ports(rec).is_empty();
-            if now_f - seen.at >= idle_s as f64 && forwards && !looked {
-                // About to end it: what its forwards carried since the last look counts.
-                self.look_at_connections(&ports);
-                looked = true;
-                seen = lifetime::last_activity(name, rec, Some(&self.tcp_ago(now_f)));
+            if let Some(d) = self.check_idle(name, rec, &ports, &mut looked, now_f) {
+                soon(d);
             }
-            if forwards && self.tcp_unknown {
-                // The host's connections could not be read: its forwards may be busy.
-                soon(TCP_PERIOD);
-                continue;
-            }
-            let idle_for = now_f - seen.at;
-            if idle_for < idle_s as f64 {
-                soon(Duration::from_secs_f64(idle_s as f64 - idle_for));
-                continue;
-            }
-            if lifetime::busy(rec).is_some() {
-                self.ask_background(name, rec);
-                soon(BACKGROUND_RECHECK);
-                continue;
-            }
-            let action = act::action(l.on_idle.as_deref());
-            let detail = format!(
-                "idle for {:.0} s (limit {idle_s} s; last activity: {} at {})",
-                idle_for,
-                seen.what,
-                crate::clock::iso8601(seen.at as i64)
-            );
-            self.ending
-                .start(name, rec, action, ends::IDLE, detail, Some(idle_s));
         }
         // An end under way keeps the watcher (and its thread) alive to its end.
         if self.ending.any() {
             soon(PERIOD);
         }
         (watching || self.ending.any()).then_some(next)
+    }
+
+    /// A running VM's idle limit: ends it when it has been idle that long; else how long until
+    /// it may be (None: nothing to wait for). `looked`: the connections were asked about
+    /// afresh this tick already.
+    fn check_idle(
+        &mut self,
+        name: &str,
+        rec: &Record,
+        ports: &[u16],
+        looked: &mut bool,
+        now_f: f64,
+    ) -> Option<Duration> {
+        let l = rec.lifetime.as_ref()?;
+        let idle_s = l.idle_s?;
+        let mut seen = lifetime::last_activity(name, rec, Some(&self.tcp_ago(now_f)));
+        let forwards = !lifetime::forward_ports(rec).is_empty();
+        if now_f - seen.at >= idle_s as f64 && forwards && !*looked {
+            // About to end it: what its forwards carried since the last look counts.
+            self.look_at_connections(ports);
+            *looked = true;
+            seen = lifetime::last_activity(name, rec, Some(&self.tcp_ago(now_f)));
+        }
+        if forwards && self.tcp_unknown {
+            // The host's connections could not be read: its forwards may be busy.
+            return Some(TCP_PERIOD);
+        }
+        let idle_for = now_f - seen.at;
+        if idle_for < idle_s as f64 {
+            return Some(Duration::from_secs_f64(idle_s as f64 - idle_for));
+        }
+        if lifetime::busy(rec).is_some() {
+            self.ask_background(name, rec);
+            return Some(BACKGROUND_RECHECK);
+        }
+        let action = act::action(l.on_idle.as_deref());
+        let detail = format!(
+            "idle for {:.0} s (limit {idle_s} s; last activity: {} at {})",
+            idle_for,
+            seen.what,
+            crate::clock::iso8601(seen.at as i64)
+        );
+        self.ending
+            .start(name, rec, action, ends::IDLE, detail, Some(idle_s));
+        None
     }
 
     /// Sleeps `d`, or until the registry file changes (looked at each second).
@@ -452,10 +468,4 @@ fn slim((name, r): (String, Record)) -> (String, Record) {
         ..Record::default()
     };
     (name, slim)
-}
-
-fn now_f() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
 }
