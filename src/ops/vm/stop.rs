@@ -103,6 +103,7 @@ fn graceful_stop(
         q.system_powerdown()?;
         loop {
             if gone(rec) {
+                drain_events(q);
                 return Ok((true, q.event_names()));
             }
             ctx.progress(
@@ -147,6 +148,18 @@ fn graceful_stop(
         timeout.as_secs_f64(),
         events.join(", ")
     )))
+}
+
+/// Reads the events QEMU wrote before it exited: a guest that powers off quickly has its
+/// SHUTDOWN event still unread in the socket when the process is already gone (its
+/// supervisor reaps it at once). Bounded: the socket ends at QEMU's exit.
+fn drain_events(q: &mut qmp::Qmp) {
+    let until = Instant::now() + Duration::from_secs(1);
+    while let Some(left) = until.checked_duration_since(Instant::now()) {
+        if q.next_event(left).is_err() {
+            break;
+        }
+    }
 }
 
 /// How long a forced stop gives QMP `quit` (greeting and reply together) before signals.
@@ -206,5 +219,40 @@ fn force_stop(name: &str, rec: &Record) -> Result<(String, Vec<String>), OpError
                  signal; stop the QEMU process by hand"
             )))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{BufRead, BufReader, Write};
+    use std::os::unix::net::UnixStream;
+
+    /// A QEMU that powers off fast: its SHUTDOWN event is still unread when it is gone.
+    #[test]
+    fn events_written_before_qemu_exited_are_read() {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        let qemu = std::thread::spawn(move || {
+            let mut w = theirs.try_clone().unwrap();
+            w.write_all(b"{\"QMP\": {\"version\": {\"qemu\": {\"major\": 7, \"minor\": 2, \"micro\": 0}}}}\n")
+                .unwrap();
+            let mut line = String::new();
+            BufReader::new(theirs).read_line(&mut line).unwrap();
+            w.write_all(b"{\"return\": {}, \"id\": \"mcq-1\"}\n")
+                .unwrap();
+            w.write_all(b"{\"event\": \"POWERDOWN\"}\n{\"event\": \"SHUTDOWN\"}\n")
+                .unwrap();
+        });
+        let mut q = qmp::Qmp::from_stream(ours, Duration::from_secs(5)).unwrap();
+        qemu.join().unwrap();
+        assert!(q.event_names().is_empty());
+        let t = Instant::now();
+        drain_events(&mut q);
+        assert_eq!(q.event_names(), ["POWERDOWN", "SHUTDOWN"]);
+        assert!(
+            t.elapsed() < Duration::from_millis(500),
+            "{:?}",
+            t.elapsed()
+        );
     }
 }
