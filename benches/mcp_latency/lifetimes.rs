@@ -171,6 +171,20 @@ fn rows(table: &mut Table, dirs: &Dirs, killer: &VmKiller) -> Res<()> {
         "goal: 4096 KiB: {}",
         if kb <= 4096 { "met" } else { "MISSED" }
     ));
+    // Most of VmRSS is text shared with other processes (libc, the binary): what the watcher
+    // alone costs is its Pss, what it holds of its own its anonymous memory.
+    if let Ok(r) = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")) {
+        let field = |k: &str| {
+            r.lines()
+                .find_map(|l| l.strip_prefix(k))
+                .map_or("?".to_string(), |v| v.trim().to_string())
+        };
+        table.note(&format!(
+            "watcher Pss {}, anonymous {}",
+            field("Pss:"),
+            field("Anonymous:")
+        ));
+    }
     s.try_close()?;
     Ok(())
 }
