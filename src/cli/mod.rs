@@ -66,6 +66,7 @@ fn serve(args: &[String]) -> i32 {
         return usage(&e);
     }
     let hook: crate::mcp::client_roots::RootsHook = crate::state::roots::set_client_roots;
+    crate::state::registry::shared().keep_reads();
     crate::ops::sandbox::pool::start_keeper();
     // VMs with lifetimes whose watcher died (a reboot, a kill) are watched again.
     if crate::state::registry::shared()

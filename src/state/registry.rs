@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -71,7 +72,7 @@ impl std::fmt::Display for RegistryError {
 impl std::error::Error for RegistryError {}
 
 /// What parsing a registry file produced.
-#[derive(Debug, Default, PartialEq)]
+#[derive(Debug, Default, PartialEq, Clone)]
 pub struct Parsed {
     /// Valid records.
     pub vms: Vms,
@@ -234,6 +235,9 @@ pub struct Registry {
     seen_warnings: Mutex<HashSet<String>>,
     pending_warnings: Mutex<Vec<String>>,
     in_process: Mutex<()>,
+    /// Whether reads keep the last file's bytes and what they parsed to ([`Registry::keep_reads`]).
+    keep_reads: AtomicBool,
+    last_read: Mutex<Option<(Vec<u8>, Parsed)>>,
 }
 
 impl Registry {
@@ -244,6 +248,35 @@ impl Registry {
             seen_warnings: Mutex::new(HashSet::new()),
             pending_warnings: Mutex::new(Vec::new()),
             in_process: Mutex::new(()),
+            keep_reads: AtomicBool::new(false),
+            last_read: Mutex::new(None),
+        }
+    }
+
+    /// Keeps the last file read and its parse: a read of the same bytes then costs a copy of
+    /// the records, not a parse (a server reads the registry on every call; with 100 VMs a parse
+    /// was most of list_vms' time). Keyed by the whole content, so never stale. A watcher,
+    /// which must stay small, keeps its own slim copy instead.
+    pub fn keep_reads(&self) {
+        self.keep_reads.store(true, Ordering::Relaxed);
+    }
+
+    /// The kept parse of `bytes`, when the last file read had exactly these.
+    fn kept(&self, bytes: &[u8]) -> Option<Parsed> {
+        if !self.keep_reads.load(Ordering::Relaxed) {
+            return None;
+        }
+        let last = self.last_read.lock().unwrap_or_else(|p| p.into_inner());
+        match last.as_ref() {
+            Some((b, p)) if b.as_slice() == bytes => Some(p.clone()),
+            _ => None,
+        }
+    }
+
+    fn keep(&self, bytes: Vec<u8>, parsed: &Parsed) {
+        if self.keep_reads.load(Ordering::Relaxed) {
+            *self.last_read.lock().unwrap_or_else(|p| p.into_inner()) =
+                Some((bytes, parsed.clone()));
         }
     }
 
@@ -306,11 +339,15 @@ impl Registry {
             }
             Some(b) => b,
         };
+        if let Some(p) = self.kept(&bytes) {
+            return Ok(p);
+        }
         match parse(&bytes) {
             Ok(p) => {
                 for w in &p.warnings {
                     self.warn(w.clone());
                 }
+                self.keep(bytes, &p);
                 Ok(p)
             }
             Err(why) if locked => {
@@ -521,6 +558,38 @@ mod tests {
         })
         .unwrap();
         assert_eq!(reg.load().len(), 1);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// A kept read is never stale: a file of the same size in the same instant (another
+    /// server's write, by hand, or a reused inode) is parsed again.
+    #[test]
+    fn kept_reads_follow_every_change() {
+        let d = tmpdir("kept");
+        let path = d.join("vms.json");
+        let write = |sock: &str| {
+            let body = json!({"version": 1, "vms": {"a": {"qmp_socket": sock}}});
+            std::fs::write(&path, body.to_string()).unwrap();
+        };
+        let reg = Registry::new(path.clone());
+        reg.keep_reads();
+        write("/s1");
+        let first = reg.load();
+        assert_eq!(reg.load(), first);
+        write("/s2");
+        assert_eq!(reg.load()["a"].qmp_socket.as_deref(), Some("/s2"));
+        reg.update(|vms| {
+            vms.insert(
+                "b".into(),
+                serde_json::from_value(json!({"qmp_socket": "/s3"})).unwrap(),
+            );
+            Ok::<_, RegistryError>(())
+        })
+        .unwrap();
+        assert_eq!(reg.load().len(), 2);
+        assert_eq!(reg.load(), Registry::new(path).load());
+        std::fs::write(d.join("vms.json"), b"{not json").unwrap();
+        assert!(reg.load().is_empty());
         let _ = std::fs::remove_dir_all(&d);
     }
 
