@@ -444,7 +444,7 @@ impl Watcher {
 }
 
 /// Hands the heap pages a registry parse freed back to the kernel, which glibc keeps: a
-/// watcher lives for hours (the bench's, with 100 records, went from 8.3 to 7.0 MB RSS).
+/// watcher lives for hours (the bench's, with 100 records, went from 8.2-8.3 to 6.4-7.2 MB RSS).
 fn give_back_freed() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only releases memory that is already free; no pointer is touched.
