@@ -134,6 +134,57 @@ pub fn cold_sandbox(
     Ok((s, took))
 }
 
+/// `n` clones of `template` (after one warm-up) with the host folder `share` mounted at
+/// /share, each destroyed before the next: their sandbox_vm round trip against `plain`, the
+/// plain clones' median (goal: at most 50 ms more, the mount made before the call returns).
+pub fn mount_rows(
+    table: &mut Table,
+    server: &mut Server,
+    killer: &VmKiller,
+    (template, share): (&str, &std::path::Path),
+    n: usize,
+    plain: Duration,
+) -> Res<()> {
+    std::fs::create_dir_all(share).map_err(|e| format!("{}: {e}", share.display()))?;
+    std::fs::write(share.join("f"), "shared\n").map_err(|e| e.to_string())?;
+    let name = format!("{template}-mnt");
+    let mut took = Vec::new();
+    for i in 0..=n {
+        let t0 = Instant::now();
+        let r = server.tool_within(
+            "sandbox_vm",
+            json!({"template": template, "name": name, "port_forwards": [],
+                   "wait_agent_s": AGENT_WAIT_S,
+                   "mounts": [{"host": share, "guest": "/share"}]}),
+            CLONE_TIMEOUT,
+        )?;
+        let round_trip = t0.elapsed();
+        let s = structured(&r)?;
+        checked_clone(killer, s, round_trip)?;
+        if s["mounts"][0]["state"] != json!("mounted") {
+            return Err(format!("a clone's mount was not made: {s}"));
+        }
+        destroy(server, &name)?;
+        if i > 0 {
+            took.push(round_trip);
+        }
+    }
+    let s = crate::report::Stats::of(took);
+    let more = s.median.saturating_sub(plain);
+    table.time_row(
+        "clone with one host folder mounted: round trip",
+        n,
+        &s,
+        Some(plain + Duration::from_millis(50)),
+    );
+    table.note(&format!(
+        "the mount adds {:.0} ms to the plain clone's {:.0} ms (goal <= 50 ms)",
+        more.as_secs_f64() * 1000.0,
+        plain.as_secs_f64() * 1000.0
+    ));
+    Ok(())
+}
+
 /// sandbox_destroy, which must say it destroyed the sandbox.
 pub fn destroy(server: &mut Server, name: &str) -> Res<()> {
     let r = server.tool_within("sandbox_destroy", json!({ "name": name }), STEP_TIMEOUT)?;

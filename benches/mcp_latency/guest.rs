@@ -118,8 +118,8 @@ impl Drop for SerialWatch {
     }
 }
 
-/// guest_exec, guest_file_read, vm_screenshot, vm_type_text and vm_click on one booted test
-/// guest.
+/// guest_exec, guest_file_read, vm_screenshot, vm_type_text, vm_click and vm_mouse_move on one
+/// booted test guest.
 pub fn guest_rows(vb: &VmBench, table: &mut Table, g: &Guest) -> Res<()> {
     let mut server = vb.server()?;
     let name = "bench-guest";
@@ -261,6 +261,22 @@ pub fn guest_rows(vb: &VmBench, table: &mut Table, g: &Guest) -> Res<()> {
         || {
             server
                 .tool("vm_click", json!({"name": name, "x": x, "y": y}))
+                .map(|_| ())
+        },
+    )?;
+
+    // Reported: five PS/2 moves, two groups with a paced pause after each, two paced
+    // flushes, then the press and release; the guest reads the queue between them.
+    vb.quick.time(
+        table,
+        "vm_mouse_move (600,-250) in steps of 120, then a click",
+        None,
+        || {
+            server
+                .tool(
+                    "vm_mouse_move",
+                    json!({"name": name, "dx": 600, "dy": -250, "step": 120, "click": "left"}),
+                )
                 .map(|_| ())
         },
     )?;

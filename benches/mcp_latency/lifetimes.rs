@@ -214,7 +214,7 @@ fn rows(table: &mut Table, dirs: &Dirs, killer: &VmKiller) -> Res<()> {
 
 /// list_vms from a process of its own (`mcqemu call`): no server runs meanwhile.
 fn list_by_cli(dirs: &Dirs) -> Res<Value> {
-    let out = std::process::Command::new(crate::common::BIN)
+    let out = std::process::Command::new(crate::common::server_bin())
         .args(["call", "list_vms", "{}"])
         .env("MCQEMU_STATE_DIR", &dirs.state)
         .env("MCQEMU_RUNTIME_DIR", &dirs.runtime)

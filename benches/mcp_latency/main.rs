@@ -37,7 +37,8 @@
 //! forks, suspends and resumes of a clone (`mcp_latency/forks.rs`), and cold sandbox_vm boots
 //! of the same guest beside them; its own knobs are listed there.
 //! `MCQEMU_BENCH_SECTIONS` (e.g. `templates`, or `vm,templates`) runs only the listed slow
-//! sections; the server rows always run.
+//! sections; the server rows always run. `MCQEMU_SERVER_BIN` names the binary to measure (the
+//! static musl build, as users run it: `target/x86_64-unknown-linux-musl/release/mcqemu`).
 //!
 //! The templates section runs twice, on the system's QEMU and on QEMU 10.0 (`common::qemu10`),
 //! and compares the two. The stock section (`mcp_latency/stock.rs`, name `stock`) times
@@ -77,6 +78,7 @@ mod screen_wait;
 mod stock;
 mod template_bench;
 mod templates;
+mod travel;
 mod view;
 mod vm;
 
@@ -84,7 +86,7 @@ use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::{try_qemu_img_info, try_run, Server, TempDir, BIN, NEWEST, RESPONSE_TIMEOUT};
+use common::{try_qemu_img_info, try_run, Server, TempDir, NEWEST, RESPONSE_TIMEOUT};
 use mcqemu::mcp::protocol::INIT_VERSIONS;
 use report::{Bench, Table};
 use serde_json::{json, Value};
@@ -130,7 +132,7 @@ fn run() -> Res<()> {
 
     println!();
     println!("mcqemu MCP latency bench");
-    println!("  server:   {BIN}");
+    println!("  server:   {}", common::server_bin());
     println!("  qemu-img: {}", first_line_of(&qemu_img, &["--version"]));
     println!(
         "  host:     {} CPU(s); other load on the machine shows up in these numbers",

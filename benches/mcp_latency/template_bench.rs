@@ -62,8 +62,30 @@ impl TemplateBench<'_> {
     pub fn rows(&self, table: &mut Table, server: &mut Server, base_image: &Path) -> Res<Medians> {
         self.create_rows(table, server)?;
         let (clone_ready, clone_round_trip) = self.sequential_rows(table, server)?;
+        crate::clones::mount_rows(
+            table,
+            server,
+            self.killer,
+            (
+                self.qemu.template,
+                &self.dirs.tmp.path().join("clone-share"),
+            ),
+            self.clones,
+            clone_round_trip,
+        )?;
         let four = self.concurrent_rows(table, server)?;
         crate::pools::pool_rows(table, server, self.killer, self.qemu.template, self.clones)?;
+        // Travel on the system's QEMU only (the second host runs it too).
+        if self.qemu.env.is_empty() {
+            let moved = crate::travel::travel_rows(
+                table,
+                server,
+                self.qemu.template,
+                self.dirs,
+                clone_ready,
+            );
+            table.or_error("template_push/pull", moved);
+        }
         self.pss_row(table, server)?;
         crate::forks::fork_rows(
             table,

@@ -8,10 +8,16 @@
 //!   refused, and no rule parsed from it allows anything it did not name.
 //! - 1: the bytes are lines of rules: each parses or is refused with a reason; a parsed rule
 //!   written back (`text`) parses to the same rule, and allows exactly what it allowed.
+//! - 2: the first line is a host, the rest a request head as the guest sent it, rewritten
+//!   for two secrets (one replaced where its placeholder stands, one set as a header): the
+//!   result is one well-formed head; a secret's value appears only when the host is one of
+//!   its own (or the guest wrote it itself); with `close`, it ends in one `Connection: close`.
 #![no_main]
 
 use libfuzzer_sys::{fuzz_target, Corpus};
 use mcqemu::net::egress::request::{parse, read_head, MAX_HEAD};
+use mcqemu::net::egress::rewrite::rewrite;
+use mcqemu::net::egress::secrets::ProxySecret;
 use mcqemu::net::egress::rules::{allowed, normal_host, parse_rules, Host, Rule};
 
 fn request(data: &[u8]) {
@@ -135,6 +141,51 @@ fn rules(data: &[u8]) {
     }
 }
 
+fn secrets(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    let Some((host, head)) = text.split_once('\n') else {
+        return;
+    };
+    let close = host.len() % 2 == 0;
+    let list = [
+        ProxySecret {
+            name: "a".into(),
+            placeholder: "mcqemu-secret-a-0".into(),
+            value: "VALUE-OF-A".into(),
+            hosts: vec!["api.example.com".into()],
+            header: None,
+        },
+        ProxySecret {
+            name: "b".into(),
+            placeholder: "mcqemu-secret-b-0".into(),
+            value: "VALUE-OF-B".into(),
+            hosts: vec!["*.example.org:8443".into()],
+            header: Some("Authorization: Bearer {value}".into()),
+        },
+    ];
+    for port in [443u16, 8443] {
+        let Ok(r) = rewrite(head.as_bytes(), host, port, &list, close) else {
+            continue;
+        };
+        let out = String::from_utf8(r.head.clone()).expect("a rewritten head is UTF-8");
+        assert!(out.ends_with("\r\n\r\n"), "{out:?}");
+        assert_eq!(out.matches("\r\n\r\n").count(), 1, "two heads in one: {out:?}");
+        assert!(
+            !out.trim_end().split("\r\n").any(|l| l.chars().any(|c| c.is_control() && c != '\t')),
+            "a control character in {out:?}"
+        );
+        for s in &list {
+            if out.contains(&s.value) && !head.contains(&s.value) {
+                assert!(s.goes_to(host, port), "{}'s value went to {host}:{port}", s.name);
+            }
+        }
+        if close {
+            assert!(out.ends_with("\r\nConnection: close\r\n\r\n"), "{out:?}");
+            assert_eq!(out.to_ascii_lowercase().matches("\r\nconnection:").count(), 1);
+        }
+    }
+}
+
 fuzz_target!(|data: &[u8]| -> Corpus {
     let Some((&mode, rest)) = data.split_first() else {
         return Corpus::Reject;
@@ -142,9 +193,10 @@ fuzz_target!(|data: &[u8]| -> Corpus {
     if rest.len() > 64 * 1024 {
         return Corpus::Reject;
     }
-    match mode % 2 {
+    match mode % 3 {
         0 => request(rest),
-        _ => rules(rest),
+        1 => rules(rest),
+        _ => secrets(rest),
     }
     Corpus::Keep
 });

@@ -59,15 +59,27 @@ fn echo_schema() -> Value {
     })
 }
 
-/// Reads every argument through `Args` (a schema/handler disagreement shows as a tool error,
-/// which the reference check below then flags), reports `count` progress steps while
-/// watching the cancel flag, and returns the arguments as received.
+/// Argument `key` of the kind `ok` accepts (absent passes when `required` is false): a
+/// schema/handler disagreement shows as a tool error, which the reference check flags.
+fn read(args: &Args, key: &str, required: bool, ok: fn(&Value) -> bool) -> Result<(), ToolError> {
+    match args.get(key) {
+        None if !required => Ok(()),
+        Some(v) if ok(v) => Ok(()),
+        _ => Err(ToolError::new(format!("parameter '{key}' is not what the schema says"))),
+    }
+}
+
+/// Reads every argument (see [`read`]), reports `count` progress steps while watching the
+/// cancel flag, and returns the arguments as received.
 fn echo(ctx: &ToolCtx, args: &Args) -> Result<ToolOutput, ToolError> {
-    args.str("text")?;
-    let steps = args.i64_or("count", 0)?;
-    args.str_or("mode", "plain")?;
-    args.str_list("tags")?;
-    args.opt_str("note")?;
+    read(args, "text", true, Value::is_string)?;
+    read(args, "count", false, Value::is_i64)?;
+    read(args, "mode", false, Value::is_string)?;
+    read(args, "tags", false, |v| {
+        v.as_array().is_some_and(|a| a.iter().all(Value::is_string))
+    })?;
+    read(args, "note", false, Value::is_string)?;
+    let steps = args.get("count").and_then(Value::as_i64).unwrap_or(0);
     for step in 0..steps {
         ctx.check_cancel()?;
         ctx.progress(step as f64, Some(steps as f64), "echoing");
@@ -90,7 +102,8 @@ fn fail_schema() -> Value {
 
 /// Always a tool error; `long` makes one with quotes, controls and non-ASCII to escape.
 fn fail(_ctx: &ToolCtx, args: &Args) -> Result<ToolOutput, ToolError> {
-    match args.str("kind")? {
+    read(args, "kind", true, Value::is_string)?;
+    match args.get("kind").and_then(Value::as_str).unwrap_or("") {
         "long" => Err(ToolError::new(
             "\"quoted\"\n\t\u{0}\u{1f}\u{7f} é 😀 \u{2028}\\ ".repeat(200),
         )),

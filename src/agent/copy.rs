@@ -252,7 +252,7 @@ fn copy_in(unpack: &str, nonce: &str, dst: &str, overwrite: bool, old: &str) -> 
     let dir = open_folder(&dir_path, 4)?;
     if !overwrite && dir.meta(&dst_name).is_ok() {
         return Err(fail(
-            5,
+            13,
             format!("{dst} already exists in the guest; pass overwrite=true to replace it"),
         ));
     }

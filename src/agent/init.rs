@@ -54,6 +54,7 @@ pub fn setup(power: Sender<Mode>) {
         ("tmpfs", "/tmp", "tmpfs", "mode=1777"),
         ("tmpfs", "/run", "tmpfs", "mode=0755"),
     ]);
+    super::modules::setup(&cmdline);
     if let Err(e) = super::root::apply() {
         log(&format!("the image's config: {e}"));
     }

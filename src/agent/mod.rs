@@ -10,6 +10,7 @@
 //! - [`port`]: the virtio port and the serving loop; [`init`]: PID 1's set-up.
 //! - [`copy`]: the guest's side of the data channel's copies (`mcqemu-agent copy-*`).
 //! - [`mounts`]: the guest's side of host folders mounted into it (FUSE relays).
+//! - [`modules`]: the kernel's modules in an image root, and `modprobe` for its autoloader.
 
 pub mod commands;
 pub mod copy;
@@ -17,12 +18,14 @@ pub mod exec;
 pub mod files;
 pub mod init;
 pub mod json;
+pub mod modules;
 pub mod mounts;
 pub mod output;
 pub mod port;
 pub mod reader;
 pub mod root;
 pub mod system;
+pub mod uevents;
 
 use std::path::PathBuf;
 use std::sync::mpsc;
@@ -36,10 +39,16 @@ const USAGE: &str = "usage: mcqemu-agent [--port DEVICE] [--init]
   The guest's side of one copy over mcqemu's data channel (started by the host).
        mcqemu-agent fs-relay PORT-NAME
   The guest's side of one host folder mounted into it (started by the host where the guest's
-  agent is qemu-ga; mcqemu-agent relays every mount port itself).";
+  agent is qemu-ga; mcqemu-agent relays every mount port itself).
+       mcqemu-agent modprobe [-q] MODULE...   (also as a program named modprobe)
+  Loads kernel modules and what they need from /lib/modules/RELEASE/modules.dep.";
 
 /// The agent's entry point; its exit status (PID 1 never returns).
 pub fn main(args: Vec<String>) -> i32 {
+    let argv0 = std::env::args().next().unwrap_or_default();
+    if let Some(code) = modules::main(&argv0, &args) {
+        return code;
+    }
     if let Some(code) = args.first().and_then(|c| copy::main(c, &args[1..])) {
         return code;
     }

@@ -92,7 +92,13 @@ pub fn grow(dev: &str) -> Result<Option<u64>, String> {
     Ok(Some(want))
 }
 
-fn mount(what: Option<&str>, target: &str, fstype: Option<&str>, flags: u64) -> Result<(), String> {
+/// mount(2) with no data; the error as text.
+pub(super) fn mount(
+    what: Option<&str>,
+    target: &str,
+    fstype: Option<&str>,
+    flags: u64,
+) -> Result<(), String> {
     let c = |s: &str| CString::new(s).map_err(|e| e.to_string());
     let w = what.map(c).transpose()?;
     let t = c(target)?;

@@ -1,6 +1,6 @@
 //! `mcqemu call TOOL ['{json}' | -] [--out FILE]`: one tool from the shell, through the same
 //! call path as the server (`mcp::call`); its structured result on stdout, a failure on stderr
-//! with its kind in brackets, and an exit status by kind (`exit_code`).
+//! with its kind in brackets, and an exit status by kind (`ErrorKind::exit_code`).
 
 #![allow(clippy::print_stdout)] // the result is this subcommand's stdout
 
@@ -13,24 +13,10 @@ use crate::mcp::call;
 use crate::mcp::tool::ToolCtx;
 use crate::tools;
 
-/// The exit status of a tool error of kind `kind` (the codes of `ops::error::ErrorKind`).
-pub fn exit_code(kind: &str) -> i32 {
-    match kind {
-        "not_found" => 3,
-        "busy" => 4,
-        "refused" => 5,
-        "invalid_argument" => 6,
-        "guest_failed" => 7,
-        "timed_out" => 8,
-        "cancelled" => 9,
-        _ => 1,
-    }
-}
-
 /// `call TOOL [JSON | -] [--out FILE]`.
 pub fn main(rest: &[String]) -> i32 {
     if let Err(e) = crate::state::roots::set_operator_roots(&crate::state::roots::env_roots()) {
-        return usage(&e);
+        return usage(&e.msg);
     }
     let mut positional = Vec::new();
     let mut out_file = None;
@@ -87,8 +73,8 @@ pub fn main(rest: &[String]) -> i32 {
             0
         }
         Err(e) => {
-            eprintln!("[{}] {}", e.kind, e.msg);
-            exit_code(e.kind)
+            eprintln!("[{}] {}", e.kind.code(), e.msg);
+            e.kind.exit_code()
         }
     }
 }
@@ -104,20 +90,4 @@ fn save_images(extra: &[Value], file: &str) -> Result<(), String> {
         .ok_or("image content without data")?;
     let bytes = crate::b64::decode(data).map_err(|e| e.to_string())?;
     std::fs::write(file, bytes).map_err(|e| format!("cannot write {file}: {e}"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::ops::error::ErrorKind;
-
-    #[test]
-    fn each_kind_has_its_own_exit_status_and_none_is_a_usage_error() {
-        let codes: Vec<i32> = ErrorKind::ALL.iter().map(|k| exit_code(k.code())).collect();
-        let mut unique = codes.clone();
-        unique.sort();
-        unique.dedup();
-        assert_eq!(unique.len(), codes.len(), "{codes:?}");
-        assert!(!codes.contains(&0) && !codes.contains(&2), "{codes:?}");
-    }
 }

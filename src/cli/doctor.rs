@@ -45,6 +45,7 @@ pub fn checks() -> Vec<Check> {
     out.push(seccomp_check(host));
     out.push(egress_check());
     out.extend(agent_checks(host));
+    out.extend(kernel_checks(host));
     out.push(roots_check());
     out.push(registry_check());
     out
@@ -104,7 +105,7 @@ fn emulator_check(host: &Host, arch: &str, qemu: &Qemu) -> Check {
     let machine = default_machine
         .map(|m| match decide::concrete_machine(qemu, m) {
             Ok(c) => format!("{m} = {c}"),
-            Err(e) => e,
+            Err(e) => e.msg,
         })
         .unwrap_or_else(|| format!("{} machine types", qemu.machines.len()));
     let firmware = match default_machine.map(|m| firmware::find_uefi(arch, m)) {
@@ -217,7 +218,9 @@ fn dir_checks() -> Vec<Check> {
         ("runtime dir", runtime, why),
     ] {
         let ready = if name == "runtime dir" {
-            paths::ensure_runtime_dir().and_then(|d| writable(&d))
+            paths::ensure_runtime_dir()
+                .map_err(|e| e.msg)
+                .and_then(|d| writable(&d))
         } else {
             writable(&dir)
         };
@@ -266,22 +269,84 @@ fn egress_check() -> Check {
 }
 
 /// mcqemu-agent for the host's architecture and for aarch64 (a warning when missing: only
-/// roots and images that need mcqemu's own agent use it; the detail says how to build it).
+/// roots and images that need mcqemu's own agent use it; the detail says how to build it), and
+/// whether this binary carries them.
 fn agent_checks(host: &Host) -> Vec<Check> {
+    let inside = crate::host::agent::embedded_arches();
+    guest_arches(host)
+        .into_iter()
+        .map(|arch| {
+            let carried = inside.contains(&arch);
+            match crate::host::agent::find(arch) {
+                Ok(p) if carried && p.starts_with(paths::state_dir()) => row(
+                    format!("agent {arch}"),
+                    "ok",
+                    format!(
+                        "mcqemu-agent inside this binary, written out to {}",
+                        p.display()
+                    ),
+                    false,
+                ),
+                Ok(p) => row(
+                    format!("agent {arch}"),
+                    "ok",
+                    format!(
+                        "mcqemu-agent at {} ({})",
+                        p.display(),
+                        match carried {
+                            true => "used before the one inside this binary",
+                            false =>
+                                "this binary carries none: .ci/build-agents, then build mcqemu",
+                        }
+                    ),
+                    false,
+                ),
+                Err(e) => row(format!("agent {arch}"), "warn", e.msg, false),
+            }
+        })
+        .collect()
+}
+
+/// The guest architectures mcqemu brings agents and image kernels for: the host's, and aarch64.
+fn guest_arches(host: &Host) -> Vec<&str> {
     let mut arches = vec![host.arch.as_str()];
     if host.arch != "aarch64" {
         arches.push("aarch64");
     }
     arches
+}
+
+/// Where container images' kernels come from: cached (no network, no program), or the
+/// package the first container sandbox fetches.
+fn kernel_checks(host: &Host) -> Vec<Check> {
+    use crate::ops::container::kernel;
+    guest_arches(host)
         .into_iter()
-        .map(|arch| match crate::host::agent::find(arch) {
-            Ok(p) => row(
-                format!("agent {arch}"),
-                "ok",
-                format!("mcqemu-agent at {}", p.display()),
-                false,
-            ),
-            Err(e) => row(format!("agent {arch}"), "warn", e, false),
+        .map(|arch| {
+            let name = format!("image kernel {arch}");
+            match kernel::source(arch) {
+                Err(e) => row(name, "warn", e.msg, false),
+                Ok(src) => match kernel::cached(&src) {
+                    Some(k) => row(
+                        name,
+                        "ok",
+                        format!("cached in {}: {}", k.home.display(), k.source),
+                        false,
+                    ),
+                    None => row(
+                        name,
+                        "ok",
+                        format!(
+                            "not fetched yet: the first container sandbox fetches {} (sha256 {}) \
+                             from {}",
+                            src.label,
+                            src.sha256,
+                            src.places.join(" or ")
+                        ),
+                        false,
+                    ),
+                },
+            }
         })
         .collect()
 }

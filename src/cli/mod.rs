@@ -19,9 +19,12 @@ use crate::tools;
 const HELP: &str = "mcqemu - an MCP server that lets LLM agents run QEMU virtual machines
 
 USAGE:
-    mcqemu [serve] [--root DIR]...      serve MCP on stdin/stdout (what MCP clients run);
-                                        --root: a folder the tools may reach (repeatable)
-    mcqemu tools [--json]               list the tools (one line each, or full definitions)
+    mcqemu [serve] [--root DIR]... [--tools GROUPS]
+                                        serve MCP on stdin/stdout (what MCP clients run);
+                                        --root: a folder the tools may reach (repeatable);
+                                        --tools: only these groups (sandbox,guest,...; all)
+    mcqemu tools [--json | --groups]    list the tools (one line each, or full definitions),
+                                        or the groups --tools takes
     mcqemu call TOOL ['{json}' | -]     run one tool and print its structured result
                    [--out FILE]         save image content (screenshots) to FILE
     mcqemu doctor                       check the host: QEMU, qemu-img, KVM, firmware, folders
@@ -46,24 +49,38 @@ ENVIRONMENT:
     MCQEMU_QEMU_DIR                        folder of another QEMU build (qemu-system-*, qemu-img)
     MCQEMU_QEMU_IMG                        qemu-img binary to use
     MCQEMU_ROOTS                           folders the tools may reach (DIR:DIR:...), like --root
+    MCQEMU_TOOLS                           the tool groups to serve (like --tools; default all)
     MCQEMU_MAX_VMS, MCQEMU_MAX_MEMORY_MB   quotas: running VMs, their memory together
     MCQEMU_MAX_DISK_GB                     quota: largest disk_size (default 2048)
     MCQEMU_CATALOG_MIRROR                  fetch catalog images from http(s)://MIRROR/HOST/PATH
+    MCQEMU_IMAGE_KERNEL_DEB[_AARCH64]      the Debian kernel package container images boot,
+                                           as URL-or-path#sha256=HEX (default: mcqemu's pin)
+    MCQEMU_AGENT_DIR                       a folder of mcqemu-agent-ARCH files to use instead
+                                           of the agents inside this binary
 ";
 
-/// `serve [--root DIR]...`: sets the roots (flags and `MCQEMU_ROOTS` together), then serves.
+/// `serve [--root DIR]... [--tools GROUPS]`: sets the roots (flags and `MCQEMU_ROOTS`
+/// together) and the tools (the flag, else `MCQEMU_TOOLS`, else all), then serves.
 fn serve(args: &[String]) -> i32 {
     let mut roots = crate::state::roots::env_roots();
+    let mut groups = std::env::var("MCQEMU_TOOLS").unwrap_or_default();
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match (a.as_str(), it.next()) {
             ("--root", Some(dir)) => roots.push(dir.into()),
             ("--root", None) => return usage("--root needs a folder"),
+            ("--tools", Some(g)) => groups = g.clone(),
+            ("--tools", None) => return usage("--tools needs groups, e.g. --tools sandbox,guest"),
             (other, _) => return usage(&format!("unknown serve option {other:?}")),
         }
     }
+    let served =
+        match tools::groups::select(tools::ALL, crate::mcp::protocol::INSTRUCTIONS, &groups) {
+            Ok(s) => s,
+            Err(e) => return usage(&format!("--tools / MCQEMU_TOOLS: {e}")),
+        };
     if let Err(e) = crate::state::roots::set_operator_roots(&roots) {
-        return usage(&e);
+        return usage(&e.msg);
     }
     let hook: crate::mcp::client_roots::RootsHook = crate::state::roots::set_client_roots;
     crate::state::registry::shared().keep_reads();
@@ -76,7 +93,7 @@ fn serve(args: &[String]) -> i32 {
     {
         crate::ops::vm::lifetime::ensure_watcher();
     }
-    crate::mcp::server::serve_stdio(tools::ALL, Some(tools::resources::provider()), Some(hook))
+    crate::mcp::server::serve_stdio(served, Some(tools::resources::provider()), Some(hook))
 }
 
 /// Runs the CLI with the arguments after the program name; returns the exit code.
@@ -89,6 +106,7 @@ pub fn main(args: Vec<String>) -> i32 {
     match first {
         None => serve(&[]),
         Some("serve") => serve(&args[1..]),
+        Some("--root" | "--tools") => serve(&args),
         Some("--version") | Some("-V") | Some("version") => {
             println!("mcqemu {}", env!("CARGO_PKG_VERSION"));
             0
@@ -158,6 +176,24 @@ fn list_tools(rest: &[String]) -> i32 {
             }
             0
         }
+        Some("--groups") => {
+            for g in tools::groups::GROUPS {
+                println!("{:<8} {} tools: {}", g.name, g.tools.len(), g.about);
+            }
+            0
+        }
         Some(other) => usage(&format!("unknown option {other:?} for 'tools'")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_help_gives_each_kind_its_exit_status() {
+        let said: String = super::HELP.split_whitespace().collect::<Vec<_>>().join(" ");
+        for k in crate::kind::ErrorKind::ALL {
+            let entry = format!("{} {}", k.exit_code(), k.code());
+            assert!(said.contains(&entry), "--help does not say {entry:?}");
+        }
     }
 }

@@ -10,6 +10,7 @@
 //! conversation again; bytes that are neither (a request cut off when a relay died) are
 //! skipped up to the next hello.
 
+use crate::kind::Failed;
 use std::io::{self, Read, Write};
 use std::os::unix::io::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -43,7 +44,7 @@ pub struct Config {
 }
 
 /// The subcommand's arguments.
-pub fn parse_args(args: &[String]) -> Result<Config, String> {
+pub fn parse_args(args: &[String]) -> Result<Config, Failed> {
     let (mut socket, mut guest, mut status, mut writable) = (None, None, None, false);
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -51,19 +52,21 @@ pub fn parse_args(args: &[String]) -> Result<Config, String> {
             writable = true;
             continue;
         }
-        let value = it.next().ok_or(format!("{flag} needs a value"))?;
+        let value = it
+            .next()
+            .ok_or(Failed::host(format!("{flag} needs a value")))?;
         match flag.as_str() {
             "--socket" => socket = Some(PathBuf::from(value)),
             "--guest" => guest = Some(value.clone()),
             "--status" => status = Some(PathBuf::from(value)),
-            other => return Err(format!("unknown option {other:?}")),
+            other => return Err(Failed::host(format!("unknown option {other:?}"))),
         }
     }
     Ok(Config {
-        socket: socket.ok_or("--socket is required")?,
-        guest: guest.ok_or("--guest is required")?,
+        socket: socket.ok_or(Failed::host("--socket is required"))?,
+        guest: guest.ok_or(Failed::host("--guest is required"))?,
         writable,
-        status: status.ok_or("--status is required")?,
+        status: status.ok_or(Failed::host("--status is required"))?,
     })
 }
 
@@ -89,13 +92,16 @@ fn raise_nofile() {
     }
 }
 
-fn connect(path: &Path) -> Result<UnixStream, String> {
+fn connect(path: &Path) -> Result<UnixStream, Failed> {
     let deadline = Instant::now() + SOCKET_WAIT;
     loop {
         match UnixStream::connect(path) {
             Ok(s) => return Ok(s),
             Err(e) if Instant::now() >= deadline => {
-                return Err(format!("cannot reach {}: {e}", path.display()))
+                return Err(Failed::host(format!(
+                    "cannot reach {}: {e}",
+                    path.display()
+                )))
             }
             Err(_) => std::thread::sleep(Duration::from_millis(20)),
         }
@@ -119,11 +125,13 @@ fn read_line(s: &mut impl Read, start: &[u8]) -> io::Result<String> {
 }
 
 /// Serves the mount until its VM ends.
-pub fn run(c: &Config) -> Result<(), String> {
+pub fn run(c: &Config) -> Result<(), Failed> {
     // SAFETY: the starter hands the share's folder down on SHARE_FD; it is ours from here.
     let share = unsafe { OwnedFd::from_raw_fd(SHARE_FD) };
     if let Err(e) = super::nodes::fstat(share.as_raw_fd()) {
-        return Err(format!("the share's folder was not handed down: {e}"));
+        return Err(Failed::host(format!(
+            "the share's folder was not handed down: {e}"
+        )));
     }
     raise_nofile();
     status(c, "waiting", None);
@@ -132,10 +140,10 @@ pub fn run(c: &Config) -> Result<(), String> {
 }
 
 /// The conversation and the FUSE requests on a connected port (a socket pair in tests).
-pub fn serve_on(mut sock: UnixStream, c: &Config, share: &OwnedFd) -> Result<(), String> {
+pub fn serve_on(mut sock: UnixStream, c: &Config, share: &OwnedFd) -> Result<(), Failed> {
     let mut out = sock
         .try_clone()
-        .map_err(|e| format!("cannot clone the socket: {e}"))?;
+        .map_err(|e| Failed::host(format!("cannot clone the socket: {e}")))?;
     let mut start: Vec<u8> = Vec::new();
     loop {
         // Anything but a hello (the end of a request cut off when the relay died, stale
@@ -143,10 +151,10 @@ pub fn serve_on(mut sock: UnixStream, c: &Config, share: &OwnedFd) -> Result<(),
         match find_hello(&mut sock, &start) {
             Ok(()) => start.clear(),
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => break,
-            Err(e) => return Err(format!("reading the guest's hello: {e}")),
+            Err(e) => return Err(Failed::host(format!("reading the guest's hello: {e}"))),
         }
         let mode = if c.writable { "rw" } else { "ro" };
-        writeln!(out, "MCQFS mount {mode} {}", c.guest).map_err(|e| e.to_string())?;
+        writeln!(out, "MCQFS mount {mode} {}", c.guest).map_err(|e| Failed::host(e.to_string()))?;
         let owner = match read_line(&mut sock, &[]) {
             Ok(l) if l == "MCQFS ok" || l.starts_with("MCQFS ok ") => {
                 status(c, "mounted", None);
@@ -163,12 +171,13 @@ pub fn serve_on(mut sock: UnixStream, c: &Config, share: &OwnedFd) -> Result<(),
                 continue;
             }
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => break,
-            Err(e) => return Err(format!("reading the guest's answer: {e}")),
+            Err(e) => return Err(Failed::host(format!("reading the guest's answer: {e}"))),
         };
         let root = share
             .try_clone()
-            .map_err(|e| format!("cannot reuse the share's folder: {e}"))?;
-        let mut server = Server::new(root, c.writable, owner).map_err(|e| e.to_string())?;
+            .map_err(|e| Failed::host(format!("cannot reuse the share's folder: {e}")))?;
+        let mut server =
+            Server::new(root, c.writable, owner).map_err(|e| Failed::host(e.to_string()))?;
         match serve(&mut sock, &mut out, &mut server) {
             Ok(Some(again)) => start = again,
             Ok(None) => break,
@@ -212,13 +221,13 @@ fn serve(
     sock: &mut UnixStream,
     out: &mut UnixStream,
     server: &mut Server,
-) -> Result<Option<Vec<u8>>, String> {
+) -> Result<Option<Vec<u8>>, Failed> {
     let mut buf = vec![0u8; MAX_REQUEST];
     loop {
         match sock.read_exact(&mut buf[..4]) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
-            Err(e) => return Err(format!("reading a request: {e}")),
+            Err(e) => return Err(Failed::host(format!("reading a request: {e}"))),
         }
         if &buf[..4] == b"MCQF" {
             return Ok(Some(buf[..4].to_vec()));
@@ -231,14 +240,14 @@ fn serve(
         match sock.read_exact(&mut buf[4..len]) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
-            Err(e) => return Err(format!("reading a request: {e}")),
+            Err(e) => return Err(Failed::host(format!("reading a request: {e}"))),
         }
         if let Some(reply) = server.handle(&buf[..len]) {
             if let Err(e) = out.write_all(&reply) {
                 return if e.kind() == io::ErrorKind::BrokenPipe {
                     Ok(None)
                 } else {
-                    Err(format!("writing a reply: {e}"))
+                    Err(Failed::host(format!("writing a reply: {e}")))
                 };
             }
         }

@@ -1,11 +1,98 @@
 //! Where the guest agent (`mcqemu-agent`, built static for each guest architecture) lives on
 //! this host: the program mcqemu puts into roots and images it prepares. Looked for in order:
-//! `$MCQEMU_AGENT_DIR/mcqemu-agent-ARCH`, beside the running `mcqemu` as
-//! `mcqemu-agent-ARCH`, and in the cargo target folder the running binary was built in
-//! (`target/ARCH-unknown-linux-musl/release/mcqemu-agent`). A missing one is an error that
-//! names the command that builds it.
+//! `$MCQEMU_AGENT_DIR/mcqemu-agent-ARCH` (the operator's), beside the running `mcqemu` as
+//! `mcqemu-agent-ARCH`, in the cargo target folder the running binary was built in
+//! (`target/ARCH-unknown-linux-musl/release/mcqemu-agent`, a developer's fresh build), and
+//! last the one inside this binary (`src/build.rs`), written out once to
+//! `<state>/agents/mcqemu-agent-ARCH-DIGEST` and checked by digest. A missing one is an error
+//! that names the command that builds it.
 
+use crate::kind::Failed;
+use std::collections::HashMap;
+use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+
+mod embedded {
+    include!(concat!(env!("OUT_DIR"), "/agents.rs"));
+}
+
+/// The architectures whose agent this binary carries.
+pub fn embedded_arches() -> Vec<&'static str> {
+    embedded::EMBEDDED.iter().map(|(a, _)| *a).collect()
+}
+
+/// The agent inside this binary for `arch`, unpacked, and its SHA-256 (hex); None when this
+/// build carries none for it.
+fn embedded(arch: &str) -> Option<Result<(Vec<u8>, String), Failed>> {
+    let (_, xz) = embedded::EMBEDDED.iter().find(|(a, _)| *a == arch)?;
+    let mut out = Vec::new();
+    let unpacked = lzma_rust2::XzReader::new(*xz, true)
+        .take(64 << 20)
+        .read_to_end(&mut out);
+    Some(match unpacked {
+        Ok(_) => {
+            let digest =
+                crate::net::digest::hex(ring::digest::digest(&ring::digest::SHA256, &out).as_ref());
+            Ok((out, digest))
+        }
+        Err(e) => Err(Failed::host(format!(
+            "the {arch} agent inside this binary is damaged: {e}"
+        ))),
+    })
+}
+
+/// The embedded agent for `arch` as a file (written out once per digest, and checked by
+/// digest once per process); None when this build carries none.
+pub fn written_out(arch: &str) -> Option<Result<PathBuf, Failed>> {
+    static DONE: OnceLock<Mutex<HashMap<String, PathBuf>>> = OnceLock::new();
+    let done = DONE.get_or_init(Mutex::default);
+    if let Some(p) = done.lock().ok().and_then(|d| d.get(arch).cloned()) {
+        return Some(Ok(p));
+    }
+    let (bytes, digest) = match embedded(arch)? {
+        Ok(x) => x,
+        Err(e) => return Some(Err(e)),
+    };
+    let dir = crate::state::paths::state_dir().join("agents");
+    let path = dir.join(format!("mcqemu-agent-{arch}-{}", &digest[..16]));
+    let same = std::fs::read(&path).is_ok_and(|have| {
+        crate::net::digest::hex(ring::digest::digest(&ring::digest::SHA256, &have).as_ref())
+            == digest
+    });
+    if !same {
+        if let Err(e) = write_exec(&dir, &path, &bytes) {
+            return Some(Err(Failed::host(format!(
+                "cannot write the {arch} agent inside this binary to {}: {e}",
+                path.display()
+            ))));
+        }
+    }
+    if let Ok(mut d) = done.lock() {
+        d.insert(arch.to_string(), path.clone());
+    }
+    Some(Ok(path))
+}
+
+/// Writes `bytes` to `path` (mode 0755) through a temporary file renamed into place.
+fn write_exec(dir: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::create_dir_all(dir)?;
+    let tmp = dir.join(format!(".agent.{}.tmp", std::process::id()));
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o755)
+        .open(&tmp)
+        .and_then(|mut f| f.write_all(bytes).and_then(|()| f.sync_all()))
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
 
 /// The musl target triple of a guest architecture.
 pub fn triple(arch: &str) -> String {
@@ -59,18 +146,25 @@ pub fn candidates(arch: &str, dir: Option<&Path>, exe: Option<&Path>) -> Vec<Pat
 }
 
 /// `arch`'s agent: its path, or an error saying where it was looked for and how to build it.
-pub fn find(arch: &str) -> Result<PathBuf, String> {
+pub fn find(arch: &str) -> Result<PathBuf, Failed> {
     let dir = std::env::var_os("MCQEMU_AGENT_DIR").map(PathBuf::from);
     let exe = std::env::current_exe().ok();
     let looked = candidates(arch, dir.as_deref(), exe.as_deref());
-    looked.iter().find(|p| p.is_file()).cloned().ok_or_else(|| {
+    if let Some(p) = looked.iter().find(|p| p.is_file()) {
+        return Ok(p.clone());
+    }
+    if let Some(r) = written_out(arch) {
+        return r;
+    }
+    Err({
         let places: Vec<String> = looked.iter().map(|p| p.display().to_string()).collect();
-        format!(
-            "no mcqemu-agent for {arch} guests (looked at {}); build it with: {}, or put \
-                 one at $MCQEMU_AGENT_DIR/mcqemu-agent-{arch}",
+        Failed::not_found(format!(
+            "no mcqemu-agent for {arch} guests: this mcqemu was built without the agents inside \
+             it, and none is at {}; build it with: {}, or put one at \
+             $MCQEMU_AGENT_DIR/mcqemu-agent-{arch}",
             places.join(", "),
             build_command(arch)
-        )
+        ))
     })
 }
 

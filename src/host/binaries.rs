@@ -5,6 +5,7 @@
 //! host's own architecture, where RHEL-family hosts keep their only emulator
 //! (`/usr/libexec/qemu-kvm`).
 
+use crate::kind::Failed;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -143,7 +144,7 @@ fn probe(path: &Path) -> Option<Qemu> {
 }
 
 /// The emulator for guests of `arch`, probed once per process (a failure is asked again).
-pub fn find(arch: &str) -> Result<Arc<Qemu>, String> {
+pub fn find(arch: &str) -> Result<Arc<Qemu>, Failed> {
     static CACHE: Mutex<Option<HashMap<String, Arc<Qemu>>>> = Mutex::new(None);
     if let Some(q) = CACHE
         .lock()
@@ -169,7 +170,7 @@ pub fn find(arch: &str) -> Result<Arc<Qemu>, String> {
             return Ok(q);
         }
     }
-    Err(format!(
+    Err(Failed::host(format!(
         "no QEMU for {arch} guests: tried {} (install it, e.g. Debian: apt-get install {}; or \
          set MCQEMU_QEMU_DIR to the folder of another QEMU build)",
         tried
@@ -178,7 +179,7 @@ pub fn find(arch: &str) -> Result<Arc<Qemu>, String> {
             .collect::<Vec<_>>()
             .join(", "),
         debian_package(arch)
-    ))
+    )))
 }
 
 /// A path as it is (made absolute) if it is a file; a bare name looked up on PATH.

@@ -7,6 +7,7 @@
 use super::binaries::{parse_version, Qemu};
 use super::Host;
 
+use crate::kind::Failed;
 pub use crate::state::config::Accel;
 
 /// True when KVM on a host of `host_arch` can run a guest of `guest_arch`.
@@ -14,7 +15,8 @@ fn kvm_runs(host_arch: &str, guest_arch: &str) -> bool {
     host_arch == guest_arch || (host_arch == "x86_64" && guest_arch == "i386")
 }
 
-/// Ok when KVM can run a guest of `guest_arch` here; Err says why not.
+/// Ok when KVM can run a guest of `guest_arch` here; Err says why not (a reason, for the
+/// callers' own messages).
 pub fn kvm_for(host: &Host, guest_arch: &str) -> Result<(), String> {
     host.kvm.map_err(|e| e.to_string())?;
     if !kvm_runs(&host.arch, guest_arch) {
@@ -32,13 +34,15 @@ pub fn accel(
     host: &Host,
     guest_arch: &str,
     requested: &str,
-) -> Result<(Accel, Option<String>), String> {
+) -> Result<(Accel, Option<String>), Failed> {
     match requested {
         "tcg" => Ok((Accel::Tcg, None)),
         "kvm" => kvm_for(host, guest_arch)
             .map(|()| (Accel::Kvm, None))
             .map_err(|why| {
-                format!("accel=\"kvm\" is not usable here: {why}. Use accel=\"auto\" or \"tcg\"")
+                Failed::invalid(format!(
+                    "accel=\"kvm\" is not usable here: {why}. Use accel=\"auto\" or \"tcg\""
+                ))
             }),
         "auto" => Ok(match kvm_for(host, guest_arch) {
             Ok(()) => (Accel::Kvm, None),
@@ -47,7 +51,9 @@ pub fn accel(
                 Some(format!("runs under TCG (emulated, slower): {why}")),
             ),
         }),
-        other => Err(format!("unknown accel {other:?}; use auto, kvm or tcg")),
+        other => Err(Failed::invalid(format!(
+            "unknown accel {other:?}; use auto, kvm or tcg"
+        ))),
     }
 }
 
@@ -63,9 +69,25 @@ pub fn cpu_model(accel: Accel, guest_arch: &str) -> &'static str {
     }
 }
 
+/// The CPU model of a template's guest: as [`cpu_model`], except that an x86_64 template under
+/// KVM gets a named model in place of the host's own, so that its saved state loads on other
+/// KVM hosts (template_push, template_pull): Nehalem's features (SSE4.2, POPCNT: the
+/// x86-64-v2 level RHEL 9 needs) are on every x86_64 server CPU of the last fifteen years,
+/// Intel's and AMD's; versioned, so no QEMU release changes what it means. Arm under KVM has
+/// no named models (only `host`): its templates stay on hosts like their own.
+pub const TRAVELLING_X86_CPU: &str = "Nehalem-v1";
+
+/// See [`TRAVELLING_X86_CPU`].
+pub fn template_cpu_model(accel: Accel, guest_arch: &str) -> &'static str {
+    match (accel, guest_arch) {
+        (Accel::Kvm, "x86_64") => TRAVELLING_X86_CPU,
+        _ => cpu_model(accel, guest_arch),
+    }
+}
+
 /// The concrete machine type `requested` means on this QEMU (`q35` → `pc-q35-7.2`), so that
 /// what is recorded stays the same machine after the next QEMU upgrade.
-pub fn concrete_machine(qemu: &Qemu, requested: &str) -> Result<String, String> {
+pub fn concrete_machine(qemu: &Qemu, requested: &str) -> Result<String, Failed> {
     if qemu.machines.is_empty() {
         return Ok(requested.to_string());
     }
@@ -82,12 +104,12 @@ pub fn concrete_machine(qemu: &Qemu, requested: &str) -> Result<String, String> 
         .flat_map(|m| m.alias.as_deref().into_iter().chain([m.name.as_str()]))
         .collect();
     names.truncate(24);
-    Err(format!(
+    Err(Failed::invalid(format!(
         "{} (QEMU {}) has no machine type {requested:?}; it has: {}",
         qemu.path.display(),
         qemu.version_string(),
         names.join(", ")
-    ))
+    )))
 }
 
 /// Default vCPUs: two, or one on a one-CPU host.
@@ -108,16 +130,16 @@ pub fn memory_limit_mb(host: &Host) -> u64 {
 }
 
 /// Ok when this server may have QEMU listen on host `port`.
-pub fn host_port(host: &Host, port: u16) -> Result<(), String> {
+pub fn host_port(host: &Host, port: u16) -> Result<(), Failed> {
     if host.root || port >= host.unprivileged_port_start {
         return Ok(());
     }
-    Err(format!(
+    Err(Failed::refused(format!(
         "host port {port} is privileged: this server does not run as root and ports below {} \
          need root (net.ipv4.ip_unprivileged_port_start); forward from a port of {} or more, or \
          \"auto\"",
         host.unprivileged_port_start, host.unprivileged_port_start
-    ))
+    )))
 }
 
 /// What a saved guest state was made with: a clone must start with exactly this.
@@ -135,25 +157,25 @@ pub struct Saved<'a> {
 
 /// Ok when a state saved as `saved` can load into `qemu` on `host`; Err names what differs and
 /// what to do.
-pub fn can_restore(saved: &Saved, host: &Host, qemu: &Qemu) -> Result<(), String> {
+pub fn can_restore(saved: &Saved, host: &Host, qemu: &Qemu) -> Result<(), Failed> {
     if saved.accel == Accel::Kvm {
         kvm_for(host, saved.arch).map_err(|why| {
-            format!(
+            Failed::host(format!(
                 "it was saved under KVM, which this host cannot use now ({why}); a KVM state does \
                  not load under TCG. Start it on a host with KVM, or make a new template here"
-            )
+            ))
         })?;
     }
     if let Some(v) = parse_version(saved.qemu_version) {
         if v > qemu.version {
-            return Err(format!(
+            return Err(Failed::host(format!(
                 "it was saved by QEMU {}, and this host runs the older QEMU {} ({}); a saved state \
                  loads only into the same or a newer QEMU. Upgrade QEMU here, or make a new \
                  template with this one",
                 saved.qemu_version,
                 qemu.version_string(),
                 qemu.path.display()
-            ));
+            )));
         }
     }
     // An alias (a template from before machine types were pinned) is taken as it is: on the
@@ -163,13 +185,13 @@ pub fn can_restore(saved: &Saved, host: &Host, qemu: &Qemu) -> Result<(), String
         .iter()
         .any(|m| m.name == saved.machine || m.alias.as_deref() == Some(saved.machine));
     if !qemu.machines.is_empty() && !offered {
-        return Err(format!(
+        return Err(Failed::host(format!(
             "it was saved with machine type {:?}, which QEMU {} ({}) does not offer; use the \
              QEMU that saved it, or make a new template here",
             saved.machine,
             qemu.version_string(),
             qemu.path.display()
-        ));
+        )));
     }
     Ok(())
 }
@@ -262,11 +284,15 @@ mod tests {
         assert!(note.unwrap().contains("vmx/svm"));
         assert!(accel(&x86_tcg(), "x86_64", "kvm")
             .unwrap_err()
+            .msg
             .contains("not usable"));
         assert!(accel(&x86_kvm(), "aarch64", "kvm").is_err());
         assert!(accel(&x86_kvm(), "x86_64", "hvf").is_err());
         assert_eq!(cpu_model(Accel::Kvm, "x86_64"), "host");
         assert_eq!(cpu_model(Accel::Kvm, "aarch64"), "host");
+        assert_eq!(template_cpu_model(Accel::Kvm, "x86_64"), "Nehalem-v1");
+        assert_eq!(template_cpu_model(Accel::Kvm, "aarch64"), "host");
+        assert_eq!(template_cpu_model(Accel::Tcg, "x86_64"), "max");
         assert_eq!(cpu_model(Accel::Tcg, "x86_64"), "max");
         assert_eq!(cpu_model(Accel::Tcg, "aarch64"), "max,pauth-impdef=on");
     }
@@ -284,8 +310,9 @@ mod tests {
             "pc-q35-rhel9.4.0"
         );
         let e = concrete_machine(&qemu72(), "pc-q35-10.0").unwrap_err();
+        assert_eq!(e.kind, crate::kind::ErrorKind::InvalidArgument);
         assert!(
-            e.contains("no machine type") && e.contains("pc-q35-7.2"),
+            e.msg.contains("no machine type") && e.msg.contains("pc-q35-7.2"),
             "{e}"
         );
     }
@@ -306,8 +333,13 @@ mod tests {
             ..x86_kvm()
         };
         assert_eq!(memory_limit_mb(&limited), 3072);
+        assert_eq!(
+            host_port(&x86_kvm(), 80).unwrap_err().kind,
+            crate::kind::ErrorKind::Refused
+        );
         assert!(host_port(&x86_kvm(), 80)
             .unwrap_err()
+            .msg
             .contains("privileged"));
         assert!(host_port(&x86_kvm(), 2222).is_ok());
         assert!(host_port(&x86_tcg(), 80).is_ok(), "root binds any port");
@@ -335,7 +367,7 @@ mod tests {
         };
         let e = can_restore(&from100, &x86_tcg(), &qemu72()).unwrap_err();
         assert!(
-            e.contains("10.0.2") && e.contains("older QEMU 7.2.22"),
+            e.msg.contains("10.0.2") && e.msg.contains("older QEMU 7.2.22"),
             "{e}"
         );
         let kvm = Saved {
@@ -344,7 +376,7 @@ mod tests {
         };
         assert_eq!(can_restore(&kvm, &x86_kvm(), &qemu72()), Ok(()));
         let e = can_restore(&kvm, &x86_tcg(), &qemu72()).unwrap_err();
-        assert!(e.contains("saved under KVM"), "{e}");
+        assert!(e.msg.contains("saved under KVM"), "{e}");
         let legacy = Saved {
             machine: "q35",
             qemu_version: "",
@@ -358,6 +390,7 @@ mod tests {
         };
         assert!(can_restore(&rhel_saved, &x86_tcg(), &qemu100())
             .unwrap_err()
+            .msg
             .contains("does not offer"));
     }
 }

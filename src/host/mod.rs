@@ -7,9 +7,13 @@
 //! machine is not (x86 with KVM, aarch64, RHEL paths, QEMU 7.2 and 10.0).
 
 pub mod agent;
+pub mod alloc;
 pub mod binaries;
 pub mod cpio;
+pub mod deb;
 pub mod decide;
+pub mod kmod;
+pub mod kmod_index;
 pub mod kvm;
 pub mod limits;
 pub mod procstat;

@@ -6,30 +6,26 @@ use serde_json::{Map, Value};
 
 use super::schema::check_arguments;
 use super::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput};
-use super::tool_error::INVALID_ARGUMENT;
-
-/// The kind of a call whose tool does not exist.
-const NOT_FOUND: &str = "not_found";
-/// The kind of a handler that panicked (a bug: the host's side failed).
-const HOST_FAILED: &str = "host_failed";
+use super::tool_error::ErrorKind;
 
 /// The tool named `name` among `tools`.
 pub fn find<'a>(tools: &'a [ToolDef], name: &str) -> Result<&'a ToolDef, ToolError> {
     tools.iter().find(|t| t.name == name).ok_or_else(|| {
         ToolError::of(
-            NOT_FOUND,
+            ErrorKind::NotFound,
             format!("unknown tool {name:?}; tools/list (or `mcqemu tools`) shows the tools"),
         )
     })
 }
 
 /// The arguments checked against `tool`'s input schema (types, bounds, required, nothing
-/// else), with the schema's defaults for the handler to read.
+/// else), for the handler to parse.
 pub fn check(tool: &ToolDef, args: Map<String, Value>) -> Result<Args, ToolError> {
     let schema = (tool.input_schema)();
-    check_arguments(&schema, &args)
-        .map_err(|msg| ToolError::of(INVALID_ARGUMENT, format!("{}: {msg}", tool.name)))?;
-    Ok(Args::checked(args, &schema))
+    check_arguments(&schema, &args).map_err(|msg| {
+        ToolError::of(ErrorKind::InvalidArgument, format!("{}: {msg}", tool.name))
+    })?;
+    Ok(Args::new(args))
 }
 
 /// What the front end has run around every tool call, whatever the transport: the tools
@@ -77,7 +73,7 @@ pub fn run(tool: &ToolDef, ctx: &ToolCtx, args: Args) -> Result<ToolOutput, Tool
         Ok(Ok(out)) => Ok(out),
         Ok(Err(e)) => Err(e.context(tool.name)),
         Err(_) => Err(ToolError::of(
-            HOST_FAILED,
+            ErrorKind::HostFailed,
             format!(
                 "{}: internal error (the tool panicked); this is a bug in mcqemu, please report it",
                 tool.name
@@ -109,7 +105,7 @@ mod tests {
     }
 
     fn busy(_: &ToolCtx, _: &Args) -> Result<ToolOutput, ToolError> {
-        Err(ToolError::of("busy", "held"))
+        Err(ToolError::of(ErrorKind::Busy, "held"))
     }
 
     fn tool(name: &'static str, handler: crate::mcp::tool::Handler) -> ToolDef {
@@ -135,16 +131,16 @@ mod tests {
         let tools = [tool("p", panics), tool("b", busy)];
         let ctx = ToolCtx::detached();
         let e = call(&tools, "nope", &ctx, Map::new()).unwrap_err();
-        assert_eq!(e.kind, NOT_FOUND);
+        assert_eq!(e.kind, ErrorKind::NotFound);
         let mut bad = Map::new();
         bad.insert("x".into(), json!(1));
         let e = call(&tools, "b", &ctx, bad).unwrap_err();
-        assert_eq!(e.kind, INVALID_ARGUMENT);
+        assert_eq!(e.kind, ErrorKind::InvalidArgument);
         assert!(e.msg.starts_with("b: "), "{}", e.msg);
         let e = call(&tools, "b", &ctx, Map::new()).unwrap_err();
-        assert_eq!((e.kind, e.msg.as_str()), ("busy", "b: held"));
+        assert_eq!((e.kind, e.msg.as_str()), (ErrorKind::Busy, "b: held"));
         let e = call(&tools, "p", &ctx, Map::new()).unwrap_err();
-        assert_eq!(e.kind, HOST_FAILED);
+        assert_eq!(e.kind, ErrorKind::HostFailed);
         assert!(e.msg.contains("panicked"), "{}", e.msg);
     }
 }

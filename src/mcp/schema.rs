@@ -2,6 +2,7 @@
 //! numeric bounds, string and array lengths, required, additionalProperties: false), so a
 //! handler only ever sees arguments of the declared shape.
 
+use crate::kind::Failed;
 use serde_json::{Map, Value};
 
 /// The schema as hosts with one type per field take it: every `"type": [A, B]` becomes
@@ -26,7 +27,7 @@ pub fn portable(schema: Value) -> Value {
 }
 
 /// Validates `args` against an object schema; the error names the offending parameter.
-pub fn check_arguments(schema: &Value, args: &Map<String, Value>) -> Result<(), String> {
+pub fn check_arguments(schema: &Value, args: &Map<String, Value>) -> Result<(), Failed> {
     let empty = Map::new();
     let props = schema
         .get("properties")
@@ -40,13 +41,17 @@ pub fn check_arguments(schema: &Value, args: &Map<String, Value>) -> Result<(), 
             } else {
                 format!("valid parameters: {}", valid.join(", "))
             };
-            return Err(format!("unknown parameter '{key}'; {list}"));
+            return Err(Failed::invalid(format!(
+                "unknown parameter '{key}'; {list}"
+            )));
         }
     }
     if let Some(required) = schema.get("required").and_then(Value::as_array) {
         for name in required.iter().filter_map(Value::as_str) {
             if !args.contains_key(name) {
-                return Err(format!("missing required parameter '{name}'"));
+                return Err(Failed::invalid(format!(
+                    "missing required parameter '{name}'"
+                )));
             }
         }
     }
@@ -85,18 +90,18 @@ fn type_matches(want: &str, v: &Value) -> bool {
     have == want || (want == "number" && have == "integer")
 }
 
-fn check_value(schema: &Value, value: &Value, path: &str) -> Result<(), String> {
+fn check_value(schema: &Value, value: &Value, path: &str) -> Result<(), Failed> {
     let types: Vec<&str> = match schema.get("type") {
         Some(Value::String(t)) => vec![t.as_str()],
         Some(Value::Array(ts)) => ts.iter().filter_map(Value::as_str).collect(),
         _ => vec![],
     };
     if !types.is_empty() && !types.iter().any(|t| type_matches(t, value)) {
-        return Err(format!(
+        return Err(Failed::invalid(format!(
             "parameter '{path}' must be {}, got {}",
             types.join(" or "),
             type_name(value)
-        ));
+        )));
     }
     if value.is_null() {
         return Ok(());
@@ -104,23 +109,25 @@ fn check_value(schema: &Value, value: &Value, path: &str) -> Result<(), String> 
     if let Some(options) = schema.get("enum").and_then(Value::as_array) {
         if !options.contains(value) {
             let names: Vec<String> = options.iter().map(|o| o.to_string()).collect();
-            return Err(format!(
+            return Err(Failed::invalid(format!(
                 "parameter '{path}' must be one of {}, got {value}",
                 names.join(", ")
-            ));
+            )));
         }
     }
     if let Some(n) = value.as_f64() {
         if let Some(min) = schema.get("minimum").and_then(Value::as_f64) {
             if n < min {
-                return Err(format!(
+                return Err(Failed::invalid(format!(
                     "parameter '{path}' must be at least {min}, got {n}"
-                ));
+                )));
             }
         }
         if let Some(max) = schema.get("maximum").and_then(Value::as_f64) {
             if n > max {
-                return Err(format!("parameter '{path}' must be at most {max}, got {n}"));
+                return Err(Failed::invalid(format!(
+                    "parameter '{path}' must be at most {max}, got {n}"
+                )));
             }
         }
     }
@@ -128,26 +135,33 @@ fn check_value(schema: &Value, value: &Value, path: &str) -> Result<(), String> 
         let len = s.chars().count() as u64;
         if let Some(max) = schema.get("maxLength").and_then(Value::as_u64) {
             if len > max {
-                return Err(format!(
+                return Err(Failed::invalid(format!(
                     "parameter '{path}' is {len} characters long; the limit is {max}"
-                ));
+                )));
             }
         }
         if let Some(min) = schema.get("minLength").and_then(Value::as_u64) {
             if len < min {
-                return Err(format!(
+                return Err(Failed::invalid(format!(
                     "parameter '{path}' must be at least {min} characters long"
-                ));
+                )));
             }
         }
     }
     if let Some(items) = value.as_array() {
         if let Some(max) = schema.get("maxItems").and_then(Value::as_u64) {
             if items.len() as u64 > max {
-                return Err(format!(
+                return Err(Failed::invalid(format!(
                     "parameter '{path}' has {} items; the limit is {max}",
                     items.len()
-                ));
+                )));
+            }
+        }
+        if let Some(min) = schema.get("minItems").and_then(Value::as_u64) {
+            if (items.len() as u64) < min {
+                return Err(Failed::invalid(format!(
+                    "parameter '{path}' needs at least {min} item(s)"
+                )));
             }
         }
         if let Some(item_schema) = schema.get("items") {
@@ -155,6 +169,13 @@ fn check_value(schema: &Value, value: &Value, path: &str) -> Result<(), String> 
                 check_value(item_schema, item, &format!("{path}[{i}]"))?;
             }
         }
+    }
+    // A nested object (a mount, a region, a setup step) is checked as a whole call's are,
+    // its members named by their path.
+    if let (Some(members), Some(_)) = (value.as_object(), schema.get("properties")) {
+        check_arguments(schema, members).map_err(|e| {
+            Failed::invalid(e.msg.replace("parameter '", &format!("parameter '{path}.")))
+        })?;
     }
     Ok(())
 }
@@ -181,7 +202,7 @@ mod tests {
     }
 
     fn check(args: Value) -> Result<(), String> {
-        check_arguments(&schema(), args.as_object().unwrap())
+        check_arguments(&schema(), args.as_object().unwrap()).map_err(|e| e.msg)
     }
 
     #[test]
@@ -240,5 +261,25 @@ mod tests {
         assert!(check(json!({"path": "/", "list": [1]}))
             .unwrap_err()
             .contains("list[0]"));
+    }
+
+    #[test]
+    fn nested_objects_and_short_lists_are_named_by_their_path() {
+        let schema = json!({"type": "object", "properties": {
+            "region": {"type": "object", "properties": {
+                "x": {"type": "integer", "minimum": 0}
+            }, "required": ["x"], "additionalProperties": false},
+            "keys": {"type": "array", "items": {"type": "string"}, "minItems": 1}
+        }});
+        let check = |v: Value| check_arguments(&schema, v.as_object().unwrap()).map_err(|e| e.msg);
+        let e = check(json!({"region": {"x": -1}})).unwrap_err();
+        assert!(e.contains("'region.x' must be at least 0"), "{e}");
+        let e = check(json!({"region": {"x": 1, "y": 2}})).unwrap_err();
+        assert!(e.contains("unknown parameter 'region.y'"), "{e}");
+        let e = check(json!({"region": {}})).unwrap_err();
+        assert!(e.contains("'region.x'"), "{e}");
+        let e = check(json!({"keys": []})).unwrap_err();
+        assert!(e.contains("'keys' needs at least 1"), "{e}");
+        assert!(check(json!({"region": {"x": 0}, "keys": ["a"]})).is_ok());
     }
 }

@@ -62,10 +62,10 @@ impl Server {
     }
 }
 
-/// Serves MCP on stdin/stdout until EOF or SIGTERM/SIGINT, offering `tools` and, when given,
-/// `resources`. Returns the process exit code.
+/// Serves MCP on stdin/stdout until EOF or SIGTERM/SIGINT, offering `tools` (with the
+/// instructions that fit them) and, when given, `resources`. Returns the process exit code.
 pub fn serve_stdio(
-    tools: &'static [ToolDef],
+    tools: (&'static [ToolDef], &'static str),
     resources: Option<Arc<dyn Provider>>,
     roots_hook: Option<RootsHook>,
 ) -> i32 {

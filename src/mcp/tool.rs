@@ -29,6 +29,7 @@ pub struct Annotations {
 pub type Handler = fn(&ToolCtx, &Args) -> Result<ToolOutput, ToolError>;
 
 /// One tool, declared once.
+#[derive(Clone, Copy)]
 pub struct ToolDef {
     /// The name agents call it by (kept from the Python mcqemu).
     pub name: &'static str,
@@ -143,7 +144,7 @@ pub fn error_result(err: &ToolError) -> Value {
     json!({
         "content": [{"type": "text", "text": err.msg}],
         "isError": true,
-        "_meta": { super::tool_error::ERROR_META: { "kind": err.kind } },
+        "_meta": { super::tool_error::ERROR_META: { "kind": err.kind.code() } },
     })
 }
 

@@ -4,28 +4,26 @@
 /// Where a tool error's kind goes in the result: `_meta[ERROR_META].kind`.
 pub const ERROR_META: &str = "mcqemu/error";
 
-/// The kind of an argument that the tool layer refused (its own checks and the schema's).
-pub const INVALID_ARGUMENT: &str = "invalid_argument";
+pub use crate::kind::ErrorKind;
 
 /// A tool failure: becomes a result with `isError: true`. The message says what happened and
-/// what the agent can do next; the kind (a stable code, `ops::error::ErrorKind`'s) says it to
-/// a program.
+/// what the agent can do next; the kind (its stable code in `_meta`) says it to a program.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ToolError {
     /// What happened and what to do next.
     pub msg: String,
-    /// The stable code of its kind.
-    pub kind: &'static str,
+    /// Its kind.
+    pub kind: ErrorKind,
 }
 
 impl ToolError {
-    /// An argument the tool refused.
+    /// An argument the tool refused (its own checks and the schema's).
     pub fn new(msg: impl Into<String>) -> Self {
-        ToolError::of(INVALID_ARGUMENT, msg)
+        ToolError::of(ErrorKind::InvalidArgument, msg)
     }
 
-    /// A failure of the kind whose code is `kind`.
-    pub fn of(kind: &'static str, msg: impl Into<String>) -> Self {
+    /// A failure of `kind`.
+    pub fn of(kind: ErrorKind, msg: impl Into<String>) -> Self {
         ToolError {
             msg: msg.into(),
             kind,
@@ -44,6 +42,7 @@ impl std::fmt::Display for ToolError {
     }
 }
 
+/// A bare message from the tool layer's argument helpers is a refused argument.
 impl From<String> for ToolError {
     fn from(s: String) -> Self {
         ToolError::new(s)

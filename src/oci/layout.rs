@@ -51,22 +51,24 @@ impl Layer {
     }
 }
 
-/// What a guest program gets from the image: the defaults guest_exec applies and what runs
-/// when asked (image_pull's result shows it as it is).
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
-pub struct RunConfig {
-    /// `NAME=value` pairs.
-    pub env: Vec<String>,
-    /// The working folder (empty: `/`).
-    pub working_dir: String,
-    /// The user (`name`, `uid`, `uid:gid`; empty: root).
-    pub user: String,
-    /// The entrypoint.
-    pub entrypoint: Vec<String>,
-    /// The command (the entrypoint's arguments, or the program when there is none).
-    pub cmd: Vec<String>,
-    /// Ports the image declares, as `80/tcp`.
-    pub exposed_ports: Vec<String>,
+crate::described! {
+    /// What a guest program gets from the image: the defaults guest_exec applies and what runs
+    /// when asked (image_pull's result shows it as it is).
+    #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+    pub struct RunConfig {
+        /// `NAME=value` pairs.
+        pub env: Vec<String>,
+        /// The working folder (empty: `/`).
+        pub working_dir: String,
+        /// The user (`name`, `uid`, `uid:gid`; empty: root).
+        pub user: String,
+        /// The entrypoint.
+        pub entrypoint: Vec<String>,
+        /// The command (the entrypoint's arguments, or the program when there is none).
+        pub cmd: Vec<String>,
+        /// Ports the image declares, as `80/tcp`.
+        pub exposed_ports: Vec<String>,
+    }
 }
 
 /// An image chosen from a layout, ready to unpack.

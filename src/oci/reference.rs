@@ -4,6 +4,7 @@
 //! `docker-archive:FILE` (a `docker save` tarball). Names follow the distribution spec's
 //! grammar; anything else is refused with what was wrong, before any network or file access.
 
+use crate::kind::Failed;
 use std::fmt;
 use std::path::PathBuf;
 
@@ -90,11 +91,11 @@ impl fmt::Display for Reference {
 }
 
 /// Parses `text` into a source; Err says what is wrong with it.
-pub fn parse(text: &str) -> Result<Source, String> {
+pub fn parse(text: &str) -> Result<Source, Failed> {
     if text.is_empty() || text.len() > MAX_LEN {
-        return Err(format!(
+        return Err(Failed::invalid(format!(
             "an image reference must be 1-{MAX_LEN} characters, like python:3.12-slim"
-        ));
+        )));
     }
     if let Some(rest) = text.strip_prefix("oci:") {
         let (dir, tag) = match rest.split_once(':') {
@@ -102,12 +103,12 @@ pub fn parse(text: &str) -> Result<Source, String> {
             None => (rest, None),
         };
         if dir.is_empty() {
-            return Err(format!(
+            return Err(Failed::invalid(format!(
                 "{text:?}: oci: needs a folder, as in oci:/images/app:v1"
-            ));
+            )));
         }
         if let Some(t) = tag {
-            check_tag(t).map_err(|e| format!("{text:?}: {e}"))?;
+            check_tag(t).map_err(|e| Failed::invalid(format!("{text:?}: {e}")))?;
         }
         return Ok(Source::Layout {
             dir: PathBuf::from(dir),
@@ -116,9 +117,9 @@ pub fn parse(text: &str) -> Result<Source, String> {
     }
     if let Some(file) = text.strip_prefix("docker-archive:") {
         if file.is_empty() {
-            return Err(format!(
+            return Err(Failed::invalid(format!(
                 "{text:?}: docker-archive: needs a file, as in docker-archive:/tmp/app.tar"
-            ));
+            )));
         }
         return Ok(Source::DockerArchive(PathBuf::from(file)));
     }
@@ -126,8 +127,8 @@ pub fn parse(text: &str) -> Result<Source, String> {
 }
 
 /// A registry reference: `[REGISTRY/]REPOSITORY[:TAG][@DIGEST]`.
-fn registry_reference(text: &str) -> Result<Reference, String> {
-    let bad = |why: String| format!("{text:?} is not an image reference: {why}");
+fn registry_reference(text: &str) -> Result<Reference, Failed> {
+    let bad = |why: Failed| Failed::invalid(format!("{text:?} is not an image reference: {why}"));
     let (name, digest) = match text.split_once('@') {
         Some((n, d)) => (n, Some(check_digest(d).map_err(bad)?)),
         None => (text, None),
@@ -171,7 +172,7 @@ fn is_registry(first: &str) -> bool {
     first.contains('.') || first.contains(':') || first == "localhost"
 }
 
-fn check_tag(tag: &str) -> Result<(), String> {
+fn check_tag(tag: &str) -> Result<(), Failed> {
     let ok = !tag.is_empty()
         && tag.len() <= 128
         && tag
@@ -184,34 +185,34 @@ fn check_tag(tag: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!(
+        Err(Failed::invalid(format!(
             "the tag {tag:?} must be 1-128 characters from A-Z a-z 0-9 _ . -, not starting \
              with . or -"
-        ))
+        )))
     }
 }
 
-fn check_digest(d: &str) -> Result<String, String> {
+fn check_digest(d: &str) -> Result<String, Failed> {
     match d.strip_prefix("sha256:") {
         Some(hex)
             if hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) =>
         {
             Ok(d.to_string())
         }
-        _ => Err(format!(
+        _ => Err(Failed::invalid(format!(
             "the digest {d:?} must be sha256: and 64 lowercase hex digits"
-        )),
+        ))),
     }
 }
 
 /// The distribution spec's repository grammar: lowercase components of [a-z0-9] joined by
 /// `.`, `_`, `__` or runs of `-`, separated by `/`.
-fn check_repository(repo: &str) -> Result<(), String> {
+fn check_repository(repo: &str) -> Result<(), Failed> {
     let why = || {
-        format!(
+        Failed::invalid(format!(
             "the repository {repo:?} must be lowercase letters and digits, with . _ - inside \
              its parts and / between them"
-        )
+        ))
     };
     if repo.is_empty() || repo.len() > 255 {
         return Err(why());
@@ -337,8 +338,8 @@ mod tests {
             "x:y:z",
         ] {
             let e = parse(bad).unwrap_err();
-            assert!(!e.is_empty(), "{bad:?}");
+            assert!(!e.msg.is_empty(), "{bad:?}");
         }
-        assert!(parse(&"a".repeat(600)).unwrap_err().contains("1-512"));
+        assert!(parse(&"a".repeat(600)).unwrap_err().msg.contains("1-512"));
     }
 }

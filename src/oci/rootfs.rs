@@ -28,9 +28,26 @@ pub struct Built {
     pub fixed: usize,
 }
 
-/// Builds `out` (an ext4 image, replaced if there) from `tree` and its entries' `meta`, at
-/// `content` bytes of files; `cancelled` stops it.
+/// What kind of file system a build makes.
+#[derive(Debug, Clone, Copy)]
+pub struct Fs<'a> {
+    /// Its label (how a guest finds it).
+    pub label: &'a str,
+    /// Only ever mounted read-only (the modules disk): no journal, which a read-only mount
+    /// need not check, and no headroom.
+    pub read_only: bool,
+}
+
+/// An image's root: journalled, with room for the guest's writes.
+pub const ROOT: Fs<'static> = Fs {
+    label: "mcqemu-root",
+    read_only: false,
+};
+
+/// Builds `out` (an ext4 image of kind `fs`, replaced if there) from `tree` and its entries'
+/// `meta`, at `content` bytes of files; `cancelled` stops it.
 pub fn build(
+    fs: Fs,
     tree: &Path,
     meta: &BTreeMap<Vec<u8>, Meta>,
     content: u64,
@@ -39,7 +56,8 @@ pub fn build(
 ) -> Result<Built, OciError> {
     let entries = meta.len() as u64 + 16;
     // Content, a block's slack per entry, the inode tables, then the headroom; whole MiB.
-    let size = (content + content / 8 + entries * 8192 + HEADROOM).div_ceil(1 << 20) << 20;
+    let headroom = if fs.read_only { 16 << 20 } else { HEADROOM };
+    let size = (content + content / 8 + entries * 8192 + headroom).div_ceil(1 << 20) << 20;
     let _ = std::fs::remove_file(out);
     std::fs::File::create(out)
         .and_then(|f| f.set_len(size))
@@ -52,12 +70,17 @@ pub fn build(
         "-t",
         "ext4",
         "-L",
-        "mcqemu-root",
+        fs.label,
         "-E",
         "root_owner=0:0",
         "-N",
     ])
     .arg(&inodes)
+    .args(if fs.read_only {
+        &["-O", "^has_journal"][..]
+    } else {
+        &[]
+    })
     .arg("-d")
     .arg(tree)
     .arg(out);
@@ -112,7 +135,7 @@ fn fix_inodes(
             let file = dir.join(format!("x{i}-{j}"));
             std::fs::write(&file, value)
                 .map_err(|e| OciError::Host(format!("cannot write {}: {e}", file.display())))?;
-            let name = quote(name)?;
+            let name = quote_name(name)?;
             writeln!(script, "ea_set -f {} {quoted} {name}", file.display()).ok();
         }
         if script.len() > before {
@@ -170,6 +193,17 @@ fn ran(tool: &str, e: RunError) -> OciError {
 /// A path as a debugfs argument: `/` first, in double quotes. debugfs has no escapes, so a
 /// name with a quote, a backslash or a line break cannot be named and is refused.
 fn quote(path: &[u8]) -> Result<String, OciError> {
+    Ok(format!("\"/{}\"", unquoted(path)?))
+}
+
+/// An extended attribute's name as a debugfs argument: in double quotes, as it is (a leading
+/// `/` would make another attribute, one no program asks for).
+fn quote_name(name: &[u8]) -> Result<String, OciError> {
+    Ok(format!("\"{}\"", unquoted(name)?))
+}
+
+/// A name debugfs can take between double quotes, refused when it cannot.
+fn unquoted(path: &[u8]) -> Result<String, OciError> {
     let s = String::from_utf8_lossy(path);
     if path
         .iter()
@@ -181,7 +215,7 @@ fn quote(path: &[u8]) -> Result<String, OciError> {
              line break or invalid UTF-8)"
         )));
     }
-    Ok(format!("\"/{s}\""))
+    Ok(s.into_owned())
 }
 
 #[cfg(test)]
@@ -214,7 +248,7 @@ mod tests {
             mode,
             xattrs,
         };
-        let cap = vec![
+        let cap_bytes = vec![
             1u8, 0, 0, 2, 0, 32, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
         ];
         let meta: BTreeMap<Vec<u8>, Meta> = [
@@ -227,7 +261,7 @@ mod tests {
                     1000,
                     50,
                     0o4750,
-                    vec![(b"security.capability".to_vec(), cap)],
+                    vec![(b"security.capability".to_vec(), cap_bytes.clone())],
                 ),
             ),
             (
@@ -238,7 +272,7 @@ mod tests {
         .into_iter()
         .collect();
         let img = d.join("root.ext4");
-        let built = build(&d.join("tree"), &meta, 6, &img, &|| false).unwrap();
+        let built = build(ROOT, &d.join("tree"), &meta, 6, &img, &|| false).unwrap();
         assert!(built.size >= HEADROOM, "{built:?}");
         let st = debugfs(&img, "stat /usr/bin/ping");
         assert!(st.contains("Mode:  04750"), "{st}");
@@ -246,8 +280,20 @@ mod tests {
             st.contains("User:  1000") && st.contains("Group:    50"),
             "{st}"
         );
+        // The attribute under its own name, with the layer's bytes (it was `/security.capability`,
+        // which no kernel reads).
         let ea = debugfs(&img, "ea_list /usr/bin/ping");
         assert!(ea.contains("security.capability"), "{ea}");
+        assert!(!ea.contains("/security"), "{ea}");
+        let got = d.join("cap.bin");
+        debugfs(
+            &img,
+            &format!(
+                "ea_get -f {} /usr/bin/ping security.capability",
+                got.display()
+            ),
+        );
+        assert_eq!(std::fs::read(&got).unwrap(), cap_bytes);
         let link = debugfs(&img, "stat /usr/bin/p");
         assert!(
             link.contains("User:     7") && link.contains("Fast link dest: \"ping\""),

@@ -3,64 +3,7 @@
 //! convert into it once (`session.rs`); the tools layer turns it into an MCP tool error once, at
 //! its boundary, with the kind's code beside the message.
 
-/// What kind of failure an operation met: what a caller can do about it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ErrorKind {
-    /// The VM, template, image, handle or file named does not exist.
-    NotFound,
-    /// Something else holds it right now (another call, a transfer, a monitor): retry shortly.
-    Busy,
-    /// Refused by policy: outside the roots, over a quota, held by a person, isolated, unsafe.
-    Refused,
-    /// The arguments are wrong, or do not fit together or the VM's state.
-    InvalidArgument,
-    /// The guest or its agent failed (a command's own failure, an agent that does not answer).
-    GuestFailed,
-    /// The host failed: QEMU, qemu-img, the file system, the network.
-    HostFailed,
-    /// A bounded wait ran out.
-    TimedOut,
-    /// The client cancelled the call.
-    Cancelled,
-}
-
-impl ErrorKind {
-    /// Every kind, in the order of their exit codes.
-    pub const ALL: [ErrorKind; 8] = [
-        ErrorKind::NotFound,
-        ErrorKind::Busy,
-        ErrorKind::Refused,
-        ErrorKind::InvalidArgument,
-        ErrorKind::GuestFailed,
-        ErrorKind::HostFailed,
-        ErrorKind::TimedOut,
-        ErrorKind::Cancelled,
-    ];
-
-    /// The stable code a program reads (the tool error's `_meta`, `mcqemu call`'s stderr).
-    pub fn code(self) -> &'static str {
-        match self {
-            ErrorKind::NotFound => "not_found",
-            ErrorKind::Busy => "busy",
-            ErrorKind::Refused => "refused",
-            ErrorKind::InvalidArgument => "invalid_argument",
-            ErrorKind::GuestFailed => "guest_failed",
-            ErrorKind::HostFailed => "host_failed",
-            ErrorKind::TimedOut => "timed_out",
-            ErrorKind::Cancelled => "cancelled",
-        }
-    }
-
-    /// The kind of a code (None for an unknown one).
-    pub fn from_code(code: &str) -> Option<ErrorKind> {
-        ErrorKind::ALL.into_iter().find(|k| k.code() == code)
-    }
-
-    /// Whether the same call may well succeed if simply made again a little later.
-    pub fn retryable(self) -> bool {
-        matches!(self, ErrorKind::Busy | ErrorKind::TimedOut)
-    }
-}
+pub use crate::kind::ErrorKind;
 
 /// An operation's failure: its kind, and its message already for the agent.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,8 +23,8 @@ impl OpError {
         }
     }
 
-    /// A failure of the host's side (QEMU, qemu-img, files): the kind when no other fits.
-    pub fn new(msg: impl Into<String>) -> Self {
+    /// A failure of the host's side: QEMU, qemu-img, the file system, the network.
+    pub fn host(msg: impl Into<String>) -> Self {
         OpError::of(ErrorKind::HostFailed, msg)
     }
 
@@ -133,19 +76,6 @@ impl std::fmt::Display for OpError {
 }
 
 impl std::error::Error for OpError {}
-
-/// A bare message from a helper below: a host-side failure unless the helper says otherwise.
-impl From<String> for OpError {
-    fn from(s: String) -> Self {
-        OpError::new(s)
-    }
-}
-
-impl From<&str> for OpError {
-    fn from(s: &str) -> Self {
-        OpError::new(s)
-    }
-}
 
 #[cfg(test)]
 mod tests {

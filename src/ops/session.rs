@@ -50,6 +50,13 @@ tool_error_from!(
     InvalidArgument: ConfigError,
 );
 
+/// A lower layer's failure that carries its kind.
+impl From<crate::kind::Failed> for OpError {
+    fn from(e: crate::kind::Failed) -> Self {
+        OpError::of(e.kind, e.msg)
+    }
+}
+
 /// The roots' refusals: a path outside them, hidden or read-only is refused by policy; text
 /// that is no path is an argument's fault; one that cannot be resolved names nothing.
 impl From<RootsError> for OpError {
@@ -160,7 +167,7 @@ pub fn agent<T>(
     f: impl FnOnce(&mut Qga) -> Result<T, SessionError<QgaError>>,
 ) -> Result<T, OpError> {
     let sock = text(&rec.qga_socket).ok_or_else(|| {
-        OpError::new(format!(
+        OpError::invalid(format!(
             "VM {name:?} has no guest-agent socket (attached without qga_socket); attach it again \
              with qga_socket"
         ))

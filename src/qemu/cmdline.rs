@@ -39,6 +39,13 @@ pub const DATA_PORT: &str = "org.mcqemu.data.0";
 
 /// The names the guest sees mount ports by: the prefix and the mount's number.
 pub const MOUNT_PORT_PREFIX: &str = "org.mcqemu.fs.";
+/// The mount whose port a VM with `mount_spare` has from the start.
+pub const SPARE_MOUNT: u32 = 0;
+
+/// The socket of mount `id`'s port, beside the agent's socket `qga_socket`.
+pub fn mount_socket(qga_socket: &std::path::Path, id: u32) -> std::path::PathBuf {
+    qga_socket.with_file_name(format!("fs{id}.sock"))
+}
 
 /// The data channel's socket: beside the agent's, so every way a VM gets its runtime folder
 /// (a launch, a fork's copy, a resume, a clone) moves it along.
@@ -153,17 +160,22 @@ fn channel_args(s: &VmConfig, a: &mut Vec<String>) {
         "virtserialport,bus=mcq-vser.0,chardev=mcq-qga,name=org.qemu.guest_agent.0",
     ]);
     if s.channels.data_channel {
-        push(&[
-            "-chardev",
-            &format!(
-                "socket,id=mcq-data,path={},server=on,wait=off",
-                p(&data_socket(&s.channels.qga_socket))
-            ),
-        ]);
-        push(&[
-            "-device",
-            &format!("virtserialport,bus=mcq-vser.0,chardev=mcq-data,name={DATA_PORT},id=mcq-data"),
-        ]);
+        let socket = data_socket(&s.channels.qga_socket);
+        push(
+            &port_args("mcq-data", &socket, DATA_PORT)
+                .each_ref()
+                .map(String::as_str),
+        );
+    }
+    if s.channels.mount_spare {
+        let socket = mount_socket(&s.channels.qga_socket, SPARE_MOUNT);
+        let name = format!("{MOUNT_PORT_PREFIX}{SPARE_MOUNT}");
+        let id = format!("mcq-fs{SPARE_MOUNT}");
+        push(
+            &port_args(&id, &socket, &name)
+                .each_ref()
+                .map(String::as_str),
+        );
     }
     push(&[
         "-chardev",
@@ -175,6 +187,17 @@ fn channel_args(s: &VmConfig, a: &mut Vec<String>) {
     ]);
     push(&["-serial", "chardev:mcq-serial"]);
     push(&["-device", "virtio-tablet-pci,id=mcq-tablet"]);
+}
+
+/// A virtio-serial port `name` on the bus, behind a listening socket at `socket`; `id` names
+/// both the chardev and the port.
+fn port_args(id: &str, socket: &std::path::Path, name: &str) -> [String; 4] {
+    [
+        "-chardev".to_string(),
+        format!("socket,id={id},path={},server=on,wait=off", p(socket)),
+        "-device".to_string(),
+        format!("virtserialport,bus=mcq-vser.0,chardev={id},name={name},id={id}"),
+    ]
 }
 
 /// The virt boards' GPU and keyboard (the PC machines have VGA and PS/2 of their own).
@@ -221,6 +244,16 @@ fn disk_args(s: &VmConfig, a: &mut Vec<String>) {
                 "file={},format={},if=virtio,id=mcq-disk{i}",
                 p(disk),
                 qopt(fmt)
+            ),
+        ]);
+    }
+    // After the disks, so the root stays /dev/vda.
+    if let Some(m) = &s.devices.modules {
+        push(&[
+            "-drive",
+            &format!(
+                "file={},format=raw,if=virtio,readonly=on,id=mcq-modules",
+                p(m)
             ),
         ]);
     }
@@ -373,6 +406,23 @@ mod tests {
         let parts = split_opts(drive);
         assert_eq!(parts[0], "file=/d/data,readonly=on.qcow2");
         assert!(!parts.iter().any(|p| p == "readonly=on"));
+    }
+
+    #[test]
+    fn a_spare_mount_port_is_mount_0_beside_the_agents_only_when_the_spec_has_it() {
+        let mut spec = config("vm", "q35", "x86_64");
+        spec.channels.qga_socket = PathBuf::from("/run/mcq/vm/qga.sock");
+        assert!(!build_argv(&spec)
+            .iter()
+            .any(|a| a.contains("org.mcqemu.fs.")));
+        spec.channels.mount_spare = true;
+        let argv = build_argv(&spec);
+        assert!(argv
+            .iter()
+            .any(|a| a == "socket,id=mcq-fs0,path=/run/mcq/vm/fs0.sock,server=on,wait=off"));
+        assert!(argv.iter().any(|a| {
+            a == "virtserialport,bus=mcq-vser.0,chardev=mcq-fs0,name=org.mcqemu.fs.0,id=mcq-fs0"
+        }));
     }
 
     #[test]

@@ -3,8 +3,10 @@
 use std::collections::HashSet;
 use std::net::{Ipv4Addr, TcpListener};
 
-/// One requested port forward.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One requested port forward, parsed from its text form as a call gives it (`"2222:22"`,
+/// `"auto:22"`, `"22"`, `"0.0.0.0:auto:22"`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(try_from = "String")]
 pub struct PortSpec {
     /// Host address to listen on.
     pub addr: Ipv4Addr,
@@ -12,6 +14,36 @@ pub struct PortSpec {
     pub host: Option<u16>,
     /// Guest port.
     pub guest: u16,
+}
+
+impl PortSpec {
+    /// Guest port `guest` from a free host port on `addr`.
+    pub fn auto_on(addr: Ipv4Addr, guest: u16) -> PortSpec {
+        PortSpec {
+            addr,
+            host: None,
+            guest,
+        }
+    }
+
+    /// Guest port `guest` from a free host port on 127.0.0.1 (a sandbox's `auto:22`).
+    pub fn auto(guest: u16) -> PortSpec {
+        PortSpec::auto_on(Ipv4Addr::LOCALHOST, guest)
+    }
+}
+
+impl TryFrom<String> for PortSpec {
+    type Error = ForwardError;
+    fn try_from(spec: String) -> Result<PortSpec, ForwardError> {
+        parse_forward(&spec)
+    }
+}
+
+/// A forward is given as text.
+impl crate::schema::Param for PortSpec {
+    fn param() -> serde_json::Value {
+        <String as crate::schema::Param>::param()
+    }
 }
 
 pub use crate::state::config::Forward;
@@ -124,13 +156,9 @@ pub fn parse_forward(spec: &str) -> Result<PortSpec, ForwardError> {
 
 /// Resolves forwards: duplicate host ports are an error, auto ports are picked free on the
 /// host and never collide with each other or with explicit ones.
-pub fn resolve_forwards(specs: &[String]) -> Result<Vec<Forward>, ForwardError> {
-    let parsed: Vec<PortSpec> = specs
-        .iter()
-        .map(|s| parse_forward(s))
-        .collect::<Result<_, _>>()?;
+pub fn resolve_forwards(parsed: &[PortSpec]) -> Result<Vec<Forward>, ForwardError> {
     let mut taken: HashSet<u16> = HashSet::new();
-    for p in &parsed {
+    for p in parsed {
         if let Some(h) = p.host {
             if !taken.insert(h) {
                 return Err(ForwardError::Duplicate(h));
@@ -149,6 +177,7 @@ pub fn resolve_forwards(specs: &[String]) -> Result<Vec<Forward>, ForwardError> 
             host,
             guest: p.guest,
             auto,
+            other: Default::default(),
         });
     }
     Ok(out)
@@ -170,8 +199,8 @@ fn free_port(addr: Ipv4Addr, taken: &HashSet<u16>) -> Result<u16, ForwardError> 
 mod tests {
     use super::*;
 
-    fn v(args: &[&str]) -> Vec<String> {
-        args.iter().map(|s| s.to_string()).collect()
+    fn v(args: &[&str]) -> Vec<PortSpec> {
+        args.iter().map(|s| parse_forward(s).unwrap()).collect()
     }
 
     #[test]

@@ -142,7 +142,8 @@ impl ImageInfo {
             .or(self.backing_filename.as_deref())
     }
 
-    fn of(raw: Value) -> Result<ImageInfo, ImgError> {
+    /// Reads `qemu-img info`'s JSON of one image.
+    pub fn of(raw: Value) -> Result<ImageInfo, ImgError> {
         let mut info = ImageInfo::deserialize(&raw)
             .map_err(|e| ImgError::BadOutput(format!("unexpected qemu-img info: {e}")))?;
         info.raw = raw;
@@ -238,6 +239,24 @@ pub fn create_overlay_unopened(
         os(backing_format),
         path.as_os_str(),
         os(&size_s),
+    ];
+    exec(&args, QUICK, &|| false).map(|_| ())
+}
+
+/// Names `backing` (of `backing_format`) as the qcow2 image's backing file without reading
+/// either (`rebase -u`): the same bytes moved to another place, as a pulled template's are.
+pub fn rebase_unsafe(path: &Path, backing: &Path, backing_format: &str) -> Result<(), ImgError> {
+    let args = [
+        os("rebase"),
+        os("-q"),
+        os("-u"),
+        os("-f"),
+        os("qcow2"),
+        os("-b"),
+        backing.as_os_str(),
+        os("-F"),
+        os(backing_format),
+        path.as_os_str(),
     ];
     exec(&args, QUICK, &|| false).map(|_| ())
 }

@@ -1,6 +1,7 @@
 //! Talking to QEMU and its tooling.
 
 pub mod agent_calls;
+pub mod agent_seen;
 pub mod blockdev;
 pub mod cmdline;
 pub mod encode;

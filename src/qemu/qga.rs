@@ -198,7 +198,16 @@ fn in_session<T, E: SessionFault>(
     });
     let mut qga = match reused {
         Some(q) => q,
-        None => Qga::connect(path, sync_timeout)?,
+        None => match Qga::connect(path, sync_timeout) {
+            Ok(q) => {
+                super::agent_seen::answered(path);
+                q
+            }
+            Err(e) => {
+                super::agent_seen::silent(path);
+                return Err(e.into());
+            }
+        },
     };
     let result = f(&mut qga);
     if result

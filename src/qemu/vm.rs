@@ -47,6 +47,13 @@ pub fn spawned(rec: &Record) -> bool {
     text(&rec.source) != Some("attached")
 }
 
+/// A status is its name in a result.
+impl crate::schema::Schema for Status {
+    fn schema() -> serde_json::Value {
+        serde_json::json!({"type": "string"})
+    }
+}
+
 /// What a VM is doing, measured (never remembered).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Status {
@@ -244,6 +251,21 @@ pub fn measure_with_io(rec: &Record, budget: Duration) -> (Measured, Option<(u64
     }
 }
 
+/// The status of a record whose monitor socket is gone, told without a session: what a
+/// connect to it would end in, without the thread list_vms gives each VM it asks (over 100
+/// long-dead records those threads were most of its time). None while the socket is there.
+pub fn measure_gone(rec: &Record) -> Option<Measured> {
+    let sock = qmp_socket(rec);
+    match std::fs::symlink_metadata(&sock) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(classify(
+            rec,
+            &QmpError::Connect(format!("{}: {e}", sock.display())),
+            MEASURE_BUDGET,
+        )),
+        _ => None,
+    }
+}
+
 /// The status a failed QMP session shows, for a VM whose process (if known) looked alive.
 pub fn classify(rec: &Record, e: &QmpError, budget: Duration) -> Measured {
     let pid = pid(rec);
@@ -330,8 +352,10 @@ pub fn cleanup_runtime(rec: &Record) -> Vec<String> {
     .into_iter()
     .filter_map(|f| text(f).map(PathBuf::from))
     .collect();
-    // The data channel's socket and its transfers' lock, beside the agent's socket.
+    // The data channel's socket and its transfers' lock, beside the agent's socket, and the
+    // note that its agent answered.
     if let Some(qga) = text(&rec.qga_socket) {
+        paths.extend(super::agent_seen::stamp(Path::new(qga)));
         let data = super::cmdline::data_socket(Path::new(qga));
         paths.push(data.with_file_name("data.lock"));
         paths.push(data);
@@ -348,5 +372,29 @@ pub fn cleanup_runtime(rec: &Record) -> Vec<String> {
 
 /// The port forwards of a record as stored.
 pub fn forwards(rec: &Record) -> Vec<Forward> {
-    rec.port_forwards.clone().unwrap_or_default()
+    rec.forwards()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_whose_socket_is_gone_is_stopped_without_a_session_and_one_with_it_is_asked() {
+        let dir = std::env::temp_dir().join(format!("mcqemu-gone-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a temp folder");
+        let sock = dir.join("qmp.sock");
+        let rec = Record {
+            qmp_socket: Some(sock.display().to_string()),
+            ..Record::default()
+        };
+        let m = measure_gone(&rec).expect("no socket: told at once");
+        assert_eq!(m.status, Status::Stopped);
+        let detail = m.detail.unwrap_or_default();
+        assert!(detail.contains("qmp.sock"), "{detail}");
+        let listener = std::os::unix::net::UnixListener::bind(&sock).expect("a socket");
+        assert!(measure_gone(&rec).is_none(), "a socket there is asked");
+        drop(listener);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

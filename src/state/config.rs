@@ -216,6 +216,11 @@ pub struct Channels {
     /// beside the agent's that guest copies stream over. Kept so that a fork, a resume or a clone has the same devices as the VM it came
     /// from (VMs and templates made before the channel have none).
     pub data_channel: bool,
+    /// A mount port plugged in from the start (mount 0, with no file server until a mount
+    /// takes it): templates have one, so a clone's first mount needs no hot-plug (the guest's
+    /// relay already waits on it in the saved state). Left out of records without one.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub mount_spare: bool,
 }
 
 /// Devices beyond the disks.
@@ -228,7 +233,16 @@ pub struct Devices {
     pub seed_bus: SeedBus,
     /// A vmgenid device with this GUID (`auto` for a fresh one per clone; PC machines only).
     pub vmgenid: Option<String>,
+    /// An image kernel's modules (ext4 labelled [`MODULES_LABEL`]), attached read-only after
+    /// the disks: mcqemu-agent mounts it at `/lib/modules/RELEASE`. Left out of records
+    /// without one, which then read and write as before.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub modules: Option<PathBuf>,
 }
+
+/// The file system label of the modules disk, by which the guest finds it (the agent's
+/// `modules::LABEL`).
+pub const MODULES_LABEL: &str = "mcq-modules";
 
 /// The device a NoCloud seed is attached as.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -282,39 +296,22 @@ impl std::fmt::Display for Accel {
     }
 }
 
-/// A resolved forward, as stored and reported.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Forward {
-    /// Host address.
-    pub addr: Ipv4Addr,
-    /// Host port.
-    pub host: u16,
-    /// Guest port.
-    pub guest: u16,
-    /// True when the host port was chosen by mcqemu.
-    pub auto: bool,
-}
-
-impl Forward {
-    /// The forward as a VM's record keeps it.
-    pub fn to_record(&self) -> super::record::Forward {
-        super::record::Forward {
-            addr: Some(self.addr.to_string()),
-            host: Some(self.host),
-            guest: Some(self.guest),
-            auto: Some(self.auto),
-            other: serde_json::Map::new(),
-        }
-    }
-
-    /// A recorded forward, when it is whole (an address, both ports).
-    pub fn from_record(f: &super::record::Forward) -> Option<Forward> {
-        Some(Forward {
-            addr: f.addr.as_deref()?.parse().ok()?,
-            host: f.host?,
-            guest: f.guest?,
-            auto: f.auto.unwrap_or(false),
-        })
+crate::described! {
+    /// A resolved forward: the one type for the launch config, the record and the live changes.
+    #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+    pub struct Forward {
+        /// Host address.
+        pub addr: Ipv4Addr,
+        /// Host port.
+        pub host: u16,
+        /// Guest port.
+        pub guest: u16,
+        /// True when the host port was chosen by mcqemu (absent in older records: false).
+        #[serde(default)]
+        pub auto: bool,
+        /// Fields a newer mcqemu wrote: kept as read and written back (a record loses nothing).
+        #[serde(flatten, default, skip_serializing_if = "serde_json::Map::is_empty")]
+        pub other: serde_json::Map<String, serde_json::Value>,
     }
 }
 
@@ -322,6 +319,16 @@ impl Forward {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_recorded_forward_reads_without_auto_and_keeps_what_it_does_not_know() {
+        let v = json!({"addr": "127.0.0.1", "host": 40022, "guest": 22, "via": "proxy"});
+        let f: Forward = serde_json::from_value(v.clone()).unwrap();
+        assert_eq!((f.host, f.guest, f.auto), (40022, 22, false));
+        let mut back = v;
+        back["auto"] = json!(false);
+        assert_eq!(serde_json::to_value(&f).unwrap(), back);
+    }
 
     /// The flat spec an earlier mcqemu kept in a record (keys and array forms as written then).
     fn flat_spec() -> serde_json::Value {

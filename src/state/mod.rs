@@ -4,6 +4,7 @@ pub mod beneath;
 pub mod config;
 pub mod copy;
 pub mod extract;
+pub mod flat;
 pub mod lockfile;
 pub mod paths;
 pub mod record;

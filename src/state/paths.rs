@@ -1,5 +1,6 @@
 //! Path handling: `~` expansion, absolute resolution, and the state/runtime folders of the spec.
 
+use crate::kind::Failed;
 use std::path::{Component, Path, PathBuf};
 
 fn home() -> Option<PathBuf> {
@@ -168,7 +169,7 @@ pub fn runtime_dir() -> PathBuf {
 /// Creates the runtime folder 0700 if it is missing, and checks that it is this user's own
 /// folder that nobody else can enter: under /tmp another user could have made it first, to
 /// read or replace the sockets.
-pub fn ensure_runtime_dir() -> Result<PathBuf, String> {
+pub fn ensure_runtime_dir() -> Result<PathBuf, Failed> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
     let dir = runtime_dir();
     if let Some(parent) = dir.parent() {
@@ -178,37 +179,41 @@ pub fn ensure_runtime_dir() -> Result<PathBuf, String> {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
         Err(e) => {
-            return Err(format!(
+            return Err(Failed::host(format!(
                 "cannot create the runtime folder {}: {e}",
                 dir.display()
-            ))
+            )))
         }
     }
-    let meta = std::fs::symlink_metadata(&dir)
-        .map_err(|e| format!("cannot read the runtime folder {}: {e}", dir.display()))?;
+    let meta = std::fs::symlink_metadata(&dir).map_err(|e| {
+        Failed::host(format!(
+            "cannot read the runtime folder {}: {e}",
+            dir.display()
+        ))
+    })?;
     // SAFETY: getuid has no preconditions and cannot fail.
     let uid = unsafe { libc::getuid() };
     if !meta.is_dir() {
-        return Err(format!(
+        return Err(Failed::host(format!(
             "the runtime folder {} is not a folder (a symlink or a file); remove it, or set \
              MCQEMU_RUNTIME_DIR",
             dir.display()
-        ));
+        )));
     }
     if meta.uid() != uid {
-        return Err(format!(
+        return Err(Failed::host(format!(
             "the runtime folder {} belongs to user {}, not to this user ({uid}); refusing to put \
              VM sockets there. Remove it, or set MCQEMU_RUNTIME_DIR to a folder of your own",
             dir.display(),
             meta.uid()
-        ));
+        )));
     }
     if meta.mode() & 0o077 != 0 {
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).map_err(|e| {
-            format!(
+            Failed::host(format!(
                 "the runtime folder {} is open to other users and cannot be made 0700: {e}",
                 dir.display()
-            )
+            ))
         })?;
     }
     Ok(dir)
@@ -217,6 +222,19 @@ pub fn ensure_runtime_dir() -> Result<PathBuf, String> {
 /// The registry file inside the state folder.
 pub fn registry_file() -> PathBuf {
     state_dir().join("vms.json")
+}
+
+/// Sets `path`'s modification time to now, making the file if it is missing: a stamp whose
+/// time is the fact (a VM's last activity, an agent's last answer). Best effort.
+pub fn touch(path: &Path) {
+    if let Ok(f) = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+    {
+        let _ = f.set_modified(std::time::SystemTime::now());
+    }
 }
 
 #[cfg(test)]

@@ -12,12 +12,25 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Value};
 
+pub use super::config::Forward;
 use super::config::VmConfig;
 
 /// Declares a record struct whose fields are all optional and typed, with `other` for the rest,
 /// and its lenient conversions from and to a JSON object (serde goes through them).
 macro_rules! lenient {
     ($(#[$sm:meta])* pub struct $name:ident { $($(#[$fm:meta])* $field:ident: $ty:ty,)* }) => {
+        lenient!(@with [] $(#[$sm])* pub struct $name { $($(#[$fm])* $field: $ty,)* });
+    };
+    // `projected`: the struct also writes the fields [`Record::flat`] projects from its typed
+    // parts, and reads none of them back.
+    (projected $(#[$sm:meta])* pub struct $name:ident { $($(#[$fm:meta])* $field:ident: $ty:ty,)* }) => {
+        lenient!(@with [projected] $(#[$sm])* pub struct $name { $($(#[$fm])* $field: $ty,)* });
+    };
+    (@drop [] $r:ident) => {};
+    (@drop [projected] $r:ident) => { $r.drop_flat(); };
+    (@flat [] $s:ident $m:ident) => {};
+    (@flat [projected] $s:ident $m:ident) => { $s.flat(&mut $m); };
+    (@with [$($proj:ident)?] $(#[$sm:meta])* pub struct $name:ident { $($(#[$fm:meta])* $field:ident: $ty:ty,)* }) => {
         $(#[$sm])*
         #[derive(Debug, Clone, Default, PartialEq)]
         pub struct $name {
@@ -33,6 +46,7 @@ macro_rules! lenient {
                 let mut r = Self::default();
                 $(r.$field = take(&mut m, stringify!($field));)*
                 r.other = m;
+                lenient!(@drop [$($proj)?] r);
                 r
             }
 
@@ -40,10 +54,18 @@ macro_rules! lenient {
             pub fn to_map(&self) -> Map<String, Value> {
                 let mut m = Map::new();
                 $(put(&mut m, stringify!($field), &self.$field);)*
+                lenient!(@flat [$($proj)?] self m);
                 for (k, v) in &self.other {
                     m.entry(k.clone()).or_insert_with(|| v.clone());
                 }
                 m
+            }
+        }
+
+        /// A record's part in a result: an object whose fields vary with its writer.
+        impl $crate::schema::Schema for $name {
+            fn schema() -> Value {
+                serde_json::json!({"type": "object"})
             }
         }
 
@@ -84,7 +106,14 @@ fn put<T: Serialize>(m: &mut Map<String, Value>, key: &str, field: &Option<T>) {
 }
 
 lenient! {
-    /// One VM's record (`vms.json`'s `vms.NAME`), in the order launch_vm writes it.
+    projected
+    /// One VM's record (`vms.json`'s `vms.NAME`): its identity, the launch configuration
+    /// (`spec`, the one place its launch facts are held), what its running QEMU is (PID,
+    /// accelerator, version, input devices, where its sockets are now), and its sandbox,
+    /// lifetime and other parts. The launch facts the Python server reads flat (`arch`,
+    /// `memory_mb`, `port_forwards`...) are written from `spec` ([`Record::flat`]) and never
+    /// read back; a record without a `spec` (an older writer's, an attached QEMU's) keeps its
+    /// own as they were.
     pub struct Record {
         /// The VM's name (also its key).
         name: String,
@@ -92,38 +121,14 @@ lenient! {
         source: String,
         /// Its QEMU's PID (a positive integer; the registry skips a record with another).
         pid: i64,
-        /// Target architecture.
-        arch: String,
-        /// Machine type.
-        machine: String,
         /// Accelerator in use (`kvm`, `tcg`).
         accel: String,
-        /// Guest memory.
-        memory_mb: u64,
-        /// vCPUs.
-        cpus: u64,
         /// Disk image paths, in records written before the launch config (`spec`) held them
         /// (the Python mcqemu's, older mcqemu's); read, never written: [`Record::disks`].
         disks: Vec<String>,
         /// Each disk's pinned format, in records from before `spec` held it: read, never
         /// written ([`Record::disk_format`]).
         disk_formats: BTreeMap<String, String>,
-        /// A CD-ROM image.
-        iso: String,
-        /// `bios` or `uefi`.
-        firmware: String,
-        /// A kernel booted directly.
-        kernel: String,
-        /// Its initrd.
-        initrd: String,
-        /// Its command line.
-        append: String,
-        /// No network device at all.
-        no_net: bool,
-        /// Guest network restricted to forwards (no outbound).
-        restrict_net: bool,
-        /// Host port forwards as stored.
-        port_forwards: Vec<Forward>,
         /// The QMP socket.
         qmp_socket: String,
         /// The guest agent's socket.
@@ -134,8 +139,6 @@ lenient! {
         serial_log: String,
         /// QEMU's pidfile.
         pidfile: String,
-        /// Options passed to QEMU as they are.
-        extra_args: Vec<String>,
         /// The keyboard and pointers it has (input tools refuse a kind a VM lacks).
         input: Input,
         /// QEMU's version.
@@ -239,20 +242,6 @@ lenient! {
 }
 
 lenient! {
-    /// A host port forward as a record keeps it.
-    pub struct Forward {
-        /// The host address it listens on.
-        addr: String,
-        /// The host port.
-        host: u16,
-        /// The guest port.
-        guest: u16,
-        /// The host port was picked by mcqemu.
-        auto: bool,
-    }
-}
-
-lenient! {
     /// A VM's input devices by kind: a driver name, or `none`.
     pub struct Input {
         /// The keyboard.
@@ -339,7 +328,23 @@ lenient! {
         rules: Vec<String>,
         /// The proxy's URL in the guest.
         egress_proxy: String,
+        /// The operator's secrets its proxy adds: names and placeholders, never values.
+        secrets: Vec<PlacedSecret>,
+        /// The guest trusts the proxy's CA (its certificate written there).
+        trusted: bool,
     }
+}
+
+/// A secret placed in a VM: its name, the guest variable holding its placeholder, and the
+/// placeholder (never its value).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlacedSecret {
+    /// Its name in the operator's file.
+    pub name: String,
+    /// The guest's environment variable.
+    pub guest_env: String,
+    /// What the guest holds in its place.
+    pub placeholder: String,
 }
 
 lenient! {
@@ -450,20 +455,20 @@ mod tests {
 
     #[test]
     fn a_mistyped_known_field_reads_absent_and_is_written_back() {
-        let r = rec(json!({"memory_mb": "lots", "cpus": 2, "iso": null, "spec": null}));
-        assert_eq!(r.memory_mb, None);
-        assert_eq!(r.cpus, Some(2));
-        assert_eq!((r.iso.clone(), r.spec.clone()), (None, None));
+        let r = rec(json!({"pid": "lots", "pooled_at": 2, "serial_log": null, "spec": null}));
+        assert_eq!(r.pid, None);
+        assert_eq!(r.pooled_at, Some(2));
+        assert_eq!((r.serial_log.clone(), r.spec.clone()), (None, None));
         let back = serde_json::to_value(&r).unwrap();
-        assert_eq!(back["memory_mb"], "lots");
-        assert_eq!(back.get("iso"), Some(&Value::Null));
+        assert_eq!(back["pid"], "lots");
+        assert_eq!(back.get("serial_log"), Some(&Value::Null));
     }
 
     #[test]
     fn a_typed_value_replaces_the_mistyped_one_it_read() {
-        let mut r = rec(json!({"memory_mb": "lots"}));
-        r.memory_mb = Some(512);
-        assert_eq!(serde_json::to_value(&r).unwrap()["memory_mb"], 512);
+        let mut r = rec(json!({"pid": "lots"}));
+        r.pid = Some(512);
+        assert_eq!(serde_json::to_value(&r).unwrap()["pid"], 512);
     }
 
     #[test]

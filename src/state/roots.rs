@@ -10,6 +10,7 @@
 //! - always: mcqemu's state and runtime folders (writable), and the read-only system folders
 //!   `/usr/share` and `/boot` (readable: firmware, distribution kernels).
 
+use crate::kind::Failed;
 use std::ffi::OsStr;
 use std::path::{Component, Path, PathBuf};
 use std::sync::RwLock;
@@ -140,15 +141,19 @@ static POLICY: RwLock<Policy> = RwLock::new(Policy {
 
 /// Sets the operator's roots (from `--root` and `MCQEMU_ROOTS`); an empty list keeps the
 /// default. Folders that do not exist are an error: a typo must not silently narrow nothing.
-pub fn set_operator_roots(dirs: &[PathBuf]) -> Result<(), String> {
+pub fn set_operator_roots(dirs: &[PathBuf]) -> Result<(), Failed> {
     if dirs.is_empty() {
         return Ok(());
     }
     let mut canon = Vec::new();
     for d in dirs {
-        let c = std::fs::canonicalize(d).map_err(|e| format!("root {}: {e}", d.display()))?;
+        let c = std::fs::canonicalize(d)
+            .map_err(|e| Failed::invalid(format!("root {}: {e}", d.display())))?;
         if !c.is_dir() {
-            return Err(format!("root {} is not a folder", d.display()));
+            return Err(Failed::invalid(format!(
+                "root {} is not a folder",
+                d.display()
+            )));
         }
         canon.push(c);
     }
@@ -285,22 +290,24 @@ pub fn parse(input: &str) -> Result<PathBuf, RootsError> {
             )));
         }
     }
-    expand(input).map_err(RootsError::Invalid)
+    expand(input).map_err(|e| RootsError::Invalid(e.msg))
 }
 
 /// Expands a leading `~` and makes the path absolute against the current folder, keeping
 /// `..` as written: it is resolved with the symlinks, by the kernel, not lexically.
-fn expand(input: &str) -> Result<PathBuf, String> {
+fn expand(input: &str) -> Result<PathBuf, Failed> {
     if input.is_empty() {
-        return Err("the path is empty".into());
+        return Err(Failed::invalid("the path is empty"));
     }
     if input.contains('\0') {
-        return Err("the path contains a NUL byte".into());
+        return Err(Failed::invalid("the path contains a NUL byte"));
     }
     let expanded = if input == "~" || input.starts_with("~/") {
         let home = std::env::var_os("HOME")
             .filter(|h| !h.is_empty())
-            .ok_or("cannot expand '~': HOME is not set; give an absolute path")?;
+            .ok_or(Failed::invalid(
+                "cannot expand '~': HOME is not set; give an absolute path",
+            ))?;
         PathBuf::from(home).join(input.trim_start_matches('~').trim_start_matches('/'))
     } else {
         PathBuf::from(input)
@@ -310,7 +317,11 @@ fn expand(input: &str) -> Result<PathBuf, String> {
     }
     std::env::current_dir()
         .map(|d| d.join(expanded))
-        .map_err(|e| format!("cannot resolve relative path {input:?}: {e}; give an absolute path"))
+        .map_err(|e| {
+            Failed::invalid(format!(
+                "cannot resolve relative path {input:?}: {e}; give an absolute path"
+            ))
+        })
 }
 
 /// Resolves `path` (absolute) the way the kernel will: every symlink and `..`, in the leaf and

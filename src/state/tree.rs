@@ -283,21 +283,23 @@ impl Folder {
     }
 }
 
-/// Counts of what was copied.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Counts {
-    /// Bytes of file content.
-    pub bytes: u64,
-    /// Regular files (hard links count as the copies they become).
-    pub files: u64,
-    /// Folders, the top one included.
-    pub dirs: u64,
-    /// Symlinks, copied as links.
-    pub symlinks: u64,
-    /// Entries left out, as `path (why)`, the first few only.
-    pub skipped: Vec<String>,
-    /// How many entries were left out in all.
-    pub skipped_total: u64,
+crate::described! {
+    /// Counts of what was copied.
+    #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+    pub struct Counts {
+        /// Bytes of file content.
+        pub bytes: u64,
+        /// Regular files (hard links count as the copies they become).
+        pub files: u64,
+        /// Folders, the top one included.
+        pub dirs: u64,
+        /// Symlinks, copied as links.
+        pub symlinks: u64,
+        /// Entries left out, as `path (why)`, the first few only.
+        pub skipped: Vec<String>,
+        /// How many entries were left out in all.
+        pub skipped_total: u64,
+    }
 }
 
 impl Counts {

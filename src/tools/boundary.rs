@@ -8,7 +8,7 @@ use crate::ops::work::Work;
 
 impl From<OpError> for ToolError {
     fn from(e: OpError) -> Self {
-        ToolError::of(e.kind.code(), e.msg)
+        ToolError::of(e.kind, e.msg)
     }
 }
 

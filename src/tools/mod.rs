@@ -1,14 +1,14 @@
 //! The MCP tools, one module per group, each saying what its tools mean in terms of `qemu/`
 //! and `state/`. [`ALL`] is the fixed order `tools/list` shows.
 
-use serde_json::{json, Value};
-
-use crate::mcp::tool::{Args, ToolDef, ToolError};
+use crate::mcp::tool::{ToolDef, ToolError};
 
 pub mod activity;
 pub mod boundary;
+pub mod groups;
 pub mod guest;
 pub mod image;
+pub mod names;
 pub mod params;
 pub mod presets;
 pub mod resources;
@@ -17,7 +17,6 @@ pub mod screen;
 pub mod vm;
 
 pub use crate::ops::vm::checks::checked_image;
-pub use params::path_arg;
 
 /// Every tool, in the order `tools/list` shows them.
 pub static ALL: &[ToolDef] = &[
@@ -72,6 +71,9 @@ pub static ALL: &[ToolDef] = &[
     sandbox::template_manage::LIST,
     sandbox::template_manage::POOL,
     sandbox::template_manage::DELETE,
+    sandbox::travel::PUSH,
+    sandbox::travel::PULL,
+    sandbox::travel::SANDBOX_PUSH,
     guest::agent::PING,
     guest::agent::INFO,
     guest::agent::EXEC,
@@ -104,34 +106,6 @@ pub fn to_output<T: serde::Serialize>(v: &T) -> crate::mcp::tool::ToolResult {
     serde_json::to_value(v)
         .map(crate::mcp::tool::ToolOutput::json)
         .map_err(|e| ToolError::new(format!("cannot shape the result: {e}")))
-}
-
-/// An input schema: an object with these properties, these required, nothing else.
-pub fn object(props: Value, required: &[&str]) -> Value {
-    json!({
-        "type": "object", "properties": props, "required": required, "additionalProperties": false
-    })
-}
-
-/// The `name` parameter naming a VM, checked against `^[A-Za-z0-9][A-Za-z0-9_.-]{0,47}$`.
-pub fn vm_name_arg(args: &Args) -> Result<String, ToolError> {
-    name_arg(args, "VM")
-}
-
-/// The `name` parameter naming a template, checked like a VM name (it names its folder).
-pub fn template_name_arg(args: &Args) -> Result<String, ToolError> {
-    name_arg(args, "template")
-}
-
-fn name_arg(args: &Args, what: &str) -> Result<String, ToolError> {
-    let name = args.str("name")?;
-    if crate::ops::vm::records::valid_name(name) {
-        Ok(name.to_string())
-    } else {
-        Err(ToolError::new(crate::ops::vm::records::invalid_name(
-            what, name,
-        )))
-    }
 }
 
 #[cfg(test)]

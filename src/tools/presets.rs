@@ -1,8 +1,6 @@
 //! What the tools declare over and over, named once: the annotation combinations that really
 //! occur, and the `name` parameter of the tools that act on one VM or template.
 
-use serde_json::{json, Value};
-
 use crate::mcp::tool::Annotations;
 
 /// Changes nothing; asking twice tells the same (list, info, read).
@@ -61,14 +59,10 @@ pub const DESTRUCTIVE_OPEN_WORLD: Annotations = Annotations {
     open_world: true,
 };
 
-/// The schema of the `name` parameter naming an existing VM or template.
-pub fn name_schema() -> Value {
-    json!({"type": "string", "minLength": 1})
-}
-
-/// The input schema of a tool whose one parameter is `name`.
-pub fn name_only() -> Value {
-    super::object(json!({"name": name_schema()}), &["name"])
+crate::params! {
+    /// The parameters of a tool that takes none.
+    #[derive(serde::Deserialize)]
+    pub struct NoArgs {}
 }
 
 /// The live view's resource (an MCP App: `tools::view` has its tools, `tools::resources`
@@ -129,7 +123,7 @@ mod tests {
             } else {
                 "VM"
             };
-            let err = match (tool.handler)(&ctx, &Args::checked(arguments(&schema), &schema)) {
+            let err = match (tool.handler)(&ctx, &Args::new(arguments(&schema))) {
                 Ok(_) => panic!("{} took the name {BAD:?}", tool.name),
                 Err(e) => e.msg,
             };
@@ -140,6 +134,6 @@ mod tests {
             assert_eq!(err, want, "{}", tool.name);
             checked += 1;
         }
-        assert_eq!(checked, 46);
+        assert_eq!(checked, 48);
     }
 }

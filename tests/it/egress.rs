@@ -299,9 +299,19 @@ fn a_sandbox_reaches_only_the_names_it_was_allowed() {
     assert_eq!(ci["egress"]["proxy_running"], json!(true), "{ci}");
     assert_ne!(ci["egress"]["proxy_pid"], e["proxy_pid"], "{ci}");
     s.call_ok_within("sandbox_destroy", json!({"name": copy}), SLOW);
+    // A forward added live is part of the VM from then on: a resume starts it again.
+    let kept = s.call_ok(
+        "vm_port_forward",
+        json!({"name": "egress", "add": ["auto:8081"]}),
+    )["added"][0]["host"]
+        .as_u64()
+        .unwrap();
     s.call_ok_within("sandbox_suspend", json!({"name": "egress"}), SLOW);
     let r = s.call_ok_within("sandbox_resume", json!({"name": "egress"}), SLOW);
     lab.killer.track(&r);
+    let forwards = r["port_forwards"].to_string();
+    assert!(forwards.contains(&format!("\"host\":{kept}")), "{r}");
+    forward_reaches_the_guest(&mut s, kept, 8081);
     let (rc, out, err) = run_sh(&mut s, &format!("wget -q -O - http://localhost:{pa}/hello"));
     assert_eq!(
         (rc, out.as_str()),

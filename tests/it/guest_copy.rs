@@ -24,8 +24,16 @@ fn call(e: &mut Lab, tool: &str, args: Value) -> Value {
     e.srv().call_ok_within(tool, args, SLOW)
 }
 
+/// A call that must fail with an error of `kind`; its text.
+fn refused_as(e: &mut Lab, tool: &str, args: Value, kind: &str) -> String {
+    let r = e.srv().call_tool_within(tool, args, SLOW);
+    let text = tool_err(&r, tool);
+    assert_eq!(error_kind(&r), kind, "{tool}: {text}");
+    text
+}
+
 fn refused(e: &mut Lab, tool: &str, args: Value) -> String {
-    e.srv().call_err_within(tool, args, SLOW)
+    refused_as(e, tool, args, "refused")
 }
 
 /// `sha256  ./path` lines of every regular file under `root`, sorted, as sha256sum prints.
@@ -179,10 +187,11 @@ fn tree_in_checks(e: &mut Lab, vm: &str, src: &Path, secret: &Path, files: usize
     assert!(!got.contains(".mcq-copy"), "a temporary was left: {got}");
 
     // An existing destination is refused, then replaced with overwrite.
-    let err = refused(
+    let err = refused_as(
         e,
         "guest_copy_in",
         json!({"name": vm, "host_path": src.to_str().unwrap(), "guest_path": "/tmp/tree"}),
+        "invalid_argument",
     );
     assert!(
         err.contains("already exists") && err.contains("overwrite"),
@@ -257,19 +266,23 @@ fn cap_checks(e: &mut Lab, vm: &str, src: &Path) {
     let mut capped = lab_server(e, &[("MCQEMU_MAX_COPY_MB", "2")]);
     // The lab's server keeps its agent connection for 2 s; the channel takes one client.
     std::thread::sleep(Duration::from_secs(3));
-    let err = capped.call_err_within(
+    let r = capped.call_tool_within(
         "guest_copy_in",
         json!({"name": vm, "host_path": src.to_str().unwrap(), "guest_path": "/tmp/capped"}),
         SLOW,
     );
+    let err = tool_err(&r, "guest_copy_in");
     assert!(err.contains("MCQEMU_MAX_COPY_MB"), "{err}");
+    assert_eq!(error_kind(&r), "refused", "{err}");
     let dest = e.dir.join("capped");
-    let err = capped.call_err_within(
+    let r = capped.call_tool_within(
         "guest_copy_out",
         json!({"name": vm, "guest_path": "/tmp/tree", "host_path": dest.to_str().unwrap()}),
         SLOW,
     );
+    let err = tool_err(&r, "guest_copy_out");
     assert!(err.contains("MCQEMU_MAX_COPY_MB"), "{err}");
+    assert_eq!(error_kind(&r), "refused", "{err}");
     drop(capped);
     assert!(!dest.exists());
     assert_eq!(
@@ -372,10 +385,11 @@ fn copy_out_checks(e: &mut Lab, vm: &str, out: &Path) {
 
 /// An existing host_path is refused without overwrite, replaced with it.
 fn out_overwrite_checks(e: &mut Lab, vm: &str, dest: &Path) {
-    let err = refused(
+    let err = refused_as(
         e,
         "guest_copy_out",
         json!({"name": vm, "guest_path": "/tmp/res/sub", "host_path": dest.to_str().unwrap()}),
+        "invalid_argument",
     );
     assert!(err.contains("already exists"), "{err}");
     assert!(dest.join("big").exists());
@@ -444,21 +458,24 @@ esac
         cp /tmp/fake-sh /bin/sh",
     );
     let before = list_dir(e.dir.path());
-    for (mode, says) in [
-        ("tar", "symlink"),
-        ("dots", ".."),
-        ("garbage", "failed"),
-        ("endless", "failed"),
+    // Entries that would leave the destination are refused; bytes that are no archive are
+    // the guest's failure.
+    for (mode, says, kind) in [
+        ("tar", "symlink", "refused"),
+        ("dots", "..", "refused"),
+        ("garbage", "failed", "guest_failed"),
+        ("endless", "failed", "guest_failed"),
     ] {
         e.srv().call_ok(
             "guest_file_write",
             json!({"name": vm, "path": "/tmp/evil-mode", "content": mode}),
         );
         let t = Instant::now();
-        let err = refused(
+        let err = refused_as(
             e,
             "guest_copy_out",
             json!({"name": vm, "guest_path": "/tmp/evil", "host_path": e.dir.file("evil")}),
+            kind,
         );
         eprintln!(
             "a hostile guest's {mode}: refused in {:?}: {err}",

@@ -186,13 +186,53 @@ impl Journey {
         );
     }
 
-    /// Types `text` in one vm_type_text call.
-    fn type_line(&mut self, text: &str) {
-        self.lab.srv().call_ok_within(
-            "vm_type_text",
-            json!({"name": self.name, "text": text}),
-            STEP,
-        );
+    /// Runs `command` in the installer's shell, whose output ends in `marker` on the serial
+    /// console after `offset`: typed, then its line read back, until `done` accepts the line
+    /// (six tries). Each try first presses Ctrl+C, which ends whatever the shell holds: a
+    /// line typed before its prompt, or one that lost a quote or a parenthesis and left the
+    /// shell waiting at its continuation prompt (">"), where every later line would be read
+    /// as more of the same. Returns the line and the offset after it; each retry is printed.
+    fn shell(
+        &mut self,
+        command: &str,
+        marker: &str,
+        mut offset: u64,
+        done: impl Fn(&str) -> bool,
+    ) -> (String, u64) {
+        let mut last = None;
+        for attempt in 1..=6 {
+            self.lab.srv().call_ok(
+                "vm_send_keys",
+                json!({"name": self.name, "keys": ["ctrl-c"]}),
+            );
+            self.wait("line cleared", 300, 20);
+            self.lab.srv().call_ok_within(
+                "vm_type_text",
+                json!({"name": self.name, "text": command, "enter": true}),
+                STEP,
+            );
+            match self.lab.srv().try_call_ok_within(
+                "vm_serial_wait",
+                json!({"name": self.name, "pattern": marker, "timeout": 20, "offset": offset}),
+                STEP,
+            ) {
+                Ok(r) => {
+                    let line = r["line"].as_str().unwrap_or("").to_string();
+                    offset = r["offset"].as_u64().unwrap_or(offset);
+                    if done(&line) {
+                        return (line, offset);
+                    }
+                    eprintln!("try {attempt} of {command:?}: {line:?}; again in 5 s");
+                    std::thread::sleep(Duration::from_secs(5));
+                    last = Some(line);
+                }
+                Err(e) => {
+                    self.wait("not run", 300, 20);
+                    eprintln!("try {attempt} of {command:?} did not run: {e}");
+                }
+            }
+        }
+        panic!("the installer's shell did not run {command:?} in 6 tries; last line: {last:?}")
     }
 }
 
@@ -291,17 +331,12 @@ fn install_journey_to_the_network_step() {
         .as_u64()
         .unwrap_or(0);
     // netcfg set the running installer's hostname and wrote /etc/hosts with the domain.
-    j.type_line(
-        "echo \"HOST=$(hostname) FQDN=$(grep 127.0.1.1 /etc/hosts | cut -f2) END\" \
-         > /dev/ttyS0; ip -o -4 addr show | grep -v ' lo ' > /dev/ttyS0\n",
+    let (line, offset) = j.shell(
+        "echo HOST=$(hostname) FQDN=$(grep 127.0.1.1 /etc/hosts | cut -f2) END >/dev/ttyS0",
+        " END",
+        offset,
+        |_| true,
     );
-    j.wait("typed", 500, 20);
-    let host = j.lab.srv().call_ok_within(
-        "vm_serial_wait",
-        json!({"name": j.name, "pattern": " END", "timeout": 30, "offset": offset}),
-        STEP,
-    );
-    let line = host["line"].as_str().unwrap_or("");
     eprintln!("installer says: {line}");
     assert!(
         line.contains(&format!("HOST={HOSTNAME} ")),
@@ -311,12 +346,14 @@ fn install_journey_to_the_network_step() {
         line.contains(&format!("FQDN={HOSTNAME}.{DOMAIN} ")),
         "the installer's /etc/hosts: {line}"
     );
-    let addr = j.lab.srv().call_ok_within(
-        "vm_serial_wait",
-        json!({"name": j.name, "pattern": " inet ", "timeout": 30, "offset": offset}),
-        STEP,
+    // An empty address is asked again: once (a loaded machine, after the domain step) the
+    // interface had no address for a moment while the installer moved on.
+    let (line, _) = j.shell(
+        "echo ADDR $(ip -o -4 addr show | grep -v ' lo ' | tr -s ' ') ADDR_END >/dev/ttyS0",
+        "ADDR_END",
+        offset,
+        |line| line.contains("inet "),
     );
-    let line = addr["line"].as_str().unwrap_or("");
     eprintln!("installer's address: {line}");
     assert!(
         line.contains("inet 10.0.2.15/24"),

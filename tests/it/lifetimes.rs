@@ -1,7 +1,7 @@
 //! Sandboxes that end on time, over the built binary, real QEMU (TCG) and the test guest: TTL
 //! and idle limits with each `on_idle`, carried out by the watcher process after the process
 //! that made them exited; a held VM not ended; a call longer than the idle limit, and
-//! traffic through a forward, deferring the idle end; one watcher per state folder, a killed one replaced when a server starts; the reasons
+//! traffic through a forward (one open connection, or many short ones), deferring the idle end; one watcher per state folder, a killed one replaced when a server starts; the reasons
 //! VMs ended (a kill -9 of QEMU, a guest poweroff, a TTL); and the metrics following a busy
 //! guest and its writes.
 
@@ -270,16 +270,60 @@ fn a_held_vm_is_not_ended_and_long_calls_and_forward_traffic_defer_idleness() {
             .map(|b| b.contains("holds")),
         Some(true)
     );
-    // Quiet, and handed back: both end.
+    // Handed back: the held one ends.
     drop(conn);
     lab.srv().call_ok(
         "vm_takeover",
         json!({"name": "held", "release": true, "hold": hold}),
     );
+    // Short connections, each a request and its answer on a connection of its own, every 2 s:
+    // every byte restarts the idle clock, however short the connection (only an open one did).
+    sh(
+        lab.srv(),
+        "fwd",
+        "(while :; do echo ok | nc -l -p 7000 >/dev/null; done) </dev/null >/dev/null 2>&1 & \
+         sleep 0.5",
+    );
+    let mut last_byte = now_s();
+    let busy_until = Instant::now() + Duration::from_secs(idle * 2);
+    let mut answered = 0;
+    while Instant::now() < busy_until {
+        if let Ok(mut c) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+            let _ = c.set_read_timeout(Some(Duration::from_secs(1)));
+            let _ = c.write_all(b"hi\n");
+            let mut got = [0u8; 3];
+            if std::io::Read::read_exact(&mut c, &mut got).is_ok() && &got == b"ok\n" {
+                answered += 1;
+            }
+            last_byte = now_s();
+        }
+        std::thread::sleep(Duration::from_secs(2));
+    }
+    assert!(answered >= 4, "the guest answered {answered} requests");
+    let v = listed(&lab, "fwd").unwrap();
+    assert_eq!(
+        v["status"],
+        json!("running"),
+        "ended amid short requests: {v}"
+    );
+    assert_eq!(
+        v["lifetime"]["last_activity_by"],
+        json!("port forward"),
+        "{v}"
+    );
+    // Quiet: both end, the forwarded one no sooner than idle_s after its last byte.
     let bound = Duration::from_secs(idle + 30);
     for name in ["held", "fwd"] {
         let v = wait_for(&lab, name, bound, "stopped", status_is("stopped")).unwrap();
         assert_eq!(v["end"]["reason"], json!("idle"), "{v}");
+        if name == "fwd" {
+            let ended = v["end"]["at"].as_f64().unwrap();
+            assert!(
+                ended >= last_byte + idle as f64 - 1.0,
+                "ended {} s after its last byte (idle_s {idle})",
+                ended - last_byte
+            );
+        }
     }
 }
 

@@ -8,12 +8,6 @@ use serde_json::{json, Value};
 
 const INIT_VERSIONS: &[&str] = &["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
 
-fn error_code(resp: &Value) -> i64 {
-    resp["error"]["code"]
-        .as_i64()
-        .unwrap_or_else(|| panic!("not an error response: {resp}"))
-}
-
 // ---- lifecycle and versions ----
 
 #[test]
@@ -281,6 +275,19 @@ fn the_harness_refuses_results_that_break_their_output_schema() {
          "truncated": false, "offset": 0, "file_size": null}}});
     let why = crate::common::schema::check_call_response("guest_file_read", &resp).unwrap_err();
     assert!(why.contains("file_size"), "{why}");
+    // A schema made from its result type is closed: a field the type does not declare fails.
+    let ok = json!({"name": "v", "destroyed": true, "stopped": "quit", "deleted": [],
+                    "errors": []});
+    let resp = |sc: Value| {
+        json!({"jsonrpc": "2.0", "id": 1, "result": {"content": [],
+                                  "structuredContent": sc}})
+    };
+    crate::common::schema::check_call_response("sandbox_destroy", &resp(ok.clone())).unwrap();
+    let mut extra = ok;
+    extra["undeclared"] = json!(1);
+    let why =
+        crate::common::schema::check_call_response("sandbox_destroy", &resp(extra)).unwrap_err();
+    assert!(why.contains("undeclared"), "{why}");
 }
 
 // ---- instructions ----
@@ -319,7 +326,8 @@ fn the_instructions_fit_one_screen_and_name_only_real_tools() {
         unknown.is_empty(),
         "the instructions name tools that do not exist: {unknown:?}"
     );
-    // What they must teach: the three journeys by the tools that start and drive them,
+    // What they must teach: the journeys by the tools that start and drive them (the
+    // container-image sandbox with a mount first),
     // templates, the roots rule, progress, and the resources.
     for tool in [
         "image_pull",
@@ -351,6 +359,8 @@ fn the_instructions_fit_one_screen_and_name_only_real_tools() {
         "progress",
         "mcqemu://vm/{name}/serial",
         "mcqemu://vm/{name}/screen",
+        "\"oci\"",
+        "\"mounts\"",
     ] {
         assert!(text.contains(words), "{words:?} is not said:\n{text}");
     }
@@ -401,15 +411,6 @@ fn tools_list_definitions_are_complete() {
             assert!(t["annotations"][hint].is_boolean(), "{name} lacks {hint}");
         }
     }
-}
-
-fn tool_names(list: &Value) -> Vec<String> {
-    list["tools"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["name"].as_str().unwrap().to_string())
-        .collect()
 }
 
 #[test]

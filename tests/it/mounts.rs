@@ -282,6 +282,12 @@ fn a_template_s_mounts_are_its_clones_and_launch_vm_mounts_when_the_agent_answer
         json!({"name": "clone"}),
         Duration::from_secs(60),
     );
+    // Its runtime folder went with it, the note that its agent answered included.
+    assert!(
+        !lab.runtime().join("clone").exists(),
+        "{:?}",
+        list_dir(&lab.runtime().join("clone"))
+    );
 
     let mut l = boot.clone();
     l["name"] = json!("launched");

@@ -45,5 +45,16 @@ fn an_arm64_image_root_boots_on_the_virt_board() {
     assert_eq!(sb["mounts"][0]["state"], json!("mounted"), "{sb}");
     let layout_marker = std::fs::read_to_string(dir.join("oci-layout")).unwrap();
     assert_eq!(sh(&mut s, "arm", "cat /host/oci-layout"), layout_marker);
+    // The arm64 package's modules, on their disk, with the autoloader pointed at the agent
+    // (loading one needs root; the image's user is 1000, and one_file loads them on x86_64).
+    assert_eq!(
+        sh(
+            &mut s,
+            "arm",
+            "cat /proc/sys/kernel/modprobe; grep -c '^kernel/fs/overlayfs/overlay.ko:' \
+             /lib/modules/$(uname -r)/modules.dep"
+        ),
+        "/run/mcqemu/modprobe\n1\n"
+    );
     s.call_ok_within("sandbox_destroy", json!({"name": "arm"}), SLOW);
 }

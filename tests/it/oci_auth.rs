@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::b64::b64_encode;
 use crate::common::registry::Registry;
 use crate::common::*;
 use crate::oci::layout;
@@ -30,8 +31,14 @@ struct Gate {
 
 impl Gate {
     /// A gate on a free loopback port in front of `upstream`; its token endpoint issues
-    /// `issues`, and it lets through requests bearing `accepts`.
-    fn start(upstream: &str, issues: &'static str, accepts: &'static str) -> Gate {
+    /// `issues` (only to a request whose basic credentials are `login`, when given, as Docker
+    /// Hub's does), and it lets through requests bearing `accepts`.
+    fn start(
+        upstream: &str,
+        issues: &'static str,
+        accepts: &'static str,
+        login: Option<&'static str>,
+    ) -> Gate {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         listener.set_nonblocking(true).unwrap();
@@ -60,7 +67,7 @@ impl Gate {
                 let (up, addr) = (upstream.clone(), addr.clone());
                 let (i, c, p) = (issued.clone(), challenged.clone(), passed.clone());
                 std::thread::spawn(move || {
-                    let _ = serve(conn, &up, &addr, issues, accepts, (&i, &c, &p));
+                    let _ = serve(conn, &up, &addr, (issues, accepts, login), (&i, &c, &p));
                 });
             }
         });
@@ -79,8 +86,7 @@ fn serve(
     mut conn: TcpStream,
     upstream: &str,
     addr: &str,
-    issues: &str,
-    accepts: &str,
+    (issues, accepts, login): (&str, &str, Option<&str>),
     (issued, challenged, passed): (&AtomicUsize, &AtomicUsize, &AtomicUsize),
 ) -> std::io::Result<()> {
     let mut head = Vec::new();
@@ -109,6 +115,12 @@ fn serve(
         let service = format!("service={SERVICE}");
         if !query.split('&').any(|q| q == scope) || !query.split('&').any(|q| q == service) {
             return answer(&mut conn, "400 Bad Request", "", "");
+        }
+        if let Some(l) = login {
+            if header("authorization").as_deref() != Some(&format!("Basic {}", b64_encode(l))) {
+                let body = r#"{"details":"incorrect username or password"}"#;
+                return answer(&mut conn, "401 Unauthorized", "", body);
+            }
         }
         issued.fetch_add(1, Ordering::Relaxed);
         let body = format!("{{\"token\": \"{issues}\", \"expires_in\": 300}}");
@@ -168,7 +180,7 @@ fn a_registry_behind_a_token_service_is_pulled_with_its_bearer_token() {
     )
     .unwrap_or_else(|e| panic!("skopeo (apt install skopeo): {e}"));
 
-    let gate = Gate::start(&reg.addr, "tok-good", "tok-good");
+    let gate = Gate::start(&reg.addr, "tok-good", "tok-good", None);
     let r = lab.srv().call_ok_within(
         "image_pull",
         json!({"oci": format!("{}/mcq/app:v1", gate.addr)}),
@@ -196,7 +208,7 @@ fn a_registry_behind_a_token_service_is_pulled_with_its_bearer_token() {
     );
 
     // A token the gate does not take: a refusal naming the registry, not a hang or a loop.
-    let strict = Gate::start(&reg.addr, "tok-stale", "tok-good");
+    let strict = Gate::start(&reg.addr, "tok-stale", "tok-good", None);
     let r = lab.srv().call_tool_within(
         "image_pull",
         json!({"oci": format!("{}/mcq/app:v1", strict.addr)}),
@@ -213,4 +225,41 @@ fn a_registry_behind_a_token_service_is_pulled_with_its_bearer_token() {
         1,
         "one token, no loop"
     );
+}
+
+/// A wrong password is called one: the registry, the user and where the credentials came from
+/// (the config file and its `auths` key), the token service's own words, and what to do.
+#[test]
+fn a_wrong_password_is_called_one() {
+    let lab = Lab::confined("oci-login");
+    let dir = lab.dir.join("layout");
+    layout(&dir, "v1", &[]);
+    let reg = Registry::start(&lab.dir.join("registry"));
+    let gate = Gate::start(&reg.addr, "tok-good", "tok-good", Some("mcq:right"));
+    let docker = lab.dir.join("docker");
+    std::fs::create_dir_all(&docker).unwrap();
+    let key = format!("http://{}", gate.addr);
+    let config = json!({"auths": {&key: {"auth": b64_encode("mcq:wrong")}}});
+    std::fs::write(docker.join("config.json"), config.to_string()).unwrap();
+    let mut s = lab.spawn_server_with(&[("DOCKER_CONFIG", docker.to_str().unwrap())]);
+    let r = s.call_tool_within(
+        "image_pull",
+        json!({"oci": format!("{}/mcq/app:v1", gate.addr)}),
+        STEP,
+    );
+    let e = tool_err(&r, "a wrong password");
+    for part in [
+        "authentication failed".to_string(),
+        gate.addr.clone(),
+        "user \"mcq\"".to_string(),
+        docker.join("config.json").display().to_string(),
+        format!("auths key {key:?}"),
+        "incorrect username or password".to_string(),
+        "docker login".to_string(),
+    ] {
+        assert!(e.contains(&part), "{part:?} not in: {e}");
+    }
+    assert!(!e.contains("wrong"), "the password is never said: {e}");
+    assert_eq!(error_kind(&r), "refused");
+    assert_eq!(gate.tokens_issued.load(Ordering::Relaxed), 0);
 }

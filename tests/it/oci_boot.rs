@@ -84,6 +84,21 @@ fn inside_the_image(lab: &mut Lab, reference: &str, digest: &str) {
         "the image's user, folder, environment, owners and layers: {out}"
     );
 
+    // The image's file capability holds in the guest: its user binds port 80 with the program
+    // the image gives cap_net_bind_service, and not with the same program without it.
+    let out = exec(
+        lab,
+        "img",
+        "bind() { \"$@\" </dev/null >/dev/null 2>/tmp/nc.err & p=$!; sleep 1; \
+           if kill -0 $p 2>/dev/null; then echo bound; kill $p; else echo refused; fi; }; \
+         bind /usr/local/bin/nc -l -p 80; bind /bin/busybox nc -l -p 81",
+    );
+    assert_eq!(
+        out["stdout"],
+        json!("bound\nrefused\n"),
+        "port 80 with the capability, 81 without: {out}"
+    );
+
     // A writable mount shows as the image's user's, who writes into it; on the host the file
     // is the host user's.
     let out = exec(

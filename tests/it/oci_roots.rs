@@ -1,7 +1,7 @@
 //! Other kinds of container roots booted as sandboxes: a glibc root (Debian bookworm from
 //! mmdebstrap, which needs root, so this suite is not among the ordinary user's in CI), with
-//! git working in a mounted host folder, and a root with no shell at all (a static busybox
-//! without its links).
+//! git working in a mounted host folder and kmod's modprobe loading modules from the modules
+//! disk's binary indexes, and a root with no shell at all (a static busybox without its links).
 
 use std::path::Path;
 use std::time::Duration;
@@ -72,6 +72,23 @@ fn a_glibc_root_and_a_root_without_a_shell_boot_too() {
         std::fs::read_link(repo.join("link")).unwrap(),
         Path::new("x")
     );
+    // Debian's own kmod modprobe reads the modules disk's binary indexes: by name with the
+    // dependencies, and by the alias the kernel asks for.
+    let r = lab.srv().call_ok_within(
+        "guest_exec",
+        json!({"name": "deb", "command": "bash", "args": ["-c",
+               "set -e; modprobe br_netfilter; modprobe fs-overlay; modprobe -n ext4; \
+                cut -d' ' -f1 /proc/modules | sort | tr '\\n' ' '"]}),
+        STEP,
+    );
+    assert_eq!(r["exitcode"], json!(0), "kmod's modprobe: {r}");
+    let loaded = r["stdout"].as_str().unwrap_or("");
+    for m in ["br_netfilter", "bridge", "stp", "llc", "overlay"] {
+        assert!(
+            loaded.split(' ').any(|l| l == m),
+            "{m} not loaded by kmod: {r}"
+        );
+    }
     lab.srv()
         .call_ok_within("sandbox_destroy", json!({"name": "deb"}), STEP);
 

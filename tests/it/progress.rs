@@ -39,8 +39,8 @@ fn call_recording(
 
 /// Checks the cadence of `seen` over a call that took `took`: no gap over 10 s (from the
 /// request to the first notification, between them, and to the response), no two within
-/// 450 ms (half a second, less scheduling jitter), values strictly increasing, and every
-/// notification saying what it waits for.
+/// 450 ms and no three within one second (the rule: at most two in any second, as a client
+/// reads them), values strictly increasing, and every notification saying what it waits for.
 fn assert_cadence(seen: &[(Duration, Value)], took: Duration) {
     let mut last = Duration::ZERO;
     let mut value = f64::MIN;
@@ -66,6 +66,15 @@ fn assert_cadence(seen: &[(Duration, Value)], took: Duration) {
         "silent for the last {:?}",
         took - last
     );
+    for w in seen.windows(3) {
+        assert!(
+            w[2].0 - w[0].0 > Duration::from_secs(1),
+            "three notifications within one second ({:?}, {:?}, {:?}): {seen:?}",
+            w[0].0,
+            w[1].0,
+            w[2].0
+        );
+    }
 }
 
 #[test]

@@ -100,4 +100,23 @@ fn a_template_saved_under_7_2_clones_under_10_0_and_the_reverse_is_refused() {
         "a refused clone was recorded: {vms}"
     );
     assert!(!lab.vm_dir("c72").join("uefi-vars.fd").exists());
+
+    // Pushed from the QEMU 10 host and pulled where QEMU 7.2 runs: refused before anything is
+    // written, naming both versions.
+    let layout = format!("oci:{}:t10", lab.dir.join("travel").display());
+    new.call_ok_within(
+        "template_push",
+        json!({"name": "t10", "reference": layout}),
+        CREATE,
+    );
+    let err = old.call_err_within(
+        "template_pull",
+        json!({"reference": layout, "name": "t10-here"}),
+        CREATE,
+    );
+    assert!(
+        err.contains("saved by QEMU 10.") && err.contains("older QEMU 7.2"),
+        "{err}"
+    );
+    assert!(!lab.state().join("templates/t10-here").exists());
 }

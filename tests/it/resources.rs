@@ -37,12 +37,6 @@ fn modern(mut params: Value) -> Value {
     params
 }
 
-fn error_code(resp: &Value) -> i64 {
-    resp["error"]["code"]
-        .as_i64()
-        .unwrap_or_else(|| panic!("not an error response: {resp}"))
-}
-
 fn serial_uri(name: &str) -> String {
     format!("mcqemu://vm/{name}/serial")
 }

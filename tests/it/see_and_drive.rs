@@ -505,4 +505,26 @@ fn ps2_without_tablet(lab: &mut Lab, name: &str) {
         })
         .collect();
     assert_eq!(at_press, want, "pointer position at each press");
+
+    // Paced input reports progress once it runs past a second (300 moves of 1 px in 100 paced
+    // groups, then 2 flushes: 302 commands), and a short move sends none for its token.
+    let (r, took, progress) = lab
+        .srv()
+        .try_call_with_token(
+            "vm_mouse_move",
+            json!({"name": name, "dx": 300, "step": 1}),
+            STEP,
+        )
+        .expect("a long paced move");
+    tool_ok(&r, "a long paced move");
+    assert!(took >= Duration::from_secs(1), "{took:?}");
+    assert!(!progress.is_empty(), "no progress in {took:?}");
+    let last = &progress[progress.len() - 1]["params"];
+    assert!(last["total"].as_f64() == Some(302.0), "{last}");
+    let (r, _, progress) = lab
+        .srv()
+        .try_call_with_token("vm_mouse_move", json!({"name": name, "dx": 10}), STEP)
+        .expect("a short move");
+    tool_ok(&r, "a short move");
+    assert!(progress.is_empty(), "{progress:?}");
 }

@@ -13,13 +13,16 @@ The normal image has two layers:
 Its config has Env, WorkingDir, User, Entrypoint, Cmd and ExposedPorts.
 --hostile adds a layer whose entry climbs out with '..'.
 --bootable adds a layer with Debian's static busybox (apt-get download busybox-static) as
-/bin/busybox with links for a shell and a few tools, and /etc/passwd and /etc/group naming
-the image's user (1000, "app"): a root a VM can run programs in; its Entrypoint is then
+/bin/busybox with links for a shell and a few tools, a copy of it as /usr/local/bin/nc with
+the file capability cap_net_bind_service, and /etc/passwd and /etc/group naming the image's
+user (1000, "app"): a root a VM can run programs in; its Entrypoint is then
 busybox httpd on the exposed port 8080, serving /home/user.
 --arch arm64 makes an arm64 image (its busybox from Debian's arm64 packages, read through the
 apt lists build_guest.py keeps for the aarch64 test guest in target/test-guest/apt-arm64).
 --debian makes a different image instead: one layer, a Debian bookworm root from mmdebstrap (with git)
 (variant essential: glibc, bash, coreutils, dpkg; needs root), no User, no Entrypoint.
+--curl makes the same Debian root with curl and ca-certificates (and the system bundle) in
+place of git and kmod: the secrets test's HTTPS client.
 --no-shell makes one whose only file is a static busybox without its links (no /bin/sh).
 --payload N:MB adds N gzip layers of MB MiB of random bytes each (the bench's image);
 --zeros MB adds one gzip layer holding a single file of MB MiB of zeros (small to download,
@@ -38,6 +41,8 @@ import tarfile
 import tempfile
 
 CAP_NET_RAW = bytes([1, 0, 0, 2, 0, 32, 0, 0]) + bytes(12)
+# vfs_cap_data revision 2, effective, permitted: cap_net_bind_service (bit 10).
+CAP_NET_BIND_SERVICE = bytes([1, 0, 0, 2, 0, 4, 0, 0]) + bytes(12)
 
 
 def blob(dest, data, media_type):
@@ -121,24 +126,36 @@ def finish(dest, tag, config, layers):
     print(m["digest"])
 
 
-def single(dest, tag, tar, env):
+def single(dest, tag, tar, env, arch="amd64"):
     """A layout of one image: one gzip layer `tar`, a config with `env` and nothing else."""
     start(dest)
     layers = [blob(dest, gzip.compress(tar, compresslevel=1, mtime=0),
                    "application/vnd.oci.image.layer.v1.tar+gzip")]
-    config = {"architecture": "amd64", "os": "linux", "config": {"Env": env},
+    config = {"architecture": arch, "os": "linux", "config": {"Env": env},
               "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(tar).hexdigest()]}}
     finish(dest, tag, config, layers)
 
 
 def main():
     dest, tag = sys.argv[1], sys.argv[2]
-    if "--debian" in sys.argv[3:]:
-        tar = subprocess.run(["mmdebstrap", "--quiet", "--variant=essential", "--include=git",
+    if "--debian" in sys.argv[3:] or "--curl" in sys.argv[3:]:
+        include = "curl,ca-certificates" if "--curl" in sys.argv[3:] else "git,kmod"
+        tar = subprocess.run(["mmdebstrap", "--quiet", "--variant=essential", "--include=" + include,
                               "bookworm", "-"],
                              check=True, stdout=subprocess.PIPE).stdout
         return single(dest, tag, tar, ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                                        "LANG=C.UTF-8"])
+    deb_arch = sys.argv[sys.argv.index("--arch") + 1] if "--arch" in sys.argv else "amd64"
+    if "--kernel-tools" in sys.argv[3:] or "--no-modprobe" in sys.argv[3:]:
+        # Busybox as root with the tools a kernel test needs; --no-modprobe leaves out every
+        # module loader, so only the kernel's autoloader can load one.
+        tools = ["mkdir", "ip", "grep", "cut", "tr", "umount", "uname", "head", "wc", "sort"]
+        if "--kernel-tools" in sys.argv[3:]:
+            tools += ["modprobe", "insmod", "lsmod"]
+        entries = busybox_entries(deb_arch) + [d("sbin")] + [
+            {"name": "bin/" + t, "type": tarfile.SYMTYPE, "link": "busybox"} for t in tools]
+        return single(dest, tag, layer(entries), ["PATH=/usr/local/bin:/usr/bin:/bin:/sbin"],
+                      deb_arch)
     if "--no-shell" in sys.argv[3:]:
         entries = [e for e in busybox_entries("amd64") if e.get("type") != tarfile.SYMTYPE]
         return single(dest, tag, layer(entries), [])
@@ -169,7 +186,15 @@ def main():
     ]
     diff_ids = ["sha256:" + hashlib.sha256(t).hexdigest() for t in (one, two)]
     if bootable:
-        tools = layer(busybox_entries(deb_arch))
+        entries = busybox_entries(deb_arch)
+        # A copy of busybox named nc (busybox runs the applet its name says) that the image
+        # lets bind ports below 1024, as a file capability: the image's user can serve port 80
+        # with it and with no other program.
+        box = [e for e in entries if e["name"] == "bin/busybox"][0]["data"]
+        entries += [d("usr"), d("usr/local"), d("usr/local/bin"),
+                    {"name": "usr/local/bin/nc", "data": box, "mode": 0o755,
+                     "xattrs": {"security.capability": CAP_NET_BIND_SERVICE}}]
+        tools = layer(entries)
         layers.append(blob(dest, gzip.compress(tools, mtime=0), "application/vnd.oci.image.layer.v1.tar+gzip"))
         diff_ids.append("sha256:" + hashlib.sha256(tools).hexdigest())
     extra = []

@@ -162,7 +162,7 @@ impl Server {
                 "server/discover" => Ok(json!({
                     "supportedVersions": all_versions(),
                     "capabilities": self.capabilities(),
-                    "instructions": INSTRUCTIONS,
+                    "instructions": self.instructions,
                 })),
                 "tools/list" => return self.list_tools(&id, &params, era),
                 "tools/call" => return self.call_tool(id, params, era),
@@ -207,7 +207,7 @@ impl Server {
                         "supportedVersions": all_versions(),
                         "capabilities": self.capabilities(),
                         "serverInfo": server_info(),
-                        "instructions": INSTRUCTIONS,
+                        "instructions": self.instructions,
                     })),
                     "resources/subscribe" | "resources/unsubscribe" => {
                         return self.subscribe_request(&id, method, &params)
@@ -245,7 +245,7 @@ impl Server {
             "protocolVersion": negotiate(requested),
             "capabilities": self.capabilities(),
             "serverInfo": server_info(),
-            "instructions": INSTRUCTIONS,
+            "instructions": self.instructions,
         }))
     }
 

@@ -26,6 +26,8 @@ const DEFAULT_PAGE_SIZE: usize = 100;
 pub struct Server {
     pub(super) out: Arc<Output>,
     pub(super) tools: &'static [ToolDef],
+    /// What `initialize` and `server/discover` tell the model about the server.
+    pub(super) instructions: &'static str,
     /// tools/list pages, from definitions serialized once.
     pub(super) listing: Listing,
     pub(super) inflight: Mutex<HashMap<String, Arc<AtomicBool>>>,
@@ -61,14 +63,15 @@ impl Server {
         tools: &'static [ToolDef],
         hook: Option<RootsHook>,
     ) -> Arc<Self> {
-        Self::with_resources(out, tools, hook, None)
+        Self::with_resources(out, (tools, crate::mcp::protocol::INSTRUCTIONS), hook, None)
     }
 
     /// A server with a roots hook (see [`Server::with_roots_hook`]) that also offers
-    /// `resources` (the `resources` capability, `resources/*`, list-changed notifications).
+    /// `resources` (the `resources` capability, `resources/*`, list-changed notifications),
+    /// serving `tools` with the `instructions` that fit them.
     pub fn with_resources(
         out: Arc<Output>,
-        tools: &'static [ToolDef],
+        (tools, instructions): (&'static [ToolDef], &'static str),
         hook: Option<RootsHook>,
         resources: Option<Arc<dyn Provider>>,
     ) -> Arc<Self> {
@@ -80,6 +83,7 @@ impl Server {
         Arc::new(Server {
             out,
             tools,
+            instructions,
             listing: Listing::new(page_size),
             inflight: Mutex::new(HashMap::new()),
             workers: Arc::new(Workers::default()),

@@ -5,6 +5,7 @@
 //! only the user can reach): one line, `add ADDR:PORT` or `remove ADDR:PORT`, answered `ok` or
 //! `error: why`.
 
+use crate::kind::Failed;
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
@@ -43,30 +44,53 @@ impl Forwards {
     }
 
     /// Listens on `addr:port` and relays it into the VM's network, to the same port.
-    pub fn add(&self, addr: Ipv4Addr, port: u16) -> Result<(), String> {
-        let mut open = self.open.lock().map_err(|_| "poisoned".to_string())?;
+    pub fn add(&self, addr: Ipv4Addr, port: u16) -> Result<(), Failed> {
+        self.add_within(addr, port, Duration::ZERO)
+    }
+
+    /// [`Forwards::add`], waiting up to `wait` for a port in use to be let go: at a resume,
+    /// the proxy of the VM's previous run may still be closing its listeners.
+    pub fn add_within(&self, addr: Ipv4Addr, port: u16, wait: Duration) -> Result<(), Failed> {
+        let mut open = self.open.lock().map_err(|_| Failed::host("poisoned"))?;
         if open.contains_key(&(addr, port)) {
-            return Err(format!("{addr}:{port} is already forwarded"));
+            return Err(Failed::invalid(format!(
+                "{addr}:{port} is already forwarded"
+            )));
         }
-        let l = TcpListener::bind((addr, port))
-            .map_err(|e| format!("cannot listen on {addr}:{port} for a port forward: {e}"))?;
-        let keep = l.try_clone().map_err(|e| e.to_string())?;
+        let deadline = std::time::Instant::now() + wait;
+        let l = loop {
+            match TcpListener::bind((addr, port)) {
+                Ok(l) => break l,
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::AddrInUse
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => {
+                    return Err(Failed::host(format!(
+                        "cannot listen on {addr}:{port} for a port forward: {e}"
+                    )))
+                }
+            }
+        };
+        let keep = l.try_clone().map_err(|e| Failed::host(e.to_string()))?;
         let stop = Arc::new(AtomicBool::new(false));
         let (dial, stop2) = (self.dial.clone(), stop.clone());
         std::thread::Builder::new()
             .name("egress-forward".into())
             .spawn(move || forward_loop(l, port, dial, stop2))
-            .map_err(|e| format!("cannot start a thread: {e}"))?;
+            .map_err(|e| Failed::host(format!("cannot start a thread: {e}")))?;
         open.insert((addr, port), (keep, stop));
         Ok(())
     }
 
     /// Stops listening on `addr:port` (connections being relayed go on).
-    pub fn remove(&self, addr: Ipv4Addr, port: u16) -> Result<(), String> {
-        let mut open = self.open.lock().map_err(|_| "poisoned".to_string())?;
+    pub fn remove(&self, addr: Ipv4Addr, port: u16) -> Result<(), Failed> {
+        let mut open = self.open.lock().map_err(|_| Failed::host("poisoned"))?;
         let (l, stop) = open
             .remove(&(addr, port))
-            .ok_or_else(|| format!("{addr}:{port} is not forwarded"))?;
+            .ok_or_else(|| Failed::not_found(format!("{addr}:{port} is not forwarded")))?;
         stop.store(true, Ordering::SeqCst);
         // SAFETY: shutdown(2) on the listener's own fd wakes its blocked accept.
         unsafe { libc::shutdown(l.as_raw_fd(), libc::SHUT_RDWR) };
@@ -128,36 +152,42 @@ pub fn control_loop(listener: UnixListener, fw: Arc<Forwards>) {
     }
 }
 
-fn command(fw: &Forwards, line: &str) -> Result<(), String> {
+fn command(fw: &Forwards, line: &str) -> Result<(), Failed> {
     let (verb, target) = line
         .split_once(' ')
-        .ok_or("expected add|remove ADDR:PORT")?;
-    let (a, p) = target.rsplit_once(':').ok_or("expected ADDR:PORT")?;
-    let addr: Ipv4Addr = a.parse().map_err(|_| format!("bad address {a:?}"))?;
-    let port: u16 = p.parse().map_err(|_| format!("bad port {p:?}"))?;
+        .ok_or(Failed::host("expected add|remove ADDR:PORT"))?;
+    let (a, p) = target
+        .rsplit_once(':')
+        .ok_or(Failed::host("expected ADDR:PORT"))?;
+    let addr: Ipv4Addr = a
+        .parse()
+        .map_err(|_| Failed::host(format!("bad address {a:?}")))?;
+    let port: u16 = p
+        .parse()
+        .map_err(|_| Failed::host(format!("bad port {p:?}")))?;
     match verb {
         "add" => fw.add(addr, port),
         "remove" => fw.remove(addr, port),
-        other => Err(format!("unknown command {other:?}")),
+        other => Err(Failed::host(format!("unknown command {other:?}"))),
     }
 }
 
 /// Sends one command to the proxy whose control socket is `sock`; its error says why not.
-pub fn ask(sock: &Path, line: &str) -> Result<(), String> {
+pub fn ask(sock: &Path, line: &str) -> Result<(), Failed> {
     let mut c = UnixStream::connect(sock).map_err(|e| {
-        format!(
+        Failed::host(format!(
             "the VM's egress proxy does not answer at {}: {e}",
             sock.display()
-        )
+        ))
     })?;
     let _ = c.set_read_timeout(Some(Duration::from_secs(5)));
     c.write_all(format!("{line}\n").as_bytes())
-        .map_err(|e| format!("cannot talk to the egress proxy: {e}"))?;
+        .map_err(|e| Failed::host(format!("cannot talk to the egress proxy: {e}")))?;
     let mut reply = String::new();
     let _ = (&c).take(512).read_to_string(&mut reply);
     match reply.trim() {
         "ok" => Ok(()),
-        r => Err(r.strip_prefix("error: ").unwrap_or(r).to_string()),
+        r => Err(Failed::host(r.strip_prefix("error: ").unwrap_or(r))),
     }
 }
 
@@ -182,6 +212,7 @@ mod tests {
         assert!(TcpStream::connect(("127.0.0.1", port)).is_ok());
         assert!(ask(&sock, &format!("add 127.0.0.1:{port}"))
             .unwrap_err()
+            .msg
             .contains("already"));
         ask(&sock, &format!("remove 127.0.0.1:{port}")).unwrap();
         std::thread::sleep(Duration::from_millis(100));
@@ -191,6 +222,7 @@ mod tests {
         );
         assert!(ask(&sock, "remove 127.0.0.1:1")
             .unwrap_err()
+            .msg
             .contains("not forwarded"));
         assert!(ask(&sock, "bogus").is_err());
         std::fs::remove_dir_all(&dir).unwrap();

@@ -4,27 +4,28 @@
 //! that loopback, where the proxy listens; the proxy's other threads stay in the host's network
 //! and connect to what the rules allow.
 
+use crate::kind::Failed;
 use std::fs::File;
 use std::os::fd::AsRawFd;
 
 /// Enters a new user namespace, the whole process (it must still be single-threaded), mapping
 /// this user and group to themselves: files keep their owners, and a program executed inside
 /// as a non-root user keeps no capabilities.
-pub fn enter_user_namespace() -> Result<(), String> {
+pub fn enter_user_namespace() -> Result<(), Failed> {
     // SAFETY: plain syscalls without pointers.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
     // SAFETY: unshare takes flags only.
     if unsafe { libc::unshare(libc::CLONE_NEWUSER) } != 0 {
-        return Err(format!(
+        return Err(Failed::host(format!(
             "cannot make a user namespace ({}); unprivileged user namespaces must be allowed \
              (sysctl kernel.unprivileged_userns_clone=1; on Ubuntu 24.04 also \
              kernel.apparmor_restrict_unprivileged_userns=0)",
             std::io::Error::last_os_error()
-        ));
+        )));
     }
     let write = |file: &str, text: String| {
         std::fs::write(format!("/proc/self/{file}"), text)
-            .map_err(|e| format!("cannot write /proc/self/{file}: {e}"))
+            .map_err(|e| Failed::host(format!("cannot write /proc/self/{file}: {e}")))
     };
     write("setgroups", "deny".into())?;
     write("uid_map", format!("{uid} {uid} 1"))?;
@@ -32,13 +33,13 @@ pub fn enter_user_namespace() -> Result<(), String> {
 }
 
 /// Moves the calling thread into a new network namespace and brings its loopback up.
-pub fn enter_net_namespace() -> Result<(), String> {
+pub fn enter_net_namespace() -> Result<(), Failed> {
     // SAFETY: unshare takes flags only; it moves this thread alone.
     if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-        return Err(format!(
+        return Err(Failed::host(format!(
             "cannot make a network namespace: {}",
             std::io::Error::last_os_error()
-        ));
+        )));
     }
     loopback_up()
 }
@@ -51,11 +52,14 @@ struct IfFlags {
     pad: [u8; 22],
 }
 
-fn loopback_up() -> Result<(), String> {
+fn loopback_up() -> Result<(), Failed> {
     // SAFETY: socket(2) with constant arguments; the fd is closed below.
     let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
     if fd < 0 {
-        return Err(format!("socket: {}", std::io::Error::last_os_error()));
+        return Err(Failed::host(format!(
+            "socket: {}",
+            std::io::Error::last_os_error()
+        )));
     }
     let mut req = IfFlags {
         name: [0; 16],
@@ -70,14 +74,16 @@ fn loopback_up() -> Result<(), String> {
     // SAFETY: closing the fd opened above.
     unsafe { libc::close(fd) };
     if rc != 0 {
-        return Err(format!("cannot bring lo up in the VM's network: {err}"));
+        return Err(Failed::host(format!(
+            "cannot bring lo up in the VM's network: {err}"
+        )));
     }
     Ok(())
 }
 
 /// Drops every capability of the calling thread (those its user namespace gave it) and sets
 /// no_new_privs: what the proxy keeps afterwards is an ordinary user's rights.
-pub fn drop_privileges() -> Result<(), String> {
+pub fn drop_privileges() -> Result<(), Failed> {
     #[repr(C)]
     struct Header {
         version: u32,
@@ -104,10 +110,10 @@ pub fn drop_privileges() -> Result<(), String> {
     // SAFETY: prctl with integer arguments.
     let nnp = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
     if rc != 0 || nnp != 0 {
-        return Err(format!(
+        return Err(Failed::host(format!(
             "cannot drop privileges: {}",
             std::io::Error::last_os_error()
-        ));
+        )));
     }
     Ok(())
 }
@@ -120,8 +126,9 @@ pub struct Join {
 
 impl Join {
     /// The user namespace of process `pid` and the network namespace of its thread `tid`.
-    pub fn open(pid: i32, tid: i32) -> Result<Join, String> {
-        let open = |p: String| File::open(&p).map_err(|e| format!("cannot open {p}: {e}"));
+    pub fn open(pid: i32, tid: i32) -> Result<Join, Failed> {
+        let open =
+            |p: String| File::open(&p).map_err(|e| Failed::host(format!("cannot open {p}: {e}")));
         Ok(Join {
             user: open(format!("/proc/{pid}/ns/user"))?,
             net: open(format!("/proc/{pid}/task/{tid}/ns/net"))?,

@@ -3,6 +3,7 @@
 //! the host for the VM's port forwards, says it is ready in `egress.json` in the VM's runtime
 //! folder, and ends once the QEMU that joined its network has ended (or none came).
 
+use crate::kind::Failed;
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
@@ -17,7 +18,10 @@ use super::forwards::{control_loop, Dial, Forwards, CONTROL_SOCKET};
 use super::netns;
 use super::proxy::{self, Shared};
 use super::rules::{parse_rules, Rule};
+use super::secrets::ProxySecret;
 use super::stats::Counters;
+use super::tls::Authority;
+use std::io::Read;
 
 /// The port the proxy listens on inside the VM's network (the guest reaches it at 10.0.2.2).
 pub const GUEST_PORT: u16 = 3128;
@@ -25,6 +29,8 @@ pub const GUEST_PORT: u16 = 3128;
 pub const GUEST_URL: &str = "http://10.0.2.2:3128";
 /// The ready file, in the VM's runtime folder.
 pub const READY_FILE: &str = "egress.json";
+/// How long a forward's port may stay in use at start (the VM's previous proxy closing).
+const FORWARD_WAIT: Duration = Duration::from_secs(3);
 /// How long the proxy waits for its QEMU to appear.
 pub const QEMU_WAIT: Duration = Duration::from_secs(120);
 
@@ -35,54 +41,108 @@ pub struct Config {
     state: PathBuf,
     rules: Vec<Rule>,
     forwards: Vec<(Ipv4Addr, u16)>,
+    /// Secrets come as JSON on stdin (never in arguments, files or the environment).
+    secrets_stdin: bool,
+    /// A PEM file of extra CAs an upstream host may be verified against (a test's upstream).
+    upstream_ca: Option<PathBuf>,
 }
 
+/// The file in the VM's runtime folder holding the certificate of its proxy's CA, for the
+/// guest to trust.
+pub const CA_FILE: &str = "egress-ca.pem";
+/// Largest secrets document read from stdin.
+const MAX_SECRETS: u64 = 1 << 20;
+
 /// The subcommand's arguments (`--runtime`, `--state`, rules and forwards).
-pub fn parse_args(args: &[String]) -> Result<Config, String> {
+pub fn parse_args(args: &[String]) -> Result<Config, Failed> {
     let (mut runtime, mut state, mut rules, mut forwards) = (None, None, Vec::new(), Vec::new());
+    let (mut secrets_stdin, mut upstream_ca) = (false, None);
     let mut it = args.iter();
     while let Some(flag) = it.next() {
-        let value = it.next().ok_or(format!("{flag} needs a value"))?;
+        if flag == "--secrets-stdin" {
+            secrets_stdin = true;
+            continue;
+        }
+        let value = it
+            .next()
+            .ok_or(Failed::host(format!("{flag} needs a value")))?;
         match flag.as_str() {
             "--runtime" => runtime = Some(PathBuf::from(value)),
             "--state" => state = Some(PathBuf::from(value)),
             "--rule" => rules.push(value.clone()),
+            "--upstream-ca" => upstream_ca = Some(PathBuf::from(value)),
             "--forward" => {
-                let (a, p) = value.rsplit_once(':').ok_or("--forward takes ADDR:PORT")?;
-                let a: Ipv4Addr = a.parse().map_err(|_| format!("bad address {a:?}"))?;
-                forwards.push((a, p.parse().map_err(|_| format!("bad port {p:?}"))?));
+                let (a, p) = value
+                    .rsplit_once(':')
+                    .ok_or(Failed::host("--forward takes ADDR:PORT"))?;
+                let a: Ipv4Addr = a
+                    .parse()
+                    .map_err(|_| Failed::host(format!("bad address {a:?}")))?;
+                forwards.push((
+                    a,
+                    p.parse()
+                        .map_err(|_| Failed::host(format!("bad port {p:?}")))?,
+                ));
             }
-            other => return Err(format!("unknown option {other:?}")),
+            other => return Err(Failed::host(format!("unknown option {other:?}"))),
         }
     }
     Ok(Config {
-        runtime: runtime.ok_or("--runtime is required")?,
-        state: state.ok_or("--state is required")?,
+        runtime: runtime.ok_or(Failed::host("--runtime is required"))?,
+        state: state.ok_or(Failed::host("--state is required"))?,
         rules: parse_rules(&rules)?,
         forwards,
+        secrets_stdin,
+        upstream_ca,
     })
 }
 
+/// The secrets given on stdin, and the authority that intercepts their hosts' tunnels (none
+/// without secrets: then no tunnel is ever opened). The CA's certificate is written for the
+/// guest; its key stays in this process.
+fn secrets_of(c: &Config) -> Result<(Vec<ProxySecret>, Option<Arc<Authority>>), Failed> {
+    if !c.secrets_stdin {
+        return Ok((Vec::new(), None));
+    }
+    let mut text = Vec::new();
+    std::io::Read::read_to_end(&mut std::io::stdin().take(MAX_SECRETS), &mut text)
+        .map_err(|e| Failed::host(format!("cannot read the secrets: {e}")))?;
+    let secrets: Vec<ProxySecret> = serde_json::from_slice(&text)
+        .map_err(|e| Failed::host(format!("the secrets given are not a list: {e}")))?;
+    if secrets.is_empty() {
+        return Ok((secrets, None));
+    }
+    let vm = c
+        .runtime
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let authority = Authority::new(&vm, c.upstream_ca.as_deref())?;
+    write_atomic(&c.runtime.join(CA_FILE), authority.ca_pem().as_bytes())?;
+    Ok((secrets, Some(Arc::new(authority))))
+}
+
 /// Can this host make a VM's empty network (for `mcqemu doctor`)?
-pub fn probe() -> Result<(), String> {
+pub fn probe() -> Result<(), Failed> {
     netns::enter_user_namespace()?;
     std::thread::spawn(netns::enter_net_namespace)
         .join()
-        .map_err(|_| "the probe thread panicked".to_string())?
+        .map_err(|_| Failed::host("the probe thread panicked"))?
 }
 
 /// Runs the proxy until its VM ends.
-pub fn run(c: &Config) -> Result<(), String> {
+pub fn run(c: &Config) -> Result<(), Failed> {
+    let (secrets, authority) = secrets_of(c)?;
     netns::enter_user_namespace()?;
     let (ready_tx, ready_rx) = mpsc::channel();
     let (dial_tx, dial_rx) = mpsc::channel::<Dial>();
     std::thread::Builder::new()
         .name("egress-netns".into())
         .spawn(move || inside(ready_tx, dial_rx))
-        .map_err(|e| format!("cannot start a thread: {e}"))?;
+        .map_err(|e| Failed::host(format!("cannot start a thread: {e}")))?;
     let (tid, listener) = ready_rx
         .recv_timeout(Duration::from_secs(10))
-        .map_err(|_| "the network namespace thread did not start".to_string())??;
+        .map_err(|_| Failed::host("the network namespace thread did not start"))??;
     netns::drop_privileges()?;
     let counters = Counters::new(&c.state);
     let writer = counters.clone();
@@ -91,17 +151,19 @@ pub fn run(c: &Config) -> Result<(), String> {
     })?;
     let forwards = Forwards::new(dial_tx);
     for &(addr, port) in &c.forwards {
-        forwards.add(addr, port)?;
+        forwards.add_within(addr, port, FORWARD_WAIT)?;
     }
     let control_path = c.runtime.join(CONTROL_SOCKET);
     let _ = std::fs::remove_file(&control_path);
     let control = UnixListener::bind(&control_path)
-        .map_err(|e| format!("cannot listen on {}: {e}", control_path.display()))?;
+        .map_err(|e| Failed::host(format!("cannot listen on {}: {e}", control_path.display())))?;
     spawn("egress-control", move || control_loop(control, forwards))?;
     let shared = Shared {
         rules: Arc::new(c.rules.clone()),
         counters: counters.clone(),
         active: Arc::new(AtomicUsize::new(0)),
+        secrets: Arc::new(secrets),
+        authority,
     };
     spawn("egress-accept", move || accept_loop(listener, shared))?;
     let ready = c.runtime.join(READY_FILE);
@@ -116,21 +178,21 @@ pub fn run(c: &Config) -> Result<(), String> {
     Ok(())
 }
 
-fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<(), String> {
+fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<(), Failed> {
     std::thread::Builder::new()
         .name(name.into())
         .spawn(f)
         .map(|_| ())
-        .map_err(|e| format!("cannot start a thread: {e}"))
+        .map_err(|e| Failed::host(format!("cannot start a thread: {e}")))
 }
 
 /// The thread that lives in the VM's network: makes it, listens for the guest there, hands
 /// the listener over, then dials into it for the port forwards.
-fn inside(ready: mpsc::Sender<Result<(i32, TcpListener), String>>, dials: mpsc::Receiver<Dial>) {
+fn inside(ready: mpsc::Sender<Result<(i32, TcpListener), Failed>>, dials: mpsc::Receiver<Dial>) {
     let setup = netns::enter_net_namespace()
         .and_then(|()| {
             TcpListener::bind((Ipv4Addr::LOCALHOST, GUEST_PORT))
-                .map_err(|e| format!("cannot listen in the VM's network: {e}"))
+                .map_err(|e| Failed::host(format!("cannot listen in the VM's network: {e}")))
         })
         .and_then(|l| netns::drop_privileges().map(|()| l));
     // SAFETY: gettid has no arguments.
@@ -197,11 +259,11 @@ fn zombie(pid: i32) -> bool {
         .unwrap_or(true)
 }
 
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), String> {
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), Failed> {
     let tmp = path.with_extension("json.tmp");
     std::fs::write(&tmp, bytes)
         .and_then(|()| std::fs::rename(&tmp, path))
-        .map_err(|e| format!("cannot write {}: {e}", path.display()))
+        .map_err(|e| Failed::host(format!("cannot write {}: {e}", path.display())))
 }
 
 #[cfg(test)]

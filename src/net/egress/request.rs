@@ -2,6 +2,7 @@
 //! by absolute URL (`GET http://host[:port]/path`), the head rewritten for the origin, and the
 //! proxy's own answers (403 with the reason, 400, 502).
 
+use crate::kind::Failed;
 use std::io::Read;
 
 /// The longest request head the proxy reads.
@@ -23,7 +24,7 @@ pub struct Request {
 
 /// Reads until the end of the head (`\r\n\r\n`), at most [`MAX_HEAD`] bytes; returns the head
 /// and any bytes read past it (the start of a body or of a tunnel).
-pub fn read_head(r: &mut impl Read) -> Result<(Vec<u8>, Vec<u8>), String> {
+pub fn read_head(r: &mut impl Read) -> Result<(Vec<u8>, Vec<u8>), Failed> {
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 4096];
     loop {
@@ -32,12 +33,18 @@ pub fn read_head(r: &mut impl Read) -> Result<(Vec<u8>, Vec<u8>), String> {
             return Ok((buf, rest));
         }
         if buf.len() >= MAX_HEAD {
-            return Err(format!("request head longer than {MAX_HEAD} bytes"));
+            return Err(Failed::invalid(format!(
+                "request head longer than {MAX_HEAD} bytes"
+            )));
         }
         match r.read(&mut chunk) {
-            Ok(0) => return Err("connection closed before the request head ended".into()),
+            Ok(0) => {
+                return Err(Failed::invalid(
+                    "connection closed before the request head ended",
+                ))
+            }
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            Err(e) => return Err(format!("reading the request: {e}")),
+            Err(e) => return Err(Failed::invalid(format!("reading the request: {e}"))),
         }
     }
 }
@@ -47,8 +54,9 @@ fn find_end(buf: &[u8]) -> Option<usize> {
 }
 
 /// Parses a head; the error is the reason for a 400.
-pub fn parse(head: &[u8]) -> Result<Request, String> {
-    let text = std::str::from_utf8(head).map_err(|_| "request head is not UTF-8".to_string())?;
+pub fn parse(head: &[u8]) -> Result<Request, Failed> {
+    let text =
+        std::str::from_utf8(head).map_err(|_| Failed::invalid("request head is not UTF-8"))?;
     let mut lines = text.split("\r\n");
     let first = lines.next().unwrap_or_default();
     // HTTP has no control characters in a head but CRLF and a header value's tabs: a bare LF
@@ -59,16 +67,16 @@ pub fn parse(head: &[u8]) -> Result<Request, String> {
             .skip(1)
             .any(|l| l.chars().any(|c| c.is_control() && c != '\t'))
     {
-        return Err("control characters in the request head".into());
+        return Err(Failed::invalid("control characters in the request head"));
     }
     let mut parts = first.split(' ');
     let (Some(method), Some(target), Some(version), None) =
         (parts.next(), parts.next(), parts.next(), parts.next())
     else {
-        return Err(format!("malformed request line {first:?}"));
+        return Err(Failed::invalid(format!("malformed request line {first:?}")));
     };
     if !version.starts_with("HTTP/1.") || method.is_empty() {
-        return Err(format!("malformed request line {first:?}"));
+        return Err(Failed::invalid(format!("malformed request line {first:?}")));
     }
     if method == "CONNECT" {
         let (host, port) = host_port(target, None)?;
@@ -85,9 +93,15 @@ pub fn parse(head: &[u8]) -> Result<Request, String> {
             .get(..8)
             .is_some_and(|s| s.eq_ignore_ascii_case("https://")) =>
         {
-            return Err("https:// URLs go through CONNECT (set https_proxy)".into())
+            return Err(Failed::invalid(
+                "https:// URLs go through CONNECT (set https_proxy)",
+            ))
         }
-        _ => return Err(format!("{target:?} is not an absolute http:// URL")),
+        _ => {
+            return Err(Failed::invalid(format!(
+                "{target:?} is not an absolute http:// URL"
+            )))
+        }
     };
     let (authority, path) = match rest.find(['/', '?']) {
         Some(i) => (&rest[..i], &rest[i..]),
@@ -109,9 +123,9 @@ pub fn parse(head: &[u8]) -> Result<Request, String> {
 }
 
 /// `host:port` (or `host` with a default port) with no user info.
-fn host_port(auth: &str, default: Option<u16>) -> Result<(String, u16), String> {
+fn host_port(auth: &str, default: Option<u16>) -> Result<(String, u16), Failed> {
     if auth.is_empty() || auth.contains('@') {
-        return Err(format!("{auth:?} is not host:port"));
+        return Err(Failed::invalid(format!("{auth:?} is not host:port")));
     }
     let (host, port) = match auth.rsplit_once(':') {
         Some((h, p)) if !h.contains(':') || h.ends_with(']') => (h, Some(p)),
@@ -122,12 +136,12 @@ fn host_port(auth: &str, default: Option<u16>) -> Result<(String, u16), String> 
             .parse::<u16>()
             .ok()
             .filter(|&n| n > 0)
-            .ok_or_else(|| format!("port {p:?} is not 1-65535"))?,
+            .ok_or_else(|| Failed::invalid(format!("port {p:?} is not 1-65535")))?,
         (None, Some(d)) => d,
-        (None, None) => return Err(format!("{auth:?} has no port")),
+        (None, None) => return Err(Failed::invalid(format!("{auth:?} has no port"))),
     };
     if host.is_empty() {
-        return Err(format!("{auth:?} has no host"));
+        return Err(Failed::invalid(format!("{auth:?} has no host")));
     }
     Ok((host.to_string(), port))
 }
@@ -191,7 +205,7 @@ mod tests {
     fn control_characters_in_a_head_are_refused() {
         // Found by the egress fuzz target: NULs in the host of an absolute URL.
         let nul = parse(b"GET http://Examp\0\0\0\x12OM./ HTTP/1.1\r\n\r\n");
-        assert!(nul.unwrap_err().contains("control characters"));
+        assert!(nul.unwrap_err().msg.contains("control characters"));
         let lf = parse(b"GET http://a\nX-Evil:1/ HTTP/1.1\r\nHost: a\r\n\r\n");
         assert!(lf.is_err());
         let header = parse(b"GET http://a/ HTTP/1.1\r\nX: a\nb\r\n\r\n");
@@ -199,7 +213,10 @@ mod tests {
         // Found by the egress fuzz target: a multi-byte character across the 8th byte of the
         // target panicked the https:// check.
         let split = parse("GET hp://Ex\u{fffd}le.COM./h HTTP/1.1\r\n\r\n".as_bytes());
-        assert!(split.unwrap_err().contains("not an absolute http:// URL"));
+        assert!(split
+            .unwrap_err()
+            .msg
+            .contains("not an absolute http:// URL"));
         let tab = parse(b"GET http://a/ HTTP/1.1\r\nX:\tvalue\r\n\r\n");
         assert!(tab.is_ok(), "{tab:?}");
     }
@@ -247,7 +264,10 @@ mod tests {
         let (head, rest) = read_head(&mut r).unwrap();
         assert!(head.ends_with(b"\r\n\r\n") && rest == b"TLS");
         let long = vec![b'a'; MAX_HEAD + 10];
-        assert!(read_head(&mut &long[..]).unwrap_err().contains("longer"));
+        assert!(read_head(&mut &long[..])
+            .unwrap_err()
+            .msg
+            .contains("longer"));
         assert!(String::from_utf8(answer(403, "no"))
             .unwrap()
             .contains("Content-Length: 24\r\n"));

@@ -2,6 +2,7 @@
 //! `"host"`, `"host:port"` or `"*.domain"` (`"*.domain:port"`); without a port it allows 80
 //! and 443. A name rule never matches an IP literal: only a rule that is that literal does.
 
+use crate::kind::Failed;
 use std::net::{IpAddr, Ipv6Addr};
 
 /// The most rules one VM takes (Modal's limit for allowed domains).
@@ -32,19 +33,21 @@ pub struct Rule {
 
 impl Rule {
     /// Parses one rule; the error says what is wrong with it.
-    pub fn parse(text: &str) -> Result<Rule, String> {
+    pub fn parse(text: &str) -> Result<Rule, Failed> {
         let t = text.trim();
         if t.is_empty() || t.len() > 260 {
-            return Err(format!("{text:?}: a rule is 1-260 characters"));
+            return Err(Failed::invalid(format!(
+                "{text:?}: a rule is 1-260 characters"
+            )));
         }
         if t.contains("://") || t.contains('/') || t.contains('@') {
-            return Err(format!(
+            return Err(Failed::invalid(format!(
                 "{text:?}: give a host name (\"example.com\", \"example.com:8080\" or \
                  \"*.example.com\"), not a URL"
-            ));
+            )));
         }
-        let (host, port) = split_port(t).map_err(|e| format!("{text:?}: {e}"))?;
-        let host = parse_host(host).map_err(|e| format!("{text:?}: {e}"))?;
+        let (host, port) = split_port(t).map_err(|e| Failed::invalid(format!("{text:?}: {e}")))?;
+        let host = parse_host(host).map_err(|e| Failed::invalid(format!("{text:?}: {e}")))?;
         Ok(Rule { host, port })
     }
 
@@ -84,12 +87,12 @@ impl Rule {
 }
 
 /// Parses a list of rules: at most [`MAX_RULES`], each valid; the error names the bad one.
-pub fn parse_rules(list: &[String]) -> Result<Vec<Rule>, String> {
+pub fn parse_rules(list: &[String]) -> Result<Vec<Rule>, Failed> {
     if list.len() > MAX_RULES {
-        return Err(format!(
+        return Err(Failed::invalid(format!(
             "{} rules given; at most {MAX_RULES} are allowed",
             list.len()
-        ));
+        )));
     }
     list.iter().map(|r| Rule::parse(r)).collect()
 }
@@ -102,21 +105,25 @@ pub fn allowed(rules: &[Rule], host: &Host, port: u16) -> bool {
 /// A host as a guest asked for it (`example.com`, `EXAMPLE.com.`, `10.0.0.1`, `[::1]`),
 /// normalised: names lower case without a trailing dot, IP literals parsed (so `127.1` or
 /// `0x7f.0.0.1`, which resolvers read as addresses, are refused rather than taken as names).
-pub fn normal_host(raw: &str) -> Result<Host, String> {
+pub fn normal_host(raw: &str) -> Result<Host, Failed> {
     match parse_host(raw)? {
-        Host::Suffix(_) => Err(format!("{raw:?} is not a host name")),
+        Host::Suffix(_) => Err(Failed::invalid(format!("{raw:?} is not a host name"))),
         h => Ok(h),
     }
 }
 
-fn split_port(t: &str) -> Result<(&str, Option<u16>), String> {
+fn split_port(t: &str) -> Result<(&str, Option<u16>), Failed> {
     if let Some(rest) = t.strip_prefix('[') {
-        let (inside, after) = rest.split_once(']').ok_or("an unclosed [")?;
+        let (inside, after) = rest
+            .split_once(']')
+            .ok_or(Failed::invalid("an unclosed ["))?;
         return match after {
             "" => Ok((&t[..inside.len() + 2], None)),
             p => Ok((
                 &t[..inside.len() + 2],
-                Some(port(p.strip_prefix(':').ok_or("junk after ]")?)?),
+                Some(port(
+                    p.strip_prefix(':').ok_or(Failed::invalid("junk after ]"))?,
+                )?),
             )),
         };
     }
@@ -127,19 +134,19 @@ fn split_port(t: &str) -> Result<(&str, Option<u16>), String> {
     }
 }
 
-fn port(p: &str) -> Result<u16, String> {
+fn port(p: &str) -> Result<u16, Failed> {
     match p.parse::<u16>() {
         Ok(n) if n > 0 && !p.starts_with('+') => Ok(n),
-        _ => Err(format!("port {p:?} is not 1-65535")),
+        _ => Err(Failed::invalid(format!("port {p:?} is not 1-65535"))),
     }
 }
 
-fn parse_host(h: &str) -> Result<Host, String> {
+fn parse_host(h: &str) -> Result<Host, Failed> {
     if let Some(inner) = h.strip_prefix('[').and_then(|x| x.strip_suffix(']')) {
         return inner
             .parse::<Ipv6Addr>()
             .map(|a| Host::Ip(IpAddr::V6(a)))
-            .map_err(|_| format!("[{inner}] is not an IPv6 address"));
+            .map_err(|_| Failed::invalid(format!("[{inner}] is not an IPv6 address")));
     }
     if let Ok(a) = h.parse::<IpAddr>() {
         return Ok(Host::Ip(a));
@@ -151,10 +158,10 @@ fn parse_host(h: &str) -> Result<Host, String> {
     };
     check_name(&name)?;
     if name.rsplit('.').next().is_some_and(numeric) {
-        return Err(format!(
+        return Err(Failed::invalid(format!(
             "{h:?} reads as a number or an address in another notation; write IP addresses \
              in dotted decimal"
-        ));
+        )));
     }
     Ok(if wild {
         Host::Suffix(name)
@@ -172,9 +179,9 @@ fn numeric(label: &str) -> bool {
     }
 }
 
-fn check_name(name: &str) -> Result<(), String> {
+fn check_name(name: &str) -> Result<(), Failed> {
     if name.is_empty() || name.len() > 253 {
-        return Err("a host name is 1-253 characters".into());
+        return Err(Failed::invalid("a host name is 1-253 characters"));
     }
     for label in name.split('.') {
         let ok = !label.is_empty()
@@ -185,10 +192,10 @@ fn check_name(name: &str) -> Result<(), String> {
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
         if !ok {
-            return Err(format!(
+            return Err(Failed::invalid(format!(
                 "{label:?} is not a DNS label (letters, digits, - and _, 1-63 characters; \
                  a wildcard only as a leading \"*.\")"
-            ));
+            )));
         }
     }
     Ok(())
@@ -244,7 +251,7 @@ mod tests {
             assert!(Rule::parse(bad).is_err(), "{bad:?} accepted");
         }
         let many: Vec<String> = (0..=MAX_RULES).map(|i| format!("h{i}.org")).collect();
-        assert!(parse_rules(&many).unwrap_err().contains("at most"));
+        assert!(parse_rules(&many).unwrap_err().msg.contains("at most"));
     }
 
     #[test]

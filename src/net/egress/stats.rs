@@ -1,6 +1,7 @@
 //! The proxy's counters (allowed and refused requests, the last refused names), kept in memory
 //! and written atomically to a small JSON file vm_info reads, at most a few times a second.
 
+use crate::kind::Failed;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
@@ -105,14 +106,14 @@ impl Counters {
     }
 }
 
-fn write_atomic(path: &Path, s: &Stats) -> Result<(), String> {
-    let text = serde_json::to_vec_pretty(s).map_err(|e| e.to_string())?;
+fn write_atomic(path: &Path, s: &Stats) -> Result<(), Failed> {
+    let text = serde_json::to_vec_pretty(s).map_err(|e| Failed::host(e.to_string()))?;
     let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
     std::fs::write(&tmp, text)
         .and_then(|()| std::fs::rename(&tmp, path))
         .map_err(|e| {
             let _ = std::fs::remove_file(&tmp);
-            format!("cannot write {}: {e}", path.display())
+            Failed::host(format!("cannot write {}: {e}", path.display()))
         })
 }
 

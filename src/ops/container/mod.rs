@@ -3,4 +3,5 @@
 //! ([`pull`]), and the kernel and initrd that boot such a root ([`boot`]).
 
 pub mod boot;
+pub mod kernel;
 pub mod pull;

@@ -38,37 +38,39 @@ pub struct OciRequest {
     pub arch: String,
 }
 
-/// A container image made a root.
-#[derive(Debug, Clone, Serialize)]
-pub struct OciPulled {
-    /// The root's ext4 image (raw).
-    pub path: String,
-    /// The reference pulled.
-    pub url: String,
-    /// Always `oci`.
-    pub source: &'static str,
-    /// The root image's size.
-    pub bytes: u64,
-    /// `sha256`.
-    pub algorithm: &'static str,
-    /// The image's manifest digest (its identity).
-    pub digest: String,
-    /// Every blob matched its digest.
-    pub verified: bool,
-    /// `raw` (an ext4 file system).
-    pub format: &'static str,
-    /// `linux/amd64` or `linux/arm64`.
-    pub platform: String,
-    /// Layers applied.
-    pub layers: usize,
-    /// True when the root was already built (nothing was read but the image's manifest).
-    pub cached: bool,
-    /// Bytes downloaded from the registry (0 for a layout, or when the store held it all).
-    pub downloaded: u64,
-    /// The image's program defaults.
-    pub config: RunConfig,
-    /// Entries left out (device nodes, fifos).
-    pub skipped: Vec<String>,
+crate::described! {
+    /// A container image made a root.
+    #[derive(Debug, Clone, Serialize)]
+    pub struct OciPulled {
+        /// The root's ext4 image (raw).
+        pub path: String,
+        /// The reference pulled.
+        pub url: String,
+        /// Always `oci`.
+        pub source: &'static str,
+        /// The root image's size.
+        pub bytes: u64,
+        /// `sha256`.
+        pub algorithm: &'static str,
+        /// The image's manifest digest (its identity).
+        pub digest: String,
+        /// Every blob matched its digest.
+        pub verified: bool,
+        /// `raw` (an ext4 file system).
+        pub format: &'static str,
+        /// `linux/amd64` or `linux/arm64`.
+        pub platform: String,
+        /// Layers applied.
+        pub layers: usize,
+        /// True when the root was already built (nothing was read but the image's manifest).
+        pub cached: bool,
+        /// Bytes downloaded from the registry (0 for a layout, or when the store held it all).
+        pub downloaded: u64,
+        /// The image's program defaults.
+        pub config: RunConfig,
+        /// Entries left out (device nodes, fifos).
+        pub skipped: Vec<String>,
+    }
 }
 
 /// The folder built roots are cached in.
@@ -87,7 +89,7 @@ fn max_bytes() -> u64 {
 
 /// Pulls `req.reference` and makes it a root (or finds it made).
 pub fn pull(work: &dyn Work, req: &OciRequest) -> Result<OciPulled, OpError> {
-    let (dir, tag) = match reference::parse(&req.reference).map_err(OpError::invalid)? {
+    let (dir, tag) = match reference::parse(&req.reference)? {
         Source::Layout { dir, tag } => (dir, tag),
         Source::Registry(r) => return from_registry(work, req, &r),
         Source::DockerArchive(f) => return from_archive(work, req, &f),
@@ -97,13 +99,13 @@ pub fn pull(work: &dyn Work, req: &OciRequest) -> Result<OciPulled, OpError> {
 }
 
 /// The store, locked against other servers pulling into it.
-fn locked_store(work: &dyn Work) -> Result<(PathBuf, lockfile::FileLock), OpError> {
+pub fn locked_store(work: &dyn Work) -> Result<(PathBuf, lockfile::FileLock), OpError> {
     let store = cache_dir().join("store");
     std::fs::create_dir_all(&store)
-        .map_err(|e| OpError::new(format!("cannot create {}: {e}", store.display())))?;
+        .map_err(|e| OpError::host(format!("cannot create {}: {e}", store.display())))?;
     let lock_path = cache_dir().join("store.lock");
     let lock = lockfile::lock_within(&lock_path, BUILD_WAIT, &|| work.cancelled())
-        .map_err(|e| OpError::new(format!("cannot lock {}: {e}", lock_path.display())))?
+        .map_err(|e| OpError::host(format!("cannot lock {}: {e}", lock_path.display())))?
         .ok_or_else(|| {
             OpError::busy("another server is pulling into the image store; pull again in a moment")
         })?;
@@ -145,10 +147,10 @@ fn made_root(
     let home = cache_dir().join(&hex);
     let root = home.join("root.ext4");
     std::fs::create_dir_all(cache_dir())
-        .map_err(|e| OpError::new(format!("cannot create {}: {e}", cache_dir().display())))?;
+        .map_err(|e| OpError::host(format!("cannot create {}: {e}", cache_dir().display())))?;
     let lock_path = cache_dir().join(format!("{hex}.lock"));
     let _lock = lockfile::lock_within(&lock_path, BUILD_WAIT, &|| work.cancelled())
-        .map_err(|e| OpError::new(format!("cannot lock {}: {e}", lock_path.display())))?
+        .map_err(|e| OpError::host(format!("cannot lock {}: {e}", lock_path.display())))?
         .ok_or_else(|| {
             OpError::busy(format!(
                 "another server is building the root of {}; pull again in a moment",
@@ -195,9 +197,9 @@ fn build_in(
 ) -> Result<Vec<String>, OpError> {
     let tree = scratch.join("tree");
     std::fs::create_dir_all(&tree)
-        .map_err(|e| OpError::new(format!("cannot create {}: {e}", tree.display())))?;
+        .map_err(|e| OpError::host(format!("cannot create {}: {e}", tree.display())))?;
     let folder = Folder::open_following(&tree)
-        .map_err(|e| OpError::new(format!("cannot open {}: {e}", tree.display())))?;
+        .map_err(|e| OpError::host(format!("cannot open {}: {e}", tree.display())))?;
     let mut u = unpack::Unpacker::new(folder, max_bytes());
     let total: u64 = image.layers.iter().map(|l| l.size).sum();
     let mut done = 0;
@@ -214,15 +216,17 @@ fn build_in(
     }
     let mut out = u.finish();
     let root = Folder::open_following(&tree)
-        .map_err(|e| OpError::new(format!("cannot open {}: {e}", tree.display())))?;
+        .map_err(|e| OpError::host(format!("cannot open {}: {e}", tree.display())))?;
     crate::oci::guest::place(&root, &mut out.meta, &image.config)?;
     work.progress_phase("making the ext4 root");
     let tmp = scratch.join("root.ext4");
-    rootfs::build(&tree, &out.meta, out.bytes, &tmp, &|| work.cancelled())?;
+    rootfs::build(rootfs::ROOT, &tree, &out.meta, out.bytes, &tmp, &|| {
+        work.cancelled()
+    })?;
     std::fs::create_dir_all(home)
-        .map_err(|e| OpError::new(format!("cannot create {}: {e}", home.display())))?;
+        .map_err(|e| OpError::host(format!("cannot create {}: {e}", home.display())))?;
     std::fs::rename(&tmp, home.join("root.ext4"))
-        .map_err(|e| OpError::new(format!("cannot place the root in {}: {e}", home.display())))?;
+        .map_err(|e| OpError::host(format!("cannot place the root in {}: {e}", home.display())))?;
     Ok(out.skipped)
 }
 

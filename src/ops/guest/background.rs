@@ -27,17 +27,19 @@ pub const PER_CALL: usize = 1024 * 1024;
 /// How long a kill waits after its signal before it sends SIGKILL.
 const KILL_GRACE: Duration = Duration::from_secs(5);
 
-/// What a start returns.
-#[derive(Debug, Clone, Serialize)]
-pub struct Started {
-    /// The VM.
-    pub name: String,
-    /// The handle for guest_exec_status and guest_exec_kill.
-    pub handle: String,
-    /// The program's PID in the guest.
-    pub pid: i64,
-    /// Always true.
-    pub background: bool,
+crate::described! {
+    /// What a start returns.
+    #[derive(Debug, Clone, Serialize)]
+    pub struct Started {
+        /// The VM.
+        pub name: String,
+        /// The handle for guest_exec_status and guest_exec_kill.
+        pub handle: String,
+        /// The program's PID in the guest.
+        pub pid: i64,
+        /// Always true.
+        pub background: bool,
+    }
 }
 
 /// guest_exec_status.
@@ -55,37 +57,39 @@ pub struct StatusRequest {
     pub wait: Duration,
 }
 
-/// A background process as one status call saw it.
-#[derive(Debug, Clone, Serialize)]
-pub struct Status {
-    /// The VM.
-    pub name: String,
-    /// The handle.
-    pub handle: String,
-    /// The guest PID.
-    pub pid: i64,
-    /// The program as started.
-    pub command: String,
-    /// True while it runs.
-    pub running: bool,
-    /// Its exit code once it exited.
-    pub exitcode: Option<i64>,
-    /// The signal that ended it.
-    pub signal: Option<i64>,
-    /// Output from the given offset (lossy UTF-8).
-    pub stdout: String,
-    /// Errors from the given offset.
-    pub stderr: String,
-    /// Where the next status call reads stdout from.
-    pub stdout_next_offset: u64,
-    /// Where the next status call reads stderr from.
-    pub stderr_next_offset: u64,
-    /// Bytes of stdout between the asked offset and what is still kept, now dropped.
-    pub stdout_dropped: u64,
-    /// Same for stderr.
-    pub stderr_dropped: u64,
-    /// True when more output waits past the next offsets.
-    pub more: bool,
+crate::described! {
+    /// A background process as one status call saw it.
+    #[derive(Debug, Clone, Serialize)]
+    pub struct Status {
+        /// The VM.
+        pub name: String,
+        /// The handle.
+        pub handle: String,
+        /// The guest PID.
+        pub pid: i64,
+        /// The program as started.
+        pub command: String,
+        /// True while it runs.
+        pub running: bool,
+        /// Its exit code once it exited.
+        pub exitcode: Option<i64>,
+        /// The signal that ended it.
+        pub signal: Option<i64>,
+        /// Output from the given offset (lossy UTF-8).
+        pub stdout: String,
+        /// Errors from the given offset.
+        pub stderr: String,
+        /// Where the next status call reads stdout from.
+        pub stdout_next_offset: u64,
+        /// Where the next status call reads stderr from.
+        pub stderr_next_offset: u64,
+        /// Bytes of stdout between the asked offset and what is still kept, now dropped.
+        pub stdout_dropped: u64,
+        /// Same for stderr.
+        pub stderr_dropped: u64,
+        /// True when more output waits past the next offsets.
+        pub more: bool,
+    }
 }
 
 /// The process of `handle` as recorded.
@@ -431,23 +435,25 @@ pub struct KillRequest {
     pub signal: i32,
 }
 
-/// What a kill did.
-#[derive(Debug, Clone, Serialize)]
-pub struct Killed {
-    /// The VM.
-    pub name: String,
-    /// The handle.
-    pub handle: String,
-    /// The guest PID.
-    pub pid: i64,
-    /// False when it had already ended.
-    pub signalled: bool,
-    /// True when SIGKILL had to follow.
-    pub forced: bool,
-    /// Its exit code, if it exited.
-    pub exitcode: Option<i64>,
-    /// The signal that ended it.
-    pub signal: Option<i64>,
+crate::described! {
+    /// What a kill did.
+    #[derive(Debug, Clone, Serialize)]
+    pub struct Killed {
+        /// The VM.
+        pub name: String,
+        /// The handle.
+        pub handle: String,
+        /// The guest PID.
+        pub pid: i64,
+        /// False when it had already ended.
+        pub signalled: bool,
+        /// True when SIGKILL had to follow.
+        pub forced: bool,
+        /// Its exit code, if it exited.
+        pub exitcode: Option<i64>,
+        /// The signal that ended it.
+        pub signal: Option<i64>,
+    }
 }
 
 /// The signal numbers guest_exec_kill takes by name.

@@ -19,15 +19,17 @@ const FILE_CHUNK: usize = 1024 * 1024 - 1;
 /// Cap on guest_file_read's max_bytes.
 pub const MAX_READ: i64 = 8 * 1024 * 1024;
 
-/// guest_ping's result.
-#[derive(Debug, Clone, Serialize)]
-pub struct Pong {
-    /// The VM.
-    pub name: String,
-    /// Always true (a silent agent is an error).
-    pub ok: bool,
-    /// The round trip.
-    pub latency_ms: f64,
+crate::described! {
+    /// guest_ping's result.
+    #[derive(Debug, Clone, Serialize)]
+    pub struct Pong {
+        /// The VM.
+        pub name: String,
+        /// Always true (a silent agent is an error).
+        pub ok: bool,
+        /// The round trip.
+        pub latency_ms: f64,
+    }
 }
 
 /// Asks the agent to answer within 5 s.
@@ -58,28 +60,30 @@ pub struct ReadRequest {
     pub base64: bool,
 }
 
-/// What guest_file_read returns (in this order).
-#[derive(Debug, Clone, Serialize)]
-pub struct FileRead {
-    /// The VM.
-    pub name: String,
-    /// The file.
-    pub path: String,
-    /// The bytes, as text or base64.
-    pub content: String,
-    /// "utf-8" or "base64".
-    pub encoding: &'static str,
-    /// Bytes returned.
-    pub size: usize,
-    /// True when the file goes on past them.
-    pub truncated: bool,
-    /// Where the read started.
-    pub offset: u64,
-    /// The file's size, when it can seek (not /proc files or pipes) and is not empty (an
-    /// empty file reads like a /proc file); absent otherwise, never null (the schema says an
-    /// integer, and the official client refuses a null).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub file_size: Option<u64>,
+crate::described! {
+    /// What guest_file_read returns (in this order).
+    #[derive(Debug, Clone, Serialize)]
+    pub struct FileRead {
+        /// The VM.
+        pub name: String,
+        /// The file.
+        pub path: String,
+        /// The bytes, as text or base64.
+        pub content: String,
+        /// "utf-8" or "base64".
+        pub encoding: &'static str,
+        /// Bytes returned.
+        pub size: usize,
+        /// True when the file goes on past them.
+        pub truncated: bool,
+        /// Where the read started.
+        pub offset: u64,
+        /// The file's size, when it can seek (not /proc files or pipes) and is not empty (an
+        /// empty file reads like a /proc file); absent otherwise, never null (the schema says an
+        /// integer, and the official client refuses a null).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub file_size: Option<u64>,
+    }
 }
 
 /// Reads up to `max` bytes of a guest file from `offset` on.
@@ -95,7 +99,7 @@ pub fn read(req: &ReadRequest) -> Result<FileRead, OpError> {
         (b64::encode(&data), "base64")
     } else {
         let text = String::from_utf8(data.clone()).map_err(|_| {
-            OpError::new(format!(
+            OpError::invalid(format!(
                 "{path} is not valid UTF-8 text; read it with encoding=\"base64\""
             ))
         })?;
@@ -171,17 +175,19 @@ pub struct WriteRequest {
     pub append: bool,
 }
 
-/// What guest_file_write did (in this order).
-#[derive(Debug, Clone, Serialize)]
-pub struct Written {
-    /// The VM.
-    pub name: String,
-    /// The file.
-    pub path: String,
-    /// Bytes the guest took.
-    pub bytes_written: usize,
-    /// Whether they were appended.
-    pub append: bool,
+crate::described! {
+    /// What guest_file_write did (in this order).
+    #[derive(Debug, Clone, Serialize)]
+    pub struct Written {
+        /// The VM.
+        pub name: String,
+        /// The file.
+        pub path: String,
+        /// Bytes the guest took.
+        pub bytes_written: usize,
+        /// Whether they were appended.
+        pub append: bool,
+    }
 }
 
 /// Writes (or appends) the bytes to a guest file; a guest that takes nothing is an error.

@@ -31,33 +31,37 @@ pub struct Request {
     pub max_entries: usize,
 }
 
-/// One entry.
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct Entry {
-    /// Its name in the folder.
-    pub name: String,
-    /// file, dir, symlink, fifo, socket, char, block.
-    #[serde(rename = "type")]
-    pub kind: &'static str,
-    /// Size in bytes (a link's: its target's length).
-    pub size: u64,
-    /// Permission bits, e.g. "0755".
-    pub mode: String,
-    /// Modification time, seconds since the epoch.
-    pub mtime: i64,
+crate::described! {
+    /// One entry.
+    #[derive(Debug, Clone, Serialize, PartialEq)]
+    pub struct Entry {
+        /// Its name in the folder.
+        pub name: String,
+        /// file, dir, symlink, fifo, socket, char, block.
+        #[serde(rename = "type")]
+        pub kind: &'static str,
+        /// Size in bytes (a link's: its target's length).
+        pub size: u64,
+        /// Permission bits, e.g. "0755".
+        pub mode: String,
+        /// Modification time, seconds since the epoch.
+        pub mtime: i64,
+    }
 }
 
-/// A listing.
-#[derive(Debug, Clone, Serialize)]
-pub struct Listing {
-    /// The VM.
-    pub name: String,
-    /// The folder.
-    pub path: String,
-    /// Its entries, sorted by name.
-    pub entries: Vec<Entry>,
-    /// True when the folder holds more than `max_entries`.
-    pub truncated: bool,
+crate::described! {
+    /// A listing.
+    #[derive(Debug, Clone, Serialize)]
+    pub struct Listing {
+        /// The VM.
+        pub name: String,
+        /// The folder.
+        pub path: String,
+        /// Its entries, sorted by name.
+        pub entries: Vec<Entry>,
+        /// True when the folder holds more than `max_entries`.
+        pub truncated: bool,
+    }
 }
 
 fn kind(raw: u32) -> &'static str {

@@ -11,6 +11,7 @@ pub mod clock;
 pub mod copy;
 pub mod exec;
 pub mod files;
+pub mod launch;
 pub mod listing;
 pub mod mounts;
 pub mod reseed;
@@ -158,11 +159,12 @@ impl Live {
 /// Whether mcqemu-agent answers VM `name`: asked once per QEMU process with guest-info, then
 /// remembered (a guest's agent stays what it booted with).
 pub(crate) fn agent_is_ours(name: &str) -> Result<bool, OpError> {
-    type Known = std::sync::Mutex<std::collections::HashMap<(String, Option<i64>), bool>>;
-    static KNOWN: std::sync::OnceLock<Known> = std::sync::OnceLock::new();
-    let known = KNOWN.get_or_init(Known::default);
     let key = (name.to_string(), lookup(name)?.pid);
-    if let Some(ours) = known.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+    if let Some(ours) = known_agents()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&key)
+    {
         return Ok(*ours);
     }
     // An agent that refuses guest-info (a qemu-ga with it blocked) is not ours: it is
@@ -174,12 +176,32 @@ pub(crate) fn agent_is_ours(name: &str) -> Result<bool, OpError> {
             Err(e) => Err(e),
         }
     })?;
-    let mut k = known.lock().unwrap_or_else(|p| p.into_inner());
+    remember_agent(key, ours);
+    Ok(ours)
+}
+
+/// Which VMs' agents are mcqemu-agent, by name and QEMU PID (a relaunch asks again).
+type KnownAgents = std::sync::Mutex<std::collections::HashMap<(String, Option<i64>), bool>>;
+
+fn known_agents() -> &'static KnownAgents {
+    static KNOWN: std::sync::OnceLock<KnownAgents> = std::sync::OnceLock::new();
+    KNOWN.get_or_init(KnownAgents::default)
+}
+
+fn remember_agent(key: (String, Option<i64>), ours: bool) {
+    let mut k = known_agents().lock().unwrap_or_else(|p| p.into_inner());
     if k.len() > 256 {
         k.clear();
     }
     k.insert(key, ours);
-    Ok(ours)
+}
+
+/// Notes what VM `name`'s agent is when it is known without asking (a clone runs its
+/// template's), so [`agent_is_ours`] costs no guest-info call.
+pub(crate) fn note_agent(name: &str, ours: bool) {
+    if let Ok(rec) = lookup(name) {
+        remember_agent((name.to_string(), rec.pid), ours);
+    }
 }
 
 /// Runs `launch` in VM `name` (see [`exec`]); `live`: its new lines go out in the call's
@@ -377,7 +399,7 @@ impl Run<'_> {
     /// guest_exec's result from the program's final status.
     fn result(&self, status: &ExecStatus) -> Result<Executed, OpError> {
         if let Some(why) = spool::wrapper_refusal(status) {
-            return Err(OpError::new(why));
+            return Err(OpError::host(why));
         }
         let stdout = decode_stream(status.stdout(), status.out_truncated);
         let stderr = decode_stream(status.stderr(), status.err_truncated);
@@ -444,27 +466,29 @@ fn with_spooled_output(
     Ok(status)
 }
 
-/// guest_exec's result (in this order).
-#[derive(Debug, Clone, Serialize)]
-pub struct Executed {
-    /// The VM.
-    pub name: String,
-    /// The program's guest PID.
-    pub pid: i64,
-    /// Its exit code, when it exited normally.
-    pub exitcode: Option<i64>,
-    /// The signal that ended it.
-    pub signal: Option<i64>,
-    /// Its stdout (lossy UTF-8, capped at [`MAX_OUTPUT`]).
-    pub stdout: String,
-    /// Its stderr.
-    pub stderr: String,
-    /// Its stdout was cut (here or by the agent).
-    pub stdout_truncated: bool,
-    /// Its stderr was cut.
-    pub stderr_truncated: bool,
-    /// How long the call took.
-    pub duration_ms: u64,
+crate::described! {
+    /// guest_exec's result (in this order).
+    #[derive(Debug, Clone, Serialize)]
+    pub struct Executed {
+        /// The VM.
+        pub name: String,
+        /// The program's guest PID.
+        pub pid: i64,
+        /// Its exit code, when it exited normally.
+        pub exitcode: Option<i64>,
+        /// The signal that ended it.
+        pub signal: Option<i64>,
+        /// Its stdout (lossy UTF-8, capped at [`MAX_OUTPUT`]).
+        pub stdout: String,
+        /// Its stderr.
+        pub stderr: String,
+        /// Its stdout was cut (here or by the agent).
+        pub stdout_truncated: bool,
+        /// Its stderr was cut.
+        pub stderr_truncated: bool,
+        /// How long the call took.
+        pub duration_ms: u64,
+    }
 }
 
 /// The agent's version, the guest OS and the agent commands enabled: guest_info's result.
@@ -486,17 +510,19 @@ pub fn info(name: &str) -> Result<AgentInfo, OpError> {
     })
 }
 
-/// The guest agent and OS (guest_info's result, in this order).
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct AgentInfo {
-    /// The VM.
-    pub name: String,
-    /// qemu-ga's version.
-    pub version: String,
-    /// guest-get-osinfo's answer, when the agent has it.
-    pub os: Option<Value>,
-    /// Agent commands the guest allows.
-    pub enabled_commands: Vec<String>,
-    /// Agent commands the guest's configuration blocks.
-    pub disabled_commands: Vec<String>,
+crate::described! {
+    /// The guest agent and OS (guest_info's result, in this order).
+    #[derive(Debug, Clone, serde::Serialize)]
+    pub struct AgentInfo {
+        /// The VM.
+        pub name: String,
+        /// qemu-ga's version.
+        pub version: String,
+        /// guest-get-osinfo's answer, when the agent has it.
+        pub os: Option<Value>,
+        /// Agent commands the guest allows.
+        pub enabled_commands: Vec<String>,
+        /// Agent commands the guest's configuration blocks.
+        pub disabled_commands: Vec<String>,
+    }
 }

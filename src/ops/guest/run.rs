@@ -74,7 +74,7 @@ pub fn agent_then_cloud_init(
         AgentWait::NoAgent(f) => crate::ops::vm::agent::no_agent_reason(name, &f, seeded),
         AgentWait::Fatal(f) => format!("{} before cloud-init finished", f.describe()),
     };
-    Err(OpError::new(format!(
+    Err(OpError::host(format!(
         "{why}. VM {name:?} is still running: vm_serial_read shows its console; stop_vm it when \
          done"
     )))

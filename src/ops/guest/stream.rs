@@ -7,6 +7,7 @@ use std::cell::Cell;
 use std::io::{self, Read, Write};
 use std::time::{Duration, Instant};
 
+use crate::ops::error::OpError;
 use crate::qemu::agent_calls::{self, ExecRequest, FileHandle};
 use crate::qemu::qga::{Qga, QgaError};
 
@@ -80,7 +81,9 @@ impl<'a> GuestWriter<'a> {
 
     fn send(&mut self) -> io::Result<()> {
         if self.watch.cancelled() {
-            return Err(io::Error::other("cancelled by the client"));
+            return Err(io::Error::other(OpError::cancelled(
+                "cancelled by the client",
+            )));
         }
         let mut done = 0;
         let mut idle = 0;
@@ -91,11 +94,11 @@ impl<'a> GuestWriter<'a> {
             };
             idle = if n == 0 { idle + 1 } else { 0 };
             if idle >= 3 {
-                return Err(io::Error::other(format!(
+                return Err(io::Error::other(OpError::guest(format!(
                     "the guest accepted no bytes after {}; is its disk (or memory, for a \
                      tmpfs) full?",
                     self.sent
-                )));
+                ))));
             }
             done += n.min(self.buf.len() - done);
             self.sent += n as u64;
@@ -115,10 +118,10 @@ impl<'a> GuestWriter<'a> {
 impl Write for GuestWriter<'_> {
     fn write(&mut self, data: &[u8]) -> io::Result<usize> {
         if self.sent + (self.buf.len() + data.len()) as u64 > self.cap {
-            return Err(io::Error::other(format!(
+            return Err(io::Error::other(OpError::refused(format!(
                 "the copy grew past the cap of {} MiB while it was sent",
                 self.cap >> 20
-            )));
+            ))));
         }
         let n = data.len().min(CHUNK - self.buf.len());
         self.buf.extend_from_slice(&data[..n]);
@@ -177,7 +180,9 @@ impl<'a> GuestReader<'a> {
 
     fn fill(&mut self) -> io::Result<()> {
         if self.watch.cancelled() {
-            return Err(io::Error::other("cancelled by the client"));
+            return Err(io::Error::other(OpError::cancelled(
+                "cancelled by the client",
+            )));
         }
         let mut idle = 0;
         loop {
@@ -191,10 +196,10 @@ impl<'a> GuestReader<'a> {
                 self.eof |= chunk.is_empty();
                 self.received += chunk.len() as u64;
                 if self.received > self.cap {
-                    return Err(io::Error::other(format!(
+                    return Err(io::Error::other(OpError::refused(format!(
                         "the guest's data passed the cap of {} MiB (MCQEMU_MAX_COPY_MB)",
                         self.cap >> 20
-                    )));
+                    ))));
                 }
                 self.buf = chunk;
                 self.pos = 0;
@@ -243,9 +248,9 @@ pub fn run(
     argv: &[&str],
     timeout: Duration,
     watch: Option<&dyn Watch>,
-) -> Result<Result<Ran, String>, QgaError> {
+) -> Result<Result<Ran, OpError>, QgaError> {
     let Some((program, args)) = argv.split_first() else {
-        return Ok(Err("nothing to run".into()));
+        return Ok(Err(OpError::invalid("nothing to run")));
     };
     let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
     let pid = spawn(q, &ExecRequest::captured(program, &args))?;
@@ -262,17 +267,17 @@ pub fn run(
             }));
         }
         if watch.is_some_and(|w| w.cancelled()) {
-            return Ok(Err(format!(
+            return Ok(Err(OpError::cancelled(format!(
                 "cancelled by the client; {program} is still running in the guest as pid {pid}"
-            )));
+            ))));
         }
         let now = Instant::now();
         if now >= deadline {
-            return Ok(Err(format!(
+            return Ok(Err(OpError::timed_out(format!(
                 "{} did not finish in the guest within {} s; it is still running as pid {pid}",
                 args.first().map_or(*program, String::as_str),
                 timeout.as_secs()
-            )));
+            ))));
         }
         std::thread::sleep(slice.min(deadline - now));
         slice = (slice * 2).min(Duration::from_millis(100));

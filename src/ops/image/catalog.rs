@@ -12,62 +12,70 @@ use crate::net::catalog;
 /// The catalog's entry names, for image_pull's schema.
 pub use crate::net::catalog::names;
 
-/// A catalog entry's pinned source.
-#[derive(Debug, Clone, Serialize)]
-pub struct PinnedSource {
-    /// The dated URL.
-    pub url: &'static str,
-    /// Its digest, `algorithm:hex`.
-    pub digest: &'static str,
-    /// The publisher's checksum file that lists it, where there is one.
-    pub checksums_url: Option<&'static str>,
+crate::described! {
+    /// A catalog entry's pinned source.
+    #[derive(Debug, Clone, Serialize)]
+    pub struct PinnedSource {
+        /// The dated URL.
+        pub url: &'static str,
+        /// Its digest, `algorithm:hex`.
+        pub digest: &'static str,
+        /// The publisher's checksum file that lists it, where there is one.
+        pub checksums_url: Option<&'static str>,
+    }
 }
 
-/// A catalog entry's moving source.
-#[derive(Debug, Clone, Serialize)]
-pub struct LatestSource {
-    /// The moving URL.
-    pub url: &'static str,
-    /// The checksum file that lists it (without one it is not pulled by name).
-    pub checksums_url: Option<&'static str>,
+crate::described! {
+    /// A catalog entry's moving source.
+    #[derive(Debug, Clone, Serialize)]
+    pub struct LatestSource {
+        /// The moving URL.
+        pub url: &'static str,
+        /// The checksum file that lists it (without one it is not pulled by name).
+        pub checksums_url: Option<&'static str>,
+    }
 }
 
-/// One catalog entry and whether it is pulled (image_catalog's item, in this order).
-#[derive(Debug, Clone, Serialize)]
-pub struct CatalogImage {
-    /// The name image_pull takes.
-    pub name: &'static str,
-    /// What it is.
-    pub title: &'static str,
-    /// x86_64 or aarch64.
-    pub arch: &'static str,
-    /// The firmware it boots with.
-    pub firmware: &'static str,
-    /// The dated source.
-    pub pinned: Option<PinnedSource>,
-    /// The moving source.
-    pub latest: Option<LatestSource>,
-    /// Whether it is in the default folder.
-    pub pulled: bool,
-    /// Which source it was pulled from.
-    pub source: Option<&'static str>,
-    /// Where it is.
-    pub path: Option<String>,
-    /// Its size.
-    pub size: Option<u64>,
-    /// The digest verified at pull time (from its record).
-    pub digest: Option<Value>,
-    /// That digest's algorithm.
-    pub algorithm: Option<Value>,
-    /// When it was pulled.
-    pub pulled_at: Option<Value>,
+crate::described! {
+    /// One catalog entry and whether it is pulled (image_catalog's item, in this order).
+    #[derive(Debug, Clone, Serialize)]
+    pub struct CatalogImage {
+        /// The name image_pull takes.
+        pub name: &'static str,
+        /// What it is.
+        pub title: &'static str,
+        /// x86_64 or aarch64.
+        pub arch: &'static str,
+        /// The firmware it boots with.
+        pub firmware: &'static str,
+        /// The dated source.
+        pub pinned: Option<PinnedSource>,
+        /// The moving source.
+        pub latest: Option<LatestSource>,
+        /// Whether it is in the default folder.
+        pub pulled: bool,
+        /// Which source it was pulled from.
+        pub source: Option<&'static str>,
+        /// Where it is.
+        pub path: Option<String>,
+        /// Its size.
+        pub size: Option<u64>,
+        /// The digest verified at pull time (from its record).
+        pub digest: Option<Value>,
+        /// That digest's algorithm.
+        pub algorithm: Option<Value>,
+        /// When it was pulled.
+        pub pulled_at: Option<Value>,
+    }
 }
 
-/// The whole catalog (image_catalog's result).
-#[derive(Debug, Clone, Serialize)]
-pub struct Catalog {
-    /// Every entry, in the catalog's order.
-    pub images: Vec<CatalogImage>,
+crate::described! {
+    /// The whole catalog (image_catalog's result).
+    #[derive(Debug, Clone, Serialize)]
+    pub struct Catalog {
+        /// Every entry, in the catalog's order.
+        pub images: Vec<CatalogImage>,
+    }
 }
 
 /// The image pulled from `url` into `dir`, when its record says so: path, size and record.

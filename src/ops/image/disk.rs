@@ -17,21 +17,23 @@ use crate::qemu::img::{self, ImgError};
 /// The formats the image tools write.
 pub use crate::qemu::img::FORMATS;
 
-/// What every image tool reports of an image (the start of each result, in this order).
-#[derive(Debug, Clone, Serialize)]
-pub struct Summary {
-    /// The image.
-    pub path: String,
-    /// Its format.
-    pub format: Option<String>,
-    /// Its virtual size.
-    pub virtual_size: Option<u64>,
-    /// Its size on disk.
-    pub actual_size: Option<u64>,
-    /// Its backing file.
-    pub backing_file: Option<String>,
-    /// The backing file's format.
-    pub backing_format: Option<String>,
+crate::described! {
+    /// What every image tool reports of an image (the start of each result, in this order).
+    #[derive(Debug, Clone, Serialize)]
+    pub struct Summary {
+        /// The image.
+        pub path: String,
+        /// Its format.
+        pub format: Option<String>,
+        /// Its virtual size.
+        pub virtual_size: Option<u64>,
+        /// Its size on disk.
+        pub actual_size: Option<u64>,
+        /// Its backing file.
+        pub backing_file: Option<String>,
+        /// The backing file's format.
+        pub backing_format: Option<String>,
+    }
 }
 
 fn summary(path: &Path, info: &ImageInfo) -> Summary {
@@ -119,7 +121,7 @@ pub fn create(req: &CreateRequest) -> Result<Summary, OpError> {
         let msg = e
             .to_string()
             .replace(&target.display().to_string(), &path.display().to_string());
-        return Err(OpError::new(msg));
+        return Err(OpError::host(msg));
     }
     // hard_link refuses an existing path, so overwrite=false never clobbers even in a race.
     let placed = if req.overwrite {
@@ -129,7 +131,7 @@ pub fn create(req: &CreateRequest) -> Result<Summary, OpError> {
     };
     let _ = std::fs::remove_file(&target);
     if let Err(e) = placed {
-        return Err(OpError::new(format!(
+        return Err(OpError::host(format!(
             "could not place the new image at {}: {e}",
             path.display()
         )));
@@ -138,19 +140,21 @@ pub fn create(req: &CreateRequest) -> Result<Summary, OpError> {
     Ok(summary(path, &info))
 }
 
-/// image_info's result: the summary, the snapshots, qemu-img's own JSON, and the chain.
-#[derive(Debug, Clone, Serialize)]
-pub struct Info {
-    /// The summary.
-    #[serde(flatten)]
-    pub summary: Summary,
-    /// Its internal snapshots.
-    pub snapshots: Vec<SnapshotItem>,
-    /// qemu-img info's JSON of the image, as it is.
-    pub info: Value,
-    /// qemu-img info's JSON of every image in the backing chain, when asked for.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub chain: Option<Vec<Value>>,
+crate::described! {
+    /// image_info's result: the summary, the snapshots, qemu-img's own JSON, and the chain.
+    #[derive(Debug, Clone, Serialize)]
+    pub struct Info {
+        /// The summary.
+        #[serde(flatten)]
+        pub summary: Summary,
+        /// Its internal snapshots.
+        pub snapshots: Vec<SnapshotItem>,
+        /// qemu-img info's JSON of the image, as it is.
+        pub info: Value,
+        /// qemu-img info's JSON of every image in the backing chain, when asked for.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub chain: Option<Vec<Value>>,
+    }
 }
 
 /// The (checked) image at `path`, with its backing chain when `chain`.
@@ -158,16 +162,17 @@ pub fn info(path: &Path, chain: bool) -> Result<Info, OpError> {
     must_exist(path, "image")?;
     // Checked (and its format pinned or probed once) before it is read: with backing_chain
     // every file in the chain is opened below.
-    let format = checked_image(path, "image", None)?.format;
+    let checked = checked_image(path, "image", None)?;
     let (top, chain_v) = if chain {
-        let all = img::info_chain(path, &format)?;
+        let all = img::info_chain(path, &checked.format)?;
         let top = all
             .first()
             .cloned()
             .ok_or_else(|| ImgError::BadOutput("empty backing chain".into()))?;
         (top, Some(all.into_iter().map(|i| i.raw).collect()))
     } else {
-        (img::info(path, &format)?, None)
+        // The check's own reading of the top image, not a second qemu-img run.
+        (img::ImageInfo::of(checked.top)?, None)
     };
     Ok(Info {
         summary: summary(path, &top),
@@ -192,18 +197,20 @@ pub struct ConvertRequest {
     pub overwrite: bool,
 }
 
-/// image_convert's result.
-#[derive(Debug, Clone, Serialize)]
-pub struct Converted {
-    /// The new image's summary.
-    #[serde(flatten)]
-    pub summary: Summary,
-    /// The image read.
-    pub source: String,
-    /// Its format, probed.
-    pub source_format: String,
-    /// Whether it was compressed.
-    pub compressed: bool,
+crate::described! {
+    /// image_convert's result.
+    #[derive(Debug, Clone, Serialize)]
+    pub struct Converted {
+        /// The new image's summary.
+        #[serde(flatten)]
+        pub summary: Summary,
+        /// The image read.
+        pub source: String,
+        /// Its format, probed.
+        pub source_format: String,
+        /// Whether it was compressed.
+        pub compressed: bool,
+    }
 }
 
 /// Converts into a temporary beside dest (cancellable), placed only on success.
@@ -238,7 +245,7 @@ pub fn convert(work: &dyn Work, req: &ConvertRequest) -> Result<Converted, OpErr
     };
     if let Err(e) = placed {
         let _ = std::fs::remove_file(&tmp);
-        return Err(OpError::new(format!(
+        return Err(OpError::host(format!(
             "could not move the result into {}: {e}",
             dest.display()
         )));
@@ -253,16 +260,18 @@ pub fn convert(work: &dyn Work, req: &ConvertRequest) -> Result<Converted, OpErr
     })
 }
 
-/// image_resize's result.
-#[derive(Debug, Clone, Serialize)]
-pub struct Resized {
-    /// The image's summary after.
-    #[serde(flatten)]
-    pub summary: Summary,
-    /// The virtual size before.
-    pub old_size: u64,
-    /// The virtual size after.
-    pub new_size: u64,
+crate::described! {
+    /// image_resize's result.
+    #[derive(Debug, Clone, Serialize)]
+    pub struct Resized {
+        /// The image's summary after.
+        #[serde(flatten)]
+        pub summary: Summary,
+        /// The virtual size before.
+        pub old_size: u64,
+        /// The virtual size after.
+        pub new_size: u64,
+    }
 }
 
 /// Resizes the (checked) image at `path` to `size`: absolute ("20G") or relative ("+5G",
@@ -276,11 +285,11 @@ pub fn resize(path: &Path, size: &str, shrink: bool) -> Result<Resized, OpError>
         .ok_or_else(|| ImgError::BadOutput("no virtual-size".into()))?;
     let new = if let Some(rest) = size_s.strip_prefix('+') {
         old.checked_add(img::parse_size(rest)?)
-            .ok_or_else(|| OpError::new("size overflows"))?
+            .ok_or_else(|| OpError::invalid("size overflows"))?
     } else if let Some(rest) = size_s.strip_prefix('-') {
         let d = img::parse_size(rest)?;
         old.checked_sub(d).filter(|n| *n > 0).ok_or_else(|| {
-            OpError::new(format!(
+            OpError::invalid(format!(
                 "cannot shrink by {rest}: the image is only {old} bytes"
             ))
         })?

@@ -26,23 +26,25 @@ pub struct DownloadRequest {
     pub overwrite: bool,
 }
 
-/// What was downloaded (image_download's result, in this order).
-#[derive(Debug, Clone, Serialize)]
-pub struct Downloaded {
-    /// Where it is.
-    pub path: String,
-    /// The URL asked for.
-    pub url: String,
-    /// The URL after redirects.
-    pub final_url: String,
-    /// Its size.
-    pub bytes: u64,
-    /// Its SHA-256.
-    pub sha256: String,
-    /// Whether it was checked against a given digest.
-    pub verified: bool,
-    /// The final response's HTTP status.
-    pub http_status: u16,
+crate::described! {
+    /// What was downloaded (image_download's result, in this order).
+    #[derive(Debug, Clone, Serialize)]
+    pub struct Downloaded {
+        /// Where it is.
+        pub path: String,
+        /// The URL asked for.
+        pub url: String,
+        /// The URL after redirects.
+        pub final_url: String,
+        /// Its size.
+        pub bytes: u64,
+        /// Its SHA-256.
+        pub sha256: String,
+        /// Whether it was checked against a given digest.
+        pub verified: bool,
+        /// The final response's HTTP status.
+        pub http_status: u16,
+    }
 }
 
 /// Checks the URL, the path and the digest's form, then downloads.

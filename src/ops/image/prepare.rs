@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use crate::cloudinit::CloudInit;
 use crate::ops::error::OpError;
 use crate::ops::guest::run as guest_run;
-use crate::ops::sandbox::request::SandboxRequest;
+use crate::ops::sandbox::request::{Root, SandboxRequest};
 use crate::ops::sandbox::result::Sandboxed;
 use crate::ops::vm::agent::AgentWait;
 use crate::ops::vm::cloud_init::CloudInitOut;
@@ -115,28 +115,30 @@ pub struct PrepareRequest {
     pub agent: AgentChoice,
 }
 
-/// What image_prepare made (in this order).
-#[derive(Debug, Clone, Serialize)]
-pub struct Prepared {
-    /// The prepared image.
-    pub dest: String,
-    /// Always qcow2.
-    pub format: &'static str,
-    /// Its size.
-    pub bytes: u64,
-    /// The guest agent's version.
-    pub agent_version: String,
-    /// The guest OS as the agent reports it (absent when it does not).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub os: Option<Value>,
-    /// cloud-init's report of the boot.
-    pub cloud_init: CloudInitOut,
-    /// What went wrong but did not stop it.
-    pub warnings: Vec<String>,
-    /// The stock image.
-    pub source: String,
-    /// How long it took.
-    pub duration_ms: u64,
+crate::described! {
+    /// What image_prepare made (in this order).
+    #[derive(Debug, Clone, Serialize)]
+    pub struct Prepared {
+        /// The prepared image.
+        pub dest: String,
+        /// Always qcow2.
+        pub format: &'static str,
+        /// Its size.
+        pub bytes: u64,
+        /// The guest agent's version.
+        pub agent_version: String,
+        /// The guest OS as the agent reports it (absent when it does not).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub os: Option<Value>,
+        /// cloud-init's report of the boot.
+        pub cloud_init: CloudInitOut,
+        /// What went wrong but did not stop it.
+        pub warnings: Vec<String>,
+        /// The stock image.
+        pub source: String,
+        /// How long it took.
+        pub duration_ms: u64,
+    }
 }
 
 /// Boots, cleans, stops and flattens; the temporary VM goes whatever happens.
@@ -183,7 +185,7 @@ pub fn prepare(ctx: &dyn Work, req: &PrepareRequest) -> Result<Prepared, OpError
     // 1. Boot on an overlay, wait for the agent and for cloud-init.
     let boot = SandboxRequest {
         name: Some(name.clone()),
-        base_image: Some(source.display().to_string()),
+        root: Some(Root::Image(source.display().to_string())),
         disk_size: req.disk_size.clone(),
         launch: LaunchArgs {
             port_forwards: Some(Vec::new()),
@@ -201,7 +203,7 @@ pub fn prepare(ctx: &dyn Work, req: &PrepareRequest) -> Result<Prepared, OpError
     let booted = crate::ops::sandbox::boot(ctx, &boot);
     let result = booted.and_then(|(out, waited, _)| {
         if let AgentWait::Fatal(f) = waited {
-            return Err(OpError::new(format!(
+            return Err(OpError::host(format!(
                 "{} while the prepared VM {name:?} booted; nothing was written to dest. Last \
                  serial output: {}",
                 f.describe(),
@@ -220,9 +222,9 @@ pub fn prepare(ctx: &dyn Work, req: &PrepareRequest) -> Result<Prepared, OpError
 
 /// mcqemu-agent for `arch`, read from where this host keeps it.
 fn read_agent(arch: &str) -> Result<Vec<u8>, OpError> {
-    let path = crate::host::agent::find(arch).map_err(OpError::new)?;
+    let path = crate::host::agent::find(arch)?;
     std::fs::read(&path).map_err(|e| {
-        OpError::new(format!(
+        OpError::host(format!(
             "cannot read mcqemu-agent at {}: {e}",
             path.display()
         ))
@@ -312,7 +314,7 @@ fn finish(
     ctx.progress(2.0, None, "cleaning cloud-init state and the machine-id");
     let cleaned = guest_run::run(ctx, name, "sh", &["-c", CLEAN], Duration::from_secs(120))?;
     if cleaned.exitcode != Some(0) {
-        return Err(OpError::new(format!(
+        return Err(OpError::guest(format!(
             "cleaning the guest (cloud-init's state, /etc/machine-id left present and empty) \
              failed (exit {:?}); nothing was written to dest: {}",
             cleaned.exitcode,
@@ -321,7 +323,7 @@ fn finish(
     }
     ctx.progress(3.0, None, "shutting the guest down");
     stop::stop(ctx, name, false, Duration::from_secs(180)).map_err(|e| {
-        OpError::new(format!(
+        OpError::guest(format!(
             "the prepared guest did not shut down cleanly: {}",
             e.msg
         ))
@@ -339,7 +341,7 @@ fn finish(
     });
     if let Err(e) = converted.map_err(OpError::from).and_then(|()| {
         std::fs::rename(&tmp, dest)
-            .map_err(|e| OpError::new(format!("cannot place {}: {e}", dest.display())))
+            .map_err(|e| OpError::host(format!("cannot place {}: {e}", dest.display())))
     }) {
         let _ = std::fs::remove_file(&tmp);
         return Err(e);

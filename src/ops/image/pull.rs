@@ -76,7 +76,7 @@ fn plan_entry(e: &catalog::Entry) -> Result<(Vec<Candidate>, Option<&'static str
     let mut candidates = Vec::new();
     if let Some(p) = e.pinned {
         let (algo, hex) = p.algo_and_hex().ok_or_else(|| {
-            OpError::new(format!(
+            OpError::host(format!(
                 "the catalog's digest for {} is malformed: {:?}",
                 e.name, p.digest
             ))
@@ -146,7 +146,7 @@ fn pull_source(work: &dyn Work, src: &Source, overwrite: bool) -> Result<Got, Fa
         Check::Sums(sums_url) => {
             work.progress(0.0, None, "fetching the checksum file");
             let file_name = url_file_name(&src.what.fetch).ok_or_else(|| {
-                OpError::new(format!(
+                OpError::host(format!(
                     "{} names no file to look up in the checksum file",
                     src.what.fetch
                 ))
@@ -155,7 +155,7 @@ fn pull_source(work: &dyn Work, src: &Source, overwrite: bool) -> Result<Got, Fa
                 download::fetch_small(sums_url, checksums::MAX_BYTES).map_err(OpError::from)?;
             let text = String::from_utf8_lossy(&sums);
             let (algo, digest) = checksums::find(&text, &file_name).ok_or_else(|| {
-                OpError::new(format!(
+                OpError::host(format!(
                     "{sums_url} lists no SHA-256 or SHA-512 checksum for {file_name:?}; check \
                      the URL and the checksum file (nothing was downloaded)"
                 ))
@@ -188,7 +188,7 @@ fn pull_source(work: &dyn Work, src: &Source, overwrite: bool) -> Result<Got, Fa
         Ok(c) => c,
         Err(e) => {
             let _ = std::fs::remove_file(&src.dest);
-            return Err(OpError::new(format!("{e}; the pulled file was removed")).into());
+            return Err(OpError::host(format!("{e}; the pulled file was removed")).into());
         }
     };
     Ok(Got {
@@ -207,7 +207,7 @@ fn dest_for(path: Option<&str>, file_name: &str) -> Result<PathBuf, OpError> {
     }
     let dir = images_dir();
     std::fs::create_dir_all(&dir)
-        .map_err(|e| OpError::new(format!("cannot create {}: {e}", dir.display())))?;
+        .map_err(|e| OpError::host(format!("cannot create {}: {e}", dir.display())))?;
     Ok(roots::check(&dir.join(file_name), Access::Write)?)
 }
 
@@ -250,7 +250,7 @@ pub fn pull(work: &dyn Work, req: &PullRequest) -> Result<Pulled, OpError> {
             }
         }
     }
-    Err(OpError::new(format!(
+    Err(OpError::host(format!(
         "the catalog entry {} has no source to pull",
         name.unwrap_or_default()
     )))
@@ -269,7 +269,7 @@ fn plan_for(req: &PullRequest) -> Result<Plan, OpError> {
     match (req.image.as_deref(), req.url.as_deref()) {
         (Some(name), None) => {
             let e = catalog::find(name).ok_or_else(|| {
-                OpError::new(format!(
+                OpError::not_found(format!(
                     "no catalog image {name:?}; image_catalog lists: {}",
                     catalog::names().join(", ")
                 ))
@@ -309,7 +309,7 @@ fn checked_sources(plan: Vec<Candidate>, path: Option<&str>) -> Result<Vec<Sourc
             download::check_url(sums)?;
         }
         let file_name = url_file_name(fetch).ok_or_else(|| {
-            OpError::new(format!(
+            OpError::host(format!(
                 "{fetch} names no file to look up in the checksum file"
             ))
         })?;
@@ -338,44 +338,84 @@ fn pin_gone(name: &str, unverifiable: Option<&str>, fetch: &str, code: u16) -> O
     ))
 }
 
-/// A pinned URL found gone before the pull fell back to the moving one.
-#[derive(Debug, Clone, Serialize)]
-pub struct Gone {
-    /// The pinned URL.
-    pub url: String,
-    /// Its HTTP status (404 or 410).
-    pub status: u16,
+crate::described! {
+    /// A pinned URL found gone before the pull fell back to the moving one.
+    #[derive(Debug, Clone, Serialize)]
+    pub struct Gone {
+        /// The pinned URL.
+        pub url: String,
+        /// Its HTTP status (404 or 410).
+        pub status: u16,
+    }
 }
 
-/// What image_pull reports (its structured result, in this order).
+crate::described! {
+    /// What image_pull reports (its structured result, in this order).
+    #[derive(Debug, Clone, Serialize)]
+    pub struct Pulled {
+        /// Where the image is.
+        pub path: String,
+        /// The URL fetched.
+        pub url: String,
+        /// "pinned", "latest" or "url".
+        pub source: &'static str,
+        /// The catalog entry, when pulled by name.
+        pub image: Option<&'static str>,
+        /// The URL as the catalog names it, when pulled by name.
+        pub catalog_url: Option<String>,
+        /// The checksum file the digest came from.
+        pub checksums_url: Option<String>,
+        /// The pinned URL found gone first, if one was.
+        pub pinned_gone: Option<Gone>,
+        /// The image's size.
+        pub bytes: u64,
+        /// The digest's algorithm.
+        pub algorithm: &'static str,
+        /// The verified digest.
+        pub digest: String,
+        /// Always true: an unverified image is never kept.
+        pub verified: bool,
+        /// The byte a resumed download continued from.
+        pub resumed_from: u64,
+        /// The image's format, as the untrusted-image check read it.
+        pub format: String,
+    }
+}
+
+/// What image_pull is asked for: a cloud image, or a container image to make a root of.
+#[derive(Debug, Clone)]
+pub enum Wanted {
+    /// A cloud image by catalog name or URL.
+    Image(PullRequest),
+    /// A container image.
+    Oci(crate::ops::container::pull::OciRequest),
+}
+
+/// image_pull's result.
 #[derive(Debug, Clone, Serialize)]
-pub struct Pulled {
-    /// Where the image is.
-    pub path: String,
-    /// The URL fetched.
-    pub url: String,
-    /// "pinned", "latest" or "url".
-    pub source: &'static str,
-    /// The catalog entry, when pulled by name.
-    pub image: Option<&'static str>,
-    /// The URL as the catalog names it, when pulled by name.
-    pub catalog_url: Option<String>,
-    /// The checksum file the digest came from.
-    pub checksums_url: Option<String>,
-    /// The pinned URL found gone first, if one was.
-    pub pinned_gone: Option<Gone>,
-    /// The image's size.
-    pub bytes: u64,
-    /// The digest's algorithm.
-    pub algorithm: &'static str,
-    /// The verified digest.
-    pub digest: String,
-    /// Always true: an unverified image is never kept.
-    pub verified: bool,
-    /// The byte a resumed download continued from.
-    pub resumed_from: u64,
-    /// The image's format, as the untrusted-image check read it.
-    pub format: String,
+#[serde(untagged)]
+pub enum Fetched {
+    /// A verified cloud image.
+    Image(Pulled),
+    /// A container image made a root.
+    Oci(crate::ops::container::pull::OciPulled),
+}
+
+impl crate::schema::Schema for Fetched {
+    fn schema() -> serde_json::Value {
+        crate::schema::any_of(vec![
+            Pulled::schema(),
+            crate::ops::container::pull::OciPulled::schema(),
+        ])
+    }
+}
+
+/// image_pull: the cloud image or the container image asked for.
+pub fn pull_wanted(work: &dyn Work, wanted: &Wanted) -> Result<Fetched, OpError> {
+    match wanted {
+        Wanted::Image(req) => pull(work, req).map(Fetched::Image),
+        Wanted::Oci(req) => crate::ops::container::pull::pull(work, req).map(Fetched::Oci),
+    }
 }
 
 /// Writes the record beside the image and builds the result.

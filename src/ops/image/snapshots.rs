@@ -13,19 +13,21 @@ use crate::qemu::img::{self, ImageInfo};
 /// What an image snapshot operation does.
 pub use crate::qemu::img::SnapshotOp;
 
-/// One internal snapshot of an image, as the image tools list it.
-#[derive(Debug, Clone, Serialize)]
-pub struct SnapshotItem {
-    /// qemu-img's id.
-    pub id: String,
-    /// The tag.
-    pub tag: String,
-    /// Bytes of saved VM state (0 for a disk-only snapshot).
-    pub vm_state_size: u64,
-    /// When it was taken, ISO 8601.
-    pub date: String,
-    /// The guest's clock then, HH:MM:SS.mmm.
-    pub vm_clock: String,
+crate::described! {
+    /// One internal snapshot of an image, as the image tools list it.
+    #[derive(Debug, Clone, Serialize)]
+    pub struct SnapshotItem {
+        /// qemu-img's id.
+        pub id: String,
+        /// The tag.
+        pub tag: String,
+        /// Bytes of saved VM state (0 for a disk-only snapshot).
+        pub vm_state_size: u64,
+        /// When it was taken, ISO 8601.
+        pub date: String,
+        /// The guest's clock then, HH:MM:SS.mmm.
+        pub vm_clock: String,
+    }
 }
 
 /// Snapshots of an image, structured, from qemu-img's JSON.
@@ -45,13 +47,15 @@ pub fn snapshots_of(info: &ImageInfo) -> Vec<SnapshotItem> {
         .collect()
 }
 
-/// An image's snapshots (image_snapshot_list's result).
-#[derive(Debug, Clone, Serialize)]
-pub struct Listed {
-    /// The image.
-    pub path: String,
-    /// Its snapshots.
-    pub snapshots: Vec<SnapshotItem>,
+crate::described! {
+    /// An image's snapshots (image_snapshot_list's result).
+    #[derive(Debug, Clone, Serialize)]
+    pub struct Listed {
+        /// The image.
+        pub path: String,
+        /// Its snapshots.
+        pub snapshots: Vec<SnapshotItem>,
+    }
 }
 
 /// The snapshots of the (checked) image at `path`.
@@ -64,17 +68,19 @@ pub fn list(path: &Path) -> Result<Listed, OpError> {
     })
 }
 
-/// What an operation did (the snapshot tools' result, in this order).
-#[derive(Debug, Clone, Serialize)]
-pub struct Done {
-    /// The image.
-    pub path: String,
-    /// The tag.
-    pub tag: String,
-    /// created, applied or deleted.
-    pub action: &'static str,
-    /// The snapshots after it.
-    pub snapshots: Vec<SnapshotItem>,
+crate::described! {
+    /// What an operation did (the snapshot tools' result, in this order).
+    #[derive(Debug, Clone, Serialize)]
+    pub struct Done {
+        /// The image.
+        pub path: String,
+        /// The tag.
+        pub tag: String,
+        /// created, applied or deleted.
+        pub action: &'static str,
+        /// The snapshots after it.
+        pub snapshots: Vec<SnapshotItem>,
+    }
 }
 
 /// Creates, applies or deletes snapshot `tag` (already checked) of the image at `path`.
@@ -93,7 +99,7 @@ pub fn operate(path: &Path, tag: &str, op: SnapshotOp) -> Result<Done, OpError> 
             )))
         }
         SnapshotOp::Apply | SnapshotOp::Delete if !has => {
-            return Err(OpError::new(format!(
+            return Err(OpError::not_found(format!(
                 "no snapshot {tag:?} in {}; existing tags: [{}]",
                 path.display(),
                 tags.join(", ")

@@ -108,11 +108,11 @@ impl Receiver {
         end_stale(&dir);
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)
-            .map_err(|e| OpError::new(format!("cannot create {}: {e}", dir.display())))?;
+            .map_err(|e| OpError::host(format!("cannot create {}: {e}", dir.display())))?;
         let migration = dir.join("migrate.sock");
         if migration.as_os_str().len() > crate::qemu::sock::MAX_SOCKET_PATH {
             let _ = std::fs::remove_dir_all(&dir);
-            return Err(OpError::new(format!(
+            return Err(OpError::host(format!(
                 "socket path {} is longer than a unix socket allows; set MCQEMU_RUNTIME_DIR \
                  to a shorter folder",
                 migration.display()
@@ -231,7 +231,7 @@ fn look(plan: &Plan) -> Result<Look, OpError> {
     session::monitor(plan.name, plan.rec, |q| {
         let blocked = live_migrate::blockers(q)?;
         if !blocked.is_empty() {
-            return Err(OpError::new(format!(
+            return Err(OpError::host(format!(
                 "VM {:?} cannot be copied: QEMU says {}",
                 plan.name,
                 blocked.join("; ")
@@ -298,7 +298,7 @@ fn prepare_disks(plan: &Plan, dir: &Path) -> Result<Disks, OpError> {
             if let (0, Some(Move { overlay: next, .. })) = (i, &plan.next_overlay) {
                 let frozen = plan.dest.join("disk.qcow2");
                 std::fs::hard_link(path, &frozen).map_err(|e| {
-                    OpError::new(format!(
+                    OpError::host(format!(
                         "cannot freeze {} as {}: {e}",
                         path.display(),
                         frozen.display()
@@ -332,7 +332,7 @@ fn disk_size(path: &Path, format: &str) -> Result<u64, OpError> {
         _ => None,
     };
     size.ok_or_else(|| {
-        OpError::new(format!(
+        OpError::host(format!(
             "cannot read the size of disk {} ({format}); only qcow2 and raw disks can be copied",
             path.display()
         ))
@@ -396,7 +396,7 @@ fn start_receiver(
     if let Some(uefi) = &mut r.boot.uefi {
         let own = dir.join("uefi-vars.fd");
         crate::state::copy::private(&uefi.vars, &own)
-            .map_err(|e| OpError::new(format!("cannot copy {}: {e}", uefi.vars.display())))?;
+            .map_err(|e| OpError::host(format!("cannot copy {}: {e}", uefi.vars.display())))?;
         uefi.vars = own;
     }
     let log = dir.join("qemu.log");
@@ -409,7 +409,7 @@ fn start_receiver(
         None,
     )
     .map_err(|e| {
-        OpError::new(format!(
+        OpError::host(format!(
             "the QEMU that receives the copy did not start: {e}"
         ))
     })?;
@@ -430,7 +430,7 @@ fn copy_guest(
     let mut rq = Qmp::connect(&recv.qmp, Duration::from_secs(10))
         .map_err(|e| OpError::timed_out(format!("the receiving QEMU did not answer: {e}")))?;
     live_migrate::listen(&mut rq, &recv.migration, deadline)
-        .map_err(|e| OpError::new(format!("the receiving QEMU refused the copy: {e}")))?;
+        .map_err(|e| OpError::host(format!("the receiving QEMU refused the copy: {e}")))?;
     session::monitor(plan.name, plan.rec, |q| {
         let mut at_switchover = |q: &mut Qmp| freeze(q, plan, disks);
         let sent = live_migrate::send(q, &recv.migration, deadline, how, &mut at_switchover)?;
@@ -472,7 +472,7 @@ fn freeze(q: &mut Qmp, plan: &Plan, disks: &Disks) -> Result<(), QmpError> {
 fn save_receiver(recv: &Receiver, to: &Path, deadline: Instant) -> Result<u64, OpError> {
     let mut rq = Qmp::connect(&recv.qmp, Duration::from_secs(10))
         .map_err(|e| OpError::timed_out(format!("the receiving QEMU did not answer: {e}")))?;
-    let fail = |e: QmpError| OpError::new(format!("saving the copied guest failed: {e}"));
+    let fail = |e: QmpError| OpError::host(format!("saving the copied guest failed: {e}"));
     live_migrate::wait_received(&mut rq, deadline).map_err(fail)?;
     let bytes = migrate::save(&mut rq, to, deadline).map_err(fail)?;
     let _ = rq.quit_within(Duration::from_secs(2));

@@ -23,7 +23,7 @@ use crate::ops::vm::launch::{self, LaunchRequest, Launched};
 use crate::ops::vm::lifetime;
 use crate::ops::vm::records::lookup;
 use crate::ops::work::Work;
-use crate::qemu::forwards::resolve_forwards;
+use crate::qemu::forwards::{resolve_forwards, PortSpec};
 use crate::qemu::{migrate, vm};
 use crate::state::config::{
     Boot, Channels, Compute, Devices, Disk, Machine, MemoryFile, Network, Start, Uefi, VmConfig,
@@ -70,7 +70,7 @@ pub fn check(req: &SandboxRequest, template_name: &str) -> Result<Checked, OpErr
         &t.firmware,
         req.launch.firmware.as_deref(),
     )?;
-    let qemu = binaries::find(&t.arch).map_err(OpError::new)?;
+    let qemu = binaries::find(&t.arch)?;
     let saved = decide::Saved {
         arch: &t.arch,
         machine: &t.machine,
@@ -78,14 +78,14 @@ pub fn check(req: &SandboxRequest, template_name: &str) -> Result<Checked, OpErr
         qemu_version: &t.qemu_version,
     };
     decide::can_restore(&saved, host::get(), &qemu).map_err(|why| {
-        OpError::new(format!(
-            "template {template_name:?} cannot start a clone on this host: {why}"
+        OpError::from(why).context(format!(
+            "template {template_name:?} cannot start a clone on this host"
         ))
     })?;
     checked_name(req.name.as_deref())?;
     let cloud_init = req.launch.cloud_init()?;
     if cloud_init.is_some() && !t.seed {
-        return Err(OpError::new(format!(
+        return Err(OpError::invalid(format!(
             "template {template_name:?} was made without cloud_init, so its clones have no seed \
              CD-ROM to carry one; make the template with a cloud_init"
         )));
@@ -101,7 +101,6 @@ pub fn check(req: &SandboxRequest, template_name: &str) -> Result<Checked, OpErr
 fn fixed_by_template(req: &SandboxRequest) -> Option<&'static str> {
     let l = &req.launch;
     [
-        ("base_image", req.base_image.is_some()),
         ("kernel", l.kernel.is_some()),
         ("initrd", l.initrd.is_some()),
         ("append", l.append.is_some()),
@@ -179,6 +178,7 @@ fn start_checked(
     let tdir = template::dir_of(template_name);
     let name = checked_name(req.name.as_deref())?;
     let made = make_files(&name, template_name, &checked.template, &tdir)?;
+    let mounts = checked.template.mounts.clone();
     let t_qemu = Instant::now();
     let launched = launch_clone(
         ctx,
@@ -203,6 +203,16 @@ fn start_checked(
         ..Times::default()
     };
     let rec = load_state(ctx, &name, template_name, &tdir, &mut times)?;
+    // Its mounts go in now, while its agent comes up (sandbox_vm then waits for them).
+    let mounts: Vec<_> = mounts.iter().chain(&req.launch.mounts).cloned().collect();
+    if !mounts.is_empty() {
+        if let Err(e) = crate::ops::vm::mounts::attach_missing(&name, &rec, &mounts) {
+            destroy::destroy_quietly(ctx, &name);
+            return Err(e.context(format_args!(
+                "the clone {name:?} could not plug in its mounts and was removed"
+            )));
+        }
+    }
     let out = hand_out(
         ctx,
         req,
@@ -263,7 +273,7 @@ fn uefi_of(
     };
     let code = PathBuf::from(code);
     if !code.is_file() {
-        return Err(OpError::new(format!(
+        return Err(OpError::host(format!(
             "template {template_name:?} was saved with the UEFI firmware {}, which is no longer \
              there (a firmware package update?); reinstall it, or template_delete the template \
              and create it again",
@@ -272,7 +282,7 @@ fn uefi_of(
     }
     let vars = sd.join("uefi-vars.fd");
     crate::state::copy::private(&template::vars_of(tdir), &vars).map_err(|e| {
-        OpError::new(format!(
+        OpError::host(format!(
             "cannot copy the template's UEFI variable store: {e}"
         ))
     })?;
@@ -301,7 +311,7 @@ fn launch_clone(
     let forwards = match &req.launch.port_forwards {
         Some(f) => f.clone(),
         None if t.no_net => Vec::new(),
-        None => vec!["auto:22".to_string()],
+        None => vec![PortSpec::auto(22)],
     };
     let spec = VmConfig {
         name: name.to_string(),
@@ -337,6 +347,7 @@ fn launch_clone(
         },
         channels: Channels {
             data_channel: t.data_channel,
+            mount_spare: t.mount_spare,
             ..Channels::default()
         },
         devices: Devices {
@@ -344,6 +355,7 @@ fn launch_clone(
             seed: t.seed.then(|| template::seed_of(tdir)),
             seed_bus: t.seed_bus,
             vmgenid: Some("auto".into()),
+            modules: t.modules.as_ref().map(PathBuf::from),
         },
         start: Start {
             incoming: true,
@@ -372,13 +384,14 @@ fn launch_clone(
         extra_record: extra,
         accel_note: None,
         kvm_fallback: false,
-        firmware: t.firmware.clone(),
         cloud_init: match req.launch.egress.is_empty() {
             true => cloud_init,
             false => cloud_init.map(|c| c.with_proxy(GUEST_URL)),
         },
         uefi_vars_from: None,
         egress: req.launch.egress.clone(),
+        secrets: req.launch.secrets.clone(),
+        kept_secrets: Vec::new(),
     };
     launch::launch(ctx, lr)
 }
@@ -408,7 +421,7 @@ fn load_state(
     });
     if let Err(e) = resumed {
         destroy::destroy_quietly(ctx, name);
-        return Err(OpError::new(format!(
+        return Err(OpError::host(format!(
             "the clone of template {template_name:?} could not load its saved state: {}; the \
              clone was removed. If this repeats, template_delete the template and create it again",
             e.msg
@@ -440,9 +453,7 @@ fn hand_out(
         Some(sock) => guest_clock::answer_then_set(
             Path::new(sock),
             wait,
-            text(&rec.arch)
-                .filter(|a| !crate::qemu::cmdline::x86(a))
-                .map(str::to_string),
+            rec.arch().filter(|a| !crate::qemu::cmdline::x86(a)),
         ),
         None => Err("the clone has no guest-agent socket".to_string()),
     };
@@ -487,22 +498,23 @@ fn hand_out(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::sandbox::request::Root;
     use crate::ops::vm::launch_args::LaunchArgs;
 
     #[test]
     fn what_the_template_fixes_is_named_and_the_rest_passes() {
         let mut req = SandboxRequest {
-            template: Some("t".into()),
+            root: Some(Root::Template("t".into())),
             name: Some("c".into()),
             allow_network: true,
             ..SandboxRequest::default()
         };
-        req.launch.port_forwards = Some(vec!["8080:80".into()]);
+        req.launch.port_forwards = Some(vec![
+            crate::qemu::forwards::parse_forward("8080:80").unwrap()
+        ]);
         assert_eq!(fixed_by_template(&req), None);
         req.launch.memory_mb = Some(512);
         assert_eq!(fixed_by_template(&req), Some("memory_mb"));
-        req.base_image = Some("/b.qcow2".into());
-        assert_eq!(fixed_by_template(&req), Some("base_image"));
         let extra = SandboxRequest {
             launch: LaunchArgs {
                 extra_args: vec!["-device".into(), "virtio-rng-pci".into()],

@@ -19,7 +19,7 @@ use crate::state::registry::RegistryError;
 pub fn overlay_path(name: &str) -> Result<(PathBuf, PathBuf), OpError> {
     let sd = vm::state_dir(name);
     std::fs::create_dir_all(&sd)
-        .map_err(|e| OpError::new(format!("cannot create {}: {e}", sd.display())))?;
+        .map_err(|e| OpError::host(format!("cannot create {}: {e}", sd.display())))?;
     let overlay = sd.join(format!(
         "overlay-{}-{}.qcow2",
         crate::clock::now_secs(),
@@ -64,19 +64,21 @@ pub fn holders(path: &Path) -> Vec<i32> {
     out
 }
 
-/// What sandbox_destroy did (its result, in this order).
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct Destroyed {
-    /// The sandbox.
-    pub name: String,
-    /// True when its process, files and record are all gone.
-    pub destroyed: bool,
-    /// How it was stopped.
-    pub stopped: String,
-    /// The files and folders removed.
-    pub deleted: Vec<String>,
-    /// Every problem met.
-    pub errors: Vec<String>,
+crate::described! {
+    /// What sandbox_destroy did (its result, in this order).
+    #[derive(Debug, Clone, serde::Serialize)]
+    pub struct Destroyed {
+        /// The sandbox.
+        pub name: String,
+        /// True when its process, files and record are all gone.
+        pub destroyed: bool,
+        /// How it was stopped.
+        pub stopped: String,
+        /// The files and folders removed.
+        pub deleted: Vec<String>,
+        /// Every problem met.
+        pub errors: Vec<String>,
+    }
 }
 
 /// sandbox_destroy: a verified kill, a careful delete inside the VM's own folder, the record
@@ -117,9 +119,17 @@ pub fn destroy(ctx: &dyn Work, name: &str) -> Result<Destroyed, OpError> {
         });
     }
     errors.extend(vm::cleanup_runtime(&rec));
+    // What the operations keep there too: the activity clock and the mounts' files.
+    crate::ops::vm::mounts::remove_files(&name, &rec);
     let rt = vm::runtime_dir(&name);
-    if std::fs::remove_dir(&rt).is_ok() {
-        deleted.push(rt.display().to_string());
+    // This very call touches the activity clock each second while it runs: a touch between
+    // the file's removal and the folder's is met by a second try.
+    for _ in 0..2 {
+        let _ = std::fs::remove_file(crate::ops::vm::activity::activity_file(&name));
+        if std::fs::remove_dir(&rt).is_ok() {
+            deleted.push(rt.display().to_string());
+            break;
+        }
     }
     // 2. Delete only inside the VM's own state folder, checked twice.
     let own = vm::state_dir(&name);

@@ -22,7 +22,7 @@ use crate::ops::vm::quota;
 use crate::ops::vm::records::{lookup, spec_of};
 use crate::ops::work::Work;
 use crate::qemu::cmdline::x86;
-use crate::qemu::forwards::resolve_forwards;
+use crate::qemu::forwards::{resolve_forwards, PortSpec};
 use crate::qemu::{blockdev, live_migrate, migrate, vm};
 use crate::state::config::{Disk, MemoryFile, Uefi, VmConfig};
 use crate::state::record::{text, Network, Sandbox};
@@ -48,57 +48,63 @@ pub struct ForkRequest {
     pub lifetime: lifetime::Asked,
 }
 
-/// What sandbox_fork made.
-#[derive(Debug, Clone, Serialize)]
-pub struct Forked {
-    /// The sandbox copied; it runs on.
-    pub parent: String,
-    /// Each copy, as sandbox_vm describes a sandbox.
-    pub copies: Vec<ForkCopy>,
-    /// How long the parent was stopped.
-    pub parent_paused_ms: u64,
-    /// `live` (stopped only for the last dirty pages) or `stopped` (for the whole copy: a
-    /// QEMU whose live copies lose writes).
-    pub copied: &'static str,
-    /// The capture of the parent (its copy into the frozen state).
-    pub capture_ms: u64,
-    /// The capture's steps: the live copy, the receiver's save, the memory written out.
-    pub capture_steps_ms: CaptureSteps,
-    /// From the call to the first copy's agent answering.
-    pub first_ready_ms: u64,
-    /// From the call to the last copy's agent answering.
-    pub all_ready_ms: u64,
-    /// Bytes of the frozen device state.
-    pub state_bytes: u64,
-    /// Bytes of frozen memory on disk (what the guest touched), shared by every copy.
-    pub ram_bytes: u64,
-    /// The frozen state's folder.
-    pub frozen: String,
+crate::described! {
+    /// What sandbox_fork made.
+    #[derive(Debug, Clone, Serialize)]
+    pub struct Forked {
+        /// The sandbox copied; it runs on.
+        pub parent: String,
+        /// Each copy, as sandbox_vm describes a sandbox.
+        pub copies: Vec<ForkCopy>,
+        /// How long the parent was stopped.
+        pub parent_paused_ms: u64,
+        /// `live` (stopped only for the last dirty pages) or `stopped` (for the whole copy: a
+        /// QEMU whose live copies lose writes).
+        pub copied: &'static str,
+        /// The capture of the parent (its copy into the frozen state).
+        pub capture_ms: u64,
+        /// The capture's steps: the live copy, the receiver's save, the memory written out.
+        pub capture_steps_ms: CaptureSteps,
+        /// From the call to the first copy's agent answering.
+        pub first_ready_ms: u64,
+        /// From the call to the last copy's agent answering.
+        pub all_ready_ms: u64,
+        /// Bytes of the frozen device state.
+        pub state_bytes: u64,
+        /// Bytes of frozen memory on disk (what the guest touched), shared by every copy.
+        pub ram_bytes: u64,
+        /// The frozen state's folder.
+        pub frozen: String,
+    }
 }
 
-/// One copy a fork started (in this order): the launch, then what the fork adds.
-#[derive(Debug, Clone, Serialize)]
-pub struct ForkCopy {
-    /// The launch (its status the copy's now: running).
-    #[serde(flatten)]
-    pub launched: Launched,
-    /// The sandbox it is a copy of.
-    pub fork_of: String,
-    /// Always true: a copy whose agent does not answer is removed.
-    pub agent_ready: bool,
-    /// From the fork call to its agent's answer.
-    pub ready_at_ms: u64,
+crate::described! {
+    /// One copy a fork started (in this order): the launch, then what the fork adds.
+    #[derive(Debug, Clone, Serialize)]
+    pub struct ForkCopy {
+        /// The launch (its status the copy's now: running).
+        #[serde(flatten)]
+        pub launched: Launched,
+        /// The sandbox it is a copy of.
+        pub fork_of: String,
+        /// Always true: a copy whose agent does not answer is removed.
+        pub agent_ready: bool,
+        /// From the fork call to its agent's answer.
+        pub ready_at_ms: u64,
+    }
 }
 
-/// A fork's capture steps, in milliseconds.
-#[derive(Debug, Clone, Copy, Serialize)]
-pub struct CaptureSteps {
-    /// The live copy of the parent.
-    pub copy: u64,
-    /// The receiver's save.
-    pub save: u64,
-    /// The memory written out.
-    pub write: u64,
+crate::described! {
+    /// A fork's capture steps, in milliseconds.
+    #[derive(Debug, Clone, Copy, Serialize)]
+    pub struct CaptureSteps {
+        /// The live copy of the parent.
+        pub copy: u64,
+        /// The receiver's save.
+        pub save: u64,
+        /// The memory written out.
+        pub write: u64,
+    }
 }
 
 /// sandbox_fork: `req.count` live copies of sandbox `req.name`; all of them or none.
@@ -108,29 +114,8 @@ pub fn fork(ctx: &dyn Work, req: &ForkRequest) -> Result<Forked, OpError> {
     let rec = lookup(&req.name)?;
     let spec = forkable(&req.name, &rec)?;
     admit(&names, &spec)?;
-    let next = next_move(&req.name, &rec)?;
-    let id = frozen::new_id(&req.name);
-    let dest = frozen::dir_of(&id);
-    std::fs::create_dir_all(&dest)
-        .map_err(|e| OpError::new(format!("cannot create {}: {e}", dest.display())))?;
-    let seed = keep_seed(&spec, &dest)?;
-    let plan = Plan {
-        name: &req.name,
-        rec: &rec,
-        spec: &spec,
-        dest: &dest,
-        then: Then::RunOn,
-        next_overlay: Some(next.clone()),
-    };
-    let captured = capture::capture(ctx, &plan);
-    settle_parent(&req.name, &rec, &next, &id);
-    let captured = match captured {
-        Ok(c) => c,
-        Err(e) => {
-            frozen::collect();
-            return Err(e);
-        }
-    };
+    let f = freeze(ctx, &req.name, &rec, &spec)?;
+    let (dest, id, captured) = (&f.dest, &f.id, &f.captured);
     ctx.progress_phase(&format!("starting {} copies", names.len()));
     let lifetime = copies_lifetime(&rec, &req.lifetime)?;
     let parent = Parent {
@@ -138,10 +123,10 @@ pub fn fork(ctx: &dyn Work, req: &ForkRequest) -> Result<Forked, OpError> {
         name: &req.name,
         rec: &rec,
         spec: &spec,
-        dest: &dest,
-        id: &id,
-        seed,
-        captured: &captured,
+        dest,
+        id,
+        seed: f.seed.clone(),
+        captured,
         wait: req.wait_agent,
         started,
     };
@@ -170,6 +155,57 @@ pub fn fork(ctx: &dyn Work, req: &ForkRequest) -> Result<Forked, OpError> {
         ram_bytes: captured.ram_bytes,
         frozen: dest.display().to_string(),
     })
+}
+
+/// A running sandbox captured into a frozen state of its own while it runs on (onto a new
+/// overlay): what a fork's copies, and a pushed sandbox, start from.
+pub struct Frozen {
+    /// The frozen state's id.
+    pub id: String,
+    /// Its folder: `ram`, `state`, `disk.qcow2` (the frozen disk), `uefi-vars.fd`, `seed.iso`.
+    pub dest: PathBuf,
+    /// The seed the copies attach, when the sandbox had one.
+    pub seed: Option<PathBuf>,
+    /// What the capture made and measured.
+    pub captured: Captured,
+}
+
+/// Captures sandbox `name` (its record `rec`, the spec it runs) into a new frozen state; it
+/// runs on, its disk on a new overlay.
+pub fn freeze(
+    ctx: &dyn Work,
+    name: &str,
+    rec: &Record,
+    spec: &VmConfig,
+) -> Result<Frozen, OpError> {
+    let next = next_move(name, rec)?;
+    let id = frozen::new_id(name);
+    let dest = frozen::dir_of(&id);
+    std::fs::create_dir_all(&dest)
+        .map_err(|e| OpError::host(format!("cannot create {}: {e}", dest.display())))?;
+    let seed = keep_seed(spec, &dest)?;
+    let plan = Plan {
+        name,
+        rec,
+        spec,
+        dest: &dest,
+        then: Then::RunOn,
+        next_overlay: Some(next.clone()),
+    };
+    let captured = capture::capture(ctx, &plan);
+    settle_parent(name, rec, &next, &id);
+    match captured {
+        Ok(captured) => Ok(Frozen {
+            id,
+            dest,
+            seed,
+            captured,
+        }),
+        Err(e) => {
+            frozen::collect();
+            Err(e)
+        }
+    }
 }
 
 /// The copies' names: as given (each valid, free and distinct) or the first free
@@ -222,7 +258,7 @@ pub fn forkable(name: &str, rec: &Record) -> Result<VmConfig, OpError> {
         ))
     })?;
     if sb.template_build.is_some() || rec.pooled.is_some() {
-        return Err(OpError::new(format!(
+        return Err(OpError::invalid(format!(
             "VM {name:?} belongs to a template (its build or its warm pool); fork a sandbox"
         )));
     }
@@ -234,7 +270,7 @@ pub fn forkable(name: &str, rec: &Record) -> Result<VmConfig, OpError> {
     match spec.disks.as_slice() {
         [Disk { path: disk, format }] if format == "qcow2" && Some(disk) == overlay.as_ref() => {
             if !disk.starts_with(&own) {
-                return Err(OpError::new(format!(
+                return Err(OpError::invalid(format!(
                     "sandbox {name:?}'s overlay {} is not in its own folder {}; it cannot be \
                      forked",
                     disk.display(),
@@ -243,14 +279,14 @@ pub fn forkable(name: &str, rec: &Record) -> Result<VmConfig, OpError> {
             }
         }
         _ => {
-            return Err(OpError::new(format!(
+            return Err(OpError::invalid(format!(
                 "sandbox {name:?} does not run on one qcow2 overlay of its own; it cannot be \
                  forked"
             )))
         }
     }
     if spec.compute.memory_file.as_ref().is_some_and(|m| m.shared) {
-        return Err(OpError::new(format!(
+        return Err(OpError::invalid(format!(
             "VM {name:?} writes its memory to a template's file; fork a sandbox"
         )));
     }
@@ -296,7 +332,7 @@ fn keep_seed(spec: &VmConfig, dest: &Path) -> Result<Option<PathBuf>, OpError> {
     };
     let kept = dest.join("seed.iso");
     std::fs::copy(seed, &kept)
-        .map_err(|e| OpError::new(format!("cannot keep the seed {}: {e}", seed.display())))?;
+        .map_err(|e| OpError::host(format!("cannot keep the seed {}: {e}", seed.display())))?;
     Ok(Some(kept))
 }
 
@@ -355,18 +391,29 @@ fn moved_onto(r: &mut Record, next: &str, id: &str) {
     }
 }
 
-/// What every copy starts from.
-struct Parent<'a> {
-    lifetime: Option<crate::state::record::Lifetime>,
-    name: &'a str,
-    rec: &'a Record,
-    spec: &'a VmConfig,
-    dest: &'a Path,
-    id: &'a str,
-    seed: Option<PathBuf>,
-    captured: &'a Captured,
-    wait: Duration,
-    started: Instant,
+/// What every copy starts from: a frozen state, and the sandbox it was (here, or on the host
+/// a pushed sandbox came from).
+pub struct Parent<'a> {
+    /// The copies' lifetime.
+    pub lifetime: Option<crate::state::record::Lifetime>,
+    /// The sandbox frozen.
+    pub name: &'a str,
+    /// Its record (its sandbox and egress parts are the copies').
+    pub rec: &'a Record,
+    /// The spec it ran.
+    pub spec: &'a VmConfig,
+    /// The frozen state's folder.
+    pub dest: &'a Path,
+    /// Its id.
+    pub id: &'a str,
+    /// The seed the copies attach.
+    pub seed: Option<PathBuf>,
+    /// What the capture made.
+    pub captured: &'a Captured,
+    /// How long a copy's agent may take.
+    pub wait: Duration,
+    /// When the call began.
+    pub started: Instant,
 }
 
 /// Starts every copy at once; when one fails, the others are destroyed and the error says
@@ -382,7 +429,7 @@ fn start_all(ctx: &dyn Work, p: &Parent, names: &[String]) -> Result<Vec<ForkCop
             .into_iter()
             .map(|h| {
                 h.join()
-                    .unwrap_or_else(|_| Err(OpError::new("a copy's start panicked")))
+                    .unwrap_or_else(|_| Err(OpError::host("a copy's start panicked")))
             })
             .collect()
     });
@@ -400,7 +447,7 @@ fn start_all(ctx: &dyn Work, p: &Parent, names: &[String]) -> Result<Vec<ForkCop
         }
     }
     frozen::collect();
-    Err(OpError::new(format!(
+    Err(OpError::host(format!(
         "the fork of {:?} made no copies: {}. {:?} runs on as it was",
         p.name,
         failed.join("; "),
@@ -410,7 +457,7 @@ fn start_all(ctx: &dyn Work, p: &Parent, names: &[String]) -> Result<Vec<ForkCop
 
 /// One copy: its overlay on the frozen disk, its QEMU waiting for the frozen state, the state
 /// loaded, its agent awaited (then its clock set and, without vmgenid, its randomness reseeded).
-fn start_copy(ctx: &dyn Work, p: &Parent, name: &str) -> Result<ForkCopy, OpError> {
+pub fn start_copy(ctx: &dyn Work, p: &Parent, name: &str) -> Result<ForkCopy, OpError> {
     let launched = launch_copy(ctx, p, name)?;
     let rec = lookup(name)?;
     let loaded = session::monitor(name, &rec, |q| {
@@ -419,7 +466,7 @@ fn start_copy(ctx: &dyn Work, p: &Parent, name: &str) -> Result<ForkCopy, OpErro
     });
     if let Err(e) = loaded {
         destroy_quietly(ctx, name);
-        return Err(OpError::new(format!(
+        return Err(OpError::host(format!(
             "it could not load the frozen state: {}",
             e.msg
         )));
@@ -455,7 +502,7 @@ fn launch_copy(ctx: &dyn Work, p: &Parent, name: &str) -> Result<Launched, OpErr
             let vars = sd.join("uefi-vars.fd");
             crate::state::copy::private(&p.dest.join("uefi-vars.fd"), &vars).map_err(|e| {
                 let _ = std::fs::remove_file(&overlay);
-                OpError::new(format!("cannot copy the frozen UEFI variables: {e}"))
+                OpError::host(format!("cannot copy the frozen UEFI variables: {e}"))
             })?;
             Some(Uefi {
                 code: code.clone(),
@@ -471,10 +518,15 @@ fn launch_copy(ctx: &dyn Work, p: &Parent, name: &str) -> Result<Launched, OpErr
         extra_record: copy_record(p, &overlay),
         accel_note: None,
         kvm_fallback: false,
-        firmware: text(&p.rec.firmware).unwrap_or("bios").to_string(),
         cloud_init: None,
         uefi_vars_from: None,
         egress: crate::ops::vm::egress::rules_from(p.rec)?,
+        // A copy's guest gets fresh placeholders; the parent's go on meaning only the parent.
+        secrets: crate::ops::vm::egress::secrets_of(p.rec)
+            .into_iter()
+            .map(|s| s.name)
+            .collect(),
+        kept_secrets: Vec::new(),
     };
     match launch::launch(ctx, lr) {
         Ok(l) => Ok(l),
@@ -496,12 +548,12 @@ fn copy_spec(
     overlay: &Path,
     uefi: Option<Uefi>,
 ) -> Result<VmConfig, OpError> {
-    let forwards: Vec<String> = p
+    let forwards: Vec<PortSpec> = p
         .spec
         .network
         .forwards
         .iter()
-        .map(|f| format!("{}:auto:{}", f.addr, f.guest))
+        .map(|f| PortSpec::auto_on(f.addr, f.guest))
         .collect();
     let mut s = p.spec.clone();
     s.name = name.to_string();

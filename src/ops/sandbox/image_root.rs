@@ -10,23 +10,17 @@ use crate::ops::guest::background::Started;
 use crate::ops::guest::exec::{start, ExecRequest};
 use crate::ops::sandbox::request::SandboxRequest;
 use crate::ops::vm::checks::checked_path;
-use crate::ops::vm::launch_args::LaunchArgs;
+use crate::ops::vm::launch_args::{LaunchArgs, PortSpec};
 use crate::ops::work::Work;
 use crate::state::roots::Access;
 
-/// The image pulled (its root is the base image to put an overlay on) and `launch` with its kernel,
-/// initrd and command line set; `base_image` must be absent.
+/// The image pulled (its root is the base image to put an overlay on) and `launch` with its
+/// kernel, initrd and command line set.
 pub fn resolve(
     work: &dyn Work,
-    base_image: Option<&str>,
     launch: &LaunchArgs,
     reference: &str,
 ) -> Result<(OciPulled, LaunchArgs), OpError> {
-    if base_image.is_some() {
-        return Err(OpError::invalid(
-            "give oci or base_image, not both: the image's root is the base",
-        ));
-    }
     let arch = launch
         .arch
         .clone()
@@ -48,10 +42,15 @@ pub fn resolve(
         let kit = boot::kit(work, &arch, kernel.as_deref())?;
         l.kernel = Some(kit.kernel.display().to_string());
         l.initrd = Some(kit.initrd.display().to_string());
+        l.modules = kit.modules_disk;
+    }
+    let mut append = boot::append(&arch);
+    if l.modules.is_some() {
+        append.push_str(" mcqemu.modules=1");
     }
     l.append = Some(match &l.append {
-        Some(a) => format!("{} {a}", boot::append(&arch)),
-        None => boot::append(&arch),
+        Some(a) => format!("{append} {a}"),
+        None => append,
     });
     Ok((pulled, l))
 }
@@ -65,41 +64,62 @@ fn exposed_tcp(ports: &[String]) -> impl Iterator<Item = u16> + '_ {
 }
 
 /// Starts the image's program in the background in the ready sandbox `name`.
-pub fn run_program(name: &str, command: &[String]) -> Result<Started, OpError> {
+pub fn run_program(ctx: &dyn Work, name: &str, command: &[String]) -> Result<Started, OpError> {
     let Some((program, args)) = command.split_first() else {
         return Err(OpError::invalid(
             "run: the image has neither Entrypoint nor Cmd; start a program with guest_exec",
         ));
     };
-    start(&ExecRequest {
-        name: name.to_string(),
-        command: program.clone(),
-        args: args.to_vec(),
-        ..ExecRequest::default()
-    })
+    start(
+        ctx,
+        &ExecRequest {
+            name: name.to_string(),
+            command: program.clone(),
+            args: args.to_vec(),
+            ..ExecRequest::default()
+        },
+    )
 }
 
-/// `req` with the image's root as its base image, booted as [`resolve`] says.
+/// A container image made a sandbox's root: where the root is, what it is, and the launch that
+/// boots it.
+#[derive(Debug, Clone)]
+pub struct ImageRoot {
+    /// The reference as the call gave it.
+    pub reference: String,
+    /// The pulled image: its root's path, digest and program defaults.
+    pub pulled: OciPulled,
+    /// The sandbox's launch with the image's kernel, command line and forwards.
+    pub launch: LaunchArgs,
+}
+
+impl ImageRoot {
+    /// The image's program: its Entrypoint, then its Cmd.
+    pub fn command(&self) -> Vec<String> {
+        let c = &self.pulled.config;
+        c.entrypoint.iter().chain(&c.cmd).cloned().collect()
+    }
+}
+
+/// The root `reference` names for sandbox `req`, booted as [`resolve`] says (with `expose`,
+/// its TCP ports forwarded too).
 pub fn request(
     work: &dyn Work,
     req: &SandboxRequest,
     reference: &str,
-) -> Result<SandboxRequest, OpError> {
-    let (pulled, mut launch) = resolve(work, req.base_image.as_deref(), &req.launch, reference)?;
+) -> Result<ImageRoot, OpError> {
+    let (pulled, mut launch) = resolve(work, &req.launch, reference)?;
     if req.expose {
         let mut forwards = launch
             .port_forwards
             .clone()
-            .unwrap_or_else(|| vec!["auto:22".to_string()]);
-        forwards.extend(exposed_tcp(&pulled.config.exposed_ports).map(|p| format!("auto:{p}")));
+            .unwrap_or_else(|| vec![PortSpec::auto(22)]);
+        forwards.extend(exposed_tcp(&pulled.config.exposed_ports).map(PortSpec::auto));
         launch.port_forwards = Some(forwards);
     }
-    let c = &pulled.config;
-    Ok(SandboxRequest {
-        base_image: Some(pulled.path.clone()),
-        oci_digest: Some(pulled.digest.clone()),
-        oci_command: c.entrypoint.iter().chain(&c.cmd).cloned().collect(),
+    Ok(ImageRoot {
+        reference: reference.to_string(),
+        pulled,
         launch,
-        ..req.clone()
     })
 }

@@ -20,20 +20,22 @@ pub mod suspend;
 pub mod template_create;
 pub mod template_manage;
 pub mod templates;
+pub mod travel;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::ops::error::OpError;
 use crate::ops::guest::run as guest_run;
 use crate::ops::sandbox::destroy::{destroy_quietly, overlay_path, serial_tail};
-use crate::ops::sandbox::request::{checked_name, SandboxRequest};
+use crate::ops::sandbox::image_root::ImageRoot;
+use crate::ops::sandbox::request::{checked_name, Root, SandboxRequest};
 use crate::ops::sandbox::result::Sandboxed;
 use crate::ops::vm::agent::{no_agent_reason, unseen_seed_reason, wait_for_agent, AgentWait};
 use crate::ops::vm::checks::{checked_image, checked_path};
 use crate::ops::vm::cloud_init::{CloudInitOut, ConsoleFinish, Waited};
 use crate::ops::vm::disk_size;
 use crate::ops::vm::launch;
-use crate::ops::vm::launch_args;
+use crate::ops::vm::launch_args::{self, LaunchArgs};
 use crate::ops::vm::lifetime;
 use crate::ops::vm::records::lookup;
 use crate::ops::work::Work;
@@ -46,18 +48,25 @@ use crate::state::roots::Access;
 /// removed and an error says why, with the console's last lines.
 pub fn create(ctx: &dyn Work, req: &SandboxRequest) -> Result<Sandboxed, OpError> {
     // A template's mounts come first, then the call's own; all are checked before anything
-    // starts, and made once the guest answers.
-    let mut mounts = match &req.template {
-        Some(t) => {
-            crate::ops::sandbox::templates::load(t).map_or_else(|_| Vec::new(), |t| t.mounts)
-        }
-        None => Vec::new(),
-    };
+    // starts. A clone plugs them in as soon as it runs, any other sandbox once its guest
+    // answers; either way the call waits here until the guest has mounted them.
+    let template = req
+        .root
+        .as_ref()
+        .and_then(Root::template)
+        .and_then(|t| crate::ops::sandbox::templates::load(t).ok());
+    let mut mounts = template
+        .as_ref()
+        .map_or_else(Vec::new, |t| t.mounts.clone());
     mounts.extend(req.launch.mounts.iter().cloned());
     crate::ops::vm::mounts::check(&mounts, &[])?;
     let mut out = create_unmounted(ctx, req)?;
     if !mounts.is_empty() {
         let name = out.launched.name.clone();
+        // A clone runs its template's agent: what it is was learned when the template was made.
+        if let Some(ours) = template.as_ref().and_then(|t| t.agent_ours) {
+            crate::ops::guest::note_agent(&name, ours);
+        }
         // An agent not waited for (wait_agent_s 0): mounted in the background once it answers.
         let wait = out
             .agent_ready
@@ -78,7 +87,7 @@ pub fn create(ctx: &dyn Work, req: &SandboxRequest) -> Result<Sandboxed, OpError
 }
 
 fn create_unmounted(ctx: &dyn Work, req: &SandboxRequest) -> Result<Sandboxed, OpError> {
-    if req.template.is_some() {
+    if matches!(req.root, Some(Root::Template(_) | Root::Pushed(_))) {
         return boot(ctx, req).map(|(out, _, _)| out);
     }
     let (out, waited, wait) = boot(ctx, req)?;
@@ -102,7 +111,7 @@ fn create_unmounted(ctx: &dyn Work, req: &SandboxRequest) -> Result<Sandboxed, O
     };
     let serial = serial_tail(&out.launched, 8);
     destroy_quietly(ctx, &name);
-    Err(OpError::new(format!(
+    Err(OpError::host(format!(
         "{why}. The sandbox was removed. Last serial output: {serial}"
     )))
 }
@@ -113,21 +122,21 @@ pub fn boot(
     ctx: &dyn Work,
     req: &SandboxRequest,
 ) -> Result<(Sandboxed, AgentWait, Duration), OpError> {
-    if (req.run || req.expose) && req.oci.is_none() {
+    if (req.run || req.expose) && !matches!(req.root, Some(Root::Oci(_))) {
         return Err(OpError::invalid(
             "run and expose need oci (a container image): they start and forward what the \
              image's config names",
         ));
     }
-    if req.template.is_some() && req.oci.is_some() {
-        return Err(OpError::invalid(
-            "give oci or template, not both: a template already holds its root (make one with \
-             template_create {\"oci\": ...})",
-        ));
-    }
-    match &req.template {
-        Some(t) => boot_clone(ctx, req, t),
-        None => boot_overlay(ctx, req),
+    match &req.root {
+        Some(Root::Template(t)) => boot_clone(ctx, req, t),
+        Some(Root::Pushed(r)) => {
+            crate::ops::sandbox::travel::sandbox::start(ctx, req, r).map(|out| {
+                let ready = out.ready_ms.unwrap_or(0);
+                (out, AgentWait::Ready, Duration::from_millis(ready))
+            })
+        }
+        _ => boot_overlay(ctx, req),
     }
 }
 
@@ -159,30 +168,39 @@ fn boot_overlay(
     ctx: &dyn Work,
     req: &SandboxRequest,
 ) -> Result<(Sandboxed, AgentWait, Duration), OpError> {
-    let with_image;
-    let req = match &req.oci {
-        Some(reference) => {
-            with_image = image_root::request(ctx, req, reference)?;
-            &with_image
-        }
-        None => req,
+    let image = match &req.root {
+        Some(Root::Oci(reference)) => Some(image_root::request(ctx, req, reference)?),
+        _ => None,
     };
-    let Some(base_raw) = req.base_image.as_deref() else {
-        return Err(OpError::invalid(
-            "give base_image (a disk image to boot on an overlay), oci (a container image) or \
-             template (from template_create)",
-        ));
-    };
+    let base_raw =
+        match (&req.root, &image) {
+            (_, Some(i)) => i.pulled.path.as_str(),
+            (Some(Root::Image(b)), None) => b.as_str(),
+            _ => return Err(OpError::invalid(
+                "give base_image (a disk image to boot on an overlay), oci (a container image) \
+                 or template (from template_create)",
+            )),
+        };
+    let launch = image.as_ref().map_or(&req.launch, |i| &i.launch);
     let base = checked_path(base_raw, "base_image", Access::Read)?;
     let checked = checked_image(&base, "base_image", None)?;
     let disk_size = disk_size::checked(req.disk_size.as_deref(), checked.virtual_size)?;
     let name = checked_name(req.name.as_deref())?;
     // cloud_init is checked before anything is made on disk.
-    req.launch.cloud_init()?;
+    launch.cloud_init()?;
     let (sd, overlay) = overlay_path(&name)?;
     let made = img::create(&overlay, "qcow2", disk_size, Some((&base, &checked.format)))
         .map_err(OpError::from)
-        .and_then(|()| launch_overlay(ctx, req, &name, &base, &checked.format, &overlay));
+        .and_then(|()| {
+            let on = Overlay {
+                launch,
+                image: image.as_ref(),
+                base: &base,
+                base_fmt: &checked.format,
+                overlay: &overlay,
+            };
+            launch_overlay(ctx, req, &name, &on)
+        });
     let out = match made {
         Ok(out) => out,
         Err(e) => {
@@ -192,12 +210,13 @@ fn boot_overlay(
         }
     };
     let (mut out, waited, wait) = wait_ready(ctx, req, &name, out)?;
+    let command = image.as_ref().map(ImageRoot::command).unwrap_or_default();
     if req.run && waited == AgentWait::Ready {
-        match image_root::run_program(&name, &req.oci_command) {
+        match image_root::run_program(ctx, &name, &command) {
             Ok(started) => out.image_process = Some(started),
             Err(e) => {
                 destroy_quietly(ctx, &name);
-                return Err(OpError::new(format!(
+                return Err(OpError::guest(format!(
                     "the image's program did not start in sandbox {name:?}: {e}. The sandbox \
                      was removed."
                 )));
@@ -207,18 +226,31 @@ fn boot_overlay(
     Ok((out, waited, wait))
 }
 
+/// A sandbox's overlay and what it stands on.
+struct Overlay<'a> {
+    /// The launch (the image's, for a container image's root).
+    launch: &'a LaunchArgs,
+    /// The container image, when the root is one.
+    image: Option<&'a ImageRoot>,
+    /// The image the overlay is on.
+    base: &'a Path,
+    /// Its format.
+    base_fmt: &'a str,
+    /// The overlay (the sandbox's disk).
+    overlay: &'a Path,
+}
+
 /// Launches sandbox `name` on its overlay, its record saying what it was made from.
 fn launch_overlay(
     ctx: &dyn Work,
     req: &SandboxRequest,
     name: &str,
-    base: &Path,
-    base_fmt: &str,
-    overlay: &Path,
+    on: &Overlay,
 ) -> Result<Sandboxed, OpError> {
-    let mut la = req.launch.clone();
+    let (base, base_fmt, overlay) = (on.base, on.base_fmt, on.overlay);
+    let mut la = on.launch.clone();
     if la.port_forwards.is_none() {
-        la.port_forwards = Some(vec!["auto:22".to_string()]);
+        la.port_forwards = Some(vec![crate::qemu::forwards::PortSpec::auto(22)]);
     }
     la.restrict_net = !req.allow_network;
     // A sandbox's lifetime has its own defaults and actions (a launched VM's only stops).
@@ -238,8 +270,8 @@ fn launch_overlay(
         base_format: Some(base_fmt.to_string()),
         overlay: Some(overlay.display().to_string()),
         allow_network: Some(req.network()),
-        image: req.oci.clone(),
-        image_digest: req.oci_digest.clone(),
+        image: on.image.map(|i| i.reference.clone()),
+        image_digest: on.image.map(|i| i.pulled.digest.clone()),
         ..Sandbox::default()
     });
     let mut out = Sandboxed::of(launch::launch(ctx, lr)?);
@@ -267,7 +299,7 @@ fn wait_ready(
     if let AgentWait::NoAgent(f) = &waited {
         if seeded && f.no_datasource() {
             destroy_quietly(ctx, name);
-            return Err(OpError::new(format!(
+            return Err(OpError::host(format!(
                 "{}. The sandbox was removed.",
                 unseen_seed_reason(name, &f.datasource)
             )));
@@ -306,7 +338,7 @@ pub fn cloud_init_step(
             .unwrap_or_default()
             .to_string();
         destroy_quietly(ctx, name);
-        return Err(OpError::new(format!(
+        return Err(OpError::host(format!(
             "{}. The sandbox was removed.",
             unseen_seed_reason(name, &ds)
         )));

@@ -22,7 +22,7 @@ use serde_json::{Map, Value};
 use crate::ops::error::OpError;
 use crate::ops::sandbox::clone;
 use crate::ops::sandbox::destroy;
-use crate::ops::sandbox::request::SandboxRequest;
+use crate::ops::sandbox::request::{Root, SandboxRequest};
 use crate::ops::sandbox::result::Sandboxed;
 use crate::ops::sandbox::templates;
 use crate::ops::vm::launch::Launched;
@@ -90,7 +90,7 @@ pub fn set_idle_s(template: &str, s: u64) -> Result<(), OpError> {
     let tmp = file.with_extension("tmp");
     std::fs::write(&tmp, format!("{s}\n"))
         .and_then(|()| std::fs::rename(&tmp, &file))
-        .map_err(|e| OpError::new(format!("cannot record the pool's idle_s: {e}")))?;
+        .map_err(|e| OpError::host(format!("cannot record the pool's idle_s: {e}")))?;
     let t = template.to_string();
     let has = lt.is_some();
     crate::state::registry::shared().update(move |vms| {
@@ -105,6 +105,40 @@ pub fn set_idle_s(template: &str, s: u64) -> Result<(), OpError> {
         lifetime::ensure_watcher();
     }
     Ok(())
+}
+
+crate::described! {
+    /// A template's pool as template_pool leaves it.
+    #[derive(Debug, Clone, serde::Serialize)]
+    pub struct PoolState {
+        /// The template.
+        pub name: String,
+        /// Clones kept started.
+        pub pool: u64,
+        /// Of those, the ones ready to hand out now.
+        pub pool_ready: usize,
+        /// How long pooled clones live on once no server keeps the pool.
+        pub idle_s: u64,
+    }
+}
+
+/// template_pool: the pool's idle limit (when given), then its size; the pool as it stands.
+pub fn set(
+    ctx: &dyn Work,
+    template: &str,
+    size: u64,
+    idle: Option<u64>,
+) -> Result<PoolState, OpError> {
+    if let Some(s) = idle {
+        set_idle_s(template, s)?;
+    }
+    set_size(ctx, template, size)?;
+    Ok(PoolState {
+        name: template.to_string(),
+        pool: self::size(template),
+        pool_ready: ready(template),
+        idle_s: idle_s(template),
+    })
 }
 
 /// Sets a template's pool size, checked against the quotas (its clones run all the time), and
@@ -138,7 +172,7 @@ pub fn set_size(ctx: &dyn Work, template: &str, n: u64) -> Result<(), OpError> {
     let tmp = file.with_extension("tmp");
     std::fs::write(&tmp, format!("{n}\n"))
         .and_then(|()| std::fs::rename(&tmp, &file))
-        .map_err(|e| OpError::new(format!("cannot record the pool size: {e}")))?;
+        .map_err(|e| OpError::host(format!("cannot record the pool size: {e}")))?;
     if n < have {
         for name in pooled(template).into_iter().skip(n as usize) {
             destroy::destroy_quietly(ctx, &name);
@@ -216,17 +250,17 @@ const TAKE_CHECK: Duration = Duration::from_millis(500);
 
 /// Whether a claimed clone's QEMU runs now: its process alive as ours, its monitor answering
 /// and its guest running.
-fn answers(rec: &Record) -> Result<(), String> {
+fn answers(rec: &Record) -> Result<(), OpError> {
     if !runs(rec) {
-        return Err("its QEMU process is gone".into());
+        return Err(OpError::host("its QEMU process is gone"));
     }
     let st = qmp::with_session_within(&vm::qmp_socket(rec), TAKE_CHECK, |q| {
         q.query_status_within(TAKE_CHECK)
     })
-    .map_err(|e: qmp::QmpError| format!("its monitor did not answer: {e}"))?;
+    .map_err(|e: qmp::QmpError| OpError::host(format!("its monitor did not answer: {e}")))?;
     match st.status.as_str() {
         "running" => Ok(()),
-        other => Err(format!("its guest is {other}")),
+        other => Err(OpError::guest(format!("its guest is {other}"))),
     }
 }
 
@@ -246,8 +280,8 @@ fn taken(template: &str, name: &str, rec: &Record, started: Instant) -> Sandboxe
             status: "running".into(),
             pid: vm::pid(rec),
             accel: own(&rec.accel),
-            arch: own(&rec.arch),
-            machine: own(&rec.machine),
+            arch: rec.arch().unwrap_or_default(),
+            machine: rec.machine_kind().unwrap_or_default(),
             qemu_version: own(&rec.qemu_version),
             port_forwards: vm::forwards(rec),
             qmp_socket: own(&rec.qmp_socket),
@@ -317,7 +351,7 @@ fn move_folders(old: &str, new: &str, rec: Record) -> Result<Record, OpError> {
             let _ = std::fs::remove_dir_all(to);
         }
         std::fs::rename(from, to).map_err(|e| {
-            OpError::new(format!(
+            OpError::host(format!(
                 "cannot move the pooled clone's folder {} to {}: {e}",
                 from.display(),
                 to.display()
@@ -471,7 +505,7 @@ pub fn keep_all() {
 fn refill(ctx: &dyn Work, template: &str, want: u64) -> Result<(), OpError> {
     let lock_path = templates::dir_of(template).join(".pool.lock");
     let Some(lock) = crate::state::lockfile::try_lock(&lock_path)
-        .map_err(|e| OpError::new(format!("cannot lock {}: {e}", lock_path.display())))?
+        .map_err(|e| OpError::host(format!("cannot lock {}: {e}", lock_path.display())))?
     else {
         return Ok(()); // another server is refilling it now
     };
@@ -479,7 +513,7 @@ fn refill(ctx: &dyn Work, template: &str, want: u64) -> Result<(), OpError> {
         let name = format!("pool-{}", &crate::cloudinit::new_instance_id()[11..23]);
         let mut req = SandboxRequest {
             name: Some(name.clone()),
-            template: Some(template.to_string()),
+            root: Some(Root::Template(template.to_string())),
             ..SandboxRequest::default()
         };
         // Kept busy by this keeper; ended that long after no server keeps the pool.
@@ -556,7 +590,7 @@ mod tests {
     #[test]
     fn a_pooled_clone_fits_only_a_plain_request() {
         let plain = SandboxRequest {
-            template: Some("t".into()),
+            root: Some(Root::Template("t".into())),
             name: Some("c".into()),
             wait_agent_s: Some(5.0),
             ..SandboxRequest::default()

@@ -41,7 +41,7 @@ impl Scratch {
         }
         let path = dest.join("ram");
         create_private(&path)
-            .map_err(|e| OpError::new(format!("cannot create {}: {e}", path.display())))?;
+            .map_err(|e| OpError::host(format!("cannot create {}: {e}", path.display())))?;
         Ok(Scratch {
             path,
             temporary: false,
@@ -66,13 +66,13 @@ impl Scratch {
             if durable {
                 std::fs::File::open(to)
                     .and_then(|f| f.sync_all())
-                    .map_err(|e| OpError::new(format!("cannot flush {}: {e}", to.display())))?;
+                    .map_err(|e| OpError::host(format!("cannot flush {}: {e}", to.display())))?;
             }
             return Ok(allocated(to));
         }
         let _ = std::fs::remove_file(to);
         sparse::copy_without_zeros(&self.path, to, durable).map_err(|e| {
-            OpError::new(format!(
+            OpError::host(format!(
                 "cannot write the guest's memory to {}: {e}",
                 to.display()
             ))

@@ -28,57 +28,25 @@ use crate::state::registry::{Record, RegistryError};
 /// How long loading the saved state may take.
 const LOAD_BUDGET: Duration = Duration::from_secs(60);
 
-/// Record fields a launch writes afresh: the rest of a suspended record is carried over.
-const LAUNCH_FIELDS: &[&str] = &[
-    "name",
-    "source",
-    "pid",
-    "arch",
-    "machine",
-    "accel",
-    "memory_mb",
-    "cpus",
-    "disks",
-    "disk_formats",
-    "iso",
-    "firmware",
-    "kernel",
-    "initrd",
-    "append",
-    "no_net",
-    "restrict_net",
-    "port_forwards",
-    "qmp_socket",
-    "qga_socket",
-    "serial_socket",
-    "serial_log",
-    "pidfile",
-    "extra_args",
-    "input",
-    "qemu_version",
-    "created_at",
-    "spec",
-    "launching",
-    "suspended",
-];
-
-/// What sandbox_suspend did (its result, in this order).
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct Suspended {
-    /// The sandbox.
-    pub name: String,
-    /// Always "suspended".
-    pub status: &'static str,
-    /// How long it took.
-    pub suspend_ms: u64,
-    /// The saved device state's size.
-    pub state_bytes: u64,
-    /// The guest memory's size on disk.
-    pub ram_bytes: u64,
-    /// Where it was saved.
-    pub path: String,
-    /// What went wrong but did not stop it.
-    pub warnings: Vec<String>,
+crate::described! {
+    /// What sandbox_suspend did (its result, in this order).
+    #[derive(Debug, Clone, serde::Serialize)]
+    pub struct Suspended {
+        /// The sandbox.
+        pub name: String,
+        /// Always "suspended".
+        pub status: &'static str,
+        /// How long it took.
+        pub suspend_ms: u64,
+        /// The saved device state's size.
+        pub state_bytes: u64,
+        /// The guest memory's size on disk.
+        pub ram_bytes: u64,
+        /// Where it was saved.
+        pub path: String,
+        /// What went wrong but did not stop it.
+        pub warnings: Vec<String>,
+    }
 }
 
 /// sandbox_suspend: saves sandbox `name` to disk and ends its QEMU.
@@ -93,7 +61,7 @@ pub fn suspend(ctx: &dyn Work, name: &str) -> Result<Suspended, OpError> {
     let spec = forkable(name, &rec)?;
     let dest = vm::state_dir(name).join(format!("suspended-{}", crate::clock::now_secs()));
     std::fs::create_dir_all(&dest)
-        .map_err(|e| OpError::new(format!("cannot create {}: {e}", dest.display())))?;
+        .map_err(|e| OpError::host(format!("cannot create {}: {e}", dest.display())))?;
     let plan = Plan {
         name,
         rec: &rec,
@@ -195,7 +163,7 @@ pub fn wake_if_idle(ctx: &dyn Work, name: &str) -> Result<(), OpError> {
         // Another call brought it back first.
         Err(_) if lookup(name).is_ok_and(|r| r.suspended.is_none()) => return Ok(()),
         Err(e) => {
-            return Err(OpError::new(format!(
+            return Err(OpError::host(format!(
                 "sandbox {name:?} was suspended when idle and could not be resumed: {}",
                 e.msg
             )))
@@ -235,29 +203,33 @@ fn resumed_from(rec: &Record) -> Option<PathBuf> {
     text(&rec.resumed_from).map(PathBuf::from)
 }
 
-/// Where a resume's time went, in milliseconds.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct ResumeSteps {
-    /// QEMU up with its monitor.
-    pub qemu_start: f64,
-    /// The saved devices loaded.
-    pub state_load: f64,
-    /// The agent's first answer.
-    pub first_agent_answer: f64,
+crate::described! {
+    /// Where a resume's time went, in milliseconds.
+    #[derive(Debug, Clone, serde::Serialize)]
+    pub struct ResumeSteps {
+        /// QEMU up with its monitor.
+        pub qemu_start: f64,
+        /// The saved devices loaded.
+        pub state_load: f64,
+        /// The agent's first answer.
+        pub first_agent_answer: f64,
+    }
 }
 
-/// What sandbox_resume started: the launch's result, then (in this order) these.
-#[derive(serde::Serialize)]
-pub struct Resumed {
-    /// The launch, its status the resumed VM's.
-    #[serde(flatten)]
-    pub launched: launch::Launched,
-    /// Whether the agent answered.
-    pub agent_ready: bool,
-    /// Where the time went.
-    pub steps_ms: ResumeSteps,
-    /// How long it took.
-    pub resume_ms: u64,
+crate::described! {
+    /// What sandbox_resume started: the launch's result, then (in this order) these.
+    #[derive(serde::Serialize)]
+    pub struct Resumed {
+        /// The launch, its status the resumed VM's.
+        #[serde(flatten)]
+        pub launched: launch::Launched,
+        /// Whether the agent answered.
+        pub agent_ready: bool,
+        /// Where the time went.
+        pub steps_ms: ResumeSteps,
+        /// How long it took.
+        pub resume_ms: u64,
+    }
 }
 
 /// sandbox_resume: brings suspended sandbox `name` back, its agent awaited within `wait`.
@@ -272,7 +244,7 @@ pub fn resume(ctx: &dyn Work, name: &str, wait: Duration) -> Result<Resumed, OpE
     };
     let dir = saved.dir.map(PathBuf::from).unwrap_or_default();
     if !dir.join("ram").is_file() || !dir.join("state").is_file() {
-        return Err(OpError::new(format!(
+        return Err(OpError::host(format!(
             "the saved state of {name:?} in {} is incomplete (its ram or state file is \
              missing); sandbox_destroy removes it",
             dir.display()
@@ -291,10 +263,12 @@ pub fn resume(ctx: &dyn Work, name: &str, wait: Duration) -> Result<Resumed, OpE
         extra_record: carried(&rec, &dir),
         accel_note: None,
         kvm_fallback: false,
-        firmware: text(&rec.firmware).unwrap_or("bios").to_string(),
         cloud_init: None,
         uefi_vars_from: None,
         egress: crate::ops::vm::egress::rules_from(&rec)?,
+        secrets: Vec::new(),
+        // The resumed guest holds its placeholders: its new proxy swaps the same ones.
+        kept_secrets: crate::ops::vm::egress::secrets_of(&rec),
     };
     let t_launch = Instant::now();
     let launched = launch::launch(ctx, lr).inspect_err(|_| put_back(name, &rec))?;
@@ -338,9 +312,14 @@ pub fn resume(ctx: &dyn Work, name: &str, wait: Duration) -> Result<Resumed, OpE
 
 /// The suspended record's own fields (its sandbox among them), for the resumed record.
 fn carried(rec: &Record, dir: &Path) -> Record {
-    let mut m = rec.to_map();
-    m.retain(|k, _| !LAUNCH_FIELDS.contains(&k.as_str()));
-    let mut r = Record::from_map(m);
+    // The launch writes its own identity, spec and running QEMU's facts over these; what
+    // described the ended QEMU alone goes.
+    let mut r = Record {
+        suspended: None,
+        launching: None,
+        launch_qmp_socket: None,
+        ..rec.clone()
+    };
     r.resumed_from = Some(dir.display().to_string());
     crate::ops::vm::lifetime::running_again(&mut r, crate::clock::now_secs());
     r
@@ -357,7 +336,7 @@ fn load(name: &str, dir: &Path, paused: bool) -> Result<(), OpError> {
         Ok(())
     })
     .map_err(|e| {
-        OpError::new(format!(
+        OpError::host(format!(
             "{name:?} could not load its saved state ({}); it stays suspended",
             e.msg
         ))

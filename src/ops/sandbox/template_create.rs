@@ -7,8 +7,10 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use crate::host::decide;
 use crate::ops::error::OpError;
 use crate::ops::guest::run as guest_run;
+use crate::ops::sandbox::request::Root;
 use crate::ops::sandbox::templates::{
     dir_of, disk_of, ensure_blank_overlay, meta_of, ram_of, remove_dir, seed_of, state_of, vars_of,
     Template,
@@ -25,6 +27,9 @@ use crate::qemu::{img, migrate, vm};
 use crate::state::config::{Accel, Disk, MemoryFile};
 use crate::state::record::{Record, Sandbox};
 
+/// A template's build guest's memory, MiB, unless told (its clones get the same).
+pub const TEMPLATE_MEMORY_MB: i64 = 512;
+
 /// One setup step: a program (not a shell) run in the build guest.
 #[derive(Debug, Clone)]
 pub struct SetupStep {
@@ -36,15 +41,17 @@ pub struct SetupStep {
     pub timeout: f64,
 }
 
-/// What a setup step printed.
-#[derive(Debug, Clone, Serialize)]
-pub struct SetupRan {
-    /// The program.
-    pub command: String,
-    /// Its arguments.
-    pub args: Vec<String>,
-    /// Its standard output.
-    pub stdout: String,
+crate::described! {
+    /// What a setup step printed.
+    #[derive(Debug, Clone, Serialize)]
+    pub struct SetupRan {
+        /// The program.
+        pub command: String,
+        /// Its arguments.
+        pub args: Vec<String>,
+        /// Its standard output.
+        pub stdout: String,
+    }
 }
 
 /// template_create's request (the name already checked).
@@ -56,10 +63,9 @@ pub struct TemplateRequest {
     pub launch: LaunchArgs,
     /// Network for the build guest.
     pub allow_network: bool,
-    /// The base image its disk is an overlay of (checked here).
-    pub base_image: Option<String>,
-    /// A container image whose root the overlay is on, instead of base_image.
-    pub oci: Option<String>,
+    /// What its disk is an overlay of (a disk image or a container image's root; None: an
+    /// empty disk for a kernel-booted guest).
+    pub root: Option<Root>,
     /// The overlay's size.
     pub disk_size: Option<String>,
     /// How long to wait for its agent, seconds.
@@ -74,30 +80,32 @@ pub struct TemplateRequest {
     pub pool: u64,
 }
 
-/// What template_create made (in this order).
-#[derive(Debug, Clone, Serialize)]
-pub struct Created {
-    /// The template.
-    pub name: String,
-    /// Its folder.
-    pub path: String,
-    /// Its guest's memory.
-    pub memory_mb: u64,
-    /// The saved state's size.
-    pub state_bytes: u64,
-    /// How long the save took.
-    pub save_ms: u64,
-    /// What each setup step printed.
-    pub setup: Vec<SetupRan>,
-    /// What went wrong but did not stop it (a cloud-init module that failed).
-    pub warnings: Vec<String>,
-    /// cloud-init's report, when it was waited for.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub cloud_init: Option<CloudInitOut>,
-    /// Warm clones kept.
-    pub pool: u64,
-    /// How long it took.
-    pub duration_ms: u64,
+crate::described! {
+    /// What template_create made (in this order).
+    #[derive(Debug, Clone, Serialize)]
+    pub struct Created {
+        /// The template.
+        pub name: String,
+        /// Its folder.
+        pub path: String,
+        /// Its guest's memory.
+        pub memory_mb: u64,
+        /// The saved state's size.
+        pub state_bytes: u64,
+        /// How long the save took.
+        pub save_ms: u64,
+        /// What each setup step printed.
+        pub setup: Vec<SetupRan>,
+        /// What went wrong but did not stop it (a cloud-init module that failed).
+        pub warnings: Vec<String>,
+        /// cloud-init's report, when it was waited for.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub cloud_init: Option<CloudInitOut>,
+        /// Warm clones kept.
+        pub pool: u64,
+        /// How long it took.
+        pub duration_ms: u64,
+    }
 }
 
 /// Builds the template: a folder without template.json (an interrupted create) is never used
@@ -116,29 +124,35 @@ pub fn create(ctx: &dyn Work, req: &TemplateRequest) -> Result<Created, OpError>
     // A folder without template.json is what an interrupted create left: never usable.
     let _ = remove_dir(&dir);
     std::fs::create_dir_all(&dir)
-        .map_err(|e| OpError::new(format!("cannot create {}: {e}", dir.display())))?;
-    let with_image;
-    let req = match &req.oci {
-        Some(reference) => {
-            let resolved = crate::ops::sandbox::image_root::resolve(
-                ctx,
-                req.base_image.as_deref(),
-                &req.launch,
-                reference,
-            );
-            let (base, launch) = resolved.inspect_err(|_| {
+        .map_err(|e| OpError::host(format!("cannot create {}: {e}", dir.display())))?;
+    let on = match &req.root {
+        Some(Root::Oci(reference)) => {
+            let resolved = crate::ops::sandbox::image_root::resolve(ctx, &req.launch, reference);
+            let (pulled, launch) = resolved.inspect_err(|_| {
                 let _ = remove_dir(&dir);
             })?;
-            with_image = TemplateRequest {
-                base_image: Some(base.path),
+            Base {
+                image: Some(pulled.path),
                 launch,
-                ..req.clone()
-            };
-            &with_image
+            }
         }
-        None => req,
+        Some(Root::Image(b)) => Base {
+            image: Some(b.clone()),
+            launch: req.launch.clone(),
+        },
+        Some(Root::Template(_) | Root::Pushed(_)) => {
+            let _ = remove_dir(&dir);
+            return Err(OpError::invalid(
+                "a template is made from base_image or oci, not from another template or a \
+                 pushed sandbox",
+            ));
+        }
+        None => Base {
+            image: None,
+            launch: req.launch.clone(),
+        },
     };
-    let result = build(ctx, req, &name, &dir);
+    let result = build(ctx, req, &on, &name, &dir);
     if result.is_err() {
         let _ = remove_dir(&dir);
     }
@@ -151,27 +165,40 @@ pub fn create(ctx: &dyn Work, req: &TemplateRequest) -> Result<Created, OpError>
     Ok(out)
 }
 
+/// What a template's disk stands on, and the launch that boots it.
+struct Base {
+    /// The disk image (a container image's root, once made).
+    image: Option<String>,
+    /// The build guest's launch (a container image's kernel and command line added).
+    launch: LaunchArgs,
+}
+
 fn build(
     ctx: &dyn Work,
     req: &TemplateRequest,
+    on: &Base,
     name: &str,
     dir: &Path,
 ) -> Result<Created, OpError> {
-    let base = template_disk(req, dir)?;
+    let base = template_disk(req, on, dir)?;
     ctx.progress_phase("booting the template guest");
     // The guest boots like a sandbox, with its RAM in the template's file; the template's
     // own parameters (setup, pool, waits, disk_size) are not the QEMU's.
-    let mut la = req.launch.clone();
+    let mut la = on.launch.clone();
     la.port_forwards = Some(Vec::new());
-    la.memory_mb = la.memory_mb.or(Some(512));
+    la.memory_mb = la.memory_mb.or(Some(TEMPLATE_MEMORY_MB));
     let vm_name = format!("template-{name}");
     let mut lr = launch_request(&la, &vm_name, vec![Disk::new(disk_of(dir), "qcow2")])?;
     lr.spec.network.restrict_net = !req.allow_network;
+    // A template's state travels to other hosts: under KVM not with the host's own CPU.
+    lr.spec.machine.cpu =
+        Some(decide::template_cpu_model(lr.spec.machine.accel, &lr.spec.machine.arch).to_string());
     lr.spec.compute.memory_file = Some(MemoryFile {
         path: ram_of(dir),
         shared: true,
     });
     lr.spec.devices.vmgenid = Some(new_guid());
+    lr.spec.channels.mount_spare = true;
     lr.extra_record.sandbox = Some(Sandbox {
         template_build: Some(name.to_string()),
         builder_pid: Some(std::process::id()),
@@ -200,8 +227,8 @@ fn build(
 
 /// Makes the template's own disk: an overlay over base_image (never written), or an empty one
 /// for a kernel-booted guest. Returns the base image's path, if there is one.
-fn template_disk(req: &TemplateRequest, dir: &Path) -> Result<Option<PathBuf>, OpError> {
-    let base = match &req.base_image {
+fn template_disk(req: &TemplateRequest, on: &Base, dir: &Path) -> Result<Option<PathBuf>, OpError> {
+    let base = match &on.image {
         Some(b) => {
             let p = checked_path(b, "base_image", Access::Read)?;
             let checked = checked_image(&p, "base_image", None)?;
@@ -210,7 +237,7 @@ fn template_disk(req: &TemplateRequest, dir: &Path) -> Result<Option<PathBuf>, O
         None => None,
     };
     let disk_size = disk_size::checked(req.disk_size.as_deref(), base.as_ref().map_or(0, |b| b.2))?;
-    if base.is_none() && req.launch.kernel.is_none() {
+    if base.is_none() && on.launch.kernel.is_none() {
         return Err(OpError::invalid(
             "give base_image, or kernel (and initrd) for a guest without a disk image",
         ));
@@ -249,9 +276,15 @@ fn template_meta(name: &str, base: Option<PathBuf>, req: &LaunchRequest) -> Temp
             .as_ref()
             .map(|p| p.display().to_string()),
         append: req.spec.boot.append.clone(),
+        modules: req
+            .spec
+            .devices
+            .modules
+            .as_ref()
+            .map(|p| p.display().to_string()),
         seed: req.cloud_init.is_some(),
         seed_bus: req.spec.devices.seed_bus,
-        firmware: req.firmware.clone(),
+        firmware: crate::state::flat::firmware_of(&req.spec).to_string(),
         uefi_code: req
             .spec
             .boot
@@ -261,8 +294,10 @@ fn template_meta(name: &str, base: Option<PathBuf>, req: &LaunchRequest) -> Temp
         uefi_format: req.spec.boot.uefi.as_ref().map(|u| u.format.clone()),
         no_net: req.spec.network.no_net,
         data_channel: req.spec.channels.data_channel,
+        mount_spare: req.spec.channels.mount_spare,
         extra_args: req.spec.extra_args.clone(),
         mounts: Vec::new(),
+        agent_ours: None,
         created_at: String::new(),
         state_bytes: 0,
     }
@@ -302,11 +337,16 @@ fn prepare_and_save(
 ) -> Result<Created, OpError> {
     let rec = crate::ops::vm::records::lookup(vm_name)?;
     let ready = wait_ready(ctx, req, vm_name, &rec, meta.seed)?;
+    meta.agent_ours = crate::ops::guest::agent_is_ours(vm_name).ok();
     let ran = run_setup(ctx, &req.setup, vm_name)?;
+    load_fuse(ctx, vm_name);
+    // A qemu-ga guest gets the mount relay now, so its clones need not have it written. Best
+    // effort: without it (no mcqemu-agent on this host) a clone's mount writes it then.
+    let _ = crate::ops::guest::mounts::place_relay(vm_name);
     if meta.seed {
         let seed = vm::state_dir(vm_name).join("seed.iso");
         std::fs::copy(&seed, seed_of(dir))
-            .map_err(|e| OpError::new(format!("cannot keep the seed {}: {e}", seed.display())))?;
+            .map_err(|e| OpError::host(format!("cannot keep the seed {}: {e}", seed.display())))?;
     }
     ctx.progress_phase("saving the running guest");
     let save_start = Instant::now();
@@ -318,7 +358,7 @@ fn prepare_and_save(
     })?;
     let save_ms = save_start.elapsed().as_millis() as u64;
     std::fs::rename(&tmp, state_of(dir))
-        .map_err(|e| OpError::new(format!("cannot place the saved state: {e}")))?;
+        .map_err(|e| OpError::host(format!("cannot place the saved state: {e}")))?;
     if meta.firmware == "uefi" {
         keep_vars(vm_name, &rec, dir)?;
     }
@@ -350,7 +390,10 @@ fn wait_ready(
     rec: &Record,
     seed: bool,
 ) -> Result<Ready, OpError> {
-    let wait = Duration::from_secs_f64(req.wait_agent_s.clamp(1.0, 3600.0));
+    // A template needs its agent: at least a second, whatever a sandbox may ask for.
+    let wait = super::request::BOOT_AGENT_WAIT
+        .of(Some(req.wait_agent_s))
+        .max(Duration::from_secs(1));
     let (how, saw) = agent::wait_for_agent(ctx, vm_name, rec, wait)?;
     let mut ready = Ready::default();
     saw.add_to(&mut ready.warnings, &mut ready.cloud_init, vm_name);
@@ -364,13 +407,13 @@ fn wait_ready(
             )))
         }
         AgentWait::Fatal(f) => {
-            return Err(OpError::new(format!(
+            return Err(OpError::guest(format!(
                 "{} before the template guest's agent answered (nothing was saved)",
                 f.describe()
             )))
         }
         AgentWait::NoAgent(f) => {
-            return Err(OpError::new(format!(
+            return Err(OpError::guest(format!(
                 "{}; a template needs the agent (nothing was saved)",
                 agent::no_agent_reason(vm_name, &f, seed)
             )))
@@ -381,7 +424,7 @@ fn wait_ready(
         let waited = guest_run::wait_cloud_init(ctx, vm_name, Duration::from_secs_f64(w))?;
         if seed && guest_run::saw_no_datasource(&waited) {
             let ds = waited.report["detail"].as_str().unwrap_or_default();
-            return Err(OpError::new(format!(
+            return Err(OpError::host(format!(
                 "{}; nothing was saved",
                 agent::unseen_seed_reason(vm_name, ds)
             )));
@@ -415,7 +458,7 @@ fn run_setup(ctx: &dyn Work, steps: &[SetupStep], vm_name: &str) -> Result<Vec<S
             Duration::from_secs_f64(timeout),
         )?;
         if r.exitcode != Some(0) {
-            return Err(OpError::new(format!(
+            return Err(OpError::guest(format!(
                 "setup[{i}] ({command} {}) failed ({}); nothing was saved. stdout: {} stderr: {}",
                 argv.join(" "),
                 r.exitcode
@@ -435,13 +478,26 @@ fn run_setup(ctx: &dyn Work, steps: &[SetupStep], vm_name: &str) -> Result<Vec<S
     Ok(ran)
 }
 
+/// Loads FUSE in the guest before it is saved, so a clone's first mount costs no module load
+/// (about 10 ms of a TCG guest's time). Best effort: a guest without a shell, modprobe or
+/// fuse.ko mounts nothing, or loads it then.
+fn load_fuse(ctx: &dyn Work, vm_name: &str) {
+    let _ = guest_run::run(
+        ctx,
+        vm_name,
+        "/bin/sh",
+        &["-c", "grep -qw fuse /proc/filesystems || modprobe fuse"],
+        Duration::from_secs(10),
+    );
+}
+
 /// Writes template.json through a temporary file: its presence is what makes a template.
 fn write_meta(dir: &Path, meta: &Template) -> Result<(), OpError> {
     let meta_tmp = dir.join(".template.json.tmp");
     let text = serde_json::to_vec_pretty(meta).unwrap_or_default();
     std::fs::write(&meta_tmp, text)
         .and_then(|()| std::fs::rename(&meta_tmp, meta_of(dir)))
-        .map_err(|e| OpError::new(format!("cannot write the template's record: {e}")))
+        .map_err(|e| OpError::host(format!("cannot write the template's record: {e}")))
 }
 
 /// Copies the stopped build VM's UEFI variable store into the template, once its QEMU is gone
@@ -449,7 +505,7 @@ fn write_meta(dir: &Path, meta: &Template) -> Result<(), OpError> {
 fn keep_vars(vm_name: &str, rec: &Record, dir: &Path) -> Result<(), OpError> {
     if let Some(pid) = vm::pid(rec) {
         if !crate::qemu::process::wait_dead(pid, Duration::from_secs(10)) {
-            return Err(OpError::new(format!(
+            return Err(OpError::host(format!(
                 "the template guest's QEMU (PID {pid}) did not exit after saving, so its UEFI \
                  variable store cannot be copied whole; nothing was kept"
             )));
@@ -457,7 +513,7 @@ fn keep_vars(vm_name: &str, rec: &Record, dir: &Path) -> Result<(), OpError> {
     }
     let vars = vm::state_dir(vm_name).join("uefi-vars.fd");
     crate::state::copy::private(&vars, &vars_of(dir)).map_err(|e| {
-        OpError::new(format!(
+        OpError::host(format!(
             "cannot keep the UEFI variable store {}: {e}",
             vars.display()
         ))

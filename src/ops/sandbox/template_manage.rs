@@ -11,58 +11,86 @@ use super::templates::{clones_of, dir_of, load, meta_of, remove_dir, templates_d
 use crate::ops::error::OpError;
 use crate::ops::work::Work;
 
-/// One template as listed: a usable one with its facts, or a damaged or half-made one with
-/// its problem (shown, never offered as usable).
+crate::described! {
+    /// A template clones can be made of.
+    #[derive(Debug, Clone, Serialize)]
+    pub struct Usable {
+        /// Its name.
+        pub name: String,
+        /// Always true.
+        pub usable: bool,
+        /// The image it was made from (none for a kernel-only guest).
+        pub base_image: Option<String>,
+        /// Each clone's memory.
+        pub memory_mb: u64,
+        /// Each clone's vCPUs.
+        pub cpus: u64,
+        /// When it was saved.
+        pub created_at: String,
+        /// Its files' allocated bytes.
+        pub size_on_disk: u64,
+        /// The clones callers hold (its pool's are counted apart).
+        pub clones: Vec<String>,
+        /// Its warm pool's size.
+        pub pool: u64,
+        /// Pooled clones ready to hand out.
+        pub pool_ready: usize,
+    }
+}
+
+crate::described! {
+    /// A template that cannot be used (half-made or damaged): shown, never offered as usable.
+    #[derive(Debug, Clone, Serialize)]
+    pub struct Damaged {
+        /// Its name.
+        pub name: String,
+        /// Always false.
+        pub usable: bool,
+        /// What is wrong.
+        pub problem: String,
+        /// Its files' allocated bytes.
+        pub size_on_disk: u64,
+        /// Clones that still stand on it.
+        pub clones: Vec<String>,
+    }
+}
+
+/// One template as listed.
 #[derive(Debug, Clone, Serialize)]
 #[serde(untagged)]
 pub enum Listed {
     /// A template clones can be made of.
-    Usable {
-        /// Its name.
-        name: String,
-        /// Always true.
-        usable: bool,
-        /// The image it was made from (none for a kernel-only guest).
-        base_image: Option<String>,
-        /// Each clone's memory.
-        memory_mb: u64,
-        /// Each clone's vCPUs.
-        cpus: u64,
-        /// When it was saved.
-        created_at: String,
-        /// Its files' allocated bytes.
-        size_on_disk: u64,
-        /// The clones callers hold (its pool's are counted apart).
-        clones: Vec<String>,
-        /// Its warm pool's size.
-        pool: u64,
-        /// Pooled clones ready to hand out.
-        pool_ready: usize,
-    },
+    Usable(Usable),
     /// A template that cannot be used.
-    Damaged {
-        /// Its name.
-        name: String,
-        /// Always false.
-        usable: bool,
-        /// What is wrong.
-        problem: String,
-        /// Its files' allocated bytes.
-        size_on_disk: u64,
-        /// Clones that still stand on it.
-        clones: Vec<String>,
-    },
+    Damaged(Damaged),
 }
 
-/// What template_delete did.
-#[derive(Debug, Clone, Serialize)]
-pub struct Deleted {
-    /// The template.
-    pub name: String,
-    /// Every file went.
-    pub deleted: bool,
-    /// The files that could not be removed.
-    pub errors: Vec<String>,
+impl crate::schema::Schema for Listed {
+    fn schema() -> serde_json::Value {
+        crate::schema::any_of(vec![Usable::schema(), Damaged::schema()])
+    }
+}
+
+crate::described! {
+    /// template_list's answer.
+    #[derive(Debug, Clone, Serialize)]
+    pub struct Templates {
+        /// Every template folder, by name.
+        pub templates: Vec<Listed>,
+    }
+}
+
+crate::described! {
+    /// What template_delete did.
+    #[derive(Debug, Clone, Serialize)]
+    pub struct Deleted {
+        /// The template.
+        pub name: String,
+        /// Every file went.
+        pub deleted: bool,
+        /// The files that could not be removed.
+        pub errors: Vec<String>,
+    }
 }
 
 /// The allocated bytes of a template folder's files.
@@ -89,7 +117,7 @@ fn own_clones(template: &str) -> Vec<String> {
 }
 
 /// Every template folder, by name.
-pub fn list() -> Vec<Listed> {
+pub fn list() -> Templates {
     let mut names: Vec<String> = std::fs::read_dir(templates_dir())
         .map(|entries| {
             entries
@@ -104,7 +132,7 @@ pub fn list() -> Vec<Listed> {
     for n in names {
         let dir = dir_of(&n);
         match load(&n) {
-            Ok(t) => out.push(Listed::Usable {
+            Ok(t) => out.push(Listed::Usable(Usable {
                 name: t.name,
                 usable: true,
                 base_image: t.base_image,
@@ -115,19 +143,19 @@ pub fn list() -> Vec<Listed> {
                 clones: own_clones(&n),
                 pool: pool::size(&n),
                 pool_ready: pool::ready(&n),
-            }),
+            })),
             // Half-made (interrupted) or damaged: shown, never offered as usable.
-            Err(e) if meta_of(&dir).exists() => out.push(Listed::Damaged {
+            Err(e) if meta_of(&dir).exists() => out.push(Listed::Damaged(Damaged {
                 name: n.clone(),
                 usable: false,
                 problem: e.msg,
                 size_on_disk: folder_bytes(&dir),
                 clones: own_clones(&n),
-            }),
+            })),
             Err(_) => {}
         }
     }
-    out
+    Templates { templates: out }
 }
 
 /// Deletes template `name` and every file it has; its pool ends first. Refused while a

@@ -43,6 +43,9 @@ pub struct Template {
     pub initrd: Option<String>,
     /// Kernel command line.
     pub append: Option<String>,
+    /// An image kernel's modules disk (clones need the same devices).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub modules: Option<String>,
     /// Whether a cloud-init seed CD-ROM was attached (clones need the same devices).
     pub seed: bool,
     /// Which device the seed was (templates older than the virtio seed have none recorded).
@@ -61,6 +64,10 @@ pub struct Template {
     /// Whether the template had mcqemu's data channel (its clones need the same devices).
     #[serde(default)]
     pub data_channel: bool,
+    /// Whether the template had a mount port from the start (its clones need the same
+    /// devices, and their first mount takes it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mount_spare: bool,
     /// Whether the template had a network card.
     pub no_net: bool,
     /// Operator extra_args, repeated for every clone (same devices).
@@ -68,6 +75,10 @@ pub struct Template {
     /// Host folders every clone gets mounted (after its start, before it is handed out).
     #[serde(default)]
     pub mounts: Vec<crate::ops::vm::mounts::MountSpec>,
+    /// Whether the saved guest's agent is mcqemu-agent (its clones run the same program, so a
+    /// clone's mounts need no question to it first); None in templates made before.
+    #[serde(default)]
+    pub agent_ours: Option<bool>,
     /// When it was saved.
     pub created_at: String,
     /// Bytes of the saved device state.
@@ -140,7 +151,7 @@ pub fn ensure_blank_overlay(dir: &Path) -> Result<PathBuf, OpError> {
     img::create(&tmp, "qcow2", None, Some((&disk, "qcow2")))?;
     std::fs::rename(&tmp, &blank).map_err(|e| {
         let _ = std::fs::remove_file(&tmp);
-        OpError::new(format!("cannot place {}: {e}", blank.display()))
+        OpError::host(format!("cannot place {}: {e}", blank.display()))
     })?;
     Ok(blank)
 }
@@ -154,14 +165,14 @@ pub fn new_overlay(dir: &Path, overlay: &Path) -> Result<(), OpError> {
     let fits = |p: &Path| qcow2::backing_of(p).is_some_and(|b| Path::new(&b) == disk);
     std::fs::copy(&blank, overlay).map_err(|e| {
         let _ = std::fs::remove_file(overlay);
-        OpError::new(format!(
+        OpError::host(format!(
             "cannot copy the template's blank overlay to {}: {e}",
             overlay.display()
         ))
     })?;
     if !fits(overlay) {
         let _ = std::fs::remove_file(overlay);
-        return Err(OpError::new(format!(
+        return Err(OpError::host(format!(
             "the copy of {} at {} does not name the template's disk as its backing file; \
              delete {} and try again",
             blank.display(),
@@ -187,7 +198,7 @@ pub fn load(name: &str) -> Result<Template, OpError> {
         ))
     })?;
     let t: Template = serde_json::from_slice(&bytes).map_err(|e| {
-        OpError::new(format!(
+        OpError::host(format!(
             "template {name:?} is damaged ({}: {e}); template_delete it and create it again",
             meta_of(&dir).display()
         ))
@@ -217,7 +228,7 @@ pub fn load(name: &str) -> Result<Template, OpError> {
         _ => None,
     };
     match problem {
-        Some(p) => Err(OpError::new(format!(
+        Some(p) => Err(OpError::host(format!(
             "template {name:?} is damaged: {p}; template_delete it and create it again"
         ))),
         None => Ok(t),

@@ -29,10 +29,10 @@ pub const MAX_TEXT: usize = 4096;
 fn live(name: &str) -> Result<Record, OpError> {
     let rec = records::lookup_live(name, "launch it first")?;
     if records::input(&rec, records::InputKind::Keyboard).is_none() {
-        return Err(OpError::new(format!(
+        return Err(OpError::invalid(format!(
             "VM {name:?} has no keyboard device (machine {}), so keys would go nowhere; launch \
              it with one, e.g. extra_args [\"-device\", \"virtio-keyboard-pci\"]",
-            rec.machine.as_deref().unwrap_or("?")
+            rec.machine_kind().unwrap_or_else(|| "?".into())
         )));
     }
     Ok(rec)
@@ -52,15 +52,17 @@ pub struct KeysRequest {
     pub delay: Duration,
 }
 
-/// What vm_send_keys sent (its result, in this order).
-#[derive(Debug, Clone, Serialize)]
-pub struct KeysSent {
-    /// The VM.
-    pub name: String,
-    /// Chords sent.
-    pub sent: usize,
-    /// Each chord as QEMU key codes.
-    pub chords: Vec<Vec<&'static str>>,
+crate::described! {
+    /// What vm_send_keys sent (its result, in this order).
+    #[derive(Debug, Clone, Serialize)]
+    pub struct KeysSent {
+        /// The VM.
+        pub name: String,
+        /// Chords sent.
+        pub sent: usize,
+        /// Each chord as QEMU key codes.
+        pub chords: Vec<Vec<&'static str>>,
+    }
 }
 
 /// Sends the chords, unless a person holds the VM; a cancel releases what was pressed.
@@ -68,7 +70,7 @@ pub fn send_keys(work: &dyn Work, req: &KeysRequest) -> Result<KeysSent, OpError
     let name = &req.name;
     crate::ops::vm::hold::check_agent(name, "vm_send_keys")?;
     if req.specs.is_empty() {
-        return Err(OpError::new(
+        return Err(OpError::invalid(
             "keys is empty; give at least one key or chord",
         ));
     }
@@ -79,9 +81,7 @@ pub fn send_keys(work: &dyn Work, req: &KeysRequest) -> Result<KeysSent, OpError
         .collect::<Result<_, _>>()?;
     let rec = live(name)?;
     let plan = chord_plan(&chords, req.hold, req.delay);
-    let sent = session::monitor(name, &rec, |q| {
-        Ok(input::run(q, &plan, rec.pid, &|| work.cancelled())?)
-    })?;
+    let sent = session::monitor(name, &rec, |q| Ok(input::run(q, &plan, rec.pid, work)?))?;
     if !sent.complete {
         return Err(OpError::cancelled(format!(
             "cancelled after {} of {} key commands (keys pressed were released)",
@@ -110,15 +110,17 @@ pub struct TextRequest {
     pub gap: Duration,
 }
 
-/// What vm_type_text sent (its result, in this order).
-#[derive(Debug, Clone, Serialize)]
-pub struct Typed {
-    /// The VM.
-    pub name: String,
-    /// Characters typed.
-    pub characters: usize,
-    /// Key batches sent.
-    pub commands: usize,
+crate::described! {
+    /// What vm_type_text sent (its result, in this order).
+    #[derive(Debug, Clone, Serialize)]
+    pub struct Typed {
+        /// The VM.
+        pub name: String,
+        /// Characters typed.
+        pub characters: usize,
+        /// Key batches sent.
+        pub commands: usize,
+    }
 }
 
 /// Types the text, unless a person holds the VM; a cancel releases what was pressed.
@@ -127,7 +129,7 @@ pub fn type_text(work: &dyn Work, req: &TextRequest) -> Result<Typed, OpError> {
     crate::ops::vm::hold::check_agent(name, "vm_type_text")?;
     let mut text = req.text.clone();
     if text.chars().count() > MAX_TEXT {
-        return Err(OpError::new(format!(
+        return Err(OpError::invalid(format!(
             "text is longer than {MAX_TEXT} characters; split it into several calls"
         )));
     }
@@ -138,9 +140,7 @@ pub fn type_text(work: &dyn Work, req: &TextRequest) -> Result<Typed, OpError> {
     let plan = text_plan(&events, req.gap);
     let rec = live(name)?;
     let commands = input::commands(&plan);
-    let sent = session::monitor(name, &rec, |q| {
-        Ok(input::run(q, &plan, rec.pid, &|| work.cancelled())?)
-    })?;
+    let sent = session::monitor(name, &rec, |q| Ok(input::run(q, &plan, rec.pid, work)?))?;
     if !sent.complete {
         return Err(OpError::cancelled(format!(
             "cancelled after {} of {commands} key batches",
@@ -154,12 +154,16 @@ pub fn type_text(work: &dyn Work, req: &TextRequest) -> Result<Typed, OpError> {
     })
 }
 
-/// Key events per command: QEMU's PS/2 keyboard queue holds 16 bytes and drops what does not
-/// fit before the guest reads it; a typed character is one byte per event (no extended keys).
-pub const EVENTS_PER_COMMAND: usize = 16;
+/// Key events per command: half of QEMU's PS/2 keyboard queue, which holds 16 bytes and
+/// drops what does not fit before the guest reads it (a typed character is one byte per
+/// event, no extended keys). A guest busy with other work can leave a whole command unread
+/// through one pause (traced in the Debian installer under TCG: the vCPU ran the pause's
+/// time without reading the keyboard, and the next full command of 16 was dropped whole);
+/// half the queue leaves room for the next one.
+pub const EVENTS_PER_COMMAND: usize = 8;
 /// Keys pressed (or released) in one command of a chord: an extended key (arrows, right ctrl,
-/// ...) is two bytes per event, so eight fill the PS/2 queue.
-const CHORD_KEYS_PER_COMMAND: usize = 8;
+/// ...) is two bytes per event, so four fill half the PS/2 queue.
+const CHORD_KEYS_PER_COMMAND: usize = 4;
 /// The shortest pause after a command of key events: the guest must drain the keyboard queue
 /// before the next command arrives, or keys are lost (measured: 0 ms loses keys under TCG).
 pub const MIN_GAP: Duration = Duration::from_millis(10);
@@ -177,7 +181,8 @@ fn chord_edge(plan: &mut Vec<Step>, keys: &[&str], down: bool) {
 }
 
 /// Each chord: its keys pressed in order, held `hold`, released in reverse order, then
-/// `delay` (also after the last, so the next call's keys cannot join it).
+/// `delay` (also after the last: vm_send_keys promises it, and agents use it as "press, then
+/// wait"; it also keeps the next call's keys from joining these).
 pub fn chord_plan(chords: &[Vec<&str>], hold: Duration, delay: Duration) -> Vec<Step> {
     let mut plan = Vec::new();
     for c in chords {
@@ -205,18 +210,20 @@ pub fn batches(chars: &[Vec<KeyEvent>]) -> Vec<Vec<KeyEvent>> {
     out
 }
 
-/// Text: [`batches`] of press-release pairs, each followed by `gap` (at least [`MIN_GAP`];
-/// also after the last, so a following call cannot overflow the queue).
+/// Text: [`batches`] of press-release pairs, each followed by `gap` (at least [`MIN_GAP`]);
+/// the last by a [`Step::Drain`], so a following call cannot overflow the queue.
 pub fn text_plan(chars: &[Vec<KeyEvent>], gap: Duration) -> Vec<Step> {
-    batches(chars)
-        .into_iter()
-        .flat_map(|b| {
-            [
-                Step::Send(b.iter().map(|(k, d)| key_event(k, *d)).collect()),
-                Step::Pause(gap.max(MIN_GAP)),
-            ]
-        })
-        .collect()
+    input::drained(
+        batches(chars)
+            .into_iter()
+            .flat_map(|b| {
+                [
+                    Step::Send(b.iter().map(|(k, d)| key_event(k, *d)).collect()),
+                    Step::Pause(gap.max(MIN_GAP)),
+                ]
+            })
+            .collect(),
+    )
 }
 
 #[cfg(test)]
@@ -231,6 +238,7 @@ mod tests {
         plan.iter()
             .map(|s| match s {
                 Step::Pause(d) => format!("~{}", d.as_millis()),
+                Step::Drain(d) => format!("~{}.", d.as_millis()),
                 Step::Send(evs) => evs
                     .iter()
                     .map(|e| match e {
@@ -267,15 +275,15 @@ mod tests {
             .iter()
             .filter_map(|s| match s {
                 Step::Send(e) => Some(e.len()),
-                Step::Pause(_) => None,
+                Step::Pause(_) | Step::Drain(_) => None,
             })
             .collect();
-        assert_eq!(sends, vec![8, 1, 8, 1]);
+        assert_eq!(sends, vec![4, 4, 1, 4, 4, 1]);
         assert_eq!(plan.last(), Some(&Step::Pause(MIN_GAP)));
     }
 
     #[test]
-    fn batches_never_exceed_sixteen_events_or_split_a_character() {
+    fn batches_never_exceed_half_the_ps2_queue_or_split_a_character() {
         let ev = keys::type_events("Hello, World! \"quoted\" \\ back").unwrap();
         let b = batches(&ev);
         assert!(b.iter().all(|c| c.len() <= EVENTS_PER_COMMAND));
@@ -290,9 +298,9 @@ mod tests {
         let plan = text_plan(&ev, Duration::ZERO);
         assert_eq!(
             show(&plan),
-            "+a -a +b -b +c -c +d -d +e -e +f -f +g -g +h -h | ~10 | \
-             +i -i +shift +j -j -shift | ~10"
+            "+a -a +b -b +c -c +d -d | ~10 | +e -e +f -f +g -g +h -h | ~10 | \
+             +i -i +shift +j -j -shift | ~10."
         );
-        assert_eq!(commands(&plan), 2);
+        assert_eq!(commands(&plan), 3);
     }
 }

@@ -129,7 +129,7 @@ pub fn parse_hash(text: &str) -> Option<u64> {
 pub fn capture_in(q: &mut Qmp, name: &str) -> Result<Frame, SessionError<QmpError>> {
     screen::capture(q, &vm::state_dir(name)).map_err(|e| match e {
         CaptureError::Qmp(e) => SessionError::Channel(e),
-        other => OpError::new(format!("screenshot of {name:?} failed: {other}")).into(),
+        other => OpError::host(format!("screenshot of {name:?} failed: {other}")).into(),
     })
 }
 
@@ -144,29 +144,58 @@ pub struct ScreenshotRequest {
     pub save_to: Option<std::path::PathBuf>,
 }
 
-/// What vm_screenshot reports (the tool's structured result, in its order).
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct Screenshot {
-    /// The VM.
-    pub name: String,
-    /// The image's width.
-    pub width: u32,
-    /// The image's height.
-    pub height: u32,
-    /// The image's size divided by the screen's.
-    pub scale: f64,
-    /// The screen's width.
-    pub screen_width: u32,
-    /// The screen's height.
-    pub screen_height: u32,
-    /// The PNG's size.
-    pub bytes: usize,
-    /// Always "png".
-    pub format: &'static str,
-    /// Where the PNG was saved, when it was.
-    pub path: Option<String>,
-    /// A digest of the screen's pixels ([`hash_text`]).
-    pub hash: String,
+crate::described! {
+    /// A captured screen's image as the screen tools report it (vm_screenshot,
+    /// vm_screen_wait): its size and scale, the screen's, and the screen's digest.
+    #[derive(Debug, Clone, serde::Serialize)]
+    pub struct Picture {
+        /// The image's width.
+        pub width: u32,
+        /// The image's height.
+        pub height: u32,
+        /// The image's size divided by the screen's.
+        pub scale: f64,
+        /// The screen's width.
+        pub screen_width: u32,
+        /// The screen's height.
+        pub screen_height: u32,
+        /// The PNG's size.
+        pub bytes: usize,
+        /// Always "png".
+        pub format: &'static str,
+        /// A digest of the screen's pixels ([`hash_text`]): a later vm_screen_wait's `since`.
+        pub hash: String,
+    }
+}
+
+impl Picture {
+    /// What `cap` shows.
+    pub fn of(cap: &Capture) -> Picture {
+        Picture {
+            width: cap.shot.png.width,
+            height: cap.shot.png.height,
+            scale: cap.shot.scale,
+            screen_width: cap.screen_width,
+            screen_height: cap.screen_height,
+            bytes: cap.shot.png.data.len(),
+            format: "png",
+            hash: hash_text(cap.hash),
+        }
+    }
+}
+
+crate::described! {
+    /// What vm_screenshot reports (the tool's structured result).
+    #[derive(Debug, Clone, serde::Serialize)]
+    pub struct Screenshot {
+        /// The VM.
+        pub name: String,
+        /// The image.
+        #[serde(flatten)]
+        pub picture: Picture,
+        /// Where the PNG was saved, when it was.
+        pub path: Option<String>,
+    }
 }
 
 /// Takes a screenshot: the PNG back when it was not saved to a file. The screen is remembered
@@ -177,30 +206,23 @@ pub fn screenshot(req: &ScreenshotRequest) -> Result<(Screenshot, Option<Vec<u8>
     // The one capture path (the screen resource takes it too): the monitor is held for the
     // capture only; scaling and encoding happen after it.
     let got = capture(name, &rec, &req.bounds, Wait::Queue).map_err(|e| match e {
-        CaptureError::Qmp(e) => OpError::new(crate::ops::session::explain_qmp(name, &rec, &e)),
-        other => OpError::new(format!("screenshot of {name:?} failed: {other}")),
+        CaptureError::Qmp(e) => OpError::host(crate::ops::session::explain_qmp(name, &rec, &e)),
+        other => OpError::host(format!("screenshot of {name:?} failed: {other}")),
     })?;
     memory::remember(name, vec![got.frame.clone()]);
-    let png = got.shot.png.data;
     let mut out = Screenshot {
         name: name.clone(),
-        width: got.shot.png.width,
-        height: got.shot.png.height,
-        scale: got.shot.scale,
-        screen_width: got.screen_width,
-        screen_height: got.screen_height,
-        bytes: png.len(),
-        format: "png",
+        picture: Picture::of(&got),
         path: None,
-        hash: hash_text(got.hash),
     };
+    let png = got.shot.png.data;
     let Some(p) = &req.save_to else {
         return Ok((out, Some(png)));
     };
     // A temporary file beside the target, renamed into place, all relative to the folder
     // opened beneath its root: no symlink is followed, and a failed write leaves nothing.
     crate::state::beneath::write_replace(p, &png).map_err(|e| {
-        OpError::new(format!(
+        OpError::host(format!(
             "cannot save the screenshot to {}: {e}",
             p.display()
         ))

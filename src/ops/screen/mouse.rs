@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::input::{self, Step};
-use super::pointer::{abs_axis, screen_point, Point, CLICK_GAP};
+use super::pointer::{abs_axis, relative_plan, screen_point, Point, CLICK_GAP};
 use crate::ops::error::OpError;
 use crate::ops::session::{self, SessionError};
 use crate::ops::vm::records;
@@ -63,29 +63,31 @@ pub struct ClickRequest {
     pub hold: Vec<&'static str>,
 }
 
-/// Where a click landed.
-#[derive(Debug, Clone, Serialize)]
-pub struct Clicked {
-    /// The VM.
-    pub name: String,
-    /// The point as given.
-    pub x: i64,
-    /// The point as given.
-    pub y: i64,
-    /// The scale as given.
-    pub scale: f64,
-    /// The screen pixel clicked: column.
-    pub screen_x: u32,
-    /// The screen pixel clicked: row.
-    pub screen_y: u32,
-    /// The button clicked.
-    pub button: String,
-    /// The modifiers held.
-    pub hold: Vec<&'static str>,
-    /// The screen's size when clicked.
-    pub screen_width: u32,
-    /// The screen's height.
-    pub screen_height: u32,
+crate::described! {
+    /// Where a click landed.
+    #[derive(Debug, Clone, Serialize)]
+    pub struct Clicked {
+        /// The VM.
+        pub name: String,
+        /// The point as given.
+        pub x: i64,
+        /// The point as given.
+        pub y: i64,
+        /// The scale as given.
+        pub scale: f64,
+        /// The screen pixel clicked: column.
+        pub screen_x: u32,
+        /// The screen pixel clicked: row.
+        pub screen_y: u32,
+        /// The button clicked.
+        pub button: String,
+        /// The modifiers held.
+        pub hold: Vec<&'static str>,
+        /// The screen's size when clicked.
+        pub screen_width: u32,
+        /// The screen's height.
+        pub screen_height: u32,
+    }
 }
 
 /// Clicks at the request's point, unless a person holds the VM or the point is off screen.
@@ -185,25 +187,27 @@ pub struct MoveRequest {
     pub double: bool,
 }
 
-/// What a relative move sent.
-#[derive(Debug, Clone, Serialize)]
-pub struct Moved {
-    /// The VM.
-    pub name: String,
-    /// The motion as given.
-    pub dx: i64,
-    /// The motion as given.
-    pub dy: i64,
-    /// The motion in screen pixels.
-    pub screen_dx: i64,
-    /// The motion in screen pixels.
-    pub screen_dy: i64,
-    /// Relative motion commands sent.
-    pub commands: usize,
-    /// The corner moved to first.
-    pub home: Option<String>,
-    /// The button clicked after.
-    pub click: Option<String>,
+crate::described! {
+    /// What a relative move sent.
+    #[derive(Debug, Clone, Serialize)]
+    pub struct Moved {
+        /// The VM.
+        pub name: String,
+        /// The motion as given.
+        pub dx: i64,
+        /// The motion as given.
+        pub dy: i64,
+        /// The motion in screen pixels.
+        pub screen_dx: i64,
+        /// The motion in screen pixels.
+        pub screen_dy: i64,
+        /// Relative motion commands sent.
+        pub commands: usize,
+        /// The corner moved to first.
+        pub home: Option<String>,
+        /// The button clicked after.
+        pub click: Option<String>,
+    }
 }
 
 /// Moves the relative mouse; refused when the VM has none (the virt boards' tablet only).
@@ -215,17 +219,23 @@ pub fn mouse_move(req: &MoveRequest, work: &dyn Work) -> Result<Moved, OpError> 
     // absolute tablet, where this motion would go nowhere.
     let rec = records::lookup_live(name, "launch it first")?;
     if records::input(&rec, records::InputKind::RelativePointer).is_none() {
-        return Err(OpError::new(format!(
+        return Err(OpError::invalid(format!(
             "VM {name:?} has no relative mouse (machine {}), so the motion would go nowhere; \
              use vm_click with x and y (the absolute tablet) instead",
-            rec.machine.as_deref().unwrap_or("?")
+            rec.machine_kind().unwrap_or_else(|| "?".into())
         )));
     }
-    let plan = move_plan(req.home.as_deref(), sdx, sdy, req.step.clamp(1, 120));
+    let segments = move_segments(req.home.as_deref(), sdx, sdy, req.step.clamp(1, 120));
+    let moves = segments.iter().map(Vec::len).sum();
+    let click = req
+        .click
+        .as_deref()
+        .map(|b| (b, if req.double { 2 } else { 1 }));
+    let plan = relative_plan(&segments, click);
     session::monitor(name, &rec, |q| {
-        send_moves(work, q, &plan)?;
-        if let Some(b) = &req.click {
-            click_cmds(q, b, req.double)?;
+        let sent = input::run(q, &plan, rec.pid, work)?;
+        if !sent.complete {
+            return Err(OpError::cancelled("cancelled (nothing left pressed)").into());
         }
         Ok(())
     })?;
@@ -235,7 +245,7 @@ pub fn mouse_move(req: &MoveRequest, work: &dyn Work) -> Result<Moved, OpError> 
         dy: req.dy,
         screen_dx: sdx,
         screen_dy: sdy,
-        commands: plan.len(),
+        commands: moves,
         home: req.home.clone(),
         click: req.click.clone(),
     })
@@ -253,7 +263,7 @@ pub fn screen_delta(dx: i64, dy: i64, scale: f64) -> Result<(i64, i64), OpError>
         (dy as f64 / scale).round() as i64,
     );
     if sdx.abs() > MAX_DELTA || sdy.abs() > MAX_DELTA {
-        return Err(OpError::new(format!(
+        return Err(OpError::invalid(format!(
             "({dx}, {dy}) at scale {scale} is ({sdx}, {sdy}) screen pixels, past {MAX_DELTA}; \
              nothing was sent"
         )));
@@ -278,9 +288,10 @@ pub fn rel_steps(dx: i64, dy: i64, step: i64) -> Vec<(i64, i64)> {
 }
 
 /// The relative steps to send: far towards the `home` corner first (if asked), then the move.
-fn move_plan(home: Option<&str>, sdx: i64, sdy: i64, step: i64) -> Vec<(i64, i64)> {
-    let mut plan = Vec::new();
-    if let Some(h) = home {
+/// The trip goes in the largest steps whatever `step` is: overshooting into a corner is
+/// harmless, and each three steps cost a paced pause.
+fn move_segments(home: Option<&str>, sdx: i64, sdy: i64, step: i64) -> [Vec<(i64, i64)>; 2] {
+    let trip = home.map_or_else(Vec::new, |h| {
         let far = 4000;
         let (hx, hy) = match h {
             "top-left" => (-far, -far),
@@ -288,48 +299,9 @@ fn move_plan(home: Option<&str>, sdx: i64, sdy: i64, step: i64) -> Vec<(i64, i64
             "bottom-left" => (-far, far),
             _ => (far, far),
         };
-        plan.extend(rel_steps(hx, hy, step));
-    }
-    plan.extend(rel_steps(sdx, sdy, step));
-    plan
-}
-
-/// Sends the steps, one command each (a cancel is noticed every 64), then flushes QEMU's
-/// held-back motion.
-fn send_moves(
-    work: &dyn Work,
-    q: &mut Qmp,
-    plan: &[(i64, i64)],
-) -> Result<(), SessionError<QmpError>> {
-    let rel = |x: i64, y: i64| {
-        [
-            InputEvent::Rel {
-                axis: Axis::X,
-                value: x,
-            },
-            InputEvent::Rel {
-                axis: Axis::Y,
-                value: y,
-            },
-        ]
-    };
-    for (i, (sx, sy)) in plan.iter().enumerate() {
-        q.send_input(&rel(*sx, *sy))?;
-        if i % 64 == 63 && work.cancelled() {
-            return Err(OpError::cancelled("cancelled").into());
-        }
-    }
-    if !plan.is_empty() {
-        // QEMU holds back motion while the PS/2 queue is full and sends it with the next
-        // event: give the guest time to drain, then flush with empty motion, so all of it
-        // arrives (and before any click, not merged into it).
-        for _ in 0..2 {
-            std::thread::sleep(MOUSE_PACE);
-            q.send_input(&rel(0, 0))?;
-        }
-        std::thread::sleep(MOUSE_PACE);
-    }
-    Ok(())
+        rel_steps(hx, hy, 120)
+    });
+    [trip, rel_steps(sdx, sdy, step)]
 }
 
 /// What a planned gesture sent, and where.
@@ -364,7 +336,7 @@ pub fn gesture(
             }
         }
         let plan = make(&pts, (w, h));
-        let sent = input::run(q, &plan, rec.pid, &|| work.cancelled())?;
+        let sent = input::run(q, &plan, rec.pid, work)?;
         if !sent.complete {
             return Err(OpError::cancelled("cancelled (buttons and keys released)").into());
         }
@@ -373,6 +345,143 @@ pub fn gesture(
             points: pts,
             commands: sent.commands,
         })
+    })
+}
+
+/// vm_drag's request: the points as given (of a screenshot at `scale`), checked against the
+/// screen when the gesture starts.
+#[derive(Debug, Clone)]
+pub struct DragRequest {
+    /// The VM.
+    pub name: String,
+    /// Where the button goes down.
+    pub from: (i64, i64),
+    /// Where it comes up.
+    pub to: (i64, i64),
+    /// The screenshot's scale the points were read at.
+    pub scale: f64,
+    /// `left`, `right` or `middle`.
+    pub button: String,
+    /// Modifier keys held throughout.
+    pub hold: Vec<&'static str>,
+    /// Moves between press and release.
+    pub steps: u32,
+    /// The pause after each move.
+    pub step_pause: Duration,
+}
+
+crate::described! {
+    /// What vm_drag did.
+    #[derive(Debug, Clone, Serialize)]
+    pub struct Dragged {
+        /// The VM.
+        pub name: String,
+        /// The screen pixel pressed on.
+        pub from: [u32; 2],
+        /// The screen pixel released on.
+        pub to: [u32; 2],
+        /// The button.
+        pub button: String,
+        /// The modifier keys held.
+        pub hold: Vec<&'static str>,
+        /// QMP commands sent.
+        pub commands: usize,
+        /// The screen's width then.
+        pub screen_width: u32,
+        /// The screen's height then.
+        pub screen_height: u32,
+    }
+}
+
+/// vm_drag: press at `from`, move in steps to `to`, release.
+pub fn drag(work: &dyn Work, req: &DragRequest) -> Result<Dragged, OpError> {
+    let sent = gesture(
+        work,
+        (&req.name, "vm_drag"),
+        &[req.from, req.to],
+        req.scale,
+        |p, s| {
+            super::pointer::drag_plan(
+                p[0],
+                p[1],
+                s,
+                &req.button,
+                &req.hold,
+                req.steps,
+                req.step_pause,
+            )
+        },
+    )?;
+    Ok(Dragged {
+        name: req.name.clone(),
+        from: [sent.points[0].x, sent.points[0].y],
+        to: [sent.points[1].x, sent.points[1].y],
+        button: req.button.clone(),
+        hold: req.hold.clone(),
+        commands: sent.commands,
+        screen_width: sent.screen.0,
+        screen_height: sent.screen.1,
+    })
+}
+
+/// vm_scroll's request.
+#[derive(Debug, Clone)]
+pub struct ScrollRequest {
+    /// The VM.
+    pub name: String,
+    /// Where the wheel turns (of a screenshot at `scale`).
+    pub at: (i64, i64),
+    /// The screenshot's scale the point was read at.
+    pub scale: f64,
+    /// Which way.
+    pub direction: super::pointer::Wheel,
+    /// Notches.
+    pub clicks: u32,
+    /// Modifier keys held throughout.
+    pub hold: Vec<&'static str>,
+}
+
+crate::described! {
+    /// What vm_scroll did.
+    #[derive(Debug, Clone, Serialize)]
+    pub struct Scrolled {
+        /// The VM.
+        pub name: String,
+        /// The screen pixel scrolled at.
+        pub at: [u32; 2],
+        /// `up` or `down`.
+        pub direction: &'static str,
+        /// Notches turned.
+        pub clicks: u32,
+        /// The modifier keys held.
+        pub hold: Vec<&'static str>,
+        /// The screen's width then.
+        pub screen_width: u32,
+        /// The screen's height then.
+        pub screen_height: u32,
+    }
+}
+
+/// vm_scroll: `clicks` wheel notches at `at`.
+pub fn scroll(work: &dyn Work, req: &ScrollRequest) -> Result<Scrolled, OpError> {
+    let sent = gesture(
+        work,
+        (&req.name, "vm_scroll"),
+        &[req.at],
+        req.scale,
+        |p, s| super::pointer::scroll_plan(p[0], s, req.direction, req.clicks, &req.hold),
+    )?;
+    Ok(Scrolled {
+        name: req.name.clone(),
+        at: [sent.points[0].x, sent.points[0].y],
+        direction: match req.direction {
+            super::pointer::Wheel::Up => "up",
+            super::pointer::Wheel::Down => "down",
+        },
+        clicks: req.clicks,
+        hold: req.hold.clone(),
+        screen_width: sent.screen.0,
+        screen_height: sent.screen.1,
     })
 }
 

@@ -78,7 +78,7 @@ pub enum Wheel {
 /// Checks the `hold` list: modifier keys only, each once, at most [`MAX_HOLD`].
 pub fn modifiers(names: &[String]) -> Result<Vec<&'static str>, OpError> {
     if names.len() > MAX_HOLD {
-        return Err(OpError::new(format!(
+        return Err(OpError::invalid(format!(
             "hold lists {} keys; hold at most {MAX_HOLD} modifiers; nothing was sent",
             names.len()
         )));
@@ -171,6 +171,47 @@ pub fn click_plan(
     plan
 }
 
+/// Relative moves sent between two paced pauses. A PS/2 mouse packet is at most 4 bytes and
+/// QEMU's queue holds 16; motion that finds it full is held back and summed with what comes
+/// next, so a group leaves room and the pause lets the guest read it (traced in CI: five moves
+/// sent at once, the guest slow to read, and part of the motion arrived with the click after).
+pub const MOVES_PER_PAUSE: usize = 3;
+
+fn rel(dx: i64, dy: i64) -> Step {
+    Step::Send(vec![
+        InputEvent::Rel {
+            axis: Axis::X,
+            value: dx,
+        },
+        InputEvent::Rel {
+            axis: Axis::Y,
+            value: dy,
+        },
+    ])
+}
+
+/// vm_mouse_move: each segment's moves (a trip to a corner, then the move) in groups of
+/// [`MOVES_PER_PAUSE`] with a pause after each; after each segment two empty moves, each
+/// followed by a pause, that flush motion QEMU still held back, so the trip is all delivered
+/// before the move (summed, the move would vanish into the corner) and the move before the
+/// click; then `click`'s button pressed its count of times (a double click is 2), if any.
+pub fn relative_plan(segments: &[Vec<(i64, i64)>], click: Option<(&str, u32)>) -> Vec<Step> {
+    let mut plan = Vec::new();
+    for seg in segments.iter().filter(|s| !s.is_empty()) {
+        for group in seg.chunks(MOVES_PER_PAUSE) {
+            plan.extend(group.iter().map(|&(x, y)| rel(x, y)));
+            plan.push(Step::Pause(PACE));
+        }
+        for _ in 0..2 {
+            plan.extend([rel(0, 0), Step::Pause(PACE)]);
+        }
+    }
+    if let Some((btn, count)) = click {
+        plan.extend(presses(btn, count.clamp(1, 3), CLICK_GAP));
+    }
+    plan
+}
+
 /// The points a drag passes through after `from`: `steps` evenly spaced, the last `to`.
 pub fn drag_path(from: Point, to: Point, steps: u32) -> Vec<Point> {
     let n = steps.clamp(1, MAX_STEPS) as i64;
@@ -234,7 +275,7 @@ mod tests {
         plan.iter()
             .filter_map(|s| match s {
                 Step::Send(e) => Some(e.clone()),
-                Step::Pause(_) => None,
+                Step::Pause(_) | Step::Drain(_) => None,
             })
             .collect()
     }
@@ -301,6 +342,32 @@ mod tests {
             ]
         );
         assert_eq!(commands(&plan), 8);
+    }
+
+    #[test]
+    fn relative_motion_is_paced_in_groups_and_flushed_before_the_next_segment_and_the_click() {
+        let home = vec![(-120, -120); 4];
+        let mv = vec![(60, 30); 2];
+        let plan = relative_plan(&[home, mv, vec![]], Some(("left", 2)));
+        // Moves as their x, pauses as "|", buttons as flat() names them.
+        let seen: Vec<String> = plan
+            .iter()
+            .map(|s| match s {
+                Step::Pause(_) | Step::Drain(_) => "|".to_string(),
+                Step::Send(e) => match &e[0] {
+                    InputEvent::Rel { value, .. } => value.to_string(),
+                    other => kind(other),
+                },
+            })
+            .collect();
+        let want = [
+            "-120", "-120", "-120", "|", "-120", "|", "0", "|", "0", "|", // the trip, flushed
+            "60", "60", "|", "0", "|", "0", "|", // the move, flushed
+            "left+", "|", "left-", "|", "left+", "|", "left-", // the double click
+        ];
+        assert_eq!(seen, want);
+        assert!(plan.contains(&Step::Pause(CLICK_GAP)));
+        assert!(relative_plan(&[vec![]], None).is_empty());
     }
 
     #[test]

@@ -15,6 +15,35 @@ use crate::ops::work::Work;
 use crate::qemu::screen::Bounds;
 use crate::qemu::{keys, vm};
 
+crate::described! {
+    /// Where the live view of a VM is.
+    #[derive(Debug, Clone, serde::Serialize)]
+    pub struct Opened {
+        /// The VM.
+        pub name: String,
+        /// Its run state now.
+        pub status: String,
+        /// The view's resource.
+        pub view: String,
+        /// A person's hold, if one stands.
+        pub held: Option<Held>,
+        /// The same view from a shell.
+        pub cli: String,
+    }
+}
+
+/// The live view of VM `name` (resource `uri`), with its state now.
+pub fn open(name: &str, uri: &str) -> Result<Opened, OpError> {
+    let rec = crate::ops::vm::records::lookup(name)?;
+    Ok(Opened {
+        name: name.to_string(),
+        status: crate::ops::vm::records::status_within(&rec, Duration::from_secs(2)),
+        view: uri.to_string(),
+        held: hold::of(&rec),
+        cli: format!("mcqemu view {name}"),
+    })
+}
+
 /// The longest one frame request waits for a change.
 pub const MAX_WAIT: Duration = Duration::from_secs(25);
 /// How often the screen is looked at while it holds still.
@@ -33,34 +62,36 @@ pub struct FrameRequest {
     pub max_width: Option<u32>,
 }
 
-/// A frame, or word that the screen held still for the whole wait.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct Frame {
-    /// The VM.
-    pub name: String,
-    /// Its run state now.
-    pub status: String,
-    /// The screen differs from `since` (false: no image, the view keeps its own).
-    pub changed: bool,
-    /// The screen's digest (the next request's `since`).
-    pub hash: String,
-    /// The image's size and its scale from the screen (vm_click's `scale`).
-    pub width: u32,
-    /// The image's height.
-    pub height: u32,
-    /// Image pixels per screen pixel.
-    pub scale: f64,
-    /// The screen's size.
-    pub screen_width: u32,
-    /// The screen's height.
-    pub screen_height: u32,
-    /// A person's hold on the VM, if one stands.
-    pub held: Option<Held>,
-    /// How long the request waited, in ms.
-    pub waited_ms: u64,
-    /// The PNG (empty when unchanged).
-    #[serde(skip)]
-    pub png: Vec<u8>,
+crate::described! {
+    /// A frame, or word that the screen held still for the whole wait.
+    #[derive(Debug, Clone, serde::Serialize)]
+    pub struct Frame {
+        /// The VM.
+        pub name: String,
+        /// Its run state now.
+        pub status: String,
+        /// The screen differs from `since` (false: no image, the view keeps its own).
+        pub changed: bool,
+        /// The screen's digest (the next request's `since`).
+        pub hash: String,
+        /// The image's width.
+        pub width: u32,
+        /// The image's height.
+        pub height: u32,
+        /// Image pixels per screen pixel.
+        pub scale: f64,
+        /// The screen's size.
+        pub screen_width: u32,
+        /// The screen's height.
+        pub screen_height: u32,
+        /// A person's hold on the VM, if one stands.
+        pub held: Option<Held>,
+        /// How long the request waited, in ms.
+        pub waited_ms: u64,
+        /// The PNG (empty when unchanged).
+        #[serde(skip)]
+        pub png: Vec<u8>,
+    }
 }
 
 /// Waits (at most `req.wait`, or until the caller cancels; with progress) until the screen
@@ -75,7 +106,7 @@ pub fn frame(ctx: &dyn Work, req: &FrameRequest) -> Result<Frame, OpError> {
     };
     loop {
         let grabbed = screen::grab(&req.name, &rec, wait).map_err(|e| {
-            OpError::new(format!(
+            OpError::host(format!(
                 "the screen of VM {:?} could not be read: {e}",
                 req.name
             ))
@@ -119,7 +150,7 @@ pub fn frame(ctx: &dyn Work, req: &FrameRequest) -> Result<Frame, OpError> {
                     max_bytes: None,
                 };
                 let cap = screen::finish(Arc::new(grabbed), &bounds)
-                    .map_err(|e| OpError::new(format!("encoding the screen failed: {e}")))?;
+                    .map_err(|e| OpError::host(format!("encoding the screen failed: {e}")))?;
                 out.width = cap.shot.png.width;
                 out.height = cap.shot.png.height;
                 out.scale = cap.shot.scale;
@@ -177,25 +208,35 @@ pub enum Event {
     },
 }
 
+/// An event's schema is an object's: its variants (by `type`) are the view's own, and serde
+/// checks them.
+impl crate::schema::Param for Event {
+    fn param() -> serde_json::Value {
+        <serde_json::Map<String, serde_json::Value> as crate::schema::Param>::param()
+    }
+}
+
 /// Most events one batch may carry.
 pub const MAX_EVENTS: usize = 64;
 
-/// What a batch did.
-#[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct Done {
-    /// The VM.
-    pub name: String,
-    /// Clicks made.
-    pub clicks: u32,
-    /// Characters typed.
-    pub characters: usize,
-    /// Chords pressed.
-    pub chords: usize,
-    /// Bytes written to the serial console.
-    pub serial_bytes: usize,
-    /// The characters of the text events that have no key on the US layout, in order: left
-    /// out, the rest typed around them (a person's typing is never dropped whole).
-    pub not_typed: String,
+crate::described! {
+    /// What a batch did.
+    #[derive(Debug, Clone, Default, serde::Serialize)]
+    pub struct Done {
+        /// The VM.
+        pub name: String,
+        /// Clicks made.
+        pub clicks: u32,
+        /// Characters typed.
+        pub characters: usize,
+        /// Chords pressed.
+        pub chords: usize,
+        /// Bytes written to the serial console.
+        pub serial_bytes: usize,
+        /// The characters of the text events that have no key on the US layout, in order: left
+        /// out, the rest typed around them (a person's typing is never dropped whole).
+        pub not_typed: String,
+    }
 }
 
 /// Sends the person's `events` to VM `name`, in order; a hold must be passed with its secret.
@@ -207,7 +248,7 @@ pub fn input(
     events: &[Event],
 ) -> Result<Done, OpError> {
     if events.len() > MAX_EVENTS {
-        return Err(OpError::new(format!(
+        return Err(OpError::invalid(format!(
             "{} events in one batch; at most {MAX_EVENTS}",
             events.len()
         )));
@@ -226,9 +267,7 @@ pub fn input(
         }
         let plan = plan(e, &mut done)?;
         crate::ops::session::monitor(name, &rec, |q| {
-            Ok(crate::ops::screen::input::run(q, &plan, rec.pid, &|| {
-                ctx.cancelled()
-            })?)
+            Ok(crate::ops::screen::input::run(q, &plan, rec.pid, ctx)?)
         })?;
     }
     Ok(done)
@@ -268,7 +307,8 @@ fn plan(e: &Event, done: &mut Done) -> Result<Vec<crate::ops::screen::input::Ste
                     ok
                 })
                 .collect();
-            let events = keys::type_events(&typable).map_err(|e| OpError::new(e.to_string()))?;
+            let events =
+                keys::type_events(&typable).map_err(|e| OpError::invalid(e.to_string()))?;
             done.characters += events.len();
             // vm_type_text's default pace: the guest drains the emulated keyboard in time
             // even on a loaded host.
@@ -277,7 +317,7 @@ fn plan(e: &Event, done: &mut Done) -> Result<Vec<crate::ops::screen::input::Ste
         Event::Keys { keys: specs } => {
             let chords: Vec<Vec<&'static str>> = specs
                 .iter()
-                .map(|s| keys::chord(s).map_err(|e| OpError::new(e.to_string())))
+                .map(|s| keys::chord(s).map_err(|e| OpError::invalid(e.to_string())))
                 .collect::<Result<_, _>>()?;
             done.chords += chords.len();
             // vm_send_keys' default hold and delay.

@@ -65,6 +65,58 @@ pub struct WaitOutcome {
     pub reason: Option<String>,
 }
 
+crate::described! {
+    /// vm_screen_wait's result (in this order); the PNG goes beside it.
+    #[derive(Debug, Clone, serde::Serialize)]
+    pub struct Settled {
+        /// The VM.
+        pub name: String,
+        /// The screen differs from the baseline.
+        pub changed: bool,
+        /// It held still for stable_ms.
+        pub stable: bool,
+        /// From the call's start to the final frame.
+        pub waited_ms: u64,
+        /// Screens captured.
+        pub polls: u32,
+        /// The final screen.
+        #[serde(flatten)]
+        pub picture: screen::Picture,
+        /// Why it ended without a settled change.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub reason: Option<String>,
+    }
+}
+
+/// vm_screen_wait: VM `name`'s screen once it changed and held still (or as it is at the
+/// timeout), and its PNG.
+pub fn settle(
+    work: &dyn Work,
+    name: &str,
+    req: &WaitRequest,
+) -> Result<(Settled, Vec<u8>), OpError> {
+    let rec = crate::ops::vm::records::lookup_live(name, "launch it first")?;
+    let got = wait(work, name, &rec, req)?;
+    let WaitOutcome {
+        capture: cap,
+        changed,
+        stable,
+        waited_ms,
+        polls,
+        reason,
+    } = got;
+    let out = Settled {
+        name: name.to_string(),
+        changed,
+        stable,
+        waited_ms,
+        polls,
+        picture: screen::Picture::of(&cap),
+        reason,
+    };
+    Ok((out, cap.shot.png.data))
+}
+
 /// The baseline digests (of `region` when given): from `since` or the screen last returned.
 /// Empty: nothing was returned yet, and the first frame polled is the baseline.
 fn baseline(name: &str, req: &WaitRequest) -> Result<Vec<u64>, OpError> {
@@ -82,7 +134,7 @@ fn baseline(name: &str, req: &WaitRequest) -> Result<Vec<u64>, OpError> {
         (None, region) => Ok(digests(region)),
         (Some(h), region) if knows(h) => Ok(digests(region)),
         (Some(h), None) => Ok(vec![h]),
-        (Some(h), Some(_)) => Err(OpError::new(format!(
+        (Some(h), Some(_)) => Err(OpError::invalid(format!(
             "since {} is not the last screen this server returned for VM {name:?}, so its \
              region cannot be compared; call vm_screenshot and pass its hash, or leave since out",
             screen::hash_text(h)
@@ -116,8 +168,8 @@ fn explain(name: &str, rec: &Record, e: CaptureError, waited: Duration) -> OpErr
                 POLL_BUDGET.as_secs()
             ))
         }
-        CaptureError::Qmp(e) => OpError::new(session::explain_qmp(name, rec, &e)),
-        other => OpError::new(format!("screenshot of {name:?} failed: {other}")),
+        CaptureError::Qmp(e) => OpError::host(session::explain_qmp(name, rec, &e)),
+        other => OpError::host(format!("screenshot of {name:?} failed: {other}")),
     }
 }
 
@@ -128,7 +180,7 @@ fn not_running(name: &str, status: &str) -> OpError {
     } else {
         "see vm_info; vm_screenshot shows the screen as it is"
     };
-    OpError::new(format!(
+    OpError::invalid(format!(
         "VM {name:?} is {status}, not running: its screen cannot change, so there is nothing \
          to wait for; {next}"
     ))
@@ -248,9 +300,9 @@ fn outcome(
     let first = frames
         .first()
         .cloned()
-        .ok_or_else(|| OpError::new("internal: a settled screen without its frame"))?;
+        .ok_or_else(|| OpError::host("internal: a settled screen without its frame"))?;
     let capture = screen::finish(first, &req.bounds)
-        .map_err(|e| OpError::new(format!("screenshot of {name:?} failed: {e}")))?;
+        .map_err(|e| OpError::host(format!("screenshot of {name:?} failed: {e}")))?;
     screen_memory::remember(name, frames);
     let (changed, stable, waited_ms, polls) = facts;
     Ok(WaitOutcome {

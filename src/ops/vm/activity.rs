@@ -26,14 +26,7 @@ pub fn touch(name: &str) {
     if !path.parent().is_some_and(|d| d.is_dir()) {
         return;
     }
-    if let Ok(f) = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-    {
-        let _ = f.set_modified(SystemTime::now());
-    }
+    crate::state::paths::touch(&path);
 }
 
 /// When a VM was last active, and through what.
@@ -64,7 +57,7 @@ pub fn now_f() -> f64 {
 
 /// The host ports of a VM's TCP forwards.
 pub fn forward_ports(rec: &Record) -> Vec<u16> {
-    vm::forwards(rec).iter().filter_map(|f| f.host).collect()
+    vm::forwards(rec).iter().map(|f| f.host).collect()
 }
 
 /// VM `name`'s last activity: the latest of its lifetime's start, its last tool call, data on

@@ -160,7 +160,7 @@ fn wait_noting(
                 let log = text(&rec.serial_log)
                     .map(|p| tail(Path::new(p), 5))
                     .unwrap_or_default();
-                return Err(OpError::new(format!(
+                return Err(OpError::host(format!(
                     "QEMU for sandbox {name:?} exited while waiting for the guest agent. Last \
                      serial output: {log}"
                 )));

@@ -60,7 +60,7 @@ pub fn must_exist(path: &Path, what: &str) -> Result<(), OpError> {
             Err(if e.kind() == std::io::ErrorKind::NotFound {
                 OpError::not_found(msg)
             } else {
-                OpError::new(msg)
+                OpError::host(msg)
             })
         }
     }
@@ -70,7 +70,7 @@ pub fn must_exist(path: &Path, what: &str) -> Result<(), OpError> {
 /// changing it under QEMU corrupts the guest's view of the disk.
 pub fn refuse_in_use(path: &Path) -> Result<(), OpError> {
     match crate::qemu::vm::user_of(path) {
-        Some(vm) => Err(OpError::new(format!(
+        Some(vm) => Err(OpError::refused(format!(
             "{} is in use by running VM {vm:?} (as a disk or as a sandbox's base image); stop it \
              (stop_vm or sandbox_destroy) first",
             path.display()

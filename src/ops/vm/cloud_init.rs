@@ -7,50 +7,54 @@ use serde_json::Value;
 
 use crate::state::record::Seed;
 
-/// A result's `cloud_init` (in this order; each part only once it is known).
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct CloudInitOut {
-    /// The seed's instance id (a fresh one each launch).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub instance_id: Option<String>,
-    /// The seed ISO's path.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub seed: Option<String>,
-    /// cloud-init's final message on the console, when the agent never answered.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub console: Option<ConsoleFinish>,
-    /// `done`, `error`, ... (the console's verdict, then cloud-init's own).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub status: Option<String>,
-    /// The modules that failed, as the console and cloud-init's errors name them.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub failed_modules: Option<Vec<String>>,
-    /// cloud-init finished (its end awaited through the agent).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub finished: Option<bool>,
-    /// How long that wait took.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub wait_ms: Option<u64>,
-    /// `cloud-init status`'s exit code (`null` when a signal ended it).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub exitcode: Option<Option<i64>>,
-    /// `cloud-init status --format json` as cloud-init printed it (its fields vary by
-    /// version, so they are passed on as they are).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub report: Option<Value>,
+crate::described! {
+    /// A result's `cloud_init` (in this order; each part only once it is known).
+    #[derive(Debug, Clone, Default, PartialEq, Serialize)]
+    pub struct CloudInitOut {
+        /// The seed's instance id (a fresh one each launch).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub instance_id: Option<String>,
+        /// The seed ISO's path.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub seed: Option<String>,
+        /// cloud-init's final message on the console, when the agent never answered.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub console: Option<ConsoleFinish>,
+        /// `done`, `error`, ... (the console's verdict, then cloud-init's own).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub status: Option<String>,
+        /// The modules that failed, as the console and cloud-init's errors name them.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub failed_modules: Option<Vec<String>>,
+        /// cloud-init finished (its end awaited through the agent).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub finished: Option<bool>,
+        /// How long that wait took.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub wait_ms: Option<u64>,
+        /// `cloud-init status`'s exit code (`null` when a signal ended it).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub exitcode: Option<Option<i64>>,
+        /// `cloud-init status --format json` as cloud-init printed it (its fields vary by
+        /// version, so they are passed on as they are).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub report: Option<Value>,
+    }
 }
 
-/// cloud-init's final message as the console showed it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct ConsoleFinish {
-    /// Always true: the message came.
-    pub finished: bool,
-    /// The datasource it used, as it names it.
-    pub datasource: String,
-    /// cloud-init's version.
-    pub version: String,
-    /// The guest's uptime then.
-    pub uptime_s: Option<f64>,
+crate::described! {
+    /// cloud-init's final message as the console showed it.
+    #[derive(Debug, Clone, PartialEq, Serialize)]
+    pub struct ConsoleFinish {
+        /// Always true: the message came.
+        pub finished: bool,
+        /// The datasource it used, as it names it.
+        pub datasource: String,
+        /// cloud-init's version.
+        pub version: String,
+        /// The guest's uptime then.
+        pub uptime_s: Option<f64>,
+    }
 }
 
 /// What waiting for cloud-init's end found (`guest::run::wait_cloud_init`).

@@ -9,13 +9,15 @@ use serde_json::Map;
 use crate::ops::error::OpError;
 use crate::state::record::{Hold, Record};
 
-/// A hold as vm_info and list_vms show it.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct Held {
-    /// When the person took over (seconds since the epoch).
-    pub since: i64,
-    /// The same, as ISO 8601.
-    pub since_iso: String,
+crate::described! {
+    /// A hold as vm_info and list_vms show it.
+    #[derive(Debug, Clone, PartialEq, serde::Serialize)]
+    pub struct Held {
+        /// When the person took over (seconds since the epoch).
+        pub since: i64,
+        /// The same, as ISO 8601.
+        pub since_iso: String,
+    }
 }
 
 /// A new secret: 32 random bytes, hex (256 bits): a hold's, and `mcqemu view`'s URL's.
@@ -24,7 +26,7 @@ pub fn new_secret() -> Result<String, OpError> {
     let mut buf = [0u8; 32];
     std::fs::File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut buf))
-        .map_err(|e| OpError::new(format!("cannot read the host's /dev/urandom: {e}")))?;
+        .map_err(|e| OpError::host(format!("cannot read the host's /dev/urandom: {e}")))?;
     Ok(hex(&buf))
 }
 
@@ -51,6 +53,56 @@ pub fn of(rec: &Record) -> Option<Held> {
     })
 }
 
+crate::described! {
+    /// A hold taken or given back (vm_takeover).
+    #[derive(Debug, Clone, PartialEq, serde::Serialize)]
+    pub struct Takeover {
+        /// The VM.
+        pub name: String,
+        /// A hold stands now.
+        pub held: bool,
+        /// The new hold's secret: only its holder can release it.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub hold: Option<String>,
+        /// When the hold began, as ISO 8601.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub since: Option<String>,
+        /// A hold was released.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub released: Option<bool>,
+    }
+}
+
+/// vm_takeover: takes a hold on running VM `name`, or with `release` gives back the one whose
+/// secret is `secret`.
+pub fn takeover(name: &str, release: bool, secret: Option<&str>) -> Result<Takeover, OpError> {
+    if release {
+        let secret = secret.ok_or_else(|| {
+            OpError::invalid(
+                "release needs hold: the secret vm_takeover returned when the hold began; only \
+                 the person who took over can hand back",
+            )
+        })?;
+        let released = self::release(name, secret)?;
+        return Ok(Takeover {
+            name: name.to_string(),
+            held: false,
+            hold: None,
+            since: None,
+            released: Some(released),
+        });
+    }
+    crate::ops::vm::records::lookup_live(name, "launch it first")?;
+    let (secret, h) = take(name)?;
+    Ok(Takeover {
+        name: name.to_string(),
+        held: true,
+        hold: Some(secret),
+        since: Some(h.since_iso),
+        released: None,
+    })
+}
+
 /// Starts a hold on VM `name`; returns its secret (shown once, to whoever opens the view).
 pub fn take(name: &str) -> Result<(String, Held), OpError> {
     let secret = new_secret()?;
@@ -64,7 +116,7 @@ pub fn take(name: &str) -> Result<(String, Held), OpError> {
             )));
         };
         if let Some(h) = of(rec) {
-            return Err(OpError::new(format!(
+            return Err(OpError::refused(format!(
                 "a person already holds VM {name:?} (since {}); only the view that took it can \
                  hand it back",
                 h.since_iso
@@ -99,7 +151,7 @@ pub fn release(name: &str, secret: &str) -> Result<bool, OpError> {
             return Ok(false);
         };
         if !same(stored, &want) {
-            return Err(OpError::new(format!(
+            return Err(OpError::refused(format!(
                 "that is not the secret of the hold on VM {name:?}: only the person who took \
                  over (the live view) can hand it back"
             )));
@@ -146,7 +198,7 @@ pub fn check_view(name: &str, secret: Option<&str>) -> Result<(), OpError> {
     };
     match secret {
         Some(s) if same(stored, &digest(s)) => Ok(()),
-        _ => Err(OpError::new(format!(
+        _ => Err(OpError::refused(format!(
             "VM {name:?} is held by a person; this input does not carry the hold's secret"
         ))),
     }

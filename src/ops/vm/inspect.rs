@@ -45,58 +45,63 @@ fn static_facts() -> &'static FactsCache {
 /// How long vm_info may spend on QMP: a wedged QEMU is reported, not waited for.
 const INFO_BUDGET: Duration = Duration::from_millis(4500);
 
-/// One VM as list_vms shows it (in this order).
-#[derive(Debug, Clone, Serialize)]
-pub struct Listed {
-    /// The VM.
-    pub name: String,
-    /// Its measured status.
-    pub status: Status,
-    /// spawned, attached, sandbox, ...
-    pub source: String,
-    /// Its guest architecture.
-    pub arch: Option<String>,
-    /// Its accelerator.
-    pub accel: Option<String>,
-    /// Its QEMU's process.
-    pub pid: Option<i64>,
-    /// When it was launched.
-    pub created_at: Option<String>,
-    /// Its memory.
-    pub memory_mb: Option<u64>,
-    /// Its vCPUs.
-    pub cpus: Option<u64>,
-    /// Its monitor.
-    pub qmp_socket: Option<String>,
-    /// Its serial log.
-    pub serial_log: Option<String>,
-    /// Its host forwards.
-    pub port_forwards: Option<Vec<Forward>>,
-    /// Its sandbox facts.
-    pub sandbox: Option<Sandbox>,
-    /// Why its status is what it is, when that needs saying.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub detail: Option<String>,
-    /// A person's hold.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub held: Option<Held>,
-    /// When it ends by itself, and its idle clock.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub lifetime: Option<Shown>,
-    /// Why it ended (a VM not running).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub end: Option<End>,
-    /// What it uses now (a running VM), or its disk (one that is not).
-    pub metrics: Metrics,
+crate::described! {
+    /// One VM as list_vms shows it (in this order).
+    #[derive(Debug, Clone, Serialize)]
+    pub struct Listed {
+        /// The VM.
+        pub name: String,
+        /// Its measured status.
+        pub status: Status,
+        /// spawned, attached, sandbox, ...
+        pub source: String,
+        /// Its guest architecture.
+        pub arch: Option<String>,
+        /// Its accelerator.
+        pub accel: Option<String>,
+        /// Its QEMU's process.
+        pub pid: Option<i64>,
+        /// When it was launched.
+        pub created_at: Option<String>,
+        /// Its memory.
+        pub memory_mb: Option<u64>,
+        /// Its vCPUs.
+        pub cpus: Option<u64>,
+        /// Its monitor.
+        pub qmp_socket: Option<String>,
+        /// Its serial log.
+        pub serial_log: Option<String>,
+        /// Its host forwards.
+        pub port_forwards: Option<Vec<Forward>>,
+        /// Its sandbox facts.
+        pub sandbox: Option<Sandbox>,
+        /// Why its status is what it is, when that needs saying.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub detail: Option<String>,
+        /// A person's hold.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub held: Option<Held>,
+        /// When it ends by itself, and its idle clock.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub lifetime: Option<Shown>,
+        /// Why it ended (a VM not running): reason (asked, ttl, idle, guest_poweroff, crashed,
+        /// oom, killed, unknown), tool (what asked), detail, at, exit_code, signal.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub end: Option<End>,
+        /// What it uses now (a running VM), or its disk (one that is not).
+        pub metrics: Metrics,
+    }
 }
 
-/// list_vms's result.
-#[derive(Debug, Clone, Serialize)]
-pub struct VmList {
-    /// Every VM but pooled clones.
-    pub vms: Vec<Listed>,
-    /// Records skipped or a registry file quarantined, said once.
-    pub registry_warnings: Vec<String>,
+crate::described! {
+    /// list_vms's result.
+    #[derive(Debug, Clone, Serialize)]
+    pub struct VmList {
+        /// Every VM but pooled clones.
+        pub vms: Vec<Listed>,
+        /// Records skipped or a registry file quarantined, said once.
+        pub registry_warnings: Vec<String>,
+    }
 }
 
 /// How long list_vms may spend measuring, for all VMs together.
@@ -111,7 +116,7 @@ fn measure_all(vms: &Vms) -> BTreeMap<String, (Measured, Option<(u64, u64)>)> {
     let (tx, rx) = mpsc::channel();
     let mut asked = 0;
     for (name, rec) in vms {
-        if let Some(m) = vm::measure_process(rec) {
+        if let Some(m) = vm::measure_process(rec).or_else(|| vm::measure_gone(rec)) {
             out.insert(name.clone(), (m, None));
             continue;
         }
@@ -219,15 +224,15 @@ fn listed(
         name: name.to_string(),
         status: m.status,
         source: rec.source.clone().unwrap_or_else(|| "spawned".into()),
-        arch: rec.arch.clone(),
+        arch: rec.arch(),
         accel: rec.accel.clone(),
         pid: rec.pid,
         created_at: rec.created_at.clone(),
-        memory_mb: rec.memory_mb,
-        cpus: rec.cpus,
+        memory_mb: rec.memory_mb(),
+        cpus: rec.cpus(),
         qmp_socket: rec.qmp_socket.clone(),
         serial_log: rec.serial_log.clone(),
-        port_forwards: rec.port_forwards.clone(),
+        port_forwards: Some(rec.forwards()),
         sandbox: rec.sandbox.clone(),
         detail: m.detail,
         held: hold::of(rec),
@@ -249,67 +254,72 @@ pub fn metrics_version(name: &str) -> Option<String> {
     })
 }
 
-/// A block device holding a medium, as vm_info shows it.
-#[derive(Debug, Clone, Serialize)]
-pub struct BlockDevice {
-    /// QEMU's device name.
-    pub device: Option<String>,
-    /// Its qdev path.
-    pub qdev: Option<String>,
-    /// The image file.
-    pub file: Option<String>,
-    /// Its format driver.
-    pub format: Option<String>,
-    /// Read-only.
-    pub read_only: Option<bool>,
+crate::described! {
+    /// A block device holding a medium, as vm_info shows it.
+    #[derive(Debug, Clone, Serialize)]
+    pub struct BlockDevice {
+        /// QEMU's device name.
+        pub device: Option<String>,
+        /// Its qdev path.
+        pub qdev: Option<String>,
+        /// The image file.
+        pub file: Option<String>,
+        /// Its format driver.
+        pub format: Option<String>,
+        /// Read-only.
+        pub read_only: Option<bool>,
+    }
 }
 
-/// vm_info's result (in this order).
-#[derive(Debug, Clone, Serialize)]
-pub struct VmInfo {
-    /// The VM.
-    pub name: String,
-    /// Its status (QEMU's run state when its monitor answered).
-    pub status: String,
-    /// Its registry record, as it is.
-    pub record: Record,
-    /// Its host forwards.
-    pub port_forwards: Vec<Forward>,
-    /// Its background processes.
-    pub background: Vec<BackgroundListed>,
-    /// Block devices with a medium.
-    pub block_devices: Vec<BlockDevice>,
-    /// vCPUs, from QMP.
-    pub vcpus: Option<usize>,
-    /// Memory, from QMP.
-    pub memory_mb: Option<u64>,
-    /// The accelerator in use.
-    pub accel: Option<String>,
-    /// QEMU's version.
-    pub qemu_version: Option<String>,
-    /// The seccomp mode the kernel enforces on its QEMU.
-    pub seccomp: Option<&'static str>,
-    /// A person's hold.
-    pub held: Option<Held>,
-    /// Its egress proxy's state.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub egress_proxy: Option<&'static str>,
-    /// Its egress rules and counts.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub egress: Option<EgressInfo>,
-    /// Host folders mounted into it, and how each stands.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub mounts: Vec<crate::ops::vm::mounts::Shown>,
-    /// When it ends by itself, and its idle clock.
-    pub lifetime: Option<Shown>,
-    /// Why it ended (a VM not running).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub end: Option<End>,
-    /// What it uses.
-    pub metrics: Metrics,
-    /// Why its status is what it is, when that needs saying.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub detail: Option<String>,
+crate::described! {
+    /// vm_info's result (in this order).
+    #[derive(Debug, Clone, Serialize)]
+    pub struct VmInfo {
+        /// The VM.
+        pub name: String,
+        /// Its status (QEMU's run state when its monitor answered).
+        pub status: String,
+        /// Its registry record, as it is.
+        pub record: Record,
+        /// Its host forwards.
+        pub port_forwards: Vec<Forward>,
+        /// Its background processes.
+        pub background: Vec<BackgroundListed>,
+        /// Block devices with a medium.
+        pub block_devices: Vec<BlockDevice>,
+        /// vCPUs, from QMP.
+        pub vcpus: Option<usize>,
+        /// Memory, from QMP.
+        pub memory_mb: Option<u64>,
+        /// The accelerator in use.
+        pub accel: Option<String>,
+        /// QEMU's version.
+        pub qemu_version: Option<String>,
+        /// The seccomp mode the kernel enforces on its QEMU.
+        pub seccomp: Option<&'static str>,
+        /// A person's hold.
+        pub held: Option<Held>,
+        /// Its egress proxy's state.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub egress_proxy: Option<&'static str>,
+        /// Its egress rules and counts.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub egress: Option<EgressInfo>,
+        /// Host folders mounted into it, and how each stands.
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        pub mounts: Vec<crate::ops::vm::mounts::Shown>,
+        /// When it ends by itself, and its idle clock.
+        pub lifetime: Option<Shown>,
+        /// Why it ended (a VM not running): reason (asked, ttl, idle, guest_poweroff, crashed,
+        /// oom, killed, unknown), tool (what asked), detail, at, exit_code, signal.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub end: Option<End>,
+        /// What it uses.
+        pub metrics: Metrics,
+        /// Why its status is what it is, when that needs saying.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub detail: Option<String>,
+    }
 }
 
 /// VM `name`'s record and what one QMP session says of it, within [`INFO_BUDGET`].
@@ -356,7 +366,9 @@ pub fn info(name: &str) -> Result<VmInfo, OpError> {
         Ok((status, block, facts, io)) => {
             out.metrics =
                 metrics::with_pss(metrics::of(name, &out.record, true, io), &out.record, true);
-            out.metrics.guest_memory = guest_memory(&out.record);
+            if status.status == "running" {
+                out.metrics.guest_memory = guest_memory(&out.record);
+            }
             out.status = status.status;
             out.vcpus = facts.vcpus;
             out.accel = Some(facts.accel.to_string());
@@ -384,11 +396,15 @@ pub fn info(name: &str) -> Result<VmInfo, OpError> {
 /// How long vm_info gives the guest agent for /proc/meminfo.
 const MEMINFO_BUDGET: Duration = Duration::from_millis(1500);
 
-/// The guest's memory from its /proc/meminfo, through its agent, when the agent answers soon
-/// and no other call of this server is using it.
+/// The guest's memory from its /proc/meminfo, through its agent, when the agent is known to
+/// answer this QEMU (an agent session synced since it started, and none failed since) and no
+/// other call of this server is using it. A VM with no answering agent is never waited for.
 fn guest_memory(rec: &Record) -> Option<metrics::GuestMemory> {
     use crate::qemu::agent_calls::{file_close, file_open, file_read};
     let sock = crate::state::record::text(&rec.qga_socket)?;
+    if !crate::qemu::agent_seen::known(std::path::Path::new(sock)) {
+        return None;
+    }
     let text = crate::qemu::qga::try_with_agent(
         std::path::Path::new(sock),
         MEMINFO_BUDGET,
@@ -490,21 +506,23 @@ fn background_list(rec: &Record) -> Vec<BackgroundListed> {
     v
 }
 
-/// A background process as vm_info lists it (in this order; `null` where the record has none).
-#[derive(Debug, Clone, Serialize)]
-pub struct BackgroundListed {
-    /// Its handle.
-    pub handle: String,
-    /// Its guest PID.
-    pub pid: Option<i64>,
-    /// What was started.
-    pub command: Option<String>,
-    /// When (seconds since the epoch).
-    pub started_at: Option<i64>,
-    /// Not yet seen ending.
-    pub running: bool,
-    /// Its exit code, once ended.
-    pub exitcode: Option<i64>,
-    /// The signal that ended it.
-    pub signal: Option<i64>,
+crate::described! {
+    /// A background process as vm_info lists it (in this order; `null` where the record has none).
+    #[derive(Debug, Clone, Serialize)]
+    pub struct BackgroundListed {
+        /// Its handle.
+        pub handle: String,
+        /// Its guest PID.
+        pub pid: Option<i64>,
+        /// What was started.
+        pub command: Option<String>,
+        /// When (seconds since the epoch).
+        pub started_at: Option<i64>,
+        /// Not yet seen ending.
+        pub running: bool,
+        /// Its exit code, once ended.
+        pub exitcode: Option<i64>,
+        /// The signal that ended it.
+        pub signal: Option<i64>,
+    }
 }

@@ -12,13 +12,13 @@ use crate::cloudinit::CloudInit;
 use crate::host::decide;
 use crate::net::egress::process::GUEST_URL;
 use crate::net::egress::rules::Rule;
+use crate::net::egress::secrets::{self, Placed, ProxySecret};
 use crate::ops::error::OpError;
 use crate::ops::vm::cloud_init::CloudInitOut;
 use crate::ops::vm::egress;
 use crate::ops::vm::quota;
 use crate::ops::work::Work;
 use crate::qemu::cmdline::{self, x86};
-use crate::qemu::forwards::Forward;
 use crate::qemu::qmp::{self, QmpError};
 use crate::qemu::vm::{self, measure};
 use crate::qemu::{process, sock};
@@ -63,45 +63,47 @@ pub const ARCHES: &[(&str, &str)] = &[
     ("riscv64", "virt"),
 ];
 
-/// What a launch started: launch_vm's result (sandboxes and clones add to it).
-#[derive(Debug, Clone, Serialize)]
-pub struct Launched {
-    /// The VM's name.
-    pub name: String,
-    /// QEMU's run state right after start (`running`, or `inmigrate` for a clone).
-    pub status: String,
-    /// QEMU's PID.
-    pub pid: Option<i32>,
-    /// The accelerator QEMU really uses.
-    pub accel: String,
-    /// Guest architecture.
-    pub arch: String,
-    /// The concrete machine type.
-    pub machine: String,
-    /// The version QEMU announced on its monitor.
-    pub qemu_version: String,
-    /// The forwards, resolved (auto host ports chosen).
-    pub port_forwards: Vec<record::Forward>,
-    /// The monitor's socket.
-    pub qmp_socket: String,
-    /// The guest agent's socket.
-    pub qga_socket: String,
-    /// The serial console's log.
-    pub serial_log: String,
-    /// What the caller should know (a TCG fallback, a slow monitor).
-    pub warnings: Vec<String>,
-    /// A sandbox's details.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub sandbox: Option<record::Sandbox>,
-    /// The seed's instance id and path (and, once known, what cloud-init did).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub cloud_init: Option<CloudInitOut>,
-    /// The egress rules and the proxy's URL in the guest.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub egress: Option<record::Egress>,
-    /// Host folders mounted into it, and how each stands.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub mounts: Vec<crate::ops::vm::mounts::Shown>,
+crate::described! {
+    /// What a launch started: launch_vm's result (sandboxes and clones add to it).
+    #[derive(Debug, Clone, Serialize)]
+    pub struct Launched {
+        /// The VM's name.
+        pub name: String,
+        /// QEMU's run state right after start (`running`, or `inmigrate` for a clone).
+        pub status: String,
+        /// QEMU's PID.
+        pub pid: Option<i32>,
+        /// The accelerator QEMU really uses.
+        pub accel: String,
+        /// Guest architecture.
+        pub arch: String,
+        /// The concrete machine type.
+        pub machine: String,
+        /// The version QEMU announced on its monitor.
+        pub qemu_version: String,
+        /// The forwards, resolved (auto host ports chosen).
+        pub port_forwards: Vec<record::Forward>,
+        /// The monitor's socket.
+        pub qmp_socket: String,
+        /// The guest agent's socket.
+        pub qga_socket: String,
+        /// The serial console's log.
+        pub serial_log: String,
+        /// What the caller should know (a TCG fallback, a slow monitor).
+        pub warnings: Vec<String>,
+        /// A sandbox's details.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub sandbox: Option<record::Sandbox>,
+        /// The seed's instance id and path (and, once known, what cloud-init did).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub cloud_init: Option<CloudInitOut>,
+        /// The egress rules and the proxy's URL in the guest.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub egress: Option<record::Egress>,
+        /// Host folders mounted into it, and how each stands.
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        pub mounts: Vec<crate::ops::vm::mounts::Shown>,
+    }
 }
 
 /// Everything a launch needs beyond the spec, shared by launch_vm and sandbox_vm.
@@ -114,8 +116,6 @@ pub struct LaunchRequest {
     pub accel_note: Option<String>,
     /// The accelerator came from `auto`: a KVM that fails to start the guest falls back to TCG.
     pub kvm_fallback: bool,
-    /// Firmware name for the record.
-    pub firmware: String,
     /// A cloud-init seed to write for this launch (a fresh instance id each time).
     pub cloud_init: Option<CloudInit>,
     /// The firmware's pristine UEFI variable store, copied to the VM's own (`spec.uefi`) once
@@ -123,6 +123,10 @@ pub struct LaunchRequest {
     pub uefi_vars_from: Option<PathBuf>,
     /// `allow_network` rules: the VM gets an egress proxy and an empty network of its own.
     pub egress: Vec<Rule>,
+    /// Names of the operator's secrets the proxy adds, each with a fresh placeholder.
+    pub secrets: Vec<String>,
+    /// Secrets that keep the placeholders the guest already holds (a resumed sandbox).
+    pub kept_secrets: Vec<record::PlacedSecret>,
 }
 
 /// Writes the launch's cloud-init seed into the VM's folder (`seed.iso`, replaced at every
@@ -132,18 +136,18 @@ fn write_seed(req: &mut LaunchRequest, sd: &Path) -> Result<(), OpError> {
         return Ok(());
     };
     std::fs::create_dir_all(sd)
-        .map_err(|e| OpError::new(format!("cannot create {}: {e}", sd.display())))?;
+        .map_err(|e| OpError::host(format!("cannot create {}: {e}", sd.display())))?;
     let instance_id = crate::cloudinit::new_instance_id();
     let image = ci
         .seed(&instance_id, &req.spec.name, crate::clock::now_secs())
-        .map_err(|e| OpError::new(format!("cloud_init: {e}")))?;
+        .map_err(|e| OpError::invalid(format!("cloud_init: {e}")))?;
     let seed = sd.join("seed.iso");
     let tmp = sd.join(format!(".seed.iso.tmp-{}", std::process::id()));
     std::fs::write(&tmp, &image)
         .and_then(|()| std::fs::rename(&tmp, &seed))
         .map_err(|e| {
             let _ = std::fs::remove_file(&tmp);
-            OpError::new(format!(
+            OpError::host(format!(
                 "cannot write the cloud-init seed {}: {e}",
                 seed.display()
             ))
@@ -166,7 +170,7 @@ fn copy_uefi_vars(req: &LaunchRequest) -> Result<(), OpError> {
         return Ok(());
     }
     crate::state::copy::private(from, vars).map_err(|e| {
-        OpError::new(format!(
+        OpError::host(format!(
             "cannot copy the UEFI variable store {}: {e}",
             from.display()
         ))
@@ -191,7 +195,7 @@ pub fn launch(ctx: &dyn Work, mut req: LaunchRequest) -> Result<Launched, OpErro
         &req.spec.channels.serial_socket,
     ] {
         if s.as_os_str().len() > sock::MAX_SOCKET_PATH {
-            return Err(OpError::new(format!(
+            return Err(OpError::host(format!(
                 "socket path {} is longer than the {} bytes a unix socket allows; set \
                  MCQEMU_RUNTIME_DIR to a shorter folder",
                 s.display(),
@@ -215,7 +219,7 @@ pub fn launch(ctx: &dyn Work, mut req: LaunchRequest) -> Result<Launched, OpErro
             }
             let m = measure(old);
             if m.alive() {
-                return Err(OpError::new(format!(
+                return Err(OpError::invalid(format!(
                     "a VM named {name:?} is already {}; stop_vm it first or choose another name",
                     m.status
                 )));
@@ -226,7 +230,8 @@ pub fn launch(ctx: &dyn Work, mut req: LaunchRequest) -> Result<Launched, OpErro
         let reservation = Record {
             name: Some(name.clone()),
             qmp_socket: Some(qmp_sock.display().to_string()),
-            memory_mb: Some(memory_mb),
+            // Its memory counts against the quota while it starts.
+            spec: Some(req.spec.clone()),
             launching: Some(record::Launching {
                 owner_pid: Some(std::process::id()),
                 since: Some(crate::clock::now_secs()),
@@ -251,6 +256,51 @@ pub fn launch(ctx: &dyn Work, mut req: LaunchRequest) -> Result<Launched, OpErro
     result
 }
 
+/// The secrets of a launch: resolved from the operator's file by name, with fresh
+/// placeholders or, for a resumed guest, the ones it holds.
+fn placed_secrets(req: &LaunchRequest) -> Result<(Vec<ProxySecret>, Vec<Placed>), OpError> {
+    let names: Vec<String> = if req.kept_secrets.is_empty() {
+        req.secrets.clone()
+    } else {
+        req.kept_secrets.iter().map(|k| k.name.clone()).collect()
+    };
+    if names.is_empty() {
+        return Ok((Vec::new(), Vec::new()));
+    }
+    let (mut proxy, mut placed) =
+        secrets::resolve(&secrets::file_path(), &names).map_err(OpError::from)?;
+    for k in &req.kept_secrets {
+        for p in proxy.iter_mut().filter(|p| p.name == k.name) {
+            p.placeholder = k.placeholder.clone();
+        }
+        for p in placed.iter_mut().filter(|p| p.name == k.name) {
+            p.placeholder = k.placeholder.clone();
+            p.guest_env = k.guest_env.clone();
+        }
+    }
+    Ok((proxy, placed))
+}
+
+/// What a VM's record keeps of its egress: its rules, and its secrets' names and placeholders.
+fn egress_record(rules: &[Rule], placed: &[Placed]) -> record::Egress {
+    record::Egress {
+        rules: Some(rules.iter().map(Rule::text).collect()),
+        egress_proxy: Some(GUEST_URL.to_string()),
+        secrets: (!placed.is_empty()).then(|| {
+            placed
+                .iter()
+                .map(|p| record::PlacedSecret {
+                    name: p.name.clone(),
+                    guest_env: p.guest_env.clone(),
+                    placeholder: p.placeholder.clone(),
+                })
+                .collect()
+        }),
+        trusted: None,
+        other: Map::new(),
+    }
+}
+
 fn start_reserved(
     ctx: &dyn Work,
     req: &LaunchRequest,
@@ -260,14 +310,18 @@ fn start_reserved(
     prepare_dirs(&req.spec, rt, sd)?;
     copy_uefi_vars(req)?;
     ctx.check_cancel()?;
+    // The values go to the proxy on a pipe; this server keeps only the placeholders.
+    let (secrets, placed) = placed_secrets(req)?;
     let proxy = match req.egress.is_empty() {
         true => None,
         false => Some(egress::start(
             &req.spec.name,
             &req.egress,
             &req.spec.network.forwards,
+            &secrets,
         )?),
     };
+    drop(secrets);
     let spawned = spawn_with_fallback(req, &sd.join("qemu.log"), proxy.as_ref());
     let (started, spec, fallback_note) = match (spawned, proxy) {
         (Ok(s), p) => {
@@ -298,14 +352,13 @@ fn start_reserved(
         }
     };
     warnings.extend(req.accel_note.clone());
+    // The launch's own facts win over what the caller carries (a resumed record's old PID and
+    // sockets give way to the new QEMU's).
     let mut rec =
-        launched_record(req, s, started.pid, &actual_accel, &version).overlaid(&req.extra_record);
+        req.extra_record
+            .overlaid(&launched_record(s, started.pid, &actual_accel, &version));
     if !req.egress.is_empty() {
-        rec.egress = Some(record::Egress {
-            rules: Some(req.egress.iter().map(Rule::text).collect()),
-            egress_proxy: Some(GUEST_URL.to_string()),
-            other: Map::new(),
-        });
+        rec.egress = Some(egress_record(&req.egress, &placed));
     }
     let egress_rec = (!req.egress.is_empty())
         .then(|| rec.egress.clone())
@@ -328,7 +381,7 @@ fn start_reserved(
         arch: s.machine.arch.clone(),
         machine: s.machine.kind.clone(),
         qemu_version: version,
-        port_forwards: s.network.forwards.iter().map(Forward::to_record).collect(),
+        port_forwards: s.network.forwards.clone(),
         qmp_socket: s.channels.qmp_socket.display().to_string(),
         qga_socket: s.channels.qga_socket.display().to_string(),
         serial_log: s.channels.serial_log.display().to_string(),
@@ -347,10 +400,10 @@ fn start_reserved(
 /// The VM's runtime folder (private) and state folder; stale sockets of a dead QEMU removed,
 /// a live one refused.
 fn prepare_dirs(s: &VmConfig, rt: &Path, sd: &Path) -> Result<(), OpError> {
-    crate::state::paths::ensure_runtime_dir().map_err(OpError::new)?;
+    crate::state::paths::ensure_runtime_dir()?;
     for dir in [rt, sd] {
         std::fs::create_dir_all(dir)
-            .map_err(|e| OpError::new(format!("cannot create {}: {e}", dir.display())))?;
+            .map_err(|e| OpError::host(format!("cannot create {}: {e}", dir.display())))?;
     }
     {
         use std::os::unix::fs::PermissionsExt;
@@ -448,37 +501,18 @@ fn first_look(qmp_socket: &Path) -> Result<(String, String, String), QmpError> {
 }
 
 /// The registry record of a VM just started from `s`.
-fn launched_record(
-    req: &LaunchRequest,
-    s: &VmConfig,
-    pid: Option<i32>,
-    accel: &str,
-    version: &str,
-) -> Record {
+fn launched_record(s: &VmConfig, pid: Option<i32>, accel: &str, version: &str) -> Record {
     let display = |p: &Path| Some(p.display().to_string());
     Record {
         name: Some(s.name.clone()),
         source: Some("spawned".into()),
         pid: pid.map(i64::from),
-        arch: Some(s.machine.arch.clone()),
-        machine: Some(s.machine.kind.clone()),
         accel: Some(accel.to_string()),
-        memory_mb: Some(s.compute.memory_mb),
-        cpus: Some(s.compute.cpus),
-        iso: s.boot.iso.as_deref().and_then(display),
-        firmware: Some(req.firmware.clone()),
-        kernel: s.boot.kernel.as_deref().and_then(display),
-        initrd: s.boot.initrd.as_deref().and_then(display),
-        append: s.boot.append.clone(),
-        no_net: Some(s.network.no_net),
-        restrict_net: Some(s.network.restrict_net),
-        port_forwards: Some(s.network.forwards.iter().map(Forward::to_record).collect()),
         qmp_socket: display(&s.channels.qmp_socket),
         qga_socket: display(&s.channels.qga_socket),
         serial_socket: display(&s.channels.serial_socket),
         serial_log: display(&s.channels.serial_log),
         pidfile: display(&s.channels.pidfile),
-        extra_args: Some(s.extra_args.clone()),
         input: Some(crate::ops::vm::records::input_devices(
             &s.machine.arch,
             &s.machine.kind,

@@ -19,6 +19,7 @@ use crate::ops::vm::launch::{
 use crate::qemu::cmdline::x86;
 use crate::qemu::extra_args::check_extra_args;
 use crate::qemu::firmware;
+pub use crate::qemu::forwards::PortSpec;
 use crate::qemu::forwards::{resolve_forwards, Forward};
 use crate::qemu::vm;
 use crate::state::config::{
@@ -58,7 +59,7 @@ pub struct LaunchArgs {
     /// Block guest-initiated traffic.
     pub restrict_net: bool,
     /// None: none for launch_vm; sandboxes forward `auto:22` unless told.
-    pub port_forwards: Option<Vec<String>>,
+    pub port_forwards: Option<Vec<PortSpec>>,
     /// The `cloud_init` parameter as given (parsed and checked here).
     pub cloud_init: Option<Value>,
     /// Files of mcqemu's own for the seed, beside user-data (image_prepare's agent); only
@@ -67,10 +68,14 @@ pub struct LaunchArgs {
     /// `allow_network` rules (already parsed): the VM reaches only these names, through its
     /// egress proxy.
     pub egress: Vec<Rule>,
+    /// Names of the operator's secrets its egress proxy adds (their values never pass here).
+    pub secrets: Vec<String>,
     /// Host folders to mount into the guest once it runs.
     pub mounts: Vec<crate::ops::vm::mounts::MountSpec>,
     /// The lifetime asked for (each part None: the kind's default).
     pub lifetime: crate::ops::vm::lifetime::Asked,
+    /// An image kernel's modules disk (from its kit, never from a tool call).
+    pub modules: Option<PathBuf>,
 }
 
 impl LaunchArgs {
@@ -99,7 +104,7 @@ pub fn checked_disks(name: &str, disks: &[String]) -> Result<Vec<Disk>, OpError>
     let mut out = Vec::new();
     for (i, d) in disks.iter().enumerate() {
         let p = roots::check_str(d, Access::Write)
-            .map_err(|e| OpError::new(format!("disks[{i}]: {e}")))?;
+            .map_err(|e| OpError::from(e).context(format!("disks[{i}]")))?;
         if !p.is_file() {
             return Err(OpError::not_found(format!(
                 "disks[{i}]: {} does not exist or is not a file; create one with image_create",
@@ -119,15 +124,20 @@ pub fn checked_disks(name: &str, disks: &[String]) -> Result<Vec<Disk>, OpError>
 pub fn request(a: &LaunchArgs, name: &str, disks: Vec<Disk>) -> Result<LaunchRequest, OpError> {
     let arch = a.arch.clone().unwrap_or_else(|| default_arch().to_string());
     let pc = x86(&arch);
-    let qemu = binaries::find(&arch).map_err(OpError::new)?;
+    let qemu = binaries::find(&arch)?;
     let machine = machine(a, &arch, &qemu)?;
     let requested = requested_accel(a);
-    let (accel, accel_note) =
-        decide::accel(host::get(), &arch, &requested).map_err(OpError::new)?;
+    let (accel, accel_note) = decide::accel(host::get(), &arch, &requested)?;
     check_extra(&a.extra_args)?;
     if a.no_net && !a.egress.is_empty() {
-        return Err(OpError::new(
+        return Err(OpError::invalid(
             "allow_network rules need a network; drop no_net=true or the rules",
+        ));
+    }
+    if !a.secrets.is_empty() && a.egress.is_empty() {
+        return Err(OpError::invalid(
+            "secrets are added by the egress proxy, which only a VM with allow_network rules \
+             has: give rules that name the secrets' hosts; nothing was started",
         ));
     }
     let forwards = forwards(a)?;
@@ -186,6 +196,7 @@ pub fn request(a: &LaunchArgs, name: &str, disks: Vec<Disk>) -> Result<LaunchReq
             // fork's copies and a resumed sandbox then tell the guest it was copied (it
             // reseeds at once).
             vmgenid: pc.then(|| "auto".to_string()),
+            modules: a.modules.clone(),
             ..Devices::default()
         },
         extra_args: a.extra_args.clone(),
@@ -207,20 +218,21 @@ pub fn request(a: &LaunchArgs, name: &str, disks: Vec<Disk>) -> Result<LaunchReq
         },
         accel_note,
         kvm_fallback: requested == "auto",
-        firmware,
         cloud_init: match a.egress.is_empty() {
             true => a.cloud_init()?,
             false => a.cloud_init()?.map(|c| c.with_proxy(GUEST_URL)),
         },
         uefi_vars_from,
         egress: a.egress.clone(),
+        secrets: a.secrets.clone(),
+        kept_secrets: Vec::new(),
     })
 }
 
 /// `allow_network` as a list of rules, parsed; the error says which rule is wrong and how.
 pub fn egress_rules(list: &[String]) -> Result<Vec<Rule>, OpError> {
     parse_rules(list).map_err(|e| {
-        OpError::new(format!(
+        OpError::invalid(format!(
             "allow_network: {e}. Rules are \"host\", \"host:port\" or \"*.domain\" (ports 80 \
              and 443 unless given); nothing was started"
         ))
@@ -233,9 +245,11 @@ fn machine(a: &LaunchArgs, arch: &str, qemu: &binaries::Qemu) -> Result<String, 
         .iter()
         .find(|x| x.0 == arch)
         .map(|x| x.1)
-        .ok_or_else(|| OpError::new(format!("unsupported arch {arch:?}")))?;
-    decide::concrete_machine(qemu, a.machine.as_deref().unwrap_or(default_machine))
-        .map_err(OpError::new)
+        .ok_or_else(|| OpError::invalid(format!("unsupported arch {arch:?}")))?;
+    Ok(decide::concrete_machine(
+        qemu,
+        a.machine.as_deref().unwrap_or(default_machine),
+    )?)
 }
 
 /// The accelerator asked for: the parameter, else `MCQEMU_ACCEL`, else `auto`.
@@ -252,10 +266,7 @@ fn requested_accel(a: &LaunchArgs) -> String {
 fn check_extra(extra_args: &[String]) -> Result<(), OpError> {
     for file in check_extra_args(extra_args)? {
         let path = roots::check_str(&file.path, file.access).map_err(|e| {
-            OpError::new(format!(
-                "extra_args: -{} names {:?}: {e}",
-                file.opt, file.path
-            ))
+            OpError::from(e).context(format!("extra_args: -{} names {:?}", file.opt, file.path))
         })?;
         if let Some(format) = &file.image_format {
             if path.is_file() {
@@ -274,14 +285,14 @@ fn check_extra(extra_args: &[String]) -> Result<(), OpError> {
 fn forwards(a: &LaunchArgs) -> Result<Vec<Forward>, OpError> {
     let specs = a.port_forwards.clone().unwrap_or_default();
     if a.no_net && !specs.is_empty() {
-        return Err(OpError::new(
+        return Err(OpError::invalid(
             "port_forwards need a network; drop no_net=true or the forwards",
         ));
     }
     let forwards = resolve_forwards(&specs)?;
     for f in forwards.iter().filter(|f| !f.auto) {
         decide::host_port(host::get(), f.host)
-            .map_err(|e| OpError::new(format!("port_forwards: {e}")))?;
+            .map_err(|e| OpError::from(e).context("port_forwards"))?;
     }
     Ok(forwards)
 }
@@ -294,7 +305,7 @@ fn firmware_name(a: &LaunchArgs, arch: &str) -> Result<String, OpError> {
         None => default_firmware(arch, has_kernel).to_string(),
     };
     if firmware == "bios" && !has_kernel && !x86(arch) {
-        return Err(OpError::new(format!(
+        return Err(OpError::invalid(format!(
             "firmware=\"bios\" cannot boot an {arch} guest: its virt board has no BIOS, so \
              without kernel nothing would run. Use firmware=\"uefi\" (the default there), or \
              boot a kernel directly with kernel/initrd/append"
@@ -344,12 +355,12 @@ mod tests {
     fn forwards_need_a_network() {
         let a = LaunchArgs {
             no_net: true,
-            port_forwards: Some(vec!["auto:22".into()]),
+            port_forwards: Some(vec![PortSpec::auto(22)]),
             ..LaunchArgs::default()
         };
         assert!(forwards(&a).unwrap_err().msg.contains("no_net"));
         let ok = LaunchArgs {
-            port_forwards: Some(vec!["auto:22".into()]),
+            port_forwards: Some(vec![PortSpec::auto(22)]),
             ..LaunchArgs::default()
         };
         let f = forwards(&ok).unwrap();

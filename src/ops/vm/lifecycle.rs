@@ -22,13 +22,15 @@ pub enum Change {
     Resume,
 }
 
-/// A VM's run state after a change (in this order).
-#[derive(Debug, Clone, Serialize)]
-pub struct RunState {
-    /// The VM.
-    pub name: String,
-    /// QEMU's run state.
-    pub status: String,
+crate::described! {
+    /// A VM's run state after a change (in this order).
+    #[derive(Debug, Clone, Serialize)]
+    pub struct RunState {
+        /// The VM.
+        pub name: String,
+        /// QEMU's run state.
+        pub status: String,
+    }
 }
 
 /// Pauses or resumes running VM `name`; returns the state QEMU reports after.
@@ -60,27 +62,29 @@ pub struct AttachRequest {
     pub pid: Option<i32>,
 }
 
-/// What attach_vm registered (in this order).
-#[derive(Debug, Clone, Serialize)]
-pub struct Attached {
-    /// The VM.
-    pub name: String,
-    /// QEMU's run state.
-    pub status: String,
-    /// Its QMP socket.
-    pub qmp_socket: String,
-    /// Its guest-agent socket.
-    pub qga_socket: Option<String>,
-    /// Its process.
-    pub pid: Option<i32>,
-    /// QEMU's version, from its greeting.
-    pub qemu_version: String,
+crate::described! {
+    /// What attach_vm registered (in this order).
+    #[derive(Debug, Clone, Serialize)]
+    pub struct Attached {
+        /// The VM.
+        pub name: String,
+        /// QEMU's run state.
+        pub status: String,
+        /// Its QMP socket.
+        pub qmp_socket: String,
+        /// Its guest-agent socket.
+        pub qga_socket: Option<String>,
+        /// Its process.
+        pub pid: Option<i32>,
+        /// QEMU's version, from its greeting.
+        pub qemu_version: String,
+    }
 }
 
 /// The socket at `path` (parameter `key`), resolved: refused unless it is a unix socket.
 fn socket(path: &Path, key: &str) -> Result<PathBuf, OpError> {
     let p = std::fs::canonicalize(path)
-        .map_err(|e| OpError::new(format!("{key} {}: {e}", path.display())))?;
+        .map_err(|e| OpError::host(format!("{key} {}: {e}", path.display())))?;
     if !sock::is_socket(&p) {
         return Err(OpError::invalid(format!(
             "{key} {} is not a unix socket",
@@ -106,12 +110,12 @@ pub fn attach(req: &AttachRequest) -> Result<Attached, OpError> {
         Ok((q.query_status()?.status, q.version.clone()))
     })
     .map_err(|e| match e {
-        QmpError::NoGreeting => OpError::new(format!(
+        QmpError::NoGreeting => OpError::busy(format!(
             "{} accepts connections but sends no QMP greeting: another client holds that monitor. \
              Free it and retry",
             qmp_path.display()
         )),
-        other => OpError::new(format!(
+        other => OpError::host(format!(
             "{} does not answer QMP: {other}",
             qmp_path.display()
         )),
@@ -131,7 +135,7 @@ pub fn attach(req: &AttachRequest) -> Result<Attached, OpError> {
     crate::state::registry::shared().update(move |vms| {
         if let Some(old) = vms.get(&name_c) {
             if measure(old).alive() {
-                return Err(OpError::new(format!(
+                return Err(OpError::invalid(format!(
                     "a live VM is already registered as {name_c:?}; choose another name"
                 )));
             }
@@ -149,15 +153,17 @@ pub fn attach(req: &AttachRequest) -> Result<Attached, OpError> {
     })
 }
 
-/// What forget_vm did (in this order).
-#[derive(Debug, Clone, Serialize)]
-pub struct Forgotten {
-    /// The VM.
-    pub name: String,
-    /// Always true.
-    pub forgotten: bool,
-    /// Whether its QEMU was still running (left alone, unmanaged).
-    pub was_running: bool,
+crate::described! {
+    /// What forget_vm did (in this order).
+    #[derive(Debug, Clone, Serialize)]
+    pub struct Forgotten {
+        /// The VM.
+        pub name: String,
+        /// Always true.
+        pub forgotten: bool,
+        /// Whether its QEMU was still running (left alone, unmanaged).
+        pub was_running: bool,
+    }
 }
 
 /// Drops VM `name`'s record (a live spawned VM only with `force`).

@@ -47,6 +47,9 @@ pub enum Action {
     Destroy,
 }
 
+/// Every action's name, as [`Action::parse`] takes them.
+pub const ACTIONS: [&str; 3] = ["stop", "suspend", "destroy"];
+
 impl Action {
     /// The action named `s`.
     pub fn parse(s: &str) -> Result<Action, OpError> {
@@ -169,32 +172,34 @@ fn allowed(kind: Kind, a: Action, what: &str) -> Result<(), OpError> {
 
 // ---- what the tools show
 
-/// A lifetime as list_vms, vm_info and vm_lifetime show it (in this order).
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct Shown {
-    /// Seconds to live as given.
-    pub ttl_s: Option<u64>,
-    /// When it ends (ISO 8601, UTC).
-    pub deadline: Option<String>,
-    /// Seconds left until the deadline (negative once past).
-    pub expires_in_s: Option<i64>,
-    /// What the deadline does.
-    pub on_ttl: Option<String>,
-    /// Seconds of idleness allowed.
-    pub idle_s: Option<u64>,
-    /// What idleness does.
-    pub on_idle: Option<String>,
-    /// Seconds since its last activity.
-    pub idle_for_s: Option<u64>,
-    /// Seconds of idleness left (0 while it is being ended).
-    pub idle_left_s: Option<u64>,
-    /// Its last activity (ISO 8601, UTC) and what it was.
-    pub last_activity: Option<String>,
-    /// What its last activity was.
-    pub last_activity_by: Option<&'static str>,
-    /// What keeps it from idling now (a hold, a background process).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub busy: Option<String>,
+crate::described! {
+    /// A lifetime as list_vms, vm_info and vm_lifetime show it (in this order).
+    #[derive(Debug, Clone, Serialize, PartialEq)]
+    pub struct Shown {
+        /// Seconds to live as given.
+        pub ttl_s: Option<u64>,
+        /// When it ends (ISO 8601, UTC).
+        pub deadline: Option<String>,
+        /// Seconds left until the deadline (negative once past).
+        pub expires_in_s: Option<i64>,
+        /// What the deadline does.
+        pub on_ttl: Option<String>,
+        /// Seconds of idleness allowed.
+        pub idle_s: Option<u64>,
+        /// What idleness does.
+        pub on_idle: Option<String>,
+        /// Seconds since its last activity.
+        pub idle_for_s: Option<u64>,
+        /// Seconds of idleness left (0 while it is being ended).
+        pub idle_left_s: Option<u64>,
+        /// Its last activity (ISO 8601, UTC) and what it was.
+        pub last_activity: Option<String>,
+        /// What its last activity was.
+        pub last_activity_by: Option<&'static str>,
+        /// What keeps it from idling now (a hold, a background process).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub busy: Option<String>,
+    }
 }
 
 /// VM `name`'s lifetime as shown; the idle clock only while it runs.
@@ -241,6 +246,25 @@ pub struct Change {
     pub on_ttl: Option<String>,
     /// Drop the whole lifetime: the VM lives until asked to end.
     pub clear: bool,
+}
+
+crate::described! {
+    /// vm_lifetime's result.
+    #[derive(Debug, Clone, serde::Serialize)]
+    pub struct Changed {
+        /// The VM.
+        pub name: String,
+        /// When it ends by itself now (null: it lives until asked to end).
+        pub lifetime: Option<Shown>,
+    }
+}
+
+/// vm_lifetime: [`change`], with the VM's name.
+pub fn apply(name: &str, c: &Change) -> Result<Changed, OpError> {
+    Ok(Changed {
+        name: name.to_string(),
+        lifetime: change(name, c)?,
+    })
 }
 
 /// Changes VM `name`'s lifetime under the registry lock (a change of nothing only reads it);
@@ -365,11 +389,13 @@ pub fn ensure_watcher() -> Option<u32> {
 
 /// Starts `mcqemu watch` detached (its own session, stdin and stdout on /dev/null, stderr
 /// appended to `watcher.log`), reaped by a thread of this process while it runs.
-fn spawn_watcher() -> Result<u32, String> {
+fn spawn_watcher() -> Result<u32, OpError> {
     use std::os::unix::process::CommandExt;
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find mcqemu's binary: {e}"))?;
+    let exe = std::env::current_exe()
+        .map_err(|e| OpError::host(format!("cannot find mcqemu's binary: {e}")))?;
     let state = paths::state_dir();
-    std::fs::create_dir_all(&state).map_err(|e| format!("{}: {e}", state.display()))?;
+    std::fs::create_dir_all(&state)
+        .map_err(|e| OpError::host(format!("{}: {e}", state.display())))?;
     let log_path = state.join("watcher.log");
     if std::fs::metadata(&log_path).is_ok_and(|m| m.len() > 1 << 20) {
         let _ = std::fs::rename(&log_path, state.join("watcher.log.1"));
@@ -378,7 +404,7 @@ fn spawn_watcher() -> Result<u32, String> {
         .create(true)
         .append(true)
         .open(&log_path)
-        .map_err(|e| format!("{}: {e}", log_path.display()))?;
+        .map_err(|e| OpError::host(format!("{}: {e}", log_path.display())))?;
     let mut cmd = std::process::Command::new(exe);
     cmd.arg("watch")
         .arg("--state")
@@ -393,7 +419,9 @@ fn spawn_watcher() -> Result<u32, String> {
             Ok(())
         });
     }
-    let mut child = cmd.spawn().map_err(|e| e.to_string())?;
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| OpError::host(format!("cannot start the watcher: {e}")))?;
     let pid = child.id();
     let _ = std::thread::Builder::new()
         .name("watcher-reaper".into())

@@ -14,42 +14,46 @@ use crate::host::procstat;
 use crate::qemu::vm;
 use crate::state::record::Record;
 
-/// A VM's use of the host (in this order; `null` where it cannot be known now).
-#[derive(Debug, Clone, Default, Serialize, PartialEq)]
-pub struct Metrics {
-    /// QEMU's CPU use over the last interval, in % of one core (200 = two cores busy).
-    pub cpu_pct: Option<f64>,
-    /// The interval `cpu_pct` is over, in seconds (since the previous read, or since start).
-    pub cpu_interval_s: Option<f64>,
-    /// QEMU's resident memory.
-    pub rss_bytes: Option<u64>,
-    /// QEMU's proportional share of memory (shared pages divided among their users); vm_info
-    /// and the metrics resource (a page-table walk, ~1 ms a GiB: list_vms leaves it out).
-    pub pss_bytes: Option<u64>,
-    /// The guest's own memory, as its /proc/meminfo says (vm_info, when its agent answers).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub guest_memory: Option<GuestMemory>,
-    /// Bytes the VM's own disk files take on the host (an overlay: only what it wrote).
-    pub disk_allocated_bytes: Option<u64>,
-    /// Bytes the guest read from its disks (QEMU's counters).
-    pub disk_read_bytes: Option<u64>,
-    /// Bytes the guest wrote to its disks.
-    pub disk_written_bytes: Option<u64>,
-    /// Bytes through its egress proxy (only VMs with egress rules have one).
-    pub net_bytes: Option<u64>,
-    /// How long its QEMU has run, in seconds.
-    pub uptime_s: Option<u64>,
+crate::described! {
+    /// A VM's use of the host (in this order; `null` where it cannot be known now).
+    #[derive(Debug, Clone, Default, Serialize, PartialEq)]
+    pub struct Metrics {
+        /// QEMU's CPU use over the last interval, in % of one core (200 = two cores busy).
+        pub cpu_pct: Option<f64>,
+        /// The interval `cpu_pct` is over, in seconds (since the previous read, or since start).
+        pub cpu_interval_s: Option<f64>,
+        /// QEMU's resident memory.
+        pub rss_bytes: Option<u64>,
+        /// QEMU's proportional share of memory (shared pages divided among their users); vm_info
+        /// and the metrics resource (a page-table walk, ~1 ms a GiB: list_vms leaves it out).
+        pub pss_bytes: Option<u64>,
+        /// The guest's own memory, as its /proc/meminfo says (vm_info, when its agent answers).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub guest_memory: Option<GuestMemory>,
+        /// Bytes the VM's own disk files take on the host (an overlay: only what it wrote).
+        pub disk_allocated_bytes: Option<u64>,
+        /// Bytes the guest read from its disks (QEMU's counters).
+        pub disk_read_bytes: Option<u64>,
+        /// Bytes the guest wrote to its disks.
+        pub disk_written_bytes: Option<u64>,
+        /// Bytes through its egress proxy (only VMs with egress rules have one).
+        pub net_bytes: Option<u64>,
+        /// How long its QEMU has run, in seconds.
+        pub uptime_s: Option<u64>,
+    }
 }
 
-/// The guest's memory.
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct GuestMemory {
-    /// MemTotal.
-    pub total_bytes: u64,
-    /// MemAvailable.
-    pub available_bytes: u64,
-    /// Total less available.
-    pub used_bytes: u64,
+crate::described! {
+    /// The guest's memory.
+    #[derive(Debug, Clone, Serialize, PartialEq)]
+    pub struct GuestMemory {
+        /// MemTotal.
+        pub total_bytes: u64,
+        /// MemAvailable.
+        pub available_bytes: u64,
+        /// Total less available.
+        pub used_bytes: u64,
+    }
 }
 
 /// A CPU sample: when, and the process's CPU time then.

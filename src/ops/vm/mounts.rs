@@ -20,7 +20,7 @@ use crate::fuse::helper::SHARE_FD;
 use crate::ops::error::OpError;
 use crate::ops::session;
 use crate::ops::work::Work;
-use crate::qemu::cmdline::MOUNT_PORT_PREFIX;
+use crate::qemu::cmdline::{MOUNT_PORT_PREFIX, SPARE_MOUNT};
 use crate::qemu::process;
 use crate::qemu::qmp::{Qmp, QmpError};
 use crate::qemu::sock;
@@ -35,16 +35,18 @@ pub const MAX_MOUNTS: usize = 8;
 /// How long [`wait_mounted`] waits for a guest by default.
 pub const MOUNT_WAIT: Duration = Duration::from_secs(20);
 
-/// A mount as a call asks for it.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct MountSpec {
-    /// The host folder (inside the roots; `~` allowed).
-    pub host: String,
-    /// Where the guest sees it (absolute).
-    pub guest: String,
-    /// Writes allowed (read-only unless asked).
-    #[serde(default)]
-    pub writable: bool,
+crate::params! {
+    /// A mount as a call asks for it.
+    #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+    pub struct MountSpec {
+        /// A folder in the roots (~ allowed).
+        pub host: String = {"minLength": 1},
+        /// e.g. /src
+        pub guest: String = {"minLength": 2},
+        /// Guest writes allowed.
+        #[serde(default)]
+        pub writable: bool = {"default": false},
+    }
 }
 
 /// A mount checked and its folder opened: ready to plug in.
@@ -56,20 +58,22 @@ pub struct Checked {
     writable: bool,
 }
 
-/// A mount as vm_info shows it.
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct Shown {
-    /// The host folder, resolved.
-    pub host: String,
-    /// Where the guest sees it.
-    pub guest: String,
-    /// Writes allowed.
-    pub writable: bool,
-    /// `mounted`, `waiting` (for the guest's relay), `failed`, or `ended` (its server is gone).
-    pub state: String,
-    /// Why it failed.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
+crate::described! {
+    /// A mount as vm_info shows it.
+    #[derive(Debug, Clone, Serialize, PartialEq)]
+    pub struct Shown {
+        /// The host folder, resolved.
+        pub host: String,
+        /// Where the guest sees it.
+        pub guest: String,
+        /// Writes allowed.
+        pub writable: bool,
+        /// `mounted`, `waiting` (for the guest's relay), `failed`, or `ended` (its server is gone).
+        pub state: String,
+        /// Why it failed.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub error: Option<String>,
+    }
 }
 
 /// The guest path: absolute, plain components, not the root, no control characters.
@@ -159,8 +163,22 @@ pub fn check(specs: &[MountSpec], existing: &[Mount]) -> Result<Vec<Checked>, Op
     Ok(out)
 }
 
+/// Removes the runtime files of VM `name`'s mounts (their sockets and status files), once
+/// its QEMU and their servers are gone.
+pub fn remove_files(name: &str, rec: &Record) {
+    for id in rec.mounts.iter().flatten().filter_map(|m| m.id) {
+        let _ = std::fs::remove_file(socket_of(name, id));
+        let _ = std::fs::remove_file(status_file(name, id));
+    }
+}
+
 fn qemu_id(id: u32) -> String {
     format!("mcq-fs{id}")
+}
+
+/// Whether VM `rec` has a mount port from the start ([`SPARE_MOUNT`]).
+fn has_spare(rec: &Record) -> bool {
+    rec.spec.as_ref().is_some_and(|s| s.channels.mount_spare)
 }
 
 fn socket_of(name: &str, id: u32) -> PathBuf {
@@ -171,36 +189,64 @@ fn status_file(name: &str, id: u32) -> PathBuf {
     vm::runtime_dir(name).join(format!("fs{id}.json"))
 }
 
-/// Plugs `mounts` into running VM `name` (whose record is `rec`) and starts their servers;
-/// the record gets them one by one, so a failure half-way leaves the ones that worked shown.
-pub fn attach(name: &str, rec: &Record, mounts: Vec<Checked>) -> Result<Vec<Shown>, OpError> {
-    let first = rec
+/// Plugs the mounts of `specs` that VM `name` (whose record is `rec`) does not have yet (by
+/// guest path) and starts their servers: a clone's are plugged in as soon as it runs, so the
+/// guest takes them while its agent comes up, and the call that waits for them finds them
+/// there.
+pub fn attach_missing(name: &str, rec: &Record, specs: &[MountSpec]) -> Result<(), OpError> {
+    let have: Vec<&str> = rec
         .mounts
         .iter()
         .flatten()
-        .filter_map(|m| m.id)
+        .filter_map(|m| m.guest.as_deref())
+        .collect();
+    let missing: Vec<Checked> = check(specs, &[])?
+        .into_iter()
+        .filter(|c| !have.contains(&c.guest.as_str()))
+        .collect();
+    if !missing.is_empty() {
+        attach(name, rec, missing)?;
+    }
+    Ok(())
+}
+
+/// Plugs `mounts` into running VM `name` (whose record is `rec`) and starts their servers;
+/// the record gets them one by one, so a failure half-way leaves the ones that worked shown.
+pub fn attach(name: &str, rec: &Record, mounts: Vec<Checked>) -> Result<Vec<Shown>, OpError> {
+    let used: Vec<u32> = rec.mounts.iter().flatten().filter_map(|m| m.id).collect();
+    // A VM with a port from the start (a template's clone) gives it to its first mount: no
+    // hot-plug, and the guest's relay already waits on it. The others are plugged in.
+    let spare = has_spare(rec) && !used.contains(&SPARE_MOUNT);
+    let first = used
+        .iter()
         .max()
-        .map_or(0, |m| m + 1);
+        .map_or(u32::from(has_spare(rec)), |m| m + 1);
+    let ids = spare.then_some(SPARE_MOUNT).into_iter().chain(first..);
     let mut shown = Vec::new();
-    for (id, m) in (first..).zip(mounts) {
+    for (id, m) in ids.zip(mounts) {
+        let plugged = spare && id == SPARE_MOUNT;
         let socket = socket_of(name, id);
         if socket.as_os_str().len() > sock::MAX_SOCKET_PATH {
-            return Err(OpError::new(format!(
+            return Err(OpError::host(format!(
                 "socket path {} is too long for a unix socket; set MCQEMU_RUNTIME_DIR to a \
                  shorter folder",
                 socket.display()
             )));
         }
-        let _ = std::fs::remove_file(&socket);
         let _ = std::fs::remove_file(status_file(name, id));
-        session::monitor(name, rec, |q| Ok(plug(q, id, &socket)?))?;
+        if !plugged {
+            let _ = std::fs::remove_file(&socket);
+            session::monitor(name, rec, |q| Ok(plug(q, id, &socket)?))?;
+        }
         let pid = match start_server(name, id, &m, &socket) {
             Ok(pid) => pid,
             Err(e) => {
-                let _ = session::monitor(name, rec, |q| {
-                    unplug(q, id);
-                    Ok(())
-                });
+                if !plugged {
+                    let _ = session::monitor(name, rec, |q| {
+                        unplug(q, id);
+                        Ok(())
+                    });
+                }
                 return Err(e);
             }
         };
@@ -275,10 +321,10 @@ fn unplug(q: &mut Qmp, id: u32) {
 /// Starts the mount's file server, its stderr in the VM's state folder; returns its PID.
 fn start_server(name: &str, id: u32, m: &Checked, socket: &Path) -> Result<i32, OpError> {
     let exe = std::env::current_exe()
-        .map_err(|e| OpError::new(format!("cannot find mcqemu's own binary: {e}")))?;
+        .map_err(|e| OpError::host(format!("cannot find mcqemu's own binary: {e}")))?;
     let log_path = vm::state_dir(name).join(format!("mount-{id}.log"));
     let log = std::fs::File::create(&log_path)
-        .map_err(|e| OpError::new(format!("cannot create {}: {e}", log_path.display())))?;
+        .map_err(|e| OpError::host(format!("cannot create {}: {e}", log_path.display())))?;
     let mut cmd = Command::new(exe);
     cmd.arg("fs-serve")
         .arg("--socket")
@@ -309,7 +355,7 @@ fn start_server(name: &str, id: u32, m: &Checked, socket: &Path) -> Result<i32, 
     }
     let mut child = cmd
         .spawn()
-        .map_err(|e| OpError::new(format!("cannot start the mount's file server: {e}")))?;
+        .map_err(|e| OpError::host(format!("cannot start the mount's file server: {e}")))?;
     let pid = child.id() as i32;
     let _ = std::thread::Builder::new()
         .name(format!("fs-serve-{pid}-reaper"))
@@ -368,15 +414,18 @@ pub fn wait_mounted(ctx: &dyn Work, name: &str, within: Duration) -> Result<Vec<
     ctx.progress_phase(&format!(
         "waiting for VM {name:?}'s guest to mount its folders"
     ));
+    // The mounts were recorded before the wait; what moves is their servers' status files.
+    let rec = crate::ops::vm::records::lookup(name)?;
     loop {
         ctx.check_cancel()?;
-        let rec = crate::ops::vm::records::lookup(name)?;
         let now = shown(name, &rec);
         let settled = now.iter().all(|m| m.state != "waiting");
         if settled || Instant::now() >= deadline {
             return Ok(now);
         }
-        std::thread::sleep(Duration::from_millis(20));
+        // A look is a status file per mount (one small read): cheap enough to make every
+        // millisecond, which a clone's mount, ready in tens of them, is waited for to the last.
+        std::thread::sleep(Duration::from_millis(1));
     }
 }
 
@@ -412,12 +461,19 @@ pub fn detach(name: &str, rec: &Record, guest: &str) -> Result<Shown, OpError> {
     if let Some(pid) = m.server_pid.filter(|&p| is_our_server(p)) {
         let _ = process::terminate_within(pid, Duration::from_secs(2));
     }
-    session::monitor(name, rec, |q| {
-        unplug(q, id);
-        Ok(())
-    })?;
+    // The port a VM has from the start stays for its next mount (the guest's relay waits on
+    // it again once the server is gone); a plugged-in one goes.
+    let spare = has_spare(rec) && id == SPARE_MOUNT;
+    if !spare {
+        session::monitor(name, rec, |q| {
+            unplug(q, id);
+            Ok(())
+        })?;
+    }
     forget(name, id)?;
-    let _ = std::fs::remove_file(socket_of(name, id));
+    if !spare {
+        let _ = std::fs::remove_file(socket_of(name, id));
+    }
     let _ = std::fs::remove_file(status_file(name, id));
     Ok(Shown {
         host: m.host.unwrap_or_default(),

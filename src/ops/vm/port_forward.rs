@@ -32,30 +32,34 @@ pub struct Request {
     pub remove: Vec<String>,
 }
 
-/// One forward as reported.
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct Shown {
-    /// Host address.
-    pub addr: String,
-    /// Host port.
-    pub host: u16,
-    /// Guest port.
-    pub guest: u16,
-    /// True when mcqemu chose the host port.
-    pub auto: bool,
+crate::described! {
+    /// One forward as reported.
+    #[derive(Debug, Clone, Serialize, PartialEq)]
+    pub struct Shown {
+        /// Host address.
+        pub addr: String,
+        /// Host port.
+        pub host: u16,
+        /// Guest port.
+        pub guest: u16,
+        /// True when mcqemu chose the host port.
+        pub auto: bool,
+    }
 }
 
-/// What vm_port_forward did.
-#[derive(Debug, Clone, Serialize)]
-pub struct Outcome {
-    /// The VM.
-    pub name: String,
-    /// The forwards added (with their host ports).
-    pub added: Vec<Shown>,
-    /// The forwards removed.
-    pub removed: Vec<Shown>,
-    /// The VM's forwards now.
-    pub port_forwards: Vec<Shown>,
+crate::described! {
+    /// What vm_port_forward did.
+    #[derive(Debug, Clone, Serialize)]
+    pub struct Outcome {
+        /// The VM.
+        pub name: String,
+        /// The forwards added (with their host ports).
+        pub added: Vec<Shown>,
+        /// The forwards removed.
+        pub removed: Vec<Shown>,
+        /// The VM's forwards now.
+        pub port_forwards: Vec<Shown>,
+    }
 }
 
 fn shown(f: &Forward) -> Shown {
@@ -65,10 +69,6 @@ fn shown(f: &Forward) -> Shown {
         guest: f.guest,
         auto: f.auto,
     }
-}
-
-fn parse_recorded(v: &[crate::state::record::Forward]) -> Vec<Forward> {
-    v.iter().filter_map(Forward::from_record).collect()
 }
 
 /// Which recorded forward `spec` names for removal.
@@ -102,36 +102,37 @@ fn to_remove(spec: &str, current: &[Forward]) -> Result<Forward, OpError> {
 }
 
 /// The forwards to add, checked against the current ones and resolved (auto ports picked).
-fn to_add(specs: &[String], current: &[Forward]) -> Result<Vec<Forward>, String> {
+fn to_add(specs: &[String], current: &[Forward]) -> Result<Vec<Forward>, OpError> {
     let mut taken: HashSet<u16> = current.iter().map(|f| f.host).collect();
     let mut out = Vec::new();
     for spec in specs {
-        let p = parse_forward(spec).map_err(|e| format!("add: {e}"))?;
+        let p = parse_forward(spec).map_err(|e| OpError::invalid(format!("add: {e}")))?;
         let (port, auto) = match p.host {
             Some(h) if taken.contains(&h) => {
-                return Err(format!(
+                return Err(OpError::invalid(format!(
                     "add {spec:?}: host port {h} is already forwarded for this VM; remove it \
                      first or pick another"
-                ))
+                )))
             }
             Some(h) => {
-                decide::host_port(host::get(), h).map_err(|e| format!("add {spec:?}: {e}"))?;
+                decide::host_port(host::get(), h)
+                    .map_err(|e| OpError::from(e).context(format!("add {spec:?}")))?;
                 (h, false)
             }
             None => {
                 let mut picked = None;
                 for _ in 0..16 {
-                    let f = crate::qemu::forwards::resolve_forwards(&[format!(
-                        "{}:auto:{}",
-                        p.addr, p.guest
-                    )])
-                    .map_err(|e| format!("add {spec:?}: {e}"))?;
+                    let f = crate::qemu::forwards::resolve_forwards(&[
+                        crate::qemu::forwards::PortSpec::auto_on(p.addr, p.guest),
+                    ])
+                    .map_err(|e| OpError::from(e).context(format!("add {spec:?}")))?;
                     if let Some(f) = f.first().filter(|f| !taken.contains(&f.host)) {
                         picked = Some(f.host);
                         break;
                     }
                 }
-                let h = picked.ok_or_else(|| format!("add {spec:?}: no free host port"))?;
+                let h = picked
+                    .ok_or_else(|| OpError::host(format!("add {spec:?}: no free host port")))?;
                 (h, true)
             }
         };
@@ -141,6 +142,7 @@ fn to_add(specs: &[String], current: &[Forward]) -> Result<Vec<Forward>, String>
             host: port,
             guest: p.guest,
             auto,
+            other: Default::default(),
         });
     }
     Ok(out)
@@ -149,7 +151,7 @@ fn to_add(specs: &[String], current: &[Forward]) -> Result<Vec<Forward>, String>
 /// vm_port_forward: removes, then adds, live; the record follows what QEMU took.
 pub fn apply(req: &Request) -> Result<Outcome, OpError> {
     let rec = forwardable(&req.name)?;
-    let current = parse_recorded(&vm::forwards(&rec));
+    let current = vm::forwards(&rec);
     let removing: Vec<Forward> = req
         .remove
         .iter()
@@ -160,7 +162,7 @@ pub fn apply(req: &Request) -> Result<Outcome, OpError> {
         .filter(|f| !removing.contains(f))
         .cloned()
         .collect();
-    let adding = to_add(&req.add, &left).map_err(OpError::invalid)?;
+    let adding = to_add(&req.add, &left)?;
     // A VM with allow_network rules: QEMU's forwards listen inside its proxy's network, the
     // proxy listens on the host.
     let proxy = crate::ops::vm::egress::rules_of(&rec)
@@ -178,7 +180,7 @@ pub fn apply(req: &Request) -> Result<Outcome, OpError> {
     now.extend(added.iter().cloned());
     record(&req.name, &now)?;
     if let Some(why) = failure {
-        return Err(OpError::new(format!(
+        return Err(OpError::host(format!(
             "{why}. The VM's forwards are now: {}",
             json!(now.iter().map(shown).collect::<Vec<_>>())
         )));
@@ -194,7 +196,7 @@ pub fn apply(req: &Request) -> Result<Outcome, OpError> {
 /// The record of running VM `name`, when it has a network mcqemu made.
 fn forwardable(name: &str) -> Result<crate::state::registry::Record, OpError> {
     let rec = crate::ops::vm::records::lookup_live(name, "start it first")?;
-    if rec.no_net == Some(true) {
+    if rec.no_net() {
         return Err(OpError::invalid(format!(
             "VM {name:?} was launched with no_net=true: it has no network to forward into"
         )));
@@ -249,7 +251,7 @@ fn change_live(
     }
     for f in adding {
         if let Err(e) = ask("add", f) {
-            return Ok((removed, added, Some(e)));
+            return Ok((removed, added, Some(e.msg)));
         }
         let cmd = format!(
             "hostfwd_add {NETDEV} tcp:{}:{}-:{}",
@@ -273,13 +275,15 @@ fn change_live(
     Ok((removed, added, None))
 }
 
+/// The VM's forwards now, in its record and in its launch spec (a resume, fork or relaunch
+/// starts the same forwards).
 fn record(name: &str, now: &[Forward]) -> Result<(), OpError> {
-    let list: Vec<_> = now.iter().map(Forward::to_record).collect();
+    let list = now.to_vec();
     let name = name.to_string();
     crate::state::registry::shared()
         .update(move |vms| {
             if let Some(r) = vms.get_mut(&name) {
-                r.port_forwards = Some(list);
+                r.set_forwards(list.clone());
             }
             Ok::<_, crate::state::registry::RegistryError>(())
         })
@@ -296,6 +300,7 @@ mod tests {
             host,
             guest,
             auto: false,
+            other: Default::default(),
         }
     }
 
@@ -316,6 +321,7 @@ mod tests {
         let cur = vec![fw(40000, 80)];
         assert!(to_add(&["40000:81".into()], &cur)
             .unwrap_err()
+            .msg
             .contains("already forwarded"));
         let added = to_add(&["auto:80".into(), "auto:81".into()], &cur).unwrap();
         assert_eq!(added.len(), 2);

@@ -90,7 +90,7 @@ pub fn admit_many(
             limits.max_vms
         )));
     }
-    let used: u64 = running.iter().filter_map(|(_, r)| r.memory_mb).sum();
+    let used: u64 = running.iter().filter_map(|(_, r)| r.memory_mb()).sum();
     if used.saturating_add(memory_mb.saturating_mul(count)) > limits.max_memory_mb {
         let what = match count {
             1 => format!("memory_mb={memory_mb}"),

@@ -55,12 +55,12 @@ pub fn spec_of(name: &str, rec: &Record) -> Result<VmConfig, OpError> {
             let why = serde_json::from_value::<VmConfig>(damaged.clone())
                 .err()
                 .map_or_else(|| "unreadable".to_string(), |e| e.to_string());
-            OpError::new(format!(
+            OpError::host(format!(
                 "the launch spec in VM {name:?}'s record is damaged ({why}); it cannot be \
                  copied or saved"
             ))
         }
-        None => OpError::new(format!(
+        None => OpError::invalid(format!(
             "VM {name:?} was started by an mcqemu that did not keep its launch spec, so it \
              cannot be copied or saved; sandbox_destroy it and start it again"
         )),
@@ -70,7 +70,7 @@ pub fn spec_of(name: &str, rec: &Record) -> Result<VmConfig, OpError> {
 /// The error for a VM whose launch (by this or another server) has not finished: its record
 /// has no PID or final sockets yet, so stopping or pausing it now would act on nothing.
 pub fn being_launched(name: &str) -> OpError {
-    OpError::new(format!(
+    OpError::busy(format!(
         "VM {name:?} is still being launched; wait for launch_vm to return (list_vms shows it \
          running), then retry"
     ))
@@ -88,7 +88,7 @@ pub fn forget(name: &str, force: bool) -> Result<bool, OpError> {
         })?;
         let alive = measure(&rec).alive();
         if alive && vm::spawned(&rec) && !force {
-            return Err(OpError::new(format!(
+            return Err(OpError::refused(format!(
                 "VM {name_c:?} is still running; stop_vm it first, or pass force=true to leave it \
                  running unmanaged"
             )));

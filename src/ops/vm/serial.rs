@@ -19,7 +19,7 @@ pub const WINDOW: u64 = 256 * 1024;
 /// The VM's serial log file; attached VMs have none.
 pub fn log_path(name: &str, rec: &Record) -> Result<PathBuf, OpError> {
     text(&rec.serial_log).map(PathBuf::from).ok_or_else(|| {
-        OpError::new(format!(
+        OpError::invalid(format!(
             "VM {name:?} has no serial log (VMs adopted with attach_vm have none); use \
                  vm_screenshot instead"
         ))
@@ -34,19 +34,21 @@ fn clean(line: &str) -> String {
     line.trim_end_matches('\r').to_string()
 }
 
-/// The last lines of a VM's serial log (vm_serial_read's result, in this order).
-#[derive(Debug, Clone, Serialize)]
-pub struct Tail {
-    /// The VM.
-    pub name: String,
-    /// The lines joined by newlines.
-    pub text: String,
-    /// The lines.
-    pub lines: Vec<String>,
-    /// The log's size when read.
-    pub log_size: u64,
-    /// Where a vm_serial_wait for what comes next starts.
-    pub offset: u64,
+crate::described! {
+    /// The last lines of a VM's serial log (vm_serial_read's result, in this order).
+    #[derive(Debug, Clone, Serialize)]
+    pub struct Tail {
+        /// The VM.
+        pub name: String,
+        /// The lines joined by newlines.
+        pub text: String,
+        /// The lines.
+        pub lines: Vec<String>,
+        /// The log's size when read.
+        pub log_size: u64,
+        /// Where a vm_serial_wait for what comes next starts.
+        pub offset: u64,
+    }
 }
 
 /// A token that changes whenever VM `name`'s serial log grows or is replaced (for the serial
@@ -67,7 +69,7 @@ pub fn read_tail(name: &str, want: i64) -> Result<Tail, OpError> {
     let rec = lookup(name)?;
     let path = log_path(name, &rec)?;
     let read = tail::read_last(&path, WINDOW)
-        .map_err(|e| OpError::new(format!("cannot read {}: {e}", path.display())))?;
+        .map_err(|e| OpError::host(format!("cannot read {}: {e}", path.display())))?;
     let size = read.size;
     let lines = read.last_lines(usize::try_from(want).unwrap_or(usize::MAX));
     Ok(Tail {
@@ -122,17 +124,19 @@ pub struct WaitRequest {
     pub timeout: Duration,
 }
 
-/// Where the pattern appeared (vm_serial_wait's result, in this order).
-#[derive(Debug, Clone, Serialize)]
-pub struct Found {
-    /// The VM.
-    pub name: String,
-    /// The whole line holding the pattern.
-    pub line: String,
-    /// Just past that line: where the next wait starts.
-    pub offset: u64,
-    /// How long the wait took.
-    pub elapsed_ms: u64,
+crate::described! {
+    /// Where the pattern appeared (vm_serial_wait's result, in this order).
+    #[derive(Debug, Clone, Serialize)]
+    pub struct Found {
+        /// The VM.
+        pub name: String,
+        /// The whole line holding the pattern.
+        pub line: String,
+        /// Just past that line: where the next wait starts.
+        pub offset: u64,
+        /// How long the wait took.
+        pub elapsed_ms: u64,
+    }
 }
 
 /// Polls the log every 50 ms until the pattern appears, the timeout passes (an error quoting
@@ -152,7 +156,7 @@ pub fn wait(work: &dyn Work, req: &WaitRequest) -> Result<Found, OpError> {
         }
         if size > from {
             let read = tail::read_span(&path, from, Some(size), WINDOW)
-                .map_err(|e| OpError::new(format!("cannot read {}: {e}", path.display())))?;
+                .map_err(|e| OpError::host(format!("cannot read {}: {e}", path.display())))?;
             if let Some((line, end)) = find_line(&read.data, pattern) {
                 return Ok(Found {
                     name: name.clone(),

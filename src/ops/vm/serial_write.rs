@@ -12,17 +12,19 @@ use crate::state::record;
 /// How long a write waits for the guest to take its bytes, plus a millisecond a byte.
 const DRAIN_BASE: Duration = Duration::from_secs(5);
 
-/// What a write did.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct Written {
-    /// The VM.
-    pub name: String,
-    /// Bytes written.
-    pub bytes: usize,
-    /// The serial log's length before the write (where its echo starts), if it has a log
-    /// (absent otherwise).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub offset: Option<u64>,
+crate::described! {
+    /// What a write did.
+    #[derive(Debug, Clone, serde::Serialize)]
+    pub struct Written {
+        /// The VM.
+        pub name: String,
+        /// Bytes written.
+        pub bytes: usize,
+        /// The serial log's length before the write (where its echo starts), if it has a log
+        /// (absent otherwise).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub offset: Option<u64>,
+    }
 }
 
 /// Who writes to a serial console: an agent's tool (refused while a person holds the VM), or
@@ -44,7 +46,7 @@ pub fn write(name: &str, text: &str, by: By) -> Result<Written, OpError> {
     let sock_path = record::text(&rec.serial_socket)
         .map(PathBuf::from)
         .ok_or_else(|| {
-            OpError::new(format!(
+            OpError::invalid(format!(
                 "VM {name:?} has no serial console socket (VMs adopted with attach_vm, or \
                  launched by an older mcqemu, have none)"
             ))
@@ -54,7 +56,7 @@ pub fn write(name: &str, text: &str, by: By) -> Result<Written, OpError> {
     let lock = sock::session_lock(&sock_path);
     let _guard = lock.lock().unwrap_or_else(|p| p.into_inner());
     let mut s = sock::connect(&sock_path, Duration::from_secs(5)).map_err(|e| {
-        OpError::new(format!(
+        OpError::busy(format!(
             "cannot connect to the serial console of {name:?} ({e}); another client may hold it"
         ))
     })?;
@@ -62,7 +64,7 @@ pub fn write(name: &str, text: &str, by: By) -> Result<Written, OpError> {
     // Paced in small pieces: the UART takes 16 bytes at a time and QEMU pulls as the guest reads.
     for chunk in text.as_bytes().chunks(64) {
         s.write_all(chunk).map_err(|e| {
-            OpError::new(format!(
+            OpError::host(format!(
                 "writing to the serial console of {name:?} failed: {e}"
             ))
         })?;

@@ -49,19 +49,21 @@ fn snapshot_nodes(q: &mut Qmp) -> Result<(Vec<String>, Vec<SnapshotInfo>), QmpEr
     Ok((nodes, snaps))
 }
 
-/// One live snapshot as vm_snapshot_list shows it.
-#[derive(Debug, Clone, Serialize)]
-pub struct LiveSnapshot {
-    /// QEMU's id.
-    pub id: Option<String>,
-    /// The tag.
-    pub tag: Option<String>,
-    /// Bytes of saved VM state.
-    pub vm_state_size: u64,
-    /// When it was taken, ISO 8601.
-    pub date: String,
-    /// The guest's clock then.
-    pub vm_clock: String,
+crate::described! {
+    /// One live snapshot as vm_snapshot_list shows it.
+    #[derive(Debug, Clone, Serialize)]
+    pub struct LiveSnapshot {
+        /// QEMU's id.
+        pub id: Option<String>,
+        /// The tag.
+        pub tag: Option<String>,
+        /// Bytes of saved VM state.
+        pub vm_state_size: u64,
+        /// When it was taken, ISO 8601.
+        pub date: String,
+        /// The guest's clock then.
+        pub vm_clock: String,
+    }
 }
 
 fn structured(snaps: &[SnapshotInfo]) -> Vec<LiveSnapshot> {
@@ -167,25 +169,27 @@ fn live(name: &str) -> Result<Record, OpError> {
 }
 
 fn no_disk(name: &str) -> OpError {
-    OpError::new(format!(
+    OpError::invalid(format!(
         "VM {name:?} has no writable qcow2 disk: live snapshots are stored inside a qcow2 image. \
          Launch it with a qcow2 disk (image_create, format qcow2)"
     ))
 }
 
-/// What an operation did (the tools' result, in this order).
-#[derive(Debug, Clone, Serialize)]
-pub struct Operated {
-    /// The VM.
-    pub name: String,
-    /// The tag.
-    pub tag: String,
-    /// created, restored or deleted.
-    pub action: &'static str,
-    /// The VM's run state after it.
-    pub status: String,
-    /// How long it took.
-    pub duration_ms: u64,
+crate::described! {
+    /// What an operation did (the tools' result, in this order).
+    #[derive(Debug, Clone, Serialize)]
+    pub struct Operated {
+        /// The VM.
+        pub name: String,
+        /// The tag.
+        pub tag: String,
+        /// created, restored or deleted.
+        pub action: &'static str,
+        /// The VM's run state after it.
+        pub status: String,
+        /// How long it took.
+        pub duration_ms: u64,
+    }
 }
 
 /// Saves, loads or deletes snapshot `tag` (already checked) of running VM `name`.
@@ -255,7 +259,7 @@ fn job_for(op: Op, name: &str, tag: &str, snaps: &[SnapshotInfo]) -> Result<Snap
             "snapshot {tag:?} already exists in VM {name:?}; delete it first or choose another \
              tag"
         ))),
-        Op::Load | Op::Delete if !exists => Err(OpError::new(format!(
+        Op::Load | Op::Delete if !exists => Err(OpError::host(format!(
             "VM {name:?} has no snapshot {tag:?}; existing tags: [{}]",
             tags.join(", ")
         ))),
@@ -272,16 +276,18 @@ fn refused(op: Op, cmd: &str, tag: &str, status: &str, e: &str) -> OpError {
     } else {
         String::new()
     };
-    OpError::new(format!("QEMU refused {cmd} of {tag:?}: {e}.{hint}"))
+    OpError::host(format!("QEMU refused {cmd} of {tag:?}: {e}.{hint}"))
 }
 
-/// A running VM's live snapshots (vm_snapshot_list's result).
-#[derive(Debug, Clone, Serialize)]
-pub struct Listed {
-    /// The VM.
-    pub name: String,
-    /// Its snapshots.
-    pub snapshots: Vec<LiveSnapshot>,
+crate::described! {
+    /// A running VM's live snapshots (vm_snapshot_list's result).
+    #[derive(Debug, Clone, Serialize)]
+    pub struct Listed {
+        /// The VM.
+        pub name: String,
+        /// Its snapshots.
+        pub snapshots: Vec<LiveSnapshot>,
+    }
 }
 
 /// The live snapshots of running VM `name`.

@@ -15,21 +15,23 @@ use crate::qemu::vm::{self, measure, Status};
 use crate::qemu::{process, sock};
 use crate::state::registry::Record;
 
-/// How a stop went (stop_vm's result, in this order).
-#[derive(Debug, Clone, Serialize)]
-pub struct Stopped {
-    /// The VM.
-    pub name: String,
-    /// Always "stopped".
-    pub status: &'static str,
-    /// How: "already stopped", ACPI power-down, quit, SIGTERM, SIGKILL.
-    pub method: String,
-    /// What was seen on the way (QMP events, signals sent).
-    pub events: Vec<String>,
-    /// How long it took.
-    pub elapsed_ms: u64,
-    /// Runtime files that could not be removed.
-    pub cleanup_errors: Vec<String>,
+crate::described! {
+    /// How a stop went (stop_vm's result, in this order).
+    #[derive(Debug, Clone, Serialize)]
+    pub struct Stopped {
+        /// The VM.
+        pub name: String,
+        /// Always "stopped".
+        pub status: &'static str,
+        /// How: "already stopped", ACPI power-down, quit, SIGTERM, SIGKILL.
+        pub method: String,
+        /// What was seen on the way (QMP events, signals sent).
+        pub events: Vec<String>,
+        /// How long it took.
+        pub elapsed_ms: u64,
+        /// Runtime files that could not be removed.
+        pub cleanup_errors: Vec<String>,
+    }
 }
 
 /// Stops VM `name`: graceful (ACPI power-down watched for up to `timeout`) or forced.
@@ -129,12 +131,12 @@ fn graceful_stop(
             }
         }
     });
-    let (ended, events) = outcome.map_err(|e| OpError::new(explain_qmp(name, rec, &e)))?;
+    let (ended, events) = outcome.map_err(|e| OpError::host(explain_qmp(name, rec, &e)))?;
     if ended {
         if events.iter().any(|e| e == "SHUTDOWN") {
             return Ok(("acpi".into(), events));
         }
-        return Err(OpError::new(format!(
+        return Err(OpError::host(format!(
             "VM {name:?} exited without a guest shutdown event (events seen: [{}]): QEMU may have \
              crashed; see its serial log",
             events.join(", ")
@@ -174,7 +176,7 @@ fn force_stop(name: &str, rec: &Record) -> Result<(String, Vec<String>), OpError
             && vm::spawned(rec)
             && process::alive(pid)
         {
-            return Err(OpError::new(format!(
+            return Err(OpError::refused(format!(
                 "PID {pid} is no longer VM {name:?}'s QEMU; refusing to signal it"
             )));
         }
@@ -214,7 +216,7 @@ fn force_stop(name: &str, rec: &Record) -> Result<(String, Vec<String>), OpError
                 }
                 std::thread::sleep(Duration::from_millis(20));
             }
-            Err(OpError::new(format!(
+            Err(OpError::host(format!(
                 "VM {name:?} still answers on its QMP socket after quit, and no PID is known to \
                  signal; stop the QEMU process by hand"
             )))

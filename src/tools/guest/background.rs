@@ -3,115 +3,82 @@
 
 use std::time::Duration;
 
-use serde_json::json;
+use serde::Deserialize;
 
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolResult};
 use crate::ops::guest::background as bg;
-use crate::tools::{object, presets, vm_name_arg};
+use crate::schema::Param;
+use crate::tools::names::VmName;
+use crate::tools::presets;
 
-const STATUS_DESCRIPTION: &str = "A background process's state (running, or its exitcode or \
-    signal) and the output it wrote since stdout_offset / stderr_offset, with the offsets to \
-    pass next time (nothing repeated, nothing lost; at most 1 MiB per stream per call, `more` \
-    says when there is more; only the last 8 MiB of each stream stay readable and \
-    *_dropped counts what was skipped). wait_s waits up to that long for new output or the end.";
+const STATUS_DESCRIPTION: &str = "A background process's state (running, exitcode or signal) and \
+    its output since stdout_offset and stderr_offset, with the next offsets (at most 1 MiB a \
+    stream; more says there is more; the last 8 MiB stay readable). wait_s waits for new output or \
+    the end.";
 
 /// `guest_exec_status`.
 pub const STATUS: ToolDef = ToolDef {
     name: "guest_exec_status",
     title: "Read a background process",
     description: STATUS_DESCRIPTION,
-    input_schema: || {
-        object(
-            json!({
-                "name": presets::name_schema(),
-                "handle": {"type": "string", "minLength": 1,
-                           "description": "From guest_exec with background=true."},
-                "stdout_offset": {"type": "integer", "minimum": 0, "default": 0},
-                "stderr_offset": {"type": "integer", "minimum": 0, "default": 0},
-                "wait_s": {"type": "number", "minimum": 0, "maximum": 300, "default": 0}
-            }),
-            &["name", "handle"],
-        )
-    },
-    output_schema: || {
-        json!({
-            "type": "object",
-            "properties": {
-                "name": {"type": "string"}, "handle": {"type": "string"},
-                "pid": {"type": "integer"}, "command": {"type": "string"},
-                "running": {"type": "boolean"},
-                "exitcode": {"type": ["integer", "null"]},
-                "signal": {"type": ["integer", "null"]},
-                "stdout": {"type": "string"}, "stderr": {"type": "string"},
-                "stdout_next_offset": {"type": "integer"},
-                "stderr_next_offset": {"type": "integer"},
-                "stdout_dropped": {"type": "integer"}, "stderr_dropped": {"type": "integer"},
-                "more": {"type": "boolean"}
-            },
-            "required": ["name", "handle", "running", "stdout", "stderr",
-                         "stdout_next_offset", "stderr_next_offset"]
-        })
-    },
+    input_schema: StatusArgs::param,
+    output_schema: <crate::ops::guest::background::Status as crate::schema::Schema>::schema,
     annotations: presets::READ_ONLY,
     handler: status,
     ui: crate::mcp::tool::Ui::NONE,
 };
 
-fn offset(args: &Args, key: &str) -> Result<u64, ToolError> {
-    let v = args.int(key)?;
-    u64::try_from(v).map_err(|_| ToolError::new(format!("{key} must be 0 or more")))
+crate::params! {
+    #[derive(Deserialize)]
+    struct StatusArgs {
+        name: VmName,
+        /// From guest_exec with background=true.
+        handle: String = {"minLength": 1},
+        stdout_offset: u64 = {"minimum": 0, "default": 0},
+        stderr_offset: u64 = {"minimum": 0, "default": 0},
+        wait_s: f64 = {"minimum": 0, "maximum": 300, "default": 0},
+    }
 }
 
 fn status(ctx: &ToolCtx, args: &Args) -> ToolResult {
+    let a: StatusArgs = args.parse()?;
     let req = bg::StatusRequest {
-        name: vm_name_arg(args)?,
-        handle: args.str("handle")?.to_string(),
-        stdout_offset: offset(args, "stdout_offset")?,
-        stderr_offset: offset(args, "stderr_offset")?,
-        wait: Duration::from_secs_f64(args.number("wait_s")?),
+        name: a.name.0,
+        handle: a.handle,
+        stdout_offset: a.stdout_offset,
+        stderr_offset: a.stderr_offset,
+        wait: Duration::from_secs_f64(a.wait_s),
     };
     crate::tools::to_output(&bg::status(&req, &|| ctx.cancelled())?)
 }
 
-const KILL_DESCRIPTION: &str = "End a background process: its signal (TERM by default; a name \
-    such as INT or KILL, or a number) goes to the process and its children, and SIGKILL follows \
-    after 5 s if it still runs. Its output stays readable with guest_exec_status.";
+const KILL_DESCRIPTION: &str = "Signal a background process and its children (TERM default; KILL \
+    follows after 5 s). Its output stays readable.";
 
 /// `guest_exec_kill`.
 pub const KILL: ToolDef = ToolDef {
     name: "guest_exec_kill",
     title: "End a background process",
     description: KILL_DESCRIPTION,
-    input_schema: || {
-        object(
-            json!({
-                "name": presets::name_schema(),
-                "handle": {"type": "string", "minLength": 1},
-                "signal": {"type": "string", "minLength": 1, "default": "TERM"}
-            }),
-            &["name", "handle"],
-        )
-    },
-    output_schema: || {
-        json!({
-            "type": "object",
-            "properties": {
-                "name": {"type": "string"}, "handle": {"type": "string"},
-                "pid": {"type": "integer"}, "signalled": {"type": "boolean"},
-                "forced": {"type": "boolean"},
-                "exitcode": {"type": ["integer", "null"]},
-                "signal": {"type": ["integer", "null"]}
-            },
-            "required": ["name", "handle", "pid", "signalled", "forced"]
-        })
-    },
+    input_schema: KillArgs::param,
+    output_schema: <crate::ops::guest::background::Killed as crate::schema::Schema>::schema,
     annotations: presets::DESTRUCTIVE_IDEMPOTENT,
     handler: kill,
     ui: crate::mcp::tool::Ui::NONE,
 };
 
+crate::params! {
+    #[derive(Deserialize)]
+    struct KillArgs {
+        name: VmName,
+        handle: String = {"minLength": 1},
+        signal: String = {"minLength": 1, "default": "TERM"},
+    }
+}
+
 fn kill(_ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let sig = args.str_or("signal", "TERM")?;
+    let a: KillArgs = args.parse()?;
+    let sig = &a.signal;
     let signal = bg::signal_number(sig).ok_or_else(|| {
         ToolError::new(format!(
             "signal {sig:?} is not one guest_exec_kill knows: use TERM, INT, HUP, QUIT, KILL, \
@@ -119,8 +86,8 @@ fn kill(_ctx: &ToolCtx, args: &Args) -> ToolResult {
         ))
     })?;
     let req = bg::KillRequest {
-        name: vm_name_arg(args)?,
-        handle: args.str("handle")?.to_string(),
+        name: a.name.0,
+        handle: a.handle,
         signal,
     };
     crate::tools::to_output(&bg::kill(&req)?)

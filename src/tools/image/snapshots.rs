@@ -1,43 +1,30 @@
 //! Internal snapshots of disk images at rest (qcow2): list, create, apply, delete, each
 //! refused while a running VM uses the image.
 
-use serde_json::{json, Value};
+use serde::Deserialize;
 
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolResult};
 use crate::ops::image::snapshots::{self, SnapshotOp};
-use crate::ops::vm::checks::Access;
-use crate::tools::params::{out_object, path_schema, snapshot_item_schema, tag_schema};
-use crate::tools::{check_tag, object, path_arg, presets};
+use crate::ops::vm::checks::{checked_path, Access};
+use crate::schema::Param;
+use crate::tools::names::Tag;
+use crate::tools::presets;
 
-fn snapshot_list_out() -> Value {
-    out_object(
-        json!({
-            "path": {"type": "string"},
-            "snapshots": {"type": "array", "items": snapshot_item_schema()}
-        }),
-        &["path", "snapshots"],
-    )
+crate::params! {
+    #[derive(Deserialize)]
+    struct TagArgs {
+        /// A qcow2 image not in use by a running VM.
+        path: String = {"minLength": 1},
+        tag: Tag,
+    }
 }
 
-fn snapshot_op_out() -> Value {
-    out_object(
-        json!({
-            "path": {"type": "string"},
-            "tag": {"type": "string"},
-            "action": {"type": "string"},
-            "snapshots": {"type": "array", "items": snapshot_item_schema()}
-        }),
-        &["path", "tag", "action", "snapshots"],
-    )
-}
-
-fn snapshot_in_schema() -> Value {
-    object(
-        json!({
-            "path": path_schema("A qcow2 image not in use by a running VM."), "tag": tag_schema()
-        }),
-        &["path", "tag"],
-    )
+crate::params! {
+    #[derive(Deserialize)]
+    struct ListArgs {
+        /// The image.
+        path: String = {"minLength": 1},
+    }
 }
 
 const SNAPSHOT_LIST_DESCRIPTION: &str = "List the internal snapshots stored in a qcow2 image: \
@@ -48,15 +35,16 @@ pub const SNAPSHOT_LIST: ToolDef = ToolDef {
     name: "image_snapshot_list",
     title: "List an image's internal snapshots",
     description: SNAPSHOT_LIST_DESCRIPTION,
-    input_schema: || object(json!({"path": path_schema("The image.")}), &["path"]),
-    output_schema: snapshot_list_out,
+    input_schema: ListArgs::param,
+    output_schema: <crate::ops::image::snapshots::Listed as crate::schema::Schema>::schema,
     annotations: presets::READ_ONLY,
     handler: snapshot_list,
     ui: crate::mcp::tool::Ui::NONE,
 };
 
 fn snapshot_list(_ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let path = path_arg(args, "path", Access::Read)?;
+    let a: ListArgs = args.parse()?;
+    let path = checked_path(&a.path, "path", Access::Read)?;
     crate::tools::to_output(&snapshots::list(&path)?)
 }
 
@@ -68,8 +56,8 @@ pub const SNAPSHOT_CREATE: ToolDef = ToolDef {
     name: "image_snapshot_create",
     title: "Snapshot an image at rest",
     description: SNAPSHOT_CREATE_DESCRIPTION,
-    input_schema: snapshot_in_schema,
-    output_schema: snapshot_op_out,
+    input_schema: TagArgs::param,
+    output_schema: <crate::ops::image::snapshots::Done as crate::schema::Schema>::schema,
     annotations: presets::ADDITIVE,
     handler: |ctx, args| snapshot_op(ctx, args, SnapshotOp::Create),
     ui: crate::mcp::tool::Ui::NONE,
@@ -83,8 +71,8 @@ pub const SNAPSHOT_APPLY: ToolDef = ToolDef {
     name: "image_snapshot_apply",
     title: "Revert an image to a snapshot",
     description: SNAPSHOT_APPLY_DESCRIPTION,
-    input_schema: snapshot_in_schema,
-    output_schema: snapshot_op_out,
+    input_schema: TagArgs::param,
+    output_schema: <crate::ops::image::snapshots::Done as crate::schema::Schema>::schema,
     annotations: presets::DESTRUCTIVE_IDEMPOTENT,
     handler: |ctx, args| snapshot_op(ctx, args, SnapshotOp::Apply),
     ui: crate::mcp::tool::Ui::NONE,
@@ -98,16 +86,15 @@ pub const SNAPSHOT_DELETE: ToolDef = ToolDef {
     name: "image_snapshot_delete",
     title: "Delete an image snapshot",
     description: SNAPSHOT_DELETE_DESCRIPTION,
-    input_schema: snapshot_in_schema,
-    output_schema: snapshot_op_out,
+    input_schema: TagArgs::param,
+    output_schema: <crate::ops::image::snapshots::Done as crate::schema::Schema>::schema,
     annotations: presets::DESTRUCTIVE,
     handler: |ctx, args| snapshot_op(ctx, args, SnapshotOp::Delete),
     ui: crate::mcp::tool::Ui::NONE,
 };
 
 fn snapshot_op(_ctx: &ToolCtx, args: &Args, op: SnapshotOp) -> ToolResult {
-    let path = path_arg(args, "path", Access::Write)?;
-    let tag = args.str("tag")?;
-    check_tag(tag)?;
-    crate::tools::to_output(&snapshots::operate(&path, tag, op)?)
+    let a: TagArgs = args.parse()?;
+    let path = checked_path(&a.path, "path", Access::Write)?;
+    crate::tools::to_output(&snapshots::operate(&path, &a.tag.0, op)?)
 }

@@ -2,127 +2,85 @@
 //! template store (the operation is [`crate::ops::sandbox::template_create`]'s). `template_list`
 //! and `template_delete` are in [`crate::tools::sandbox::template_manage`].
 
-use serde_json::{json, Value};
+use serde::Deserialize;
 
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolResult};
-use crate::ops::sandbox::template_create::{self, SetupStep, TemplateRequest};
-use crate::tools::params::{self, launch_args};
-use crate::tools::{object, presets, template_name_arg};
+use crate::ops::sandbox::pool::MAX_POOL;
+use crate::ops::sandbox::request::{Root, BOOT_AGENT_WAIT};
+use crate::ops::sandbox::template_create::{self, SetupStep, TemplateRequest, TEMPLATE_MEMORY_MB};
+use crate::schema::Param;
+use crate::tools::names::TemplateName;
+use crate::tools::params::{memory_extra, Machine, SandboxCommon, NAME_PATTERN};
+use crate::tools::presets;
 
-fn setup_schema() -> Value {
-    json!({
-        "type": "array", "default": [],
-        "items": {"type": "object", "properties": {
-            "command": {"type": "string", "minLength": 1},
-            "args": {"type": "array", "items": {"type": "string"}, "default": []},
-            "timeout": {"type": "number", "minimum": 1, "maximum": 3600, "default": 300}
-        }, "required": ["command"], "additionalProperties": false},
-        "description": "Commands run in the guest through the agent before it is saved, in \
-            order; the first failure stops template_create with its output."
-    })
+crate::params! {
+    /// One setup step: a program (not a shell) run in the build guest.
+    #[derive(Deserialize)]
+    struct Step {
+        command: String = {"minLength": 1},
+        args: Vec<String> = {"default": []},
+        timeout: f64 = {"minimum": 1, "maximum": 3600, "default": 300},
+    }
 }
 
-const CREATE_DESCRIPTION: &str = "Make a template for instant sandboxes: boot a guest (from \
-    base_image, or kernel/initrd), wait for its agent, run each setup command, then save the \
-    running guest (RAM in a file, device state, its disk frozen as the clones' backing file) \
-    and stop it for good. sandbox_vm with template then starts a clone in well under a second. \
-    Takes the sandbox_vm parameters (cloud_init included). Progress per phase.";
+const CREATE_DESCRIPTION: &str = "Make a template for instant sandboxes: boot a guest, run setup, \
+    save it running (memory and disk) and stop it. sandbox_vm {template} then clones it in well \
+    under a second. Takes sandbox_vm's parameters.";
 
 /// `template_create`.
 pub const CREATE: ToolDef = ToolDef {
     name: "template_create",
     title: "Create a sandbox template",
     description: CREATE_DESCRIPTION,
-    input_schema: || {
-        let mut props = params::sandbox_props();
-        if let Some(p) = props.as_object_mut() {
-            p.remove("name");
-            p.remove("template");
-            p.remove("port_forwards");
-            p.remove("run");
-            p.remove("expose");
-            // A template's builder has no lifetime; its clones get theirs from sandbox_vm.
-            for k in ["ttl_s", "idle_s", "on_idle", "on_ttl"] {
-                p.remove(k);
-            }
-            p.insert(
-                "name".into(),
-                json!({"type": "string", "minLength": 1, "maxLength": 48,
-                       "description": "Template name: ^[A-Za-z0-9][A-Za-z0-9_.-]{0,47}$."}),
-            );
-            p.insert("setup".into(), setup_schema());
-            p.insert(
-                "pool".into(),
-                json!({"type": "integer", "minimum": 0, "maximum": crate::ops::sandbox::pool::MAX_POOL,
-                       "description": "Clones to keep started for instant sandbox_vm \
-                           (template_pool changes it later); 0: none."}),
-            );
-            if let Some(b) = p.get_mut("base_image") {
-                b["description"] = json!(
-                    "Base disk image; left untouched. Absent: an empty 1 GiB disk (with kernel)."
-                );
-            }
-            if let Some(m) = p.get_mut("memory_mb") {
-                m["default"] = json!(512);
-            }
-        }
-        object(props, &["name"])
-    },
-    output_schema: || {
-        json!({
-            "type": "object",
-            "properties": {
-                "name": {"type": "string"}, "path": {"type": "string"},
-                "memory_mb": {"type": "integer"}, "state_bytes": {"type": "integer"},
-                "save_ms": {"type": "integer"}, "setup": {"type": "array"},
-                "duration_ms": {"type": "integer"},
-                "warnings": {"type": "array", "items": {"type": "string"}},
-                "cloud_init": {"type": "object"}
-            },
-            "required": ["name", "path", "memory_mb", "save_ms"]
-        })
-    },
+    input_schema: TemplateArgs::param,
+    output_schema: <crate::ops::sandbox::template_create::Created as crate::schema::Schema>::schema,
     annotations: presets::ADDITIVE,
     handler: create,
     ui: crate::mcp::tool::Ui::NONE,
 };
 
+crate::params! {
+    #[derive(Deserialize)]
+    struct TemplateArgs {
+        name: TemplateName = {"maxLength": 48, "pattern": NAME_PATTERN},
+        /// Never modified; absent: an empty 1 GiB disk (with kernel).
+        base_image: Option<String> = {"minLength": 1},
+        #[serde(flatten)]
+        common: SandboxCommon,
+        memory_mb: Option<i64> = (memory_extra(TEMPLATE_MEMORY_MB)),
+        #[serde(flatten)]
+        guest: Machine,
+        /// Run in the guest before the save, in order; the first failure stops.
+        setup: Vec<Step> = {"default": []},
+        /// Clones kept started (template_pool).
+        pool: Option<u64> = {"minimum": 0, "maximum": MAX_POOL},
+    }
+}
+
 fn create(ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let setup = args
-        .0
-        .get("setup")
-        .and_then(Value::as_array)
-        .map(|steps| {
-            steps
-                .iter()
-                .map(|step| SetupStep {
-                    command: step["command"].as_str().unwrap_or_default().to_string(),
-                    args: step["args"]
-                        .as_array()
-                        .map(|a| {
-                            a.iter()
-                                .filter_map(Value::as_str)
-                                .map(str::to_string)
-                                .collect()
-                        })
-                        .unwrap_or_default(),
-                    timeout: step["timeout"].as_f64().unwrap_or(300.0),
-                })
-                .collect()
+    let mut a: TemplateArgs = args.parse()?;
+    let mut launch = a.guest.launch(a.memory_mb);
+    let allow_network = a.common.onto(&mut launch)?;
+    let setup = a
+        .setup
+        .into_iter()
+        .map(|s| SetupStep {
+            command: s.command,
+            args: s.args,
+            timeout: s.timeout,
         })
-        .unwrap_or_default();
+        .collect();
     let req = TemplateRequest {
-        name: template_name_arg(args)?,
-        launch: launch_args(args)?,
-        allow_network: args.bool_or("allow_network", false)?,
-        base_image: args.opt_str("base_image")?.map(str::to_string),
-        oci: args.opt_str("oci")?.map(str::to_string),
-        disk_size: args.opt_str("disk_size")?.map(str::to_string),
-        wait_agent_s: args.number("wait_agent_s")?,
-        wait_cloud_init: args.bool_or("wait_cloud_init", false)?,
-        wait_cloud_init_s: args.number("wait_cloud_init_s")?,
+        name: a.name.0,
+        launch,
+        allow_network,
+        root: Root::given(a.base_image, a.common.oci, None, None)?,
+        disk_size: a.common.disk_size,
+        wait_agent_s: BOOT_AGENT_WAIT.of(a.common.wait_agent_s).as_secs_f64(),
+        wait_cloud_init: a.common.wait_cloud_init,
+        wait_cloud_init_s: a.common.wait_cloud_init_s,
         setup,
-        pool: args.i64_or("pool", 0)?.max(0) as u64,
+        pool: a.pool.unwrap_or(0),
     };
     crate::tools::to_output(&template_create::create(ctx, &req)?)
 }

@@ -1,99 +1,106 @@
 //! `sandbox_vm` and `sandbox_destroy`: their definitions and arguments; the sandboxes
 //! themselves are [`crate::ops::sandbox`].
 
-use serde_json::json;
+use serde::Deserialize;
 
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolResult};
 use crate::ops::sandbox;
-use crate::tools::params::{self, sandbox_request};
-use crate::tools::{object, presets, vm_name_arg};
+use crate::ops::sandbox::request::{Root, SandboxRequest};
+use crate::ops::vm::launch::DEFAULT_MEMORY_MB;
+use crate::ops::vm::launch_args::PortSpec;
+use crate::ops::vm::lifetime::ACTIONS;
+use crate::schema::Param;
+use crate::tools::names::VmOnly;
+use crate::tools::params::{
+    action_extra, asked, idle_extra, memory_extra, ttl_extra, Machine, SandboxCommon,
+};
+use crate::tools::presets;
 
-const SANDBOX_DESCRIPTION: &str = "Create a qcow2 overlay on base_image (the base is never \
-    modified), launch a VM on it, and wait up to wait_agent_s seconds for qemu-guest-agent to \
-    answer, with progress. Then use guest_exec / guest_file_* and finally sandbox_destroy. \
-    Guest-initiated network traffic is blocked unless allow_network=true, or limited to the \
-    names in allow_network rules (an HTTP/HTTPS proxy, see allow_network); port forwards still \
-    work; default forwards one auto host port to guest port 22. The agent can answer before the \
-    guest has finished booting. A cloud-init module that fails (a resizefs, a write_files entry) \
-    does not remove the sandbox: it is a warning quoting cloud-init's line, and cloud_init says \
-    status and failed_modules. kernel/initrd/append boot a kernel directly (the base image then \
-    serves as a data disk). It ends by itself unless told otherwise: suspended after 900 idle \
-    seconds (the next tool naming it resumes it), stopped after a day (ttl_s, idle_s, on_idle, \
-    on_ttl; vm_lifetime changes them later).";
+const SANDBOX_DESCRIPTION: &str = "A disposable VM: an overlay on base_image (never modified), a \
+    container image (oci) or a clone of a template, then a wait for its guest agent. Use \
+    guest_exec and guest_file_*, then sandbox_destroy. Guest network is off unless allow_network; \
+    auto:22 is forwarded by default. A failed cloud-init module is a warning. Ends by itself: \
+    suspended after 900 idle seconds, stopped after a day (vm_lifetime).";
 
 /// `sandbox_vm`.
 pub const SANDBOX: ToolDef = ToolDef {
     name: "sandbox_vm",
     title: "Start a disposable sandbox VM",
     description: SANDBOX_DESCRIPTION,
-    input_schema: || object(params::sandbox_props(), &[]),
-    output_schema: || {
-        json!({
-            "type": "object",
-            "properties": {
-                "name": {"type": "string"},
-                "status": {"type": "string"},
-                "pid": {"type": ["integer", "null"]},
-                "accel": {"type": "string"},
-                "agent_ready": {"type": "boolean"},
-                "agent_wait_ms": {"type": "integer"},
-                "overlay": {"type": "string"},
-                "base_image": {"type": "string"},
-                "port_forwards": {"type": "array", "items": {"type": "object"}},
-                "warnings": {"type": "array", "items": {"type": "string"}},
-                "cloud_init": {"type": "object"},
-                "template": {"type": "string"},
-                "pooled": {"type": "boolean"},
-                "ready_ms": {"type": "integer"},
-                "steps_ms": {"type": "object"},
-                "image_process": {"type": "object", "description": "With run: the image's \
-                    program in the background (handle, pid)."}
-            },
-            "required": ["name", "status", "agent_ready", "overlay", "base_image"]
-        })
-    },
+    input_schema: SandboxArgs::param,
+    output_schema: <crate::ops::sandbox::result::Sandboxed as crate::schema::Schema>::schema,
     annotations: presets::ADDITIVE,
     handler: sandbox_vm,
     ui: presets::OPENS_VIEW,
 };
 
-fn sandbox_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let made = sandbox::create(ctx, &sandbox_request(args)?)?;
-    crate::tools::to_output(&made)
+crate::params! {
+    #[derive(Deserialize)]
+    struct SandboxArgs {
+        /// Never modified. Give this, oci or template.
+        base_image: Option<String> = {"minLength": 1},
+        #[serde(flatten)]
+        common: SandboxCommon,
+        /// With oci: start its Entrypoint and Cmd in the background (image_process.handle).
+        run: bool = {"default": false},
+        /// With oci: forward auto ports to its ExposedPorts.
+        expose: bool = {"default": false},
+        /// Clone this template (~0.1 s); it fixes memory, cpus and disks.
+        template: Option<String>,
+        /// A sandbox_push reference: start that sandbox here.
+        from: Option<String> = {"minLength": 1, "maxLength": 512},
+        /// Default: sandbox, sandbox-2, ...
+        name: Option<String>,
+        memory_mb: Option<i64> = (memory_extra(DEFAULT_MEMORY_MB)),
+        /// Default ["auto:22"].
+        port_forwards: Option<Vec<PortSpec>>,
+        #[serde(flatten)]
+        guest: Machine,
+        ttl_s: Option<u64> = (ttl_extra("Default 86400, then stop; idle_s 900, then suspend.")),
+        idle_s: Option<u64> = (idle_extra()),
+        on_idle: Option<String> = (action_extra(&ACTIONS, true)),
+        on_ttl: Option<String> = (action_extra(&ACTIONS, false)),
+    }
 }
 
-const DESTROY_DESCRIPTION: &str = "Stop a sandbox VM (verified, with SIGKILL if needed), delete \
-    its overlay and its own state folder, and drop its record. Only for VMs made by sandbox_vm; \
-    the base image is never touched. Refuses to delete an overlay that any process still holds \
-    open. destroyed says what really happened; errors lists every cleanup problem.";
+fn sandbox_vm(ctx: &ToolCtx, args: &Args) -> ToolResult {
+    let mut a: SandboxArgs = args.parse()?;
+    let mut launch = a.guest.launch(a.memory_mb);
+    let allow_network = a.common.onto(&mut launch)?;
+    launch.port_forwards = a.port_forwards;
+    launch.lifetime = asked(a.ttl_s, a.idle_s, a.on_idle, a.on_ttl);
+    let req = SandboxRequest {
+        name: a.name,
+        root: Root::given(a.base_image, a.common.oci, a.template, a.from)?,
+        run: a.run,
+        expose: a.expose,
+        disk_size: a.common.disk_size,
+        launch,
+        allow_network,
+        wait_agent_s: a.common.wait_agent_s,
+        wait_cloud_init: a.common.wait_cloud_init,
+        wait_cloud_init_s: Some(a.common.wait_cloud_init_s),
+    };
+    crate::tools::to_output(&sandbox::create(ctx, &req)?)
+}
+
+const DESTROY_DESCRIPTION: &str = "Stop a sandbox_vm VM, delete its overlay and state folder, and \
+    drop its record; the base image is never touched. destroyed says what happened; errors lists \
+    cleanup problems.";
 
 /// `sandbox_destroy`.
 pub const DESTROY: ToolDef = ToolDef {
     name: "sandbox_destroy",
     title: "Destroy a sandbox",
     description: DESTROY_DESCRIPTION,
-    input_schema: presets::name_only,
-    output_schema: || {
-        json!({
-            "type": "object",
-            "properties": {
-                "name": {"type": "string"},
-                "destroyed": {"type": "boolean"},
-                "stopped": {"type": "string"},
-                "deleted": {"type": "array", "items": {"type": "string"}},
-                "errors": {"type": "array", "items": {"type": "string"}}
-            },
-            "required": ["name", "destroyed", "deleted", "errors"]
-        })
-    },
+    input_schema: VmOnly::param,
+    output_schema: <crate::ops::sandbox::destroy::Destroyed as crate::schema::Schema>::schema,
     annotations: presets::DESTRUCTIVE,
     handler: destroy,
     ui: crate::mcp::tool::Ui::NONE,
 };
 
 fn destroy(ctx: &ToolCtx, args: &Args) -> ToolResult {
-    crate::tools::to_output(&crate::ops::sandbox::destroy::destroy(
-        ctx,
-        &vm_name_arg(args)?,
-    )?)
+    let name = args.parse::<VmOnly>()?.name();
+    crate::tools::to_output(&crate::ops::sandbox::destroy::destroy(ctx, &name)?)
 }

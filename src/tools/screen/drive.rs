@@ -2,142 +2,99 @@
 //! relative mouse (the operations are [`crate::ops::screen::mouse`]'s; the keyboard is in
 //! [`crate::tools::screen::keyboard`], the screen in [`crate::tools::screen::screenshot`]).
 
-use serde_json::json;
+use serde::Deserialize;
 
 use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolResult};
 use crate::ops::screen::mouse::{self, ClickRequest, MoveRequest, MAX_DELTA};
-use crate::tools::params::{scale_arg, scale_param};
-use crate::tools::{object, presets, vm_name_arg};
+use crate::schema::Param;
+use crate::tools::names::VmName;
+use crate::tools::params::{hold_extra, hold_of, scale_extra, scale_of, BUTTONS};
+use crate::tools::presets;
 
-const CLICK_DESCRIPTION: &str = "Move the pointer to (x, y) through the absolute tablet and \
-    click. Coordinates are screen pixels, or, with scale (the scale a vm_screenshot returned), \
-    pixels of that screenshot: each is mapped to the screen pixel under it, and the result \
-    gives both. They are checked against the current screen size (take a vm_screenshot to see \
-    it). For guests without a tablet driver use vm_mouse_move.";
+const CLICK_DESCRIPTION: &str = "Click at (x, y) with the absolute tablet: screen pixels, or \
+    pixels of a screenshot with its scale. Checked against the screen size. Guests without a \
+    tablet: vm_mouse_move.";
 
 /// `vm_click`.
 pub const CLICK: ToolDef = ToolDef {
     name: "vm_click",
     title: "Click in a VM",
     description: CLICK_DESCRIPTION,
-    input_schema: || {
-        object(
-            json!({
-                "name": presets::name_schema(),
-                "x": {"type": "integer", "minimum": 0},
-                "y": {"type": "integer", "minimum": 0},
-                "scale": scale_param(),
-                "button": {
-                    "type": "string", "enum": ["left", "right", "middle"], "default": "left"
-                },
-                "double": {"type": "boolean", "default": false},
-                "hold": crate::tools::params::hold_param()
-            }),
-            &["name", "x", "y"],
-        )
-    },
-    output_schema: || {
-        json!({
-            "type": "object",
-            "properties": {
-                "name": {"type": "string"},
-                "x": {"type": "integer"},
-                "y": {"type": "integer"},
-                "scale": {"type": "number"},
-                "screen_x": {"type": "integer", "description": "The screen pixel clicked."},
-                "screen_y": {"type": "integer"},
-                "button": {"type": "string"},
-                "hold": {"type": "array", "items": {"type": "string"}},
-                "screen_width": {"type": "integer"},
-                "screen_height": {"type": "integer"}
-            },
-            "required": ["name", "x", "y", "button"]
-        })
-    },
+    input_schema: ClickArgs::param,
+    output_schema: <crate::ops::screen::mouse::Clicked as crate::schema::Schema>::schema,
     annotations: presets::DESTRUCTIVE,
     handler: click,
     ui: crate::mcp::tool::Ui::NONE,
 };
 
-const MOUSE_MOVE_DESCRIPTION: &str = "Relative (PS/2-style) mouse motion for guests without a \
-    tablet driver: optionally home to a corner first, then move by (dx, dy) in chunks of step \
-    pixels (|dx|, |dy| <= 20000), then optionally click. With scale (the scale a vm_screenshot \
-    returned), dx and dy are pixels of that screenshot, divided by scale into screen pixels. \
-    The guest's pointer acceleration may scale the distance.";
+const MOUSE_MOVE_DESCRIPTION: &str = "Relative mouse motion for guests without a tablet: \
+    optionally home to a corner, move by (dx, dy) in steps, optionally click. The guest's \
+    acceleration may scale it. Every 3 steps wait until the guest read them (20 ms or more).";
 
 /// `vm_mouse_move`.
 pub const MOUSE_MOVE: ToolDef = ToolDef {
     name: "vm_mouse_move",
     title: "Move the mouse relatively",
     description: MOUSE_MOVE_DESCRIPTION,
-    input_schema: || {
-        object(
-            json!({
-                "name": presets::name_schema(),
-                "dx": {
-                    "type": "integer", "minimum": -MAX_DELTA, "maximum": MAX_DELTA, "default": 0
-                },
-                "dy": {
-                    "type": "integer", "minimum": -MAX_DELTA, "maximum": MAX_DELTA, "default": 0
-                },
-                "home": {
-                    "type": "string",
-                    "enum": ["top-left", "top-right", "bottom-left", "bottom-right", null]
-                },
-                "click": {
-                    "type": "string", "enum": ["left", "right", "middle", null]
-                },
-                "double": {"type": "boolean", "default": false},
-                "step": {"type": "integer", "minimum": 1, "maximum": 120, "default": 32},
-                "scale": scale_param()
-            }),
-            &["name"],
-        )
-    },
-    output_schema: || {
-        json!({
-            "type": "object",
-            "properties": {
-                "name": {"type": "string"},
-                "dx": {"type": "integer"},
-                "dy": {"type": "integer"},
-                "commands": {"type": "integer"},
-                "screen_dx": {"type": "integer", "description": "dx in screen pixels."},
-                "screen_dy": {"type": "integer"},
-                "home": {"type": ["string", "null"]},
-                "click": {"type": ["string", "null"]}
-            },
-            "required": ["name", "dx", "dy", "commands"]
-        })
-    },
+    input_schema: MoveArgs::param,
+    output_schema: <crate::ops::screen::mouse::Moved as crate::schema::Schema>::schema,
     annotations: presets::DESTRUCTIVE,
     handler: mouse_move,
     ui: crate::mcp::tool::Ui::NONE,
 };
 
+crate::params! {
+    #[derive(Deserialize)]
+    struct ClickArgs {
+        name: VmName,
+        x: i64 = {"minimum": 0},
+        y: i64 = {"minimum": 0},
+        scale: Option<f64> = (scale_extra()),
+        button: String = {"enum": BUTTONS, "default": "left"},
+        double: bool = {"default": false},
+        hold: Option<Vec<String>> = (hold_extra()),
+    }
+}
+
 fn click(_ctx: &ToolCtx, args: &Args) -> ToolResult {
+    let a: ClickArgs = args.parse()?;
     let req = ClickRequest {
-        name: vm_name_arg(args)?,
-        x: args.opt_i64("x")?.unwrap_or(-1),
-        y: args.opt_i64("y")?.unwrap_or(-1),
-        scale: scale_arg(args)?,
-        button: args.str_or("button", "left")?.to_string(),
-        double: args.bool_or("double", false)?,
-        hold: crate::tools::params::hold_arg(args)?,
+        name: a.name.0,
+        x: a.x,
+        y: a.y,
+        scale: scale_of(a.scale)?,
+        button: a.button,
+        double: a.double,
+        hold: hold_of(a.hold)?,
     };
     crate::tools::to_output(&mouse::click(&req)?)
 }
 
+crate::params! {
+    #[derive(Deserialize)]
+    struct MoveArgs {
+        name: VmName,
+        dx: i64 = {"minimum": -MAX_DELTA, "maximum": MAX_DELTA, "default": 0},
+        dy: i64 = {"minimum": -MAX_DELTA, "maximum": MAX_DELTA, "default": 0},
+        home: Option<String> = {"enum": ["top-left", "top-right", "bottom-left", "bottom-right", null]},
+        click: Option<String> = {"enum": ["left", "right", "middle", null]},
+        double: bool = {"default": false},
+        step: i64 = {"minimum": 1, "maximum": 120, "default": 32},
+        scale: Option<f64> = (scale_extra()),
+    }
+}
+
 fn mouse_move(ctx: &ToolCtx, args: &Args) -> ToolResult {
+    let a: MoveArgs = args.parse()?;
     let req = MoveRequest {
-        name: vm_name_arg(args)?,
-        dx: args.int("dx")?,
-        dy: args.int("dy")?,
-        scale: scale_arg(args)?,
-        step: args.int("step")?,
-        home: args.opt_str("home")?.map(str::to_string),
-        click: args.opt_str("click")?.map(str::to_string),
-        double: args.bool_or("double", false)?,
+        name: a.name.0,
+        dx: a.dx,
+        dy: a.dy,
+        scale: scale_of(a.scale)?,
+        step: a.step,
+        home: a.home,
+        click: a.click,
+        double: a.double,
     };
     crate::tools::to_output(&mouse::mouse_move(&req, ctx)?)
 }

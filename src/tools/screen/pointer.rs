@@ -5,152 +5,102 @@
 
 use std::time::Duration;
 
-use serde_json::json;
+use serde::Deserialize;
 
-use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolResult};
 use crate::ops::screen::mouse;
 use crate::ops::screen::pointer::{self, Wheel};
-use crate::tools::params::{scale_arg, scale_param};
-use crate::tools::{object, presets, vm_name_arg};
+use crate::schema::Param;
+use crate::tools::names::VmName;
+use crate::tools::params::{hold_extra, hold_of, scale_extra, scale_of, BUTTONS};
+use crate::tools::presets;
 
-const DRAG_DESCRIPTION: &str = "Drag with the absolute tablet: move to (x, y), press button, \
-    move in steps to (to_x, to_y), release; hold keeps modifier keys down throughout (e.g. \
-    [\"ctrl\"] for a ctrl-drag). Coordinates are screen pixels, or, with scale (as a \
-    vm_screenshot returned it), pixels of that screenshot. Use it for sliders, text selection, \
-    moving windows and drawing.";
+const DRAG_DESCRIPTION: &str = "Drag with the absolute tablet from (x, y) to (to_x, to_y) with \
+    button down: sliders, selections, windows, drawing.";
 
 /// `vm_drag`.
 pub const DRAG: ToolDef = ToolDef {
     name: "vm_drag",
     title: "Drag the mouse in a VM",
     description: DRAG_DESCRIPTION,
-    input_schema: || {
-        object(
-            json!({
-                "name": presets::name_schema(),
-                "x": {"type": "integer", "minimum": 0},
-                "y": {"type": "integer", "minimum": 0},
-                "to_x": {"type": "integer", "minimum": 0},
-                "to_y": {"type": "integer", "minimum": 0},
-                "scale": scale_param(),
-                "button": {
-                    "type": "string", "enum": ["left", "right", "middle"], "default": "left"
-                },
-                "hold": crate::tools::params::hold_param(),
-                "steps": {
-                    "type": "integer", "minimum": 1, "maximum": pointer::MAX_STEPS,
-                    "default": 12, "description": "Moves between press and release."
-                },
-                "step_ms": {"type": "integer", "minimum": 1, "maximum": 1000, "default": 20}
-            }),
-            &["name", "x", "y", "to_x", "to_y"],
-        )
-    },
-    output_schema: || {
-        json!({
-            "type": "object",
-            "properties": {
-                "name": {"type": "string"},
-                "from": {"type": "array", "items": {"type": "integer"},
-                         "description": "The screen pixel pressed on."},
-                "to": {"type": "array", "items": {"type": "integer"},
-                       "description": "The screen pixel released on."},
-                "button": {"type": "string"},
-                "hold": {"type": "array", "items": {"type": "string"}},
-                "commands": {"type": "integer"},
-                "screen_width": {"type": "integer"},
-                "screen_height": {"type": "integer"}
-            },
-            "required": ["name", "from", "to", "button", "commands"]
-        })
-    },
+    input_schema: DragArgs::param,
+    output_schema: <crate::ops::screen::mouse::Dragged as crate::schema::Schema>::schema,
     annotations: presets::DESTRUCTIVE,
     handler: drag,
     ui: crate::mcp::tool::Ui::NONE,
 };
 
+crate::params! {
+    #[derive(Deserialize)]
+    struct DragArgs {
+        name: VmName,
+        x: i64 = {"minimum": 0},
+        y: i64 = {"minimum": 0},
+        to_x: i64 = {"minimum": 0},
+        to_y: i64 = {"minimum": 0},
+        scale: Option<f64> = (scale_extra()),
+        button: String = {"enum": BUTTONS, "default": "left"},
+        hold: Option<Vec<String>> = (hold_extra()),
+        /// Moves between press and release.
+        steps: u32 = {"minimum": 1, "maximum": pointer::MAX_STEPS, "default": 12},
+        step_ms: u64 = {"minimum": 1, "maximum": 1000, "default": 20},
+    }
+}
+
 fn drag(ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let name = vm_name_arg(args)?;
-    let coord = |k: &str| -> Result<i64, ToolError> { Ok(args.opt_i64(k)?.unwrap_or(-1)) };
-    let (x, y, tx, ty) = (coord("x")?, coord("y")?, coord("to_x")?, coord("to_y")?);
-    let scale = scale_arg(args)?;
-    let button = args.str_or("button", "left")?.to_string();
-    if !["left", "right", "middle"].contains(&button.as_str()) {
+    let a: DragArgs = args.parse()?;
+    let scale = scale_of(a.scale)?;
+    let button = a.button;
+    if !BUTTONS.contains(&button.as_str()) {
         return Err(ToolError::new(format!(
             "button must be left, right or middle, not {button:?}; nothing was sent"
         )));
     }
-    let hold = crate::tools::params::hold_arg(args)?;
-    let steps = args.int("steps")? as u32;
-    let pause = Duration::from_millis(args.int("step_ms")? as u64);
-    let sent = mouse::gesture(
-        ctx,
-        (&name, "vm_drag"),
-        &[(x, y), (tx, ty)],
+    let req = mouse::DragRequest {
+        name: a.name.0,
+        from: (a.x, a.y),
+        to: (a.to_x, a.to_y),
         scale,
-        |p, s| pointer::drag_plan(p[0], p[1], s, &button, &hold, steps, pause),
-    )?;
-    Ok(ToolOutput::json(json!({
-        "name": name, "from": [sent.points[0].x, sent.points[0].y],
-        "to": [sent.points[1].x, sent.points[1].y],
-        "button": button, "hold": hold, "commands": sent.commands,
-        "screen_width": sent.screen.0, "screen_height": sent.screen.1
-    })))
+        button,
+        hold: hold_of(a.hold)?,
+        steps: a.steps,
+        step_pause: Duration::from_millis(a.step_ms),
+    };
+    crate::tools::to_output(&mouse::drag(ctx, &req)?)
 }
 
-const SCROLL_DESCRIPTION: &str = "Turn the mouse wheel at (x, y) with the absolute tablet: \
-    clicks notches towards direction (down: towards the end of a list or page). hold keeps \
-    modifier keys down (e.g. [\"ctrl\"] to zoom). Coordinates as for vm_click (scale: that of \
-    the vm_screenshot they were read from).";
+const SCROLL_DESCRIPTION: &str = "Turn the mouse wheel at (x, y) by clicks notches (down: towards \
+    the end). Coordinates as vm_click's.";
 
 /// `vm_scroll`.
 pub const SCROLL: ToolDef = ToolDef {
     name: "vm_scroll",
     title: "Scroll the mouse wheel in a VM",
     description: SCROLL_DESCRIPTION,
-    input_schema: || {
-        object(
-            json!({
-                "name": presets::name_schema(),
-                "x": {"type": "integer", "minimum": 0},
-                "y": {"type": "integer", "minimum": 0},
-                "scale": scale_param(),
-                "direction": {"type": "string", "enum": ["up", "down"], "default": "down"},
-                "clicks": {
-                    "type": "integer", "minimum": 1, "maximum": pointer::MAX_STEPS, "default": 1
-                },
-                "hold": crate::tools::params::hold_param()
-            }),
-            &["name", "x", "y"],
-        )
-    },
-    output_schema: || {
-        json!({
-            "type": "object",
-            "properties": {
-                "name": {"type": "string"},
-                "at": {"type": "array", "items": {"type": "integer"},
-                       "description": "The screen pixel scrolled at."},
-                "direction": {"type": "string"},
-                "clicks": {"type": "integer"},
-                "hold": {"type": "array", "items": {"type": "string"}},
-                "screen_width": {"type": "integer"},
-                "screen_height": {"type": "integer"}
-            },
-            "required": ["name", "at", "direction", "clicks"]
-        })
-    },
+    input_schema: ScrollArgs::param,
+    output_schema: <crate::ops::screen::mouse::Scrolled as crate::schema::Schema>::schema,
     annotations: presets::DESTRUCTIVE,
     handler: scroll,
     ui: crate::mcp::tool::Ui::NONE,
 };
 
+crate::params! {
+    #[derive(Deserialize)]
+    struct ScrollArgs {
+        name: VmName,
+        x: i64 = {"minimum": 0},
+        y: i64 = {"minimum": 0},
+        scale: Option<f64> = (scale_extra()),
+        direction: String = {"enum": ["up", "down"], "default": "down"},
+        clicks: u32 = {"minimum": 1, "maximum": pointer::MAX_STEPS, "default": 1},
+        hold: Option<Vec<String>> = (hold_extra()),
+    }
+}
+
 fn scroll(ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let name = vm_name_arg(args)?;
-    let x = args.opt_i64("x")?.unwrap_or(-1);
-    let y = args.opt_i64("y")?.unwrap_or(-1);
-    let scale = scale_arg(args)?;
-    let dir = match args.str_or("direction", "down")? {
+    let a: ScrollArgs = args.parse()?;
+    let scale = scale_of(a.scale)?;
+    let dir = match a.direction.as_str() {
         "up" => Wheel::Up,
         "down" => Wheel::Down,
         d => {
@@ -159,28 +109,28 @@ fn scroll(ctx: &ToolCtx, args: &Args) -> ToolResult {
             )))
         }
     };
-    let clicks = args.int("clicks")?;
-    if !(1..=i64::from(pointer::MAX_STEPS)).contains(&clicks) {
+    let clicks = a.clicks;
+    if !(1..=pointer::MAX_STEPS).contains(&clicks) {
         return Err(ToolError::new(format!(
             "clicks must be 1 to {}, not {clicks}; nothing was sent",
             pointer::MAX_STEPS
         )));
     }
-    let hold = crate::tools::params::hold_arg(args)?;
-    let sent = mouse::gesture(ctx, (&name, "vm_scroll"), &[(x, y)], scale, |p, s| {
-        pointer::scroll_plan(p[0], s, dir, clicks as u32, &hold)
-    })?;
-    Ok(ToolOutput::json(json!({
-        "name": name, "at": [sent.points[0].x, sent.points[0].y],
-        "direction": if dir == Wheel::Up { "up" } else { "down" }, "clicks": clicks,
-        "hold": hold, "screen_width": sent.screen.0, "screen_height": sent.screen.1
-    })))
+    let req = mouse::ScrollRequest {
+        name: a.name.0,
+        at: (a.x, a.y),
+        scale,
+        direction: dir,
+        clicks,
+        hold: hold_of(a.hold)?,
+    };
+    crate::tools::to_output(&mouse::scroll(ctx, &req)?)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::Value;
+    use serde_json::{json, Value};
 
     fn refusal(tool: &ToolDef, args: Value) -> String {
         let map = args.as_object().cloned().unwrap_or_default();

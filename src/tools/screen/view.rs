@@ -4,13 +4,16 @@
 
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde::Deserialize;
+use serde_json::json;
 
 use crate::b64;
-use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult, Ui};
+use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolResult, Ui};
 use crate::ops::screen::parse_hash;
 use crate::ops::{screen::view, vm::hold};
-use crate::tools::{object, presets, vm_name_arg};
+use crate::schema::Param;
+use crate::tools::names::{VmName, VmOnly};
+use crate::tools::presets;
 
 /// The view's resource.
 pub const URI: &str = presets::VIEW_URI;
@@ -20,140 +23,96 @@ const APP_ONLY: Ui = Ui {
     app_only: true,
 };
 
-const VIEW_DESCRIPTION: &str = "Open the live view of a VM for the person you work for: its \
-    screen as it changes, its run state and serial console, and a Take over button that lets \
-    them type and click themselves (a password, a dialog you misread), then hand back. Hosts \
-    that render MCP Apps show it beside this result; elsewhere `mcqemu view NAME` prints a \
-    local URL with the same page. Returns the VM's name, run state and any hold.";
+const VIEW_DESCRIPTION: &str = "Open a VM's live view for the person you work for: its screen, \
+    state and console, and a Take over button to type and click themselves (a password, a dialog), \
+    then hand back. Shown beside this result by MCP Apps hosts; elsewhere `mcqemu view NAME` \
+    prints a URL.";
 
 /// `vm_view`.
 pub const VIEW: ToolDef = ToolDef {
     name: "vm_view",
     title: "Open the live view of a VM",
     description: VIEW_DESCRIPTION,
-    input_schema: || object(json!({"name": presets::name_schema()}), &["name"]),
-    output_schema: || {
-        json!({
-            "type": "object",
-            "properties": {
-                "name": {"type": "string"}, "status": {"type": "string"},
-                "view": {"type": "string"}, "held": {"type": ["object", "null"]},
-                "cli": {"type": "string"}
-            },
-            "required": ["name", "status", "view"]
-        })
-    },
+    input_schema: VmOnly::param,
+    output_schema: <view::Opened as crate::schema::Schema>::schema,
     annotations: presets::READ_ONLY,
     handler: open_view,
     ui: presets::OPENS_VIEW,
 };
 
 fn open_view(_ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let name = vm_name_arg(args)?;
-    let rec = crate::ops::vm::records::lookup(&name)?;
-    let status = crate::ops::vm::records::status_within(&rec, Duration::from_secs(2));
-    Ok(ToolOutput::json(json!({
-        "name": name, "status": status, "view": URI, "held": hold::of(&rec),
-        "cli": format!("mcqemu view {name}"),
-    })))
+    let name = args.parse::<VmOnly>()?.name();
+    crate::tools::to_output(&view::open(&name, URI)?)
 }
 
-const TAKEOVER_DESCRIPTION: &str = "A person's hold on a VM's screen, keyboard and mouse. {name} \
-    starts a hold and returns its secret (hold); while it stands, vm_click, vm_mouse_move, \
-    vm_drag, vm_scroll, vm_send_keys, vm_type_text and vm_serial_write refuse (guest_exec and \
-    the file tools still work) and only the live view types and clicks. {name, release: true, \
-    hold} ends it; a release without the hold's secret is refused, so an agent cannot end a \
-    person's hold. The live view (vm_view) calls this when the person presses Take over and \
-    Hand back. If you need a person (a password, a CAPTCHA), say so and open vm_view.";
+const TAKEOVER_DESCRIPTION: &str =
+    "A person's hold on a VM's input: {name} starts one and returns \
+    its secret; while it stands the input tools refuse (guest_* still work). {name, release, hold} \
+    ends it; only the secret's holder can. vm_view's buttons call it. If you need a person, say so \
+    and open vm_view.";
 
 /// `vm_takeover`.
 pub const TAKEOVER: ToolDef = ToolDef {
     name: "vm_takeover",
     title: "Take over a VM's screen and input",
     description: TAKEOVER_DESCRIPTION,
-    input_schema: || {
-        object(
-            json!({
-                "name": presets::name_schema(),
-                "release": {"type": "boolean", "default": false},
-                "hold": {"type": "string", "maxLength": 128,
-                         "description": "The hold's secret, to release it."}
-            }),
-            &["name"],
-        )
-    },
-    output_schema: || {
-        json!({
-            "type": "object",
-            "properties": {
-                "name": {"type": "string"}, "held": {"type": "boolean"},
-                "hold": {"type": "string"}, "since": {"type": "string"},
-                "released": {"type": "boolean"}
-            },
-            "required": ["name", "held"]
-        })
-    },
+    input_schema: TakeoverArgs::param,
+    output_schema: <hold::Takeover as crate::schema::Schema>::schema,
     annotations: presets::ADDITIVE,
     handler: takeover,
     ui: presets::OPENS_VIEW,
 };
 
-fn takeover(_ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let name = vm_name_arg(args)?;
-    if args.bool_or("release", false)? {
-        let secret = args.opt_str("hold")?.ok_or_else(|| {
-            ToolError::new(
-                "release needs hold: the secret vm_takeover returned when the hold began; \
-                 only the person who took over can hand back",
-            )
-        })?;
-        let released = hold::release(&name, secret)?;
-        return Ok(ToolOutput::json(
-            json!({"name": name, "held": false, "released": released}),
-        ));
+crate::params! {
+    #[derive(Deserialize)]
+    struct TakeoverArgs {
+        name: VmName,
+        release: bool = {"default": false},
+        /// To release it.
+        hold: Option<String> = {"maxLength": 128},
     }
-    crate::ops::vm::records::lookup_live(&name, "launch it first")?;
-    let (secret, h) = hold::take(&name)?;
-    Ok(ToolOutput::json(
-        json!({"name": name, "held": true, "hold": secret, "since": h.since_iso}),
-    ))
+}
+
+fn takeover(_ctx: &ToolCtx, args: &Args) -> ToolResult {
+    let a: TakeoverArgs = args.parse()?;
+    crate::tools::to_output(&hold::takeover(&a.name.0, a.release, a.hold.as_deref())?)
 }
 
 /// `vm_view_frame` (the view's only).
 pub const FRAME: ToolDef = ToolDef {
     name: "vm_view_frame",
     title: "Next frame for the live view",
-    description: "For the live view: waits (up to wait_ms) until the VM's screen differs from \
-        since, then returns it scaled to max_width, with its hash, scale, run state and hold. \
-        Unchanged: no image.",
-    input_schema: || {
-        object(
-            json!({
-                "name": presets::name_schema(),
-                "since": {"type": "string", "pattern": "^[0-9a-f]{1,16}$"},
-                "wait_ms": {"type": "integer", "minimum": 0, "maximum": 25000, "default": 20000},
-                "max_width": {"type": "integer", "minimum": 64, "maximum": 8192}
-            }),
-            &["name"],
-        )
-    },
-    output_schema: || json!({"type": "object"}),
+    description:
+        "For the live view: the screen once it differs from since (up to wait_ms), scaled \
+        to max_width.",
+    input_schema: FrameArgs::param,
+    output_schema: <view::Frame as crate::schema::Schema>::schema,
     annotations: presets::READ_ONLY_WAIT,
     handler: frame,
     ui: APP_ONLY,
 };
 
+crate::params! {
+    #[derive(Deserialize)]
+    struct FrameArgs {
+        name: VmName,
+        since: Option<String> = {"pattern": "^[0-9a-f]{1,16}$"},
+        wait_ms: u64 = {"minimum": 0, "maximum": 25000, "default": 20000},
+        max_width: Option<u32> = {"minimum": 64, "maximum": 8192},
+    }
+}
+
 fn frame(ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let name = vm_name_arg(args)?;
-    let since = match args.opt_str("since")? {
-        Some(s) => Some(parse_hash(s).ok_or_else(|| ToolError::new("since is not a hash"))?),
+    let a: FrameArgs = args.parse()?;
+    let since = match a.since {
+        Some(s) => Some(parse_hash(&s).ok_or_else(|| ToolError::new("since is not a hash"))?),
         None => None,
     };
     let req = view::FrameRequest {
-        name,
+        name: a.name.0,
         since,
-        wait: Duration::from_millis(args.int("wait_ms")? as u64),
-        max_width: args.opt_i64("max_width")?.map(|w| w as u32),
+        wait: Duration::from_millis(a.wait_ms),
+        max_width: a.max_width,
     };
     let f = view::frame(ctx, &req)?;
     let extra = if f.png.is_empty() {
@@ -161,57 +120,34 @@ fn frame(ctx: &ToolCtx, args: &Args) -> ToolResult {
     } else {
         vec![json!({"type": "image", "data": b64::encode(&f.png), "mimeType": "image/png"})]
     };
-    let structured = serde_json::to_value(&f).unwrap_or(Value::Null);
-    Ok(ToolOutput { structured, extra })
+    let mut out = crate::tools::to_output(&f)?;
+    out.extra = extra;
+    Ok(out)
 }
 
 /// `vm_view_input` (the view's only).
 pub const INPUT: ToolDef = ToolDef {
     name: "vm_view_input",
     title: "The person's input from the live view",
-    description: "For the live view: sends the person's clicks, text, key chords and console \
-        text, in order. While a person holds the VM, hold (the secret) must be given. Characters \
-        with no key on the US layout are left out of the text, the rest typed, and named in \
-        not_typed.",
-    input_schema: || {
-        object(
-            json!({
-                "name": presets::name_schema(),
-                "hold": {"type": "string", "maxLength": 128},
-                "events": {"type": "array", "maxItems": view::MAX_EVENTS, "items": {"type": "object"}}
-            }),
-            &["name", "events"],
-        )
-    },
-    output_schema: || {
-        json!({
-            "type": "object",
-            "properties": {
-                "name": {"type": "string"},
-                "clicks": {"type": "integer"},
-                "characters": {"type": "integer"},
-                "chords": {"type": "integer"},
-                "serial_bytes": {"type": "integer"},
-                "not_typed": {
-                    "type": "string",
-                    "description": "Characters of the text left out (no key on the US layout)."
-                }
-            },
-            "required": ["name", "clicks", "characters", "chords", "serial_bytes", "not_typed"]
-        })
-    },
+    description: "For the live view: the person's clicks, text, keys and console text, in order \
+        (hold when held).",
+    input_schema: InputArgs::param,
+    output_schema: <view::Done as crate::schema::Schema>::schema,
     annotations: presets::DESTRUCTIVE,
     handler: input,
     ui: APP_ONLY,
 };
 
+crate::params! {
+    #[derive(Deserialize)]
+    struct InputArgs {
+        name: VmName,
+        hold: Option<String> = {"maxLength": 128},
+        events: Vec<view::Event> = {"maxItems": view::MAX_EVENTS},
+    }
+}
+
 fn input(ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let name = vm_name_arg(args)?;
-    let raw = args.0.get("events").cloned().unwrap_or(json!([]));
-    let events: Vec<view::Event> =
-        serde_json::from_value(raw).map_err(|e| ToolError::new(format!("events: {e}")))?;
-    let done = view::input(ctx, &name, args.opt_str("hold")?, &events)?;
-    Ok(ToolOutput::json(
-        serde_json::to_value(&done).unwrap_or(Value::Null),
-    ))
+    let a: InputArgs = args.parse()?;
+    crate::tools::to_output(&view::input(ctx, &a.name.0, a.hold.as_deref(), &a.events)?)
 }

@@ -3,11 +3,13 @@
 use crate::ops::vm::serial_write::By;
 use std::time::Duration;
 
-use serde_json::json;
+use serde::Deserialize;
 
-use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolOutput, ToolResult};
+use crate::mcp::tool::{Args, ToolCtx, ToolDef, ToolError, ToolResult};
 use crate::ops::vm::serial::{self, WaitRequest};
-use crate::tools::{object, presets, vm_name_arg};
+use crate::schema::Param;
+use crate::tools::names::VmName;
+use crate::tools::presets;
 
 /// Longest text vm_serial_write accepts.
 pub const MAX_TEXT: usize = 4096;
@@ -21,37 +23,24 @@ pub const READ: ToolDef = ToolDef {
     name: "vm_serial_read",
     title: "Read the serial console",
     description: READ_DESCRIPTION,
-    input_schema: || {
-        object(
-            json!({
-                "name": presets::name_schema(),
-                "tail_lines": {"type": "integer", "minimum": 1, "maximum": 100000, "default": 50}
-            }),
-            &["name"],
-        )
-    },
-    output_schema: || {
-        json!({
-            "type": "object",
-            "properties": {
-                "name": {"type": "string"},
-                "lines": {"type": "array", "items": {"type": "string"}},
-                "text": {"type": "string"},
-                "log_size": {"type": "integer"},
-                "offset": {"type": "integer"}
-            },
-            "required": ["name", "lines", "text", "log_size", "offset"]
-        })
-    },
+    input_schema: ReadArgs::param,
+    output_schema: <crate::ops::vm::serial::Tail as crate::schema::Schema>::schema,
     annotations: presets::READ_ONLY,
     handler: read,
     ui: crate::mcp::tool::Ui::NONE,
 };
 
+crate::params! {
+    #[derive(Deserialize)]
+    struct ReadArgs {
+        name: VmName,
+        tail_lines: i64 = {"minimum": 1, "maximum": 100000, "default": 50},
+    }
+}
+
 fn read(_ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let name = vm_name_arg(args)?;
-    let want = args.int("tail_lines")?;
-    crate::tools::to_output(&serial::read_tail(&name, want)?)
+    let a: ReadArgs = args.parse()?;
+    crate::tools::to_output(&serial::read_tail(&a.name.0, a.tail_lines)?)
 }
 
 const WRITE_DESCRIPTION: &str = "Send text to the VM's serial console (ttyS0), e.g. a shell \
@@ -63,47 +52,38 @@ pub const WRITE: ToolDef = ToolDef {
     name: "vm_serial_write",
     title: "Type into the serial console",
     description: WRITE_DESCRIPTION,
-    input_schema: || {
-        object(
-            json!({
-                "name": presets::name_schema(),
-                "text": {"type": "string", "maxLength": MAX_TEXT},
-                "enter": {"type": "boolean", "default": false}
-            }),
-            &["name", "text"],
-        )
-    },
-    output_schema: || {
-        json!({
-            "type": "object",
-            "properties": {
-                "name": {"type": "string"},
-                "bytes": {"type": "integer"},
-                "offset": {"type": "integer"}
-            },
-            "required": ["name", "bytes"]
-        })
-    },
+    input_schema: WriteArgs::param,
+    output_schema: <crate::ops::vm::serial_write::Written as crate::schema::Schema>::schema,
     annotations: presets::DESTRUCTIVE,
     handler: write,
     ui: crate::mcp::tool::Ui::NONE,
 };
 
+crate::params! {
+    #[derive(Deserialize)]
+    struct WriteArgs {
+        name: VmName,
+        text: String = {"maxLength": MAX_TEXT},
+        enter: bool = {"default": false},
+    }
+}
+
 fn write(_ctx: &ToolCtx, args: &Args) -> ToolResult {
-    let name = vm_name_arg(args)?;
-    let mut text = args.str("text")?.to_string();
+    let WriteArgs {
+        name,
+        mut text,
+        enter,
+    } = args.parse()?;
     if text.chars().count() > MAX_TEXT {
         return Err(ToolError::new(format!(
             "text is longer than {MAX_TEXT} characters; split it"
         )));
     }
-    if args.bool_or("enter", false)? {
+    if enter {
         text.push('\r');
     }
-    let w = crate::ops::vm::serial_write::write(&name, &text, By::Tool("vm_serial_write"))?;
-    Ok(ToolOutput::json(
-        json!({"name": w.name, "bytes": w.bytes, "offset": w.offset}),
-    ))
+    let w = crate::ops::vm::serial_write::write(&name.0, &text, By::Tool("vm_serial_write"))?;
+    crate::tools::to_output(&w)
 }
 
 const WAIT_DESCRIPTION: &str = "Wait until pattern (a plain substring) appears in serial console \
@@ -116,40 +96,30 @@ pub const WAIT: ToolDef = ToolDef {
     name: "vm_serial_wait",
     title: "Wait for serial output",
     description: WAIT_DESCRIPTION,
-    input_schema: || {
-        object(
-            json!({
-                "name": presets::name_schema(),
-                "pattern": {"type": "string", "minLength": 1, "maxLength": 4096},
-                "timeout": {"type": "number", "minimum": 0, "maximum": 3600, "default": 30},
-                "offset": {"type": "integer", "minimum": 0}
-            }),
-            &["name", "pattern"],
-        )
-    },
-    output_schema: || {
-        json!({
-            "type": "object",
-            "properties": {
-                "name": {"type": "string"},
-                "line": {"type": "string"},
-                "offset": {"type": "integer"},
-                "elapsed_ms": {"type": "integer"}
-            },
-            "required": ["name", "line", "offset"]
-        })
-    },
+    input_schema: WaitArgs::param,
+    output_schema: <crate::ops::vm::serial::Found as crate::schema::Schema>::schema,
     annotations: presets::READ_ONLY_WAIT,
     handler: wait,
     ui: crate::mcp::tool::Ui::NONE,
 };
 
+crate::params! {
+    #[derive(Deserialize)]
+    struct WaitArgs {
+        name: VmName,
+        pattern: String = {"minLength": 1, "maxLength": 4096},
+        timeout: f64 = {"minimum": 0, "maximum": 3600, "default": 30},
+        offset: Option<u64> = {"minimum": 0},
+    }
+}
+
 fn wait(ctx: &ToolCtx, args: &Args) -> ToolResult {
+    let a: WaitArgs = args.parse()?;
     let req = WaitRequest {
-        name: vm_name_arg(args)?,
-        pattern: args.str("pattern")?.as_bytes().to_vec(),
-        timeout: Duration::from_secs_f64(args.number("timeout")?),
-        offset: args.opt_i64("offset")?.map(|o| o.max(0) as u64),
+        name: a.name.0,
+        pattern: a.pattern.into_bytes(),
+        timeout: Duration::from_secs_f64(a.timeout),
+        offset: a.offset,
     };
     crate::tools::to_output(&serial::wait(ctx, &req)?)
 }

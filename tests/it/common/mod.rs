@@ -20,10 +20,12 @@
 //! - `installer.rs`: the Debian 12 installer ISO ([`test_installer`]).
 //! - `stock.rs`: the stock-shaped cloud image (GPT, GRUB, the cloud kernel, no agent).
 //! - `qemu10.rs`: QEMU 10.0 unpacked beside the system's 7.2.
+//! - `kernel.rs`: today's Debian kernel packages, named to every server.
 //! - `cli.rs`: bounded runs of the `mcqemu` CLI and of external programs.
 //! - `http.rs`: a local HTTP server with fixed routes.
 //! - `files.rs`: [`TempDir`], folder listings, pseudo-random data, SHA-256.
 //! - `browser.rs`: Chromium and the npm packages of the live-view tests (`tests/browser/`).
+//! - `tokens.rs`: the tool list's size in a real tokenizer's tokens.
 //! - `schema.rs`: every tool result read is checked against the tool's `outputSchema`.
 //! - `security.rs`: the fixtures of the `security_*` tests: [`Fence`], [`Tripwire`], refusals.
 
@@ -44,6 +46,7 @@ mod files;
 mod guest;
 mod http;
 mod installer;
+pub mod kernel;
 mod lab;
 mod qemu;
 pub mod qemu10;
@@ -52,6 +55,8 @@ pub mod schema;
 mod security;
 mod server;
 pub mod stock;
+pub mod tls;
+pub mod tokens;
 mod tools;
 pub mod view;
 

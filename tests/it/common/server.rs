@@ -17,6 +17,15 @@ use super::files::TempDir;
 /// The binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_mcqemu");
 
+/// The binary a server is started from: `MCQEMU_SERVER_BIN` when set (the bench's figures for
+/// the static musl build users drop onto hosts), else [`BIN`].
+pub fn server_bin() -> String {
+    std::env::var("MCQEMU_SERVER_BIN")
+        .ok()
+        .filter(|b| !b.is_empty())
+        .unwrap_or_else(|| BIN.to_string())
+}
+
 /// How long a test waits for one response before failing.
 pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -152,20 +161,27 @@ impl Server {
         runtime: &Path,
         env: &[(&str, &str)],
     ) -> Result<Server, String> {
-        let mut cmd = Command::new(BIN);
+        let mut cmd = Command::new(server_bin());
         cmd.env("MCQEMU_STATE_DIR", state)
             .env("MCQEMU_RUNTIME_DIR", runtime)
             .env("MCQEMU_ROOTS", test_roots())
-            .env_remove("MCQEMU_TOOLS_PAGE_SIZE")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+            .envs(super::kernel::kernel_env())
+            .env_remove("MCQEMU_TOOLS_PAGE_SIZE");
         for (k, v) in env {
             cmd.env(k, v);
         }
+        Server::try_spawn(tmp, cmd)
+    }
+
+    /// Starts the server `cmd` describes (its program, arguments and environment as given:
+    /// a test of a binary copied elsewhere, run with `env -i`), owning `tmp`.
+    pub fn try_spawn(tmp: TempDir, mut cmd: Command) -> Result<Server, String> {
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
         let mut child = cmd
             .spawn()
-            .map_err(|e| format!("cannot start {BIN}: {e}"))?;
+            .map_err(|e| format!("cannot start {}: {e}", server_bin()))?;
         let (Some(stdout), Some(stderr_pipe), Some(stdin)) =
             (child.stdout.take(), child.stderr.take(), child.stdin.take())
         else {

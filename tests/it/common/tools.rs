@@ -203,6 +203,23 @@ pub fn tool_err(result: &Value, what: &str) -> String {
         .to_string()
 }
 
+/// The JSON-RPC error code of a response that must be an error.
+pub fn error_code(resp: &Value) -> i64 {
+    resp["error"]["code"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("not an error response: {resp}"))
+}
+
+/// The names of the tools in a `tools/list` result, in its order.
+pub fn tool_names(list: &Value) -> Vec<String> {
+    list["tools"]
+        .as_array()
+        .unwrap_or_else(|| panic!("not a tools/list result: {list}"))
+        .iter()
+        .map(|t| t["name"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
 /// The kind code of an error result (`_meta["mcqemu/error"].kind`; empty when it has none).
 pub fn error_kind(result: &Value) -> String {
     result["_meta"]["mcqemu/error"]["kind"]

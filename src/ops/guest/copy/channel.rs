@@ -26,6 +26,7 @@ use std::time::Duration;
 
 use super::frame;
 use super::port::{Channel, Port, Program, Side};
+use crate::ops::error::{ErrorKind, OpError};
 use crate::ops::guest::stream::{self as gs, Watch};
 use crate::qemu::cmdline::{data_socket, DATA_PORT};
 use crate::qemu::qga::{Qga, QgaError};
@@ -115,7 +116,7 @@ pub enum Moved<T> {
     /// Use the agent instead, for this reason.
     Unusable(String),
     /// The copy ran (or failed) over the channel.
-    Done(Result<T, String>),
+    Done(Result<T, OpError>),
 }
 
 /// The script with the port helpers before it.
@@ -138,7 +139,7 @@ fn clean_up(q: &mut Qga, side: Side, leftover: &str) {
 /// "cannot use the channel" (fall back), or the guest script's refusal or `e`.
 fn never_began<T>(
     mut port: Port,
-    e: &io::Error,
+    e: io::Error,
     what: &str,
     leftover: &str,
 ) -> Result<Moved<T>, QgaError> {
@@ -148,12 +149,12 @@ fn never_began<T>(
     if let Some(why) = port.prog.ended.as_ref().and_then(|(c, _)| unusable(*c)) {
         return Ok(Moved::Unusable(why.to_string()));
     }
-    let msg = port
-        .prog
-        .failure(what)
-        .map_or_else(|| format!("{what} failed: {e}"), strip_exit);
+    let failed = port.prog.failure(what).map_or_else(
+        || super::io_failure(&format!("{what} failed"), e, ErrorKind::GuestFailed),
+        strip_exit,
+    );
     clean_up(port.q, port.prog.side, leftover);
-    Ok(Moved::Done(Err(msg)))
+    Ok(Moved::Done(Err(failed)))
 }
 
 /// Streams the guest's `parent/name` as a tar into `sink` (which extracts it).
@@ -163,7 +164,7 @@ pub fn out<T>(
     (parent, name, nonce, cap): (&str, &str, &str, u64),
     files: &Cell<u64>,
     watch: &dyn Watch,
-    sink: impl FnOnce(&mut dyn Read) -> Result<T, String>,
+    sink: impl FnOnce(&mut dyn Read) -> Result<T, OpError>,
 ) -> Result<Moved<T>, QgaError> {
     let cap_k = (cap >> 10).to_string();
     let prog = Program::start(
@@ -179,15 +180,15 @@ pub fn out<T>(
     match frame::sync(&mut br, &format!("MCQ-BEGIN {nonce}")) {
         Err(e) => {
             drop(br);
-            return never_began(port, &e, "copying out of the guest", "");
+            return never_began(port, e, "copying out of the guest", "");
         }
         // The guest's du of what it sends: the progress total (0 without du).
         Ok(size) => br.get_mut().total = size.trim().parse().unwrap_or(0),
     }
     let got = sink(&mut br).and_then(|v| {
-        frame::trailer(&mut br, nonce)
-            .map(|()| v)
-            .map_err(|e| format!("copying out of the guest failed: {e}"))
+        frame::trailer(&mut br, nonce).map(|()| v).map_err(|e| {
+            super::io_failure("copying out of the guest failed", e, ErrorKind::GuestFailed)
+        })
     });
     drop(br);
     if let Some(f) = port.failure.take() {
@@ -202,10 +203,10 @@ pub fn out<T>(
     prog.wait(q, Duration::from_secs(30), watch)?;
     let got = got.and_then(|v| match (&prog.ended, prog.failure("tar")) {
         (_, Some(f)) => Err(f),
-        (None, None) => Err(format!(
+        (None, None) => Err(OpError::guest(format!(
             "the guest's side of the copy did not end after sending everything (pid {})",
             prog.pid
-        )),
+        ))),
         (Some(_), None) => Ok(v),
     });
     if got.is_err() {
@@ -214,11 +215,14 @@ pub fn out<T>(
     Ok(Moved::Done(got))
 }
 
-/// A guest script's own refusal, without the exit code wrapping (its text says it all).
-fn strip_exit(msg: String) -> String {
-    match msg.split_once("): ") {
-        Some((head, tail)) if head.contains("(exit ") && !tail.is_empty() => tail.to_string(),
-        _ => msg,
+/// A guest script's own refusal, without the exit code wrapping (its text says it all); its
+/// kind stays.
+fn strip_exit(e: OpError) -> OpError {
+    match e.msg.split_once("): ") {
+        Some((head, tail)) if head.contains("(exit ") && !tail.is_empty() => {
+            OpError::of(e.kind, tail)
+        }
+        _ => e,
     }
 }
 
@@ -251,7 +255,7 @@ pub fn into<T>(
         &format!("MCQ-READY {nonce}"),
     );
     if let Err(e) = ready {
-        return never_began(port, &e, "copying into the guest", unpack);
+        return never_began(port, e, "copying into the guest", unpack);
     }
     let sent = port
         .write_all(format!("MCQ-BEGIN {nonce} {exact}\n").as_bytes())
@@ -274,11 +278,12 @@ pub fn into<T>(
         Ok(v) => v,
         Err(e) => {
             prog.poll(q)?;
-            let msg = prog
-                .failure("unpacking")
-                .map_or_else(|| format!("sending to the guest failed: {e}"), strip_exit);
+            let failed = prog.failure("unpacking").map_or_else(
+                || super::io_failure("sending to the guest failed", e, ErrorKind::GuestFailed),
+                strip_exit,
+            );
             clean_up(q, side, unpack);
-            return Ok(Moved::Done(Err(msg)));
+            return Ok(Moved::Done(Err(failed)));
         }
     };
     // The connection stays open until the guest has read everything and renamed the copy.
@@ -286,11 +291,11 @@ pub fn into<T>(
     let done = match (&prog.ended, prog.failure("putting the copy in place")) {
         (None, _) => {
             clean_up(q, side, unpack);
-            Err(format!(
+            Err(OpError::timed_out(format!(
                 "the guest did not finish unpacking within {} s (pid {})",
                 place_time.as_secs(),
                 prog.pid
-            ))
+            )))
         }
         (Some(_), Some(f)) => Err(strip_exit(f)),
         (Some(_), None) => Ok(sent),
@@ -312,12 +317,35 @@ mod tests {
     }
 
     #[test]
-    fn a_scripts_refusal_is_shown_without_its_exit_wrapping() {
+    fn a_scripts_refusal_keeps_its_kind_and_loses_its_exit_wrapping() {
+        let e = super::super::program_failure("copying out", Some(4), "nothing is at /x");
         assert_eq!(
-            strip_exit("copying out failed in the guest (exit 4): nothing is at /x".into()),
-            "nothing is at /x"
+            strip_exit(e),
+            OpError::not_found("nothing is at /x"),
+            "exit 4 is nothing at the path"
         );
-        assert_eq!(strip_exit("plain".into()), "plain");
+        let e = super::super::program_failure("the check", Some(13), "/x exists");
+        assert_eq!(strip_exit(e).kind, ErrorKind::InvalidArgument);
+        let e = super::super::program_failure("copying out", Some(6), "over the cap");
+        assert_eq!(strip_exit(e).kind, ErrorKind::Refused);
+        let e = super::super::program_failure("tar", Some(137), "killed");
+        assert_eq!(e.kind, ErrorKind::GuestFailed);
+        assert!(e.msg.contains("signal 9"), "{}", e.msg);
+        assert_eq!(strip_exit(OpError::guest("plain")), OpError::guest("plain"));
+    }
+
+    #[test]
+    fn an_io_failure_keeps_the_kind_made_where_it_stopped() {
+        let cancel = io::Error::other(OpError::cancelled("cancelled by the client"));
+        let e = super::super::io_failure("sending", cancel, ErrorKind::GuestFailed);
+        assert_eq!(e.kind, ErrorKind::Cancelled);
+        assert_eq!(e.msg, "sending: cancelled by the client");
+        let refusal = io::Error::new(io::ErrorKind::PermissionDenied, "archive entry refused");
+        let e = super::super::io_failure("copying", refusal, ErrorKind::GuestFailed);
+        assert_eq!(e.kind, ErrorKind::Refused);
+        let other = io::Error::other("reset");
+        let e = super::super::io_failure("copying", other, ErrorKind::GuestFailed);
+        assert_eq!(e.kind, ErrorKind::GuestFailed);
     }
 
     #[test]

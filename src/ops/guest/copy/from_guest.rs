@@ -8,9 +8,9 @@ use std::time::Instant;
 use super::channel::{self, Moved};
 use super::{
     channel_for, guest_split, guest_time, host_parts, join, max_bytes, nonce, sh, temp_tag, Copied,
-    CopyOut, Step, Via,
+    CopyOut, Route, Step, Via,
 };
-use crate::ops::error::OpError;
+use crate::ops::error::{ErrorKind, OpError};
 use crate::ops::guest::stream::{self as gs, GuestReader, Watch};
 use crate::ops::guest::with_guest;
 use crate::qemu::agent_calls::{self, Whence};
@@ -46,7 +46,7 @@ pub fn copy_out(req: &CopyOut, watch: &dyn Watch) -> Result<Copied, OpError> {
     let (gparent, gbase) = guest_split(&req.guest_path)?;
     let (dir, leaf) = host_parts(&host)?;
     let folder = Folder::open(dir)
-        .map_err(|e| OpError::new(format!("cannot open {}: {e}", dir.display())))?;
+        .map_err(|e| OpError::host(format!("cannot open {}: {e}", dir.display())))?;
     let tag = temp_tag();
     let tmp = OsString::from(format!(".{}{tag}", leaf.to_string_lossy()));
     let cap = max_bytes();
@@ -54,7 +54,7 @@ pub fn copy_out(req: &CopyOut, watch: &dyn Watch) -> Result<Copied, OpError> {
     let mut chan = channel_for(&req.name, watch)?;
     let received = with_guest(&req.name, "guest-exec", |q| -> Step<(Counts, Via)> {
         let why = match &mut chan {
-            Ok((ch, side)) => {
+            Route::Channel(ch, side) => {
                 let files = Cell::new(0);
                 let moved = channel::out(
                     q,
@@ -69,7 +69,7 @@ pub fn copy_out(req: &CopyOut, watch: &dyn Watch) -> Result<Copied, OpError> {
                     Moved::Unusable(why) => why,
                 }
             }
-            Err(why) => why.clone(),
+            Route::Agent(why) => why.clone(),
         };
         let t = match sh(
             q,
@@ -86,11 +86,9 @@ pub fn copy_out(req: &CopyOut, watch: &dyn Watch) -> Result<Copied, OpError> {
         let _ = sh(q, "rm -f \"$1\"", &[&t], guest_time(0), "cleanup", None);
         Ok(got?.map(|c| (c, Via::Agent(why))))
     })
-    .and_then(|r| r.map_err(super::guest_failure));
+    .and_then(|r| r);
     let placed = received.and_then(|(counts, via)| {
-        place(&folder, dir, &tmp, leaf, req.overwrite, &tag)
-            .map(|()| (counts, via))
-            .map_err(OpError::new)
+        place(&folder, dir, &tmp, leaf, req.overwrite, &tag).map(|()| (counts, via))
     });
     if placed.is_err() {
         crate::state::tree::remove_quietly(&dir.join(&tmp));
@@ -98,6 +96,7 @@ pub fn copy_out(req: &CopyOut, watch: &dyn Watch) -> Result<Copied, OpError> {
     let (counts, via) = placed?;
     let (via, via_reason) = via.parts();
     Ok(Copied {
+        name: req.name.clone(),
         counts,
         duration_ms: started.elapsed().as_millis() as u64,
         host_path: host,
@@ -124,14 +123,16 @@ fn receive(
     let files = Cell::new(0);
     let archive_cap = cap + cap / 8 + (1 << 20);
     let result = if size > archive_cap {
-        Err(format!(
+        Err(OpError::refused(format!(
             "the guest's copy is {} MiB, more than the cap of {} MiB (MCQEMU_MAX_COPY_MB); copy \
              a smaller part",
             size >> 20,
             cap >> 20
-        ))
+        )))
     } else if let Err(e) = rewound {
-        Err(format!("cannot rewind the guest's archive: {e}"))
+        Err(OpError::guest(format!(
+            "cannot rewind the guest's archive: {e}"
+        )))
     } else {
         let mut r = GuestReader::new(q, handle, size, archive_cap, &files, watch);
         let out = extract(&mut r, folder, tmp, top, cap, &files);
@@ -153,22 +154,24 @@ fn extract(
     top: &[u8],
     cap: u64,
     files: &Cell<u64>,
-) -> Result<Counts, String> {
+) -> Result<Counts, OpError> {
     let mut x = Extract::new(folder, tmp.to_os_string(), top);
     let mut tr = Reader::new(r);
-    let failed = |e: std::io::Error| format!("copying out of the guest failed: {e}");
+    let failed = |e: std::io::Error| {
+        super::io_failure("copying out of the guest failed", e, ErrorKind::GuestFailed)
+    };
     while let Some(e) = tr.next_entry().map_err(failed)? {
         if x.counts.bytes + e.size > cap {
-            return Err(format!(
+            return Err(OpError::refused(format!(
                 "the guest's files pass the cap of {} MiB per copy (MCQEMU_MAX_COPY_MB)",
                 cap >> 20
-            ));
+            )));
         }
         x.entry(&e, &mut tr).map_err(failed)?;
         files.set(x.counts.files);
     }
     if !x.started {
-        return Err("the guest's archive held nothing to copy".into());
+        return Err(OpError::guest("the guest's archive held nothing to copy"));
     }
     x.finish().map_err(failed)?;
     Ok(x.counts)
@@ -183,25 +186,30 @@ fn place(
     leaf: &OsStr,
     overwrite: bool,
     tag: &str,
-) -> Result<(), String> {
+) -> Result<(), OpError> {
     let exists = folder.meta(leaf).is_ok();
     if exists && !overwrite {
-        return Err(format!(
+        return Err(OpError::invalid(format!(
             "{} appeared meanwhile; pass overwrite=true to replace it",
             leaf.to_string_lossy()
-        ));
+        )));
     }
     let old = OsString::from(format!(".{}{tag}.old", leaf.to_string_lossy()));
     if exists {
-        folder
-            .rename(leaf, &old, false)
-            .map_err(|e| format!("cannot move the old {} aside: {e}", leaf.to_string_lossy()))?;
+        folder.rename(leaf, &old, false).map_err(|e| {
+            OpError::host(format!(
+                "cannot move the old {} aside: {e}",
+                leaf.to_string_lossy()
+            ))
+        })?;
     }
     if let Err(e) = folder.rename(tmp, leaf, false) {
         if exists {
             let _ = folder.rename(&old, leaf, false);
         }
-        return Err(format!("cannot rename the copy into place: {e}"));
+        return Err(OpError::host(format!(
+            "cannot rename the copy into place: {e}"
+        )));
     }
     if exists {
         crate::state::tree::remove_quietly(&dir.join(&old));

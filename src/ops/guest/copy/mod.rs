@@ -28,7 +28,7 @@ use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::ops::error::OpError;
+use crate::ops::error::{ErrorKind, OpError};
 use crate::ops::guest::stream::{self as gs, Watch};
 use crate::ops::vm::records::lookup;
 use crate::qemu::qga::{Qga, QgaError};
@@ -65,21 +65,28 @@ pub struct CopyOut {
     pub overwrite: bool,
 }
 
-/// What a copy did.
-#[derive(Debug)]
-pub struct Copied {
-    /// What was copied (and left out).
-    pub counts: Counts,
-    /// Wall time of the whole call.
-    pub duration_ms: u64,
-    /// The host path as resolved.
-    pub host_path: PathBuf,
-    /// The guest path.
-    pub guest_path: String,
-    /// How the bytes went: `channel` (mcqemu's data channel) or `agent`.
-    pub via: &'static str,
-    /// Why the channel was not used, when it was not.
-    pub via_reason: Option<String>,
+crate::described! {
+    /// What a copy did (guest_copy_in's and guest_copy_out's result, in this order).
+    #[derive(Debug, serde::Serialize)]
+    pub struct Copied {
+        /// The VM.
+        pub name: String,
+        /// The host path as resolved.
+        pub host_path: PathBuf,
+        /// The guest path.
+        pub guest_path: String,
+        /// What was copied (and left out).
+        #[serde(flatten)]
+        pub counts: Counts,
+        /// Wall time of the whole call.
+        pub duration_ms: u64,
+        /// How the bytes went: `channel` (mcqemu's data channel, a virtio-serial port, at the
+        /// device's speed) or `agent` (the guest agent's file commands).
+        pub via: &'static str,
+        /// Why the channel was not used, when it was not.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub via_reason: Option<String>,
+    }
 }
 
 /// How a copy's bytes went.
@@ -97,14 +104,19 @@ impl Via {
     }
 }
 
-/// The VM's data channel, opened for one transfer, with who plays the guest's side
-/// (mcqemu-agent itself, or sh and tar), or why the agent's file commands carry the copy.
-/// `Err(Err(..))`: the channel is held by another transfer past the wait.
-fn channel_for(name: &str, watch: &dyn Watch) -> Result<Result<(Channel, Side), String>, OpError> {
+/// How a copy's bytes will go: the VM's data channel, opened for this transfer, with who plays
+/// the guest's side (mcqemu-agent itself, or sh and tar); or the agent's file commands, and why.
+enum Route {
+    Channel(Channel, Side),
+    Agent(String),
+}
+
+/// The copy's [`Route`]; an error when the channel is held by another transfer past the wait.
+fn channel_for(name: &str, watch: &dyn Watch) -> Result<Route, OpError> {
     let rec = lookup(name)?;
     let sock = match channel::socket_of(&rec) {
         Ok(s) => s,
-        Err(why) => return Ok(Err(why.to_string())),
+        Err(why) => return Ok(Route::Agent(why.to_string())),
     };
     let side = if crate::ops::guest::agent_is_ours(name)? {
         Side::Agent
@@ -112,29 +124,53 @@ fn channel_for(name: &str, watch: &dyn Watch) -> Result<Result<(Channel, Side), 
         Side::Shell
     };
     match Channel::open(&sock, watch) {
-        Ok(ch) => Ok(Ok((ch, side))),
-        Err(Open::Unusable(why)) => Ok(Err(why)),
+        Ok(ch) => Ok(Route::Channel(ch, side)),
+        Err(Open::Unusable(why)) => Ok(Route::Agent(why)),
         Err(Open::Busy(msg)) => Err(OpError::busy(msg)),
     }
 }
 
-/// A guest-side failure of a copy as an operation error: the guest's refusals that are the
-/// caller's to fix get their kinds (the messages are the copy scripts' and programs' own).
-fn guest_failure(msg: String) -> OpError {
-    if msg.contains("already exists") || msg.contains("appeared in the guest meanwhile") {
-        OpError::invalid(msg)
-    } else if msg.contains("nothing is at") || msg.contains("does not exist") {
-        OpError::not_found(msg)
-    } else if msg.contains("more than the cap")
-        || msg.contains("pass the cap")
-        || (msg.contains("archive entry") && msg.contains("refused"))
-    {
-        OpError::refused(msg)
-    } else if msg.contains("cancelled by the client") {
-        OpError::cancelled(msg)
-    } else {
-        OpError::guest(msg)
+/// The kind of a guest copy program's exit code, as the scripts and mcqemu-agent's copy
+/// subcommands use them: 4 nothing at the path (or no such folder), 6 over the cap, 13 the
+/// destination exists (overwrite not given); 20-22 mean "use the agent's file commands" and
+/// never reach here; every other code is the guest's own failure (2 bad arguments, 3 a missing
+/// program, 5 unreadable, 10-12 and 14-15 the guest's file system, 23-24 the framing).
+fn exit_kind(code: i64) -> ErrorKind {
+    match code {
+        4 => ErrorKind::NotFound,
+        6 => ErrorKind::Refused,
+        13 => ErrorKind::InvalidArgument,
+        _ => ErrorKind::GuestFailed,
     }
+}
+
+/// A failed guest copy program's error: `what`, how it ended, and its own words.
+fn program_failure(what: &str, code: Option<i64>, said: &str) -> OpError {
+    let (kind, how) = match code {
+        Some(c) if c > 128 => (
+            ErrorKind::GuestFailed,
+            format!(
+                "killed by signal {} in the guest; nothing was kept, retry the copy",
+                c - 128
+            ),
+        ),
+        Some(c) => (exit_kind(c), format!("exit {c}")),
+        None => (ErrorKind::GuestFailed, "ended by a signal".to_string()),
+    };
+    OpError::of(kind, format!("{what} failed in the guest ({how}): {said}"))
+}
+
+/// An I/O failure of a transfer as an operation error: one that carries an [`OpError`] (made
+/// where the transfer stopped: a cancel, a cap, a guest program's exit) keeps its kind; an
+/// archive entry the extractor refused (`PermissionDenied`) is a refusal; the rest are
+/// `kind`.
+fn io_failure(what: &str, e: std::io::Error, kind: ErrorKind) -> OpError {
+    let kind = match e.get_ref().and_then(|i| i.downcast_ref::<OpError>()) {
+        Some(inner) => inner.kind,
+        None if e.kind() == std::io::ErrorKind::PermissionDenied => ErrorKind::Refused,
+        None => kind,
+    };
+    OpError::of(kind, format!("{what}: {e}"))
 }
 
 /// A per-transfer nonce for the channel's framing.
@@ -189,7 +225,7 @@ fn join(parent: &str, name: &str) -> String {
 }
 
 /// A session step's result: the agent failed (explained by the session), or this copy did.
-type Step<T> = Result<Result<T, String>, QgaError>;
+type Step<T> = Result<Result<T, OpError>, QgaError>;
 
 /// Runs `sh -c script sh args...` in the guest; a non-zero exit becomes `what`'s error.
 fn sh(
@@ -205,14 +241,14 @@ fn sh(
     Ok(
         gs::run(q, &argv, timeout, watch)?.and_then(|r| match r.code {
             Some(0) => Ok(r.stdout),
-            code => Err(format!(
-                "{what} failed in the guest ({}): {}",
-                code.map_or("ended by a signal".to_string(), |c| format!("exit {c}")),
+            code => Err(program_failure(
+                what,
+                code,
                 if r.stderr.is_empty() {
                     &r.stdout
                 } else {
                     &r.stderr
-                }
+                },
             )),
         }),
     )

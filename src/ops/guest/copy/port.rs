@@ -10,6 +10,7 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use crate::ops::error::OpError;
 use crate::ops::guest::stream::{self as gs, Watch};
 use crate::qemu::agent_calls::{self, ExecRequest};
 use crate::qemu::qga::{self, Qga, QgaError};
@@ -151,20 +152,10 @@ impl Program {
     }
 
     /// The failure to report for an ended program (None: it ended well or has not ended).
-    pub(super) fn failure(&self, what: &str) -> Option<String> {
+    pub(super) fn failure(&self, what: &str) -> Option<OpError> {
         match &self.ended {
             Some((Some(0), _)) | None => None,
-            Some((code, err)) => Some(format!(
-                "{what} failed in the guest ({}): {err}",
-                match code {
-                    Some(c) if *c > 128 => format!(
-                        "killed by signal {} in the guest; nothing was kept, retry the copy",
-                        c - 128
-                    ),
-                    Some(c) => format!("exit {c}"),
-                    None => "ended by a signal".to_string(),
-                }
-            )),
+            Some((code, err)) => Some(super::program_failure(what, *code, err)),
         }
     }
 }
@@ -212,7 +203,9 @@ impl<'a> Port<'a> {
     /// Called when a socket wait timed out: is it still worth waiting?
     fn still(&mut self) -> io::Result<()> {
         if self.watch.cancelled() {
-            return Err(io::Error::other("cancelled by the client"));
+            return Err(io::Error::other(OpError::cancelled(
+                "cancelled by the client",
+            )));
         }
         if let Err(e) = self.prog.poll(self.q) {
             let msg = e.to_string();
@@ -223,15 +216,15 @@ impl<'a> Port<'a> {
             return Err(io::Error::other(f));
         }
         if self.prog.ended_at.is_some_and(|t| t.elapsed() > AFTER_EXIT) {
-            return Err(io::Error::other(
+            return Err(io::Error::other(OpError::guest(
                 "the guest's side of the copy ended but its data did not arrive whole",
-            ));
+            )));
         }
         if self.last.elapsed() > IDLE {
-            return Err(io::Error::other(format!(
+            return Err(io::Error::other(OpError::timed_out(format!(
                 "no data moved on the channel for {} s",
                 IDLE.as_secs()
-            )));
+            ))));
         }
         Ok(())
     }
@@ -266,10 +259,10 @@ impl Read for Port<'_> {
         let n = self.read_raw(out)?;
         self.moved += n as u64;
         if self.moved > self.cap {
-            return Err(io::Error::other(format!(
+            return Err(io::Error::other(OpError::refused(format!(
                 "the guest's data passed the cap of {} MiB (MCQEMU_MAX_COPY_MB)",
                 self.cap >> 20
-            )));
+            ))));
         }
         self.watch
             .progress(self.moved, self.total, self.files.get());

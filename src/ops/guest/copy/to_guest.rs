@@ -8,9 +8,9 @@ use std::time::Instant;
 use super::channel::{self, Moved};
 use super::{
     channel_for, guest_split, guest_time, host_parts, join, max_bytes, nonce, sh, temp_tag, Copied,
-    CopyIn, Side, Step, Via, RENAME, TOP,
+    CopyIn, Route, Side, Step, Via, RENAME, TOP,
 };
-use crate::ops::error::OpError;
+use crate::ops::error::{ErrorKind, OpError};
 use crate::ops::guest::stream::{self as gs, GuestWriter, Watch};
 use crate::ops::guest::with_guest;
 use crate::qemu::agent_calls;
@@ -23,7 +23,7 @@ use crate::state::tree::{self, Counts, Folder, Meta, Type};
 /// folder, and (unless overwrite) that nothing is at the destination.
 const PREFLIGHT_IN: &str = r#"for c in tar mv rm mkdir chmod; do command -v "$c" >/dev/null 2>&1 || { echo "the guest has no $c program (guest_copy_in needs sh, tar, mv, rm, mkdir, chmod; busybox has them)" >&2; exit 3; }; done
 [ -d "$1" ] || { echo "the guest folder $1 does not exist; create it first (guest_exec mkdir -p)" >&2; exit 4; }
-if [ "$3" != 1 ] && { [ -e "$2" ] || [ -L "$2" ]; }; then echo "$2 already exists in the guest; pass overwrite=true to replace it" >&2; exit 5; fi"#;
+if [ "$3" != 1 ] && { [ -e "$2" ] || [ -L "$2" ]; }; then echo "$2 already exists in the guest; pass overwrite=true to replace it" >&2; exit 13; fi"#;
 
 /// Puts the sent data in place: unpacks the archive (or sets the single file's mode), then
 /// [`RENAME`]s it. $1 mode or "tar", $2 the sent file, $3 the unpack folder, $4 the
@@ -48,7 +48,7 @@ pub fn copy_in(req: &CopyIn, watch: &dyn Watch) -> Result<Copied, OpError> {
     let dst = join(&gparent, &gbase);
     let (dir, leaf) = host_parts(&host)?;
     let folder = Folder::open(dir)
-        .map_err(|e| OpError::new(format!("cannot open {}: {e}", dir.display())))?;
+        .map_err(|e| OpError::host(format!("cannot open {}: {e}", dir.display())))?;
     let top = folder
         .meta(leaf)
         .map_err(|e| OpError::not_found(format!("cannot read {}: {e}", host.display())))?;
@@ -80,7 +80,7 @@ pub fn copy_in(req: &CopyIn, watch: &dyn Watch) -> Result<Copied, OpError> {
         // mcqemu-agent's own side of the channel checks the same itself.
         let mut checked = false;
         let why = match &mut chan {
-            Ok((ch, side)) => {
+            Route::Channel(ch, side) => {
                 if *side == Side::Shell {
                     if let Err(e) = preflight(q)? {
                         return Ok(Err(e));
@@ -90,7 +90,7 @@ pub fn copy_in(req: &CopyIn, watch: &dyn Watch) -> Result<Copied, OpError> {
                 let files = Cell::new(0);
                 let mut measure = Counter(0);
                 if let Err(e) = pack(&folder, leaf, &top, &mut measure, &files) {
-                    return Ok(Err(format!("cannot read the tree: {e}")));
+                    return Ok(Err(OpError::host(format!("cannot read the tree: {e}"))));
                 }
                 let moved = channel::into(
                     q,
@@ -113,7 +113,7 @@ pub fn copy_in(req: &CopyIn, watch: &dyn Watch) -> Result<Copied, OpError> {
                     Moved::Unusable(why) => why,
                 }
             }
-            Err(why) => why.clone(),
+            Route::Agent(why) => why.clone(),
         };
         if !checked {
             if let Err(e) = preflight(q)? {
@@ -151,10 +151,10 @@ pub fn copy_in(req: &CopyIn, watch: &dyn Watch) -> Result<Copied, OpError> {
             let _ = sh(q, "rm -f \"$1\"", &[&sent], guest_time(0), "cleanup", None);
         }
         Ok(step?.map(|c| (c, Via::Agent(why))))
-    })?
-    .map_err(super::guest_failure)?;
+    })??;
     let (via, via_reason) = via.parts();
     Ok(Copied {
+        name: req.name.clone(),
         counts: in_host_terms(counts, &host),
         duration_ms: started.elapsed().as_millis() as u64,
         host_path: host,
@@ -215,7 +215,7 @@ fn scan(folder: &Folder, leaf: &OsStr, top: &Meta) -> Result<(Counts, u64), OpEr
             Ok(())
         },
     )
-    .map_err(|e| OpError::new(format!("cannot read the tree: {e}")))?;
+    .map_err(|e| OpError::host(format!("cannot read the tree: {e}")))?;
     Ok((counts, archive))
 }
 
@@ -304,7 +304,11 @@ fn send(
         return Err(e);
     }
     if let Err(e) = flushed {
-        return Ok(Err(format!("sending to the guest failed: {e}")));
+        return Ok(Err(super::io_failure(
+            "sending to the guest failed",
+            e,
+            ErrorKind::GuestFailed,
+        )));
     }
     closed?;
     Ok(Ok(counts))
