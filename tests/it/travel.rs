@@ -396,7 +396,9 @@ fn a_running_sandbox_is_pushed_and_goes_on_running_on_another_host() {
     let reference = format!("{}/mcqemu/worker:live", registry.addr);
 
     // On the first host: a sandbox (a clone of a template) with a program counting in the
-    // background, a file in its memory and bytes on its disk.
+    // background, a file in its memory and bytes on its disk. The count is renamed into place, so
+    // no reader sees it half-written: CI's run woke a sandbox saved between `>`'s truncation
+    // and its write, and read an empty /root/count.
     make_template(&mut sa, "base");
     let r = sa.call_tool_within(
         "sandbox_vm",
@@ -408,7 +410,7 @@ fn a_running_sandbox_is_pushed_and_goes_on_running_on_another_host() {
     sa.call_ok_within(
         "guest_exec",
         json!({"name": "worker", "command": "sh", "background": true, "args": ["-c",
-            "i=0; while :; do i=$((i+1)); echo $i > /root/count; sleep 0.2; done"]}),
+            "i=0; while :; do i=$((i+1)); echo $i > /root/count.new && mv /root/count.new /root/count; sleep 0.2; done"]}),
         STEP,
     );
     sa.call_ok(
