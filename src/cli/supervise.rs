@@ -1,7 +1,8 @@
 //! `mcqemu supervise --state DIR --socket QMP -- QEMU ARGV...` (internal): QEMU's parent for
 //! its whole life. It waits for QEMU, and when it ends writes why into the VM's record (only a
-//! parent sees an exit status or a signal), then exits with QEMU's status. Started in its own
-//! session by the launch; QEMU shares its process group, its log and its namespaces.
+//! parent sees an exit status or a signal), then exits with QEMU's status; it holds the VM's
+//! `supervisor.lock` until then. Started in its own session by the launch; QEMU shares its
+//! process group, its log and its namespaces.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -45,6 +46,10 @@ pub fn main(args: &[String]) -> i32 {
                 sampler.store(n, std::sync::atomic::Ordering::Relaxed);
             }
         });
+    // Held until QEMU's end is written: a look that finds QEMU gone before then waits on it
+    // instead of calling the end unknown. A folder it cannot be made in costs only that.
+    let _writing =
+        crate::state::lockfile::try_lock(&crate::qemu::process::supervisor_lock(&socket));
     let mut child = match Command::new(binary).args(argv).spawn() {
         Ok(c) => c,
         Err(e) => {

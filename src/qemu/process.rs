@@ -2,7 +2,7 @@
 //! from /proc/PID/cmdline, and verified kill escalation.
 
 use std::os::unix::process::CommandExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -101,6 +101,13 @@ pub fn without_thp(enter: Option<PreExec>) -> PreExec {
 /// (only a parent learns an exit status or a signal). Unset (the library's unit tests), QEMU
 /// is started directly.
 static SUPERVISOR: OnceLock<Vec<std::ffi::OsString>> = OnceLock::new();
+
+/// The file beside a VM's QMP socket `socket` that QEMU's supervisor holds locked from QEMU's
+/// start until it has written QEMU's end: a look that finds QEMU gone before then waits on it.
+/// It moves with its folder (a pooled clone's).
+pub fn supervisor_lock(socket: &Path) -> PathBuf {
+    socket.with_file_name("supervisor.lock")
+}
 
 /// Starts every later QEMU under `prefix` (called once, before the first launch), which gets
 /// `--socket QMP -- BINARY ARGV...` after it.

@@ -352,6 +352,9 @@ pub fn cleanup_runtime(rec: &Record) -> Vec<String> {
     .into_iter()
     .filter_map(|f| text(f).map(PathBuf::from))
     .collect();
+    // The supervisor's lock: it may still hold it for a moment (an unlinked file's lock stays
+    // its own), and a folder removed with remove_dir must be empty.
+    paths.push(super::process::supervisor_lock(&sock));
     // The data channel's socket and its transfers' lock, beside the agent's socket, and the
     // note that its agent answered.
     if let Some(qga) = text(&rec.qga_socket) {

@@ -1,5 +1,5 @@
 //! Exclusive locks across processes on a lock file (flock(2)), in one place: the registry's,
-//! a template pool's refill, a VM's data channel, a resumable download. The lock goes with
+//! a template pool's refill, a VM's data channel, a resumable download, QEMU's supervisor. The lock goes with
 //! the descriptor: dropping the [`FileLock`] (or the process dying) releases it, so a crashed
 //! holder never leaves a stale lock behind.
 
@@ -59,6 +59,33 @@ pub fn lock_within(
     }
 }
 
+/// Waits up to `wait` (polling as [`lock_within`] does) while another descriptor holds the
+/// lock on `path`, which is never created here nor followed through a symlink: a reader's look
+/// leaves no file behind. True once it is free (or the file is gone), false when still held.
+pub fn wait_free(path: &Path, wait: Duration) -> bool {
+    let Ok(file) = File::options()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+    else {
+        return true;
+    };
+    let deadline = Instant::now() + wait;
+    let mut pause = Duration::from_millis(5);
+    loop {
+        // SAFETY: flock(2) on a descriptor owned here; a shared lock, dropped with it.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } == 0 {
+            return true;
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return false;
+        }
+        std::thread::sleep(pause.min(deadline - now));
+        pause = (pause * 2).min(Duration::from_millis(100));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -76,11 +103,15 @@ mod tests {
             .unwrap()
             .is_none());
         assert!(t.elapsed() >= Duration::from_millis(50));
+        assert!(!wait_free(&path, Duration::from_millis(20)), "held");
         drop(held);
+        assert!(wait_free(&path, Duration::ZERO), "free once dropped");
         assert!(lock_within(&path, Duration::from_secs(1), &|| false)
             .unwrap()
             .is_some());
         let _ = std::fs::remove_file(&path);
+        assert!(wait_free(&path, Duration::ZERO), "a missing file is free");
+        assert!(!path.exists(), "and is not made");
     }
 
     #[test]

@@ -6,12 +6,14 @@
 
 use std::io::Write;
 use std::path::Path;
+use std::time::Duration;
 
 use serde_json::Map;
 
-use crate::state::paths;
+use crate::qemu::process::supervisor_lock;
 use crate::state::record::{text, End, Record};
 use crate::state::registry::RegistryError;
+use crate::state::{lockfile, paths};
 
 /// How long an intent stays fresh: longer than any stop waits.
 const INTENT_FRESH_S: i64 = 900;
@@ -326,31 +328,57 @@ pub fn log_end(name: &str, e: &End) {
 
 /// The end a VM shows while it is not running: its recorded end; the intent of whoever ended
 /// it while its supervisor has not written the end yet (a stop returns as soon as QEMU is
-/// gone); or `unknown` for a stopped VM whose end nobody saw (started by an older mcqemu, or
-/// attached).
+/// gone); the end its supervisor is writing this moment, waited for; or `unknown` for a
+/// stopped VM whose end nobody saw (started by an older mcqemu, or attached).
 pub fn shown(rec: &Record, running: bool) -> Option<End> {
     if running {
         return None;
     }
+    if rec.end.is_some() {
+        return rec.end.clone();
+    }
     let fresh_intent = rec.ending.as_ref().filter(|i| {
         i.at.is_some_and(|at| crate::clock::now_secs() - at <= INTENT_FRESH_S)
     });
-    if let (None, Some(i)) = (&rec.end, fresh_intent) {
+    if let Some(i) = fresh_intent {
         return Some(i.clone());
     }
-    Some(rec.end.clone().unwrap_or_else(|| {
-        end(
-            "unknown",
-            None,
-            "no supervisor saw this QEMU end (started by an older mcqemu, or attached)",
-        )
-    }))
-    .map(|mut e| {
-        if rec.end.is_none() {
-            e.at = None;
-        }
-        e
-    })
+    if let Some(e) = being_written(rec) {
+        return Some(e);
+    }
+    let mut unknown = end(
+        "unknown",
+        None,
+        "no supervisor saw this QEMU end (started by an older mcqemu, or attached)",
+    );
+    unknown.at = None;
+    Some(unknown)
+}
+
+/// How long a look at a VM whose QEMU is gone waits for its supervisor to write why: the
+/// supervisor reaps QEMU and writes at once (milliseconds), so this is reached only by one
+/// that is itself stuck.
+const SUPERVISOR_WAIT: Duration = Duration::from_secs(2);
+
+/// The end of a spawned VM whose QEMU (its recorded PID) is gone while its supervisor still
+/// holds [`supervisor_lock`]: waited for, then read again from the registry. Found by the
+/// suite: a guest's power-off seen by vm_info between QEMU's exit and the supervisor's write
+/// was called `unknown`. None when no supervisor is at work (an older mcqemu's VM, an attached
+/// QEMU, a supervisor killed with its QEMU) or it is stuck.
+fn being_written(rec: &Record) -> Option<End> {
+    let pid = crate::qemu::vm::pid(rec).filter(|_| crate::qemu::vm::spawned(rec))?;
+    if crate::qemu::process::alive(pid) {
+        return None;
+    }
+    let lock = supervisor_lock(&crate::qemu::vm::qmp_socket(rec));
+    std::fs::symlink_metadata(&lock).ok()?;
+    if !lockfile::wait_free(&lock, SUPERVISOR_WAIT) {
+        return None;
+    }
+    let now = crate::state::registry::shared().load();
+    now.values()
+        .find(|r| r.qmp_socket == rec.qmp_socket && (r.pid == rec.pid || r.pid.is_none()))
+        .and_then(|r| r.end.clone())
 }
 
 #[cfg(test)]
