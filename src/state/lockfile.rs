@@ -1,7 +1,7 @@
 //! Exclusive locks across processes on a lock file (flock(2)), in one place: the registry's,
-//! a template pool's refill, a VM's data channel, a resumable download, QEMU's supervisor. The lock goes with
-//! the descriptor: dropping the [`FileLock`] (or the process dying) releases it, so a crashed
-//! holder never leaves a stale lock behind.
+//! a template pool's refill, a VM's data channel, a resumable download, QEMU's supervisor's
+//! (which a look waits on). The lock goes with the descriptor: dropping the [`FileLock`] (or
+//! the process dying) releases it, so a crashed holder never leaves a stale lock behind.
 
 use std::fs::File;
 use std::io;
