@@ -1,10 +1,10 @@
 //! Sandboxes that end on time, over the built binary, real QEMU (TCG) and the test guest: TTL
 //! and idle limits with each `on_idle`, carried out by the watcher process after the process
-//! that made them exited; a held VM not ended; a call longer than the idle limit, and
-//! traffic through a forward (one open connection, or many short ones), deferring the idle end; one watcher per state folder, a killed one replaced when a server starts; the reasons
-//! VMs ended (a kill -9 of QEMU, a guest poweroff, a TTL); and the metrics following a busy
-//! guest and its writes.
-
+//! that made them exited; a held VM not ended; a call longer than the idle limit, and traffic
+//! through a forward (one open connection, or many short ones), deferring the idle end; one
+//! watcher per state folder, a killed one replaced when a server starts; the reasons VMs ended
+//! (a kill -9 of QEMU, a guest poweroff, even one looked at before its supervisor wrote it, a
+//! TTL); and the metrics following a busy guest and its writes.
 use std::io::Write;
 use std::path::Path;
 use std::process::Command;
