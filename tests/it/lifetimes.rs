@@ -5,6 +5,7 @@
 //! watcher per state folder, a killed one replaced when a server starts; the reasons VMs ended
 //! (a kill -9 of QEMU, a guest poweroff, even one looked at before its supervisor wrote it, a
 //! TTL); and the metrics following a busy guest and its writes.
+
 use std::io::Write;
 use std::path::Path;
 use std::process::Command;
