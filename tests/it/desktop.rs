@@ -232,6 +232,11 @@ fn drag_and_wheel_1280(s: &mut Server, ev: &mut Events, ready: &Value) {
         "vm_drag",
         json!({"x": from[0], "y": from[1], "to_x": to[0], "to_y": to[1]}),
     );
+    // The program records the slider's values as Tk handles the motion, which on a loaded
+    // host trails the drag: wait for it to reach the middle, then read what came after.
+    ev.wait(s, m, "the slider near 50", |v| {
+        is(v, "scale", "scale") && v["value"].as_i64().is_some_and(|x| (48..=52).contains(&x))
+    });
     let got = ev.since(s, m);
     let last = got
         .iter()
@@ -255,13 +260,13 @@ fn drag_and_wheel_1280(s: &mut Server, ev: &mut Events, ready: &Value) {
     ev.wait(s, m, "list scrolled", |v| {
         is(v, "yview", "list") && v["first"].as_f64() > Some(0.0)
     });
-    let got = ev.since(s, m);
     // Tk reports a press that follows another of the same button within its double-click
     // time as "double" (its more specific binding).
-    let wheels = got
-        .iter()
-        .filter(|v| (is(v, "press", "list") || is(v, "double", "list")) && v["button"] == 5)
-        .count();
+    let wheel_down =
+        |v: &Value| (is(v, "press", "list") || is(v, "double", "list")) && v["button"] == 5;
+    ev.wait_count(s, m, "three wheel-down presses", 3, wheel_down);
+    let got = ev.since(s, m);
+    let wheels = got.iter().filter(|v| wheel_down(v)).count();
     assert_eq!(wheels, 3, "three wheel-down presses: {got:#?}");
     let m = ev.mark();
     call(

@@ -184,6 +184,31 @@ impl Events {
         }
     }
 
+    /// Waits until `n` records after `mark` are ones `pred` accepts (the program writes each
+    /// as it handles it: on a loaded host the last can come long after the first).
+    pub fn wait_count(
+        &mut self,
+        s: &mut Server,
+        mark: usize,
+        what: &str,
+        n: usize,
+        pred: impl Fn(&Value) -> bool,
+    ) {
+        let t = Instant::now();
+        loop {
+            if self.seen[mark..].iter().filter(|v| pred(v)).count() >= n {
+                return;
+            }
+            assert!(
+                t.elapsed() < EVENT_SEEN,
+                "{what}: not {n} recorded within {EVENT_SEEN:?}; the program recorded since: {:#?}",
+                &self.seen[mark..]
+            );
+            std::thread::sleep(Duration::from_millis(250));
+            self.poll(s);
+        }
+    }
+
     /// The records after `mark` (after a short settle, so that late ones are in).
     pub fn since(&mut self, s: &mut Server, mark: usize) -> Vec<Value> {
         std::thread::sleep(Duration::from_millis(500));
