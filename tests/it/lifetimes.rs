@@ -416,12 +416,6 @@ fn kill(pid: i32, signal: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-/// The state letter of process `pid` (Z for a zombie), None when it is gone.
-fn process_state(pid: i32) -> Option<char> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat[stat.rfind(')')? + 1..].trim_start().chars().next()
-}
-
 #[test]
 fn end_reasons_kill_9_and_guest_poweroff_are_recorded() {
     test_guest();
@@ -439,7 +433,7 @@ fn end_reasons_kill_9_and_guest_poweroff_are_recorded() {
     );
     tool_ok(&r, "guest_exec");
     let deadline = Instant::now() + Duration::from_secs(60);
-    while process_state(qemu) != Some('Z') {
+    while pid_state(qemu) != Some('Z') {
         assert!(Instant::now() < deadline, "QEMU never exited");
         std::thread::sleep(Duration::from_millis(100));
     }
