@@ -44,19 +44,7 @@ pub fn lock_within(
     wait: Duration,
     give_up: &dyn Fn() -> bool,
 ) -> io::Result<Option<FileLock>> {
-    let deadline = Instant::now() + wait;
-    let mut pause = Duration::from_millis(5);
-    loop {
-        if let Some(l) = try_lock(path)? {
-            return Ok(Some(l));
-        }
-        let now = Instant::now();
-        if now >= deadline || give_up() {
-            return Ok(None);
-        }
-        std::thread::sleep(pause.min(deadline - now));
-        pause = (pause * 2).min(Duration::from_millis(100));
-    }
+    poll(wait, give_up, || try_lock(path))
 }
 
 /// Waits up to `wait` (polling as [`lock_within`] does) while another descriptor holds the
@@ -70,16 +58,30 @@ pub fn wait_free(path: &Path, wait: Duration) -> bool {
     else {
         return true;
     };
+    // SAFETY: flock(2) on a descriptor owned here; a shared lock, dropped with it.
+    let free = || unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } == 0;
+    matches!(
+        poll(wait, &|| false, || Ok(free().then_some(()))),
+        Ok(Some(()))
+    )
+}
+
+/// Tries `attempt` until it gives something, `wait` has passed or `give_up` says so, pausing
+/// from 5 ms up to 100 ms between tries.
+fn poll<T>(
+    wait: Duration,
+    give_up: &dyn Fn() -> bool,
+    mut attempt: impl FnMut() -> io::Result<Option<T>>,
+) -> io::Result<Option<T>> {
     let deadline = Instant::now() + wait;
     let mut pause = Duration::from_millis(5);
     loop {
-        // SAFETY: flock(2) on a descriptor owned here; a shared lock, dropped with it.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } == 0 {
-            return true;
+        if let Some(got) = attempt()? {
+            return Ok(Some(got));
         }
         let now = Instant::now();
-        if now >= deadline {
-            return false;
+        if now >= deadline || give_up() {
+            return Ok(None);
         }
         std::thread::sleep(pause.min(deadline - now));
         pause = (pause * 2).min(Duration::from_millis(100));
